@@ -1,0 +1,122 @@
+"""What every attention kind shares: projections, RoPE, the cached decode path, attention maps.
+
+A kind is a subclass that fills in two methods:
+- `attend(q, k, v)`: the fast path for a whole sequence (training, and prefill of an empty cache);
+- `reference(q, k, v)`: the same maths materialised, returning (out, weights): the oracle in
+  tests and the source of attention maps.
+It may also override `cache_spec` (how many cache slots it needs) and `attend_cached`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..cache import CacheSpec, LayerCache
+from ..config import ModelConfig
+from ..functional import allowed_mask
+
+
+def apply_rope(x: Tensor, rope: Optional[tuple[Tensor, Tensor]]) -> Tensor:
+    """Rotate pairs (x[..., i], x[..., i + D/2]) by angle position * freq_i."""
+    if rope is None:
+        return x
+    cos, sin = rope  # (T, D/2) each
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return rotated.type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.n_head = config.n_head
+        self.n_kv_head = config.n_kv_head_at(layer)
+        self.head_dim = config.head_dim
+        self.block_size = config.block_size
+        self.dropout = config.dropout
+        inner, kv_inner = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        self.q_proj = nn.Linear(config.d_model, inner, bias=config.bias)
+        # k and v have n_kv_head heads: this is the whole saving of MQA/GQA.
+        self.kv_proj = nn.Linear(config.d_model, 2 * kv_inner, bias=config.bias)
+        self.out_proj = nn.Linear(inner, config.d_model, bias=config.bias)
+
+    # -- to be filled in by each kind -------------------------------------------------------
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def reference(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    @classmethod
+    def cache_spec(cls, config: ModelConfig, layer: int) -> CacheSpec:
+        # Full attention: a ring of block_size slots; past it the context slides.
+        return CacheSpec(capacity=config.block_size, window=config.block_size)
+
+    def init_extra(self) -> None:
+        """Initialise parameters the model's generic init must not touch (none here)."""
+
+    def mean_keys(self, T: int) -> float:
+        """Keys a query attends to, on average over a causal sequence of T (for FLOP counts)."""
+        return (T + 1) / 2
+
+    # -- shared machinery -------------------------------------------------------------------
+    def project(self, x: Tensor, rope) -> tuple[Tensor, Tensor, Tensor]:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k, v = self.kv_proj(x).view(B, T, 2, self.n_kv_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        return apply_rope(q, rope), apply_rope(k, rope), v
+
+    def merge(self, y: Tensor) -> Tensor:
+        B, H, T, D = y.shape
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, H * D))
+
+    def forward(self, x: Tensor, rope=None, cache: Optional[LayerCache] = None) -> Tensor:
+        q, k, v = self.project(x, rope)
+        if cache is None:
+            y = self.attend(q, k, v)
+        elif cache.n_seen == 0:
+            # A prompt into an empty cache: the fast path, then keep what the cache has room for.
+            y = self.attend(q, k, v)
+            cache.append(k, v)
+        else:
+            y = self.attend_cached(q, k, v, cache)
+        return self.merge(y)
+
+    def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, cache: LayerCache) -> Tensor:
+        """New tokens against the cache: mask from absolute positions, keys in any slot order."""
+        T = q.shape[2]
+        q_pos = torch.arange(cache.n_seen, cache.n_seen + T, device=q.device)
+        if T == 1:
+            # The slot the new token overwrites is exactly one window behind it: no longer visible.
+            cache.append(k, v)
+            keys, values, k_pos = cache.k, cache.v, cache.pos
+        else:
+            # Several new tokens: earlier ones may still need what the ring would overwrite.
+            keys, values = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
+            k_pos = torch.cat([cache.pos, q_pos])
+            cache.append(k, v)
+        allowed = allowed_mask(q_pos, k_pos, window=cache.window, n_global=cache.n_sink) & (k_pos >= 0)
+        return F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=allowed, enable_gqa=True)
+
+    def attention_weights(self, x: Tensor, rope=None) -> Tensor:
+        """(B, H, T, T) attention weights of this layer for input x, from the reference path."""
+        q, k, v = self.project(x, rope)
+        return self.reference(q, k, v)[1]
+
+    def new_cache(self, config: ModelConfig, batch: int, max_len: Optional[int], dtype, device) -> LayerCache:
+        spec = self.cache_spec(config, self.layer)
+        return spec.build(batch, self.n_kv_head, self.n_head, self.head_dim, max_len, dtype, device)
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def dropout_p(self) -> float:
+        return self.dropout if self.training else 0.0

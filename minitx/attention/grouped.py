@@ -1,0 +1,20 @@
+"""MHA, MQA and GQA: one module. They differ only in n_kv_head (n_head, 1, or in between).
+
+SDPA takes k and v with n_kv_head heads directly (enable_gqa), so no head is ever copied.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import functional
+from .base import Attention
+
+
+class GroupedQueryAttention(Attention):
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout_p, is_causal=True, enable_gqa=True)
+
+    def reference(self, q: Tensor, k: Tensor, v: Tensor):
+        return functional.attention(q, k, v, causal=True, return_weights=True)

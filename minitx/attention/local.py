@@ -1,0 +1,116 @@
+"""Local (sliding-window) attention: query i sees keys i - window < j <= i, plus n_global sinks.
+
+The work must be O(T * window): a dense -inf mask handed to SDPA would still compute T x T scores.
+The portable path cuts the sequence into blocks of C >= window queries; every query's window then
+lies within its own block and the one before it, so each block attends to 2C keys (plus the
+global ones). On CUDA, compiled flex attention does the same block-sparse work in one kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import functional
+from ..cache import CacheSpec
+from ..config import ModelConfig
+from .base import Attention
+
+MIN_BLOCK = 64  # tiny windows still get blocks of this size: fewer, larger matmuls
+
+
+class LocalAttention(Attention):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__(config, layer)
+        self.window = config.attention.window
+        self.n_global = config.attention.n_global
+        self.backend = config.attention.local_backend
+
+    @classmethod
+    def cache_spec(cls, config: ModelConfig, layer: int) -> CacheSpec:
+        # Past block_size the context slides as for full attention, so the window never exceeds it.
+        window = min(config.attention.window, config.block_size)
+        n_sink = min(config.attention.n_global, config.block_size)
+        return CacheSpec(capacity=window + n_sink, window=window, n_sink=n_sink)
+
+    def mean_keys(self, T: int) -> float:
+        W = min(self.window, T)
+        return (W * (W + 1) / 2 + (T - W) * W) / T  # ramp up to the window, then flat
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        T = q.shape[2]
+        if self.window >= T:  # the window covers every earlier token: plain causal attention
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout_p, is_causal=True, enable_gqa=True)
+        use_flex = self.backend == "flex" or (self.backend == "auto" and q.is_cuda)
+        if use_flex and self.dropout_p == 0.0:  # flex attention has no dropout
+            return flex_local(q, k, v, self.window, self.n_global)
+        return chunked_local(q, k, v, self.window, self.n_global, self.dropout_p)
+
+    def reference(self, q: Tensor, k: Tensor, v: Tensor):
+        return functional.attention(q, k, v, window=self.window, n_global=self.n_global, return_weights=True)
+
+
+def chunked_local(q: Tensor, k: Tensor, v: Tensor, window: int, n_global: int = 0, dropout_p: float = 0.0) -> Tensor:
+    """Sliding-window attention in blocks: O(T * window) time and memory."""
+    B, H, T, D = q.shape
+    G = k.shape[1]
+    C = min(max(window, MIN_BLOCK), T)  # block size; C >= window keeps each window in two blocks
+    n = -(-T // C)
+    pad = n * C - T
+    if pad:  # padded keys lie in every real query's future, so the causal mask hides them
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+
+    def with_previous_block(t: Tensor) -> Tensor:  # (B, G, n*C, D) -> (B*n, G, 2C [+ globals], D)
+        blocks = t.view(B, G, n, C, D)
+        previous = F.pad(blocks, (0, 0, 0, 0, 1, 0))[:, :, :-1]  # block -1 is zeros, masked out below
+        parts = [previous, blocks]
+        if n_global:
+            parts.append(t[:, :, None, :n_global].expand(B, G, n, n_global, D))
+        return torch.cat(parts, dim=3).transpose(1, 2).reshape(B * n, G, -1, D)
+
+    keys, values = with_previous_block(k), with_previous_block(v)
+    queries = q.view(B, H, n, C, D).transpose(1, 2).reshape(B * n, H, C, D)
+    mask = _block_mask(n, C, window, n_global, q.device)  # (n, 1, C, keys)
+    mask = mask.expand(B, n, 1, C, mask.shape[-1]).reshape(B * n, 1, C, -1)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout_p, enable_gqa=True)
+    return out.view(B, n, H, C, D).transpose(1, 2).reshape(B, H, n * C, D)[:, :, :T]
+
+
+@functools.lru_cache(maxsize=32)
+def _block_mask(n: int, C: int, window: int, n_global: int, device) -> Tensor:
+    q_pos = torch.arange(n * C, device=device).view(n, C, 1)
+    block_start = q_pos[:, :1, :] - q_pos[:, :1, :] % C  # first position of each query block
+    k_pos = block_start - C + torch.arange(2 * C, device=device).view(1, 1, 2 * C)
+    allowed = (k_pos >= 0) & (k_pos <= q_pos) & (q_pos - k_pos < window)
+    if n_global:
+        g_pos = torch.arange(n_global, device=device).view(1, 1, n_global)
+        # A global key already inside the window is counted there, not twice.
+        allowed_global = (g_pos <= q_pos) & (q_pos - g_pos >= window)
+        allowed = torch.cat([allowed, allowed_global.expand(n, C, n_global)], dim=-1)
+    return allowed.unsqueeze(1)
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@functools.lru_cache(maxsize=32)
+def _flex_block_mask(T: int, window: int, n_global: int, device):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def sliding_window(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & ((q_idx - kv_idx < window) | (kv_idx < n_global))
+
+    return create_block_mask(sliding_window, None, None, T, T, device=device)
+
+
+def flex_local(q: Tensor, k: Tensor, v: Tensor, window: int, n_global: int = 0) -> Tensor:
+    """Block-sparse sliding window through compiled flex attention (CUDA, or CPU for testing)."""
+    block_mask = _flex_block_mask(q.shape[2], window, n_global, q.device)
+    return _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=True)
