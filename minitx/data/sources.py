@@ -185,15 +185,26 @@ def files_text(
 # Hugging Face datasets
 
 
-def _hf_split_text(name: str, config: str | None, split: str, text_column: str, field: str) -> str:
+HFDataFiles = str | list[str] | dict[str, str | list[str]] | None
+
+
+def _hf_split_text(
+    name: str, config: str | None, data_files: HFDataFiles, split: str, text_column: str, field: str
+) -> str:
     import datasets  # imported here: it is slow to import and only this source needs it
 
     try:
-        dataset = datasets.load_dataset(name, config, split=split)
+        dataset = datasets.load_dataset(name, config, data_files=data_files, split=split)
     except ValueError as err:
         # datasets raises ValueError for an unknown split or config.
         raise UserError(f"{field}: cannot load split {split!r} of {name!r}: {_one_line(err)}") from None
-    except (FileNotFoundError, ConnectionError, OSError) as err:
+    except FileNotFoundError as err:
+        if data_files:
+            raise UserError(f"data.hf_data_files: {_one_line(err)}; check the path") from None
+        raise UserError(
+            f"data.hf_name: no dataset {name!r} found ({_one_line(err)}); check the name"
+        ) from None
+    except OSError as err:  # includes ConnectionError: offline, or the Hub is unreachable
         raise UserError(
             f"data.hf_name: cannot load dataset {name!r} (config {config!r}): {_one_line(err)}; "
             "check the name, or the network and HF_DATASETS_OFFLINE"
@@ -222,17 +233,19 @@ def hf_text(
     val_split: str | None = None,
     text_column: str = "text",
     val_fraction: float = 0.1,
+    data_files: HFDataFiles = None,
 ) -> tuple[str, str]:
-    """Text from `datasets.load_dataset(name, config, split=...)[text_column]`.
+    """Text from `datasets.load_dataset(name, config, data_files=..., split=...)[text_column]`.
 
     Validation is `val_split` when given, otherwise the tail `val_fraction` of the train split.
     The whole split is held in memory as one string: meant for corpora up to a few GB.
     """
     if not name:
         raise UserError("data.hf_name: required when data.source=hf, e.g. 'roneneldan/TinyStories'")
-    train_text = _hf_split_text(name, config, train_split, text_column, "data.hf_train_split")
+    train_text = _hf_split_text(name, config, data_files, train_split, text_column, "data.hf_train_split")
     if val_split:
-        return train_text, _hf_split_text(name, config, val_split, text_column, "data.hf_val_split")
+        val_text = _hf_split_text(name, config, data_files, val_split, text_column, "data.hf_val_split")
+        return train_text, val_text
     return split_tail(train_text, val_fraction)
 
 
@@ -249,6 +262,7 @@ def load_text(
     hf_config: str | None = None,
     hf_train_split: str = "train",
     hf_val_split: str | None = None,
+    hf_data_files: HFDataFiles = None,
     text_column: str = "text",
 ) -> tuple[str, str]:
     """Dispatch on `source` (one of SOURCES) and return `(train_text, val_text)`."""
@@ -257,5 +271,7 @@ def load_text(
     if source == "files":
         return files_text(train_files, val_files, val_fraction)
     if source == "hf":
-        return hf_text(hf_name, hf_config, hf_train_split, hf_val_split, text_column, val_fraction)
+        return hf_text(
+            hf_name, hf_config, hf_train_split, hf_val_split, text_column, val_fraction, hf_data_files
+        )
     raise UserError(f"data.source: unknown source {source!r}; choose one of {', '.join(SOURCES)}")

@@ -1,0 +1,359 @@
+"""The LightningDataModule: text source -> tokenizer -> cached token memmaps -> batches.
+
+Training batches are random windows of the training tokens, drawn forever (a run is bounded by
+`trainer.max_steps`). Batch number n is a pure function of (seed, rank, n), so:
+  * a run is reproducible from its seed;
+  * resuming only needs n, which the datamodule keeps in `state_dict()` and Lightning stores in
+    every checkpoint; the resumed run draws exactly the batches the uninterrupted run would;
+  * each DDP rank draws different batches, and memory stays flat: no index lists, only the
+    windows of the current batch are read from the memmap.
+
+Validation is a fixed set of `val_batches * batch_size` windows spread evenly over the
+validation tokens, the same every time, so validation losses are comparable across a run.
+
+Because the train loader never ends, validation must be scheduled in steps:
+`Trainer(val_check_interval=<steps>, check_val_every_n_epoch=None)`. Pass the datamodule to
+`trainer.fit(model, datamodule=dm)` (not its loaders) so that its state reaches checkpoints.
+"""
+
+from typing import Any, Iterator
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+from minitx.data.cache import cached_tokens
+from minitx.data.sources import SOURCES, load_text
+from minitx.data.tokenizer import Tokenizer, build_tokenizer
+from minitx.errors import UserError
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def random_window_starts(
+    seed: int, rank: int, batch_index: int, num_tokens: int, block_size: int, batch_size: int
+) -> np.ndarray:
+    """Start offsets of the windows in training batch `batch_index` on `rank`.
+
+    A fresh generator per batch, seeded by the triple, makes batch n independent of how many
+    batches came before it: that is what makes resuming exact and workers interchangeable.
+    """
+    rng = np.random.default_rng([seed, rank, batch_index])
+    return rng.integers(0, num_tokens - block_size, size=batch_size)
+
+
+def windows_to_batch(tokens: np.ndarray, starts: np.ndarray, block_size: int) -> Batch:
+    """Windows of block_size + 1 tokens -> inputs x and targets y (x shifted left by one)."""
+    index = starts[:, None] + np.arange(block_size + 1)
+    chunk = torch.from_numpy(np.asarray(tokens[index], dtype=np.int64))
+    return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
+
+
+def _open_memmap(path: str, dtype: str) -> np.ndarray:
+    return np.memmap(path, dtype=np.dtype(dtype), mode="r")
+
+
+class RandomWindowBatches(IterableDataset):
+    """Endless training batches, starting at batch number `start_batch`.
+
+    Holds the memmap's path rather than the array, so that worker processes open their own
+    view of the file instead of receiving a pickled copy of the corpus.
+    With W workers, worker w yields batches start+w, start+w+W, ...; the DataLoader takes
+    from the workers in turn, so the loader's output is still batch start, start+1, ...
+    """
+
+    def __init__(
+        self,
+        tokens_path: str,
+        dtype: str,
+        block_size: int,
+        batch_size: int,
+        seed: int,
+        rank: int,
+        start_batch: int = 0,
+    ) -> None:
+        self.tokens_path = tokens_path
+        self.dtype = dtype
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.seed = seed
+        self.rank = rank
+        self.start_batch = start_batch
+
+    def batch(self, tokens: np.ndarray, batch_index: int) -> Batch:
+        starts = random_window_starts(
+            self.seed, self.rank, batch_index, len(tokens), self.block_size, self.batch_size
+        )
+        return windows_to_batch(tokens, starts, self.block_size)
+
+    def __iter__(self) -> Iterator[Batch]:
+        tokens = _open_memmap(self.tokens_path, self.dtype)
+        worker = get_worker_info()
+        worker_id, num_workers = (worker.id, worker.num_workers) if worker else (0, 1)
+        batch_index = self.start_batch + worker_id
+        while True:
+            yield self.batch(tokens, batch_index)
+            batch_index += num_workers
+
+
+class EvenlySpacedWindows(Dataset):
+    """A fixed set of `count` windows spread evenly over the tokens; item i is (x, y)."""
+
+    def __init__(self, tokens_path: str, dtype: str, num_tokens: int, block_size: int, count: int):
+        self.tokens_path = tokens_path
+        self.dtype = dtype
+        self.block_size = block_size
+        last_start = num_tokens - block_size - 1
+        self.starts = np.linspace(0, last_start, num=count).round().astype(np.int64)
+        self._tokens: np.ndarray | None = None  # opened lazily, once per process
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int) -> Batch:
+        if self._tokens is None:
+            self._tokens = _open_memmap(self.tokens_path, self.dtype)
+        x, y = windows_to_batch(self._tokens, self.starts[i : i + 1], self.block_size)
+        return x[0], y[0]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_tokens"] = None  # never ship the memmap itself to a worker
+        return state
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise UserError(message)
+
+
+class TextDataModule(L.LightningDataModule):
+    """Text in, (x, y) batches of token ids out. See the module docstring for the design.
+
+    Args:
+        source: where the text comes from: "shakespeare" (built in, offline), "files" or "hf".
+        train_files: glob(s) of UTF-8 text files, for source=files.
+        val_files: glob(s) for validation; if unset, the last `val_fraction` of the train text.
+        val_fraction: share of the training text held out when there is no explicit val set.
+        hf_name, hf_config: `datasets.load_dataset(hf_name, hf_config)`, for source=hf.
+        hf_train_split, hf_val_split: split names; without hf_val_split, `val_fraction` applies.
+        hf_data_files: `data_files` for load_dataset, e.g. for the "text" or "json" builders.
+        text_column: the dataset column that holds the text.
+        tokenizer: "char", "bpe", or a path to a tokenizer.json.
+        vocab_size: target vocabulary size of the trained BPE (ignored otherwise).
+        block_size: tokens of context per sample.
+        batch_size: samples per batch (per device).
+        num_workers: DataLoader worker processes.
+        cache_dir: where token caches live; default ~/.cache/minitx.
+        seed: seeds the training batch stream.
+        val_batches: number of validation batches, the same windows at every validation.
+    """
+
+    def __init__(
+        self,
+        source: str = "shakespeare",
+        train_files: str | list[str] | None = None,
+        val_files: str | list[str] | None = None,
+        val_fraction: float = 0.1,
+        hf_name: str | None = None,
+        hf_config: str | None = None,
+        hf_train_split: str = "train",
+        hf_val_split: str | None = None,
+        hf_data_files: str | list[str] | dict[str, str | list[str]] | None = None,
+        text_column: str = "text",
+        tokenizer: str = "char",
+        vocab_size: int = 512,
+        block_size: int = 256,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        cache_dir: str | None = None,
+        seed: int = 1337,
+        val_batches: int = 20,
+    ) -> None:
+        super().__init__()
+        _require(
+            source in SOURCES,
+            f"data.source: unknown source {source!r}; choose one of {', '.join(SOURCES)}",
+        )
+        _require(block_size >= 1, f"data.block_size: must be at least 1, got {block_size}")
+        _require(batch_size >= 1, f"data.batch_size: must be at least 1, got {batch_size}")
+        _require(val_batches >= 1, f"data.val_batches: must be at least 1, got {val_batches}")
+        _require(num_workers >= 0, f"data.num_workers: must be 0 or more, got {num_workers}")
+        _require(seed >= 0, f"data.seed: must be 0 or more, got {seed}")
+        self.save_hyperparameters()
+        self.source = source
+        self.train_files = train_files
+        self.val_files = val_files
+        self.val_fraction = val_fraction
+        self.hf_name = hf_name
+        self.hf_config = hf_config
+        self.hf_train_split = hf_train_split
+        self.hf_val_split = hf_val_split
+        self.hf_data_files = hf_data_files
+        self.text_column = text_column
+        self.tokenizer_kind = tokenizer
+        self.requested_vocab_size = vocab_size
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.cache_dir = cache_dir
+        self.seed = seed
+        self.val_batches = val_batches
+
+        # Training batches handed to the model so far; the resume point. Counted in
+        # on_before_batch_transfer, i.e. when the trainer actually consumes a batch, not when
+        # the loader prefetches one.
+        self.train_batches_drawn = 0
+        self._tokenizer: Tokenizer | None = None
+        self.train_tokens: np.ndarray | None = None
+        self.val_tokens: np.ndarray | None = None
+        self._checkpoint_fingerprint: str | None = None
+
+    # ---------------------------------------------------------------------------- building
+
+    def prepare_data(self) -> None:
+        # Runs once per node before setup: fills the on-disk cache, so that the other ranks'
+        # setup() only reads it.
+        self.setup()
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load text, build the tokenizer and the token memmaps. Idempotent; needs no Trainer."""
+        if self._tokenizer is not None:
+            return
+        train_text, val_text = load_text(
+            self.source,
+            train_files=self.train_files,
+            val_files=self.val_files,
+            val_fraction=self.val_fraction,
+            hf_name=self.hf_name,
+            hf_config=self.hf_config,
+            hf_train_split=self.hf_train_split,
+            hf_val_split=self.hf_val_split,
+            hf_data_files=self.hf_data_files,
+            text_column=self.text_column,
+        )
+        _require(
+            bool(val_text.strip()),
+            "data: the validation set is empty; set data.val_files or data.val_fraction",
+        )
+        # A character vocabulary is just an alphabet: fitting it on both splits means a
+        # validation text with a character the training text lacks still encodes.
+        fit_text = train_text + val_text if self.tokenizer_kind == "char" else train_text
+        tokenizer = build_tokenizer(self.tokenizer_kind, fit_text, self.requested_vocab_size)
+        train_tokens = cached_tokens("train", train_text, tokenizer, self.cache_dir)
+        val_tokens = cached_tokens("val", val_text, tokenizer, self.cache_dir)
+        self._check_long_enough(len(train_tokens), "training", "add training text")
+        self._check_long_enough(len(val_tokens), "validation", self._val_size_hint())
+        self.train_tokens, self.val_tokens = train_tokens, val_tokens
+        self._tokenizer = tokenizer
+        self._check_checkpoint_tokenizer()
+
+    def _check_long_enough(self, num_tokens: int, split: str, fix: str) -> None:
+        needed = self.block_size + 1
+        _require(
+            num_tokens >= needed,
+            f"data.block_size: the {split} text has {num_tokens} tokens, fewer than "
+            f"block_size + 1 = {needed}; {fix} or lower data.block_size",
+        )
+
+    def _val_size_hint(self) -> str:
+        if self.val_files or self.hf_val_split:
+            return "add validation text"
+        return "raise data.val_fraction"
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer; builds the data on first use if setup() has not run yet."""
+        if self._tokenizer is None:
+            self.setup()
+        assert self._tokenizer is not None
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary size: known before training by calling `dm.setup("fit")`."""
+        return self.tokenizer.vocab_size
+
+    def summary(self) -> str:
+        """One line for logs, e.g. 'shakespeare, char tokenizer (vocab 67): 4.3M train tokens ...'."""
+        self.setup()
+        assert self.train_tokens is not None and self.val_tokens is not None
+        return (
+            f"{self.source}, {self.tokenizer_kind} tokenizer (vocab {self.vocab_size}): "
+            f"{len(self.train_tokens) / 1e6:.2f}M train tokens, "
+            f"{len(self.val_tokens) / 1e6:.2f}M val tokens"
+        )
+
+    # ---------------------------------------------------------------------------- loaders
+
+    def _global_rank(self) -> int:
+        if self.trainer is not None:
+            return self.trainer.global_rank
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank()
+        return 0
+
+    def _loader_options(self) -> dict[str, Any]:
+        return {
+            "num_workers": self.num_workers,
+            "pin_memory": torch.cuda.is_available(),
+            "persistent_workers": self.num_workers > 0,
+        }
+
+    def train_dataloader(self) -> DataLoader:
+        self.setup()
+        assert isinstance(self.train_tokens, np.memmap)
+        dataset = RandomWindowBatches(
+            tokens_path=str(self.train_tokens.filename),
+            dtype=self.train_tokens.dtype.name,
+            block_size=self.block_size,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            rank=self._global_rank(),
+            start_batch=self.train_batches_drawn,
+        )
+        # batch_size=None: the dataset yields whole batches.
+        return DataLoader(dataset, batch_size=None, **self._loader_options())
+
+    def val_dataloader(self) -> DataLoader:
+        self.setup()
+        assert isinstance(self.val_tokens, np.memmap)
+        dataset = EvenlySpacedWindows(
+            tokens_path=str(self.val_tokens.filename),
+            dtype=self.val_tokens.dtype.name,
+            num_tokens=len(self.val_tokens),
+            block_size=self.block_size,
+            count=self.val_batches * self.batch_size,
+        )
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=False, **self._loader_options())
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # Lightning calls this for each batch just before the step that uses it.
+        if self.trainer is not None and self.trainer.training:
+            self.train_batches_drawn += 1
+        return batch
+
+    # ---------------------------------------------------------------------------- resuming
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "train_batches_drawn": self.train_batches_drawn,
+            "seed": self.seed,
+            "tokenizer_fingerprint": self._tokenizer.fingerprint() if self._tokenizer else None,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.train_batches_drawn = int(state_dict["train_batches_drawn"])
+        self._checkpoint_fingerprint = state_dict.get("tokenizer_fingerprint")
+        if self._tokenizer is not None:
+            self._check_checkpoint_tokenizer()
+
+    def _check_checkpoint_tokenizer(self) -> None:
+        saved = self._checkpoint_fingerprint
+        if saved is not None and self._tokenizer is not None and saved != self._tokenizer.fingerprint():
+            raise UserError(
+                f"data.tokenizer: the checkpoint was trained with a different tokenizer "
+                f"(fingerprint {saved}, now {self._tokenizer.fingerprint()}); "
+                "resume with the same data settings as the original run"
+            )

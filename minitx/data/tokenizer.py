@@ -1,0 +1,233 @@
+"""Tokenizers behind one small interface.
+
+Every tokenizer can describe itself as plain data (`to_dict`: str/int/list/dict only) and be
+rebuilt from it (`tokenizer_from_dict`), so a checkpoint carries its tokenizer and loads with
+`torch.load(weights_only=True)`; generation needs nothing but the checkpoint.
+
+Kinds:
+  "char"          one token per character of the training text; no end-of-text token
+  "bpe"           byte-level BPE trained on the training text with `tokenizers`
+  a file path     an existing `tokenizer.json` (any model the `tokenizers` library can load)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from abc import ABC, abstractmethod
+from typing import Any, Iterator, NoReturn
+
+import numpy as np
+
+from minitx.errors import UserError
+
+EOS_TOKEN = "<|endoftext|>"
+# Tokens that mean "end of text" in common tokenizer.json files, in order of preference.
+EOS_CANDIDATES = (EOS_TOKEN, "<|end_of_text|>", "<|eos|>", "</s>", "<eos>")
+TOKENIZER_KINDS = ("char", "bpe", "<path to tokenizer.json>")
+
+
+class Tokenizer(ABC):
+    """Text <-> token ids."""
+
+    vocab_size: int
+    eos_id: int | None
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]: ...
+
+    @abstractmethod
+    def decode(self, ids: list[int]) -> str: ...
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """Everything needed to rebuild this tokenizer, as JSON-serialisable plain data."""
+
+    def encode_corpus(self, text: str) -> np.ndarray:
+        """Encode a whole corpus to a 1-D int64 array; subclasses make this fast."""
+        return np.asarray(self.encode(text), dtype=np.int64)
+
+    def fingerprint(self) -> str:
+        """A stable short hash of `to_dict()`: equal fingerprints mean identical tokenizers."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=True)
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+class CharTokenizer(Tokenizer):
+    """One id per distinct character; ids follow the sorted order of the characters."""
+
+    def __init__(self, chars: str) -> None:
+        if not chars:
+            raise UserError("data.tokenizer=char: the training text is empty; give it some text")
+        self.chars = "".join(sorted(set(chars)))
+        self.vocab_size = len(self.chars)
+        self.eos_id = None
+        self._id_of = {ch: i for i, ch in enumerate(self.chars)}
+        # Sorted code points let encode_corpus map characters to ids with one searchsorted.
+        self._codepoints = np.array([ord(ch) for ch in self.chars], dtype=np.uint32)
+
+    @classmethod
+    def from_text(cls, text: str) -> "CharTokenizer":
+        return cls(text)
+
+    def _raise_unknown(self, text: str) -> NoReturn:
+        unknown = sorted(set(text) - set(self._id_of))
+        shown = ", ".join(repr(ch) for ch in unknown[:20]) + (", ..." if len(unknown) > 20 else "")
+        raise UserError(
+            f"text contains characters the tokenizer does not know: {shown}; "
+            "a character-level tokenizer knows only the characters of its training text"
+        )
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self._id_of[ch] for ch in text]
+        except KeyError:
+            self._raise_unknown(text)
+
+    def encode_corpus(self, text: str) -> np.ndarray:
+        codepoints = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        ids = np.searchsorted(self._codepoints, codepoints)
+        ids = np.minimum(ids, self.vocab_size - 1)
+        if not np.array_equal(self._codepoints[ids], codepoints):
+            self._raise_unknown(text)
+        return ids.astype(np.int64)
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "char", "chars": self.chars}
+
+
+# A place where any text can be cut without changing how the `tokenizers` library splits it:
+# one newline between two non-space characters. No pre-tokenizer we use joins a newline to
+# the next word, and a lone newline is split off the same way at the end of a chunk as in
+# the middle of the text, so encoding chunk by chunk gives exactly the ids of the whole.
+_SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
+_CHUNK_CHARS = 1 << 16
+
+
+def _chunks(text: str) -> Iterator[str]:
+    target = _CHUNK_CHARS  # read at call time, so tests can make chunks tiny
+    start = 0
+    while start < len(text):
+        cut = _SAFE_CUT.search(text, start + target) if start + target < len(text) else None
+        end = cut.start() if cut else len(text)
+        yield text[start:end]
+        start = end
+
+
+class HFTokenizer(Tokenizer):
+    """A `tokenizers.Tokenizer`: the trained byte-level BPE, or one read from tokenizer.json."""
+
+    def __init__(self, tokenizer: Any, source: str) -> None:
+        self._tokenizer = tokenizer
+        self.source = source  # "bpe" or the path it was read from, for messages only
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.eos_id = _find_eos_id(tokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        # No special tokens: a tokenizer.json may add BOS/CLS per call, which would land in
+        # the middle of the training data when the corpus is encoded in chunks.
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_corpus(self, text: str) -> np.ndarray:
+        encodings = self._tokenizer.encode_batch(list(_chunks(text)), add_special_tokens=False)
+        if not encodings:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([np.asarray(e.ids, dtype=np.int64) for e in encodings])
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "tokenizers", "json": self._tokenizer.to_str()}
+
+
+def _find_eos_id(tokenizer: Any) -> int | None:
+    for token in EOS_CANDIDATES:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is not None:
+            return token_id
+    return None
+
+
+def train_bpe(text: str, vocab_size: int) -> HFTokenizer:
+    """Byte-level BPE with `<|endoftext|>` as its end-of-text token, trained on `text`."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    byte_alphabet = pre_tokenizers.ByteLevel.alphabet()
+    smallest = len(byte_alphabet) + 1  # every byte plus the end-of-text token
+    if vocab_size < smallest:
+        raise UserError(
+            f"data.vocab_size: byte-level BPE needs at least {smallest} tokens "
+            f"(256 bytes + {EOS_TOKEN}), got {vocab_size}; raise it (e.g. 512)"
+        )
+    if not text:
+        raise UserError("data.tokenizer=bpe: the training text is empty; give it some text")
+    tokenizer = RawTokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=byte_alphabet,  # so that any text, even unseen bytes, can be encoded
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_chunks(text), trainer)
+    return HFTokenizer(tokenizer, "bpe")
+
+
+def load_tokenizer_file(path: str) -> HFTokenizer:
+    from tokenizers import Tokenizer as RawTokenizer
+
+    expanded = os.path.expanduser(path)
+    if not os.path.isfile(expanded):
+        raise UserError(
+            f"data.tokenizer: {path!r} is neither 'char', 'bpe' nor an existing tokenizer.json file"
+        )
+    try:
+        tokenizer = RawTokenizer.from_file(expanded)
+    except Exception as err:  # the Rust side raises a bare Exception on a malformed file
+        raise UserError(
+            f"data.tokenizer: {path!r} is not a valid tokenizer.json ({' '.join(str(err).split())})"
+        ) from None
+    return HFTokenizer(tokenizer, path)
+
+
+def build_tokenizer(
+    kind: str, train_text: str, vocab_size: int | None = None, path: str | None = None
+) -> Tokenizer:
+    """Make a tokenizer of `kind` ("char", "bpe" or "file"), fitted to `train_text` if it learns.
+
+    For convenience `kind` may itself be a path ending in ".json", which means "file".
+    """
+    if kind == "char":
+        return CharTokenizer.from_text(train_text)
+    if kind == "bpe":
+        if vocab_size is None:
+            raise UserError("data.vocab_size: required for data.tokenizer=bpe, e.g. 512")
+        return train_bpe(train_text, vocab_size)
+    if kind == "file" or kind.endswith(".json"):
+        file_path = path if kind == "file" else kind
+        if not file_path:
+            raise UserError("data.tokenizer: kind 'file' needs the path to a tokenizer.json")
+        return load_tokenizer_file(file_path)
+    raise UserError(
+        f"data.tokenizer: unknown tokenizer {kind!r}; use 'char', 'bpe' or a path to a tokenizer.json"
+    )
+
+
+def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
+    """Rebuild a tokenizer from `Tokenizer.to_dict()` output (e.g. read from a checkpoint)."""
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind == "char":
+        return CharTokenizer(data["chars"])
+    if kind == "tokenizers":
+        from tokenizers import Tokenizer as RawTokenizer
+
+        return HFTokenizer(RawTokenizer.from_str(data["json"]), "checkpoint")
+    raise UserError(f"tokenizer: unknown saved tokenizer kind {kind!r}; expected 'char' or 'tokenizers'")
