@@ -57,6 +57,20 @@ class LayerCache:
     def append(self, k: Tensor, v: Tensor) -> None:
         """Store T new tokens (B, G, T, D). Only the newest ones that fit are written."""
         T = k.shape[2]
+        if self.n_seen + T > self.capacity and self.capacity - self.n_sink < self.window:
+            # A ring shorter than the window (a cache sized for a short max_len) would drop tokens still in view.
+            raise ValueError(
+                f"cache: {self.n_seen + T} tokens do not fit in {self.capacity} slots with a window of {self.window}; "
+                "allocate the cache with a larger max_len"
+            )
+        if T == 1:  # decoding: one token into one slot, without index tensors (this runs every step)
+            position, ring = self.n_seen, self.capacity - self.n_sink
+            slot = position if position < self.n_sink else self.n_sink + (position - self.n_sink) % ring
+            self.k[:, :, slot] = k[:, :, 0]
+            self.v[:, :, slot] = v[:, :, 0]
+            self.pos[slot] = position
+            self.n_seen += 1
+            return
         positions = torch.arange(self.n_seen, self.n_seen + T, device=self.pos.device)
         # A token is worth writing if it is a sink or among the last `ring` tokens of this append.
         keep = (positions < self.n_sink) | (positions >= self.n_seen + T - (self.capacity - self.n_sink))
@@ -76,16 +90,19 @@ class LayerCache:
         self.queries = torch.cat([self.queries, q.to(self.queries.dtype)], dim=2)[:, :, -n:]
         self.query_pos = torch.cat([self.query_pos, positions])[-n:]
 
-    def contents(self) -> tuple[Tensor, Tensor, Tensor]:
-        """(k, v, pos) of the filled slots, in order of position (the convolution needs order)."""
+    def contents(self, ordered: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+        """(k, v, pos) of the filled slots; in order of position if `ordered` (a convolution along
+        keys needs order; softmax does not, and slot order costs no copy)."""
         filled = min(self.n_seen, self.capacity)
-        if self.n_seen <= self.capacity:  # nothing overwritten yet: slot order is position order
+        if self.n_seen <= self.capacity or not ordered:  # before wrapping, slot order is position order
             return self.k[:, :, :filled], self.v[:, :, :filled], self.pos[:filled]
         order = torch.argsort(self.pos)
         return self.k[:, :, order], self.v[:, :, order], self.pos[order]
 
     def nbytes(self) -> int:
-        total = self.k.nbytes + self.v.nbytes + self.pos.nbytes
+        """Bytes of keys, values and kept queries: what `kv_cache_bytes` predicts. The position tags
+        (one int64 per slot, the same for every kind and width) are bookkeeping, left out."""
+        total = self.k.nbytes + self.v.nbytes
         if self.queries is not None:
             total += self.queries.nbytes
         return total

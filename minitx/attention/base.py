@@ -91,9 +91,15 @@ class Attention(nn.Module):
     def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, cache: LayerCache) -> Tensor:
         """New tokens against the cache: mask from absolute positions, keys in any slot order."""
         T = q.shape[2]
+        if T == 1 and cache.capacity - cache.n_sink <= cache.window:
+            # One new token: the slot it overwrites is a window behind it, so after the append every
+            # filled slot (the sinks and a ring of at most a window) is visible: no mask is needed.
+            cache.append(k, v)
+            filled = min(cache.n_seen, cache.capacity)
+            keys, values = cache.k[:, :, :filled], cache.v[:, :, :filled]
+            return F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), enable_gqa=True)
         q_pos = torch.arange(cache.n_seen, cache.n_seen + T, device=q.device)
         if T == 1:
-            # The slot the new token overwrites is exactly one window behind it: no longer visible.
             cache.append(k, v)
             keys, values, k_pos = cache.k, cache.v, cache.pos
         else:

@@ -1,0 +1,128 @@
+"""Decoding speed with and without the KV cache, and cache memory per attention kind.
+
+    python benchmarks/generate.py                  # 512 new tokens, every kind, Markdown tables
+    python benchmarks/generate.py --kinds mha --new-tokens 256
+
+The model has the shape of configs/default.yaml (vocab 65 = the character vocabulary of the
+built-in Shakespeare) with random weights: speed does not depend on what the weights are. Batch 1,
+a one-token prompt, sampling at temperature 0.8, one torch thread. Each timing is the best of
+--repeats runs, since a shared machine only ever makes a run slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+import yaml
+
+from minitx import AttentionConfig, ModelConfig, Transformer, kv_cache_bytes
+from minitx.generation import generate
+
+REPO = Path(__file__).resolve().parents[1]
+FALLBACK = dict(vocab_size=65, block_size=256, n_layer=4, n_head=4, d_model=128)
+
+# Each kind as it is benchmarked; the rest of the shape comes from the default config.
+KINDS = {
+    "mha": dict(kind="mha"),
+    "mqa": dict(kind="mqa"),
+    "gqa (2 kv heads)": dict(kind="gqa", n_kv_head=2),
+    "local (window 64)": dict(kind="local", window=64),
+    "local (window 64, 4 global)": dict(kind="local", window=64, n_global=4),
+    "mta (paper defaults)": dict(kind="mta"),
+}
+
+
+def default_shape() -> tuple[dict, str]:
+    """ModelConfig fields of configs/default.yaml (vocab 65 for its char tokenizer), and where they came from."""
+    path = REPO / "configs" / "default.yaml"
+    if not path.exists():
+        return dict(FALLBACK), "fallback shape (configs/default.yaml not found)"
+    model = (yaml.safe_load(path.read_text()) or {}).get("model", {})
+    known = {f.name for f in fields(ModelConfig)} - {"attention", "dropout"}
+    shape = dict(FALLBACK, **{key: value for key, value in model.items() if key in known})
+    return shape, "configs/default.yaml (vocab 65: its character tokenizer on Shakespeare)"
+
+
+def timed_generation(model: Transformer, new_tokens: int, use_cache: bool, seed: int) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) to generate new_tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    wall, cpu = time.perf_counter(), time.process_time()
+    generate(model, torch.zeros(1, 1, dtype=torch.long), new_tokens, temperature=0.8, use_cache=use_cache, generator=generator)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def speed_table(rows_to_time: list[tuple[str, dict]], new_tokens: int, repeats: int) -> str:
+    """Tokens/s by the wall clock and per CPU-second of this process (one thread: the same on an
+    idle machine, but the CPU clock does not count time spent waiting for a core on a busy one).
+    rows_to_time: (label, ModelConfig fields) for each row."""
+    rows = [
+        "| model | with cache (tok/s) | without cache (tok/s) | speed-up | with cache (tok/CPU-s) | without (tok/CPU-s) | speed-up (CPU) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    print("\n".join(rows), flush=True)
+    for label, config in rows_to_time:
+        torch.manual_seed(0)
+        model = Transformer(ModelConfig(**config)).eval()
+        best = {True: [float("inf")] * 2, False: [float("inf")] * 2}
+        for use_cache in (True, False):
+            timed_generation(model, 8, use_cache, 0)  # warm up allocator and kernels
+        for repeat in range(repeats):  # interleaved, so a busy spell hits both alike
+            for use_cache in (True, False):
+                times = timed_generation(model, new_tokens, use_cache, repeat)
+                best[use_cache] = [min(a, b) for a, b in zip(best[use_cache], times)]
+        (wall_c, cpu_c), (wall_n, cpu_n) = best[True], best[False]
+        rows.append(
+            f"| {label} | {new_tokens / wall_c:,.0f} | {new_tokens / wall_n:,.0f} | {wall_n / wall_c:.1f}x "
+            f"| {new_tokens / cpu_c:,.0f} | {new_tokens / cpu_n:,.0f} | {cpu_n / cpu_c:.1f}x |"
+        )
+        print(rows[-1], flush=True)
+    return "\n".join(rows)
+
+
+def memory_table(shape: dict, lengths: list[int]) -> str:
+    """fp32 cache bytes of a batch of 1, from the config alone (equal to what new_cache allocates)."""
+    config_shape = dict(shape, block_size=max(lengths))  # a context long enough to show growth
+    header = "| kind | " + " | ".join(f"{n} tokens" for n in lengths) + " | bytes/token at " + str(max(lengths)) + " | vs mha |"
+    rows = [header, "|---|" + "---:|" * (len(lengths) + 2)]
+    reference = None
+    for name, attention in KINDS.items():
+        config = ModelConfig(**config_shape, attention=AttentionConfig(**attention))
+        sizes = [kv_cache_bytes(config, n) for n in lengths]
+        reference = reference or sizes[-1]
+        cells = " | ".join(f"{size / 1024:,.0f} KiB" for size in sizes)
+        rows.append(f"| {name} | {cells} | {sizes[-1] / lengths[-1]:,.0f} | {sizes[-1] / reference:.3f} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS), metavar="KIND")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--contexts", type=int, nargs="*", default=[256, 512], help="also time mha at these block sizes")
+    # One thread by default: batch-1 decoding of a model this small is a chain of tiny ops, where a
+    # second thread only adds synchronisation (and on a busy machine, waiting for a core).
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    shape, source = default_shape()
+    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
+    print(f"model: {shape} from {source}; random weights, batch 1, 1-token prompt, temperature 0.8\n")
+    print(f"### Decoding speed, {args.new_tokens} new tokens (best of {args.repeats}; load average {os.getloadavg()[0]:.1f} at the start)\n")
+    rows = [(name, dict(shape, attention=AttentionConfig(**KINDS[name]))) for name in args.kinds]
+    rows += [(f"mha, block_size {block_size}", dict(shape, block_size=block_size)) for block_size in args.contexts]
+    speed_table(rows, args.new_tokens, args.repeats)
+    print(f"(load average {os.getloadavg()[0]:.1f} at the end)")
+    lengths = [128, 512, 2048, 8192]
+    print(f"\n### KV cache memory (fp32, batch 1, block_size raised to {max(lengths)} so full attention can grow)\n")
+    print(memory_table(shape, lengths))
+
+
+if __name__ == "__main__":
+    main()

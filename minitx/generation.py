@@ -1,0 +1,394 @@
+"""Text generation: the decode loop, the sampling filters, checkpoint loading and `generate.py`.
+
+Each step turns the logits of the last position into one new token per row: greedy (argmax) at
+temperature 0, otherwise a sample from softmax(logits / temperature) after the optional top-k and
+top-p (nucleus) filters.
+
+Without a cache every step runs the model on the last block_size tokens (a crop, as nanoGPT does).
+With a cache the prompt is run once (prefill) and each step feeds only the newest token, reading
+the keys and values of earlier tokens from per-layer caches (see minitx/cache.py). The two agree
+up to float rounding while the sequence fits in block_size. Past it:
+
+- RoPE models keep going with a sliding cache: every layer attends to the last block_size
+  positions (the ring of slots overwrites the oldest token). A one-layer model then equals the
+  crop exactly, because only relative offsets matter to RoPE. A deeper model does not: the cached
+  keys of a token were computed while that token could still see tokens the crop has dropped, so
+  the cache acts as sliding-window attention of width block_size in every layer (like Mistral's
+  rolling buffer) with a receptive field of n_layer * block_size. The difference is small and the
+  cost per token stays flat instead of growing to a full block_size forward pass. (Local layers
+  whose windows together reach back less than block_size see no difference.)
+- Local attention with global tokens keeps the *sequence's* first n_global tokens as globals
+  (attention sinks), where the crop would make its own first tokens global.
+- A prompt longer than block_size is prefilled with its first block_size tokens and fed the rest
+  one token at a time, exactly as if the model had generated them.
+- Models with learned positions cannot slide: a prompt longer than block_size is a UserError, and
+  once generation reaches block_size each step runs the model on the last block_size tokens, as
+  without the cache (equal to the crop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from .errors import UserError
+
+CHECKPOINT_FORMAT = 1
+
+
+# -- sampling ---------------------------------------------------------------------------------------
+
+
+def top_k_filter(logits: Tensor, k: int) -> Tensor:
+    """Logits with everything below the k-th largest of each row set to -inf (ties kept)."""
+    if k >= logits.shape[-1]:
+        return logits
+    kth_largest = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth_largest, float("-inf"))
+
+
+def top_p_filter(logits: Tensor, p: float) -> Tensor:
+    """Logits outside the nucleus set to -inf: the fewest most likely tokens whose probabilities
+    add up to at least p. The most likely token always stays."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs  # probability of the tokens ranked above
+    drop_sorted = mass_before >= p  # the nucleus is already complete without this token
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def pick_next(logits: Tensor, temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
+              generator: Optional[torch.Generator] = None) -> Tensor:
+    """One token id per row of logits (B, vocab): argmax at temperature 0, else a filtered sample."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None:
+        logits = top_p_filter(logits, top_p)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def check_options(max_new_tokens: int, temperature: float, top_k: Optional[int], top_p: Optional[float],
+                  cli: bool = False) -> None:
+    """Raise UserError naming the first bad option (as a --flag when `cli`) and its fix."""
+
+    def name(option: str) -> str:
+        return "--" + option.replace("_", "-") if cli else option
+
+    if max_new_tokens < 0:
+        raise UserError(f"{name('max_new_tokens')}: is {max_new_tokens}; use 0 or more")
+    if temperature < 0:
+        raise UserError(f"{name('temperature')}: is {temperature}; use 0 (greedy) or more")
+    if top_k is not None and top_k < 1:
+        raise UserError(f"{name('top_k')}: is {top_k}; use 1 or more, or leave it unset")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise UserError(f"{name('top_p')}: is {top_p}; use a probability in (0, 1], or leave it unset")
+
+
+def check_prompt_fits(config, prompt_len: int) -> None:
+    """With a cache, a model with learned positions cannot take a prompt longer than its context."""
+    if config.positions != "rope" and prompt_len > config.block_size:
+        raise UserError(
+            f"prompt has {prompt_len} tokens but the model's context is block_size={config.block_size} and its "
+            "learned positions cannot slide; shorten the prompt"
+        )
+
+
+# -- the decode loop --------------------------------------------------------------------------------
+
+
+class CachedSteps:
+    """Feeds a growing sequence to the model through a KV cache and hands back next-token logits."""
+
+    def __init__(self, model, batch: int, max_len: int):
+        self.model = model
+        self.block_size = model.config.block_size
+        self.can_slide = model.config.positions == "rope"
+        self.cache = model.new_cache(batch, max_len)
+
+    def prefill(self, idx: Tensor) -> Tensor:
+        logits = self.model(idx[:, : self.block_size], cache=self.cache)[:, -1]
+        # Past the context (RoPE only): one token at a time, exactly as if they had been generated.
+        for t in range(self.block_size, idx.shape[1]):
+            logits = self.model(idx[:, t : t + 1], cache=self.cache)[:, -1]
+        return logits
+
+    def step(self, idx: Tensor) -> Tensor:
+        """Logits after idx (B, T), whose last token is the only one the cache has not seen."""
+        if not self.can_slide and idx.shape[1] > self.block_size:
+            # Learned positions end at block_size: run the last block_size tokens from scratch.
+            return self.model(idx[:, -self.block_size :])[:, -1]
+        return self.model(idx[:, -1:], cache=self.cache)[:, -1]
+
+
+class CroppedSteps:
+    """No cache: every step runs the model on the last block_size tokens."""
+
+    def __init__(self, model):
+        self.model = model
+        self.block_size = model.config.block_size
+
+    def prefill(self, idx: Tensor) -> Tensor:
+        return self.step(idx)
+
+    def step(self, idx: Tensor) -> Tensor:
+        return self.model(idx[:, -self.block_size :])[:, -1]
+
+
+@torch.no_grad()
+def generate(
+    model,
+    idx: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    use_cache: bool = True,
+    generator: Optional[torch.Generator] = None,
+    eos_id: Optional[int] = None,
+    on_token: Optional[Callable[[Tensor], object]] = None,
+) -> Tensor:
+    """Extend idx (B, T) by up to max_new_tokens tokens; returns (B, T + n).
+
+    temperature 0 is greedy. `generator` makes sampling reproducible. With `eos_id`, a row that
+    produced it keeps producing it, and generation stops once every row has. `on_token` is called
+    with each step's new tokens (B,), for streaming.
+    """
+    check_options(max_new_tokens, temperature, top_k, top_p)
+    if idx.dim() != 2 or idx.shape[1] == 0:
+        raise UserError(f"prompt: expected token ids of shape (batch, length >= 1), got {tuple(idx.shape)}; give at least one token")
+    B, T = idx.shape
+    if use_cache:
+        check_prompt_fits(model.config, T)
+    out = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=idx.device)
+    out[:, :T] = idx
+    if max_new_tokens == 0:
+        return out
+    finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
+    was_training = model.training
+    model.eval()
+    try:
+        steps = CachedSteps(model, B, T + max_new_tokens) if use_cache else CroppedSteps(model)
+        logits = steps.prefill(idx)
+        length = T
+        while True:
+            token = pick_next(logits, temperature, top_k, top_p, generator)
+            if eos_id is not None:
+                token = torch.where(finished, eos_id, token)  # finished rows only pad
+                finished |= token == eos_id
+            out[:, length] = token
+            length += 1
+            if on_token is not None:
+                on_token(token)
+            if length == T + max_new_tokens or (eos_id is not None and bool(finished.all())):
+                break
+            logits = steps.step(out[:, :length])
+    finally:
+        model.train(was_training)
+    return out[:, :length]
+
+
+# -- checkpoints ------------------------------------------------------------------------------------
+
+
+def _one_line(error: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def load_checkpoint(path: str, map_location="cpu", label: str = "checkpoint"):
+    """(model, tokenizer, raw) from a checkpoint saved by training; the model is in eval mode.
+
+    The file is a dict read with torch.load(weights_only=True): "state_dict" holds the weights
+    (prefixed "model." by the LightningModule), "minitx" holds {"model_config", "tokenizer",
+    "format"} as plain data. Every problem is a UserError starting with `label` and the path.
+    """
+    from .config import ModelConfig
+    from .data.tokenizer import tokenizer_from_dict
+    from .model import Transformer
+
+    where = f"{label} {path}"
+    if not os.path.exists(path):
+        raise UserError(f"{where}: no such file; give the path of a checkpoint saved by train.py")
+    if os.path.isdir(path):
+        raise UserError(f"{where}: is a directory; give the .ckpt file inside it")
+    try:
+        raw = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as error:  # truncated zip, foreign pickle, unsafe types, ...: all unreadable
+        raise UserError(
+            f"{where}: not a readable minitx checkpoint ({type(error).__name__}: {_one_line(error)}); "
+            "give a checkpoint saved by train.py"
+        ) from None
+    meta = raw.get("minitx") if isinstance(raw, dict) else None
+    if not isinstance(meta, dict) or not isinstance(raw.get("state_dict"), dict):
+        raise UserError(f"{where}: not a minitx checkpoint (no 'minitx' and 'state_dict' entries); give a checkpoint saved by train.py")
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise UserError(f"{where}: checkpoint format {meta.get('format')!r} is not supported (expected {CHECKPOINT_FORMAT}); use a matching minitx version")
+    try:
+        config = ModelConfig.from_dict(meta["model_config"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise UserError(f"{where}: its model config is invalid ({_one_line(error)}); the file is damaged or from another version") from None
+    try:
+        tokenizer = tokenizer_from_dict(meta["tokenizer"])
+    except Exception as error:
+        raise UserError(f"{where}: its tokenizer cannot be rebuilt ({_one_line(error)}); the file is damaged or from another version") from None
+    if tokenizer.vocab_size > config.vocab_size:
+        raise UserError(f"{where}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}; the file is damaged")
+
+    state = raw["state_dict"]
+    weights = {key[len("model.") :]: value for key, value in state.items() if key.startswith("model.")} or state
+    model = Transformer(config)
+    mismatch = _state_mismatch(model.state_dict(), weights)
+    if mismatch:
+        raise UserError(f"{where}: its weights do not match its model config ({mismatch}); the file is damaged or was edited")
+    model.load_state_dict(weights)
+    model.to(map_location).eval()
+    return model, tokenizer, raw
+
+
+def _state_mismatch(expected: dict, found: dict) -> str:
+    """'' when found has exactly the keys and shapes of expected, else a short description."""
+    problems = []
+    missing = [key for key in expected if key not in found]
+    unexpected = [key for key in found if key not in expected]
+    shapes = [
+        f"{key} {tuple(found[key].shape)} vs {tuple(expected[key].shape)}"
+        for key in expected
+        if key in found and (not isinstance(found[key], Tensor) or found[key].shape != expected[key].shape)
+    ]
+    for what, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", shapes)):
+        if keys:
+            problems.append(f"{what}: {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}")
+    return "; ".join(problems)
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+
+class TextStream:
+    """Prints a growing continuation as it is made, for any tokenizer.
+
+    BPE tokens can end in the middle of a character and some decoders change earlier text when
+    more tokens arrive, so the whole sequence is decoded each time and only the new, settled suffix
+    (not ending in an unfinished character, shown as U+FFFD) is printed.
+    """
+
+    def __init__(self, tokenizer, prompt_ids: list[int], out=None):
+        self.tokenizer = tokenizer
+        self.ids = list(prompt_ids)
+        self.n_prompt = len(self.ids)
+        self.base = tokenizer.decode(self.ids)
+        self.printed = ""
+        self.out = out or sys.stdout
+
+    def add(self, token_id: int) -> None:
+        self.ids.append(token_id)
+        self._show(final=False)
+
+    def finish(self) -> None:
+        self._show(final=True)
+        self.out.write("\n")
+        self.out.flush()
+
+    def _show(self, final: bool) -> None:
+        text = self.tokenizer.decode(self.ids)
+        if text.startswith(self.base):
+            continuation = text[len(self.base) :]
+        else:  # a decoder that rewrites the prompt's end (spacing rules): show the new tokens alone
+            continuation = self.tokenizer.decode(self.ids[self.n_prompt :])
+        if not final:
+            continuation = continuation.rstrip("\ufffd")
+        if continuation.startswith(self.printed) and len(continuation) > len(self.printed):
+            self.out.write(continuation[len(self.printed) :])
+            self.out.flush()
+            self.printed = continuation
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="generate.py", description="Generate text from a checkpoint saved by train.py.")
+    parser.add_argument("--ckpt", required=True, help="checkpoint file (.ckpt) saved by train.py")
+    prompt = parser.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", help="text to continue (default: the end-of-text token if the tokenizer has one, else a newline)")
+    prompt.add_argument("--prompt-file", help="read the prompt from this UTF-8 file")
+    parser.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample (default 200)")
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more random (default 0.8)")
+    parser.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely tokens")
+    parser.add_argument("--top-p", type=float, default=None, help="sample only from the smallest set of tokens with probability >= p")
+    parser.add_argument("--num-samples", type=int, default=1, help="independent samples, one after another (default 1)")
+    parser.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps, ... (default cpu)")
+    parser.add_argument("--no-cache", action="store_true", help="recompute the whole context each step (slow; for checking)")
+    return parser.parse_args(argv)
+
+
+def _read_prompt(args: argparse.Namespace, tokenizer) -> tuple[str, list[int]]:
+    """(text to echo, token ids) of the prompt."""
+    if args.prompt_file is not None:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            raise UserError(f"--prompt-file {args.prompt_file}: no such file; give an existing text file") from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise UserError(f"--prompt-file {args.prompt_file}: cannot be read as UTF-8 text ({_one_line(error)})") from None
+    else:
+        text = args.prompt or ""
+    if text:
+        ids = tokenizer.encode(text)  # a char tokenizer raises UserError naming unknown characters
+        if ids:
+            return text, ids
+    if tokenizer.eos_id is not None:
+        return "", [tokenizer.eos_id]  # no prompt: start a fresh document
+    try:
+        return "", tokenizer.encode("\n")
+    except UserError:
+        raise UserError("--prompt: this tokenizer does not know a newline to start from; give a --prompt") from None
+
+
+def _device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, ValueError) as error:
+        raise UserError(f"--device {name}: not usable here ({_one_line(error)}); use --device cpu") from None
+    return device
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parse_args(argv)
+    check_options(args.max_new_tokens, args.temperature, args.top_k, args.top_p, cli=True)
+    if args.num_samples < 1:
+        raise UserError(f"--num-samples: is {args.num_samples}; use 1 or more")
+    device = _device(args.device)
+    model, tokenizer, _ = load_checkpoint(args.ckpt, map_location=device, label="--ckpt")
+    prompt_text, prompt_ids = _read_prompt(args, tokenizer)
+    if not args.no_cache:
+        check_prompt_fits(model.config, len(prompt_ids))
+    generator = torch.Generator(device=device).manual_seed(args.seed) if args.seed is not None else None
+    idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    for sample in range(args.num_samples):
+        if sample:
+            print("---------------")
+        sys.stdout.write(prompt_text)
+        stream = TextStream(tokenizer, prompt_ids)
+
+        def show(token: Tensor) -> None:
+            if token.item() != tokenizer.eos_id:  # the end-of-text token itself is not shown
+                stream.add(token.item())
+
+        generate(
+            model, idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            use_cache=not args.no_cache, generator=generator, eos_id=tokenizer.eos_id, on_token=show,
+        )
+        stream.finish()
