@@ -130,7 +130,7 @@ class MultiTokenAttention(Attention):
         q_pos = torch.cat([torch.full((n_hist,), -1, device=q.device), positions])
         # Training would keep every chunk's (rows x keys) maps for the backward pass, O(T^2) again;
         # recomputing a chunk's maps in the backward keeps only its inputs and output (measured at
-        # T=4096: 5x less peak memory, about a quarter more time). mta_query_chunk >= T skips it.
+        # T=4096: 6x less peak memory, 15-20% more time). mta_query_chunk >= T skips it.
         recompute = torch.is_grad_enabled() and T > self.query_chunk
         outs = []
         for start in range(0, T, self.query_chunk):
@@ -177,9 +177,9 @@ class KeyQueryConv(torch.autograd.Function):
     """conv2d(scores, kernel, groups=H), keys padded by (c_k - 1) / 2: oneDNN's fast paths on CPU.
 
     Measured on CPU (1-4 x 4 heads x 261 rows x 256-4096 keys), forward and backward together run
-    1.5-3.5x faster than plain F.conv2d, because:
-    - oneDNN convolves these per-head (depthwise) maps 3-4x faster in channels-last layout, copies
-      included;
+    2.5-3.6x faster than plain F.conv2d, because:
+    - oneDNN convolves these per-head (depthwise) maps up to 3-4x faster in channels-last layout,
+      copies included;
     - its kernel gradient is 5-10x slower than the forward, but that gradient (the correlation of
       the padded input with the output's gradient) is itself a forward convolution, with the
       output's gradient as a large kernel, one group per (batch, head) and a (c_q, c_k) result.
@@ -195,6 +195,7 @@ class KeyQueryConv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         scores, kernel = ctx.saved_tensors
+        kernel = kernel.to(grad.dtype)  # under autocast the forward ran in a lower precision
         H, pad = kernel.shape[0], kernel.shape[-1] // 2
         grad_scores = grad_kernel = None
         if ctx.needs_input_grad[0]:
@@ -202,7 +203,7 @@ class KeyQueryConv(torch.autograd.Function):
             grad_scores = F.conv_transpose2d(grad_last, kernel, padding=(0, pad), groups=H).contiguous()
         if ctx.needs_input_grad[1]:
             B, _, R, T = scores.shape
-            padded = F.pad(scores, (pad, pad)).reshape(1, B * H, R, T + 2 * pad)
+            padded = F.pad(scores.to(grad.dtype), (pad, pad)).reshape(1, B * H, R, T + 2 * pad)
             per_map = F.conv2d(padded, grad.reshape(B * H, 1, *grad.shape[2:]), groups=B * H)
             grad_kernel = per_map.view(B, H, *kernel.shape[2:]).sum(0).view_as(kernel)
         return grad_scores, grad_kernel

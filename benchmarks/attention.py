@@ -1,0 +1,214 @@
+"""Forward + backward time and peak memory of one attention layer (projections + attention) per kind.
+
+    python benchmarks/attention.py                      # CPU, T = 256 1024 4096, a few minutes
+    python benchmarks/attention.py --device cuda --batch 8 --d-model 1024 --n-head 16
+
+Variants: mha, mqa, gqa (n_head/2 kv heads), local (window 128) chunked, the same window as a
+dense T x T boolean mask into SDPA (the baseline local attention must beat), mta (6 x 11
+key-query convolution, head mixing, output norm) in query chunks, and mta materialised in one
+chunk (the memory baseline).
+
+Time: median of --repeats runs after a warm-up, of forward and backward of the layer with the
+input requiring grad, as in training.
+Memory, CUDA: torch.cuda.max_memory_allocated during the step, less what was allocated before.
+Memory, CPU (no allocator statistics there): the peak sum of bytes of the tensor storages the step
+creates, tracked op by op with a dispatch mode that sees every operator (backward included); it
+misses scratch space an operator allocates and frees inside itself (e.g. a convolution's
+workspace), so it is a lower bound. "saved" is what autograd keeps between forward and backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from minitx import AttentionConfig, ModelConfig, functional
+from minitx.attention import build
+from minitx.attention.local import LocalAttention
+from minitx.model import RotaryEmbedding
+
+MiB = 2**20
+
+
+class DenseMaskedLocal(LocalAttention):
+    """The baseline: the window as a T x T boolean mask into SDPA, which still does T^2 work."""
+
+    def attend(self, q, k, v):
+        positions = torch.arange(q.shape[2], device=q.device)
+        mask = functional.allowed_mask(positions, positions, window=self.window, n_global=self.n_global)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def variants(args) -> dict[str, dict]:
+    window = dict(kind="local", window=args.window, local_backend="chunked")
+    mta = dict(kind="mta", mta_conv_layers=[0])  # layer 0 of 1: the module with the convolution
+    return {
+        "mha": dict(kind="mha"),
+        "mqa": dict(kind="mqa"),
+        "gqa": dict(kind="gqa", n_kv_head=max(1, args.n_head // 2)),
+        "local": window,
+        "local-dense": window,  # same config, DenseMaskedLocal module
+        "mta": mta,
+        "mta-full": dict(mta, mta_query_chunk=max(args.seq_lens)),  # one chunk: (B, H, T, T) at once
+    }
+
+
+def make_layer(name: str, attention: dict, T: int, args):
+    config = ModelConfig(block_size=T, n_layer=1, n_head=args.n_head, d_model=args.d_model, attention=AttentionConfig(**attention))
+    layer = DenseMaskedLocal(config, 0) if name == "local-dense" else build(config, 0)
+    dtype = getattr(torch, args.dtype)
+    layer = layer.to(args.device, dtype)
+    rope = tuple(t.to(args.device) for t in RotaryEmbedding(config.head_dim, T).to(args.device)(0, T))
+    x = torch.randn(args.batch, T, args.d_model, device=args.device, dtype=dtype, requires_grad=True)
+    grad = torch.randn_like(x)
+    return layer, x, rope, grad
+
+
+def step(layer, x, rope, grad) -> None:
+    x.grad = None
+    layer.zero_grad(set_to_none=True)
+    layer(x, rope).backward(grad)
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def median_ms(layers: dict, args) -> dict[str, float]:
+    """Median step time per variant. Variants take turns, so a burst of other work on the machine
+    slows all of them alike instead of one."""
+    for _ in range(args.warmup):
+        for layer, x, rope, grad in layers.values():
+            step(layer, x, rope, grad)
+    times = {name: [] for name in layers}
+    for _ in range(args.repeats):
+        for name, (layer, x, rope, grad) in layers.items():
+            sync(args.device)
+            start = time.perf_counter()
+            step(layer, x, rope, grad)
+            sync(args.device)
+            times[name].append(time.perf_counter() - start)
+    return {name: 1000 * statistics.median(t) for name, t in times.items()}
+
+
+class LiveTensorPeak(TorchDispatchMode):
+    """Peak bytes of live tensor storages created by the operators run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.current = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for key, (ref, nbytes) in list(self.live.items()):  # storages freed since the last operator
+            if ref.expired():
+                del self.live[key]
+                self.current -= nbytes
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
+                storage = t.untyped_storage()
+                key = storage.data_ptr()
+                if key not in self.live:
+                    self.live[key] = (StorageWeakRef(storage), storage.nbytes())
+                    self.current += storage.nbytes()
+        self.peak = max(self.peak, self.current)
+        return out
+
+
+def memory_mib(layer, x, rope, grad, args) -> tuple[float, float]:
+    """(peak MiB during forward + backward, MiB saved for backward)."""
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    step(layer, x, rope, grad)  # grads exist before and after: only the step's own memory counts
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        if args.device == "cuda":
+            step(layer, x, rope, grad)
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - base
+        else:
+            with LiveTensorPeak() as tracker:
+                step(layer, x, rope, grad)
+            peak = tracker.peak
+    return peak / MiB, sum(saved.values()) / MiB
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[256, 1024, 4096])
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--n-head", type=int, default=4)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--window", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    parser.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    parser.add_argument("--variants", nargs="+", help="a subset of: mha mqa gqa local local-dense mta mta-full")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is visible; use --device cpu")
+    torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    all_variants = variants(args)
+    names = args.variants or list(all_variants)
+    unknown = sorted(set(names) - set(all_variants))
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(all_variants)}")
+
+    machine = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+    print(f"# {machine}, torch {torch.__version__}, {datetime.date.today()}, B={args.batch} d_model={args.d_model} "
+          f"n_head={args.n_head} window={args.window} {args.dtype}, median of {args.repeats}\n")
+    memory_kind = "torch.cuda.max_memory_allocated" if args.device == "cuda" else "peak live tensor bytes (lower bound)"
+    print(f"| variant | T | fwd+bwd ms | peak MiB ({memory_kind}) | saved for backward MiB |")
+    print("|---|---:|---:|---:|---:|")
+    ms, peak = {}, {}
+    for T in args.seq_lens:
+        layers = {name: make_layer(name, all_variants[name], T, args) for name in names}
+        for name, median in median_ms(layers, args).items():
+            ms[name, T] = median
+        for name in names:
+            peak[name, T], saved = memory_mib(*layers[name], args)
+            print(f"| {name} | {T} | {ms[name, T]:.1f} | {peak[name, T]:.1f} | {saved:.1f} |", flush=True)
+        del layers
+
+    print("\n| ratio | value | target |\n|---|---:|---|")
+    long, short = max(args.seq_lens), min(args.seq_lens)
+
+    def row(label: str, table: dict, top: tuple, bottom: tuple, target: str) -> None:
+        value = f"{table[top] / table[bottom]:.2f}" if top in table and bottom in table else "not run"
+        print(f"| {label} | {value} | {target} |")
+
+    row(f"dense-mask local / chunked local time, T={long}", ms, ("local-dense", long), ("local", long), ">= 5")
+    if 1024 in args.seq_lens and long > 1024:
+        row(f"local time, T={long} / T=1024", ms, ("local", long), ("local", 1024), f"<= 5 (linear: {long / 1024:.0f})")
+    for T in args.seq_lens:
+        for name in ("mqa", "gqa"):
+            row(f"{name} / mha time, T={T}", ms, (name, T), ("mha", T), "<= 1")
+    row(f"mta / mha time, T={short}", ms, ("mta", short), ("mha", short), "<= 3")
+    for T in args.seq_lens:
+        row(f"mta chunked / materialised peak memory, T={T}", peak, ("mta", T), ("mta-full", T), "< 1 once T > chunk (256)")
+
+
+if __name__ == "__main__":
+    main()

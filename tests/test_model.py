@@ -1,0 +1,290 @@
+"""The whole model: causality for every attention kind, equivalences between kinds, shapes.
+
+Causality is checked two ways on a tiny model: (1) changing the tokens at positions >= t leaves
+the logits before t unchanged; (2) the gradient of the logits at position i with respect to the
+input embedding at any j > i is exactly zero. Sizes are awkward on purpose: T = 67 is not a
+multiple of local attention's block (64) nor of MTA's query chunk (5). The checker is shown to
+have teeth: it flags a local window that peeks one token ahead and an MTA convolution padded
+symmetrically along the query axis.
+
+Each test draws a fresh seed (printed in the captured output of a failure); set MINITX_TEST_SEED
+to replay one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minitx import AttentionConfig, ModelConfig, Transformer, attention
+from minitx.attention import local
+from minitx.attention.multi_token import MultiTokenAttention
+
+VOCAB, BLOCK, T = 32, 96, 67
+
+
+@pytest.fixture(autouse=True)
+def seed() -> int:
+    value = int(os.environ.get("MINITX_TEST_SEED", random.randrange(2**31)))
+    torch.manual_seed(value)
+    print(f"seed={value} (replay with MINITX_TEST_SEED={value})")
+    return value
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Tensors here are tiny: a second thread only adds hand-offs, which cost 10-100x when the
+    # cores are busy with other work (measured on the 2-core machine).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny(n_layer: int = 2, n_head: int = 4, d_model: int = 32, **att) -> ModelConfig:
+    return ModelConfig(vocab_size=VOCAB, block_size=BLOCK, n_layer=n_layer, n_head=n_head, d_model=d_model, attention=AttentionConfig(**att))
+
+
+def build(config: ModelConfig) -> Transformer:
+    """An eval-mode model whose MTA parts (identity at init) are perturbed, so a leak would show."""
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if any(part in name for part in ("kq_conv", "mix_pre", "mix_post", "norm_weight", "attn.gate.")):
+                fan_in = param[0].numel() if param.dim() > 1 else 1
+                param.add_(torch.randn_like(param) / fan_in**0.5)
+    return model
+
+
+# -- the causality checker ---------------------------------------------------------------------------
+
+
+def changed_logits_before(model: Transformer, idx: torch.Tensor, t: int) -> float:
+    """Largest change of logits at positions < t when every token at positions >= t changes."""
+    other = idx.clone()
+    other[:, t:] = (idx[:, t:] + torch.randint(1, VOCAB, idx[:, t:].shape)) % VOCAB
+    with torch.no_grad():
+        before, after = model(idx)[:, :t], model(other)[:, :t]
+    return (before - after).abs().max().item() if t else 0.0
+
+
+def gradient_from_future(model: Transformer, idx: torch.Tensor, positions) -> float:
+    """Largest |d logits[i] / d embedding[j]| over j > i, for each probed position i."""
+    x = model.embed(idx).detach().requires_grad_()
+    logits = model.forward_embeddings(x)
+    leak = 0.0
+    for i in positions:
+        direction = torch.randn_like(logits[:, i])  # a random cotangent: no lucky cancellation
+        (grad,) = torch.autograd.grad((logits[:, i] * direction).sum(), x, retain_graph=True)
+        assert grad[:, i].abs().max() > 0, "the checker must see the token's own influence"
+        if i + 1 < idx.shape[1]:
+            leak = max(leak, grad[:, i + 1 :].abs().max().item())
+    return leak
+
+
+def causality_violation(model: Transformer, T: int = T) -> tuple[float, float]:
+    """(largest logit change before the cut, largest gradient from the future); both 0 if causal.
+
+    Cuts at both ends, the middle and local attention's block edge (64). Gradients at both ends and
+    around the edges of MTA's query chunks (5) and local attention's blocks (each backward pass
+    recomputes MTA's chunks, so not at every position).
+    """
+    idx = torch.randint(0, VOCAB, (2, T))
+    changed = max(changed_logits_before(model, idx, t) for t in sorted({0, T // 2, 64 % T, T - 1}))
+    probes = sorted({i for i in (0, 1, 4, 5, 9, 10, 33, 34, 62, 63, 64, 65, T - 2, T - 1) if 0 <= i < T})
+    return changed, gradient_from_future(model, idx, probes)
+
+
+def assert_causal(model: Transformer, T: int = T) -> None:
+    changed, leak = causality_violation(model, T)
+    assert changed <= 1e-6, f"logits before t moved by {changed} when tokens at >= t changed"
+    assert leak == 0.0, f"gradient {leak} from a future embedding"
+
+
+KIND_CASES = {
+    "mha": dict(kind="mha"),
+    "mqa": dict(kind="mqa"),
+    "gqa": dict(kind="gqa", n_kv_head=2),
+    "local": dict(kind="local", window=5),
+    "local-window1": dict(kind="local", window=1),
+    "local-global-gqa": dict(kind="local", window=7, n_global=3, n_kv_head=2),
+    "local-mqa": dict(kind="local", window=20, n_kv_head=1),
+    "mta-pre": dict(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5),
+    "mta-post": dict(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, mta_conv_placement="post"),
+    "mta-mix-none": dict(kind="mta", mta_conv_layers=[0], mta_query_chunk=5, mta_head_mix="none"),
+    "mta-mix-pre": dict(kind="mta", mta_conv_layers=[0], mta_query_chunk=5, mta_head_mix="pre"),
+    "mta-mix-post-group2": dict(kind="mta", mta_conv_layers=[1], mta_query_chunk=5, mta_head_mix="post", mta_head_group=2),
+    "mta-gqa": dict(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, n_kv_head=2),
+    "mta-post-mqa-one-chunk": dict(kind="mta", mta_conv_layers=[0, 1], mta_conv_placement="post", n_kv_head=1),
+    "mixed-local-mha": dict(layers=["local", "local", "local", "mha"], window=5, n_layer=4),
+    "mixed-mta-gqa": dict(layers=["mta", "gqa"], n_kv_head=2, mta_conv_layers=[0], mta_query_chunk=5),
+}
+
+
+def case_config(name: str) -> ModelConfig:
+    att = dict(KIND_CASES[name])
+    return tiny(n_layer=att.pop("n_layer", 2), **att)
+
+
+@pytest.mark.parametrize("name", list(KIND_CASES))
+def test_causal(name):
+    assert_causal(build(case_config(name)))
+
+
+@pytest.mark.parametrize("name", list(KIND_CASES))
+def test_single_token_and_prefixes_agree_with_full_sequence(name):
+    # A prefix run is the causal statement from the other side: it must give the same logits.
+    model = build(case_config(name))
+    idx = torch.randint(0, VOCAB, (2, T))
+    with torch.no_grad():
+        full = model(idx)
+        for t in (1, 13, 64):
+            assert (model(idx[:, :t]) - full[:, :t]).abs().max() < 1e-5, t
+    assert_causal(model, T=1)
+
+
+# -- teeth: the checker flags deliberately broken attention -----------------------------------------
+
+
+def test_checker_catches_local_window_one_token_into_the_future(monkeypatch):
+    real_block_mask = local._block_mask
+
+    def peeking_block_mask(n, C, window, n_global, device):
+        mask = real_block_mask(n, C, window, n_global, device).clone()  # (n, 1, C, 2C [+ globals])
+        row = torch.arange(C - 1)
+        mask[:, :, row, C + row + 1] = True  # query i also sees key i + 1 within its block
+        return mask
+
+    monkeypatch.setattr(local, "_block_mask", peeking_block_mask)
+    changed, leak = causality_violation(build(case_config("local")))
+    assert changed > 1e-3 and leak > 0
+
+
+class SymmetricQueryPaddingMTA(MultiTokenAttention):
+    """The known public bug: the query axis padded on both sides, so rows below (the future) leak."""
+
+    def convolve(self, scores):
+        top = (self.c_q - 1) // 2
+        rows = scores[:, :, self.c_q - 1 :]  # drop the history rows, pad around the chunk instead
+        padded = F.pad(rows, (self.c_k // 2, self.c_k // 2, top, self.c_q - 1 - top))
+        return F.conv2d(padded, self.kq_conv, groups=self.n_head)
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_checker_catches_mta_padded_symmetrically(monkeypatch, placement):
+    monkeypatch.setitem(attention.registry, "mta", SymmetricQueryPaddingMTA)
+    model = build(tiny(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, mta_conv_placement=placement))
+    assert isinstance(model.blocks[0].attn, SymmetricQueryPaddingMTA)
+    changed, leak = causality_violation(model)
+    assert changed > 1e-3 and leak > 0
+
+
+# -- equivalences between kinds ------------------------------------------------------------------------
+
+
+def same_logits(a: Transformer, b: Transformer, T: int = T, tol: float = 1e-5) -> None:
+    idx = torch.randint(0, VOCAB, (2, T))
+    with torch.no_grad():
+        diff = (a(idx) - b(idx)).abs().max().item()
+    assert diff <= tol, diff
+
+
+def copy_of(config: ModelConfig, source: Transformer) -> Transformer:
+    model = Transformer(config).eval()
+    model.load_state_dict(source.state_dict())  # strict: the same parameters, named the same
+    return model
+
+
+def test_gqa_with_all_kv_heads_is_mha():
+    mha = Transformer(tiny(kind="mha")).eval()
+    same_logits(mha, copy_of(tiny(kind="gqa", n_kv_head=4), mha))
+
+
+def test_mqa_is_gqa_with_one_kv_head():
+    mqa = Transformer(tiny(kind="mqa")).eval()
+    same_logits(mqa, copy_of(tiny(kind="gqa", n_kv_head=1), mqa))
+
+
+@pytest.mark.parametrize("window", [T, T + 40])
+def test_local_with_window_covering_the_sequence_is_causal_attention(window):
+    mha = Transformer(tiny(kind="mha")).eval()
+    same_logits(mha, copy_of(tiny(kind="local", window=window), mha))
+
+
+def test_chunked_local_with_window_covering_the_sequence_is_causal_attention():
+    # The model short-cuts window >= T to SDPA; the chunked path must agree on its own too.
+    q, k, v = torch.randn(2, 4, T, 8), torch.randn(2, 2, T, 8), torch.randn(2, 2, T, 8)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert (local.chunked_local(q, k, v, window=T) - expected).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2])
+def test_untrained_mta_is_plain_attention(n_kv_head):
+    # The output norm stays off: RMSNorm and the sigmoid gate are not the identity at init.
+    att = dict(n_kv_head=n_kv_head, mta_conv_layers=[0, 1], mta_output_norm=False, mta_query_chunk=5)
+    plain = Transformer(tiny(kind="gqa", n_kv_head=n_kv_head)).eval()
+    mta = Transformer(tiny(kind="mta", **att)).eval()
+    result = mta.load_state_dict(plain.state_dict(), strict=False)
+    assert not result.unexpected_keys
+    assert {key.split(".")[-1] for key in result.missing_keys} == {"kq_conv", "mix_pre", "mix_post"}
+    same_logits(plain, mta)
+
+
+# -- shapes and parameter counts -----------------------------------------------------------------------
+
+
+def attention_params(model: Transformer, part: str) -> int:
+    return sum(p.numel() for name, p in model.named_parameters() if f"attn.{part}" in name)
+
+
+@pytest.mark.parametrize("kind, n_kv_head", [("gqa", 2), ("mqa", None), ("local", 1), ("mta", 2)])
+def test_kv_projections_shrink_by_kv_heads_over_heads(kind, n_kv_head):
+    mha = Transformer(tiny(kind="mha"))
+    other = Transformer(tiny(kind=kind, n_kv_head=n_kv_head))
+    G = other.config.n_kv_head_at(0)
+    assert attention_params(other, "kv_proj") * 4 == attention_params(mha, "kv_proj") * G
+    assert attention_params(other, "q_proj") == attention_params(mha, "q_proj")
+    assert attention_params(other, "out_proj") == attention_params(mha, "out_proj")
+
+
+@pytest.mark.parametrize("head_mix, group", [("both", None), ("pre", 2), ("none", None)])
+def test_mta_extra_parameters_match_formula(head_mix, group):
+    n_layer, H, D, c_q, c_k = 8, 4, 8, 6, 11
+    config = tiny(n_layer=n_layer, n_head=H, d_model=H * D, kind="mta", mta_head_mix=head_mix, mta_head_group=group)
+    c_h = group or H
+    n_conv_layers = len(range(2, n_layer, 4))  # every 4th layer from layer 2: 2 and 6
+    n_mixes = {"none": 0, "pre": 1, "post": 1, "both": 2}[head_mix]
+    # Per conv layer H kernels c_q x c_k; per layer and mix (H / c_h) blocks of c_h x c_h; per
+    # layer a shared RMSNorm weight (D) and the gate Linear(D -> 1) with its bias.
+    expected = n_conv_layers * H * c_q * c_k + n_layer * n_mixes * H * c_h + n_layer * (2 * D + 1)
+    extra = Transformer(config).num_params() - Transformer(tiny(n_layer=n_layer, n_head=H, d_model=H * D)).num_params()
+    assert extra == expected
+
+
+def test_logits_shape_and_too_long_input():
+    model = Transformer(tiny(kind="gqa", n_kv_head=2))
+    assert model(torch.randint(0, VOCAB, (3, 10))).shape == (3, 10, VOCAB)
+    with pytest.raises(ValueError, match="block_size"):
+        model(torch.randint(0, VOCAB, (1, BLOCK + 1)))
+
+
+@pytest.mark.parametrize("name", ["mha", "local-global-gqa", "mta-gqa", "mixed-local-mha"])
+def test_attention_maps(name):
+    config = case_config(name)
+    model = Transformer(config).eval()  # untrained: MTA's post-softmax mixing would break row sums
+    T_maps = 70
+    maps = model.attention_maps(torch.randint(0, VOCAB, (2, T_maps)))
+    assert len(maps) == config.n_layer
+    i, j = torch.arange(T_maps)[:, None], torch.arange(T_maps)[None, :]
+    for layer, weights in enumerate(maps):
+        assert weights.shape == (2, config.n_head, T_maps, T_maps)
+        assert torch.allclose(weights.sum(-1), torch.ones(2, config.n_head, T_maps), atol=1e-5)
+        assert (weights[..., j > i] == 0).all()
+        if config.layer_kinds[layer] == "local":
+            att = config.attention
+            outside = (i - j >= att.window) & (j >= att.n_global)
+            assert (weights[..., outside & (j <= i)] == 0).all()
