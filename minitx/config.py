@@ -10,13 +10,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, Optional
 
+from .errors import UserError
+
 KINDS = ("mha", "mqa", "gqa", "local", "mta")
 # Kinds whose number of key/value heads is read from `n_kv_head` (MHA means n_head, MQA means 1).
 KINDS_WITH_KV_HEADS = ("gqa", "local", "mta")
 
 
 def _fail(field_name: str, problem: str, fix: str) -> None:
-    raise ValueError(f"{field_name}: {problem}; {fix}")
+    # UserError is a ValueError: Python callers catch ValueError, the command lines print one line.
+    raise UserError(f"{field_name}: {problem}; {fix}")
 
 
 def _check_choice(field_name: str, value: Any, choices: tuple) -> None:
@@ -182,12 +185,12 @@ class ModelConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"model config: unknown field(s) {', '.join(unknown)}; remove them")
+            raise UserError(f"model config: unknown field(s) {', '.join(unknown)}; remove them")
         data = dict(data)
         if isinstance(data.get("attention"), dict):
             att_known = {f.name for f in fields(AttentionConfig)}
             bad = sorted(set(data["attention"]) - att_known)
             if bad:
-                raise ValueError(f"attention config: unknown field(s) {', '.join(bad)}; remove them")
+                raise UserError(f"attention config: unknown field(s) {', '.join(bad)}; remove them")
             data["attention"] = AttentionConfig(**data["attention"])
         return cls(**data)

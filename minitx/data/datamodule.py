@@ -26,7 +26,11 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from minitx.data.cache import cached_tokens
 from minitx.data.sources import SOURCES, load_text
 from minitx.data.tokenizer import Tokenizer, build_tokenizer
+from minitx.data.toy import ToyTaskConfig, ToyTrainBatches, ToyValSet, toy_max_length, toy_tokenizer
 from minitx.errors import UserError
+
+# "toy": the Multi-Token Attention paper's synthetic task (minitx/data/toy.py), not a text.
+DATA_SOURCES = (*SOURCES, "toy")
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -148,6 +152,12 @@ class TextDataModule(L.LightningDataModule):
         cache_dir: where token caches live; default ~/.cache/minitx.
         seed: seeds the training batch stream.
         val_batches: number of validation batches, the same windows at every validation.
+        toy_n, toy_query_len, toy_blocks, toy_min_blocks, toy_target: the toy task (source=toy):
+            blocks of toy_n letters, toy_min_blocks..toy_blocks of them (min unset: exactly
+            toy_blocks), toy_query_len query letters; target "block", "first" or "last".
+        toy_train_size, toy_val_size: samples in the training set (cycled) and validation set;
+            both are fixed by `seed`, and never overlap. Targets only carry the loss (y is -100,
+            cross-entropy's ignore_index, elsewhere).
     """
 
     def __init__(
@@ -170,11 +180,18 @@ class TextDataModule(L.LightningDataModule):
         cache_dir: str | None = None,
         seed: int = 1337,
         val_batches: int = 20,
+        toy_n: int = 5,
+        toy_query_len: int = 2,
+        toy_blocks: int = 10,
+        toy_min_blocks: int | None = None,
+        toy_target: str = "block",
+        toy_train_size: int = 100_000,
+        toy_val_size: int = 512,
     ) -> None:
         super().__init__()
         _require(
-            source in SOURCES,
-            f"data.source: unknown source {source!r}; choose one of {', '.join(SOURCES)}",
+            source in DATA_SOURCES,
+            f"data.source: unknown source {source!r}; choose one of {', '.join(DATA_SOURCES)}",
         )
         _require(block_size >= 1, f"data.block_size: must be at least 1, got {block_size}")
         _require(batch_size >= 1, f"data.batch_size: must be at least 1, got {batch_size}")
@@ -200,6 +217,15 @@ class TextDataModule(L.LightningDataModule):
         self.cache_dir = cache_dir
         self.seed = seed
         self.val_batches = val_batches
+        self.toy: ToyTaskConfig | None = None
+        if source == "toy":
+            _require(toy_train_size >= 1, f"data.toy_train_size: must be at least 1, got {toy_train_size}")
+            _require(toy_val_size >= 1, f"data.toy_val_size: must be at least 1, got {toy_val_size}")
+            self.toy = ToyTaskConfig(
+                block_len=toy_n, query_len=toy_query_len, min_blocks=toy_min_blocks or toy_blocks,
+                max_blocks=toy_blocks, target=toy_target,
+            )
+            self.toy_train_size, self.toy_val_size = toy_train_size, toy_val_size
 
         # Training batches handed to the model so far; the resume point. Counted in
         # on_before_batch_transfer, i.e. when the trainer actually consumes a batch, not when
@@ -220,6 +246,16 @@ class TextDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Load text, build the tokenizer and the token memmaps. Idempotent; needs no Trainer."""
         if self._tokenizer is not None:
+            return
+        if self.toy is not None:
+            needed = toy_max_length(self.toy) - 1
+            _require(
+                self.block_size >= needed,
+                f"data.block_size: the toy task's longest input has {needed} tokens, more than "
+                f"block_size={self.block_size}; raise model.block_size to {needed} or use fewer data.toy_blocks",
+            )
+            self._tokenizer = toy_tokenizer()
+            self._check_checkpoint_tokenizer()
             return
         train_text, val_text = load_text(
             self.source,
@@ -278,6 +314,8 @@ class TextDataModule(L.LightningDataModule):
     def summary(self) -> str:
         """One line for logs, e.g. 'shakespeare, char tokenizer (vocab 67): 4.3M train tokens ...'."""
         self.setup()
+        if self.toy is not None:
+            return f"toy task {self.toy} (vocab {self.vocab_size}): {self.toy_train_size} train, {self.toy_val_size} val samples"
         assert self.train_tokens is not None and self.val_tokens is not None
         return (
             f"{self.source}, {self.tokenizer_kind} tokenizer (vocab {self.vocab_size}): "
@@ -303,6 +341,11 @@ class TextDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
+        if self.toy is not None:
+            world_size = self.trainer.world_size if self.trainer is not None else 1
+            batches = ToyTrainBatches(self.toy, self.seed, self.toy_train_size, self.batch_size,
+                                      self.train_batches_drawn, self._global_rank(), world_size)
+            return DataLoader(batches, batch_size=None, **self._loader_options())
         assert isinstance(self.train_tokens, np.memmap)
         dataset = RandomWindowBatches(
             tokens_path=str(self.train_tokens.filename),
@@ -318,6 +361,9 @@ class TextDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         self.setup()
+        if self.toy is not None:
+            samples = ToyValSet(self.toy, self.seed, self.toy_train_size, self.toy_val_size)
+            return DataLoader(samples, batch_size=self.batch_size, shuffle=False, **self._loader_options())
         assert isinstance(self.val_tokens, np.memmap)
         dataset = EvenlySpacedWindows(
             tokens_path=str(self.val_tokens.filename),

@@ -1,0 +1,81 @@
+"""Plots of an ablation table (see ablation.aggregate): loss curves and cost against quality.
+
+Headless on purpose (the Agg backend): sweeps run on servers and in tests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+
+def _finished(table: list[dict]) -> list[dict]:
+    return [entry for entry in table if entry["ok"] > 0]
+
+
+def loss_curves(table: list[dict], path: Path) -> None:
+    """Validation loss against tokens seen, one line per variant (mean over seeds, +-std band)."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for entry in _finished(table):
+        curve = entry["curve"]
+        if not curve:
+            continue
+        tokens = [p[0] for p in curve]
+        mean = [p[1] for p in curve]
+        std = [p[2] for p in curve]
+        (line,) = ax.plot(tokens, mean, marker="o", markersize=3, label=f"{entry['variant']} ({entry['ok']} seed{'s' if entry['ok'] > 1 else ''})")
+        if any(std):
+            ax.fill_between(tokens, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color=line.get_color(), alpha=0.2)
+    ax.ticklabel_format(useOffset=False)
+    ax.set_xlabel("tokens seen")
+    ax.set_ylabel("validation loss")
+    ax.set_title("Validation loss (mean over seeds)")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no finished runs", ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cost_quality(table: list[dict], path: Path) -> None:
+    """Quality against two costs: training throughput and KV-cache bytes per token.
+
+    Quality is exact-match accuracy where every variant has one (tasks with targets, such as the
+    toy task), else the best validation loss.
+    """
+    panels = [
+        ("tokens_per_s", "training tokens/s (higher is cheaper)"),
+        ("kv_bytes_per_token", "KV cache bytes per token (lower is cheaper)"),
+    ]
+    entries = _finished(table)
+    if entries and all(e["val_accuracy"][0] is not None for e in entries):
+        quality, quality_label = "val_accuracy", "exact-match accuracy, final (higher is better)"
+    else:
+        quality, quality_label = "best_val_loss", "best validation loss (lower is better)"
+    entries = [e for e in entries if e[quality][0] is not None]
+    fig, axes = plt.subplots(1, len(panels), figsize=(11, 4.5))
+    for ax, (key, label) in zip(axes, panels):
+        for entry in entries:
+            x, x_std = entry[key]
+            y, y_std = entry[quality]
+            if x is None:
+                continue
+            ax.errorbar(x, y, xerr=x_std, yerr=y_std, fmt="o", capsize=3)
+            ax.annotate(entry["variant"], (x, y), textcoords="offset points", xytext=(5, 5), fontsize=9)
+        ax.ticklabel_format(useOffset=False, style="plain")
+        ax.set_xlabel(label)
+        ax.set_ylabel(quality_label)
+        ax.grid(alpha=0.3)
+        if not entries:
+            ax.text(0.5, 0.5, "no finished runs", ha="center", va="center", transform=ax.transAxes)
+    fig.suptitle("Cost against quality (mean ± std over seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,179 @@
+"""The ablation command: a real sweep of tiny runs end to end, resuming, failures, the table maths."""
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from minitx import ablation
+from minitx.cli import ablate_main
+from minitx.errors import UserError
+
+TINY_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 16, "block_size": 16, "lr": 1e-2, "warmup_steps": 1}
+
+
+def write_sweep(tmp_path: Path, variants: list[dict], **extra) -> Path:
+    text = tmp_path / "corpus.txt"
+    # Enough distinct text for a train/val split of a few windows each, generated, not shipped.
+    words = ["attention", "query", "key", "value", "head", "cache", "token", "window", "layer"]
+    text.write_text(" ".join(words[(i * 7 + i // 3) % len(words)] for i in range(600)), encoding="utf-8")
+    sweep = {
+        "base": {
+            "seed_everything": 1,
+            "model": TINY_MODEL,
+            "data": {"source": "files", "train_files": str(text), "batch_size": 4, "val_batches": 1, "cache_dir": str(tmp_path / "cache")},
+            "trainer": {"max_steps": 4, "val_check_interval": 2, "log_every_n_steps": 1, "accelerator": "cpu", "devices": 1},
+        },
+        "seed": 5,
+        "variants": variants,
+        **extra,
+    }
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep), encoding="utf-8")
+    return path
+
+
+def read_rows(output: Path) -> list[dict]:
+    with open(output / "results.csv", newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_sweep_end_to_end_with_a_failing_variant_then_a_rerun_that_skips_finished_runs(tmp_path, capsys):
+    variants = [
+        {"name": "mha", "overrides": {"model.attention.kind": "mha"}},
+        {"name": "gqa", "overrides": {"model.attention": {"kind": "gqa", "n_kv_head": 1}}},
+        {"name": "broken", "overrides": {"model.attention.kind": "nope"}},  # refused by the config
+    ]
+    sweep = write_sweep(tmp_path, variants)
+    output = tmp_path / "out"
+    assert ablate_main(["--config", str(sweep), "--output", str(output), "--parallel", "2"]) == 0
+
+    rows = {row["variant"]: row for row in read_rows(output)}
+    assert set(rows) == {"mha", "gqa", "broken"}
+    for name in ("mha", "gqa"):
+        row = rows[name]
+        assert row["status"] == "ok" and row["seed"] == "5"
+        for key in ("final_val_loss", "best_val_loss", "val_perplexity", "tokens_per_s", "peak_memory_mb", "wall_time_s"):
+            assert math.isfinite(float(row[key])) and float(row[key]) > 0, key
+        assert float(row["best_val_loss"]) <= float(row["final_val_loss"])
+        assert float(row["val_perplexity"]) == pytest.approx(math.exp(float(row["final_val_loss"])))
+        assert int(row["tokens_seen"]) == 4 * 4 * 16 and int(row["steps"]) == 4  # the shared budget
+        assert row["memory_kind"] == "cpu peak RSS"
+    # Same block size and heads: GQA with one kv head (MQA) caches half of MHA's two heads.
+    assert float(rows["gqa"]["kv_bytes_per_token"]) * 2 == float(rows["mha"]["kv_bytes_per_token"])
+    assert int(rows["gqa"]["params"]) < int(rows["mha"]["params"])
+    assert rows["broken"]["status"] == "failed" and "nope" in rows["broken"]["error"]
+
+    table = (output / "results.md").read_text(encoding="utf-8")
+    assert "| mha |" in table and "| gqa |" in table
+    assert "failed" in table and "nope" in table  # the error's last line, in the status column
+    assert "up to 2 at a time" in table  # parallel runs share the cores: their speed is not alone
+    for name in ("loss_curves.png", "cost_quality.png"):
+        assert (output / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (output / name).stat().st_size > 5000
+    # Every run read the sweep's own copy of the base config, not the (editable) original.
+    base = yaml.safe_load(sweep.read_text())["base"]
+    assert yaml.safe_load((output / "base_config.yaml").read_text()) == base
+    assert yaml.safe_load((output / "runs" / "mha-seed5" / "config.yaml").read_text())["model"]["d_model"] == base["model"]["d_model"]
+    summary = json.loads((output / "runs" / "mha-seed5" / "summary.json").read_text())
+    assert [p["step"] for p in summary["curve"]] == [2, 4]
+    assert [p["tokens"] for p in summary["curve"]] == [128, 256]
+
+    # A rerun leaves finished runs alone and retries the failed one.
+    finished = {name: (output / "runs" / f"{name}-seed5" / "run.json").stat().st_mtime_ns for name in ("mha", "gqa")}
+    capsys.readouterr()
+    assert ablate_main(["--config", str(sweep), "--output", str(output)]) == 0
+    printed = capsys.readouterr().out
+    assert "skip   mha seed 5" in printed and "skip   gqa seed 5" in printed and "start  broken seed 5" in printed
+    for name, mtime in finished.items():
+        assert (output / "runs" / f"{name}-seed5" / "run.json").stat().st_mtime_ns == mtime
+    assert {row["variant"]: row["status"] for row in read_rows(output)} == {"mha": "ok", "gqa": "ok", "broken": "failed"}
+
+    # Changing a variant's settings under the same output is refused, not silently mixed in.
+    variants[0]["overrides"]["model.attention.kind"] = "mqa"
+    write_sweep(tmp_path, variants)
+    assert ablate_main(["--config", str(sweep), "--output", str(output), "--only", "mha"]) == 2
+    assert "different settings" in capsys.readouterr().err
+
+
+def test_every_run_gets_the_same_seeds_data_and_budget(tmp_path):
+    sweep_path = write_sweep(tmp_path, [{"name": "a", "overrides": {"model.attention.kind": "mqa"}}, {"name": "b", "overrides": {}}])
+    sweep = ablation.load_sweep(sweep_path)
+    runs = ablation.plan_runs(sweep, tmp_path / "out", seeds=3)
+    assert [(r.variant.name, r.seed) for r in runs] == [("a", 5), ("a", 6), ("a", 7), ("b", 5), ("b", 6), ("b", 7)]
+    for run in runs:
+        command = run.command
+        assert command[command.index("--seed_everything") + 1] == str(run.seed)
+        assert command[command.index("--data.seed") + 1] == str(run.seed)
+        assert command[command.index("--run.name") + 1] == f"{run.variant.name}-seed{run.seed}"
+        assert command[command.index("--config") + 1] == str(tmp_path / "out" / "base_config.yaml")
+    assert len({r.fingerprint for r in runs}) == len(runs)
+
+
+def test_variants_may_not_change_the_budget_unless_allowed(tmp_path):
+    for key in ("data.batch_size", "trainer.max_steps", "model.block_size", "seed_everything", "data.seed"):
+        path = write_sweep(tmp_path, [{"name": "v", "overrides": {key: 8}}])
+        with pytest.raises(UserError, match=key):
+            ablation.load_sweep(path)
+    path = write_sweep(tmp_path, [{"name": "v", "overrides": {"data.batch_size": 8}, "allow_budget_change": True}])
+    sweep = ablation.load_sweep(path)
+    assert sweep.variants[0].budget_changes() == {"data.batch_size": 8}
+    # The shared overrides may change the budget: they change it for every variant alike.
+    path = write_sweep(tmp_path, [{"name": "v", "overrides": {}}], overrides={"trainer.max_steps": 9})
+    assert ablation.load_sweep(path).overrides == {"trainer.max_steps": 9}
+
+
+@pytest.mark.parametrize(
+    "variants,extra,message",
+    [
+        ([], {}, "non-empty list"),
+        ([{"name": "a"}, {"name": "a"}], {}, "duplicate"),
+        ([{"name": "a/b"}], {}, "folder"),
+        ([{"name": "a", "overrides": {"run.name": "x"}}], {}, "run.name"),
+        ([{"name": "a", "overrides": {"run": {"root": "x"}}}], {}, "run.root"),
+        ([{"name": "a", "overides": {}}], {}, "overides"),
+        ([{"name": "a"}], {"seeds": 0}, "seeds"),
+    ],
+)
+def test_bad_sweep_files_are_user_errors(tmp_path, variants, extra, message):
+    path = write_sweep(tmp_path, variants, **extra)
+    with pytest.raises(UserError, match=message):
+        ablation.load_sweep(path)
+
+
+def test_bad_command_lines_exit_2_with_one_line(tmp_path, capsys):
+    assert ablate_main(["--config", str(tmp_path / "missing.yaml"), "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "not found" in err and len(err.strip().splitlines()) == 1
+    path = write_sweep(tmp_path, [{"name": "a"}])
+    assert ablate_main(["--config", str(path), "--output", str(tmp_path / "o"), "--only", "zzz"]) == 2
+    assert "zzz" in capsys.readouterr().err
+
+
+def test_mean_std_and_table_formatting():
+    assert ablation.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)  # sample std
+    assert ablation.mean_std([4.0]) == (4.0, None)
+    assert ablation.mean_std([None, None]) == (None, None)
+    assert ablation.format_cell(1.23456, 0.0012, "{:.3f}") == "1.235 ± 0.001"
+    assert ablation.format_cell(1.23456, None, "{:.3f}") == "1.235"
+    curve_a = [{"tokens": 10, "val_loss": 3.0}, {"tokens": 20, "val_loss": 2.0}]
+    curve_b = [{"tokens": 10, "val_loss": 1.0}, {"tokens": 20, "val_loss": 2.0}]
+    assert ablation.mean_curve([curve_a, curve_b]) == [(10, 2.0, pytest.approx(math.sqrt(2))), (20, 2.0, 0.0)]
+
+
+def test_aggregate_reports_failures_and_spread():
+    def row(variant, status, loss, error=""):
+        base = {key: None for key, *_ in ablation.COLUMNS}
+        base.update(variant=variant, status=status, error=error, final_val_loss=loss, best_val_loss=loss,
+                    curve=[], memory_kind=None, budget_changes="")
+        return base
+
+    rows = [row("a", "ok", 2.0), row("a", "ok", 4.0), row("a", "failed", None, "boom"), row("b", "ok", 1.0)]
+    table = {entry["variant"]: entry for entry in ablation.aggregate(rows)}
+    assert table["a"]["final_val_loss"] == (3.0, pytest.approx(math.sqrt(2)))
+    assert table["a"]["ok"] == 2 and table["a"]["runs"] == 3 and "1/3 failed: boom" == table["a"]["status"]
+    assert table["b"]["status"] == "ok" and table["b"]["final_val_loss"] == (1.0, None)
+    text = ablation.markdown_table(list(table.values()), "t")
+    assert "| a | 3.0000 ± 1.4142 |" in text and "| 2/3 | 1/3 failed: boom |" in text

@@ -1,0 +1,363 @@
+"""Tests of minitx.training and minitx.checkpoint: the train command end to end, on tiny models.
+
+Runs go through `minitx.cli.train_main(argv)` in-process (the real command-line path, exit codes
+included), except DDP, which needs real processes and runs `python train.py` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from minitx.checkpoint import TMP_PREFIX, load_checkpoint, write_atomically
+from minitx.cli import train_main
+from minitx.config import AttentionConfig, ModelConfig
+from minitx.training import (
+    DEFAULT_CONFIG,
+    MinitxLM,
+    format_mfu,
+    lr_at,
+    optimizer_groups,
+    peak_flops,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = "the quick brown fox jumps over a lazy dog while seven kings sing of old stars".split()
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    # One token cache for the whole file: the Shakespeare corpus is tokenised once.
+    return tmp_path_factory.mktemp("token-cache")
+
+
+def tiny_config(path: Path, cache_dir: Path, **data) -> Path:
+    """A YAML config for a one-layer model that trains in a few seconds on a CPU."""
+    config = {
+        "seed_everything": 7,
+        "model": {"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 32, "lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 5},
+        "data": {"source": "shakespeare", "batch_size": 8, "val_batches": 2, "cache_dir": str(cache_dir), **data},
+        "trainer": {
+            "max_steps": 30,
+            "val_check_interval": 10,
+            "log_every_n_steps": 1,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "num_sanity_val_steps": 0,
+        },
+        "run": {"name": "tiny", "root": str(path.parent / "runs"), "sample_tokens": 20},
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def train(*args) -> int:
+    return train_main([str(a) for a in args])
+
+
+def run_dir(config: Path) -> Path:
+    return config.parent / "runs" / "tiny"
+
+
+def metrics(run: Path, version: int = 0) -> tuple[dict[int, float], dict[int, float]]:
+    """(train loss by step, val loss by step) from a run's CSV log."""
+    rows = list(csv.DictReader(open(run / "logs" / f"version_{version}" / "metrics.csv")))
+    train_loss = {int(r["step"]): float(r["train_loss"]) for r in rows if r.get("train_loss")}
+    val_loss = {int(r["step"]): float(r["val_loss"]) for r in rows if r.get("val_loss")}
+    return train_loss, val_loss
+
+
+def assert_learns_and_checkpoints(run: Path, steps: int = 30) -> dict:
+    train_loss, val_loss = metrics(run)
+    assert sorted(train_loss) == list(range(steps))
+    first = sum(train_loss[s] for s in range(5)) / 5
+    last = sum(train_loss[s] for s in range(steps - 5, steps)) / 5
+    assert last < first - 0.5, (first, last)
+    vals = [val_loss[s] for s in sorted(val_loss)]
+    assert len(vals) == steps // 10 and vals[-1] < vals[0], vals
+
+    for name in ("last.ckpt", "best.ckpt"):
+        assert (run / "checkpoints" / name).is_file()
+    assert not list((run / "checkpoints").glob(f"{TMP_PREFIX}*"))
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)  # the contract
+    assert ckpt["global_step"] == steps
+    assert ckpt["minitx"]["format"] == 1
+    assert ModelConfig.from_dict(ckpt["minitx"]["model_config"]).n_layer == 1
+    assert set(ckpt["minitx"]["tokenizer"]) >= {"kind"}
+    assert ckpt["state_dict"] and all(k.startswith("model.") for k in ckpt["state_dict"])
+    assert isinstance(ckpt["hyper_parameters"]["attention"], dict)
+    best = torch.load(run / "checkpoints" / "best.ckpt", weights_only=True)
+    best_state = best["callbacks"]["RunCheckpoints"]
+    assert best_state["best_score"] == pytest.approx(min(vals), rel=1e-5)
+    # The run directory holds the resolved config, which starts the same run again.
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["model"]["n_layer"] == 1 and saved["ckpt_path"] is None
+    return ckpt
+
+
+# ------------------------------------------------------------------------------- end to end
+
+
+def test_shakespeare_run_learns_checkpoints_resumes_and_samples(tmp_path, cache_dir, capfd):
+    config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
+    assert train("--config", config) == 0
+    out, err = capfd.readouterr()
+    run = run_dir(config)
+    assert_learns_and_checkpoints(run)
+    assert "final val loss" in out and "sample:" in out
+    assert "MFU unknown" in out + err  # CPU: no peak FLOP/s is assumed
+
+    # Generation loads the checkpoint with nothing but the file.
+    generation = pytest.importorskip("minitx.generation")
+    model, tokenizer, _ = generation.load_checkpoint(str(run / "checkpoints" / "last.ckpt"))
+    assert model.config.vocab_size == tokenizer.vocab_size
+
+    # A fresh start into a run directory with checkpoints is refused ...
+    assert train("--config", config) == 2
+    assert "--ckpt_path last" in capfd.readouterr().err
+    # ... and --ckpt_path last continues from step 30 to a higher max_steps.
+    assert train("--config", config, "--ckpt_path", "last", "--trainer.max_steps", 40, "--run.sample_tokens", 0) == 0
+    resumed, _ = metrics(run, version=1)
+    assert sorted(resumed) == list(range(30, 40))
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 40
+
+
+def test_local_text_files_run(tmp_path, cache_dir):
+    rng = random.Random(0)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name, lines in (("a.txt", 400), ("b.txt", 400), ("val.txt", 100)):
+        text = "".join(" ".join(rng.choices(WORDS, k=rng.randint(3, 9))) + ".\n" for _ in range(lines))
+        (corpus / name).write_text(text)
+    config = tiny_config(
+        tmp_path / "tiny.yaml", cache_dir, source="files", train_files=str(corpus / "[ab].txt"), val_files=str(corpus / "val.txt")
+    )
+    assert train("--config", config, "--run.sample_tokens", 0) == 0
+    ckpt = assert_learns_and_checkpoints(run_dir(config))
+    assert set(ckpt["minitx"]["tokenizer"]["chars"]) == set("".join(WORDS) + " .\n")
+
+
+def test_hf_text_builder_run_offline(tmp_path, cache_dir, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+    rng = random.Random(1)
+    text = "".join(" ".join(rng.choices(WORDS, k=rng.randint(3, 9))) + ".\n" for _ in range(800))
+    (tmp_path / "train.txt").write_text(text)
+    config = tiny_config(
+        tmp_path / "tiny.yaml", cache_dir, source="hf", hf_name="text", hf_data_files={"train": str(tmp_path / "train.txt")}, val_fraction=0.2
+    )
+    assert train("--config", config, "--run.sample_tokens", 0) == 0
+    assert_learns_and_checkpoints(run_dir(config))
+
+
+def test_resumed_run_matches_uninterrupted_run_exactly(tmp_path, cache_dir, monkeypatch):
+    """Crash at step 13, resume from the step-10 checkpoint: per-step losses equal bit for bit.
+
+    Dropout is on, so this also checks that the resumed run draws the same masks.
+    """
+    config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
+    common = ["--config", config, "--model.dropout", 0.2, "--trainer.max_steps", 20, "--run.checkpoint_every_n_steps", 5,
+              "--trainer.val_check_interval", 8, "--run.sample_tokens", 0]
+    assert train(*common, "--run.name", "whole") == 0
+    whole, whole_val = metrics(config.parent / "runs" / "whole")
+
+    original_step = MinitxLM.training_step
+
+    def crash_at_13(self, batch, batch_idx):
+        if self.global_step == 13:
+            raise RuntimeError("simulated crash")
+        return original_step(self, batch, batch_idx)
+
+    monkeypatch.setattr(MinitxLM, "training_step", crash_at_13)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(*common, "--run.name", "crashed")
+    monkeypatch.setattr(MinitxLM, "training_step", original_step)
+    assert torch.load(config.parent / "runs" / "crashed" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
+
+    assert train(*common, "--run.name", "crashed", "--ckpt_path", "last") == 0
+    resumed, resumed_val = metrics(config.parent / "runs" / "crashed", version=1)
+    assert sorted(resumed) == list(range(10, 20))
+    assert {s: whole[s] for s in resumed} == resumed  # exact equality, not approx
+    assert resumed_val == {s: v for s, v in whole_val.items() if s >= 10}
+
+
+def test_non_finite_loss_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, cache_dir, monkeypatch, capfd):
+    config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
+    original_loss = MinitxLM.loss
+
+    def nan_at_7(self, x, y):
+        loss = original_loss(self, x, y)
+        return loss * float("nan") if self.global_step == 7 else loss
+
+    monkeypatch.setattr(MinitxLM, "loss", nan_at_7)
+    assert train("--config", config, "--run.checkpoint_every_n_steps", 5) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert "step 7" in err[-1] and "nan" in err[-1]
+    ckpt = torch.load(run_dir(config) / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 5
+    assert all(torch.isfinite(t).all() for t in ckpt["state_dict"].values())
+
+
+# ------------------------------------------------------------------------------- configuration
+
+
+def test_dotted_overrides_reach_the_model_and_the_saved_config(tmp_path, cache_dir):
+    from minitx.training import TrainCLI
+
+    config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
+    cli = TrainCLI(["--config", str(config), "--model.n_head", "4", "--model.attention.kind", "gqa", "--model.attention.n_kv_head", "2",
+                    "--model.block_size", "48", "--trainer.max_steps", "17"])
+    model = cli.model
+    assert model.config.attention.kind == "gqa" and model.config.n_kv_head_at(0) == 2
+    assert model.config.vocab_size == cli.datamodule.vocab_size  # linked from the tokenizer
+    assert cli.datamodule.block_size == 48  # linked from model.block_size
+    assert model.hparams.max_steps == 17 == cli.trainer.max_steps  # linked from trainer.max_steps
+    assert model.model.blocks[0].attn.n_kv_head == 2
+
+
+def test_print_config_shows_the_resolved_config(tmp_path, cache_dir, capsys):
+    config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
+    with pytest.raises(SystemExit) as exit_info:
+        train("--config", config, "--model.attention.kind", "mqa", "--print_config")
+    assert exit_info.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["attention"]["kind"] == "mqa"
+    assert printed["model"]["n_layer"] == 1 and printed["trainer"]["max_steps"] == 30
+
+
+def test_no_config_means_the_default_config(capsys):
+    with pytest.raises(SystemExit):
+        train("--print_config")
+    printed = yaml.safe_load(capsys.readouterr().out)
+
+    def assert_contains(whole: dict, part: dict) -> None:
+        for key, value in part.items():
+            if isinstance(value, dict):
+                assert_contains(whole[key], value)
+            else:
+                assert whole[key] == value, key
+
+    assert_contains(printed, yaml.safe_load(DEFAULT_CONFIG.read_text()))
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--model.n_layers", "3"], "did you mean 'model.n_layer'"),
+        (["--model.attention.kind", "flash"], "model.attention.kind"),
+        (["--model.d_model", "30"], "model.d_model"),
+        (["--model.attention.kind", "gqa", "--model.attention.n_kv_head", "3"], "model.attention.n_kv_head"),
+        (["--model.lr", "-1"], "model.lr"),
+        (["--ckpt_path", "last", "--run.name", "never-ran"], "ckpt_path"),
+    ],
+)
+def test_bad_config_is_one_line_and_exit_2(tmp_path, cache_dir, capfd, args, expected):
+    config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
+    assert train("--config", config, *args) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("train: error: ") and expected in err[-1]
+    assert not any("Traceback" in line for line in err)
+
+
+def test_module_defaults_are_model_config_defaults():
+    module = MinitxLM()
+    assert module.config == ModelConfig()
+
+
+# ------------------------------------------------------------------------------- pieces
+
+
+def test_weight_decay_only_on_matrices():
+    config = ModelConfig(n_layer=3, attention=AttentionConfig(kind="mta", n_kv_head=2, mta_conv_layers=[1]), bias=True, norm="layernorm")
+    model = MinitxLM(**{k: v for k, v in config.to_dict().items() if k != "attention"}, attention=config.attention, max_steps=10).model
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay, no_decay = optimizer_groups(list(model.named_parameters()), 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    decayed = {names[id(p)] for p in decay["params"]}
+    undecayed = {names[id(p)] for p in no_decay["params"]}
+    assert all(p.dim() >= 2 for p in decay["params"])
+    assert {n for n, p in model.named_parameters() if p.dim() < 2} <= undecayed  # norms, biases
+    assert "tok_emb.weight" in decayed and "blocks.0.attn.q_proj.weight" in decayed
+    assert {"blocks.1.attn.kq_conv", "blocks.0.attn.mix_pre", "blocks.0.attn.mix_post"} <= undecayed
+
+
+def test_lr_schedule_warms_up_then_cosine_decays_to_min_lr():
+    lr, min_lr, warmup, total = 1e-3, 1e-4, 10, 110
+    module = MinitxLM(n_layer=1, d_model=32, n_head=2, lr=lr, min_lr=min_lr, warmup_steps=warmup, max_steps=total)
+    scheduler = module.configure_optimizers()["lr_scheduler"]["scheduler"]
+    lrs = []
+    for _ in range(total + 5):
+        lrs.append(scheduler.get_last_lr()[0])
+        scheduler.optimizer.step()
+        scheduler.step()
+    assert lrs[0] == pytest.approx(lr / warmup)
+    assert all(a < b for a, b in zip(lrs[:warmup - 1], lrs[1:warmup]))  # linear warmup
+    assert lrs[warmup - 1] == pytest.approx(lr)
+    assert all(a >= b for a, b in zip(lrs[warmup:total], lrs[warmup + 1:total + 1]))  # decay
+    assert lrs[warmup + (total - warmup) // 2] == pytest.approx((lr + min_lr) / 2)  # cosine midpoint
+    assert lrs[total:] == pytest.approx([min_lr] * 5)
+    assert lrs == pytest.approx([lr_at(s, lr, min_lr, warmup, total) for s in range(total + 5)])
+
+
+def test_mfu_is_unknown_on_cpu():
+    assert peak_flops(torch.device("cpu")) is None
+    assert format_mfu(None) == "unknown" and format_mfu(0.25) == "25.0%"
+
+
+def test_atomic_write_never_leaves_a_partial_file(tmp_path):
+    target = tmp_path / "last.ckpt"
+    write_atomically(target, lambda f: torch.save({"step": 1}, f))
+
+    def dies_halfway(file):
+        file.write(b"PK\x03\x04 half a checkpoint")
+        raise KeyboardInterrupt  # as if the process were stopped mid-save
+
+    with pytest.raises(KeyboardInterrupt):
+        write_atomically(target, dies_halfway)
+    assert load_checkpoint(target) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+# ------------------------------------------------------------------------------- other loggers, many devices
+
+
+def test_wandb_offline_writes_its_run_directory(tmp_path, cache_dir, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-dir"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    (tmp_path / "wandb-dir").mkdir()
+    config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
+    assert train("--config", config, "--run.wandb", "true", "--trainer.max_steps", 10, "--run.sample_tokens", 0) == 0
+    runs = list((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].rglob("*.wandb"))
+
+
+@pytest.mark.timeout(300)
+def test_ddp_on_cpu_with_two_processes(tmp_path, cache_dir):
+    config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "--config", str(config), "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu",
+         "--trainer.devices", "2", "--trainer.max_steps", "10", "--run.sample_tokens", "0"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "final val loss" in result.stdout
+    assert result.stdout.count("final val loss") == 1  # printed by rank 0 only
+    ckpt = torch.load(run_dir(config) / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 10
+    val_loss = metrics(run_dir(config))[1]
+    assert len(val_loss) == 1 and math.isfinite(next(iter(val_loss.values())))
