@@ -13,8 +13,6 @@ to replay one.
 from __future__ import annotations
 
 import math
-import os
-import random
 
 import pytest
 import torch
@@ -25,25 +23,9 @@ from minitx.attention.grouped import GroupedQueryAttention
 from minitx.attention.local import chunked_local, flex_local
 from minitx.attention.multi_token import KeyQueryConv, MultiTokenAttention
 
+pytestmark = pytest.mark.usefixtures("seed", "one_thread")
+
 TOL = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def seed() -> int:
-    value = int(os.environ.get("MINITX_TEST_SEED", random.randrange(2**31)))
-    torch.manual_seed(value)
-    print(f"seed={value} (replay with MINITX_TEST_SEED={value})")
-    return value
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tensors here are tiny: a second thread only adds hand-offs, which cost 10-100x when the
-    # cores are busy with other work (measured on the 2-core machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def qkv(B: int, H: int, G: int, T: int, D: int = 8):

@@ -26,26 +26,11 @@ from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import UserError
 from minitx.generation import CachedSteps, TextStream, generate, load_checkpoint, main, pick_next, top_k_filter, top_p_filter
 
+pytestmark = pytest.mark.usefixtures("seed", "one_thread")
+
 TOL = 1e-4
 VOCAB, BLOCK, WINDOW = 13, 16, 5
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny models: a second thread only adds synchronisation (3x slower on a busy 2-core machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(autouse=True)
-def seed() -> int:
-    value = int(os.environ.get("MINITX_TEST_SEED", random.randrange(2**31)))
-    torch.manual_seed(value)
-    print(f"seed={value} (replay with MINITX_TEST_SEED={value})")
-    return value
 
 
 # -- tiny models ------------------------------------------------------------------------------------

@@ -13,8 +13,6 @@ to replay one.
 
 from __future__ import annotations
 
-import os
-import random
 
 import pytest
 import torch
@@ -24,25 +22,9 @@ from minitx import AttentionConfig, ModelConfig, Transformer, attention
 from minitx.attention import local
 from minitx.attention.multi_token import MultiTokenAttention
 
+pytestmark = pytest.mark.usefixtures("seed", "one_thread")
+
 VOCAB, BLOCK, T = 32, 96, 67
-
-
-@pytest.fixture(autouse=True)
-def seed() -> int:
-    value = int(os.environ.get("MINITX_TEST_SEED", random.randrange(2**31)))
-    torch.manual_seed(value)
-    print(f"seed={value} (replay with MINITX_TEST_SEED={value})")
-    return value
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tensors here are tiny: a second thread only adds hand-offs, which cost 10-100x when the
-    # cores are busy with other work (measured on the 2-core machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny(n_layer: int = 2, n_head: int = 4, d_model: int = 32, **att) -> ModelConfig:

@@ -1,0 +1,26 @@
+"""Fixtures shared by the model, attention and generation tests."""
+
+import os
+import random
+
+import pytest
+import torch
+
+
+@pytest.fixture
+def seed() -> int:
+    """Fresh random inputs each run, reproducible: the seed is printed and can be replayed."""
+    value = int(os.environ.get("MINITX_TEST_SEED", random.randrange(2**31)))
+    torch.manual_seed(value)
+    print(f"seed={value} (replay with MINITX_TEST_SEED={value})")
+    return value
+
+
+@pytest.fixture
+def one_thread():
+    # Tensors here are tiny: a second thread only adds hand-offs, which cost 10-100x when the
+    # cores are busy with other work (measured on the 2-core machine).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
