@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
