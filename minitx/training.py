@@ -160,7 +160,8 @@ class MinitxLM(L.LightningModule):
         max_steps: length of the cosine; linked from trainer.max_steps by the train command.
         weight_decay: AdamW decay on matrices only (see `decays`).
         betas, eps: AdamW's.
-        compile: torch.compile the Transformer (in place: checkpoint keys stay "model.*").
+        compile: torch.compile the Transformer for training and validation steps (sampling and
+            generation use the eager module; checkpoint keys stay "model.*").
     """
 
     def __init__(
@@ -225,13 +226,21 @@ class MinitxLM(L.LightningModule):
     def forward(self, idx: Tensor) -> Tensor:
         return self.model(idx)
 
+    def _step_model(self) -> Any:
+        """The module the training and validation steps call: compiled when model.compile is set."""
+        compiled = self.__dict__.get("_compiled")
+        return self.model if compiled is None else compiled
+
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
-        return lm_loss(self.model(x), y)
+        return lm_loss(self._step_model()(x), y)
 
     # -- training ----------------------------------------------------------------------------
     def on_fit_start(self) -> None:
-        if self.hparams.compile and not getattr(self.model, "_compiled_call_impl", None):
-            self.model.compile()  # in place: parameter names (and checkpoint keys) are unchanged
+        if self.hparams.compile and self.__dict__.get("_compiled") is None:
+            # Kept out of the module tree (written to __dict__, not registered as a submodule),
+            # so state_dict keys stay "model.*" and the eager self.model remains for decoding,
+            # whose growing cache would recompile a compiled module at every step.
+            self.__dict__["_compiled"] = torch.compile(self.model)
         self._seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         self._peak = peak_flops(self.device)
         self._flops_per_token: Optional[float] = None  # known at the first batch, from its length
@@ -301,7 +310,7 @@ class MinitxLM(L.LightningModule):
     # -- validation --------------------------------------------------------------------------
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
-        logits = self.model(x)
+        logits = self._step_model()(x)
         self._val_losses.append(lm_loss(logits, y).detach())
         if (y == IGNORE_INDEX).any():  # only some positions are targets: score whole answers too
             self._val_exact.append(exact_match(logits, y))
