@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS), metavar="KIND")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--contexts", type=int, nargs="*", default=[256, 512], help="also time mha at these block sizes")
+    parser.add_argument("--contexts", type=int, nargs="*", default=[128, 512], help="also time mha at these block sizes")
     # One thread by default: batch-1 decoding of a model this small is a chain of tiny ops, where a
     # second thread only adds synchronisation (and on a busy machine, waiting for a core).
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")

@@ -66,9 +66,9 @@ class LayerCache:
         if T == 1:  # decoding: one token into one slot, without index tensors (this runs every step)
             position, ring = self.n_seen, self.capacity - self.n_sink
             slot = position if position < self.n_sink else self.n_sink + (position - self.n_sink) % ring
-            self.k[:, :, slot] = k[:, :, 0]
-            self.v[:, :, slot] = v[:, :, 0]
-            self.pos[slot] = position
+            self.k.narrow(2, slot, 1).copy_(k)
+            self.v.narrow(2, slot, 1).copy_(v)
+            self.pos.narrow(0, slot, 1).fill_(position)
             self.n_seen += 1
             return
         positions = torch.arange(self.n_seen, self.n_seen + T, device=self.pos.device)

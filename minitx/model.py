@@ -36,6 +36,11 @@ def make_norm(config: ModelConfig) -> nn.Module:
     return nn.LayerNorm(config.d_model, bias=config.bias)
 
 
+def make_dropout(p: float) -> nn.Module:
+    # Without dropout, no module at all: decoding calls these ~2 n_layer times per token.
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
 class MLP(nn.Module):
     """gelu: W2 gelu(W1 x).  swiglu: W2 (silu(W1 x) * W3 x)."""
 
@@ -46,7 +51,7 @@ class MLP(nn.Module):
         self.up = nn.Linear(config.d_model, hidden, bias=config.bias)
         self.gate = nn.Linear(config.d_model, hidden, bias=config.bias) if self.swiglu else None
         self.down = nn.Linear(hidden, config.d_model, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = make_dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         h = F.silu(self.gate(x)) * self.up(x) if self.swiglu else F.gelu(self.up(x))
@@ -54,7 +59,12 @@ class MLP(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """cos/sin of position * theta^(-2i/D) for each pair i; the table grows past block_size."""
+    """Rotation tables for RoPE: the pair (x[i], x[i + D/2]) turns by position * base^(-2i/D).
+
+    Stored at full width, cos = [cos, cos] and sin = [-sin, sin], shaped (T, D), so that a rotation
+    is three ops (see `apply_rope`).
+    The table grows past block_size when decoding slides on.
+    """
 
     def __init__(self, head_dim: int, block_size: int, base: float = 10000.0):
         super().__init__()
@@ -63,9 +73,14 @@ class RotaryEmbedding(nn.Module):
         self._build(block_size)
 
     def _build(self, length: int) -> None:
-        angles = torch.outer(torch.arange(length, dtype=torch.float32, device=self.inv_freq.device), self.inv_freq)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        # Outside inference mode even when decoding grows the table: a table made of inference
+        # tensors could not be used for training afterwards.
+        with torch.inference_mode(False):
+            positions = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)
+            angles = torch.outer(positions, self.inv_freq)
+            cos, sin = angles.cos(), angles.sin()
+            self.register_buffer("cos", torch.cat([cos, cos], dim=-1), persistent=False)
+            self.register_buffer("sin", torch.cat([-sin, sin], dim=-1), persistent=False)
 
     def forward(self, start: int, length: int) -> tuple[Tensor, Tensor]:
         if start + length > self.cos.shape[0]:  # decoding past block_size: double the table
@@ -80,7 +95,7 @@ class Block(nn.Module):
         self.attn = attention.build(config, layer)
         self.norm2 = make_norm(config)
         self.mlp = MLP(config)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = make_dropout(config.dropout)
 
     def forward(self, x: Tensor, rope=None, cache=None) -> Tensor:
         x = x + self.dropout(self.attn(self.norm1(x), rope, cache))
@@ -94,7 +109,7 @@ class Transformer(nn.Module):
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.pos_emb = nn.Embedding(config.block_size, config.d_model) if config.positions == "learned" else None
         self.rope = RotaryEmbedding(config.head_dim, config.block_size) if config.positions == "rope" else None
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = make_dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layer))
         self.norm = make_norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -152,7 +167,7 @@ class Transformer(nn.Module):
             [block.attn.new_cache(self.config, batch, max_len, dtype or param.dtype, param.device) for block in self.blocks]
         )
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def attention_maps(self, idx: Tensor) -> list[Tensor]:
         """Each layer's attention weights (B, H, T, T), computed by the materialised reference."""
         x = self.embed(idx)
@@ -163,7 +178,6 @@ class Transformer(nn.Module):
             x = block(x, rope)
         return maps
 
-    @torch.no_grad()
     def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
                  top_p: Optional[float] = None, use_cache: bool = True, **kwargs) -> Tensor:
         from .generation import generate

@@ -215,6 +215,20 @@ def test_generate_restores_training_mode_and_model_method_delegates():
     assert torch.equal(generate(model, prompt, 0), prompt)
 
 
+def test_model_still_trains_after_generating():
+    # Generation runs in inference mode; what it caches for later (local attention's block masks,
+    # the RoPE table grown past block_size) must stay usable by autograd.
+    torch.manual_seed(0)
+    model = make_model(KINDS["mixed_local_mha"])
+    prompt = torch.randint(0, VOCAB, (2, BLOCK))  # longer than the window: the chunked path builds a mask
+    generate(model, prompt, 2 * BLOCK)  # past block_size: the RoPE table grows
+    assert model.rope.cos.shape[0] > BLOCK and not model.rope.cos.is_inference()
+    model.train()
+    logits = model(prompt)
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), prompt.flatten()).backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
 # -- cache memory -----------------------------------------------------------------------------------
 
 

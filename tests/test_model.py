@@ -19,8 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from minitx import AttentionConfig, ModelConfig, Transformer, attention
-from minitx.attention import local
+from minitx.attention import apply_rope, local
 from minitx.attention.multi_token import MultiTokenAttention
+from minitx.model import RotaryEmbedding
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")
 
@@ -216,6 +217,36 @@ def test_untrained_mta_is_plain_attention(n_kv_head):
     same_logits(plain, mta)
 
 
+# -- RoPE ------------------------------------------------------------------------------------------------
+
+
+def rope_reference(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Pair i of each head, (x[i], x[i + D/2]), as the complex number x[i] + 1j x[i + D/2], turned
+    by the angle position * base^(-2i/D): the textbook definition, in float64."""
+    D = x.shape[-1]
+    freqs = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    turn = torch.polar(torch.ones(len(positions), D // 2, dtype=torch.float64), positions.double()[:, None] * freqs)
+    pairs = torch.complex(x[..., : D // 2].double(), x[..., D // 2 :].double()) * turn  # (B, heads, T, D/2)
+    return torch.cat([pairs.real, pairs.imag], dim=-1)
+
+
+@pytest.mark.parametrize("start, length", [(0, 1), (0, 13), (9, 1), (5, 27)])  # 5 + 27 > block_size: the table grows
+def test_rope_matches_complex_rotation(start, length):
+    D = 12
+    rope = RotaryEmbedding(D, block_size=16)
+    x = torch.randn(2, 3, length, D)
+    expected = rope_reference(x, torch.arange(start, start + length))
+    assert (apply_rope(x, rope(start, length)).double() - expected).abs().max() < 1e-5
+    # Only relative offsets matter: q at m against k at n scores as at m + 7 and n + 7.
+    q, k = torch.randn(1, 1, 1, D), torch.randn(1, 1, 1, D)
+
+    def score(m: int, n: int) -> float:
+        return (apply_rope(q, rope(m, 1)) * apply_rope(k, rope(n, 1))).sum().item()
+
+    assert score(3, 11) == pytest.approx(score(10, 18), abs=1e-5)
+    assert score(11, 3) == pytest.approx(score(18, 10), abs=1e-5)
+
+
 # -- shapes and parameter counts -----------------------------------------------------------------------
 
 
@@ -227,9 +258,11 @@ def attention_params(model: Transformer, part: str) -> int:
 def test_kv_projections_shrink_by_kv_heads_over_heads(kind, n_kv_head):
     mha = Transformer(tiny(kind="mha"))
     other = Transformer(tiny(kind=kind, n_kv_head=n_kv_head))
-    G = other.config.n_kv_head_at(0)
-    assert attention_params(other, "kv_proj") * 4 == attention_params(mha, "kv_proj") * G
-    assert attention_params(other, "q_proj") == attention_params(mha, "q_proj")
+    c = other.config
+    G, H, D = c.n_kv_head_at(0), c.n_head, c.head_dim
+    # One fused projection per layer: n_head query heads and n_kv_head key and value heads, no biases.
+    assert attention_params(mha, "qkv_proj") == c.n_layer * c.d_model * 3 * H * D
+    assert attention_params(other, "qkv_proj") == c.n_layer * c.d_model * (H + 2 * G) * D
     assert attention_params(other, "out_proj") == attention_params(mha, "out_proj")
 
 

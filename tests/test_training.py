@@ -289,7 +289,7 @@ def test_weight_decay_only_on_matrices():
     undecayed = {names[id(p)] for p in no_decay["params"]}
     assert all(p.dim() >= 2 for p in decay["params"])
     assert {n for n, p in model.named_parameters() if p.dim() < 2} <= undecayed  # norms, biases
-    assert "tok_emb.weight" in decayed and "blocks.0.attn.q_proj.weight" in decayed
+    assert "tok_emb.weight" in decayed and "blocks.0.attn.qkv_proj.weight" in decayed
     assert {"blocks.1.attn.kq_conv", "blocks.0.attn.mix_pre", "blocks.0.attn.mix_post"} <= undecayed
 
 

@@ -22,13 +22,17 @@ from ..functional import allowed_mask
 
 
 def apply_rope(x: Tensor, rope: Optional[tuple[Tensor, Tensor]]) -> Tensor:
-    """Rotate pairs (x[..., i], x[..., i + D/2]) by angle position * freq_i."""
+    """Rotate each pair (x[..., i], x[..., i + D/2]) of x (B, heads, T, D) by position * freq_i:
+
+        [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin] = x * [cos, cos] + [x2, x1] * [-sin, sin]
+
+    where [x2, x1] is x rolled by D/2. Three ops, which matters when decoding one token at a time.
+    """
     if rope is None:
         return x
-    cos, sin = rope  # (T, D/2) each
-    x1, x2 = x.float().chunk(2, dim=-1)
-    rotated = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-    return rotated.type_as(x)
+    cos, sin = rope  # (T, D) each, from RotaryEmbedding
+    x32 = x.float()  # rotate in float32 under bf16 autocast too
+    return torch.addcmul(x32 * cos, x32.roll(x.shape[-1] // 2, dims=-1), sin).type_as(x)
 
 
 class Attention(nn.Module):
@@ -41,9 +45,9 @@ class Attention(nn.Module):
         self.block_size = config.block_size
         self.dropout = config.dropout
         inner, kv_inner = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
-        self.q_proj = nn.Linear(config.d_model, inner, bias=config.bias)
-        # k and v have n_kv_head heads: this is the whole saving of MQA/GQA.
-        self.kv_proj = nn.Linear(config.d_model, 2 * kv_inner, bias=config.bias)
+        # q has n_head heads; k and v have n_kv_head heads each, which is the whole saving of
+        # MQA/GQA. One matmul makes all three.
+        self.qkv_proj = nn.Linear(config.d_model, inner + 2 * kv_inner, bias=config.bias)
         self.out_proj = nn.Linear(inner, config.d_model, bias=config.bias)
 
     # -- to be filled in by each kind -------------------------------------------------------
@@ -67,10 +71,12 @@ class Attention(nn.Module):
 
     # -- shared machinery -------------------------------------------------------------------
     def project(self, x: Tensor, rope) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B, n_head, T, D), k and v (B, n_kv_head, T, D) of x (B, T, d_model), RoPE applied."""
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k, v = self.kv_proj(x).view(B, T, 2, self.n_kv_head, self.head_dim).permute(2, 0, 3, 1, 4)
-        return apply_rope(q, rope), apply_rope(k, rope), v
+        H, G = self.n_head, self.n_kv_head
+        qkv = self.qkv_proj(x).view(B, T, H + 2 * G, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(qkv[:, : H + G], rope).split([H, G], dim=1)  # q and k turn by the same angles
+        return q, k, qkv[:, H + G :]
 
     def merge(self, y: Tensor) -> Tensor:
         B, H, T, D = y.shape

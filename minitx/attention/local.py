@@ -64,7 +64,7 @@ def chunked_local(q: Tensor, k: Tensor, v: Tensor, window: int, n_global: int = 
         q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
 
     def with_previous_block(t: Tensor) -> Tensor:  # (B, G, n*C, D) -> (B*n, G, 2C [+ globals], D)
-        blocks = t.view(B, G, n, C, D)
+        blocks = t.reshape(B, G, n, C, D)  # q, k, v may be strided views of one projection
         previous = F.pad(blocks, (0, 0, 0, 0, 1, 0))[:, :, :-1]  # block -1 is zeros, masked out below
         parts = [previous, blocks]
         if n_global:
@@ -72,14 +72,17 @@ def chunked_local(q: Tensor, k: Tensor, v: Tensor, window: int, n_global: int = 
         return torch.cat(parts, dim=3).transpose(1, 2).reshape(B * n, G, -1, D)
 
     keys, values = with_previous_block(k), with_previous_block(v)
-    queries = q.view(B, H, n, C, D).transpose(1, 2).reshape(B * n, H, C, D)
+    queries = q.reshape(B, H, n, C, D).transpose(1, 2).reshape(B * n, H, C, D)
     mask = _block_mask(n, C, window, n_global, q.device)  # (n, 1, C, keys)
     mask = mask.expand(B, n, 1, C, mask.shape[-1]).reshape(B * n, 1, C, -1)
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout_p, enable_gqa=True)
     return out.view(B, n, H, C, D).transpose(1, 2).reshape(B, H, n * C, D)[:, :, :T]
 
 
+# Cached masks are made outside inference mode even when generation asks first: an inference
+# tensor could not take part in training later.
 @functools.lru_cache(maxsize=32)
+@torch.inference_mode(False)
 def _block_mask(n: int, C: int, window: int, n_global: int, device) -> Tensor:
     q_pos = torch.arange(n * C, device=device).view(n, C, 1)
     block_start = q_pos[:, :1, :] - q_pos[:, :1, :] % C  # first position of each query block
@@ -101,6 +104,7 @@ def _compiled_flex():
 
 
 @functools.lru_cache(maxsize=32)
+@torch.inference_mode(False)
 def _flex_block_mask(T: int, window: int, n_global: int, device):
     from torch.nn.attention.flex_attention import create_block_mask
 

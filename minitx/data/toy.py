@@ -29,6 +29,8 @@ TARGETS = ("block", "first", "last")
 
 @dataclass(frozen=True)
 class ToyTaskConfig:
+    # Users set these through the data module (data.toy_n, data.toy_query_len, data.toy_min_blocks,
+    # data.toy_blocks, data.toy_target), so the error messages name those keys.
     block_len: int = 5  # N: letters per block (the paper uses 5 and 8)
     query_len: int = 2  # L: query letters
     min_blocks: int = 10
@@ -37,16 +39,16 @@ class ToyTaskConfig:
 
     def __post_init__(self) -> None:
         if not 1 <= self.block_len <= len(LETTERS):
-            raise UserError(f"toy.block_len: must be 1..{len(LETTERS)}, got {self.block_len}")
+            raise UserError(f"data.toy_n: must be 1..{len(LETTERS)} letters per block, got {self.block_len}")
         if not 1 <= self.query_len <= self.block_len:
-            raise UserError(f"toy.query_len: must be 1..block_len ({self.block_len}), got {self.query_len}")
+            raise UserError(f"data.toy_query_len: must be 1..data.toy_n ({self.block_len}), got {self.query_len}")
         if not 1 <= self.min_blocks <= self.max_blocks:
             raise UserError(
-                f"toy.min_blocks/max_blocks: need 1 <= min_blocks <= max_blocks, "
-                f"got {self.min_blocks}, {self.max_blocks}"
+                f"data.toy_min_blocks: need 1 <= data.toy_min_blocks <= data.toy_blocks, "
+                f"got {self.min_blocks} and {self.max_blocks}"
             )
         if self.target not in TARGETS:
-            raise UserError(f"toy.target: unknown target {self.target!r}; choose one of {', '.join(TARGETS)}")
+            raise UserError(f"data.toy_target: unknown target {self.target!r}; choose one of {', '.join(TARGETS)}")
 
 
 @dataclass(frozen=True)
