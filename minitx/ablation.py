@@ -7,7 +7,9 @@ it. Every (variant, seed) pair is one run of the ordinary training command, in a
 its own directory, so a crash stays in its run, runs can go in parallel, and the only thing this
 file relies on is the training command line. The runs share data, tokenizer, seeds and token
 budget: a variant may not override those unless it says `allow_budget_change: true`, and the
-table then says what it changed.
+table then says what it changed. Before any run starts, every variant's config is parsed and
+checked as the training command will (`check_variants`): a mistake in a config stops the sweep with
+one line, while a failure during training stays a row in the table.
 
 Each run's numbers come from `RunSummary`, a Lightning callback this file adds to the training
 command; it writes `summary.json` when training ends. A run counts as finished when that file
@@ -42,6 +44,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -228,14 +231,57 @@ def plan_runs(sweep: Sweep, output: Path, seeds: int, extra: Sequence[str] = (),
     for variant in sweep.variants:
         for seed in range(sweep.seed, sweep.seed + seeds):
             root, name = output / "runs", f"{variant.name}-seed{seed}"
-            overrides = {**RUN_DEFAULTS, **sweep.overrides, **variant.overrides, **{key: seed for key in SEED_KEYS}}
-            command = [*TRAIN_COMMAND, "--config", str(output / BASE_SNAPSHOT), "--run.root", str(root), "--run.name", name]
-            for key, value in overrides.items():
-                command += [f"--{key}", format_value(value)]
-            command += ["--trainer.callbacks+=" + SUMMARY_CALLBACK, *extra, *logging]
+            overrides = run_overrides(sweep, variant.overrides, seed)
+            command = [*TRAIN_COMMAND, *train_arguments(output / BASE_SNAPSHOT, root, name, overrides, [*extra, *logging])]
             settings = json.dumps([sweep.base_text, sorted((k, format_value(v)) for k, v in overrides.items()), list(extra)])
             runs.append(Run(variant, seed, root / name, command, hashlib.sha256(settings.encode()).hexdigest()[:16]))
     return runs
+
+
+def run_overrides(sweep: Sweep, variant_overrides: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The dotted overrides of one run: quiet defaults, the shared ones, the variant's, the seed."""
+    return {**RUN_DEFAULTS, **sweep.overrides, **variant_overrides, **{key: seed for key in SEED_KEYS}}
+
+
+def train_arguments(base_config: Path, root: Path, name: str, overrides: dict[str, Any], extra: Sequence[str]) -> list[str]:
+    """The training command's arguments for one run (everything after TRAIN_COMMAND)."""
+    arguments = ["--config", str(base_config), "--run.root", str(root), "--run.name", name]
+    for key, value in overrides.items():
+        arguments += [f"--{key}", format_value(value)]
+    return [*arguments, "--trainer.callbacks+=" + SUMMARY_CALLBACK, *extra]
+
+
+def check_variants(sweep: Sweep, sweep_path: Path, extra: Sequence[str] = ()) -> None:
+    """Parse every variant's training config as the train command will, before any run starts.
+
+    A mistake in the config (unknown key, wrong type, a model that cannot be built) then stops
+    the sweep at once with one line naming the variant and the key, instead of failing the same
+    way in every run after the others have trained for an hour. What only training can find (a
+    missing data file, a loss gone NaN) still fails just its run, a row in the table.
+    """
+    from .training import check_train_args
+
+    with tempfile.TemporaryDirectory(prefix="minitx-ablate-") as scratch:
+        base = Path(scratch) / BASE_SNAPSHOT
+        base.write_text(sweep.base_text, encoding="utf-8")
+        root = Path(scratch) / "runs"  # never written: checking builds nothing
+
+        def check(variant_overrides: dict[str, Any], name: str) -> Optional[str]:
+            arguments = train_arguments(base, root, name, run_overrides(sweep, variant_overrides, sweep.seed), extra)
+            try:
+                check_train_args(arguments)
+            except UserError as error:
+                return str(error)
+            return None
+
+        for variant in sweep.variants:
+            problem = check(variant.overrides, variant.name)
+            if problem is None:
+                continue
+            # The same mistake without the variant's overrides is the base's (or the shared overrides').
+            if not variant.overrides or check({}, "base") == problem:
+                raise UserError(f"{sweep_path}: base config or shared overrides: {problem}")
+            raise UserError(f"{sweep_path}: variant {variant.name!r}: {problem}")
 
 
 def last_line(text: str) -> str:
@@ -676,13 +722,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     config_path = Path(args.config)
     output = Path(args.output) if args.output else Path("runs") / "ablation" / config_path.stem
     sweep = load_sweep(config_path)
-    output.mkdir(parents=True, exist_ok=True)
     if args.only:
         wanted = [name.strip() for name in args.only.split(",") if name.strip()]
         missing = sorted(set(wanted) - {v.name for v in sweep.variants})
         if missing:
             raise UserError(f"--only: unknown variant(s) {', '.join(missing)}; the file has {', '.join(v.name for v in sweep.variants)}")
         sweep.variants = [v for v in sweep.variants if v.name in wanted]
+    if not args.report_only:
+        check_variants(sweep, config_path, args.train_args)
+    output.mkdir(parents=True, exist_ok=True)  # only once the sweep is known to be sound
     logging = wandb_arguments(args.wandb_project, group=output.resolve().name) if args.wandb else []
     runs = plan_runs(sweep, output, args.seeds or sweep.seeds, args.train_args, logging)
     if args.dry_run:
@@ -696,7 +744,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     print((output / "results.md").read_text(encoding="utf-8"))
     print(f"ablate: wrote {output / 'results.md'}, results.csv, loss_curves.png, cost_quality.png")
     if all(entry["ok"] == 0 for entry in table):
-        raise UserError(f"every run failed; see the status column in {output / 'results.md'} and each run's {LOG_FILE}")
+        failed = next((entry for entry in table if entry["status"] != "ok"), None)
+        first = f" ({failed['variant']}: {failed['status']})" if failed else ""
+        raise UserError(f"every run failed{first}; see the status column in {output / 'results.md'} and each run's {LOG_FILE}")
 
 
 def wandb_arguments(project: str, group: str) -> list[str]:

@@ -21,8 +21,11 @@ which is all that generation needs. Everything in it is tensors and plain Python
 from __future__ import annotations
 
 import os
+import pickle
+import re
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -81,16 +84,51 @@ def copy_atomically(source: str | os.PathLike, target: str | os.PathLike) -> Non
         write_atomically(target, lambda dst: shutil.copyfileobj(src, dst))
 
 
+# What a refusal by torch.load(weights_only=True) is about, in the forms torch 2.6+ words it. The
+# rest of its message is the same for every file and advises weights_only=False or allowlisting
+# the global: exactly what must not be done with a file that fails here, so it is not shown.
+_WEIGHTS_ONLY_DETAIL = (
+    re.compile(r"WeightsUnpickler error:\s*(.+?)(?:\.\s*Please use|\n\n|$)", re.S),
+    re.compile(r"(Trying to load unsupported GLOBAL[^\n]*)"),
+)
+
+
+def load_error_message(where: str, path: str | os.PathLike, error: BaseException, fix: str) -> str:
+    """One line saying why torch.load(path, weights_only=True) failed: `<where>: <reason>; <fix>`."""
+    if os.path.isfile(path) and os.path.getsize(path) == 0:
+        return f"{where}: the file is empty; {fix}"
+    text = str(error)
+    details = [match.group(1) for pattern in _WEIGHTS_ONLY_DETAIL for match in [pattern.search(text)] if match]
+    # torch's zip reader appends a paragraph on what corruption is: the one line keeps the fact.
+    text = text.split(" This is an internal miniz error")[0]
+    reason = " ".join((details[0] if details else text).split()) or type(error).__name__
+    reason = reason if len(reason) <= 200 else reason[:197] + "..."
+    if isinstance(error, pickle.UnpicklingError) and "GLOBAL" in reason:
+        return (
+            f"{where}: refused: it holds Python objects, not only tensors and plain data ({reason}), and loading "
+            f"such a file can run code; {fix}"
+        )
+    return f"{where}: not a readable minitx checkpoint ({type(error).__name__}: {reason}); {fix}"
+
+
+def safe_torch_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
+    """torch.load(path, weights_only=True): tensors and plain data only, never code."""
+    with warnings.catch_warnings():
+        # A foreign pickle makes torch warn about its protocol before refusing it: the refusal
+        # is the message, the warning would only add lines to it.
+        warnings.filterwarnings("ignore", message=r".*pickle protocol")
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     """torch.load with weights_only=True, and a one-line UserError for a missing or broken file."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"ckpt_path: no checkpoint at {str(path)!r}; check the path")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return safe_torch_load(path, map_location=map_location)
     except Exception as err:  # truncated zip, foreign pickle, ...: all mean "not a checkpoint we wrote"
-        message = " ".join(str(err).split())[:200]
-        raise UserError(f"ckpt_path: {str(path)!r} is not a readable checkpoint ({type(err).__name__}: {message})") from None
+        raise UserError(load_error_message(f"ckpt_path: {str(path)!r}", path, err, "give last.ckpt or best.ckpt written by train.py")) from None
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

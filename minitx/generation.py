@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -224,12 +225,16 @@ def load_checkpoint(path: str, map_location="cpu", label: str = "checkpoint"):
     if os.path.isdir(path):
         raise UserError(f"{where}: is a directory; give the .ckpt file inside it")
     try:
-        raw = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():
+            # A foreign pickle makes torch warn about its protocol before refusing it: the
+            # refusal is the message, the warning would only add lines to it.
+            warnings.filterwarnings("ignore", message=r".*pickle protocol")
+            raw = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # truncated zip, foreign pickle, unsafe types, ...: all unreadable
-        raise UserError(
-            f"{where}: not a readable minitx checkpoint ({type(error).__name__}: {_one_line(error)}); "
-            "give a checkpoint saved by train.py"
-        ) from None
+        # Imported here: minitx.checkpoint pulls in Lightning, which generating does not need.
+        from .checkpoint import load_error_message
+
+        raise UserError(load_error_message(where, path, error, "give a checkpoint saved by train.py")) from None
     meta = raw.get("minitx") if isinstance(raw, dict) else None
     if not isinstance(meta, dict) or not isinstance(raw.get("state_dict"), dict):
         raise UserError(f"{where}: not a minitx checkpoint (no 'minitx' and 'state_dict' entries); give a checkpoint saved by train.py")
@@ -345,7 +350,11 @@ def _read_prompt(args: argparse.Namespace, tokenizer) -> tuple[str, list[int]]:
     else:
         text = args.prompt or ""
     if text:
-        ids = tokenizer.encode(text)  # a char tokenizer raises UserError naming unknown characters
+        try:
+            ids = tokenizer.encode(text)  # a char tokenizer raises UserError naming unknown characters
+        except UserError as error:
+            source = f"--prompt-file {args.prompt_file}" if args.prompt_file is not None else "--prompt"
+            raise UserError(f"{source}: {error}") from None
         if ids:
             return text, ids
     if tokenizer.eos_id is not None:

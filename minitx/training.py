@@ -30,7 +30,7 @@ import re
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
 
@@ -43,7 +43,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from torch import Tensor
 
-from .checkpoint import BEST, CHECKPOINT_FORMAT, LAST, AtomicCheckpointIO, RunCheckpoints
+from .checkpoint import BEST, CHECKPOINT_FORMAT, LAST, AtomicCheckpointIO, RunCheckpoints, load_checkpoint
 from .config import AttentionConfig, ModelConfig
 from .data.datamodule import TextDataModule
 from .data.toy import IGNORE_INDEX, exact_match
@@ -188,13 +188,7 @@ class MinitxLM(L.LightningModule):
         compile: bool = False,
     ):
         super().__init__()
-        if isinstance(attention, dict):
-            attention = _build("model.attention", AttentionConfig, attention)
-        elif is_dataclass(attention):
-            attention = AttentionConfig(**asdict(attention))  # a private copy, never the shared default
-        self.config = _build(
-            "model",
-            ModelConfig,
+        self.config = model_config(
             dict(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head, d_model=d_model,
                  mlp=mlp, norm=norm, positions=positions, dropout=dropout, bias=bias,
                  tie_embeddings=tie_embeddings, attention=attention),
@@ -394,6 +388,25 @@ def _dict_diff(old: dict, new: dict, prefix: str = "") -> str:
     return ""
 
 
+def model_config(fields_of_config: dict) -> ModelConfig:
+    """The ModelConfig of the `model` section's config fields, every check run, errors naming
+    `model.<field>`. `attention` may be a dict (from YAML) or an AttentionConfig."""
+    fields_of_config = dict(fields_of_config)
+    attention = fields_of_config.get("attention")
+    if isinstance(attention, dict):
+        fields_of_config["attention"] = _build("model.attention", AttentionConfig, attention)
+    elif is_dataclass(attention):
+        fields_of_config["attention"] = AttentionConfig(**asdict(attention))  # a private copy, never the shared default
+    return _build("model", ModelConfig, fields_of_config)
+
+
+def check_model_section(section: dict) -> None:
+    """The checks MinitxLM's constructor makes, without building the network (see check_train_args)."""
+    config_fields = {f.name for f in fields(ModelConfig)}
+    model_config({key: value for key, value in section.items() if key in config_fields})
+    _check_optimiser("model", **{key: section[key] for key in ("lr", "min_lr", "warmup_steps", "weight_decay", "betas")})
+
+
 def _build(prefix: str, cls: type, kwargs: dict) -> Any:
     """cls(**kwargs), with its error (a UserError or ValueError naming the field, e.g.
     "attention.n_kv_head: ...") turned into a UserError naming the config key ("model.attention.n_kv_head")."""
@@ -544,7 +557,7 @@ class TrainCLI(LightningCLI):
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # exit_on_error=False: jsonargparse raises instead of exiting
-            raise UserError(parse_error_message(err, parser)) from None
+            raise UserError(parse_error_message(err, parser, _config_files(args))) from None
 
     def before_instantiate_classes(self) -> None:
         if self.config["run"]["name"] is None:
@@ -554,14 +567,15 @@ class TrainCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
-        except UserError:
-            raise
-        except (ValueError, TypeError) as err:
-            # jsonargparse wraps what a constructor raised; find a UserError inside if there is one.
+        except (ValueError, TypeError) as err:  # UserError is a ValueError
+            # jsonargparse may wrap what a constructor raised; find a UserError inside if there is one.
             inner = _find_user_error(err)
-            if inner is not None:
-                raise inner from None
-            raise UserError(_one_line(err)) from None
+            if inner is None:
+                raise UserError(_one_line(err)) from None
+            if str(inner).startswith("attention"):
+                # jsonargparse built model.attention (an AttentionConfig) itself: name the config key.
+                raise UserError(f"model.{inner}") from None
+            raise inner from None
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> L.Trainer:
         run = _run_settings(self.config_init["run"])
@@ -590,6 +604,28 @@ class TrainCLI(LightningCLI):
             if isinstance(err, (MisconfigurationException, ValueError)):
                 raise UserError(f"trainer: {_one_line(err)}") from None
             raise
+
+
+class _CheckOnlyCLI(TrainCLI):
+    """Parses a train command line exactly as `train` does and runs the model and optimiser
+    checks, but builds nothing: no data is read, no network allocated, no seed set."""
+
+    def _set_seed(self) -> None:
+        pass
+
+    def before_instantiate_classes(self) -> None:
+        pass
+
+    def instantiate_classes(self) -> None:
+        check_model_section(self.config["model"].as_dict())
+
+
+def check_train_args(args: Sequence[str]) -> None:
+    """Raise the UserError `train` would raise for a mistake in the config (unknown key, wrong
+    type, bad model or optimiser value), in a second or two: `ablate` checks every variant
+    this way before any run starts. Data and checkpoints are not looked at."""
+    _quiet_lightning()
+    _CheckOnlyCLI(list(args))
 
 
 def _run_settings(value: Any) -> RunSettings:
@@ -643,16 +679,71 @@ def _with_default_config(args: list[str]) -> list[str]:
     return ["--config", str(DEFAULT_CONFIG)] + args
 
 
-def parse_error_message(err: BaseException, parser: Any = None) -> str:
-    """jsonargparse's (sometimes multi-line) error -> one line, with a did-you-mean for unknown keys."""
+def parse_error_message(err: BaseException, parser: Any = None, config_files: Sequence[str] = ()) -> str:
+    """jsonargparse's (sometimes multi-line) error -> one line, with a did-you-mean for unknown keys
+    and the name of the config file where jsonargparse only says "<unicode string>"."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     message = " ".join(lines[:3]) if lines else type(err).__name__
+    files = " or ".join(repr(str(f)) for f in config_files) or "the config file"
+    if '"<unicode string>"' in message:  # a YAML error inside a config file
+        message = message.replace('"<unicode string>"', files)
+        if "could not determine a constructor for the tag" in message:
+            message += "; config files are read as plain YAML (safe loading): remove the tag"
+        else:
+            message += "; fix the YAML there"
+    elif message.startswith("Unexpected config"):  # the file is YAML, but not a mapping
+        message = f"--config: {files} is not a mapping of sections (model:, data:, trainer:, run:); see configs/default.yaml"
+    message = _plain_type_error(message)
     unknown = _unknown_key(message)
     if unknown and parser is not None:
         close = difflib.get_close_matches(unknown, _known_keys(parser), n=1, cutoff=0.6)
         if close:
             message += f"; did you mean {close[0]!r}?"
     return message
+
+
+_WRONG_TYPE = re.compile(r'^Parser key "(?P<key>[\w.]+)": Expected a (?P<type>.+?)\. Got value: (?P<value>.*)$')
+_NO_UNION_TYPE = re.compile(r'^Parser key "(?P<key>[\w.]+)": Does not validate against any of the Union subtypes Subtypes: \[(?P<types>.*)\]$')
+_TYPE_WORDS = {"int": "a whole number", "float": "a number", "bool": "true or false", "str": "text", "NoneType": "null",
+               "tuple": "a list", "list": "a list", "dict": "a mapping"}
+
+
+def _type_in_words(type_text: str) -> str:
+    """"<class 'int'>" -> "a whole number", "typing.Literal['a', 'b']" -> "one of a, b", "list[int]" -> "a list"."""
+    literal = re.fullmatch(r"typing\.Literal\[(.*)\]", type_text.strip())
+    if literal:
+        return "one of " + ", ".join(choice.strip().strip("'\"") for choice in literal.group(1).split(","))
+    name = re.fullmatch(r"<class '(\w+)'>|(\w+)(\[.*\])?", type_text.strip())
+    if name:
+        return _TYPE_WORDS.get(name.group(1) or name.group(2), type_text.strip())
+    return type_text.strip()
+
+
+def _plain_type_error(message: str) -> str:
+    """jsonargparse's type errors ("Expected a <class 'int'>. Got value: two") -> "<key>: <problem>; <fix>"."""
+    wrong = _WRONG_TYPE.match(message)
+    if wrong:
+        expected = _type_in_words(wrong["type"])
+        if expected.startswith("one of "):
+            return f"{wrong['key']}: unknown value {wrong['value']!r}; choose {expected}"
+        return f"{wrong['key']}: {wrong['value']!r} is not {expected}; give {expected}"
+    union = _NO_UNION_TYPE.match(message)
+    if union:
+        # Split the subtypes at the commas between them, not those inside Literal[...] or list[...].
+        types = [t for t in re.split(r",\s*(?![^\[]*\])", union["types"]) if t.strip()]
+        words = [_type_in_words(t) for t in types]
+        choices = [choice for w in words if w.startswith("one of ") for choice in w[len("one of "):].split(", ")]
+        others = [w for w in words if not w.startswith("one of ")]
+        expected = " or ".join(dict.fromkeys(([f"one of {', '.join(dict.fromkeys(choices))}"] if choices else []) + others))
+        return f"{union['key']}: the value given is not accepted; give {expected}"
+    return message
+
+
+def _config_files(args: Any) -> list[str]:
+    """The values of --config / -c in a command line."""
+    args = list(args) if isinstance(args, (list, tuple)) else []
+    files = [value for flag, value in zip(args, args[1:]) if flag in ("--config", "-c")]
+    return files + [arg.split("=", 1)[1] for arg in args if isinstance(arg, str) and arg.startswith("--config=")]
 
 
 def _unknown_key(message: str) -> Optional[str]:
@@ -695,6 +786,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             f"run.name: {str(run.dir)!r} already holds a run; resume it with --ckpt_path last, "
             "choose another --run.name, or delete that directory"
         )
+    if ckpt_path is not None:
+        check_resume_checkpoint(ckpt_path, model, data)
+    # Every check of the input is done: only now does the run write anything.
 
     config_dump = yaml.safe_load(cli.parser.dump(cli.config, skip_validation=True))
     config_dump["ckpt_path"] = None  # the saved config starts a run; resuming is a flag
@@ -738,9 +832,68 @@ def _resolve_ckpt_path(value: Optional[str], run: RunSettings) -> Optional[str]:
         if not path.is_file():
             raise UserError(f"ckpt_path: {value!r} means {str(path)!r}, which does not exist; start the run without --ckpt_path or set run.name/run.root")
         return str(path)
+    if Path(value).is_dir():
+        raise UserError(f"ckpt_path: {value!r} is a directory; give the .ckpt file inside it (a run keeps them in checkpoints/), 'last' or 'best'")
     if not Path(value).is_file():
         raise UserError(f"ckpt_path: no checkpoint at {value!r}; give a .ckpt file, 'last' or 'best'")
     return value
+
+
+def check_resume_checkpoint(path: str, model: MinitxLM, data: TextDataModule) -> None:
+    """Refuse a checkpoint that this run cannot resume from, before the run writes anything.
+
+    Lightning would find these only inside fit, after the run directory, its config.yaml and a
+    new log version were written, and some (weights of other shapes, a weights-only file) only as
+    a traceback. Read with weights_only=True like every load; fit reads the file again.
+    """
+    from .generation import _state_mismatch
+
+    checkpoint = load_checkpoint(path)
+    where = f"ckpt_path: {path!r}"
+    saved = checkpoint.get("minitx") if isinstance(checkpoint, dict) else None
+    if not isinstance(saved, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise UserError(f"{where} is not a minitx training checkpoint (no 'minitx' and 'state_dict' entries); give last.ckpt or best.ckpt of a run")
+    if saved.get("format") != CHECKPOINT_FORMAT:
+        raise UserError(f"{where} has checkpoint format {saved.get('format')!r}, not {CHECKPOINT_FORMAT}; resume it with the minitx version that wrote it")
+    missing = [key for key in ("optimizer_states", "lr_schedulers", "loops", "global_step") if key not in checkpoint]
+    if missing:
+        raise UserError(
+            f"{where} holds weights but no training state ({', '.join(missing)} missing), so training cannot resume "
+            "from it; give last.ckpt of the run, or start a new run without --ckpt_path"
+        )
+    if saved.get("tokenizer") != data.tokenizer.to_dict():
+        raise UserError(
+            f"data.tokenizer: the checkpoint {path!r} was trained with another tokenizer or vocabulary "
+            f"({_tokenizer_difference(saved.get('tokenizer'), data.tokenizer)}); resume with the data settings of the original run"
+        )
+    if saved.get("model_config") != model.config.to_dict():
+        diff = _dict_diff(saved.get("model_config") or {}, model.config.to_dict())
+        raise UserError(f"ckpt_path: the checkpoint's model differs from the configured one ({diff}); resume with the same model settings")
+    mismatch = _state_mismatch(model.state_dict(), checkpoint["state_dict"])
+    if mismatch:
+        raise UserError(f"{where}: its weights do not match its model config ({mismatch}); the file is damaged or was edited")
+
+
+def _tokenizer_difference(saved: Any, current: Any) -> str:
+    """What differs between a checkpoint's tokenizer (its to_dict) and the data's, in a few words."""
+    from .data.tokenizer import tokenizer_from_dict
+
+    try:
+        old = tokenizer_from_dict(saved)
+    except Exception:
+        return "the checkpoint's tokenizer cannot be rebuilt"
+    if getattr(old, "chars", None) is not None and getattr(current, "chars", None) is not None:
+        added = sorted(set(current.chars) - set(old.chars))
+        dropped = sorted(set(old.chars) - set(current.chars))
+        parts = [f"{len(old.chars)} characters then, {len(current.chars)} now"]
+        if added:
+            parts.append("new: " + " ".join(repr(ch) for ch in added[:10]) + (" ..." if len(added) > 10 else ""))
+        if dropped:
+            parts.append("gone: " + " ".join(repr(ch) for ch in dropped[:10]) + (" ..." if len(dropped) > 10 else ""))
+        return ", ".join(parts)
+    if old.vocab_size != current.vocab_size:
+        return f"vocabulary of {old.vocab_size} tokens then, {current.vocab_size} now"
+    return f"same size ({old.vocab_size} tokens), different tokens"
 
 
 def _check_trainer(trainer: L.Trainer) -> None:

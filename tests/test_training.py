@@ -6,7 +6,6 @@ included), except DDP, which needs real processes and runs `python train.py` in 
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 import random
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import metrics
 
 from minitx.checkpoint import TMP_PREFIX, load_checkpoint, write_atomically
 from minitx.cli import train_main
@@ -66,14 +66,6 @@ def train(*args) -> int:
 
 def run_dir(config: Path) -> Path:
     return config.parent / "runs" / "tiny"
-
-
-def metrics(run: Path, version: int = 0) -> tuple[dict[int, float], dict[int, float]]:
-    """(train loss by step, val loss by step) from a run's CSV log."""
-    rows = list(csv.DictReader(open(run / "logs" / f"version_{version}" / "metrics.csv")))
-    train_loss = {int(r["step"]): float(r["train_loss"]) for r in rows if r.get("train_loss")}
-    val_loss = {int(r["step"]): float(r["val_loss"]) for r in rows if r.get("val_loss")}
-    return train_loss, val_loss
 
 
 def assert_learns_and_checkpoints(run: Path, steps: int = 30) -> dict:
