@@ -16,6 +16,9 @@ optimiser, scheduler, loop counters, the datamodule's data position) plus our ow
 
 which is all that generation needs. Everything in it is tensors and plain Python values, so
 `torch.load(path, weights_only=True)` reads it and nothing in a checkpoint can run code.
+
+This file reads and writes checkpoint files and needs no Lightning (generation imports it);
+minitx/run_checkpoints.py has the Lightning side: when a run saves, and through what.
 """
 
 from __future__ import annotations
@@ -29,11 +32,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import lightning as L
 import torch
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import Checkpoint
-from lightning.pytorch.trainer.states import TrainerFn
+from torch import Tensor
 
 from .errors import UserError
 
@@ -111,41 +111,58 @@ def load_error_message(where: str, path: str | os.PathLike, error: BaseException
     return f"{where}: not a readable minitx checkpoint ({type(error).__name__}: {reason}); {fix}"
 
 
-def safe_torch_load(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
-    """torch.load(path, weights_only=True): tensors and plain data only, never code."""
-    with warnings.catch_warnings():
-        # A foreign pickle makes torch warn about its protocol before refusing it: the refusal
-        # is the message, the warning would only add lines to it.
-        warnings.filterwarnings("ignore", message=r".*pickle protocol")
-        return torch.load(path, map_location=map_location, weights_only=True)
-
-
-def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
-    """torch.load with weights_only=True, and a one-line UserError for a missing or broken file."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"ckpt_path: no checkpoint at {str(path)!r}; check the path")
+def load_file(path: str | os.PathLike, where: str, fix: str, map_location: Any = "cpu") -> Any:
+    """What torch.load(path, weights_only=True) reads from `path`; any problem is a one-line
+    UserError `<where>: <reason>; <fix>`."""
+    if os.path.isdir(path):
+        raise UserError(f"{where}: is a directory; give the .ckpt file inside it")
+    if not os.path.exists(path):
+        raise UserError(f"{where}: no such file; {fix}")
     try:
-        return safe_torch_load(path, map_location=map_location)
-    except Exception as err:  # truncated zip, foreign pickle, ...: all mean "not a checkpoint we wrote"
-        raise UserError(load_error_message(f"ckpt_path: {str(path)!r}", path, err, "give last.ckpt or best.ckpt written by train.py")) from None
+        with warnings.catch_warnings():
+            # A foreign pickle makes torch warn about its protocol before refusing it: the refusal
+            # is the message, the warning would only add lines to it.
+            warnings.filterwarnings("ignore", message=r".*pickle protocol")
+            return torch.load(path, map_location=map_location, weights_only=True)  # tensors and plain data, never code
+    except Exception as error:  # truncated zip, foreign pickle, unsafe types, ...: all unreadable
+        raise UserError(load_error_message(where, path, error, fix)) from None
 
 
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint IO, with atomic writes and weights_only=True reads.
+def read_checkpoint(path: str | os.PathLike, where: str, fix: str, map_location: Any = "cpu") -> dict:
+    """The dictionary of a checkpoint written by minitx (see the top of this file), after
+    `load_file`'s checks and those of its "state_dict" and "minitx" entries."""
+    checkpoint = load_file(path, where, fix, map_location)
+    meta = checkpoint.get("minitx") if isinstance(checkpoint, dict) else None
+    if not isinstance(meta, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise UserError(f"{where}: not a minitx checkpoint (no 'minitx' and 'state_dict' entries); {fix}")
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise UserError(
+            f"{where}: checkpoint format {meta.get('format')!r} is not supported (expected {CHECKPOINT_FORMAT}); "
+            "use the minitx version that wrote it"
+        )
+    return checkpoint
 
-    Every save path of the Trainer (our callback, `trainer.save_checkpoint`, any ModelCheckpoint
-    a user adds) goes through the strategy's CheckpointIO, so this one plugin covers them all.
-    """
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
-        if storage_options is not None:
-            raise TypeError(f"{type(self).__name__} does not take storage_options")
-        write_atomically(path, lambda file: torch.save(checkpoint, file))
+def model_weights(checkpoint: dict) -> dict[str, Tensor]:
+    """The Transformer's state dict inside a checkpoint (the LightningModule prefixes it "model.")."""
+    state = checkpoint["state_dict"]
+    return {key[len("model.") :]: value for key, value in state.items() if key.startswith("model.")} or state
 
-    def load_checkpoint(self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: Optional[bool] = None) -> dict[str, Any]:
-        # weights_only is forced: a checkpoint is data, never code, whatever the caller asked for.
-        return load_checkpoint(path, map_location=map_location)
+
+def state_mismatch(expected: dict, found: dict) -> str:
+    """'' when found has exactly the keys and shapes of expected, else a short description."""
+    problems = []
+    missing = [key for key in expected if key not in found]
+    unexpected = [key for key in found if key not in expected]
+    shapes = [
+        f"{key} {tuple(getattr(found[key], 'shape', ()))} vs {tuple(expected[key].shape)}"
+        for key in expected
+        if key in found and (not isinstance(found[key], Tensor) or found[key].shape != expected[key].shape)
+    ]
+    for what, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", shapes)):
+        if keys:
+            problems.append(f"{what}: {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}")
+    return "; ".join(problems)
 
 
 def remove_stale_temporaries(directory: Path) -> None:
@@ -155,86 +172,3 @@ def remove_stale_temporaries(directory: Path) -> None:
             tmp.unlink()
         except OSError:
             pass
-
-
-class RunCheckpoints(Checkpoint):
-    """Keeps `last.ckpt` and `best.ckpt` (lowest val_loss) in `dirpath`.
-
-    last.ckpt is written every `every_n_steps` optimiser steps (0: never on a timer), after every
-    validation and when training ends; best.ckpt is a copy of last.ckpt made when a validation
-    beats the best val_loss so far. With `keep_every_n_steps`, the timed checkpoints are also
-    kept as step-<N>.ckpt. Saves happen only at optimiser-step boundaries, which is what makes a
-    resumed run draw exactly the batches and dropout masks of an uninterrupted one.
-
-    A `Checkpoint` subclass, so the Trainer adds no ModelCheckpoint of its own.
-    """
-
-    def __init__(self, dirpath: str | os.PathLike, every_n_steps: int = 0, keep_every_n_steps: bool = False, monitor: str = "val_loss"):
-        super().__init__()
-        self.dirpath = Path(dirpath)
-        self.every_n_steps = every_n_steps
-        self.keep_every_n_steps = keep_every_n_steps
-        self.monitor = monitor
-        self.best_score: Optional[float] = None
-        self.best_step: Optional[int] = None
-        self._last_saved_step = -1
-
-    @property
-    def last_path(self) -> Path:
-        return self.dirpath / LAST
-
-    @property
-    def best_path(self) -> Path:
-        return self.dirpath / BEST
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if trainer.is_global_zero:
-            self.dirpath.mkdir(parents=True, exist_ok=True)
-            remove_stale_temporaries(self.dirpath)
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._last_saved_step = trainer.global_step  # a resumed run does not rewrite what it loaded
-
-    def _save_last(self, trainer: L.Trainer, force: bool = False) -> None:
-        if self._last_saved_step == trainer.global_step and not force:
-            return
-        # Every rank calls save_checkpoint: strategies may gather state; only rank 0 writes.
-        trainer.save_checkpoint(self.last_path, weights_only=False)
-        self._last_saved_step = trainer.global_step
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        step = trainer.global_step
-        if self.every_n_steps < 1 or step % self.every_n_steps or step == self._last_saved_step:
-            return
-        self._save_last(trainer)
-        if self.keep_every_n_steps:
-            self._copy(trainer, self.last_path, self.dirpath / f"step-{step:07d}.ckpt")
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
-            return
-        score = trainer.callback_metrics.get(self.monitor)
-        improved = score is not None and (self.best_score is None or float(score) < self.best_score)
-        if improved:
-            # Recorded before saving, so that best.ckpt itself knows it is the best.
-            self.best_score, self.best_step = float(score), trainer.global_step
-        # Written even if a timed save happened at this step: the state after validation (best
-        # score, loop counters) is the one a resumed run must start from.
-        self._save_last(trainer, force=True)
-        if improved:
-            self._copy(trainer, self.last_path, self.best_path)
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._save_last(trainer)
-
-    def _copy(self, trainer: L.Trainer, source: Path, target: Path) -> None:
-        if trainer.is_global_zero:
-            copy_atomically(source, target)
-        trainer.strategy.barrier("RunCheckpoints.copy")
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"best_score": self.best_score, "best_step": self.best_step}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.best_score = state_dict.get("best_score")
-        self.best_step = state_dict.get("best_step")

@@ -31,15 +31,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import warnings
 from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from .errors import UserError
-
-CHECKPOINT_FORMAT = 1
 
 
 # -- sampling ---------------------------------------------------------------------------------------
@@ -211,35 +208,18 @@ def _one_line(error: BaseException, limit: int = 200) -> str:
 def load_checkpoint(path: str, map_location="cpu", label: str = "checkpoint"):
     """(model, tokenizer, raw) from a checkpoint saved by training; the model is in eval mode.
 
-    The file is a dict read with torch.load(weights_only=True): "state_dict" holds the weights
-    (prefixed "model." by the LightningModule), "minitx" holds {"model_config", "tokenizer",
-    "format"} as plain data. Every problem is a UserError starting with `label` and the path.
+    The file is read by minitx.checkpoint.read_checkpoint (torch.load with weights_only=True):
+    "state_dict" holds the weights, "minitx" the model config and the tokenizer as plain data.
+    Every problem is a UserError starting with `label` and the path.
     """
+    from .checkpoint import model_weights, read_checkpoint, state_mismatch
     from .config import ModelConfig
     from .data.tokenizer import tokenizer_from_dict
     from .model import Transformer
 
     where = f"{label} {path}"
-    if not os.path.exists(path):
-        raise UserError(f"{where}: no such file; give the path of a checkpoint saved by train.py")
-    if os.path.isdir(path):
-        raise UserError(f"{where}: is a directory; give the .ckpt file inside it")
-    try:
-        with warnings.catch_warnings():
-            # A foreign pickle makes torch warn about its protocol before refusing it: the
-            # refusal is the message, the warning would only add lines to it.
-            warnings.filterwarnings("ignore", message=r".*pickle protocol")
-            raw = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as error:  # truncated zip, foreign pickle, unsafe types, ...: all unreadable
-        # Imported here: minitx.checkpoint pulls in Lightning, which generating does not need.
-        from .checkpoint import load_error_message
-
-        raise UserError(load_error_message(where, path, error, "give a checkpoint saved by train.py")) from None
-    meta = raw.get("minitx") if isinstance(raw, dict) else None
-    if not isinstance(meta, dict) or not isinstance(raw.get("state_dict"), dict):
-        raise UserError(f"{where}: not a minitx checkpoint (no 'minitx' and 'state_dict' entries); give a checkpoint saved by train.py")
-    if meta.get("format") != CHECKPOINT_FORMAT:
-        raise UserError(f"{where}: checkpoint format {meta.get('format')!r} is not supported (expected {CHECKPOINT_FORMAT}); use a matching minitx version")
+    raw = read_checkpoint(path, where, "give a checkpoint saved by train.py", map_location)
+    meta = raw["minitx"]
     try:
         config = ModelConfig.from_dict(meta["model_config"])
     except (KeyError, TypeError, ValueError) as error:
@@ -251,31 +231,14 @@ def load_checkpoint(path: str, map_location="cpu", label: str = "checkpoint"):
     if tokenizer.vocab_size > config.vocab_size:
         raise UserError(f"{where}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}; the file is damaged")
 
-    state = raw["state_dict"]
-    weights = {key[len("model.") :]: value for key, value in state.items() if key.startswith("model.")} or state
+    weights = model_weights(raw)
     model = Transformer(config)
-    mismatch = _state_mismatch(model.state_dict(), weights)
+    mismatch = state_mismatch(model.state_dict(), weights)
     if mismatch:
         raise UserError(f"{where}: its weights do not match its model config ({mismatch}); the file is damaged or was edited")
     model.load_state_dict(weights)
     model.to(map_location).eval()
     return model, tokenizer, raw
-
-
-def _state_mismatch(expected: dict, found: dict) -> str:
-    """'' when found has exactly the keys and shapes of expected, else a short description."""
-    problems = []
-    missing = [key for key in expected if key not in found]
-    unexpected = [key for key in found if key not in expected]
-    shapes = [
-        f"{key} {tuple(found[key].shape)} vs {tuple(expected[key].shape)}"
-        for key in expected
-        if key in found and (not isinstance(found[key], Tensor) or found[key].shape != expected[key].shape)
-    ]
-    for what, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", shapes)):
-        if keys:
-            problems.append(f"{what}: {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}")
-    return "; ".join(problems)
 
 
 # -- the command ------------------------------------------------------------------------------------

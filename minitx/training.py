@@ -43,12 +43,13 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from torch import Tensor
 
-from .checkpoint import BEST, CHECKPOINT_FORMAT, LAST, AtomicCheckpointIO, RunCheckpoints, load_checkpoint
+from .checkpoint import BEST, CHECKPOINT_FORMAT, LAST, read_checkpoint, state_mismatch
 from .config import AttentionConfig, ModelConfig
 from .data.datamodule import TextDataModule
 from .data.toy import IGNORE_INDEX, exact_match
 from .errors import UserError
 from .model import Transformer
+from .run_checkpoints import AtomicCheckpointIO, RunCheckpoints
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
@@ -846,15 +847,9 @@ def check_resume_checkpoint(path: str, model: MinitxLM, data: TextDataModule) ->
     new log version were written, and some (weights of other shapes, a weights-only file) only as
     a traceback. Read with weights_only=True like every load; fit reads the file again.
     """
-    from .generation import _state_mismatch
-
-    checkpoint = load_checkpoint(path)
     where = f"ckpt_path: {path!r}"
-    saved = checkpoint.get("minitx") if isinstance(checkpoint, dict) else None
-    if not isinstance(saved, dict) or not isinstance(checkpoint.get("state_dict"), dict):
-        raise UserError(f"{where} is not a minitx training checkpoint (no 'minitx' and 'state_dict' entries); give last.ckpt or best.ckpt of a run")
-    if saved.get("format") != CHECKPOINT_FORMAT:
-        raise UserError(f"{where} has checkpoint format {saved.get('format')!r}, not {CHECKPOINT_FORMAT}; resume it with the minitx version that wrote it")
+    checkpoint = read_checkpoint(path, where, "give last.ckpt or best.ckpt of a run")
+    saved = checkpoint["minitx"]
     missing = [key for key in ("optimizer_states", "lr_schedulers", "loops", "global_step") if key not in checkpoint]
     if missing:
         raise UserError(
@@ -869,7 +864,7 @@ def check_resume_checkpoint(path: str, model: MinitxLM, data: TextDataModule) ->
     if saved.get("model_config") != model.config.to_dict():
         diff = _dict_diff(saved.get("model_config") or {}, model.config.to_dict())
         raise UserError(f"ckpt_path: the checkpoint's model differs from the configured one ({diff}); resume with the same model settings")
-    mismatch = _state_mismatch(model.state_dict(), checkpoint["state_dict"])
+    mismatch = state_mismatch(model.state_dict(), checkpoint["state_dict"])
     if mismatch:
         raise UserError(f"{where}: its weights do not match its model config ({mismatch}); the file is damaged or was edited")
 

@@ -379,6 +379,12 @@ def test_load_checkpoint_round_trip(tmp_path):
     assert all(torch.equal(value, expected[key]) for key, value in model.state_dict().items())
 
 
+def test_loading_a_checkpoint_needs_no_lightning():
+    # Generation reads checkpoints through minitx.checkpoint, which must stay free of Lightning.
+    code = "import sys, minitx.generation, minitx.checkpoint; sys.exit('lightning' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120).returncode == 0
+
+
 def test_command_streams_a_continuation(tmp_path, capsys):
     path = write_checkpoint(tmp_path / "a.ckpt")
     main(["--ckpt", str(path), "--prompt", "to be", "--max-new-tokens", "30", "--seed", "1", "--num-samples", "2"])

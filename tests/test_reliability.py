@@ -503,7 +503,7 @@ BAD_CHECKPOINTS = {
     "random bytes": (["not a readable minitx checkpoint"], ["ckpt_path", "not a readable minitx checkpoint"]),
     "empty": (["the file is empty"], ["ckpt_path", "the file is empty"]),
     "text file": (["not a readable minitx checkpoint"], ["ckpt_path", "not a readable minitx checkpoint"]),
-    "foreign": (["not a minitx checkpoint"], ["ckpt_path", "is not a minitx training checkpoint"]),
+    "foreign": (["not a minitx checkpoint"], ["ckpt_path", "not a minitx checkpoint"]),
     "other shape": (["weights do not match its model config", "wrong shape"], ["ckpt_path", "model differs", "d_model: checkpoint 64, config 32"]),
     "bigger vocabulary": (["tokenizer has", "tokens but the model only"], ["data.tokenizer", "another tokenizer or vocabulary"]),
 }
