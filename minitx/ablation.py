@@ -53,6 +53,7 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
+from .cli import ArgumentParser
 from .errors import UserError
 
 # Keys a variant may not change on its own: they decide the data, the seed or the token budget,
@@ -696,7 +697,7 @@ def write_results(runs: list[Run], output: Path, notes: Sequence[str] = (), titl
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="ablate",
         description="Train each attention variant of a sweep file on the same data and budget; write a table and plots.",
     )

@@ -36,6 +36,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
+from .cli import ArgumentParser
 from .errors import UserError
 
 
@@ -284,7 +285,7 @@ class TextStream:
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="generate.py", description="Generate text from a checkpoint saved by train.py.")
+    parser = ArgumentParser(prog="generate.py", description="Generate text from a checkpoint saved by train.py.")
     parser.add_argument("--ckpt", required=True, help="checkpoint file (.ckpt) saved by train.py")
     prompt = parser.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", help="text to continue (default: the end-of-text token if the tokenizer has one, else a newline)")

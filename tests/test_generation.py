@@ -515,10 +515,17 @@ def test_bad_input_through_the_real_command_exits_2(tmp_path):
     assert result.stderr.strip().count("\n") == 0 and "no such file" in result.stderr
 
 
-def test_argparse_usage_errors_exit_2(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--prompt", "x"])  # --ckpt is required
-    assert exit_info.value.code == 2 and "--ckpt" in capsys.readouterr().err
+@pytest.mark.parametrize("argv, message", [
+    (["--prompt", "x"], "the following arguments are required: --ckpt"),
+    (["--ckpt", "x.ckpt", "--top-k", "abc"], "argument --top-k: invalid int value: 'abc'"),
+    (["--ckpt", "x.ckpt", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+])
+def test_command_line_usage_errors_are_one_line_and_exit_2(argv, message, capsys):
+    from minitx.cli import generate_main
+
+    assert generate_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"generate: error: {message}; see --help"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("minitx.training") is None, reason="minitx.training is not written yet")
