@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from .errors import UserError
+from .errors import UserError, one_line
 
 CHECKPOINT_FORMAT = 1
 TMP_PREFIX = ".tmp-"
@@ -101,8 +101,7 @@ def load_error_message(where: str, path: str | os.PathLike, error: BaseException
     details = [match.group(1) for pattern in _WEIGHTS_ONLY_DETAIL for match in [pattern.search(text)] if match]
     # torch's zip reader appends a paragraph on what corruption is: the one line keeps the fact.
     text = text.split(" This is an internal miniz error")[0]
-    reason = " ".join((details[0] if details else text).split()) or type(error).__name__
-    reason = reason if len(reason) <= 200 else reason[:197] + "..."
+    reason = one_line(details[0] if details else text, 200) or type(error).__name__
     if isinstance(error, pickle.UnpicklingError) and "GLOBAL" in reason:
         return (
             f"{where}: refused: it holds Python objects, not only tensors and plain data ({reason}), and loading "

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from .cli import ArgumentParser
-from .errors import UserError
+from .errors import UserError, one_line
 
 
 # -- sampling ---------------------------------------------------------------------------------------
@@ -201,11 +201,6 @@ def generate(
 # -- checkpoints ------------------------------------------------------------------------------------
 
 
-def _one_line(error: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(error).split()) or type(error).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def load_checkpoint(path: str, map_location="cpu", label: str = "checkpoint"):
     """(model, tokenizer, raw) from a checkpoint saved by training; the model is in eval mode.
 
@@ -224,11 +219,11 @@ def load_checkpoint(path: str, map_location="cpu", label: str = "checkpoint"):
     try:
         config = ModelConfig.from_dict(meta["model_config"])
     except (KeyError, TypeError, ValueError) as error:
-        raise UserError(f"{where}: its model config is invalid ({_one_line(error)}); the file is damaged or from another version") from None
+        raise UserError(f"{where}: its model config is invalid ({one_line(error, 200)}); the file is damaged or from another version") from None
     try:
         tokenizer = tokenizer_from_dict(meta["tokenizer"])
     except Exception as error:
-        raise UserError(f"{where}: its tokenizer cannot be rebuilt ({_one_line(error)}); the file is damaged or from another version") from None
+        raise UserError(f"{where}: its tokenizer cannot be rebuilt ({one_line(error, 200)}); the file is damaged or from another version") from None
     if tokenizer.vocab_size > config.vocab_size:
         raise UserError(f"{where}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}; the file is damaged")
 
@@ -310,7 +305,7 @@ def _read_prompt(args: argparse.Namespace, tokenizer) -> tuple[str, list[int]]:
         except FileNotFoundError:
             raise UserError(f"--prompt-file {args.prompt_file}: no such file; give an existing text file") from None
         except (OSError, UnicodeDecodeError) as error:
-            raise UserError(f"--prompt-file {args.prompt_file}: cannot be read as UTF-8 text ({_one_line(error)})") from None
+            raise UserError(f"--prompt-file {args.prompt_file}: cannot be read as UTF-8 text ({one_line(error, 200)})") from None
     else:
         text = args.prompt or ""
     if text:
@@ -334,7 +329,7 @@ def _device(name: str) -> torch.device:
         device = torch.device(name)
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError, ValueError) as error:
-        raise UserError(f"--device {name}: not usable here ({_one_line(error)}); use --device cpu") from None
+        raise UserError(f"--device {name}: not usable here ({one_line(error, 200)}); use --device cpu") from None
     return device
 
 

@@ -47,7 +47,7 @@ from .checkpoint import BEST, CHECKPOINT_FORMAT, LAST, read_checkpoint, state_mi
 from .config import AttentionConfig, ModelConfig
 from .data.datamodule import TextDataModule
 from .data.toy import IGNORE_INDEX, exact_match
-from .errors import UserError
+from .errors import UserError, one_line
 from .model import Transformer
 from .run_checkpoints import AtomicCheckpointIO, RunCheckpoints
 
@@ -356,12 +356,12 @@ class MinitxLM(L.LightningModule):
             checkpoint["hyper_parameters"] = _plain(hparams)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # train.py checked the file already (check_resume_checkpoint); this guards Trainer.fit(ckpt_path=...)
+        # called from Python.
         saved = checkpoint.get("minitx", {})
         if saved.get("format") != CHECKPOINT_FORMAT:
             raise UserError(f"ckpt_path: checkpoint format {saved.get('format')!r} is not {CHECKPOINT_FORMAT}; it was not written by this minitx")
-        if saved.get("model_config") != self.config.to_dict():
-            diff = _dict_diff(saved.get("model_config") or {}, self.config.to_dict())
-            raise UserError(f"ckpt_path: the checkpoint's model differs from the configured one ({diff}); resume with the same model settings")
+        check_same_model(saved, self.config)
 
 
 def _plain(value: Any) -> Any:
@@ -572,7 +572,7 @@ class TrainCLI(LightningCLI):
             # jsonargparse may wrap what a constructor raised; find a UserError inside if there is one.
             inner = _find_user_error(err)
             if inner is None:
-                raise UserError(_one_line(err)) from None
+                raise UserError(one_line(err)) from None
             if str(inner).startswith("attention"):
                 # jsonargparse built model.attention (an AttentionConfig) itself: name the config key.
                 raise UserError(f"model.{inner}") from None
@@ -603,7 +603,7 @@ class TrainCLI(LightningCLI):
             from lightning.fabric.utilities.exceptions import MisconfigurationException
 
             if isinstance(err, (MisconfigurationException, ValueError)):
-                raise UserError(f"trainer: {_one_line(err)}") from None
+                raise UserError(f"trainer: {one_line(err)}") from None
             raise
 
 
@@ -643,10 +643,6 @@ def _find_user_error(err: BaseException) -> Optional[UserError]:
         seen.add(id(err))
         err = err.__cause__ or err.__context__
     return None
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
 
 
 # Known noise from Lightning that says nothing about a minitx run.
@@ -861,12 +857,17 @@ def check_resume_checkpoint(path: str, model: MinitxLM, data: TextDataModule) ->
             f"data.tokenizer: the checkpoint {path!r} was trained with another tokenizer or vocabulary "
             f"({_tokenizer_difference(saved.get('tokenizer'), data.tokenizer)}); resume with the data settings of the original run"
         )
-    if saved.get("model_config") != model.config.to_dict():
-        diff = _dict_diff(saved.get("model_config") or {}, model.config.to_dict())
-        raise UserError(f"ckpt_path: the checkpoint's model differs from the configured one ({diff}); resume with the same model settings")
+    check_same_model(saved, model.config)
     mismatch = state_mismatch(model.state_dict(), checkpoint["state_dict"])
     if mismatch:
         raise UserError(f"{where}: its weights do not match its model config ({mismatch}); the file is damaged or was edited")
+
+
+def check_same_model(saved: dict, config: ModelConfig) -> None:
+    """A run resumes only into the model it saved: `saved` is a checkpoint's "minitx" entry."""
+    if saved.get("model_config") != config.to_dict():
+        diff = _dict_diff(saved.get("model_config") or {}, config.to_dict())
+        raise UserError(f"ckpt_path: the checkpoint's model differs from the configured one ({diff}); resume with the same model settings")
 
 
 def _tokenizer_difference(saved: Any, current: Any) -> str:

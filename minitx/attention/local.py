@@ -79,10 +79,7 @@ def chunked_local(q: Tensor, k: Tensor, v: Tensor, window: int, n_global: int = 
     return out.view(B, n, H, C, D).transpose(1, 2).reshape(B, H, n * C, D)[:, :, :T]
 
 
-# Cached masks are made outside inference mode even when generation asks first: an inference
-# tensor could not take part in training later.
 @functools.lru_cache(maxsize=32)
-@torch.inference_mode(False)
 def _block_mask(n: int, C: int, window: int, n_global: int, device) -> Tensor:
     q_pos = torch.arange(n * C, device=device).view(n, C, 1)
     block_start = q_pos[:, :1, :] - q_pos[:, :1, :] % C  # first position of each query block
@@ -103,6 +100,8 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
+# Made outside inference mode even when generation asks first: flex attention's backward (CUDA
+# only) saves the block mask's tensors, which an inference tensor cannot be.
 @functools.lru_cache(maxsize=32)
 @torch.inference_mode(False)
 def _flex_block_mask(T: int, window: int, n_global: int, device):

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from minitx.errors import UserError
+from minitx.errors import UserError, one_line
 
 SOURCES = ("shakespeare", "files", "hf")
 
@@ -197,16 +197,16 @@ def _hf_split_text(
         dataset = datasets.load_dataset(name, config, data_files=data_files, split=split)
     except ValueError as err:
         # datasets raises ValueError for an unknown split or config.
-        raise UserError(f"{field}: cannot load split {split!r} of {name!r}: {_one_line(err)}") from None
+        raise UserError(f"{field}: cannot load split {split!r} of {name!r}: {one_line(err)}") from None
     except FileNotFoundError as err:
         if data_files:
-            raise UserError(f"data.hf_data_files: {_one_line(err)}; check the path") from None
+            raise UserError(f"data.hf_data_files: {one_line(err)}; check the path") from None
         raise UserError(
-            f"data.hf_name: no dataset {name!r} found ({_one_line(err)}); check the name"
+            f"data.hf_name: no dataset {name!r} found ({one_line(err)}); check the name"
         ) from None
     except OSError as err:  # includes ConnectionError: offline, or the Hub is unreachable
         raise UserError(
-            f"data.hf_name: cannot load dataset {name!r} (config {config!r}): {_one_line(err)}; "
+            f"data.hf_name: cannot load dataset {name!r} (config {config!r}): {one_line(err)}; "
             "check the name, or the network and HF_DATASETS_OFFLINE"
         ) from None
     if text_column not in dataset.column_names:
@@ -220,10 +220,6 @@ def _hf_split_text(
     if not text.strip():
         raise UserError(f"{field}: split {split!r} of {name!r} has no text in column {text_column!r}")
     return text
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
 
 
 def hf_text(
