@@ -85,6 +85,32 @@ def speed_table(rows_to_time: list[tuple[str, dict]], new_tokens: int, repeats: 
     return "\n".join(rows)
 
 
+def step_table(shape: dict, repeats: int, steps: int = 300) -> str:
+    """Milliseconds of one cached model step (batch 1, 60 tokens in the cache; best of `repeats`
+    runs of `steps` steps), under no_grad and under inference_mode, for the default shape and the
+    same model at d_model 8: the second is almost all fixed per-operation cost, so the difference
+    is the arithmetic."""
+    rows = ["| model | no_grad (ms) | inference_mode (ms) |", "|---|---:|---:|"]
+    for label, d_model in ((f"d_model {shape['d_model']}", shape["d_model"]), ("d_model 8", 8)):
+        torch.manual_seed(0)
+        model = Transformer(ModelConfig(**dict(shape, d_model=d_model))).eval()
+        cells = []
+        for mode in (torch.no_grad, torch.inference_mode):
+            with mode():
+                best = float("inf")
+                for _ in range(repeats):
+                    cache, token = model.new_cache(1, 60 + steps), torch.zeros(1, 1, dtype=torch.long)
+                    for _ in range(60):  # fill the cache; also warms up
+                        model(token, cache=cache)
+                    start = time.perf_counter()
+                    for _ in range(steps):
+                        model(token, cache=cache)
+                    best = min(best, (time.perf_counter() - start) / steps)
+                cells.append(f"{best * 1e3:.3f}")
+        rows.append(f"| {label} | {' | '.join(cells)} |")
+    return "\n".join(rows)
+
+
 def memory_table(shape: dict, lengths: list[int]) -> str:
     """fp32 cache bytes of a batch of 1, from the config alone (equal to what new_cache allocates)."""
     config_shape = dict(shape, block_size=max(lengths))  # a context long enough to show growth
@@ -119,6 +145,8 @@ def main() -> None:
     rows += [(f"mha, block_size {block_size}", dict(shape, block_size=block_size)) for block_size in args.contexts]
     speed_table(rows, args.new_tokens, args.repeats)
     print(f"(load average {os.getloadavg()[0]:.1f} at the end)")
+    print(f"\n### One cached model step, without the sampling loop (best of {args.repeats})\n")
+    print(step_table(shape, args.repeats))
     lengths = [128, 512, 2048, 8192]
     print(f"\n### KV cache memory (fp32, batch 1, block_size raised to {max(lengths)} so full attention can grow)\n")
     print(memory_table(shape, lengths))

@@ -47,6 +47,9 @@ def test_generate_benchmark_prints_speed_and_memory(tmp_path):
     out = run_script("generate.py", "--new-tokens", "4", "--repeats", "1", "--kinds", "mha", "local (window 64)",
                      "--contexts", "16", cwd=tmp_path)
     speed_text, memory_text = out.split("### KV cache memory")
+    speed_text, step_text = speed_text.split("### One cached model step")
+    steps = {row[0]: row for row in table_rows(step_text, "d_model")}
+    assert set(steps) == {"d_model 128", "d_model 8"} and all(float(ms) > 0 for row in steps.values() for ms in row[1:])
     speed = {row[0]: row for row in table_rows(speed_text, "")[2:]}  # after the header and the rule
     assert set(speed) == {"mha", "local (window 64)", "mha, block_size 16"}
     assert all(re.fullmatch(r"[\d.]+x", row[3]) for row in speed.values())  # the speed-up column
