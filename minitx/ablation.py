@@ -53,7 +53,7 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
-from .cli import ArgumentParser
+from .arguments import ArgumentParser
 from .errors import UserError
 
 # Keys a variant may not change on its own: they decide the data, the seed or the token budget,

@@ -26,62 +26,19 @@ from __future__ import annotations
 import os
 import pickle
 import re
-import shutil
-import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
 from .errors import UserError, one_line
+from .fileio import TMP_PREFIX, copy_atomically, write_atomically  # noqa: F401 (re-exported)
 
 CHECKPOINT_FORMAT = 1
-TMP_PREFIX = ".tmp-"
 LAST = "last.ckpt"
 BEST = "best.ckpt"
-
-
-def _fsync_directory(directory: Path) -> None:
-    # Makes the rename itself durable; not every platform lets a directory be opened.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: str | os.PathLike, write: Callable[[Any], None]) -> None:
-    """Call write(file) on a temporary file beside `path`, make it durable, then rename it over `path`.
-
-    A process killed at any moment leaves either the old file or the complete new one under
-    `path`, never a truncated file that looks like a checkpoint.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        if os.path.exists(tmp_name):
-            os.remove(tmp_name)
-        raise
-    _fsync_directory(path.parent)
-
-
-def copy_atomically(source: str | os.PathLike, target: str | os.PathLike) -> None:
-    with open(source, "rb") as src:
-        write_atomically(target, lambda dst: shutil.copyfileobj(src, dst))
 
 
 # What a refusal by torch.load(weights_only=True) is about, in the forms torch 2.6+ words it. The

@@ -7,19 +7,10 @@ traceback, so every command fails the same way.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from typing import Callable, NoReturn, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .errors import UserError
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose usage mistakes (a missing flag, `--top-k abc`) are UserErrors, so they end
-    the command like every other mistake: one line, exit status 2, instead of usage + error."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UserError(f"{message}; see --help")
 
 
 def run_command(main: Callable[[Optional[Sequence[str]]], object], argv: Optional[Sequence[str]] = None, prog: str = "minitx") -> int:

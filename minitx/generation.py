@@ -36,7 +36,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .cli import ArgumentParser
+from .arguments import ArgumentParser
 from .errors import UserError, one_line
 
 

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from minitx.data.tokenizer import Tokenizer
 from minitx.errors import UserError
+from minitx.fileio import write_atomically
 
 # Bump when the way text becomes ids changes, so old caches are not reused.
 CACHE_FORMAT = 1
-TMP_PREFIX = ".tmp-"
 
 
 def default_cache_dir() -> Path:
@@ -41,20 +40,6 @@ def token_cache_path(cache_dir: Path, name: str, text: str, tokenizer: Tokenizer
     dtype = token_dtype(tokenizer.vocab_size)
     key = f"v{CACHE_FORMAT}-{text_digest(text)[:24]}-{tokenizer.fingerprint()}"
     return cache_dir / f"{name}-{key}.{dtype.name}"
-
-
-def _write_atomically(path: Path, array: np.ndarray) -> None:
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "wb") as tmp_file:
-            array.tofile(tmp_file)
-            tmp_file.flush()
-            os.fsync(tmp_file.fileno())
-        os.replace(tmp_name, path)  # atomic on POSIX and Windows
-    except BaseException:
-        if os.path.exists(tmp_name):
-            os.remove(tmp_name)
-        raise
 
 
 def _open_tokens(path: Path, dtype: np.dtype) -> np.ndarray:
@@ -83,5 +68,5 @@ def cached_tokens(
         ids = tokenizer.encode_corpus(text)
         if ids.size and (ids.min() < 0 or ids.max() >= tokenizer.vocab_size):
             raise RuntimeError(f"tokenizer produced ids outside [0, {tokenizer.vocab_size})")
-        _write_atomically(path, ids.astype(dtype))
+        write_atomically(path, ids.astype(dtype).tofile)
     return _open_tokens(path, dtype)
