@@ -12,7 +12,8 @@ import torch
 
 from minitx.data import cache as cache_module
 from minitx.data import tokenizer as tokenizer_module
-from minitx.data.cache import TMP_PREFIX, cached_tokens, token_dtype
+from minitx.data.cache import cached_tokens, token_dtype
+from minitx.fileio import TMP_PREFIX
 from minitx.data.datamodule import TextDataModule, random_window_starts
 from minitx.data.sources import (
     SHAKESPEARE_PLAY_COUNT,
