@@ -41,3 +41,9 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
     from .ablation import main
 
     return run_command(main, argv, "ablate")
+
+
+def eval_main(argv: Optional[Sequence[str]] = None) -> int:
+    from .evaluation.command import main
+
+    return run_command(main, argv, "evaluate")

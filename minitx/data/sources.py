@@ -99,16 +99,27 @@ def play_markdown_to_text(markdown: str) -> str:
 
 def shakespeare_text(val_plays: Sequence[str] = VAL_PLAYS) -> tuple[str, str]:
     """The 38 plays as plain text; the plays in `val_plays` are the validation set."""
+    plays = _plays_with(val_plays)
+    train_plays = [stem for stem in plays if stem not in val_plays]
+    return _plays_text(plays, train_plays), _plays_text(plays, val_plays)
+
+
+def shakespeare_val_text(val_plays: Sequence[str] = VAL_PLAYS) -> str:
+    """`shakespeare_text(val_plays)[1]` without reading the training plays (evaluation needs only these)."""
+    return _plays_text(_plays_with(val_plays), val_plays)
+
+
+def _plays_with(val_plays: Sequence[str]) -> dict[str, Path]:
     plays = shakespeare_play_paths()
     unknown = sorted(set(val_plays) - set(plays))
     if unknown:
         raise UserError(f"unknown validation play(s) {unknown}; choose from {sorted(plays)}")
-    train_parts: list[str] = []
-    val_parts: list[str] = []
-    for stem, path in plays.items():
-        text = play_markdown_to_text(path.read_text(encoding="utf-8"))
-        (val_parts if stem in val_plays else train_parts).append(text)
-    return "\n".join(train_parts), "\n".join(val_parts)
+    return plays
+
+
+def _plays_text(plays: dict[str, Path], stems: Sequence[str]) -> str:
+    """The plays named in `stems` as plain text, in the corpus order, one blank line apart."""
+    return "\n".join(play_markdown_to_text(path.read_text(encoding="utf-8")) for stem, path in plays.items() if stem in stems)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,66 @@
+"""The `evaluate.py` / `minitx-eval` command: parse the flags, evaluate, print, write."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ..arguments import ArgumentParser
+from ..errors import UserError
+from .evaluate import evaluate_checkpoint
+from .report import table, write_json, write_plots
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = ArgumentParser(prog="evaluate.py", description="Evaluate a checkpoint saved by train.py: held-out loss, "
+                            "perplexity and bits per character over a whole text, loss by context length and by "
+                            "position, and accuracy on a synthetic task.")
+    parser.add_argument("--ckpt", required=True, help="checkpoint file (.ckpt) saved by train.py")
+    parser.add_argument("--files", nargs="+", default=None, help="score these text files (globs) instead of the run's validation text")
+    parser.add_argument("--context", type=int, default=None, help="tokens per window (default: the model's block_size)")
+    parser.add_argument("--stride", type=int, default=None, help="tokens between window starts, 1 .. context (default: context)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=None,
+                        help="context lengths of the extrapolation table (default: block_size/4 .. 8 x block_size)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="score only the first N tokens of the text")
+    parser.add_argument("--task-samples", type=int, default=None, help="test samples of a synthetic task (default: the task's)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of a synthetic task's fresh test set (default 0)")
+    parser.add_argument("--batch-size", type=int, default=None, help="windows per forward pass (default: 8192 tokens' worth)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps, ... (default cpu)")
+    parser.add_argument("--json", default=None, help="also write every figure to this JSON file")
+    parser.add_argument("--plots", default=None, help="write PNG plots into this directory")
+    parser.add_argument("--no-progress", action="store_true", help="never show the progress line")
+    return parser.parse_args(argv)
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse outputs that cannot be written before any work is done."""
+    if args.json is not None:
+        target = Path(args.json)
+        if target.is_dir():
+            raise UserError(f"--json {args.json}: is a directory; give a file name such as out.json")
+        if not target.parent.is_dir():
+            raise UserError(f"--json {args.json}: directory {str(target.parent)!r} does not exist; create it first")
+        if not os.access(target.parent, os.W_OK):
+            raise UserError(f"--json {args.json}: directory {str(target.parent)!r} is not writable")
+    if args.plots is not None and Path(args.plots).exists() and not Path(args.plots).is_dir():
+        raise UserError(f"--plots {args.plots}: exists and is not a directory; give a directory")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    args = parse_args(argv)
+    check_outputs(args)
+    result = evaluate_checkpoint(
+        args.ckpt, lengths=args.lengths, max_tokens=args.max_tokens, files=args.files, context=args.context,
+        stride=args.stride, batch_size=args.batch_size, device=args.device, task_samples=args.task_samples,
+        seed=args.seed, progress=False if args.no_progress else None, refuse_lengths=args.lengths is not None,
+    )
+    print(table(result))
+    if args.json is not None:
+        write_json(args.json, result)
+        print(f"wrote {args.json}")
+    if args.plots is not None:
+        for path in write_plots(args.plots, result):
+            print(f"wrote {path}")
+    return result

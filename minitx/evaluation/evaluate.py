@@ -1,0 +1,115 @@
+"""evaluate_checkpoint: every figure of one checkpoint, as a JSON-able dict.
+
+    {"loss", "perplexity", "bits_per_char", "bits_per_byte", "tokens", "unit", "context", "stride",
+     "by_position": {...}, "by_length": {"<L>": {"loss", "tokens", "by_position"} or {"skipped": why}},
+     "task": None or {"exact_match", "item_accuracy", ...}, ...}
+
+Every check of the input happens before the first forward pass; a mistake is a UserError.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Optional, Sequence
+
+from ..errors import UserError
+from ..generation import _device as usable_device
+from ..generation import load_checkpoint
+from .lengths import default_lengths, length_refusal, length_sweep, position_buckets
+from .perplexity import score_tokens
+from .progress import Progress
+from .texts import TASK_SOURCES, ScoredText, files_text, tokenize, truncate, validation_text
+
+BATCH_TOKENS = 8192  # tokens per forward pass when no batch size is given
+
+
+def check_lengths(config, asked: Sequence[tuple[str, int]]) -> None:
+    """UserError for a context length (named by its flag) that the model cannot run."""
+    for flag, length in asked:
+        if length < 1:
+            raise UserError(f"{flag}: {length} is not a context length; use 1 or more")
+        reason = length_refusal(config, length)
+        if reason is not None:
+            raise UserError(f"{flag}: {length} is past what this model can run ({reason}); use at most {config.block_size}")
+
+
+def check_window(config, targets: int, context: int, stride: int) -> None:
+    """UserError for a context or stride the model or the text cannot take (named as the flags)."""
+    if context < 1:
+        raise UserError(f"--context: is {context}; use 1 or more (default: block_size={config.block_size})")
+    if not 1 <= stride <= context:
+        raise UserError(f"--stride: is {stride}; use 1 .. --context ({context}): each window must score at least one new token and skip none")
+    check_lengths(config, [("--context", context)])
+    if context > targets:
+        raise UserError(f"--context: the text has {targets} tokens to score, fewer than one window of {context}; "
+                        "lower --context or give a longer text")
+
+
+def text_figures(nats: float, tokens: int, characters: int, size: int) -> dict:
+    """Loss, perplexity and bits per character and per byte from summed nats."""
+    loss = nats / tokens
+    bits = nats / math.log(2)
+    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "bits_per_char": bits / characters,
+            "bits_per_byte": bits / size, "tokens": tokens}
+
+
+def evaluate_text(model, text: ScoredText, context: int, stride: int, lengths: list[int], batch_size: int,
+                  progress: Progress) -> dict:
+    """The whole-text figures at `context`, then the length sweep, on one tokenised text."""
+    scores = score_tokens(model, text.tokens, context, stride, batch_size, progress.stage(f"loss at context {context}"))
+    result = text_figures(scores.nats, scores.tokens, text.characters, text.bytes)
+    result.update(text=text.name, unit=text.unit, characters=text.characters, bytes=text.bytes, context=context,
+                  stride=stride, by_position=position_buckets(scores))
+    sweep = [length for length in lengths if not (length == context and stride == context)]
+    result["by_length"] = length_sweep(model, text, sweep, batch_size * context, progress.stage("length sweep"))
+    if context in lengths and stride == context:  # already measured: the whole-text figure itself
+        result["by_length"][str(context)] = {"loss": scores.loss, "tokens": scores.tokens, "by_position": result["by_position"]}
+    result["by_length"] = {str(length): result["by_length"][str(length)] for length in lengths}
+    return result
+
+
+def evaluate_checkpoint(ckpt_path: str, lengths: Optional[Sequence[int]] = None, max_tokens: Optional[int] = None,
+                        files: Optional[str | Sequence[str]] = None, context: Optional[int] = None,
+                        stride: Optional[int] = None, batch_size: Optional[int] = None, device: str = "cpu",
+                        task_samples: Optional[int] = None, seed: int = 0, progress: Optional[bool] = False,
+                        refuse_lengths: bool = False) -> dict:
+    """Evaluate a checkpoint saved by train.py.
+
+    The text is the run's own validation text (rebuilt from the data settings the checkpoint
+    carries), or `files`. A checkpoint trained on a synthetic task (toy, mqar, needle) is scored
+    on a fresh test set of that task instead, unless `files` is given. `lengths` (default
+    block_size/4 .. 8 x block_size) are skipped with a reason where the model cannot run them,
+    or refused (UserError) with `refuse_lengths`. `max_tokens` scores only the text's first
+    max_tokens + 1 tokens. `progress`: True, False, or None (on a terminal only).
+    """
+    started = time.monotonic()
+    model, tokenizer, raw = load_checkpoint(ckpt_path, map_location=usable_device(device), label="--ckpt")
+    config = model.config
+    lengths = sorted(set(default_lengths(config.block_size) if lengths is None else lengths))
+    context = config.block_size if context is None else context
+    stride = context if stride is None else stride
+    if max_tokens is not None and max_tokens < 1:
+        raise UserError(f"--max-tokens: is {max_tokens}; use 1 or more, or leave it unset for the whole text")
+    if batch_size is not None and batch_size < 1:
+        raise UserError(f"--batch-size: is {batch_size}; use 1 or more")
+    check_lengths(config, [("--lengths", length) for length in lengths] if refuse_lengths else [])
+    train_config = raw["minitx"].get("train_config") or {}
+    source = (train_config.get("data") or {}).get("source")
+    bar = Progress(progress)
+    try:
+        if files is None and source in TASK_SOURCES:
+            from .tasks import evaluate_task  # imported here: only task checkpoints need the generators
+
+            result = evaluate_task(model, train_config["data"], lengths, task_samples, seed, bar)
+        else:
+            name, text = files_text(files) if files is not None else validation_text(train_config)
+            scored = truncate(tokenize(name, text, tokenizer, "--files" if files is not None else "--ckpt"), max_tokens, tokenizer)
+            check_window(config, len(scored.tokens) - 1, context, stride)
+            result = evaluate_text(model, scored, context, stride, lengths, batch_size or max(1, BATCH_TOKENS // context), bar)
+            result["task"] = None
+    finally:
+        bar.close()
+    result.update(checkpoint=str(ckpt_path), model={"positions": config.positions, "block_size": config.block_size,
+                  "layers": list(config.layer_kinds)}, seconds=time.monotonic() - started)
+    return result

@@ -1,0 +1,84 @@
+"""The plots of one evaluation: loss against context length, loss by position, needle heatmap.
+
+Headless (the Agg backend), like minitx/plots.py. Each figure is a (file name, draw) pair where
+draw(file) saves the PNG into an open binary file, so the caller can write it atomically.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+
+def _save(fig, file) -> None:
+    fig.tight_layout()
+    fig.savefig(file, format="png", dpi=120)
+    plt.close(fig)
+
+
+def _measured(by_length: dict) -> dict[int, dict]:
+    return {int(length): entry for length, entry in by_length.items() if "skipped" not in entry}
+
+
+def loss_vs_length(result: dict) -> Callable:
+    def draw(file) -> None:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        measured = _measured(result["by_length"])
+        ax.plot(list(measured), [e["loss"] for e in measured.values()], marker="o")
+        ax.axvline(result["model"]["block_size"], color="grey", linestyle="--", label="block_size (trained)")
+        skipped = [int(length) for length, e in result["by_length"].items() if "skipped" in e]
+        if skipped:
+            ax.set_title("skipped: " + ", ".join(map(str, skipped)), fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel("loss (nats per token)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        _save(fig, file)
+
+    return draw
+
+
+def loss_by_position(result: dict) -> Callable:
+    def draw(file) -> None:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for length, entry in _measured(result["by_length"]).items():
+            curve = entry["by_position"]
+            middles = [(s + e - 1) / 2 + 1 for s, e in zip(curve["start"], curve["end"])]  # +1: log axis
+            ax.plot(middles, curve["loss"], marker=".", label=f"context {length}")
+        ax.axvline(result["model"]["block_size"] + 1, color="grey", linestyle="--", label="block_size")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens before the target + 1")
+        ax.set_ylabel("loss (nats per token)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        _save(fig, file)
+
+    return draw
+
+
+def needle_heatmap(heatmap: dict) -> Callable:
+    def draw(file) -> None:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        image = ax.imshow(heatmap["accuracy"], vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        ax.set_xticks(range(len(heatmap["lengths"])), [str(n) for n in heatmap["lengths"]])
+        ax.set_yticks(range(len(heatmap["depths"])), [f"{d:.0%}" for d in heatmap["depths"]])
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel("depth of the needle")
+        fig.colorbar(image, label="exact match")
+        _save(fig, file)
+
+    return draw
+
+
+def figures(result: dict) -> Iterator[tuple[str, Callable]]:
+    if result.get("by_length") and _measured(result["by_length"]):
+        yield "loss_vs_length.png", loss_vs_length(result)
+        yield "loss_by_position.png", loss_by_position(result)
+    task = result.get("task") or {}
+    if task.get("heatmap"):
+        yield "needle_accuracy.png", needle_heatmap(task["heatmap"])

@@ -1,0 +1,74 @@
+"""What an evaluation shows: a table on stdout, a JSON file, PNG plots.
+
+Writers take the finished result dict: nothing is written until every figure is computed, and
+each file is written atomically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..fileio import write_atomically, write_json_atomically
+
+
+def _header(result: dict) -> list[str]:
+    model = result["model"]
+    kinds = model["layers"]
+    layers = f"{kinds[0]} x{len(kinds)}" if len(set(kinds)) == 1 else " ".join(kinds)
+    return [f"checkpoint {result['checkpoint']}: {model['positions']} positions, block_size {model['block_size']}, layers {layers}"]
+
+
+def _length_rows(by_length: dict, what: str = "loss") -> list[str]:
+    rows = [f"  {'context':>8}  {what:>9}  {'tokens':>9}"]
+    for length, entry in by_length.items():
+        if "skipped" in entry:
+            rows.append(f"  {length:>8}  skipped: {entry['skipped']}")
+        else:
+            rows.append(f"  {length:>8}  {entry[what]:>9.4f}  {entry['tokens']:>9,}")
+    return rows
+
+
+def _position_rows(curve: dict) -> list[str]:
+    rows = [f"  {'position':>11}  {'loss':>9}  {'tokens':>9}"]
+    for start, end, loss, tokens in zip(curve["start"], curve["end"], curve["loss"], curve["tokens"]):
+        span = f"{start}" if end == start + 1 else f"{start}-{end - 1}"
+        rows.append(f"  {span:>11}  {loss:>9.4f}  {tokens:>9,}")
+    return rows
+
+
+def table(result: dict) -> str:
+    """The readable summary printed by evaluate.py."""
+    lines = _header(result)
+    unit = result.get("unit", "character")
+    bits = result["bits_per_char"] if unit == "character" else result["bits_per_byte"]
+    lines.append(f"text: {result['text']}: {result['tokens']:,} tokens scored, context {result['context']}, stride {result['stride']}")
+    lines.append(f"loss {result['loss']:.4f}   perplexity {result['perplexity']:.3f}   bits per {unit} {bits:.4f}")
+    task = result.get("task")
+    if task:
+        lines.append(f"task {task['name']}: exact match {task['exact_match']:.4f}, item accuracy {task['item_accuracy']:.4f} "
+                     f"({task['samples']} samples, {task['items']} items, seed {task['seed']})")
+    if result.get("by_length"):
+        lines += ["", "loss by context length (non-overlapping windows of that many tokens):"] + _length_rows(result["by_length"])
+    if task and task.get("by_length"):
+        lines += ["", "accuracy by context length:"] + _length_rows(task["by_length"], "accuracy")
+    if result.get("by_position"):
+        lines += ["", f"loss by position inside the context (tokens before the target, context {result['context']}):"]
+        lines += _position_rows(result["by_position"])
+    return "\n".join(lines)
+
+
+def write_json(path: str | Path, result: dict) -> None:
+    write_json_atomically(path, result)
+
+
+def write_plots(directory: str | Path, result: dict) -> list[Path]:
+    """PNG plots into `directory`; returns their paths."""
+    from . import plots  # matplotlib is slow to import: only when plots are asked for
+
+    directory = Path(directory)
+    written = []
+    for name, draw in plots.figures(result):
+        path = directory / name
+        write_atomically(path, lambda file, draw=draw: draw(file))
+        written.append(path)
+    return written

@@ -1,0 +1,79 @@
+"""The text an evaluation scores: the run's own validation text, or files; tokenised, with the
+count of characters (or bytes) the bits-per-unit figure divides by.
+
+Bits per character for a character-level tokenizer, bits per UTF-8 byte for every other (byte-level
+BPE, tokenizer.json): a figure per unit of text, comparable between tokenizers on the same text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..data.sources import load_text, read_files, shakespeare_val_text
+from ..data.tokenizer import CharTokenizer, Tokenizer
+from ..errors import UserError
+
+# Data sources that are synthetic tasks, not texts: evaluated by minitx.evaluation.tasks.
+TASK_SOURCES = ("toy", "mqar", "needle")
+
+
+@dataclass(frozen=True)
+class ScoredText:
+    name: str  # where it came from, for the report
+    tokens: Tensor  # (N,) int64 token ids
+    characters: int  # characters of the text the N - 1 scored tokens spell
+    bytes: int  # its UTF-8 bytes
+    unit: str  # the unit the report leads with: "character" or "byte"
+
+
+def unit_of(tokenizer: Tokenizer) -> str:
+    return "character" if isinstance(tokenizer, CharTokenizer) else "byte"
+
+
+def tokenize(name: str, text: str, tokenizer: Tokenizer, field: str) -> ScoredText:
+    """Token ids of `text`; its first token is never scored (nothing precedes it), so its
+    characters are left out of the unit count."""
+    try:
+        ids = tokenizer.encode_corpus(text)
+    except UserError as error:
+        raise UserError(f"{field}: {error}") from None
+    if len(ids) < 2:
+        raise UserError(f"{field}: {name} has {len(ids)} token(s); give a text of at least two tokens to score")
+    unscored = tokenizer.decode([int(ids[0])])
+    characters = len(text) - len(unscored)
+    size = len(text.encode("utf-8")) - len(unscored.encode("utf-8"))
+    return ScoredText(name, torch.from_numpy(ids.astype("int64")), characters, size, unit_of(tokenizer))
+
+
+def truncate(text: ScoredText, max_tokens: int | None, tokenizer: Tokenizer) -> ScoredText:
+    """The text's first max_tokens + 1 tokens (max_tokens targets); None keeps it whole."""
+    if max_tokens is None or max_tokens + 1 >= len(text.tokens):
+        return text
+    kept = text.tokens[: max_tokens + 1]
+    scored = tokenizer.decode(kept[1:].tolist())
+    return ScoredText(f"{text.name}, its first {max_tokens + 1} tokens", kept, len(scored), len(scored.encode("utf-8")), text.unit)
+
+
+def validation_text(train_config: dict | None) -> tuple[str, str]:
+    """(name, text) of the validation text of the run a checkpoint comes from, rebuilt from its
+    data settings exactly as training built it."""
+    data = (train_config or {}).get("data")
+    if not isinstance(data, dict):
+        raise UserError("--ckpt: the checkpoint carries no data settings to rebuild its validation text from; give --files")
+    source = data.get("source", "shakespeare")
+    if source in TASK_SOURCES:
+        raise UserError(f"--ckpt: the run trained on the synthetic task {source!r}, which has no validation text; give --files")
+    if source == "shakespeare":
+        return "the Shakespeare validation plays", shakespeare_val_text()
+    settings = {key: data[key] for key in (
+        "train_files", "val_files", "val_fraction", "hf_name", "hf_config", "hf_train_split", "hf_val_split",
+        "hf_data_files", "text_column") if data.get(key) is not None}
+    _, text = load_text(source, **settings)
+    return f"the validation text of data.source={source}", text
+
+
+def files_text(patterns: str | list[str]) -> tuple[str, str]:
+    return f"--files {patterns if isinstance(patterns, str) else ' '.join(patterns)}", read_files(patterns, "--files")
