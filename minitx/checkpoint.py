@@ -17,6 +17,12 @@ optimiser, scheduler, loop counters, the datamodule's data position) plus our ow
 which is all that generation needs. Everything in it is tensors and plain Python values, so
 `torch.load(path, weights_only=True)` reads it and nothing in a checkpoint can run code.
 
+torch.load does not check the CRC-32 that torch.save records for every entry of the zip archive,
+so a checkpoint whose tensors were changed on disk would load: `load_file` checks them first
+(about 1 GB/s; figures in benchmarks/RESULTS.md). Files in torch's legacy, pre-zip format carry no
+checksums and load unchecked (minitx has never written that format), as do files saved with
+torch.serialization.set_crc32_options(False), whose CRCs are all 0.
+
 This file reads and writes checkpoint files and needs no Lightning (generation imports it);
 minitx/run_checkpoints.py has the Lightning side: when a run saves, and through what.
 """
@@ -27,6 +33,7 @@ import os
 import pickle
 import re
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -64,7 +71,25 @@ def load_error_message(where: str, path: str | os.PathLike, error: BaseException
             f"{where}: refused: it holds Python objects, not only tensors and plain data ({reason}), and loading "
             f"such a file can run code; {fix}"
         )
+    if isinstance(error, zipfile.BadZipFile) and "CRC" in reason:
+        reason += ": its bytes changed after it was written (a disk, copy or edit damaged it)"
     return f"{where}: not a readable minitx checkpoint ({type(error).__name__}: {reason}); {fix}"
+
+
+def check_crcs(path: str | os.PathLike) -> None:
+    """Read every entry of a zip checkpoint, which makes zipfile compare it with its recorded
+    CRC-32: raises zipfile.BadZipFile naming the first entry that changed since it was written.
+    A file that is not a zip archive is left to torch.load to accept (legacy format) or refuse;
+    one whose CRCs are all 0 was written with torch's CRCs turned off and is not checked."""
+    if not zipfile.is_zipfile(path):
+        return
+    with zipfile.ZipFile(path) as archive:
+        if not any(info.CRC for info in archive.infolist()):
+            return  # written with torch.serialization.set_crc32_options(False): nothing to check
+        for info in archive.infolist():
+            with archive.open(info) as entry:
+                while entry.read(1 << 24):  # the check happens when an entry is read to its end
+                    pass
 
 
 def load_file(path: str | os.PathLike, where: str, fix: str, map_location: Any = "cpu") -> Any:
@@ -75,6 +100,7 @@ def load_file(path: str | os.PathLike, where: str, fix: str, map_location: Any =
     if not os.path.exists(path):
         raise UserError(f"{where}: no such file; {fix}")
     try:
+        check_crcs(path)
         with warnings.catch_warnings():
             # A foreign pickle makes torch warn about its protocol before refusing it: the refusal
             # is the message, the warning would only add lines to it.

@@ -329,12 +329,12 @@ def test_cache_is_keyed_by_content_and_written_atomically(tmp_path, monkeypatch)
     # Different text of the same length: a new entry.
     second = cached_tokens("train", "cbacba\n", tokenizer, cache_dir)
     assert second.tolist() == tokenizer.encode("cbacba\n")
-    assert len(list(cache_dir.iterdir())) == 2
+    assert len(list(cache_dir.glob("*.uint16"))) == 2
 
     # Another tokenizer on the same text: another entry.
     other = build_tokenizer("char", "abcxyz\n")
     cached_tokens("train", "abcabc\n", other, cache_dir)
-    assert len(list(cache_dir.iterdir())) == 3
+    assert len(list(cache_dir.glob("*.uint16"))) == 3
 
     # A write that dies before the rename leaves no file behind, valid-looking or temporary.
     def crash(*args):
@@ -343,7 +343,7 @@ def test_cache_is_keyed_by_content_and_written_atomically(tmp_path, monkeypatch)
     monkeypatch.setattr(cache_module.os, "replace", crash)
     with pytest.raises(KeyboardInterrupt):
         cached_tokens("train", "abab\n", tokenizer, cache_dir)
-    assert len(list(cache_dir.iterdir())) == 3
+    assert len(list(cache_dir.iterdir())) == 6  # three entries, each with its record
     assert not list(cache_dir.glob(TMP_PREFIX + "*"))
 
 
@@ -356,14 +356,14 @@ def test_datamodule_rebuilds_cache_when_a_file_changes(corpus_files, tmp_path, m
     dm = files_module(corpus_files, tmp_path)
     dm.setup()
     cache_dir = tmp_path / "cache"
-    entries = set(cache_dir.iterdir())
+    entries = set(cache_dir.glob("*.uint16"))
     assert len(entries) == 2  # train and val
 
     # Unchanged files: the cache is reused as is.
     monkeypatch.setattr(CharTokenizer, "encode_corpus", lambda self, text: pytest.fail("re-encoded"))
     again = files_module(corpus_files, tmp_path)
     again.setup()
-    assert set(cache_dir.iterdir()) == entries
+    assert set(cache_dir.glob("*.uint16")) == entries
     monkeypatch.undo()
 
     # Same size, same characters, different content: rebuilt.
@@ -374,7 +374,7 @@ def test_datamodule_rebuilds_cache_when_a_file_changes(corpus_files, tmp_path, m
     train_file.write_text(swapped)
     changed = files_module(corpus_files, tmp_path)
     changed.setup()
-    assert len(set(cache_dir.iterdir()) - entries) == 1  # a new train entry, same val
+    assert len(set(cache_dir.glob("*.uint16")) - entries) == 1  # a new train entry, same val
     assert changed.tokenizer.decode(np.asarray(changed.train_tokens[: len(swapped)]).tolist()) == swapped
     assert not list(cache_dir.glob(TMP_PREFIX + "*"))
 
