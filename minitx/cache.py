@@ -9,7 +9,11 @@ A layer's cache holds keys and values with the layer's own number of key/value h
   RoPE equals re-running the model on the last block_size tokens (only relative offsets matter);
 - local attention gets a ring of `window` slots: memory stays flat however long the generation;
 - multi-token attention also keeps its last (query kernel - 1) queries, which its convolution
-  along the query axis needs.
+  along the query axis needs: its own cache type, a subclass (see attention/multi_token.py).
+
+A layer makes its cache (`Attention.setup_cache` / `new_cache`, sized by the layer's kind); the
+cache stores new keys and values and says what new queries may see (`update`). Caches are
+modules whose buffers are not persistent: `.to(device)` moves them, checkpoints never hold them.
 
 Because every slot carries its position, the attention mask is computed from positions (see
 `functional.allowed_mask`), and the order of slots in the ring does not matter to softmax.
@@ -17,14 +21,18 @@ Because every slot carries its position, the attention mask is computed from pos
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from . import kinds
+from .functional import allowed_mask
 
 
-class LayerCache:
+class KVCache(nn.Module):
+    """Keys and values of one layer in `capacity` slots (fewer when `max_len` says fewer will do)."""
+
     def __init__(
         self,
         batch: int,
@@ -34,21 +42,52 @@ class LayerCache:
         *,
         window: int,
         n_sink: int = 0,
-        n_query: int = 0,
-        n_head: int = 0,
+        max_len: Optional[int] = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ):
+        super().__init__()
+        if max_len is not None:  # a short generation needs no more slots than it has tokens
+            capacity = max(min(capacity, max_len), n_sink + 1)
         if not 0 <= n_sink < capacity:
             raise ValueError(f"cache: n_sink={n_sink} must be smaller than capacity={capacity}")
         self.capacity, self.n_sink, self.window = capacity, n_sink, window
-        self.k = torch.zeros(batch, n_kv_head, capacity, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
-        self.pos = torch.full((capacity,), -1, dtype=torch.long, device=device)  # -1: empty slot
-        # Multi-token attention: the latest queries, oldest first, with their positions (-1: none yet).
-        self.queries = torch.zeros(batch, n_head, n_query, head_dim, dtype=dtype, device=device) if n_query else None
-        self.query_pos = torch.full((n_query,), -1, dtype=torch.long, device=device)
+        shape = (batch, n_kv_head, capacity, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("pos", torch.full((capacity,), -1, dtype=torch.long, device=device), persistent=False)
         self.n_seen = 0  # tokens appended so far = position of the next token
+
+    def reset(self) -> None:
+        """Empty the cache for a new sequence, keeping its memory."""
+        self.k.zero_()
+        self.v.zero_()
+        self.pos.fill_(-1)  # -1: empty slot
+        self.n_seen = 0
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+        """Store new keys and values (B, G, T, D); return (keys, values, mask) for the T new queries.
+
+        mask is boolean (T, keys), True where a new query may see a key, from absolute positions
+        (so slots may be in any order), or None when every returned key is visible to every query.
+        """
+        T = k.shape[2]
+        if T == 1 and self.capacity - self.n_sink <= self.window:
+            # One new token: the slot it overwrites is a window behind it, so after the append every
+            # filled slot (the sinks and a ring of at most a window) is visible: no mask is needed.
+            self.append(k, v)
+            filled = min(self.n_seen, self.capacity)
+            return self.k[:, :, :filled], self.v[:, :, :filled], None
+        q_pos = torch.arange(self.n_seen, self.n_seen + T, device=k.device)
+        if T == 1:
+            self.append(k, v)
+            keys, values, k_pos = self.k, self.v, self.pos
+        else:
+            # Several new tokens: earlier ones may still need what the ring would overwrite.
+            keys, values = torch.cat([self.k, k.to(self.k.dtype)], dim=2), torch.cat([self.v, v.to(self.v.dtype)], dim=2)
+            k_pos = torch.cat([self.pos, q_pos])
+            self.append(k, v)
+        return keys, values, allowed_mask(q_pos, k_pos, window=self.window, n_global=self.n_sink) & (k_pos >= 0)
 
     def _slots(self, positions: Tensor) -> Tensor:
         ring = self.capacity - self.n_sink
@@ -81,15 +120,6 @@ class LayerCache:
         self.pos[slots] = positions
         self.n_seen += T
 
-    def remember_queries(self, q: Tensor) -> None:
-        """Keep the last n_query queries (B, H, T, D) for multi-token attention."""
-        if self.queries is None:
-            return
-        n = self.queries.shape[2]
-        positions = torch.arange(self.n_seen - q.shape[2], self.n_seen, device=self.pos.device)
-        self.queries = torch.cat([self.queries, q.to(self.queries.dtype)], dim=2)[:, :, -n:]
-        self.query_pos = torch.cat([self.query_pos, positions])[-n:]
-
     def contents(self, ordered: bool = True) -> tuple[Tensor, Tensor, Tensor]:
         """(k, v, pos) of the filled slots; in order of position if `ordered` (a convolution along
         keys needs order; softmax does not, and slot order costs no copy)."""
@@ -100,64 +130,38 @@ class LayerCache:
         return self.k[:, :, order], self.v[:, :, order], self.pos[order]
 
     def nbytes(self) -> int:
-        """Bytes of keys, values and kept queries: what `kv_cache_bytes` predicts. The position tags
-        (one int64 per slot, the same for every kind and width) are bookkeeping, left out."""
-        total = self.k.nbytes + self.v.nbytes
-        if self.queries is not None:
-            total += self.queries.nbytes
-        return total
+        """Bytes of what the cache keeps per token: what `kv_cache_bytes` predicts. The position
+        tags (one int64 per slot, the same for every kind and width) are bookkeeping, left out."""
+        return self.k.nbytes + self.v.nbytes
 
 
-@dataclass
-class ModelCache:
+class ModelCache(nn.Module):
     """The caches of all layers of one model, plus the position of the next token."""
 
-    layers: list[LayerCache]
+    def __init__(self, layers: list[KVCache]):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
 
     @property
     def n_seen(self) -> int:
-        return self.layers[0].n_seen if self.layers else 0
+        return self.layers[0].n_seen if len(self.layers) else 0
+
+    def reset(self) -> None:
+        for layer in self.layers:
+            layer.reset()
 
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)
 
 
 def kv_cache_bytes(config, seq_len: int, batch: int = 1, dtype: torch.dtype = torch.float32) -> int:
-    """Bytes of key/value cache (keys, values and kept queries) for `seq_len` tokens of context.
+    """Bytes of cache (keys, values and what else a kind keeps) for `seq_len` tokens of context.
 
-    Computed from the config alone, the same way the model allocates its caches, so it serves the
-    memory table without building a model.
+    Each layer's kind builds its cache on the meta device (shapes, no memory), so the figure is
+    what the model allocates, without building a model.
     """
-    from .attention import registry  # late import: attention modules import this file
-
-    itemsize = torch.empty((), dtype=dtype).element_size()
     total = 0
     for layer, kind in enumerate(config.layer_kinds):
-        spec = registry[kind].cache_spec(config, layer)
-        slots = spec.slots(seq_len)
-        kv = 2 * batch * config.n_kv_head_at(layer) * slots * config.head_dim
-        queries = batch * config.n_head * spec.n_query * config.head_dim
-        total += (kv + queries) * itemsize
+        cache = kinds.registry[kind].module.make_cache(config, layer, batch, seq_len, dtype, "meta")
+        total += cache.nbytes()
     return total
-
-
-@dataclass
-class CacheSpec:
-    """How many slots a layer's cache needs, decided by its attention kind."""
-
-    capacity: int
-    window: int
-    n_sink: int = 0
-    n_query: int = 0
-
-    def slots(self, max_len: Optional[int]) -> int:
-        if max_len is None:
-            return self.capacity
-        # A short generation needs no more slots than it has tokens.
-        return max(min(self.capacity, max_len), self.n_sink + 1)
-
-    def build(self, batch: int, n_kv_head: int, n_head: int, head_dim: int, max_len: Optional[int], dtype, device) -> LayerCache:
-        return LayerCache(
-            batch, n_kv_head, head_dim, self.slots(max_len), window=self.window, n_sink=self.n_sink,
-            n_query=self.n_query, n_head=n_head, dtype=dtype, device=device,
-        )

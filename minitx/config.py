@@ -7,31 +7,26 @@ change. Configs are plain dataclasses of plain values, so they travel inside che
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Literal, Optional
 
+from . import kinds
 from .errors import UserError
+from .kinds import check_choice as _check_choice, fail as _fail
 
-KINDS = ("mha", "mqa", "gqa", "local", "mta")
-# Kinds whose number of key/value heads is read from `n_kv_head` (MHA means n_head, MQA means 1).
-KINDS_WITH_KV_HEADS = ("gqa", "local", "mta")
-
-
-def _fail(field_name: str, problem: str, fix: str) -> None:
-    # UserError is a ValueError: Python callers catch ValueError, the command lines print one line.
-    raise UserError(f"{field_name}: {problem}; {fix}")
-
-
-def _check_choice(field_name: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        _fail(field_name, f"unknown value {value!r}", f"choose one of {', '.join(map(str, choices))}")
+# Fields every kind reads; any other field is an option of the kinds whose spec lists it.
+SHARED_FIELDS = ("kind", "layers")
 
 
 @dataclass
 class AttentionConfig:
-    """How each layer attends. See docs in the README for every field."""
+    """How each layer attends. See docs in the README for every field.
 
-    kind: Literal["mha", "mqa", "gqa", "local", "mta"] = "mha"
+    A kind's options are the fields its registry entry (minitx.kinds.KindSpec) lists; a field set
+    away from its default must be read by at least one layer's kind, or the config is refused.
+    """
+
+    kind: str = "mha"  # a registered kind: mha, mqa, gqa, local, mta (see minitx/attention/__init__.py)
     # Key/value heads for gqa, local and mta (None: as many as query heads). MQA is 1, MHA n_head.
     n_kv_head: Optional[int] = None
     # Local: query i sees keys i - window < j <= i, plus the first n_global positions.
@@ -42,62 +37,58 @@ class AttentionConfig:
     # Multi-token attention (Golovneva et al. 2025), defaults from the paper's language-model setting.
     mta_query_kernel: int = 6  # c_q: rows looked back along the query axis (current one included)
     mta_key_kernel: int = 11  # c_k: odd, centred along the key axis
-    mta_conv_placement: Literal["pre", "post"] = "pre"  # conv on scores or on softmax weights
+    mta_conv_placement: Literal["pre", "post", "both"] = "pre"  # conv on scores, on softmax weights, or both
     mta_conv_layers: Optional[list[int]] = None  # None: every 4th layer, 0-based 2, 6, 10, ...
     mta_head_group: Optional[int] = None  # c_h: heads mixed together (None: all heads)
     mta_head_mix: Literal["none", "pre", "post", "both"] = "both"
     mta_output_norm: bool = True  # per-head RMSNorm and sigmoid gate before the output projection
     mta_query_chunk: int = 256  # queries per chunk: bounds memory at O(chunk * T) instead of O(T^2)
+    # Fast path: "factorised" (far keys as one wide matrix product, the band near the diagonal
+    # exact; applies to the pre-softmax convolution) or "conv" (the plain chunked convolution).
+    mta_backend: Literal["factorised", "conv"] = "factorised"
+    # As released: RMSNorm eps, float32 softmax and norm statistics under bf16/fp16, the gate's init,
+    # the pre-softmax head mix over all heads (only the post-softmax mix uses groups of c_h).
+    mta_norm_eps: float = 1e-5
+    mta_float32: bool = True
+    mta_gate_init: Literal["normal", "zero"] = "normal"
+    mta_pre_mix_all_heads: bool = True
     # Local fast path: "auto" (compiled flex attention on CUDA, chunked elsewhere), "chunked", "flex".
     local_backend: Literal["auto", "chunked", "flex"] = "auto"
 
     def __post_init__(self) -> None:
-        _check_choice("attention.kind", self.kind, KINDS)
+        kinds.spec_of("attention.kind", self.kind)
         if self.layers is not None:
             if len(self.layers) == 0:
                 _fail("attention.layers", "is empty", "give at least one kind or leave it unset")
             for i, kind in enumerate(self.layers):
-                _check_choice(f"attention.layers[{i}]", kind, KINDS)
-        kinds = set(self.layers or [self.kind])
-        if self.n_kv_head is not None:
-            if self.n_kv_head < 1:
-                _fail("attention.n_kv_head", f"is {self.n_kv_head}", "use a positive divisor of n_head")
-            if not kinds & set(KINDS_WITH_KV_HEADS):
-                _fail(
-                    "attention.n_kv_head",
-                    f"is set but kind {self.kind!r} does not use it (mha has n_head kv heads, mqa has 1)",
-                    "remove n_kv_head or use kind gqa",
-                )
-        if self.window < 1:
-            _fail("attention.window", f"is {self.window}", "use a window of at least 1 token")
-        if self.n_global < 0:
-            _fail("attention.n_global", f"is {self.n_global}", "use 0 or more global tokens")
-        if self.mta_query_kernel < 1:
-            _fail("attention.mta_query_kernel", f"is {self.mta_query_kernel}", "use 1 or more")
-        if self.mta_key_kernel < 1 or self.mta_key_kernel % 2 == 0:
+                kinds.spec_of(f"attention.layers[{i}]", kind)
+        specs = [kinds.registry[kind] for kind in dict.fromkeys(self.layers or [self.kind])]
+        self._refuse_unused_options(specs)
+        if self.n_kv_head is not None and self.n_kv_head < 1:
+            _fail("attention.n_kv_head", f"is {self.n_kv_head}", "use a positive divisor of n_head")
+        for spec in specs:
+            if spec.check is not None:
+                spec.check(self)
+
+    def _refuse_unused_options(self, specs: list) -> None:
+        """A field that differs from its default but that no layer's kind reads is a mistake."""
+        used = {option for spec in specs for option in spec.options}
+        for f in fields(self):
+            if f.name in SHARED_FIELDS or f.name in used or getattr(self, f.name) == _default(f):
+                continue
+            readers = [spec.name for spec in kinds.registry.values() if f.name in spec.options]
             _fail(
-                "attention.mta_key_kernel",
-                f"is {self.mta_key_kernel}, but the key axis is centred so it must be odd",
-                f"use {max(1, self.mta_key_kernel + 1)}",
+                f"attention.{f.name}",
+                f"is set to {getattr(self, f.name)!r} but does not apply to kind {'/'.join(s.name for s in specs)}",
+                f"remove it, or use a kind that reads it ({', '.join(readers) or 'none'})",
             )
-        _check_choice("attention.mta_conv_placement", self.mta_conv_placement, ("pre", "post"))
-        _check_choice("attention.mta_head_mix", self.mta_head_mix, ("none", "pre", "post", "both"))
-        _check_choice("attention.local_backend", self.local_backend, ("auto", "chunked", "flex"))
-        if self.mta_query_chunk < 1:
-            _fail("attention.mta_query_chunk", f"is {self.mta_query_chunk}", "use 1 or more")
-        if self.mta_head_group is not None and self.mta_head_group < 1:
-            _fail("attention.mta_head_group", f"is {self.mta_head_group}", "use 1 or more, or leave it unset")
 
     def layer_kinds(self, n_layer: int) -> list[str]:
         pattern = self.layers or [self.kind]
         return [pattern[i % len(pattern)] for i in range(n_layer)]
 
     def kv_heads(self, kind: str, n_head: int) -> int:
-        if kind == "mha":
-            return n_head
-        if kind == "mqa":
-            return 1
-        return self.n_kv_head or n_head
+        return kinds.registry[kind].kv_heads(self, n_head)
 
     def mta_conv_layer_set(self, n_layer: int) -> set[int]:
         if self.mta_conv_layers is None:
@@ -115,6 +106,7 @@ class ModelConfig:
     n_head: int = 4
     d_model: int = 128
     mlp: Literal["gelu", "swiglu"] = "gelu"
+    mlp_hidden_size: Optional[int] = None  # the MLP's hidden width; None: derived from d_model (mlp_hidden)
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     positions: Literal["rope", "learned"] = "rope"
     dropout: float = 0.0
@@ -129,6 +121,9 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 _fail(name, f"is {value!r}", "use a positive whole number")
+        width = self.mlp_hidden_size
+        if width is not None and (not isinstance(width, int) or isinstance(width, bool) or width < 1):
+            _fail("mlp_hidden_size", f"is {width!r}", "use a positive whole number, or leave it unset (derived from d_model)")
         _check_choice("mlp", self.mlp, ("gelu", "swiglu"))
         _check_choice("norm", self.norm, ("rmsnorm", "layernorm"))
         _check_choice("positions", self.positions, ("rope", "learned"))
@@ -138,26 +133,17 @@ class ModelConfig:
             _fail("d_model", f"{self.d_model} is not divisible by n_head={self.n_head}", "make d_model a multiple of n_head")
         if self.positions == "rope" and self.head_dim % 2:
             _fail("d_model", f"head dimension {self.head_dim} is odd but RoPE rotates pairs", "make d_model / n_head even")
-        att = self.attention
-        for kind in set(self.layer_kinds):
-            n_kv = att.kv_heads(kind, self.n_head)
+        for kind in dict.fromkeys(self.layer_kinds):
+            n_kv = self.attention.kv_heads(kind, self.n_head)
             if n_kv > self.n_head or self.n_head % n_kv:
                 _fail(
                     "attention.n_kv_head",
                     f"n_head={self.n_head} is not divisible by n_kv_head={n_kv}",
                     "use a divisor of n_head (1 is MQA, n_head is MHA)",
                 )
-        if "mta" in self.layer_kinds:
-            for layer in att.mta_conv_layers or []:
-                if not 0 <= layer < self.n_layer:
-                    _fail(
-                        "attention.mta_conv_layers",
-                        f"layer {layer} is out of range for n_layer={self.n_layer}",
-                        f"use layer indices 0..{self.n_layer - 1}",
-                    )
-            group = att.mta_head_group or self.n_head
-            if self.n_head % group:
-                _fail("attention.mta_head_group", f"n_head={self.n_head} is not divisible by {group}", "use a divisor of n_head")
+            check_model = kinds.registry[kind].check_model
+            if check_model is not None:
+                check_model(self)
 
     @property
     def head_dim(self) -> int:
@@ -172,6 +158,8 @@ class ModelConfig:
 
     @property
     def mlp_hidden(self) -> int:
+        if self.mlp_hidden_size is not None:  # set by hand, or by an ablation's `match` (equal budgets)
+            return self.mlp_hidden_size
         # SwiGLU has three matrices instead of two: 2/3 of 4x keeps the parameter count equal.
         if self.mlp == "swiglu":
             return 64 * ((8 * self.d_model // 3 + 63) // 64)
@@ -194,3 +182,7 @@ class ModelConfig:
                 raise UserError(f"attention config: unknown field(s) {', '.join(bad)}; remove them")
             data["attention"] = AttentionConfig(**data["attention"])
         return cls(**data)
+
+
+def _default(f) -> Any:
+    return f.default_factory() if f.default_factory is not MISSING else f.default

@@ -13,26 +13,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import attention
-from .cache import ModelCache
+from . import attention, decoding
+from .cache import KVCache, ModelCache
 from .config import ModelConfig
-
-
-class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight: LayerNorm without centring or bias."""
-
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
     if config.norm == "rmsnorm":
-        return RMSNorm(config.d_model)
+        # x / sqrt(mean(x^2) + eps) * weight. The eps is given: torch's default is the dtype's.
+        return nn.RMSNorm(config.d_model, eps=1e-6)
     return nn.LayerNorm(config.d_model, bias=config.bias)
 
 
@@ -140,32 +129,58 @@ class Transformer(nn.Module):
             x = x + self.pos_emb(torch.arange(start, start + idx.shape[1], device=idx.device))
         return x
 
+    def layer_caches(self, cache: Optional[ModelCache] = None) -> list[Optional[KVCache]]:
+        """The caches the layers use: those of `cache` if given, else the layers' own (or None)."""
+        if cache is not None:
+            return list(cache.layers)
+        return [block.attn.kv_cache for block in self.blocks]
+
     def forward_embeddings(self, x: Tensor, cache: Optional[ModelCache] = None) -> Tensor:
         """Logits (B, T, vocab) from input embeddings (B, T, d_model)."""
-        start = cache.n_seen if cache is not None else 0
+        caches = self.layer_caches(cache)
+        start = caches[0].n_seen if caches[0] is not None else 0
         rope = self.rope(start, x.shape[1]) if self.rope is not None else None
         x = self.dropout(x)
-        for layer, block in enumerate(self.blocks):
-            x = block(x, rope, cache.layers[layer] if cache is not None else None)
+        for block, layer_cache in zip(self.blocks, caches):
+            x = block(x, rope, layer_cache)
         return self.lm_head(self.norm(x))
 
     def forward(self, idx: Tensor, cache: Optional[ModelCache] = None) -> Tensor:
-        """Logits (B, T, vocab_size) for token ids idx (B, T)."""
+        """Logits (B, T, vocab_size) for token ids idx (B, T), through `cache` if given, else
+        through the layers' own caches while they are set up (`setup_caches`)."""
         T = idx.shape[1]
-        start = cache.n_seen if cache is not None else 0
-        if cache is None and T > self.config.block_size:
+        first_cache = self.layer_caches(cache)[0]
+        start = first_cache.n_seen if first_cache is not None else 0
+        if first_cache is None and T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}; crop the input")
         if self.pos_emb is not None and start + T > self.config.block_size:
             raise ValueError(f"positions up to {start + T} exceed block_size={self.config.block_size} of a model with learned positions")
         return self.forward_embeddings(self.embed(idx, start), cache)
 
-    # -- tools -----------------------------------------------------------------------------------
+    # -- decoding caches -------------------------------------------------------------------------
     def new_cache(self, batch: int = 1, max_len: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> ModelCache:
-        """Preallocated KV caches for all layers, sized by each layer's attention kind."""
-        param = self.tok_emb.weight
-        return ModelCache(
-            [block.attn.new_cache(self.config, batch, max_len, dtype or param.dtype, param.device) for block in self.blocks]
-        )
+        """Preallocated caches for all layers, each made by its layer, to pass to forward."""
+        return ModelCache([block.attn.new_cache(batch, max_len, dtype) for block in self.blocks])
+
+    def setup_caches(self, batch: int = 1, max_len: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> None:
+        """Give every layer its own cache; forward uses them until `remove_caches` (not for training)."""
+        for block in self.blocks:
+            block.attn.setup_cache(batch, max_len, dtype)
+
+    def reset_caches(self) -> None:
+        """Empty the layers' own caches for a new sequence, keeping their memory."""
+        for block in self.blocks:
+            block.attn.reset_cache()
+
+    def remove_caches(self) -> None:
+        for block in self.blocks:
+            block.attn.remove_cache()
+
+    @property
+    def caches_are_set_up(self) -> bool:
+        return self.blocks[0].attn.kv_cache is not None
+
+    # -- tools -----------------------------------------------------------------------------------
 
     @torch.inference_mode()
     def attention_maps(self, idx: Tensor) -> list[Tensor]:
@@ -180,9 +195,8 @@ class Transformer(nn.Module):
 
     def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
                  top_p: Optional[float] = None, use_cache: bool = True, **kwargs) -> Tensor:
-        from .generation import generate
-
-        return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, use_cache=use_cache, **kwargs)
+        """Extend idx (B, T) by up to max_new_tokens tokens: see minitx.decoding.generate."""
+        return decoding.generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, use_cache=use_cache, **kwargs)
 
     def num_params(self, non_embedding: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())

@@ -23,6 +23,7 @@ from minitx import AttentionConfig, ModelConfig, Transformer, functional
 from minitx.attention.multi_token import MultiTokenAttention
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import UserError
+from minitx.kinds import registry
 from minitx.generation import CachedSteps, TextStream, generate, load_checkpoint, main, pick_next, top_k_filter, top_p_filter
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")
@@ -124,10 +125,12 @@ SLIDING = [kind for kind in KINDS if kind != "local_global"]
 
 @pytest.mark.parametrize("kind", SLIDING)
 def test_one_layer_rope_model_slides_exactly_like_the_crop(kind):
+    # One layer of the first kind, with only the options that kind reads.
     attention = dict(KINDS[kind])
-    attention.pop("layers", None)
-    attention.pop("mta_conv_layers", None)
-    model = make_model(attention, n_layer=1)
+    first = attention.pop("layers", [attention["kind"]])[0]
+    options = registry[first].options
+    attention = {key: value for key, value in attention.items() if key in options and key != "mta_conv_layers"}
+    model = make_model(dict(attention, kind=first), n_layer=1)
     seq = torch.randint(0, VOCAB, (1, BLOCK + 12))
     for prompt_len in (3, BLOCK + 4):  # generating past block_size, and a prompt longer than it
         assert max_diff(cached_logits(model, seq, prompt_len), cropped_logits(model, seq, prompt_len)) < TOL, prompt_len

@@ -13,6 +13,8 @@ to replay one.
 
 from __future__ import annotations
 
+import dataclasses
+
 
 import pytest
 import torch
@@ -159,7 +161,8 @@ class SymmetricQueryPaddingMTA(MultiTokenAttention):
 
 @pytest.mark.parametrize("placement", ["pre", "post"])
 def test_checker_catches_mta_padded_symmetrically(monkeypatch, placement):
-    monkeypatch.setitem(attention.registry, "mta", SymmetricQueryPaddingMTA)
+    spec = dataclasses.replace(attention.registry["mta"], module=SymmetricQueryPaddingMTA)
+    monkeypatch.setitem(attention.registry, "mta", spec)
     model = build(tiny(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, mta_conv_placement=placement))
     assert isinstance(model.blocks[0].attn, SymmetricQueryPaddingMTA)
     changed, leak = causality_violation(model)

@@ -1,24 +1,26 @@
-"""The attention registry: kind -> module. Adding a kind is one file and one line here."""
+"""The attention kinds. Adding a kind is one file (its module and its KindSpec) and one line here.
+
+Each kind's KindSpec (see minitx/kinds.py) declares its options, its checks, its number of
+key/value heads and its module; the module decides its cache. Config validation reads the same
+registry, so config.py knows no kind by name.
+"""
 
 from __future__ import annotations
 
 from ..config import ModelConfig
+from ..kinds import KindSpec, register, registry
+from . import grouped, local, multi_token
 from .base import Attention, apply_rope
-from .grouped import GroupedQueryAttention
-from .local import LocalAttention
-from .multi_token import MultiTokenAttention
 
-registry: dict[str, type[Attention]] = {
-    "mha": GroupedQueryAttention,  # n_kv_head = n_head
-    "mqa": GroupedQueryAttention,  # n_kv_head = 1
-    "gqa": GroupedQueryAttention,  # 1 < n_kv_head < n_head
-    "local": LocalAttention,
-    "mta": MultiTokenAttention,
-}
+register(grouped.MHA)  # n_kv_head = n_head
+register(grouped.MQA)  # n_kv_head = 1
+register(grouped.GQA)  # 1 < n_kv_head < n_head
+register(local.LOCAL)
+register(multi_token.MTA)
 
 
 def build(config: ModelConfig, layer: int) -> Attention:
-    return registry[config.layer_kinds[layer]](config, layer)
+    return registry[config.layer_kinds[layer]].module(config, layer)
 
 
-__all__ = ["Attention", "apply_rope", "build", "registry"]
+__all__ = ["Attention", "KindSpec", "apply_rope", "build", "register", "registry"]

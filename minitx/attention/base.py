@@ -4,7 +4,12 @@ A kind is a subclass that fills in two methods:
 - `attend(q, k, v)`: the fast path for a whole sequence (training, and prefill of an empty cache);
 - `reference(q, k, v)`: the same maths materialised, returning (out, weights): the oracle in
   tests and the source of attention maps.
-It may also override `cache_spec` (how many cache slots it needs) and `attend_cached`.
+It may also override `cache_layout` (how many cache slots it needs), `cache_type` (a KVCache
+subclass, when it keeps more than keys and values), `on_prefill` and `attend_cached`.
+
+A layer owns its decoding cache: `setup_cache` makes one (`self.kv_cache`), `reset_cache` empties
+it. A cache may also be made apart (`new_cache`) and passed to `forward`, as `Transformer.new_cache`
+does for several sequences at once.
 """
 
 from __future__ import annotations
@@ -16,9 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..cache import CacheSpec, LayerCache
+from ..cache import KVCache
 from ..config import ModelConfig
-from ..functional import allowed_mask
 
 
 def apply_rope(x: Tensor, rope: Optional[tuple[Tensor, Tensor]]) -> Tensor:
@@ -36,8 +40,11 @@ def apply_rope(x: Tensor, rope: Optional[tuple[Tensor, Tensor]]) -> Tensor:
 
 
 class Attention(nn.Module):
+    cache_type = KVCache
+
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
+        self.config = config
         self.layer = layer
         self.n_head = config.n_head
         self.n_kv_head = config.n_kv_head_at(layer)
@@ -49,6 +56,7 @@ class Attention(nn.Module):
         # MQA/GQA. One matmul makes all three.
         self.qkv_proj = nn.Linear(config.d_model, inner + 2 * kv_inner, bias=config.bias)
         self.out_proj = nn.Linear(inner, config.d_model, bias=config.bias)
+        self.kv_cache: Optional[KVCache] = None
 
     # -- to be filled in by each kind -------------------------------------------------------
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -58,9 +66,13 @@ class Attention(nn.Module):
         raise NotImplementedError
 
     @classmethod
-    def cache_spec(cls, config: ModelConfig, layer: int) -> CacheSpec:
-        # Full attention: a ring of block_size slots; past it the context slides.
-        return CacheSpec(capacity=config.block_size, window=config.block_size)
+    def cache_layout(cls, config: ModelConfig, layer: int) -> dict:
+        """Keyword arguments of `cache_type` besides the shapes. Full attention: a ring of
+        block_size slots; past it the context slides."""
+        return dict(capacity=config.block_size, window=config.block_size)
+
+    def on_prefill(self, q: Tensor, cache: KVCache) -> None:
+        """Called after a prompt went into an empty cache: keep what later steps need besides k, v."""
 
     def init_extra(self) -> None:
         """Initialise parameters the model's generic init must not touch (none here)."""
@@ -82,7 +94,7 @@ class Attention(nn.Module):
         B, H, T, D = y.shape
         return self.out_proj(y.transpose(1, 2).reshape(B, T, H * D))
 
-    def forward(self, x: Tensor, rope=None, cache: Optional[LayerCache] = None) -> Tensor:
+    def forward(self, x: Tensor, rope=None, cache: Optional[KVCache] = None) -> Tensor:
         q, k, v = self.project(x, rope)
         if cache is None:
             y = self.attend(q, k, v)
@@ -90,40 +102,46 @@ class Attention(nn.Module):
             # A prompt into an empty cache: the fast path, then keep what the cache has room for.
             y = self.attend(q, k, v)
             cache.append(k, v)
+            self.on_prefill(q, cache)
         else:
             y = self.attend_cached(q, k, v, cache)
         return self.merge(y)
 
-    def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, cache: LayerCache) -> Tensor:
-        """New tokens against the cache: mask from absolute positions, keys in any slot order."""
-        T = q.shape[2]
-        if T == 1 and cache.capacity - cache.n_sink <= cache.window:
-            # One new token: the slot it overwrites is a window behind it, so after the append every
-            # filled slot (the sinks and a ring of at most a window) is visible: no mask is needed.
-            cache.append(k, v)
-            filled = min(cache.n_seen, cache.capacity)
-            keys, values = cache.k[:, :, :filled], cache.v[:, :, :filled]
-            return F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), enable_gqa=True)
-        q_pos = torch.arange(cache.n_seen, cache.n_seen + T, device=q.device)
-        if T == 1:
-            cache.append(k, v)
-            keys, values, k_pos = cache.k, cache.v, cache.pos
-        else:
-            # Several new tokens: earlier ones may still need what the ring would overwrite.
-            keys, values = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
-            k_pos = torch.cat([cache.pos, q_pos])
-            cache.append(k, v)
-        allowed = allowed_mask(q_pos, k_pos, window=cache.window, n_global=cache.n_sink) & (k_pos >= 0)
-        return F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=allowed, enable_gqa=True)
+    def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
+        """New tokens against the cache, which says which of its keys each new query may see."""
+        keys, values, mask = cache.update(k, v)
+        return F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, enable_gqa=True)
 
     def attention_weights(self, x: Tensor, rope=None) -> Tensor:
         """(B, H, T, T) attention weights of this layer for input x, from the reference path."""
         q, k, v = self.project(x, rope)
         return self.reference(q, k, v)[1]
 
-    def new_cache(self, config: ModelConfig, batch: int, max_len: Optional[int], dtype, device) -> LayerCache:
-        spec = self.cache_spec(config, self.layer)
-        return spec.build(batch, self.n_kv_head, self.n_head, self.head_dim, max_len, dtype, device)
+    # -- the decoding cache -------------------------------------------------------------------
+    @classmethod
+    def make_cache(cls, config: ModelConfig, layer: int, batch: int, max_len: Optional[int], dtype, device) -> KVCache:
+        """The cache a layer of this kind needs (device "meta" sizes it without memory)."""
+        return cls.cache_type(
+            batch, config.n_kv_head_at(layer), config.head_dim, max_len=max_len, dtype=dtype, device=device,
+            **cls.cache_layout(config, layer),
+        )
+
+    def new_cache(self, batch: int, max_len: Optional[int] = None, dtype=None, device=None) -> KVCache:
+        """A cache for this layer, not attached to it (pass it to forward)."""
+        weight = self.qkv_proj.weight
+        return self.make_cache(self.config, self.layer, batch, max_len, dtype or weight.dtype, device or weight.device)
+
+    def setup_cache(self, batch: int, max_len: Optional[int] = None, dtype=None, device=None) -> KVCache:
+        """Make this layer's own cache, used by the model's forward while it is set up."""
+        self.kv_cache = self.new_cache(batch, max_len, dtype, device)
+        return self.kv_cache
+
+    def reset_cache(self) -> None:
+        if self.kv_cache is not None:
+            self.kv_cache.reset()
+
+    def remove_cache(self) -> None:
+        self.kv_cache = None
 
     @property
     def scale(self) -> float:

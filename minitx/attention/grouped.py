@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import functional
+from ..kinds import KindSpec
 from .base import Attention
 
 
@@ -18,3 +19,8 @@ class GroupedQueryAttention(Attention):
 
     def reference(self, q: Tensor, k: Tensor, v: Tensor):
         return functional.attention(q, k, v, causal=True, return_weights=True)
+
+
+MHA = KindSpec("mha", GroupedQueryAttention, kv_heads=lambda attention, n_head: n_head)
+MQA = KindSpec("mqa", GroupedQueryAttention, kv_heads=lambda attention, n_head: 1)
+GQA = KindSpec("gqa", GroupedQueryAttention, options=("n_kv_head",))  # 1 < n_kv_head < n_head

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import functional
-from ..cache import CacheSpec
-from ..config import ModelConfig
+from ..config import AttentionConfig, ModelConfig
+from ..kinds import KindSpec, check_choice, fail
 from .base import Attention
 
 MIN_BLOCK = 64  # tiny windows still get blocks of this size: fewer, larger matmuls
@@ -30,11 +30,11 @@ class LocalAttention(Attention):
         self.backend = config.attention.local_backend
 
     @classmethod
-    def cache_spec(cls, config: ModelConfig, layer: int) -> CacheSpec:
+    def cache_layout(cls, config: ModelConfig, layer: int) -> dict:
         # Past block_size the context slides as for full attention, so the window never exceeds it.
         window = min(config.attention.window, config.block_size)
         n_sink = min(config.attention.n_global, config.block_size)
-        return CacheSpec(capacity=window + n_sink, window=window, n_sink=n_sink)
+        return dict(capacity=window + n_sink, window=window, n_sink=n_sink)
 
     def mean_keys(self, T: int) -> float:
         W = min(self.window, T)
@@ -117,3 +117,16 @@ def flex_local(q: Tensor, k: Tensor, v: Tensor, window: int, n_global: int = 0) 
     """Block-sparse sliding window through compiled flex attention (CUDA, or CPU for testing)."""
     block_mask = _flex_block_mask(q.shape[2], window, n_global, q.device)
     return _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=True)
+
+
+def check_local(attention: AttentionConfig) -> None:
+    if attention.window < 1:
+        fail("attention.window", f"is {attention.window}", "use a window of at least 1 token")
+    if attention.n_global < 0:
+        fail("attention.n_global", f"is {attention.n_global}", "use 0 or more global tokens")
+    check_choice("attention.local_backend", attention.local_backend, ("auto", "chunked", "flex"))
+
+
+LOCAL = KindSpec(
+    "local", LocalAttention, options=("n_kv_head", "window", "n_global", "local_backend"), check=check_local
+)
