@@ -60,11 +60,55 @@ def attention(
 
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)
     k_pos = torch.arange(Tk, device=q.device)
-    allowed = allowed_mask(k_pos[Tk - Tq :], k_pos, causal=causal, window=window, n_global=n_global)
+    q_pos = torch.arange(Tk - Tq, Tk, device=q.device)  # the last Tq positions (negative if Tq > Tk)
+    allowed = allowed_mask(q_pos, k_pos, causal=causal, window=window, n_global=n_global)
     if mask is not None:
         allowed = allowed & mask
     scores = scores.masked_fill(~allowed, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
     weights = torch.nan_to_num(weights, nan=0.0)  # a fully masked row is all -inf -> NaN -> 0
     out = weights @ v
+    return (out, weights) if return_weights else out
+
+
+def multihead_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    num_heads: int,
+    *,
+    num_kv_heads: Optional[int] = None,
+    mask: Optional[Tensor] = None,
+    causal: bool = True,
+    return_weights: bool = False,
+):
+    """Multi-head attention on (batch, length, features) tensors, as it is usually taught:
+    split the features into heads, attend in each head (`attention`), merge the heads back.
+
+    q: (B, Tq, num_heads * D); k, v: (B, Tk, num_kv_heads * D), num_kv_heads defaulting to
+    num_heads (fewer kv heads: query head h reads kv head h // (num_heads / num_kv_heads)).
+    Tq may differ from Tk (cross-attention). With causal=True the queries are the last Tq of the Tk
+    positions, as when decoding after a prompt, so causal needs Tq <= Tk; cross-attention between
+    two unrelated sequences wants causal=False. mask: boolean, True = may attend, broadcastable to
+    (B, num_heads, Tq, Tk). Returns (B, Tq, num_heads * D), and the weights (B, num_heads, Tq, Tk)
+    with return_weights. The projections before and after are the caller's (see the README).
+    """
+    B, Tq, width = q.shape
+    Tk = k.shape[1]
+    num_kv_heads = num_kv_heads or num_heads
+    if width % num_heads:
+        raise ValueError(f"query width {width} not divisible by num_heads={num_heads}")
+    D = width // num_heads
+    if k.shape[-1] != num_kv_heads * D or v.shape[-1] != num_kv_heads * D:
+        raise ValueError(f"k and v need {num_kv_heads} heads of {D} features, got widths {k.shape[-1]} and {v.shape[-1]}")
+    if causal and Tq > Tk:
+        raise ValueError(f"causal attention with {Tq} queries but {Tk} keys; give causal=False for cross-attention")
+
+    def split(x: Tensor, heads: int) -> Tensor:  # (B, T, heads * D) -> (B, heads, T, D)
+        return x.view(B, x.shape[1], heads, D).transpose(1, 2)
+
+    out, weights = attention(
+        split(q, num_heads), split(k, num_kv_heads), split(v, num_kv_heads), causal=causal, mask=mask, return_weights=True
+    )
+    out = out.transpose(1, 2).reshape(B, Tq, num_heads * D)  # merge: heads side by side again
     return (out, weights) if return_weights else out

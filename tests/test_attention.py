@@ -287,3 +287,51 @@ def test_mta_identity_init_is_plain_attention():
     q, k, v = qkv(2, 4, 4, 29)
     with torch.no_grad():
         assert max_diff(module.attend(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True)) < TOL
+
+
+# -- the multi-head form on (B, T, d_model) --------------------------------------------------------
+
+
+def per_head_loop(q, k, v, num_heads: int, num_kv_heads: int, allowed: torch.Tensor) -> torch.Tensor:
+    """Multi-head attention written as a loop over heads, each a softmax written out."""
+    D = q.shape[-1] // num_heads
+    outs = []
+    for h in range(num_heads):
+        g = h // (num_heads // num_kv_heads)
+        q_h, k_h, v_h = q[..., h * D : (h + 1) * D], k[..., g * D : (g + 1) * D], v[..., g * D : (g + 1) * D]
+        scores = (q_h @ k_h.transpose(-2, -1) / math.sqrt(D)).masked_fill(~allowed, float("-inf"))
+        outs.append(torch.softmax(scores, dim=-1) @ v_h)
+    return torch.cat(outs, dim=-1)
+
+
+@pytest.mark.parametrize("Tq, Tk, causal", [(1, 1, True), (5, 5, True), (3, 7, True), (7, 3, False), (1, 6, False)])
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 4), (4, 2), (3, 1)])
+def test_multihead_attention_matches_a_loop_over_heads(Tq, Tk, causal, num_heads, num_kv_heads):
+    D, B = 6, 2
+    q, k, v = torch.randn(B, Tq, num_heads * D), torch.randn(B, Tk, num_kv_heads * D), torch.randn(B, Tk, num_kv_heads * D)
+    mask = torch.rand(B, 1, Tq, Tk) > 0.3
+    mask[..., 0] = True  # every query sees at least one key whatever the causal rule
+    allowed = mask.squeeze(1)
+    if causal:  # the queries are the last Tq positions
+        allowed = allowed & (torch.arange(Tk)[None, :] <= torch.arange(Tk - Tq, Tk)[:, None])
+    out, weights = functional.multihead_attention(
+        q, k, v, num_heads, num_kv_heads=num_kv_heads, mask=mask, causal=causal, return_weights=True
+    )
+    assert close(out, per_head_loop(q, k, v, num_heads, num_kv_heads, allowed))
+    assert weights.shape == (B, num_heads, Tq, Tk)
+
+
+def test_multihead_attention_refuses_causal_with_more_queries_than_keys():
+    with pytest.raises(ValueError, match="causal=False"):
+        functional.multihead_attention(torch.randn(1, 4, 8), torch.randn(1, 2, 8), torch.randn(1, 2, 8), 2)
+
+
+@pytest.mark.parametrize("n_kv_head, T", [(4, 1), (2, 13), (1, 7)])
+def test_multihead_attention_is_what_the_grouped_layer_computes(n_kv_head, T):
+    # Learned positions: no RoPE, so the layer is projections around plain multi-head attention.
+    config = ModelConfig(n_layer=1, n_head=4, d_model=32, positions="learned", attention=AttentionConfig(kind="gqa", n_kv_head=n_kv_head))
+    layer = GroupedQueryAttention(config, 0)
+    x = torch.randn(2, T, 32)
+    q, k, v = layer.qkv_proj(x).split([32, 8 * n_kv_head, 8 * n_kv_head], dim=-1)
+    expected = layer.out_proj(functional.multihead_attention(q, k, v, 4, num_kv_heads=n_kv_head))
+    assert close(layer(x), expected)
