@@ -76,12 +76,19 @@ def load_error_message(where: str, path: str | os.PathLike, error: BaseException
     return f"{where}: not a readable minitx checkpoint ({type(error).__name__}: {reason}); {fix}"
 
 
+# Files already checked by this process, as they were then: a resume reads its checkpoint twice
+# (train checks it against the config, then Lightning loads it), and the second check is skipped.
+_CHECKED: set[tuple] = set()
+
+
 def check_crcs(path: str | os.PathLike) -> None:
     """Read every entry of a zip checkpoint, which makes zipfile compare it with its recorded
     CRC-32: raises zipfile.BadZipFile naming the first entry that changed since it was written.
     A file that is not a zip archive is left to torch.load to accept (legacy format) or refuse;
     one whose CRCs are all 0 was written with torch's CRCs turned off and is not checked."""
-    if not zipfile.is_zipfile(path):
+    stat = os.stat(path)
+    identity = (os.path.realpath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    if identity in _CHECKED or not zipfile.is_zipfile(path):
         return
     with zipfile.ZipFile(path) as archive:
         if not any(info.CRC for info in archive.infolist()):
@@ -90,6 +97,7 @@ def check_crcs(path: str | os.PathLike) -> None:
             with archive.open(info) as entry:
                 while entry.read(1 << 24):  # the check happens when an entry is read to its end
                     pass
+    _CHECKED.add(identity)
 
 
 def load_file(path: str | os.PathLike, where: str, fix: str, map_location: Any = "cpu") -> Any:

@@ -1,0 +1,131 @@
+"""What checking files read back from disk costs: the token cache record and checkpoint CRCs.
+
+    python benchmarks/integrity.py                 # Shakespeare's token cache, default and gpu-sized checkpoints
+    python benchmarks/integrity.py --repeats 3 --configs default.yaml
+
+Token cache: on a hit, a train start computes the cache key (SHA-256 of the text) and now also
+checks the file (size, largest id, CRC-32). Checkpoints: `read_checkpoint` now reads every zip
+entry once to compare it with its CRC-32 before torch.load; generation's `load_checkpoint`
+(read, build the model, load the weights) is what a generate start spends on its checkpoint.
+The checkpoints hold what training writes: weights, AdamW's two moments, the minitx entry.
+Every figure is the best of --repeats (a shared machine only ever makes a run slower); files
+are in the page cache, as they are when a run has just written them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import yaml
+
+import minitx.checkpoint as checkpoint_module
+from minitx import ModelConfig, Transformer
+from minitx.data.cache import _open_tokens, cached_tokens, damage, text_digest, token_dtype
+from minitx.data.sources import load_text
+from minitx.data.tokenizer import build_tokenizer
+from minitx.generation import load_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def best_ms(function: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return 1000 * min(times)
+
+
+def cache_table(directory: Path, repeats: int) -> str:
+    text, _ = load_text("shakespeare", val_fraction=0.1)
+    tokenizer = build_tokenizer("char", text)
+    tokens = cached_tokens("train", text, tokenizer, directory)  # a miss: written once
+    path, dtype = Path(tokens.filename), token_dtype(tokenizer.vocab_size)
+    key = best_ms(lambda: text_digest(text), repeats)
+    check = best_ms(lambda: damage(path, dtype, tokenizer.vocab_size), repeats)
+    open_only = best_ms(lambda: _open_tokens(path, dtype), repeats)
+    encode = best_ms(lambda: tokenizer.encode_corpus(text), 1)
+    rows = [
+        "| token cache (Shakespeare, char) | ms |",
+        "|---|---:|",
+        f"| file: {tokens.size:,} tokens, {path.stat().st_size / 1e6:.1f} MB | |",
+        f"| cache key: SHA-256 of the text (every start, before and after) | {key:.1f} |",
+        f"| open the memmap (a hit, before) | {open_only:.2f} |",
+        f"| check: size, largest id, CRC-32 (a hit, added) | {check:.1f} |",
+        f"| encode the text (a miss or a rebuild) | {encode:.0f} |",
+    ]
+    return "\n".join(rows)
+
+
+def training_checkpoint(config_name: str, path: Path) -> tuple[str, int]:
+    """A checkpoint shaped like train.py's for configs/<config_name>: weights, AdamW state, minitx entry."""
+    model_fields = yaml.safe_load((REPO / "configs" / config_name).read_text())["model"]
+    shape = {k: v for k, v in model_fields.items() if k in ModelConfig.__dataclass_fields__ and k != "attention"}
+    text = "".join(chr(32 + i) for i in range(65))
+    config = ModelConfig(vocab_size=65, **shape)
+    model = Transformer(config)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(1, 8, dtype=torch.long)).sum().backward()
+    optimizer.step()
+    checkpoint = {
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        "optimizer_states": [optimizer.state_dict()],
+        "global_step": 1,
+        "minitx": {"format": 1, "model_config": config.to_dict(), "tokenizer": build_tokenizer("char", text).to_dict()},
+    }
+    torch.save(checkpoint, path)
+    return config_name, model.num_params()
+
+
+def checkpoint_row(config_name: str, directory: Path, repeats: int) -> str:
+    path = directory / f"{config_name}.ckpt"
+    _, params = training_checkpoint(config_name, path)
+
+    def fresh_check() -> None:
+        checkpoint_module._CHECKED.clear()
+        checkpoint_module.check_crcs(path)
+
+    check = best_ms(fresh_check, repeats)
+    load = best_ms(lambda: torch.load(path, weights_only=True), repeats)
+    generate_start = best_ms(lambda: (checkpoint_module._CHECKED.clear(), load_checkpoint(str(path))), repeats)
+    real_check = checkpoint_module.check_crcs
+    checkpoint_module.check_crcs = lambda path: None
+    try:
+        unchecked_start = best_ms(lambda: load_checkpoint(str(path)), repeats)
+    finally:
+        checkpoint_module.check_crcs = real_check
+    return (
+        f"| {config_name} ({params / 1e6:.2f}M params) | {path.stat().st_size / 1e6:.1f} | {check:.1f} | {load:.1f} | "
+        f"{unchecked_start:.1f} | {generate_start:.1f} | {100 * (generate_start / unchecked_start - 1):+.0f}% |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--configs", nargs="+", default=["default.yaml", "gpu.yaml"])
+    parser.add_argument("--skip-cache", action="store_true", help="only the checkpoint table")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, one thread, "
+          f"best of {args.repeats}, load average {os.getloadavg()[0]:.1f}\n")
+    with tempfile.TemporaryDirectory() as directory:
+        if not args.skip_cache:
+            print(cache_table(Path(directory), args.repeats) + "\n")
+        print("| checkpoint | MB | CRC check (ms) | torch.load (ms) | load_checkpoint before (ms) | after (ms) | change |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for config_name in args.configs:
+            print(checkpoint_row(config_name, Path(directory), args.repeats), flush=True)
+    print(f"\n(load average {os.getloadavg()[0]:.1f} at the end)")
+
+
+if __name__ == "__main__":
+    main()
