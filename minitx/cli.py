@@ -1,8 +1,9 @@
-"""Command-line entry points: train, generate, ablate.
+"""Command-line entry points: train, generate, ablate, evaluate, export.
 
-Each command's work lives beside what it drives (training.py, generation.py, ablation.py); this
-file only turns a user's mistake into one clear line on stderr and exit status 2, with no
-traceback, so every command fails the same way.
+The top layer: each command's work lives beside what it drives (minitx/training/command.py,
+generation.py, ablation/, evaluation/, hf/); this file only turns a user's mistake into one clear line
+on stderr and exit status 2, with no traceback, so every command fails the same way. Nothing in
+minitx imports this module.
 """
 
 from __future__ import annotations
@@ -10,7 +11,12 @@ from __future__ import annotations
 import sys
 from typing import Callable, Optional, Sequence
 
+from .ablation import main as ablate
 from .errors import UserError
+from .evaluation.command import main as evaluate
+from .generation import main as generate
+from .hf.command import main as export
+from .training import main as train
 
 
 def run_command(main: Callable[[Optional[Sequence[str]]], object], argv: Optional[Sequence[str]] = None, prog: str = "minitx") -> int:
@@ -26,24 +32,20 @@ def run_command(main: Callable[[Optional[Sequence[str]]], object], argv: Optiona
 
 
 def train_main(argv: Optional[Sequence[str]] = None) -> int:
-    from .training import main
-
-    return run_command(main, argv, "train")
+    return run_command(train, argv, "train")
 
 
 def generate_main(argv: Optional[Sequence[str]] = None) -> int:
-    from .generation import main
-
-    return run_command(main, argv, "generate")
+    return run_command(generate, argv, "generate")
 
 
 def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
-    from .ablation import main
-
-    return run_command(main, argv, "ablate")
+    return run_command(ablate, argv, "ablate")
 
 
 def eval_main(argv: Optional[Sequence[str]] = None) -> int:
-    from .evaluation.command import main
+    return run_command(evaluate, argv, "evaluate")
 
-    return run_command(main, argv, "evaluate")
+
+def export_main(argv: Optional[Sequence[str]] = None) -> int:
+    return run_command(export, argv, "export")

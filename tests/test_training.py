@@ -18,7 +18,7 @@ import torch
 import yaml
 from helpers import metrics
 
-from minitx.checkpoint import TMP_PREFIX, write_atomically
+from minitx.fileio import TMP_PREFIX, write_atomically
 from minitx.cli import train_main
 from minitx.config import AttentionConfig, ModelConfig
 from minitx.training import (

@@ -1,0 +1,260 @@
+"""The `train` command: YAML + flags -> LightningCLI (jsonargparse) -> MinitxLM + TextDataModule + Trainer.
+
+    python train.py                                   # configs/default.yaml
+    python train.py --config configs/gqa.yaml --model.attention.n_kv_head 2 --trainer.max_steps 500
+    python train.py --config configs/gqa.yaml --ckpt_path last      # resume runs/<name>/checkpoints/last.ckpt
+    python train.py --config configs/default.yaml --print_config    # the resolved configuration
+
+Every field of the model, data, optimiser and trainer is a config key and a dotted flag; the model's
+vocab_size comes from the data's tokenizer and data.block_size from model.block_size.
+
+Order of work in `main`: parse; check every input (`check_run`: trainer settings, the run
+directory, the checkpoint to resume); only then write anything (`start_run`), fit, and report.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import lightning as L
+import torch
+import yaml
+from jsonargparse import ArgumentError
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from ..data.datamodule import TextDataModule
+from ..errors import UserError, one_line
+from ..generation import generate
+from ..model import Transformer
+from .messages import config_files, find_user_error, parse_error_message
+from .module import MinitxLM, check_model_section
+from .resume import check_resume_checkpoint, resolve_ckpt_path
+from .run import RunSettings, run_settings, settle_run_section, trainer_arguments
+from .throughput import device_name, peak_flops
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
+
+
+class TrainCLI(LightningCLI):
+    """LightningCLI without subcommands: parse, build, and let `main` call fit."""
+
+    def __init__(self, args: Sequence[str]):
+        super().__init__(
+            MinitxLM,
+            TextDataModule,
+            args=list(args),
+            run=False,
+            save_config_callback=None,  # main() writes <run dir>/config.yaml itself
+            seed_everything_default=1337,
+            auto_configure_optimizers=False,  # MinitxLM.configure_optimizers owns the optimiser
+            parser_kwargs={"exit_on_error": False, "description": "Train a minitx language model."},
+            trainer_defaults={
+                # The training loader never ends: validation is scheduled in steps, runs in max_steps.
+                "check_val_every_n_epoch": None,
+                "val_check_interval": 250,
+                "max_steps": 5000,
+                "log_every_n_steps": 10,
+                # Lightning would merge the module's and datamodule's hparams and trip over the two
+                # meanings of vocab_size; main() logs the whole resolved config instead.
+                "enable_autolog_hparams": False,
+            },
+        )
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_class_arguments(RunSettings, "run")
+        parser.add_argument(
+            "--ckpt_path",
+            type=Optional[str],
+            default=None,
+            help="Resume from this checkpoint: a path, or 'last' / 'best' in <run.root>/<run.name>/checkpoints/.",
+        )
+        parser.link_arguments("model.block_size", "data.block_size")
+        parser.link_arguments("trainer.max_steps", "model.max_steps")
+        parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:  # exit_on_error=False: jsonargparse raises instead of exiting
+            raise UserError(parse_error_message(err, parser, config_files(args))) from None
+
+    def before_instantiate_classes(self) -> None:
+        # The parsed config, before anything is built: the place for checks across sections.
+        settle_run_section(self.config["run"], self.config.get("config") or [], self.config["trainer"]["default_root_dir"])
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError) as err:  # UserError is a ValueError
+            # jsonargparse may wrap what a constructor raised; find a UserError inside if there is one.
+            inner = find_user_error(err)
+            if inner is None:
+                raise UserError(one_line(err)) from None
+            if str(inner).startswith("attention"):
+                # jsonargparse built model.attention (an AttentionConfig) itself: name the config key.
+                raise UserError(f"model.{inner}") from None
+            raise inner from None
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> L.Trainer:
+        config = trainer_arguments(run_settings(self.config_init["run"]), config)
+        try:
+            return super()._instantiate_trainer(config, callbacks)
+        except UserError:
+            raise
+        except (MisconfigurationException, ValueError) as err:
+            raise UserError(f"trainer: {one_line(err)}") from None
+
+
+class _CheckOnlyCLI(TrainCLI):
+    """Parses a train command line exactly as `train` does and runs the model and optimiser
+    checks, but builds nothing: no data is read, no network allocated, no seed set."""
+
+    def _set_seed(self) -> None:
+        pass
+
+    def instantiate_classes(self) -> None:
+        check_model_section(self.config["model"].as_dict())
+
+
+def check_train_args(args: Sequence[str]) -> None:
+    """Raise the UserError `train` would raise for a mistake in the config (unknown key, wrong
+    type, bad model or optimiser value), in a second or two: `ablate` checks every variant
+    this way before any run starts. Data and checkpoints are not looked at."""
+    _quiet_lightning()
+    _CheckOnlyCLI(list(args))
+
+
+# Known noise from Lightning that says nothing about a minitx run.
+_QUIET_WARNINGS = (
+    r".*LightningCLI.s args parameter is intended.*",  # main() always passes args explicitly
+    r".*does not have many workers.*",  # our loader slices a memmap: workers rarely help
+    r".*`isinstance\(treespec, LeafSpec\)` is deprecated.*",
+)
+
+
+class _DropLightningTips(logging.Filter):
+    """Lightning 2.6 advertises cloud products at every start; that is not about this run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("\N{ELECTRIC LIGHT BULB} Tip")
+
+
+def _quiet_lightning() -> None:
+    for pattern in _QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    for handler in logging.getLogger("lightning.pytorch").handlers:
+        if not any(isinstance(f, _DropLightningTips) for f in handler.filters):
+            handler.addFilter(_DropLightningTips())
+
+
+def _with_default_config(args: list[str]) -> list[str]:
+    """No --config given: train configs/default.yaml (flags still override it)."""
+    has_config = any(a in ("-c", "--config") or a.startswith("--config=") for a in args)
+    if has_config or not DEFAULT_CONFIG.is_file():
+        return args
+    return ["--config", str(DEFAULT_CONFIG)] + args
+
+
+def check_trainer(trainer: L.Trainer) -> None:
+    if trainer.max_steps is None or trainer.max_steps < 1:
+        raise UserError("trainer.max_steps: must be set (e.g. 5000); the training data never runs out, so runs are bounded in steps")
+    accumulate = trainer.accumulate_grad_batches
+    interval = trainer.val_check_interval
+    if isinstance(interval, int) and interval % accumulate:
+        raise UserError(
+            f"trainer.val_check_interval: {interval} batches is not a multiple of "
+            f"trainer.accumulate_grad_batches={accumulate}; validation must fall between optimiser steps"
+        )
+
+
+def check_run(cli: TrainCLI, run: RunSettings) -> Optional[str]:
+    """Every check of the built run before it writes anything; returns the checkpoint to resume from."""
+    check_trainer(cli.trainer)
+    ckpt_path = resolve_ckpt_path(cli.config["ckpt_path"], run.checkpoint_dir)
+    if ckpt_path is None and any(run.checkpoint_dir.glob("*.ckpt")):
+        raise UserError(
+            f"run.name: {str(run.dir)!r} already holds a run; resume it with --ckpt_path last, "
+            "choose another --run.name, or delete that directory"
+        )
+    if ckpt_path is not None:
+        check_resume_checkpoint(ckpt_path, cli.model.config, cli.model.state_dict(), cli.datamodule.tokenizer)
+    return ckpt_path
+
+
+def start_run(cli: TrainCLI, run: RunSettings, ckpt_path: Optional[str]) -> None:
+    """What a run writes before fit: the resolved config (run directory and loggers), and what
+    its checkpoints carry besides the weights."""
+    model, data, trainer = cli.model, cli.datamodule, cli.trainer
+    config_dump = yaml.safe_load(cli.parser.dump(cli.config, skip_validation=True))
+    config_dump["ckpt_path"] = None  # the saved config starts a run; resuming is a flag
+    model.train_config = config_dump
+    model.tokenizer_dict = data.tokenizer.to_dict()
+    for logger in trainer.loggers:
+        logger.log_hyperparams(config_dump)
+    if trainer.is_global_zero:
+        run.dir.mkdir(parents=True, exist_ok=True)
+        (run.dir / "config.yaml").write_text(yaml.safe_dump(config_dump, sort_keys=False))
+        n_params = model.model.num_params()
+        print(f"minitx: {n_params / 1e6:.2f}M parameters, layers {model.config.layer_kinds}; data: {data.summary()}")
+        print(f"minitx: run directory {run.dir}" + (f", resuming from {ckpt_path}" if ckpt_path else ""))
+        if peak_flops(trainer.strategy.root_device) is None:
+            print(f"minitx: MFU unknown (no peak FLOP/s known for {device_name(trainer.strategy.root_device)})")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """The `train` command: parse the config, fit, print the final val loss and a sample."""
+    args = _with_default_config(list(sys.argv[1:] if argv is None else argv))
+    _quiet_lightning()
+    if torch.cuda.is_available():
+        torch.set_float32_matmul_precision("high")  # TF32 for the fp32 matmuls that remain
+    cli = TrainCLI(args)
+    model: MinitxLM = cli.model
+    data: TextDataModule = cli.datamodule
+    trainer: L.Trainer = cli.trainer
+    run = run_settings(cli.config_init["run"])
+    ckpt_path = check_run(cli, run)
+    sample_prompt = prompt_ids(run.sample_prompt, data.tokenizer, run.sample_prompt == RunSettings.sample_prompt)
+    # Every check of the input is done: only now does the run write anything.
+    start_run(cli, run, ckpt_path)
+
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
+
+    if model.last_val is None or model.last_val[0] != trainer.global_step:
+        trainer.validate(model, datamodule=data, verbose=False)
+        model.last_val = (trainer.global_step, float(trainer.callback_metrics["val_loss"]))
+    if trainer.is_global_zero:
+        step, val_loss = model.last_val
+        print(f"final val loss {val_loss:.4f} (perplexity {math.exp(val_loss):.2f}) at step {step}; checkpoints in {run.checkpoint_dir}")
+        if run.sample_tokens > 0:
+            text = sample_text(model.model, data.tokenizer, sample_prompt, run.sample_tokens, run.sample_temperature)
+            print("sample:\n" + text)
+
+
+# ------------------------------------------------------------------------------------------------
+# The sample printed at the end of a run
+
+
+def prompt_ids(prompt: str, tokenizer: Any, is_default: bool) -> list[int]:
+    """The sample's prompt as ids; the default prompt ("\\n") falls back to id 0 in a vocabulary
+    without a newline (the toy task), a prompt the user chose must encode."""
+    try:
+        return tokenizer.encode(prompt) or [0]
+    except UserError as err:
+        if is_default:
+            return [0]
+        raise UserError(f"run.sample_prompt: {err}") from None
+
+
+@torch.no_grad()
+def sample_text(model: Transformer, tokenizer: Any, ids: list[int], max_new_tokens: int, temperature: float = 0.8, top_k: Optional[int] = 200) -> str:
+    """A continuation of the prompt `ids` from `model`, decoded (prompt included)."""
+    idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
+    out = generate(model, idx, max_new_tokens, temperature=temperature, top_k=top_k)
+    return tokenizer.decode(out[0].tolist())

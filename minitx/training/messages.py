@@ -1,0 +1,109 @@
+"""jsonargparse's messages as one line each: the key, the problem in words, a did-you-mean."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any, Optional, Sequence
+
+from ..errors import UserError
+
+
+def parse_error_message(err: BaseException, parser: Any = None, config_files: Sequence[str] = ()) -> str:
+    """jsonargparse's (sometimes multi-line) error -> one line, with a did-you-mean for unknown keys
+    and the name of the config file where jsonargparse only says "<unicode string>"."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    message = " ".join(lines[:3]) if lines else type(err).__name__
+    files = " or ".join(repr(str(f)) for f in config_files) or "the config file"
+    if '"<unicode string>"' in message:  # a YAML error inside a config file
+        message = message.replace('"<unicode string>"', files)
+        if "could not determine a constructor for the tag" in message:
+            message += "; config files are read as plain YAML (safe loading): remove the tag"
+        else:
+            message += "; fix the YAML there"
+    elif message.startswith("Unexpected config"):  # the file is YAML, but not a mapping
+        message = f"--config: {files} is not a mapping of sections (model:, data:, trainer:, run:); see configs/default.yaml"
+    message = _plain_type_error(message)
+    unknown = _unknown_key(message)
+    if unknown and parser is not None:
+        close = difflib.get_close_matches(unknown, _known_keys(parser), n=1, cutoff=0.6)
+        if close:
+            message += f"; did you mean {close[0]!r}?"
+    return message
+
+
+_WRONG_TYPE = re.compile(r'^Parser key "(?P<key>[\w.]+)": Expected a (?P<type>.+?)\. Got value: (?P<value>.*)$')
+_NO_UNION_TYPE = re.compile(r'^Parser key "(?P<key>[\w.]+)": Does not validate against any of the Union subtypes Subtypes: \[(?P<types>.*)\]$')
+_TYPE_WORDS = {"int": "a whole number", "float": "a number", "bool": "true or false", "str": "text", "NoneType": "null",
+               "tuple": "a list", "list": "a list", "dict": "a mapping"}
+
+
+def _type_in_words(type_text: str) -> str:
+    """"<class 'int'>" -> "a whole number", "typing.Literal['a', 'b']" -> "one of a, b", "list[int]" -> "a list"."""
+    literal = re.fullmatch(r"typing\.Literal\[(.*)\]", type_text.strip())
+    if literal:
+        return "one of " + ", ".join(choice.strip().strip("'\"") for choice in literal.group(1).split(","))
+    name = re.fullmatch(r"<class '(\w+)'>|(\w+)(\[.*\])?", type_text.strip())
+    if name:
+        return _TYPE_WORDS.get(name.group(1) or name.group(2), type_text.strip())
+    return type_text.strip()
+
+
+def _plain_type_error(message: str) -> str:
+    """jsonargparse's type errors ("Expected a <class 'int'>. Got value: two") -> "<key>: <problem>; <fix>"."""
+    wrong = _WRONG_TYPE.match(message)
+    if wrong:
+        expected = _type_in_words(wrong["type"])
+        if expected.startswith("one of "):
+            return f"{wrong['key']}: unknown value {wrong['value']!r}; choose {expected}"
+        return f"{wrong['key']}: {wrong['value']!r} is not {expected}; give {expected}"
+    union = _NO_UNION_TYPE.match(message)
+    if union:
+        # Split the subtypes at the commas between them, not those inside Literal[...] or list[...].
+        types = [t for t in re.split(r",\s*(?![^\[]*\])", union["types"]) if t.strip()]
+        words = [_type_in_words(t) for t in types]
+        choices = [choice for w in words if w.startswith("one of ") for choice in w[len("one of "):].split(", ")]
+        others = [w for w in words if not w.startswith("one of ")]
+        expected = " or ".join(dict.fromkeys(([f"one of {', '.join(dict.fromkeys(choices))}"] if choices else []) + others))
+        return f"{union['key']}: the value given is not accepted; give {expected}"
+    return message
+
+
+def config_files(args: Any) -> list[str]:
+    """The values of --config / -c in a command line."""
+    args = list(args) if isinstance(args, (list, tuple)) else []
+    files = [value for flag, value in zip(args, args[1:]) if flag in ("--config", "-c")]
+    return files + [arg.split("=", 1)[1] for arg in args if isinstance(arg, str) and arg.startswith("--config=")]
+
+
+def _unknown_key(message: str) -> Optional[str]:
+    """The key jsonargparse refused, from its three phrasings (flag, YAML key, key inside a group)."""
+    flag = re.search(r"unrecognized arguments: --([\w.]+)", message, re.IGNORECASE)
+    if flag:
+        return flag.group(1)
+    option = re.search(r"Option '([\w.]+)' is not accepted", message)
+    if option:
+        return option.group(1)
+    group = re.search(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)
+    if group:
+        return f"{group.group(1)}.{group.group(2)}"
+    return None
+
+
+def _known_keys(parser: Any) -> list[str]:
+    """Every settable key, nested ones included (model.attention.kind, trainer.max_steps, ...)."""
+    try:
+        return sorted(parser.get_defaults().keys())
+    except Exception:  # a hint is optional: never let it hide the real error
+        return []
+
+
+def find_user_error(err: BaseException) -> Optional[UserError]:
+    """The UserError in `err` or in what caused it (jsonargparse wraps what constructors raise), or None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, UserError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None

@@ -1,0 +1,260 @@
+"""MinitxLM: a Transformer trained as a causal language model (the LightningModule).
+
+What a step does: cross-entropy loss; AdamW with weight decay on matrices only and warmup + cosine
+(optim.py); gradient clipping and accumulation, precision and devices come from the trainer.
+Logged: train_loss, lr, tokens_per_sec and mfu (when the device's peak is known; throughput.py)
+and, at each validation, val_loss and val_ppl (and val_accuracy on tasks with targets).
+
+Exact resumption: a checkpoint holds model, optimiser, scheduler, loop counters and the data
+position (the datamodule's batch counter). Dropout needs no saved RNG state: each micro-batch
+reseeds torch from (seed, rank, step, micro-batch), so the masks of step n are the same whether
+or not the run was interrupted before it, whatever else drew random numbers in between.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import asdict, fields, is_dataclass
+from typing import Any, Iterator, Optional
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..checkpoint import CHECKPOINT_FORMAT
+from ..config import ModelConfig
+from ..data.toy import IGNORE_INDEX, exact_match
+from ..errors import UserError
+from ..model import Transformer
+from .optim import adamw_with_schedule, check_optimiser, decays, optimizer_groups
+from .resume import check_same_model
+from .throughput import ThroughputMeter
+
+OPTIMISER_SETTINGS = ("lr", "min_lr", "warmup_steps", "weight_decay", "betas")
+
+
+def lm_loss(logits: Tensor, y: Tensor) -> Tensor:
+    """Mean next-token cross-entropy; targets equal to IGNORE_INDEX (-100) carry no loss."""
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+class NonFiniteLossError(UserError):
+    """The loss became NaN or infinite: the run stops before the bad update is applied."""
+
+
+@contextmanager
+def errors_named(prefix: str) -> Iterator[None]:
+    """A config's error (a ValueError naming the field, e.g. "attention.n_kv_head: ...") as a
+    UserError naming the config key ("model.attention.n_kv_head: ...")."""
+    try:
+        yield
+    except (ValueError, TypeError) as err:  # UserError is a ValueError
+        raise UserError(f"{prefix}.{err}") from None
+
+
+def check_model_section(section: dict) -> None:
+    """The checks MinitxLM's constructor makes, without building the network (see check_train_args)."""
+    config_fields = {f.name for f in fields(ModelConfig)}
+    with errors_named("model"):
+        ModelConfig.from_dict({key: value for key, value in section.items() if key in config_fields})
+    check_optimiser("model", **{key: section[key] for key in OPTIMISER_SETTINGS})
+
+
+def _step_seed(seed: int, rank: int, step: int, micro: int) -> int:
+    # SeedSequence mixes the four numbers well; neighbouring steps get unrelated streams.
+    return int(np.random.SeedSequence([seed, rank, step, micro]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses, tuples and namespaces -> dicts and lists of plain values."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return _plain(asdict(value))
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+class MinitxLM(L.LightningModule):
+    """A Transformer trained as a causal language model.
+
+    Args:
+        lr: peak learning rate of the warmup + cosine schedule.
+        min_lr: final learning rate of the schedule.
+        warmup_steps: optimiser steps of linear warmup.
+        max_steps: length of the cosine; linked from trainer.max_steps by the train command.
+        weight_decay: AdamW decay on matrices only (see minitx.training.optim.decays).
+        betas: AdamW's betas.
+        eps: AdamW's eps.
+        compile: torch.compile the Transformer for training and validation steps (sampling and
+            generation use the eager module; checkpoint keys stay "model.*").
+        **model: the fields of minitx.config.ModelConfig (vocab_size, d_model, attention, ...):
+            ModelConfig is their one definition, so a field added there is a model.* key here.
+    """
+
+    def __init__(self, lr: float = 1e-3, min_lr: float = 1e-4, warmup_steps: int = 100, max_steps: int = -1,
+                 weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
+                 compile: bool = False, **model: Any):
+        super().__init__()
+        with errors_named("model"):
+            # jsonargparse reads ModelConfig's fields from this call: keep it ModelConfig(**model).
+            self.config = ModelConfig(**model)
+        check_optimiser("model", lr=lr, min_lr=min_lr, warmup_steps=warmup_steps, weight_decay=weight_decay, betas=betas)
+        self.save_hyperparameters()
+        # Checkpoints must load with weights_only=True: hyperparameters hold plain data only.
+        self.hparams.update(self.config.to_dict())
+        self.hparams["betas"] = [float(b) for b in betas]
+        self.model = Transformer(self.config)
+        # The decay decision is made here, on the unwrapped model, where shapes are still true.
+        self.decay_names = {name for name, p in self.model.named_parameters() if decays(name, p)}
+
+        self.tokenizer_dict: Optional[dict] = None  # set by the train command; saved in checkpoints
+        self.train_config: Optional[dict] = None
+        self.last_val: Optional[tuple[int, float]] = None  # (step, val_loss) of the latest validation
+        self.throughput: Optional[ThroughputMeter] = None  # from fit start: tokens/s, MFU, tokens seen
+        self._val_losses: list[Tensor] = []
+        self._val_exact: list[Tensor] = []  # tasks with targets only (the toy task): exact match
+        self._reset_step_counters()
+
+    def _reset_step_counters(self) -> None:
+        self._micro = 0  # micro-batch index inside the current optimiser step (grad accumulation)
+        self._seen_step = -1
+        self._loss_sum: Optional[Tensor] = None
+
+    # -- forward and loss --------------------------------------------------------------------
+    def forward(self, idx: Tensor) -> Tensor:
+        return self.model(idx)
+
+    def _step_model(self) -> Any:
+        """The module the training and validation steps call: compiled when model.compile is set."""
+        compiled = self.__dict__.get("_compiled")
+        return self.model if compiled is None else compiled
+
+    def loss(self, x: Tensor, y: Tensor) -> Tensor:
+        return lm_loss(self._step_model()(x), y)
+
+    # -- training ----------------------------------------------------------------------------
+    def on_fit_start(self) -> None:
+        if self.hparams.compile and self.__dict__.get("_compiled") is None:
+            # Kept out of the module tree (written to __dict__, not registered as a submodule),
+            # so state_dict keys stay "model.*" and the eager self.model remains for decoding,
+            # whose growing cache would recompile a compiled module at every step.
+            self.__dict__["_compiled"] = torch.compile(self.model)
+        self._seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        self.throughput = ThroughputMeter(self.device, world_size=self.trainer.world_size)
+
+    def on_train_start(self) -> None:
+        self._reset_step_counters()
+        self._seen_step = self.global_step
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # Dropout masks as a function of (seed, rank, step, micro-batch): see the module docstring.
+        torch.manual_seed(_step_seed(self._seed, self.global_rank, self.global_step, self._micro))
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = self.loss(x, y)
+        detached = loss.detach()
+        self._loss_sum = detached if self._micro == 0 or self._loss_sum is None else self._loss_sum + detached
+        self.throughput.add(x.numel() * self.trainer.world_size)
+        if self.throughput.flops_per_token is None:
+            self.throughput.flops_per_token = self.model.flops_per_token(x.shape[1])
+        self.log("train_loss", detached, prog_bar=True)
+        self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # After backward, before the update: a NaN/inf loss stops the run with the weights (and
+        # the last checkpoint) as they were. Every rank takes the same decision, or DDP would hang.
+        bad = self._loss_sum is not None and not bool(torch.isfinite(self._loss_sum).item())
+        bad = self.trainer.strategy.reduce_boolean_decision(bad, all=False)
+        if bad:
+            value = float(self._loss_sum) if self._loss_sum is not None else float("nan")
+            raise NonFiniteLossError(
+                f"step {self.global_step}: the training loss is {value} (not finite); the run stopped "
+                "before applying this update and the last checkpoint was left as it was; lower model.lr, "
+                "raise model.warmup_steps or set trainer.gradient_clip_val, then resume with --ckpt_path last"
+            )
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._micro += 1
+        if self.global_step == self._seen_step:
+            return  # accumulating: no optimiser step yet
+        self._micro = 0
+        self._seen_step = self.global_step
+        if not self.throughput.started():
+            self.throughput.lap()  # the first step of a run includes warm-up (and compilation): time from its end
+        elif self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
+            tokens_per_sec = self.throughput.lap()
+            self.log("tokens_per_sec", tokens_per_sec, prog_bar=True)
+            mfu = self.throughput.mfu(tokens_per_sec)
+            if mfu is not None:
+                self.log("mfu", mfu)
+
+    # -- validation --------------------------------------------------------------------------
+    def on_validation_start(self) -> None:
+        if self.throughput is not None and not self.trainer.sanity_checking:
+            self.throughput.pause()  # validation is not training throughput
+
+    def on_validation_end(self) -> None:
+        if self.throughput is not None:
+            self.throughput.resume()
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        x, y = batch
+        logits = self._step_model()(x)
+        self._val_losses.append(lm_loss(logits, y).detach())
+        if (y == IGNORE_INDEX).any():  # only some positions are targets: score whole answers too
+            self._val_exact.append(exact_match(logits, y))
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._val_losses:
+            return
+        mean = torch.stack(self._val_losses).float().mean()
+        self._val_losses.clear()
+        mean = self.trainer.strategy.reduce(mean, reduce_op="mean")
+        self.log("val_loss", mean, prog_bar=True, sync_dist=True)
+        self.log("val_ppl", mean.exp(), sync_dist=True)
+        if self._val_exact:
+            accuracy = torch.stack(self._val_exact).mean()
+            self._val_exact.clear()
+            self.log("val_accuracy", self.trainer.strategy.reduce(accuracy, reduce_op="mean"), prog_bar=True, sync_dist=True)
+        if not self.trainer.sanity_checking:
+            self.last_val = (self.global_step, float(mean))
+
+    # -- optimiser ---------------------------------------------------------------------------
+    def configure_optimizers(self) -> dict:
+        hp = self.hparams
+        max_steps = hp.max_steps if hp.max_steps > 0 else (self.trainer.max_steps if self._trainer else -1)
+        if max_steps < 1:
+            raise UserError("trainer.max_steps: must be set to the number of optimiser steps (the training data never runs out)")
+        groups = optimizer_groups(list(self.model.named_parameters()), hp.weight_decay, self.decay_names)
+        return adamw_with_schedule(groups, lr=hp.lr, min_lr=hp.min_lr, warmup_steps=hp.warmup_steps, max_steps=max_steps,
+                                   betas=hp.betas, eps=hp.eps, fused=self.device.type == "cuda")
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # Generation reads this entry and nothing else (see minitx/checkpoint.py).
+        checkpoint["minitx"] = {
+            "format": CHECKPOINT_FORMAT,
+            "model_config": self.config.to_dict(),
+            "tokenizer": self.tokenizer_dict,
+            "train_config": self.train_config,
+        }
+        hparams = checkpoint.get("hyper_parameters")
+        if isinstance(hparams, dict):
+            checkpoint["hyper_parameters"] = _plain(hparams)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # train.py checked the file already (check_resume_checkpoint); this guards Trainer.fit(ckpt_path=...)
+        # called from Python.
+        saved = checkpoint.get("minitx", {})
+        if saved.get("format") != CHECKPOINT_FORMAT:
+            raise UserError(f"ckpt_path: checkpoint format {saved.get('format')!r} is not {CHECKPOINT_FORMAT}; it was not written by this minitx")
+        check_same_model(saved, self.config)

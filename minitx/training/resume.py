@@ -1,0 +1,95 @@
+"""Checks that a run can resume from a checkpoint, made before the run writes anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from ..checkpoint import BEST, LAST, read_checkpoint, state_mismatch
+from ..config import ModelConfig
+from ..data.tokenizer import tokenizer_from_dict
+from ..errors import UserError
+
+
+def resolve_ckpt_path(value: Optional[str], checkpoint_dir: Path) -> Optional[str]:
+    """--ckpt_path as a file: 'last' and 'best' name the files in the run's `checkpoint_dir`."""
+    if value is None:
+        return None
+    if value in ("last", "best"):
+        path = checkpoint_dir / (LAST if value == "last" else BEST)
+        if not path.is_file():
+            raise UserError(f"ckpt_path: {value!r} means {str(path)!r}, which does not exist; start the run without --ckpt_path or set run.name/run.root")
+        return str(path)
+    if Path(value).is_dir():
+        raise UserError(f"ckpt_path: {value!r} is a directory; give the .ckpt file inside it (a run keeps them in checkpoints/), 'last' or 'best'")
+    if not Path(value).is_file():
+        raise UserError(f"ckpt_path: no checkpoint at {value!r}; give a .ckpt file, 'last' or 'best'")
+    return value
+
+
+def check_resume_checkpoint(path: str, config: ModelConfig, state_dict: dict, tokenizer: Any) -> None:
+    """Refuse a checkpoint that a run of model `config` (with weights shaped as `state_dict`) and
+    data `tokenizer` cannot resume from.
+
+    Lightning would find these only inside fit, after the run directory, its config.yaml and a
+    new log version were written, and some (weights of other shapes, a weights-only file) only as
+    a traceback. Read with weights_only=True like every load; fit reads the file again.
+    """
+    where = f"ckpt_path: {path!r}"
+    checkpoint = read_checkpoint(path, where, "give last.ckpt or best.ckpt of a run")
+    saved = checkpoint["minitx"]
+    missing = [key for key in ("optimizer_states", "lr_schedulers", "loops", "global_step") if key not in checkpoint]
+    if missing:
+        raise UserError(
+            f"{where} holds weights but no training state ({', '.join(missing)} missing), so training cannot resume "
+            "from it; give last.ckpt of the run, or start a new run without --ckpt_path"
+        )
+    if saved.get("tokenizer") != tokenizer.to_dict():
+        raise UserError(
+            f"data.tokenizer: the checkpoint {path!r} was trained with another tokenizer or vocabulary "
+            f"({tokenizer_difference(saved.get('tokenizer'), tokenizer)}); resume with the data settings of the original run"
+        )
+    check_same_model(saved, config)
+    mismatch = state_mismatch(state_dict, checkpoint["state_dict"])
+    if mismatch:
+        raise UserError(f"{where}: its weights do not match its model config ({mismatch}); the file is damaged or was edited")
+
+
+def check_same_model(saved: dict, config: ModelConfig) -> None:
+    """A run resumes only into the model it saved: `saved` is a checkpoint's "minitx" entry."""
+    if saved.get("model_config") != config.to_dict():
+        diff = dict_diff(saved.get("model_config") or {}, config.to_dict())
+        raise UserError(f"ckpt_path: the checkpoint's model differs from the configured one ({diff}); resume with the same model settings")
+
+
+def dict_diff(old: dict, new: dict, prefix: str = "") -> str:
+    """The first key (dotted) whose value differs between two nested dicts, in words; '' if none."""
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found = dict_diff(a, b, f"{prefix}{key}.")
+            if found:
+                return found
+        elif a != b:
+            return f"{prefix}{key}: checkpoint {a!r}, config {b!r}"
+    return ""
+
+
+def tokenizer_difference(saved: Any, current: Any) -> str:
+    """What differs between a checkpoint's tokenizer (its to_dict) and the data's, in a few words."""
+    try:
+        old = tokenizer_from_dict(saved)
+    except Exception:
+        return "the checkpoint's tokenizer cannot be rebuilt"
+    if getattr(old, "chars", None) is not None and getattr(current, "chars", None) is not None:
+        added = sorted(set(current.chars) - set(old.chars))
+        dropped = sorted(set(old.chars) - set(current.chars))
+        parts = [f"{len(old.chars)} characters then, {len(current.chars)} now"]
+        if added:
+            parts.append("new: " + " ".join(repr(ch) for ch in added[:10]) + (" ..." if len(added) > 10 else ""))
+        if dropped:
+            parts.append("gone: " + " ".join(repr(ch) for ch in dropped[:10]) + (" ..." if len(dropped) > 10 else ""))
+        return ", ".join(parts)
+    if old.vocab_size != current.vocab_size:
+        return f"vocabulary of {old.vocab_size} tokens then, {current.vocab_size} now"
+    return f"same size ({old.vocab_size} tokens), different tokens"

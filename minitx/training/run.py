@@ -1,0 +1,211 @@
+"""A run: its settings (the `run` section), its directory, and how it saves.
+
+    <run.root>/<run.name>/      config.yaml, logs/version_<k>/, checkpoints/{last,best}.ckpt
+
+Saving goes through `AtomicCheckpointIO` (every save path of the Trainer: atomic writes,
+weights_only=True reads) and `RunCheckpoints` decides when (the file format: minitx/checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning as L
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.trainer.states import TrainerFn
+
+from ..checkpoint import BEST, LAST, load_file, remove_stale_temporaries
+from ..errors import UserError
+from ..fileio import copy_atomically, write_atomically
+
+DEFAULT_ROOT = "runs"
+
+
+@dataclass
+class RunSettings:
+    """Where a run writes and what it does besides training.
+
+    name: the run directory is <root>/<name>; --ckpt_path last resumes from it. Unset: the name
+        of the (last) config file, e.g. "gqa" for --config configs/gqa.yaml.
+    root: parent directory of run directories (--trainer.default_root_dir sets it too).
+    checkpoint_every_n_steps: also refresh last.ckpt every N optimiser steps (0: only at
+        validations and at the end).
+    keep_every_n_steps: keep each timed checkpoint as step-<N>.ckpt instead of only refreshing last.ckpt.
+    wandb: also log to Weights & Biases (WANDB_MODE=offline works without an account).
+    wandb_project: the W&B project.
+    wandb_group: the W&B run group (the ablation command puts one sweep in one group).
+    sample_tokens: tokens sampled from the trained model at the end (0: none).
+    sample_prompt: text the sample starts from.
+    sample_temperature: softmax temperature of that sample.
+    """
+
+    name: Optional[str] = None
+    root: str = DEFAULT_ROOT
+    checkpoint_every_n_steps: int = 0
+    keep_every_n_steps: bool = False
+    wandb: bool = False
+    wandb_project: str = "minitx"
+    wandb_group: Optional[str] = None
+    sample_tokens: int = 200
+    sample_prompt: str = "\n"
+    sample_temperature: float = 0.8
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.root).expanduser() / (self.name or "default")
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.dir / "checkpoints"
+
+
+def run_settings(value: Any) -> RunSettings:
+    """The `run` section (a RunSettings, a jsonargparse Namespace or a dict) as RunSettings."""
+    if isinstance(value, RunSettings):
+        return value
+    return RunSettings(**(value.as_dict() if hasattr(value, "as_dict") else dict(value)))
+
+
+def settle_run_section(run: Any, config_files: list, default_root_dir: Optional[str]) -> None:
+    """Fill in what the `run` section leaves to others, in place (a parsed section: item access).
+
+    run.name unset: the stem of the last config file. trainer.default_root_dir, Lightning's
+    place for a run's files, is honoured as the parent of run directories (run.root), since a run
+    directory holds what Lightning would put there; given together with a different run.root it
+    is refused, as one of the two would be ignored.
+    """
+    if run["name"] is None:
+        run["name"] = Path(str(config_files[-1])).stem if config_files else "default"
+    if default_root_dir is None or str(default_root_dir) == str(run["root"]):
+        return
+    if str(run["root"]) != DEFAULT_ROOT:
+        raise UserError(
+            f"trainer.default_root_dir: {str(default_root_dir)!r} and run.root {str(run['root'])!r} both say where runs go; "
+            "give only one (runs are written to <run.root>/<run.name>)"
+        )
+    run["root"] = str(default_root_dir)
+
+
+def trainer_arguments(run: RunSettings, config: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's arguments with the run's directory, checkpointing and loggers filled in."""
+    config = dict(config)
+    config["default_root_dir"] = str(run.dir)
+    config["callbacks"] = list(config.get("callbacks") or []) + [
+        RunCheckpoints(run.checkpoint_dir, run.checkpoint_every_n_steps, run.keep_every_n_steps)
+    ]
+    plugins = config.get("plugins") or []
+    config["plugins"] = (list(plugins) if isinstance(plugins, list) else [plugins]) + [AtomicCheckpointIO()]
+    if config.get("logger") in (None, True):
+        loggers: list = [CSVLogger(save_dir=str(run.dir), name="logs")]
+        if run.wandb:
+            # WANDB_DIR, when set, wins: the user asked for W&B files to go there.
+            save_dir = os.environ.get("WANDB_DIR", str(run.dir))
+            loggers.append(WandbLogger(project=run.wandb_project, name=run.name, group=run.wandb_group, save_dir=save_dir))
+        config["logger"] = loggers
+    return config
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint IO, with atomic writes and weights_only=True reads.
+
+    Every save path of the Trainer (our callback, `trainer.save_checkpoint`, any ModelCheckpoint
+    a user adds) goes through the strategy's CheckpointIO, so this one plugin covers them all.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} does not take storage_options")
+        write_atomically(path, lambda file: torch.save(checkpoint, file))
+
+    def load_checkpoint(self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: Optional[bool] = None) -> dict[str, Any]:
+        # weights_only is forced: a checkpoint is data, never code, whatever the caller asked for.
+        return load_file(path, f"ckpt_path: {str(path)!r}", "give last.ckpt or best.ckpt written by train.py", map_location)
+
+
+class RunCheckpoints(Checkpoint):
+    """Keeps `last.ckpt` and `best.ckpt` (lowest val_loss) in `dirpath`.
+
+    last.ckpt is written every `every_n_steps` optimiser steps (0: never on a timer), after every
+    validation and when training ends; best.ckpt is a copy of last.ckpt made when a validation
+    beats the best val_loss so far. With `keep_every_n_steps`, the timed checkpoints are also
+    kept as step-<N>.ckpt. Saves happen only at optimiser-step boundaries, which is what makes a
+    resumed run draw exactly the batches and dropout masks of an uninterrupted one.
+
+    A `Checkpoint` subclass, so the Trainer adds no ModelCheckpoint of its own.
+    """
+
+    def __init__(self, dirpath: str | os.PathLike, every_n_steps: int = 0, keep_every_n_steps: bool = False, monitor: str = "val_loss"):
+        super().__init__()
+        self.dirpath = Path(dirpath)
+        self.every_n_steps = every_n_steps
+        self.keep_every_n_steps = keep_every_n_steps
+        self.monitor = monitor
+        self.best_score: Optional[float] = None
+        self.best_step: Optional[int] = None
+        self._last_saved_step = -1
+
+    @property
+    def last_path(self) -> Path:
+        return self.dirpath / LAST
+
+    @property
+    def best_path(self) -> Path:
+        return self.dirpath / BEST
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if trainer.is_global_zero:
+            self.dirpath.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(self.dirpath)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last_saved_step = trainer.global_step  # a resumed run does not rewrite what it loaded
+
+    def _save_last(self, trainer: L.Trainer, force: bool = False) -> None:
+        if self._last_saved_step == trainer.global_step and not force:
+            return
+        # Every rank calls save_checkpoint: strategies may gather state; only rank 0 writes.
+        trainer.save_checkpoint(self.last_path, weights_only=False)
+        self._last_saved_step = trainer.global_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        step = trainer.global_step
+        if self.every_n_steps < 1 or step % self.every_n_steps or step == self._last_saved_step:
+            return
+        self._save_last(trainer)
+        if self.keep_every_n_steps:
+            self._copy(trainer, self.last_path, self.dirpath / f"step-{step:07d}.ckpt")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+            return
+        score = trainer.callback_metrics.get(self.monitor)
+        improved = score is not None and (self.best_score is None or float(score) < self.best_score)
+        if improved:
+            # Recorded before saving, so that best.ckpt itself knows it is the best.
+            self.best_score, self.best_step = float(score), trainer.global_step
+        # Written even if a timed save happened at this step: the state after validation (best
+        # score, loop counters) is the one a resumed run must start from.
+        self._save_last(trainer, force=True)
+        if improved:
+            self._copy(trainer, self.last_path, self.best_path)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._save_last(trainer)
+
+    def _copy(self, trainer: L.Trainer, source: Path, target: Path) -> None:
+        if trainer.is_global_zero:
+            copy_atomically(source, target)
+        trainer.strategy.barrier("RunCheckpoints.copy")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best_score": self.best_score, "best_step": self.best_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best_score = state_dict.get("best_score")
+        self.best_step = state_dict.get("best_step")

@@ -1,0 +1,116 @@
+"""Training throughput: tokens per second and model FLOPs utilisation (MFU).
+
+One measurement for every consumer (the logged tokens_per_sec and mfu, and anything else that
+wants a run's speed, such as a sweep's summary): `ThroughputMeter`, fed by MinitxLM and read
+through `MinitxLM.throughput`. Time runs between optimiser steps, from the end of the first step
+of a run (which pays allocation and compilation), with validation left out.
+
+Why a peak table of our own rather than lightning.fabric.utilities.throughput.get_available_flops:
+on Lightning 2.6 that finds no figure for "NVIDIA H200" (the name torch reports for the SXM part),
+reads an L40S as an L4, and quotes H100 NVL and H200 with sparsity (twice the dense rate), so MFU
+would be unknown, 3x too high or half of what it is on exactly the GPUs people train on.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+# Dense (no sparsity) bf16 tensor-core peak FLOP/s, from the vendors' datasheets, matched against
+# torch.cuda.get_device_name(). The most specific names come first. MFU is always quoted against
+# this bf16 peak, as nanoGPT and PaLM do, whatever precision the run uses.
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H200 NVL", 835e12),
+    ("H200", 989e12),
+    ("H100 NVL", 835e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),  # SXM
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+)
+
+
+def peak_flops(device: torch.device) -> Optional[float]:
+    """Peak FLOP/s of one `device`, or None when unknown (CPUs, unlisted GPUs): never a guess."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in PEAK_BF16_FLOPS:
+        if key in name:
+            return flops
+    return None
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def format_mfu(mfu: Optional[float]) -> str:
+    return "unknown" if mfu is None else f"{100 * mfu:.1f}%"
+
+
+class ThroughputMeter:
+    """Tokens per second of training, in windows between optimiser steps, validation left out.
+
+    `add(tokens)` after every micro-batch (tokens of all ranks); `lap()` at an optimiser step
+    closes the window and returns its tokens/s (None for the first lap, which only starts the
+    clock); `pause()` / `resume()` around validation. `tokens_seen` counts every token trained
+    on since this process started the run; `mean_tokens_per_sec` is over all closed windows.
+    """
+
+    def __init__(self, device: torch.device, flops_per_token: Optional[float] = None, world_size: int = 1):
+        self.device = device
+        self.peak = peak_flops(device)
+        self.flops_per_token = flops_per_token
+        self.world_size = world_size
+        self.tokens_seen = 0
+        self.timed_tokens = 0
+        self.timed_seconds = 0.0
+        self._window_tokens = 0
+        self._window_start: Optional[float] = None
+        self._paused_at: Optional[float] = None
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # only at laps and pauses: steps stay asynchronous
+        return time.perf_counter()
+
+    def add(self, tokens: int) -> None:
+        self.tokens_seen += tokens
+        self._window_tokens += tokens
+
+    def started(self) -> bool:
+        return self._window_start is not None
+
+    def lap(self) -> Optional[float]:
+        now = self._now()
+        start, tokens = self._window_start, self._window_tokens
+        self._window_start, self._window_tokens = now, 0
+        if start is None:
+            return None
+        seconds = max(now - start, 1e-9)
+        self.timed_tokens += tokens
+        self.timed_seconds += seconds
+        return tokens / seconds
+
+    def pause(self) -> None:
+        if self._window_start is not None and self._paused_at is None:
+            self._paused_at = self._now()
+
+    def resume(self) -> None:
+        if self._paused_at is not None and self._window_start is not None:
+            self._window_start += time.perf_counter() - self._paused_at
+        self._paused_at = None
+
+    @property
+    def mean_tokens_per_sec(self) -> Optional[float]:
+        return self.timed_tokens / self.timed_seconds if self.timed_seconds > 0 else None
+
+    def mfu(self, tokens_per_sec: float) -> Optional[float]:
+        """Model FLOPs utilisation: achieved training FLOP/s over the devices' peak, or None."""
+        if self.peak is None or self.flops_per_token is None:
+            return None
+        return self.flops_per_token * tokens_per_sec / (self.peak * self.world_size)
