@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from minitx import AttentionConfig, ModelConfig
@@ -83,3 +85,61 @@ def test_round_trip_through_dict():
 def test_registry_holds_the_five_kinds_and_config_reads_it():
     assert {"mha", "mqa", "gqa", "local", "mta"} <= set(registry)
     assert all(spec.name == name for name, spec in registry.items())
+
+
+# -- options belong to kinds ---------------------------------------------------------------------------
+
+REFUSED = {
+    "window on mha": (dict(kind="mha", window=64), "attention.window", "mha"),
+    "n_global on gqa": (dict(kind="gqa", n_global=2), "attention.n_global", "gqa"),
+    "mta kernel on gqa": (dict(kind="gqa", mta_query_kernel=3), "attention.mta_query_kernel", "gqa"),
+    "mta output norm on local": (dict(kind="local", mta_output_norm=False), "attention.mta_output_norm", "local"),
+    "local backend on mixed mta+mha": (dict(layers=["mta", "mha"], local_backend="chunked"), "attention.local_backend", "mta/mha"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_option_no_layer_reads_is_refused_naming_option_and_kind(case):
+    attention, field, kinds = REFUSED[case]
+    with pytest.raises(ValueError) as error:
+        model(**attention)
+    message = str(error.value)
+    assert message.startswith(f"{field}: ") and f"kind {kinds};" in message and "\n" not in message
+
+
+def test_option_read_by_some_layer_of_a_mixed_model_is_accepted():
+    config = model(layers=["local", "mha"], window=8, n_global=1)
+    assert config.layer_kinds == ["local", "mha", "local", "mha"]
+    model(layers=["mta", "gqa"], n_kv_head=2, mta_query_kernel=2)
+
+
+def test_options_at_their_defaults_are_accepted_for_any_kind():
+    # jsonargparse and checkpoints hand over every field, defaults included.
+    defaults = AttentionConfig().__dict__
+    for kind in registry:
+        model(**dict(defaults, kind=kind))
+
+
+def yaml_attention_sections():
+    """(where, attention dict) of each config file's model.attention and of each ablation variant."""
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent / "configs"
+    for path in sorted(root.glob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        base = dict((data.get("model") or {}).get("attention") or {})
+        yield path.name, base
+        for variant in data.get("variants") or []:
+            prefix = "model.attention."
+            overrides = {key[len(prefix) :]: value for key, value in (variant.get("overrides") or {}).items() if key.startswith(prefix)}
+            yield f"{path.name}:{variant['name']}", dict(base, **overrides)
+
+
+def test_every_shipped_config_still_loads():
+    sections = list(yaml_attention_sections())
+    assert len(sections) > 10
+    for where, attention in sections:
+        try:
+            model(n_layer=4, **attention)
+        except ValueError as error:
+            pytest.fail(f"{where}: {error}")

@@ -1,0 +1,94 @@
+"""A sixth attention kind, added from this file alone: one module and one registry line.
+
+QK-norm (queries and keys RMS-normalised per head before the scores, as in OLMo 2 and Gemma 3)
+is grouped-query attention with a different projection, so it reuses everything else: the fast
+path, the reference, the cache. The README's "How to add an attention kind" shows this code.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import minitx
+from minitx import AttentionConfig, ModelConfig, Transformer
+from minitx.attention import KindSpec, register, registry
+from minitx.attention.grouped import GroupedQueryAttention
+from minitx.decoding import generate
+
+pytestmark = pytest.mark.usefixtures("seed", "one_thread")
+
+
+class QKNormAttention(GroupedQueryAttention):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__(config, layer)
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
+
+    def project(self, x, rope):
+        q, k, v = super().project(x, rope)
+        return self.q_norm(q), self.k_norm(k), v
+
+
+QKNORM = KindSpec("qknorm", QKNormAttention, options=("n_kv_head",))
+
+
+@pytest.fixture
+def qknorm():
+    register(QKNORM)  # the one registry line; the fixture takes it out again
+    yield
+    del registry["qknorm"]
+
+
+def config(**attention) -> ModelConfig:
+    return ModelConfig(vocab_size=32, block_size=16, n_layer=2, n_head=4, d_model=32, attention=AttentionConfig(**attention))
+
+
+def test_new_kind_trains_a_step_through_the_transformer(qknorm):
+    model = Transformer(config(kind="qknorm", n_kv_head=2))
+    assert isinstance(model.blocks[0].attn, QKNormAttention) and model.config.n_kv_head_at(1) == 2
+    x = torch.randint(0, 32, (4, 16))
+    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(3):
+        loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        losses.append(loss.item())
+    assert model.blocks[0].attn.q_norm.weight.grad.abs().sum() > 0  # the new part is trained
+    assert losses[-1] < losses[0]
+
+
+def test_new_kind_decodes_with_the_cache_it_inherits(qknorm):
+    model = Transformer(config(layers=["qknorm", "local"], window=4)).eval()
+    seq = torch.randint(0, 32, (2, 16))
+    expected = model(seq)
+    model.setup_caches(batch=2, max_len=16)  # each layer makes its own cache
+    steps = [model(seq[:, :3])] + [model(seq[:, t : t + 1]) for t in range(3, 16)]
+    model.remove_caches()
+    assert (torch.cat(steps, dim=1) - expected).abs().max() < 1e-5
+    assert minitx.kv_cache_bytes(model.config, 16) == model.new_cache(1, 16).nbytes()
+    prompt = seq[:, :3]  # and through the decode loop, sliding past block_size
+    assert generate(model, prompt, 20, temperature=0).shape == (2, 23)
+
+
+def test_new_kind_refuses_options_it_does_not_read(qknorm):
+    with pytest.raises(ValueError, match=r"^attention\.window: .*kind qknorm; .*\(local\)"):
+        config(kind="qknorm", window=8)
+
+
+def test_new_kind_trains_a_step_in_the_lightning_module(qknorm):
+    training = pytest.importorskip("minitx.training")
+    module = training.MinitxLM(vocab_size=32, block_size=16, n_layer=1, n_head=4, d_model=32, attention=dict(kind="qknorm"))
+    x = torch.randint(0, 32, (2, 16))
+    loss = module.loss(x[:, :-1], x[:, 1:])
+    loss.backward()
+    assert module.model.blocks[0].attn.k_norm.weight.grad is not None
+
+
+def test_unregistered_kind_is_refused_with_the_registered_ones():
+    with pytest.raises(ValueError, match=r"^attention\.kind: unknown value 'qknorm'; choose one of mha, mqa, gqa, local, mta"):
+        config(kind="qknorm")
