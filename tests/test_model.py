@@ -22,7 +22,8 @@ import torch.nn.functional as F
 
 from minitx import AttentionConfig, ModelConfig, Transformer, attention
 from minitx.attention import apply_rope, local
-from minitx.attention.multi_token import MultiTokenAttention
+from minitx.attention.multi_token import MTACache, MultiTokenAttention
+from minitx.cache import KVCache
 from minitx.model import RotaryEmbedding
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")
@@ -39,7 +40,7 @@ def build(config: ModelConfig) -> Transformer:
     model = Transformer(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if any(part in name for part in ("kq_conv", "mix_pre", "mix_post", "norm_weight", "attn.gate.")):
+            if any(part in name for part in ("kq_conv", "mix_pre", "mix_post", "attn.norm.", "attn.gate.")):
                 fan_in = param[0].numel() if param.dim() > 1 else 1
                 param.add_(torch.randn_like(param) / fan_in**0.5)
     return model
@@ -100,6 +101,7 @@ KIND_CASES = {
     "local-mqa": dict(kind="local", window=20, n_kv_head=1),
     "mta-pre": dict(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5),
     "mta-post": dict(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, mta_conv_placement="post"),
+    "mta-both": dict(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, mta_conv_placement="both"),
     "mta-mix-none": dict(kind="mta", mta_conv_layers=[0], mta_query_chunk=5, mta_head_mix="none"),
     "mta-mix-pre": dict(kind="mta", mta_conv_layers=[0], mta_query_chunk=5, mta_head_mix="pre"),
     "mta-mix-post-group2": dict(kind="mta", mta_conv_layers=[1], mta_query_chunk=5, mta_head_mix="post", mta_head_group=2),
@@ -152,18 +154,19 @@ def test_checker_catches_local_window_one_token_into_the_future(monkeypatch):
 class SymmetricQueryPaddingMTA(MultiTokenAttention):
     """The known public bug: the query axis padded on both sides, so rows below (the future) leak."""
 
-    def convolve(self, scores):
+    def convolve(self, scores, kernel):
         top = (self.c_q - 1) // 2
         rows = scores[:, :, self.c_q - 1 :]  # drop the history rows, pad around the chunk instead
         padded = F.pad(rows, (self.c_k // 2, self.c_k // 2, top, self.c_q - 1 - top))
-        return F.conv2d(padded, self.kq_conv, groups=self.n_head)
+        return F.conv2d(padded, kernel, groups=self.n_head)
 
 
-@pytest.mark.parametrize("placement", ["pre", "post"])
+@pytest.mark.parametrize("placement", ["pre", "post", "both"])
 def test_checker_catches_mta_padded_symmetrically(monkeypatch, placement):
     spec = dataclasses.replace(attention.registry["mta"], module=SymmetricQueryPaddingMTA)
     monkeypatch.setitem(attention.registry, "mta", spec)
-    model = build(tiny(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, mta_conv_placement=placement))
+    # The plain chunked convolution: the factorised path convolves no score map to plant the bug in.
+    model = build(tiny(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, mta_conv_placement=placement, mta_backend="conv"))
     assert isinstance(model.blocks[0].attn, SymmetricQueryPaddingMTA)
     changed, leak = causality_violation(model)
     assert changed > 1e-3 and leak > 0
@@ -275,10 +278,11 @@ def test_mta_extra_parameters_match_formula(head_mix, group):
     config = tiny(n_layer=n_layer, n_head=H, d_model=H * D, kind="mta", mta_head_mix=head_mix, mta_head_group=group)
     c_h = group or H
     n_conv_layers = len(range(2, n_layer, 4))  # every 4th layer from layer 2: 2 and 6
-    n_mixes = {"none": 0, "pre": 1, "post": 1, "both": 2}[head_mix]
-    # Per conv layer H kernels c_q x c_k; per layer and mix (H / c_h) blocks of c_h x c_h; per
-    # layer a shared RMSNorm weight (D) and the gate Linear(D -> 1) with its bias.
-    expected = n_conv_layers * H * c_q * c_k + n_layer * n_mixes * H * c_h + n_layer * (2 * D + 1)
+    # Per conv layer H kernels c_q x c_k; per layer a pre-softmax mix of H x H (as released, never
+    # grouped) and a post-softmax one of (H / c_h) blocks of c_h x c_h; per layer a shared RMSNorm
+    # weight (D) and the gate Linear(D -> 1) with its bias.
+    mixes = (H * H if head_mix in ("pre", "both") else 0) + (H * c_h if head_mix in ("post", "both") else 0)
+    expected = n_conv_layers * H * c_q * c_k + n_layer * mixes + n_layer * (2 * D + 1)
     extra = Transformer(config).num_params() - Transformer(tiny(n_layer=n_layer, n_head=H, d_model=H * D)).num_params()
     assert extra == expected
 
@@ -306,3 +310,44 @@ def test_attention_maps(name):
             att = config.attention
             outside = (i - j >= att.window) & (j >= att.n_global)
             assert (weights[..., outside & (j <= i)] == 0).all()
+
+
+# -- caches owned by the layers; RMSNorm from torch ---------------------------------------------------
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return (a - b).abs().max().item()
+
+
+def test_layers_make_reset_and_remove_their_own_caches():
+    model = build(tiny(n_layer=3, layers=["mta", "local", "gqa"], window=5, n_kv_head=2, mta_conv_layers=[0],
+                       mta_query_kernel=3, mta_key_kernel=3, mta_query_chunk=4))
+    seq = torch.randint(0, VOCAB, (2, 14))
+    keys = list(model.state_dict())
+    with torch.no_grad():
+        expected = model(seq)
+        model.setup_caches(batch=2, max_len=14)
+        caches = [block.attn.kv_cache for block in model.blocks]
+        assert [type(cache) for cache in caches] == [MTACache, KVCache, KVCache]
+        assert not hasattr(caches[1], "queries")  # query history is MTA's alone
+        assert list(model.state_dict()) == keys  # cache buffers are not persistent
+        for _ in range(2):  # the second pass after reset_caches sees nothing of the first
+            steps = [model(seq[:, :4])] + [model(seq[:, t : t + 1]) for t in range(4, 14)]
+            assert max_diff(torch.cat(steps, dim=1), expected) < 1e-5
+            model.reset_caches()
+            assert all(cache.n_seen == 0 for cache in caches) and caches[0].query_pos.eq(-1).all()
+        model.remove_caches()
+        assert max_diff(model(seq), expected) == 0  # no cache any more: a plain forward
+
+
+def test_rmsnorm_is_torch_with_checkpoint_compatible_weight_and_eps():
+    model = Transformer(tiny())
+    norm = model.blocks[0].norm1
+    assert isinstance(norm, torch.nn.RMSNorm) and norm.eps == 1e-6
+    assert {"blocks.0.norm1.weight", "blocks.0.norm2.weight", "norm.weight"} <= set(model.state_dict())
+    with torch.no_grad():
+        norm.weight.normal_()
+    x = torch.randn(3, 5, 32)
+    written_out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight
+    assert max_diff(norm(x), written_out) < 1e-5
