@@ -25,109 +25,175 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..cache import CacheSpec, LayerCache
-from ..config import ModelConfig
+from ..cache import KVCache
+from ..config import AttentionConfig, ModelConfig
+from ..kinds import KindSpec, check_choice, fail
 from ..functional import allowed_mask
 from .base import Attention
+from .mta_kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
+    KeyQueryConv, band_scores, convolve, convolved_keys, identity_kernel, identity_mix, mix_heads, shifted_queries,
+    write_band,
+)
+
+
+class MTACache(KVCache):
+    """A KV cache that also keeps the latest `n_query` queries (B, H, n_query, D), oldest first,
+    with their positions (-1: none yet): the rows the query-axis convolution looks back on."""
+
+    def __init__(self, batch: int, n_kv_head: int, head_dim: int, capacity: int, *, n_head: int, n_query: int, **kwargs):
+        super().__init__(batch, n_kv_head, head_dim, capacity, **kwargs)
+        shape = (batch, n_head, n_query, head_dim)
+        queries = torch.zeros(shape, dtype=self.k.dtype, device=self.k.device) if n_query else None
+        self.register_buffer("queries", queries, persistent=False)
+        self.register_buffer("query_pos", torch.full((n_query,), -1, dtype=torch.long, device=self.k.device), persistent=False)
+
+    def reset(self) -> None:
+        super().reset()
+        if self.queries is not None:
+            self.queries.zero_()
+        self.query_pos.fill_(-1)
+
+    def remember_queries(self, q: Tensor) -> None:
+        """Keep the last n_query queries (B, H, T, D) of the tokens just appended."""
+        if self.queries is None:
+            return
+        n = self.queries.shape[2]
+        positions = torch.arange(self.n_seen - q.shape[2], self.n_seen, device=self.pos.device)
+        self.queries = torch.cat([self.queries, q.to(self.queries.dtype)], dim=2)[:, :, -n:]
+        self.query_pos = torch.cat([self.query_pos, positions])[-n:]
+
+    def nbytes(self) -> int:
+        return super().nbytes() + (self.queries.nbytes if self.queries is not None else 0)
 
 
 class MultiTokenAttention(Attention):
+    cache_type = MTACache
+
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__(config, layer)
         att = config.attention
+        H, D = self.n_head, self.head_dim
         self.query_chunk = att.mta_query_chunk
-        self.head_mix = att.mta_head_mix
-        self.conv_placement = att.mta_conv_placement
-        H = self.n_head
+        self.factorised = att.mta_backend == "factorised"
+        self.float32 = att.mta_float32
+        self.gate_init = att.mta_gate_init
         self.has_conv = layer in att.mta_conv_layer_set(config.n_layer)
+        placement = att.mta_conv_placement if self.has_conv else "none"
         self.c_q = att.mta_query_kernel if self.has_conv else 1
         self.c_k = att.mta_key_kernel if self.has_conv else 1
-        if self.has_conv:
-            theta = torch.zeros(H, 1, self.c_q, self.c_k)
-            theta[:, 0, self.c_q - 1, self.c_k // 2] = 1.0  # last row = current query, centre = same key
-            self.kq_conv = nn.Parameter(theta)
-        if self.head_mix != "none":
-            group = att.mta_head_group or H
-            eye = torch.eye(group).expand(H // group, group, group)
-            if self.head_mix in ("pre", "both"):
-                self.mix_pre = nn.Parameter(eye.clone())
-            if self.head_mix in ("post", "both"):
-                self.mix_post = nn.Parameter(eye.clone())
-        self.output_norm = att.mta_output_norm
-        if self.output_norm:
-            self.norm_weight = nn.Parameter(torch.ones(self.head_dim))  # shared by all heads
-            self.gate = nn.Linear(self.head_dim, 1)
+        self.n_hist = history_rows(config, layer)  # earlier query rows one output row depends on
+        # Each part is a parameter or None (absent); each starts as the identity.
+        kernel = identity_kernel(H, self.c_q, self.c_k)
+        self.register_parameter("kq_conv", nn.Parameter(kernel.clone()) if placement in ("pre", "both") else None)
+        self.register_parameter("kq_conv_post", nn.Parameter(kernel.clone()) if placement in ("post", "both") else None)
+        group = att.mta_head_group or H
+        pre_group = H if att.mta_pre_mix_all_heads else group  # as released: one H x H map before softmax
+        self.register_parameter("mix_pre", nn.Parameter(identity_mix(H, pre_group)) if att.mta_head_mix in ("pre", "both") else None)
+        self.register_parameter("mix_post", nn.Parameter(identity_mix(H, group)) if att.mta_head_mix in ("post", "both") else None)
+        # Output norm: RMSNorm over D (one weight shared by the heads), then a sigmoid gate per head.
+        self.add_module("norm", nn.RMSNorm(D, eps=att.mta_norm_eps) if att.mta_output_norm else None)
+        self.add_module("gate", nn.Linear(D, 1) if att.mta_output_norm else None)
+        self._register_load_state_dict_pre_hook(self._rename_old_keys)
         self.init_extra()
 
     def init_extra(self) -> None:
-        if self.output_norm:  # a zero gate starts every head at the same half-open sigmoid
+        if self.gate is None:
+            return
+        if self.gate_init == "normal":  # as released: truncated normal, std D^-1/2 (cut at 3 std)
+            std = self.head_dim**-0.5
+            nn.init.trunc_normal_(self.gate.weight, std=std, a=-3 * std, b=3 * std)
+        else:  # zero: every head starts at the same half-open gate
             nn.init.zeros_(self.gate.weight)
-            nn.init.zeros_(self.gate.bias)
+        nn.init.zeros_(self.gate.bias)
+
+    def _rename_old_keys(self, state_dict: dict, prefix: str, *args) -> None:
+        """Checkpoints from before the `both` placement: `norm_weight` is now `norm.weight`, and a
+        post-softmax-only layer called its kernel `kq_conv`."""
+        if prefix + "norm_weight" in state_dict:
+            state_dict[prefix + "norm.weight"] = state_dict.pop(prefix + "norm_weight")
+        if self.kq_conv is None and self.kq_conv_post is not None and prefix + "kq_conv" in state_dict:
+            state_dict[prefix + "kq_conv_post"] = state_dict.pop(prefix + "kq_conv")
 
     @classmethod
-    def cache_spec(cls, config: ModelConfig, layer: int) -> CacheSpec:
-        has_conv = layer in config.attention.mta_conv_layer_set(config.n_layer)
-        n_query = config.attention.mta_query_kernel - 1 if has_conv else 0
-        return CacheSpec(capacity=config.block_size, window=config.block_size, n_query=n_query)
+    def cache_layout(cls, config: ModelConfig, layer: int) -> dict:
+        n_query = history_rows(config, layer)
+        return dict(capacity=config.block_size, window=config.block_size, n_head=config.n_head, n_query=n_query)
 
     # -- the maths for a run of query rows ----------------------------------------------------
     def rows(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, first_key: int = 0):
-        """Attention for query rows q (B, H, R, D) of which the first c_q - 1 are history only.
+        """Attention for query rows q (B, H, R, D) of which the first n_hist are history only.
 
         q_pos: (R,) absolute positions (history rows that do not exist have position -1, so they
-        see nothing and act as the convolution's zero padding); k, v: (B, G, Tk, D) at k_pos.
+        see nothing and act as the convolutions' zero padding); k, v: (B, G, Tk, D) at k_pos.
         Keys before `first_key` are invisible to every row: past block_size the context slides,
         and the rows the convolution looks back on must see the same keys as a fresh run would.
-        Returns (out, weights) for the last R - (c_q - 1) rows.
+        Returns (out, weights) for the last R - n_hist rows.
         """
         B, H, R, D = q.shape
         G, Tk = k.shape[1], k.shape[2]
-        n_hist = self.c_q - 1
-        n_out = R - n_hist
         # Scores per query head without copying k: fold the heads sharing a kv head into rows.
         # The scale goes on q, which has D numbers per row where the scores have Tk.
         scores = ((q * self.scale).reshape(B, G, (H // G) * R, D) @ k.transpose(-2, -1)).view(B, H, R, Tk)
         hidden = ~(allowed_mask(q_pos, k_pos) & (q_pos >= 0)[:, None] & (k_pos >= max(first_key, 0))[None, :])
-        out_hidden = hidden[n_hist:]
         scores = scores.masked_fill(hidden, 0.0)
-        if self.has_conv and self.conv_placement == "pre":
+        if self.kq_conv is not None:
             # What the convolution spreads into hidden entries needs no zeroing: head mixing works
-            # entry by entry, and the softmax below sets every hidden entry to -inf.
-            scores = self.convolve(scores)
-        if hasattr(self, "mix_pre"):
+            # entry by entry, and the softmax sets every hidden entry to -inf.
+            scores = self.convolve(scores, self.kq_conv)
+            hidden = hidden[self.c_q - 1 :]
+        return self.weigh(scores, hidden, v, some_rows_empty=self.kq_conv_post is not None or first_key > 0)
+
+    def weigh(self, scores: Tensor, hidden: Tensor, v: Tensor, some_rows_empty: bool):
+        """From pre-softmax scores (B, H, R, Tk), pre-convolution done, to (out, weights): the rest
+        of the released order: pre mix, softmax, post conv, re-zero the future, post mix, dropout, @ V."""
+        if self.mix_pre is not None:
             scores = mix_heads(scores, self.mix_pre)
-        softmax_rows = n_hist if scores.shape[2] == R else 0  # post conv: history rows too
-        weights = torch.softmax(scores.masked_fill(hidden[n_hist - softmax_rows :], float("-inf")), dim=-1)
-        if softmax_rows or first_key > 0:
+        weights = self.softmax(scores.masked_fill(hidden, float("-inf")))
+        if some_rows_empty:
             # Only history padding rows (position -1) and rows whose keys all slid out of the
             # context see nothing; their softmax is NaN. Other rows always see their own key.
             weights = torch.nan_to_num(weights, nan=0.0)
-        if self.has_conv and self.conv_placement == "post":
-            weights = self.convolve(weights).masked_fill(out_hidden, 0.0)
-        if hasattr(self, "mix_post"):
+        if self.kq_conv_post is not None:
+            weights = self.convolve(weights, self.kq_conv_post).masked_fill(hidden[self.c_q - 1 :], 0.0)
+        if self.mix_post is not None:
             weights = mix_heads(weights, self.mix_post)
         dropped = F.dropout(weights, self.dropout_p, self.training)
-        out = (dropped.reshape(B, G, (H // G) * n_out, Tk) @ v).view(B, H, n_out, D)
+        B, H, R, Tk = weights.shape
+        G, D = v.shape[1], v.shape[-1]
+        out = (dropped.reshape(B, G, (H // G) * R, Tk) @ v).view(B, H, R, D)
         return self.normalise(out), weights
 
-    def convolve(self, scores: Tensor) -> Tensor:
-        # The c_q - 1 history rows on top are the padding of the query axis: nothing below.
-        if scores.is_cuda:  # cuDNN as it comes: KeyQueryConv's choices were measured on CPU only
-            return F.conv2d(scores, self.kq_conv, padding=(0, self.c_k // 2), groups=self.n_head)
-        return KeyQueryConv.apply(scores, self.kq_conv)
+    def convolve(self, maps: Tensor, kernel: Tensor) -> Tensor:
+        return convolve(maps, kernel)  # a method, so that tests can plant a wrong convolution
+
+    def softmax(self, scores: Tensor) -> Tensor:
+        if self.float32 and scores.dtype in (torch.float16, torch.bfloat16):  # as released
+            return torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+        return torch.softmax(scores, dim=-1)
 
     def normalise(self, out: Tensor) -> Tensor:
-        if not self.output_norm:
+        if self.norm is None:
             return out
-        normed = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + 1e-6) * self.norm_weight
+        if self.float32 and out.dtype in (torch.float16, torch.bfloat16):  # statistics in float32, as released
+            normed = F.rms_norm(out.float(), self.norm.normalized_shape, eps=self.norm.eps).to(out.dtype) * self.norm.weight
+        else:
+            normed = self.norm(out)
         return normed * torch.sigmoid(self.gate(normed))
 
     # -- training, prefill and decoding ---------------------------------------------------------
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        T, n_hist = q.shape[2], self.c_q - 1
+        """Chunks of queries; each needs its rows plus the n_hist rows above it, against the keys
+        up to its last query. With a pre-softmax convolution and the factorised backend, the
+        chunk's scores come from one matrix product plus the exact band (see mta_kernels)."""
+        T = q.shape[2]
+        if self.kq_conv is not None and self.factorised:
+            qcat, kcat, band = self.factorised_parts(q, k)
+            row_parts, key_parts, n_pad, chunk_fn = (qcat, band), (kcat, v), self.n_hist - (self.c_q - 1), self.far_and_band
+        else:
+            row_parts, key_parts, n_pad, chunk_fn = (q,), (k, v), self.n_hist, self.rows
         positions = torch.arange(T, device=q.device)
-        q = F.pad(q, (0, 0, n_hist, 0))  # zero rows above the first query
-        q_pos = torch.cat([torch.full((n_hist,), -1, device=q.device), positions])
+        row_parts = [F.pad(part, (0, 0, n_pad, 0)) for part in row_parts]  # zero rows above the first query
+        q_pos = torch.cat([torch.full((n_pad,), -1, device=q.device), positions])
         # Training would keep every chunk's (rows x keys) maps for the backward pass, O(T^2) again;
         # recomputing a chunk's maps in the backward keeps only its inputs and output (measured at
         # T=4096: 6x less peak memory, 15-20% more time). mta_query_chunk >= T skips it.
@@ -135,19 +201,33 @@ class MultiTokenAttention(Attention):
         outs = []
         for start in range(0, T, self.query_chunk):
             end = min(start + self.query_chunk, T)
-            # Rows start-n_hist .. end-1 (shifted by the padding), keys up to the chunk's last query.
-            chunk = (q[:, :, start : end + n_hist], k[:, :, :end], v[:, :, :end], q_pos[start : end + n_hist], positions[:end])
-            out, _ = checkpoint(self.rows, *chunk, use_reentrant=False) if recompute else self.rows(*chunk)
+            # Rows start - n_pad .. end - 1 (shifted by the padding), keys up to the chunk's last query.
+            chunk = [part[:, :, start : end + n_pad] for part in row_parts] + [part[:, :, :end] for part in key_parts]
+            chunk += [q_pos[start : end + n_pad], positions[:end]]
+            out, _ = checkpoint(chunk_fn, *chunk, use_reentrant=False) if recompute else chunk_fn(*chunk)
             outs.append(out)
         return torch.cat(outs, dim=2)
 
+    def factorised_parts(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(Qcat, K'cat, band) of the whole sequence: what the chunks of `far_and_band` slice."""
+        q = q * self.scale
+        return shifted_queries(q, self.c_q), convolved_keys(k, self.kq_conv), band_scores(q, k, self.kq_conv)
+
+    def far_and_band(self, qcat: Tensor, band: Tensor, kcat: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor):
+        """`rows` for the factorised backend: the pre-convolved scores of the chunk's rows as
+        Qcat . K'cat, exact for keys at least `off` behind each row, the band written over."""
+        first_row = kcat.shape[2] - qcat.shape[2]  # the chunk's rows end at its last key
+        scores = write_band(qcat @ kcat.transpose(-2, -1), band, first_row)
+        hidden = ~(allowed_mask(q_pos, k_pos) & (q_pos >= 0)[:, None])
+        return self.weigh(scores, hidden, v, some_rows_empty=self.kq_conv_post is not None)
+
     def reference(self, q: Tensor, k: Tensor, v: Tensor):
-        T, n_hist = q.shape[2], self.c_q - 1
+        T, n_hist = q.shape[2], self.n_hist
         positions = torch.arange(T, device=q.device)
         q_pos = torch.cat([torch.full((n_hist,), -1, device=q.device), positions])
         return self.rows(F.pad(q, (0, 0, n_hist, 0)), k, v, q_pos, positions)
 
-    def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, cache: LayerCache) -> Tensor:
+    def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, cache: MTACache) -> Tensor:
         T = q.shape[2]
         q_pos = torch.arange(cache.n_seen, cache.n_seen + T, device=q.device)
         rows, rows_pos = q, q_pos
@@ -162,57 +242,53 @@ class MultiTokenAttention(Attention):
         out, _ = self.rows(rows, keys.to(q.dtype), values.to(q.dtype), rows_pos, k_pos, first_key)
         return out
 
-    def forward(self, x: Tensor, rope=None, cache=None) -> Tensor:
-        if cache is not None and cache.n_seen == 0:
-            # Prefill: the fast path as usual, and remember the queries for the next steps.
-            q, k, v = self.project(x, rope)
-            y = self.attend(q, k, v)
-            cache.append(k, v)
-            cache.remember_queries(q)
-            return self.merge(y)
-        return super().forward(x, rope, cache)
+    def on_prefill(self, q: Tensor, cache: MTACache) -> None:
+        cache.remember_queries(q)  # the convolution of the next steps looks back on these
 
 
-class KeyQueryConv(torch.autograd.Function):
-    """conv2d(scores, kernel, groups=H), keys padded by (c_k - 1) / 2: oneDNN's fast paths on CPU.
-
-    Measured on CPU (1-4 x 4 heads x 261 rows x 256-4096 keys), forward and backward together run
-    2.5-3.6x faster than plain F.conv2d, because:
-    - oneDNN convolves these per-head (depthwise) maps up to 3-4x faster in channels-last layout,
-      copies included;
-    - its kernel gradient is 5-10x slower than the forward, but that gradient (the correlation of
-      the padded input with the output's gradient) is itself a forward convolution, with the
-      output's gradient as a large kernel, one group per (batch, head) and a (c_q, c_k) result.
-    """
-
-    @staticmethod
-    def forward(ctx, scores: Tensor, kernel: Tensor) -> Tensor:
-        ctx.save_for_backward(scores, kernel)
-        H, pad = kernel.shape[0], kernel.shape[-1] // 2
-        out = F.conv2d(scores.contiguous(memory_format=torch.channels_last), kernel, padding=(0, pad), groups=H)
-        return out.contiguous()
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        scores, kernel = ctx.saved_tensors
-        kernel = kernel.to(grad.dtype)  # under autocast the forward ran in a lower precision
-        H, pad = kernel.shape[0], kernel.shape[-1] // 2
-        grad_scores = grad_kernel = None
-        if ctx.needs_input_grad[0]:
-            grad_last = grad.contiguous(memory_format=torch.channels_last)
-            grad_scores = F.conv_transpose2d(grad_last, kernel, padding=(0, pad), groups=H).contiguous()
-        if ctx.needs_input_grad[1]:
-            B, _, R, T = scores.shape
-            padded = F.pad(scores.to(grad.dtype), (pad, pad)).reshape(1, B * H, R, T + 2 * pad)
-            per_map = F.conv2d(padded, grad.reshape(B * H, 1, *grad.shape[2:]), groups=B * H)
-            grad_kernel = per_map.view(B, H, *kernel.shape[2:]).sum(0).view_as(kernel)
-        return grad_scores, grad_kernel
+def history_rows(config: ModelConfig, layer: int) -> int:
+    """Earlier query rows one output row depends on: c_q - 1 per convolution (pre, post or both)."""
+    att = config.attention
+    if layer not in att.mta_conv_layer_set(config.n_layer):
+        return 0
+    return (att.mta_query_kernel - 1) * (2 if att.mta_conv_placement == "both" else 1)
 
 
-def mix_heads(maps: Tensor, mix: Tensor) -> Tensor:
-    """A'_h = sum_h' M[h', h] A_h' within each group of heads. maps (B, H, R, T); mix (groups, c_h, c_h)."""
-    B, H, R, T = maps.shape
-    groups, c_h, _ = mix.shape
-    # One matmul per group on the maps as they lie in memory: einsum would permute them first.
-    mixed = mix.transpose(-1, -2) @ maps.reshape(B, groups, c_h, R * T)
-    return mixed.view(B, H, R, T)
+def check_mta(att: AttentionConfig) -> None:
+    if att.mta_query_kernel < 1:
+        fail("attention.mta_query_kernel", f"is {att.mta_query_kernel}", "use 1 or more")
+    if att.mta_key_kernel < 1 or att.mta_key_kernel % 2 == 0:
+        fail(
+            "attention.mta_key_kernel",
+            f"is {att.mta_key_kernel}, but the key axis is centred so it must be odd",
+            f"use {max(1, att.mta_key_kernel + 1)}",
+        )
+    check_choice("attention.mta_conv_placement", att.mta_conv_placement, ("pre", "post", "both"))
+    check_choice("attention.mta_backend", att.mta_backend, ("factorised", "conv"))
+    check_choice("attention.mta_gate_init", att.mta_gate_init, ("normal", "zero"))
+    if not att.mta_norm_eps > 0:
+        fail("attention.mta_norm_eps", f"is {att.mta_norm_eps}", "use a small positive number such as 1e-5")
+    check_choice("attention.mta_head_mix", att.mta_head_mix, ("none", "pre", "post", "both"))
+    if att.mta_query_chunk < 1:
+        fail("attention.mta_query_chunk", f"is {att.mta_query_chunk}", "use 1 or more")
+    if att.mta_head_group is not None and att.mta_head_group < 1:
+        fail("attention.mta_head_group", f"is {att.mta_head_group}", "use 1 or more, or leave it unset")
+
+
+def check_mta_model(config: ModelConfig) -> None:
+    for layer in config.attention.mta_conv_layers or []:
+        if not 0 <= layer < config.n_layer:
+            fail(
+                "attention.mta_conv_layers",
+                f"layer {layer} is out of range for n_layer={config.n_layer}",
+                f"use layer indices 0..{config.n_layer - 1}",
+            )
+    group = config.attention.mta_head_group or config.n_head
+    if config.n_head % group:
+        fail("attention.mta_head_group", f"n_head={config.n_head} is not divisible by {group}", "use a divisor of n_head")
+
+
+MTA_OPTIONS = tuple(name for name in AttentionConfig.__dataclass_fields__ if name.startswith("mta_"))
+MTA = KindSpec(
+    "mta", MultiTokenAttention, options=("n_kv_head",) + MTA_OPTIONS, check=check_mta, check_model=check_mta_model
+)

@@ -14,7 +14,7 @@ from ..errors import UserError
 # MTA's key-query convolution and head-mixing matrices start as the identity. Weight decay pulls
 # parameters towards zero, which for these means towards "no attention" rather than towards the
 # plain attention they start from, so they are not decayed even though they are matrices.
-NO_DECAY_NAMES = ("kq_conv", "mix_pre", "mix_post")
+NO_DECAY_NAMES = ("kq_conv", "kq_conv_post", "mix_pre", "mix_post")
 # Prefixes wrappers put in parameter names (FSDP, activation checkpointing, torch.compile).
 _WRAPPER_PREFIXES = re.compile(r"(_fsdp_wrapped_module\.|_checkpoint_wrapped_module\.|_orig_mod\.)")
 

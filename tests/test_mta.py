@@ -1,0 +1,277 @@
+"""Multi-token attention against an oracle written from the paper's formula, for every placement.
+
+`oracle` below is independent of the module's code: float64, the whole (T, T) map at once, the
+convolution as an explicit sum of shifted copies of the zero-masked scores (theta[a, b] times
+S0[i - a, j - b]), head mixing as a full H x H matrix, the output norm written out. The module's
+fast paths (the factorised one: far keys as one wide matrix product plus an exact band; and the
+plain chunked convolution) and its materialised `reference` are all checked against it, at
+awkward sizes: T = 1, T shorter than the band, T not a multiple of the chunk.
+
+Each test draws a fresh seed (printed on failure; MINITX_TEST_SEED replays it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minitx import AttentionConfig, ModelConfig, Transformer
+from minitx.attention.mta_kernels import KeyQueryConv
+from minitx.attention.multi_token import MultiTokenAttention
+from minitx.errors import UserError
+
+pytestmark = pytest.mark.usefixtures("seed", "one_thread")
+
+PLACEMENTS = ["pre", "post", "both"]
+
+
+def mta_module(n_head: int = 4, n_kv_head: int = 4, dtype=torch.float64, **attention) -> MultiTokenAttention:
+    """One MTA layer with the convolution, every learned part moved far from its identity init."""
+    attention = {"kind": "mta", "n_kv_head": n_kv_head, "mta_conv_layers": [0], **attention}
+    config = ModelConfig(block_size=64, n_layer=1, n_head=n_head, d_model=8 * n_head, attention=AttentionConfig(**attention))
+    module = MultiTokenAttention(config, 0).eval()
+    with torch.no_grad():
+        for param in module.parameters():  # noise of size 1/sqrt(fan-in) keeps scores at their scale
+            param.add_(torch.randn_like(param) / math.sqrt(param[0].numel() if param.dim() > 1 else 1))
+    return module.to(dtype)
+
+
+def qkv(module: MultiTokenAttention, T: int, B: int = 2, dtype=torch.float64):
+    D = module.head_dim
+    return (torch.randn(B, module.n_head, T, D, dtype=dtype), torch.randn(B, module.n_kv_head, T, D, dtype=dtype),
+            torch.randn(B, module.n_kv_head, T, D, dtype=dtype))
+
+
+# -- the oracle ---------------------------------------------------------------------------------------
+
+
+def conv_formula(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """C[i, j] = sum_{a=0..c_q-1} sum_{b=-r..r} theta[a, b] x[i - a, j - b], x zero outside the map.
+
+    The module stores theta as cross-correlation weights: theta[a, b] = kernel[h, 0, c_q-1-a, r-b].
+    """
+    B, H, T, _ = x.shape
+    c_q, c_k = kernel.shape[-2:]
+    r = c_k // 2
+    out = torch.zeros_like(x)
+    for a in range(c_q):
+        for b in range(-r, r + 1):
+            if a >= T or abs(b) >= T:  # shifted out of the map entirely
+                continue
+            theta = kernel[:, 0, c_q - 1 - a, r - b].view(1, H, 1, 1)
+            shifted = torch.zeros_like(x)  # shifted[i, j] = x[i - a, j - b]
+            rows, cols = slice(max(a, 0), T), slice(max(b, 0), T + min(b, 0))
+            shifted[:, :, rows, cols] = x[:, :, : T - a, max(-b, 0) : T - max(b, 0)]
+            out += theta * shifted
+    return out
+
+
+def mix_formula(maps: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
+    """A'_h = sum_h' M[h', h] A_h', M block-diagonal with the groups' c_h x c_h blocks."""
+    H = maps.shape[1]
+    full = torch.block_diag(*mix.double())
+    assert full.shape == (H, H)
+    return torch.einsum("bpij,ph->bhij", maps, full)
+
+
+def oracle(module: MultiTokenAttention, q, k, v, eps: float):
+    q, k, v = q.double(), k.double(), v.double()
+    B, H, T, D = q.shape
+    kv = torch.arange(H) // (H // k.shape[1])
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    scores = (q @ k[:, kv].transpose(-2, -1) / math.sqrt(D)).masked_fill(future, 0.0)
+    if module.kq_conv is not None:
+        scores = conv_formula(scores, module.kq_conv.double())
+    if module.mix_pre is not None:
+        scores = mix_formula(scores, module.mix_pre)
+    weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    if module.kq_conv_post is not None:
+        weights = conv_formula(weights, module.kq_conv_post.double()).masked_fill(future, 0.0)
+    if module.mix_post is not None:
+        weights = mix_formula(weights, module.mix_post)
+    out = weights @ v[:, kv]
+    if module.norm is not None:
+        out = out / torch.sqrt(out.pow(2).mean(-1, keepdim=True) + eps) * module.norm.weight.double()
+        out = out * torch.sigmoid(out @ module.gate.weight.double().T + module.gate.bias.double())
+    return out, weights
+
+
+def error(a: torch.Tensor, expected: torch.Tensor) -> float:
+    """Largest difference, relative to the largest entry where that exceeds 1 (the output norm
+    makes entries of about 10)."""
+    assert a.shape == expected.shape, (a.shape, expected.shape)
+    if not a.numel():
+        return 0.0
+    return (a.double() - expected).abs().max().item() / max(1.0, expected.abs().max().item())
+
+
+def test_oracle_convolution_is_the_formula_entry_by_entry():
+    x, kernel = torch.randn(1, 2, 5, 5, dtype=torch.float64), torch.randn(2, 1, 2, 3, dtype=torch.float64)
+    expected = torch.zeros_like(x)
+    for h, i, j, a, b in ((h, i, j, a, b) for h in range(2) for i in range(5) for j in range(5) for a in range(2) for b in (-1, 0, 1)):
+        if 0 <= i - a and 0 <= j - b < 5:
+            expected[0, h, i, j] += kernel[h, 0, 1 - a, 1 - b] * x[0, h, i - a, j - b]
+    assert error(conv_formula(x, kernel), expected) < 1e-14
+
+
+# -- every placement and backend against the oracle ------------------------------------------------------
+
+CASES = [
+    dict(),  # the LM setting: 6 x 11 kernels, head mixing both (pre over all heads), output norm
+    dict(n_kv_head=2, mta_head_group=2),  # grouped post mix; the pre mix stays H x H, as released
+    dict(n_kv_head=1, mta_head_group=2, mta_pre_mix_all_heads=False, mta_query_kernel=3, mta_key_kernel=5),
+    dict(mta_head_mix="none", mta_output_norm=False, mta_query_kernel=2, mta_key_kernel=1),
+]
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "LM")
+@pytest.mark.parametrize("backend", ["factorised", "conv"])
+def test_attend_and_reference_match_the_formula(placement, case, backend):
+    for T, chunk in [(1, 5), (3, 5), (23, 5), (23, 256)]:  # 3: shorter than the 10-key band
+        module = mta_module(mta_conv_placement=placement, mta_backend=backend, mta_query_chunk=chunk, **case)
+        q, k, v = qkv(module, T)
+        expected, expected_weights = oracle(module, q, k, v, module.norm.eps if module.norm is not None else 0)
+        with torch.no_grad():
+            assert error(module.attend(q, k, v), expected) < 1e-10, (T, chunk)
+            out, weights = module.reference(q, k, v)
+        assert error(out, expected) < 1e-10 and error(weights, expected_weights) < 1e-10
+        module32 = module.float()
+        with torch.no_grad():
+            assert error(module32.attend(q.float(), k.float(), v.float()), expected) < 1e-5, (T, chunk)
+
+
+@pytest.mark.parametrize("c_q", range(1, 7))
+def test_factorised_path_is_exact_for_every_kernel_shape(c_q):
+    # Odd c_k from 1 to 11 at lengths around the band (c_q - 1 + c_k // 2 keys) and across chunks.
+    for c_k in range(1, 12, 2):
+        module = mta_module(n_head=2, n_kv_head=1, mta_query_kernel=c_q, mta_key_kernel=c_k, mta_query_chunk=6)
+        for T in (1, 2, 9, 17):
+            q, k, v = qkv(module, T, B=1)
+            with torch.no_grad():
+                assert error(module.attend(q, k, v), oracle(module, q, k, v, module.norm.eps)[0]) < 1e-10, (c_k, T)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_gradients_match_the_formula(placement):
+    module = mta_module(n_kv_head=2, mta_conv_placement=placement, mta_query_chunk=4)  # chunks recompute
+    inputs = [t.requires_grad_() for t in qkv(module, 19)]
+    names, params = zip(*[(n, p) for n, p in module.named_parameters() if "proj" not in n])  # MTA's own
+    grad_out = torch.randn(2, 4, 19, 8, dtype=torch.float64)
+    fast = torch.autograd.grad((module.attend(*inputs) * grad_out).sum(), inputs + list(params))
+    slow = torch.autograd.grad((oracle(module, *inputs, module.norm.eps)[0] * grad_out).sum(), inputs + list(params))
+    for name, a, b in zip(("q", "k", "v") + names, fast, slow):
+        assert error(a, b) < 1e-10, name
+
+
+# -- causality and decoding ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_no_future_token_reaches_the_past(placement):
+    module = mta_module(mta_conv_placement=placement, mta_query_chunk=7)
+    q, k, v = qkv(module, 30)
+    with torch.no_grad():
+        base = module.attend(q, k, v)
+        for cut in (1, 9, 10, 11, 20, 29):
+            changed = [t.clone() for t in (q, k, v)]
+            for t in changed:
+                t[:, :, cut:] = torch.randn_like(t[:, :, cut:])
+            assert (module.attend(*changed)[:, :, :cut] - base[:, :, :cut]).abs().max().item() < 1e-12, cut
+
+
+def model_with(**attention) -> Transformer:
+    config = ModelConfig(vocab_size=17, block_size=24, n_layer=2, n_head=4, d_model=32,
+                         attention=AttentionConfig(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, **attention))
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if any(part in name for part in ("kq_conv", "mix_", "attn.norm", "attn.gate")):
+                param.add_(0.3 * torch.randn_like(param))
+    return model
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_cached_decoding_equals_the_uncached_model(placement):
+    model = model_with(mta_conv_placement=placement, mta_query_kernel=3, mta_key_kernel=5)
+    idx = torch.randint(0, 17, (2, 20))
+    with torch.no_grad():
+        expected = model(idx)
+        cache = model.new_cache(batch=2)
+        steps = [model(idx[:, :7], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(7, 20)]
+    assert (torch.cat(steps, dim=1) - expected).abs().max().item() < 1e-5
+
+
+# -- the released options ---------------------------------------------------------------------------------
+
+
+def test_released_defaults_and_old_checkpoint_keys():
+    module = mta_module(mta_conv_placement="both", dtype=torch.float32)
+    assert module.norm.eps == 1e-5 and module.mix_pre.shape == (1, 4, 4) and module.n_hist == 10
+    fresh = MultiTokenAttention(module.config, 0)
+    assert fresh.gate.weight.abs().max() > 0 and fresh.gate.weight.abs().max() <= 3 * 8**-0.5  # truncated normal
+    old = {("norm_weight" if name == "norm.weight" else name): value for name, value in module.state_dict().items()}
+    fresh.load_state_dict(old)
+    assert torch.equal(fresh.norm.weight, module.norm.weight)
+
+
+def test_softmax_and_norm_statistics_in_float32_under_bf16():
+    module = mta_module(mta_conv_placement="both", dtype=torch.float32)
+    scores = 30 * torch.randn(2, 4, 3, 200).bfloat16()
+    assert torch.equal(module.softmax(scores), torch.softmax(scores.float(), dim=-1).bfloat16())
+    q, k, v = qkv(module, 21, dtype=torch.float32)
+    expected = oracle(module, q, k, v, module.norm.eps)[0]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert error(module.attend(q, k, v), expected) < 0.05  # bf16 keeps 2-3 digits
+
+
+@pytest.mark.parametrize("field, value", [("mta_conv_placement", "around"), ("mta_backend", "flash"), ("mta_norm_eps", 0.0), ("mta_gate_init", "ones")])
+def test_bad_options_are_refused_by_name(field, value):
+    with pytest.raises(UserError, match=f"attention.{field}"):
+        AttentionConfig(kind="mta", **{field: value})
+
+
+# -- the pieces (moved here from test_attention.py) ---------------------------------------------------
+
+
+def test_key_query_conv_gradients_are_exact():
+    # The hand-written backward (a convolution for the kernel's gradient) against finite differences.
+    scores = torch.randn(2, 3, 7, 9, dtype=torch.float64, requires_grad=True)
+    kernel = torch.randn(3, 1, 3, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(KeyQueryConv.apply, (scores, kernel))
+    expected = F.conv2d(scores, kernel, padding=(0, 2), groups=3)
+    assert error(KeyQueryConv.apply(scores, kernel), expected) < 1e-12
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_trains_under_cpu_autocast(placement):
+    module = mta_module(mta_conv_placement=placement, mta_query_chunk=8, dtype=torch.float32)
+    kernel = module.kq_conv if module.kq_conv is not None else module.kq_conv_post
+    inputs = [t.requires_grad_() for t in qkv(module, 21, dtype=torch.float32)]
+    expected = torch.autograd.grad(module.attend(*inputs).sum(), kernel)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = module.attend(*inputs)
+    (grad,) = torch.autograd.grad(out.float().sum(), kernel)
+    assert grad.dtype == torch.float32
+    assert (grad - expected).norm() < 0.1 * expected.norm()  # bf16 keeps 2-3 digits; measured <= 2.5%
+
+
+def test_layer_without_convolution_has_no_kernel_and_matches_the_formula():
+    module = mta_module(mta_conv_layers=[], mta_conv_placement="both")  # head mixing and output norm only
+    assert module.kq_conv is None and module.kq_conv_post is None and module.n_hist == 0
+    q, k, v = qkv(module, 21)
+    with torch.no_grad():
+        assert error(module.attend(q, k, v), oracle(module, q, k, v, module.norm.eps)[0]) < 1e-10
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_identity_init_is_plain_attention(placement):
+    # RMSNorm and the sigmoid gate are not the identity, so the output norm is off here.
+    attention = AttentionConfig(kind="mta", mta_conv_layers=[0], mta_output_norm=False, mta_conv_placement=placement)
+    module = MultiTokenAttention(ModelConfig(n_layer=1, n_head=4, d_model=32, attention=attention), 0).eval()
+    q, k, v = qkv(module, 29, dtype=torch.float32)
+    with torch.no_grad():
+        assert error(module.attend(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True).double()) < 1e-5
