@@ -1,4 +1,4 @@
-"""Plots of an ablation table (see ablation.aggregate): loss curves and cost against quality.
+"""Plots of an ablation table (see table.aggregate): loss curves, cost against quality, loss against context.
 
 Headless on purpose (the Agg backend): sweeps run on servers and in tests.
 """
@@ -76,6 +76,32 @@ def cost_quality(table: list[dict], path: Path) -> None:
         if not entries:
             ax.text(0.5, 0.5, "no finished runs", ha="center", va="center", transform=ax.transAxes)
     fig.suptitle("Cost against quality (mean ± std over seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def loss_vs_context(table: list[dict], lengths: list[int], path: Path) -> None:
+    """Held-out loss against the context length it was scored at, one line per variant (mean over
+    seeds, ±std bars); a length a variant cannot run is left out of its line."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for entry in _finished(table):
+        points = [(n, *entry.get(f"loss_at_{n}", (None, None))) for n in lengths]
+        points = [(n, mean, std or 0.0) for n, mean, std in points if mean is not None]
+        if points:
+            ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points], marker="o",
+                        markersize=4, capsize=3, label=entry["variant"])
+    ax.set_xscale("log", base=2)
+    if lengths:
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("held-out loss")
+    ax.set_title("Loss against context length (mean over seeds)")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no evaluated runs", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,0 +1,37 @@
+"""Ablation sweeps: which attention, at what cost?
+
+    python ablate.py --config configs/ablation.yaml --output runs/ablation [--seeds 3] [--parallel 2]
+
+A sweep is one training config (the base) plus named variants, each a few dotted overrides of it.
+Every (variant, seed) pair is one run of the ordinary training command, in a subprocess with its
+own directory. The runs share data, tokenizer, seeds and token budget: a variant may not override
+those unless it says `allow_budget_change: true`, and the table then says what it changed. Before
+any run starts, every variant's config is checked as the training command will check it.
+
+    sweep.py      the sweep file: parsing and checks
+    budget.py     parameters and FLOPs per token; `match: params|flops` resizes the MLP to equal budgets
+    runner.py     planning the runs, the training subprocesses, parallel runs, skipping finished ones
+    summary.py    RunSummary, the callback that writes each run's summary.json
+    eval_runs.py  evaluating each finished run's best checkpoint (cached per run)
+    table.py      rows per run, mean and spread per variant, differences beyond the seed spread
+    report.py     results.csv, results.md; plots.py: loss_curves, cost_quality, loss_vs_context
+    command.py    the ablate command line
+
+Output: runs/<variant>-seed<k>/ (the run's own logs and checkpoints, run.json, summary.json,
+evaluation.json, train.log), results.csv, results.md and the three plots.
+"""
+
+from .budget import match_budgets, model_budget
+from .command import main, parse_args
+from .report import CSV_FIELDS, PLOTS, format_cell, markdown_table, write_csv, write_results
+from .runner import BASE_SNAPSHOT, LOG_FILE, RUN_FILE, Run, check_variants, execute, format_value, plan_runs, run_sweep
+from .summary import SUMMARY_FILE, RunSummary
+from .sweep import EvalSettings, Sweep, Variant, load_sweep
+from .table import COLUMNS, aggregate, collect, mean_curve, mean_std
+
+__all__ = [
+    "BASE_SNAPSHOT", "COLUMNS", "CSV_FIELDS", "EvalSettings", "LOG_FILE", "PLOTS", "RUN_FILE", "Run", "RunSummary",
+    "SUMMARY_FILE", "Sweep", "Variant", "aggregate", "check_variants", "collect", "execute", "format_cell",
+    "format_value", "load_sweep", "main", "markdown_table", "match_budgets", "mean_curve", "mean_std", "model_budget",
+    "parse_args", "plan_runs", "run_sweep", "write_csv", "write_results",
+]

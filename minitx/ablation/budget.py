@@ -1,0 +1,120 @@
+"""Budgets: what a variant costs (parameters, training FLOPs per token) and `match`, which resizes
+each variant's MLP to the reference variant's budget so a comparison is of equal sizes.
+
+Counts for matching leave out the token and position tables and an untied output layer: every
+variant shares them (same vocabulary, same width), so they only dilute the difference. The MLP
+hidden width is the knob: it holds most of a block's parameters, leaves the attention that is
+being compared alone, and the counts are linear in it, so the width is solved for, then checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any, Callable, Sequence
+
+import torch
+import yaml
+
+from ..config import ModelConfig
+from ..errors import UserError
+from ..model import Transformer
+from .sweep import Sweep, Variant
+
+TOLERANCE = 0.02  # a matched variant's count is within 2% of the reference's
+WIDTH_KEY = "model.mlp_hidden_size"
+MEASURES = {"params": "params_non_embedding", "flops": "flops_per_token_non_embedding"}
+
+
+def model_budget(model: Transformer) -> dict[str, Any]:
+    """Parameters (all, and without the vocabulary and position tables) and training FLOPs per token."""
+    total = model.num_params(non_embedding=False)
+    shared = [model.tok_emb.weight, model.lm_head.weight, *([model.pos_emb.weight] if model.pos_emb is not None else [])]
+    tables = sum(p.numel() for p in {id(p): p for p in shared}.values())  # a tied head is one table
+    flops = model.flops_per_token()
+    vocab = sum(p.numel() for p in {id(p): p for p in shared[:2]}.values())
+    return {
+        "params": total,
+        "params_non_embedding": total - tables,
+        "flops_per_token": flops,
+        # the output layer's matmul (6 FLOPs per weight) is what the vocabulary adds to the FLOPs
+        "flops_per_token_non_embedding": flops - 6 * vocab,
+        "mlp_hidden": model.config.mlp_hidden,
+    }
+
+
+def budget_of(config: ModelConfig) -> dict[str, Any]:
+    """model_budget of a model of this config, built on the meta device: no memory, no time."""
+    with torch.device("meta"):
+        return model_budget(Transformer(config))
+
+
+def _parsed(value: Any) -> Any:
+    return yaml.safe_load(value) if isinstance(value, str) else value
+
+
+def model_section(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """The `model` section a variant's runs train with: base, shared overrides, the variant's,
+    then `--model.*` arguments given after --."""
+    section = dict((yaml.safe_load(sweep.base_text) or {}).get("model") or {})
+    section["attention"] = dict(section.get("attention") or {})
+    dotted = {**sweep.overrides, **variant.overrides}
+    for i, arg in enumerate(extra):
+        if arg.startswith("--model."):
+            key, _, value = arg[2:].partition("=")
+            dotted[key] = value if "=" in arg else (extra[i + 1] if i + 1 < len(extra) else None)
+    for key, value in dotted.items():
+        parts = key.split(".")
+        if parts[0] == "model" and len(parts) == 2:
+            section[parts[1]] = _parsed(value)
+        elif parts[:2] == ["model", "attention"] and len(parts) == 3:
+            section["attention"][parts[2]] = _parsed(value)
+    return section
+
+
+def model_config_of(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> ModelConfig:
+    known = {f.name for f in fields(ModelConfig)}
+    section = {key: value for key, value in model_section(sweep, variant, extra).items() if key in known}
+    return ModelConfig.from_dict(section)
+
+
+def _with_width(config: ModelConfig, width: int) -> ModelConfig:
+    return ModelConfig.from_dict({**config.to_dict(), "mlp_hidden_size": width})
+
+
+def solve_width(config: ModelConfig, target: float, measure: Callable[[ModelConfig], float]) -> tuple[int, float]:
+    """The MLP width whose measure is nearest target, and that measure. The measure is linear in
+    the width, so two points give the line; the rounded solution is then measured itself."""
+    width = config.mlp_hidden
+    here = measure(config)
+    per_unit = measure(_with_width(config, width + 1)) - here
+    best = max(1, round(width + (target - here) / per_unit))
+    return best, measure(_with_width(config, best))
+
+
+def match_budgets(sweep: Sweep, by: str, extra: Sequence[str] = (), log: Any = print) -> None:
+    """Give every variant but the reference the MLP width that brings its budget (`by`: params or
+    flops) within 2% of the reference's; refuse with one line when no width does."""
+    key = MEASURES[by]
+    reference = sweep.reference or sweep.variants[0]
+    target = budget_of(model_config_of(sweep, reference, extra))[key]
+    for variant in sweep.variants:
+        if variant is reference or variant.name == reference.name:
+            continue
+        if WIDTH_KEY in variant.overrides:
+            raise UserError(f"variant {variant.name!r}: sets {WIDTH_KEY} and 'match: {by}' would change it; remove one")
+        config = model_config_of(sweep, variant, extra)
+        width, value = solve_width(config, target, lambda c: budget_of(c)[key])
+        off = value / target - 1
+        if abs(off) > TOLERANCE:
+            raise UserError(
+                f"variant {variant.name!r}: 'match: {by}' cannot come within 2% of {reference.name}'s {target:,.0f} "
+                f"by the MLP width (closest: width {width} gives {value:,.0f}, {off:+.1%}); "
+                "resize the variant by hand or remove 'match'"
+            )
+        figures = f"({by} {value:,.0f}, {off:+.2%} vs {reference.name})"
+        if width == config.mlp_hidden:  # already as close as a width can bring it: nothing to change
+            log(f"ablate: match  {variant.name}: MLP width {width} kept {figures}")
+            continue
+        variant.overrides = {**variant.overrides, WIDTH_KEY: width}
+        variant.resized = f"MLP width {config.mlp_hidden} -> {width} {figures}"
+        log(f"ablate: match  {variant.name}: {variant.resized}")

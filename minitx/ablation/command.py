@@ -1,0 +1,92 @@
+"""The ablate command: parse the command line, check the sweep, run it, evaluate, report."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ..arguments import ArgumentParser
+from ..errors import UserError
+from .budget import match_budgets
+from .eval_runs import evaluate_runs
+from .report import PLOTS, write_results
+from .runner import BASE_SNAPSHOT, LOG_FILE, check_variants, plan_runs, run_sweep
+from .sweep import Sweep, load_sweep
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = ArgumentParser(
+        prog="ablate",
+        description="Train each attention variant of a sweep file on the same data and budget; write a table and plots.",
+    )
+    parser.add_argument("--config", required=True, help="sweep YAML: base training config + variants")
+    parser.add_argument("--output", default=None, help="output directory (default runs/ablation/<config name>)")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per variant (default: the file's 'seeds')")
+    parser.add_argument("--parallel", type=int, default=1, help="training processes at once (default 1)")
+    parser.add_argument("--only", default=None, help="comma-separated variant names to run (default all)")
+    parser.add_argument("--wandb", action="store_true", help="log every run to Weights & Biases, one group per sweep")
+    parser.add_argument("--wandb-project", default="minitx-ablation", help="W&B project (with --wandb)")
+    parser.add_argument("--dry-run", action="store_true", help="print the training commands and stop")
+    parser.add_argument("--report-only", action="store_true", help="rebuild the table and plots from finished runs (no training, no new evaluations)")
+    parser.add_argument("train_args", nargs="*", help="extra training arguments for every run, after --")
+    return parser.parse_args(argv)
+
+
+def select(sweep: Sweep, only: Optional[str]) -> None:
+    """Keep the variants --only names (the reference stays the file's first variant)."""
+    if not only:
+        return
+    wanted = [name.strip() for name in only.split(",") if name.strip()]
+    missing = sorted(set(wanted) - {v.name for v in sweep.variants})
+    if missing:
+        raise UserError(f"--only: unknown variant(s) {', '.join(missing)}; the file has {', '.join(v.name for v in sweep.variants)}")
+    sweep.variants = [v for v in sweep.variants if v.name in wanted]
+
+
+def prepare(args: argparse.Namespace) -> tuple[Sweep, Path]:
+    """The sweep as it will run: read, filtered, resized (`match`), and checked unless only reporting."""
+    if args.seeds is not None and args.seeds < 1:
+        raise UserError(f"--seeds: must be 1 or more, got {args.seeds}")
+    if args.parallel < 1:
+        raise UserError(f"--parallel: must be 1 or more, got {args.parallel}")
+    config_path = Path(args.config)
+    sweep = load_sweep(config_path)
+    select(sweep, args.only)
+    if sweep.match:
+        try:
+            match_budgets(sweep, sweep.match, args.train_args, log=print)
+        except UserError as error:
+            raise UserError(f"{config_path}: {error}") from None
+    if not args.report_only:
+        check_variants(sweep, config_path, args.train_args)
+    return sweep, config_path
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parse_args(argv)
+    sweep, config_path = prepare(args)
+    output = Path(args.output) if args.output else Path("runs") / "ablation" / config_path.stem
+    output.mkdir(parents=True, exist_ok=True)  # only once the sweep is known to be sound
+    logging = wandb_arguments(args.wandb_project, group=output.resolve().name) if args.wandb else []
+    runs = plan_runs(sweep, output, args.seeds or sweep.seeds, args.train_args, logging)
+    if args.dry_run:
+        for run in runs:
+            print(" ".join(shlex.quote(part) for part in run.command))
+        print(f"# {output / BASE_SNAPSHOT} is written when the sweep runs: the base config as it is then")
+        return
+    if not args.report_only:
+        run_sweep(runs, sweep, output, args.parallel)
+        evaluate_runs(runs, sweep.evaluation)
+    table = write_results(runs, output, title=f"Ablation: {config_path.name}", sweep=sweep)
+    print((output / "results.md").read_text(encoding="utf-8"))
+    print(f"ablate: wrote {output / 'results.md'}, results.csv, {', '.join(PLOTS)}")
+    if all(entry["ok"] == 0 for entry in table):
+        failed = next((entry for entry in table if entry["status"] != "ok"), None)
+        first = f" ({failed['variant']}: {failed['status']})" if failed else ""
+        raise UserError(f"every run failed{first}; see the status column in {output / 'results.md'} and each run's {LOG_FILE}")
+
+
+def wandb_arguments(project: str, group: str) -> list[str]:
+    return ["--run.wandb", "true", "--run.wandb_project", project, "--run.wandb_group", group]

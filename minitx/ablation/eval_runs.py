@@ -1,0 +1,87 @@
+"""Evaluation after each run: the held-out figures of minitx.evaluation on every finished run's
+best checkpoint, cached in the run's directory.
+
+A rerun of a finished sweep reads the cache (evaluation.json) instead of evaluating again; the
+cache is keyed by the evaluation settings and the checkpoint file, so a retrained run or new
+settings are evaluated afresh. A failed evaluation is recorded as a note for the run's row, never
+the end of the sweep, and is tried again on the next run of the sweep.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from ..checkpoint import BEST, LAST
+from ..errors import one_line
+from ..fileio import write_json_atomically
+from .runner import Run, is_finished, read_json
+from .summary import SUMMARY_FILE
+from .sweep import EvalSettings
+
+EVAL_FILE = "evaluation.json"
+CHECKPOINT_DIR = "checkpoints"  # inside a run's directory (minitx/checkpoint.py's layout)
+
+
+def eval_lengths(settings: EvalSettings, block_size: int) -> list[int]:
+    """The contexts scored: the sweep file's, else the training length and 2x and 4x it."""
+    return list(settings.lengths) if settings.lengths else [block_size, 2 * block_size, 4 * block_size]
+
+
+def best_checkpoint(run: Run) -> Optional[Path]:
+    for name in (BEST, LAST):  # best.ckpt exists once a validation ran; last.ckpt always
+        path = run.directory / CHECKPOINT_DIR / name
+        if path.is_file():
+            return path
+    return None
+
+
+def evaluate(checkpoint: Path, lengths: list[int], max_tokens: Optional[int]) -> dict:
+    """The one call into minitx.evaluation (its contract: a JSON-able dict, see its docstring)."""
+    from ..evaluation import evaluate_checkpoint  # not imported with the package: the runs never need it
+
+    return evaluate_checkpoint(str(checkpoint), lengths=lengths, max_tokens=max_tokens)
+
+
+def cache_key(run: Run, settings: EvalSettings) -> Optional[dict]:
+    summary = read_json(run.directory / SUMMARY_FILE) or {}
+    checkpoint = best_checkpoint(run)
+    if checkpoint is None or not summary.get("block_size"):
+        return None
+    stat = checkpoint.stat()
+    return {
+        "checkpoint": str(checkpoint.relative_to(run.directory)),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "lengths": eval_lengths(settings, summary["block_size"]),
+        "max_tokens": settings.max_tokens,
+    }
+
+
+def evaluate_run(run: Run, settings: EvalSettings, log: Any = print, compute: bool = True) -> Optional[dict]:
+    """{"key", "result"} or {"key", "error"} for a finished run, from the cache when it is there;
+    None when there is nothing to show (evaluation off, run unfinished, not computed)."""
+    if not settings.enabled or not is_finished(run):
+        return None
+    key = cache_key(run, settings)
+    if key is None:
+        return {"key": None, "error": f"no checkpoint in {run.directory / CHECKPOINT_DIR} to evaluate"} if compute else None
+    cached = read_json(run.directory / EVAL_FILE)
+    if cached is not None and cached.get("key") == key and "result" in cached:
+        return cached
+    if not compute:
+        return None
+    log(f"ablate: eval   {run.label}")
+    try:
+        record = {"key": key, "result": evaluate(run.directory / key["checkpoint"], key["lengths"], key["max_tokens"])}
+    except Exception as error:  # noqa: BLE001 - any failure of one evaluation is that row's note
+        record = {"key": key, "error": f"evaluation failed: {one_line(error, 300)}"}
+        log(f"ablate: eval   {run.label} failed: {record['error']}")
+    write_json_atomically(run.directory / EVAL_FILE, record)
+    return record
+
+
+def evaluate_runs(runs: list[Run], settings: EvalSettings, log: Any = print, compute: bool = True) -> None:
+    """Evaluate every finished run that has no cached evaluation (compute=False: read caches only)."""
+    for run in runs:
+        evaluate_run(run, settings, log, compute)

@@ -1,0 +1,216 @@
+"""Running a sweep: one training subprocess per (variant, seed), in parallel, resumable.
+
+Every run is the ordinary training command in its own process and directory, so a crash stays in
+its run and the only thing this file relies on is the training command line. A run counts as
+finished when its summary.json exists (summary.py writes it), so a rerun skips finished runs and
+retries the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from ..errors import UserError
+from ..fileio import write_json_atomically, write_text_atomically
+from ..training import check_train_args
+from .summary import SUMMARY_FILE
+from .sweep import Sweep, Variant
+
+# How a run is launched: the training command's contract (minitx/training). A command string,
+# so the sweep depends on the command line, not on the command's module.
+TRAIN_COMMAND = [sys.executable, "-c", "import sys; from minitx.cli import train_main; sys.exit(train_main())"]
+SEED_KEYS = ("seed_everything", "data.seed")  # weights and dropout; the order of training batches
+SUMMARY_CALLBACK = "minitx.ablation.summary.RunSummary"
+# Quiet, quick defaults for runs nobody watches; the sweep file's overrides come after and win.
+RUN_DEFAULTS = {"trainer.enable_progress_bar": False, "run.sample_tokens": 0}
+
+# Every run reads this copy of the base config, written once per sweep: an edit of the original
+# file while the sweep runs cannot give later runs a different base.
+BASE_SNAPSHOT = "base_config.yaml"
+RUN_FILE = "run.json"
+LOG_FILE = "train.log"
+
+
+def format_value(value: Any) -> str:
+    """A command-line value the training CLI parses back to the same thing (JSON is YAML)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def read_json(path: Path) -> Optional[dict]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+@dataclass
+class Run:
+    variant: Variant
+    seed: int
+    directory: Path  # the training run's own directory: <output>/runs/<variant>-seed<seed>
+    command: list[str]
+    fingerprint: str  # base config + overrides + seed: detects a changed sweep in an old output dir
+
+    @property
+    def label(self) -> str:
+        return f"{self.variant.name} seed {self.seed}"
+
+
+def plan_runs(sweep: Sweep, output: Path, seeds: int, extra: Sequence[str] = (), logging: Sequence[str] = ()) -> list[Run]:
+    """One run per (variant, seed). `extra`: training arguments for every run (part of the
+    settings a finished run is checked against); `logging`: arguments that change where runs
+    report (W&B), not what they compute."""
+    runs = []
+    for variant in sweep.variants:
+        for seed in range(sweep.seed, sweep.seed + seeds):
+            root, name = output / "runs", f"{variant.name}-seed{seed}"
+            overrides = run_overrides(sweep, variant.overrides, seed)
+            command = [*TRAIN_COMMAND, *train_arguments(output / BASE_SNAPSHOT, root, name, overrides, [*extra, *logging])]
+            settings = json.dumps([sweep.base_text, sorted((k, format_value(v)) for k, v in overrides.items()), list(extra)])
+            runs.append(Run(variant, seed, root / name, command, hashlib.sha256(settings.encode()).hexdigest()[:16]))
+    return runs
+
+
+def run_overrides(sweep: Sweep, variant_overrides: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The dotted overrides of one run: quiet defaults, the shared ones, the variant's, the seed."""
+    return {**RUN_DEFAULTS, **sweep.overrides, **variant_overrides, **{key: seed for key in SEED_KEYS}}
+
+
+def train_arguments(base_config: Path, root: Path, name: str, overrides: dict[str, Any], extra: Sequence[str]) -> list[str]:
+    """The training command's arguments for one run (everything after TRAIN_COMMAND)."""
+    arguments = ["--config", str(base_config), "--run.root", str(root), "--run.name", name]
+    for key, value in overrides.items():
+        arguments += [f"--{key}", format_value(value)]
+    return [*arguments, "--trainer.callbacks+=" + SUMMARY_CALLBACK, *extra]
+
+
+def check_variants(sweep: Sweep, sweep_path: Path, extra: Sequence[str] = ()) -> None:
+    """Parse every variant's training config as the train command will, before any run starts.
+
+    A mistake in the config (unknown key, wrong type, a model that cannot be built) then stops
+    the sweep at once with one line naming the variant and the key, instead of failing the same
+    way in every run after the others have trained for an hour. What only training can find (a
+    missing data file, a loss gone NaN) still fails just its run, a row in the table.
+    """
+    with tempfile.TemporaryDirectory(prefix="minitx-ablate-") as scratch:
+        base = Path(scratch) / BASE_SNAPSHOT
+        base.write_text(sweep.base_text, encoding="utf-8")
+        root = Path(scratch) / "runs"  # never written: checking builds nothing
+
+        def check(variant_overrides: dict[str, Any], name: str) -> Optional[str]:
+            arguments = train_arguments(base, root, name, run_overrides(sweep, variant_overrides, sweep.seed), extra)
+            try:
+                check_train_args(arguments)
+            except UserError as error:
+                return str(error)
+            return None
+
+        for variant in sweep.variants:
+            problem = check(variant.overrides, variant.name)
+            if problem is None:
+                continue
+            # The same mistake without the variant's overrides is the base's (or the shared overrides').
+            if not variant.overrides or check({}, "base") == problem:
+                raise UserError(f"{sweep_path}: base config or shared overrides: {problem}")
+            raise UserError(f"{sweep_path}: variant {variant.name!r}: {problem}")
+
+
+def last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def is_finished(run: Run) -> bool:
+    return (run.directory / SUMMARY_FILE).is_file()
+
+
+def check_same_settings(run: Run) -> None:
+    """Refuse to mix a finished run made with other settings into this sweep's table."""
+    record = read_json(run.directory / RUN_FILE)
+    if record is not None and record.get("fingerprint") != run.fingerprint:
+        raise UserError(
+            f"--output: {run.directory} holds a finished run of {run.label} made with different settings; "
+            "use a new --output directory or delete that run"
+        )
+
+
+def _environment(threads: Optional[int]) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    if threads is not None:  # parallel runs share the cores instead of fighting over them
+        env.setdefault("OMP_NUM_THREADS", str(threads))
+    return env
+
+
+def _failure(run: Run, returncode: int) -> str:
+    """Why a run failed, in one line: the last line of its log."""
+    if is_finished(run):  # it died after training (final validation, say): not finished
+        os.replace(run.directory / SUMMARY_FILE, run.directory / ("failed-" + SUMMARY_FILE))
+    text = (run.directory / LOG_FILE).read_text(encoding="utf-8", errors="replace")
+    reason = last_line(text) or f"exit status {returncode}"
+    if returncode == 0:
+        reason = f"training ended without writing {SUMMARY_FILE}; last line: {reason}"
+    return reason
+
+
+def execute(run: Run, threads: Optional[int], log: Any = print, parallel: int = 1) -> dict:
+    """Run one training subprocess to the end; never raises for the run's own failure."""
+    if run.directory.exists():
+        shutil.rmtree(run.directory)  # an unfinished earlier attempt: start it afresh
+    run.directory.mkdir(parents=True)
+    record = {
+        "variant": run.variant.name,
+        "seed": run.seed,
+        "fingerprint": run.fingerprint,
+        "command": run.command,
+        "parallel": parallel,  # runs sharing the machine with this one: the table says so
+        "status": "running",
+    }
+    write_json_atomically(run.directory / RUN_FILE, record)
+    log(f"ablate: start  {run.label}")
+    start = time.perf_counter()
+    with open(run.directory / LOG_FILE, "w", encoding="utf-8") as out:
+        process = subprocess.run(run.command, stdout=out, stderr=subprocess.STDOUT, env=_environment(threads), stdin=subprocess.DEVNULL)
+    record["process_seconds"] = time.perf_counter() - start
+    record["returncode"] = process.returncode
+    if process.returncode == 0 and is_finished(run):
+        record["status"] = "ok"
+    else:
+        record["status"], record["error"] = "failed", _failure(run, process.returncode)
+    write_json_atomically(run.directory / RUN_FILE, record)
+    error = f": {record['error']}" if record.get("error") else ""
+    log(f"ablate: {record['status']:<6} {run.label} ({record['process_seconds']:.0f} s){error}")
+    return record
+
+
+def run_sweep(runs: list[Run], sweep: Sweep, output: Path, parallel: int = 1, log: Any = print) -> None:
+    """Run every unfinished run; finished ones are skipped (after checking their settings)."""
+    todo = []
+    for run in runs:
+        if is_finished(run):
+            check_same_settings(run)
+            log(f"ablate: skip   {run.label} (finished)")
+        else:
+            todo.append(run)
+    if not todo:
+        return
+    write_text_atomically(output / BASE_SNAPSHOT, sweep.base_text)
+    threads = max(1, (os.cpu_count() or 1) // parallel) if parallel > 1 else None
+    if parallel == 1:
+        for run in todo:
+            execute(run, threads, log)
+    else:
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            list(pool.map(lambda run: execute(run, threads, log, parallel), todo))

@@ -1,0 +1,203 @@
+"""The sweep file: a base training config, shared overrides, named variants, seeds and options.
+
+    base: default.yaml                  # training config: a path (relative to this file) or a mapping
+    overrides: {trainer.max_steps: 300} # applied to every run: the shared budget
+    seed: 1337                          # first seed; --seeds N runs seed, seed+1, ..., seed+N-1
+    seeds: 1
+    match: params                       # optional: resize variants to the first one's budget (budget.py)
+    eval: {max_tokens: 20000}           # optional: what is evaluated after each run (evaluate.py)
+    variants:
+      - name: mha
+        overrides: {model.attention.kind: mha}
+
+Everything is checked here, so a mistake in the file stops the sweep with one line naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from ..errors import UserError
+
+# Keys a variant may not change on its own: they decide the data, the seed or the token budget,
+# and a comparison is only fair when all variants share them.
+BUDGET_KEYS = (
+    "trainer.max_steps",
+    "trainer.max_epochs",
+    "trainer.max_time",
+    "trainer.limit_train_batches",
+    "trainer.accumulate_grad_batches",
+    "trainer.devices",
+    "trainer.num_nodes",
+    "model.block_size",
+    "seed_everything",
+)
+BUDGET_PREFIXES = ("data.",)  # every data setting: source, tokenizer, batch, block, seed, ...
+
+# Keys the sweep itself sets for every run: where it writes, what it resumes from.
+RESERVED_KEYS = ("run.root", "run.name", "ckpt_path", "config")
+
+MATCH_CHOICES = ("params", "flops")
+FILE_KEYS = ("base", "overrides", "variants", "seed", "seeds", "match", "eval")
+VARIANT_KEYS = ("name", "overrides", "allow_budget_change")
+
+
+@dataclass
+class Variant:
+    name: str
+    overrides: dict[str, Any]
+    allow_budget_change: bool = False
+    resized: str = ""  # what `match` changed, in words ("" when nothing)
+
+    def budget_changes(self) -> dict[str, Any]:
+        return {key: value for key, value in self.overrides.items() if is_budget_key(key)}
+
+
+@dataclass
+class EvalSettings:
+    """What is evaluated after each run (see evaluate.py); lengths None: 1x, 2x and 4x block_size."""
+
+    enabled: bool = True
+    lengths: Optional[list[int]] = None
+    max_tokens: Optional[int] = 20_000
+
+
+@dataclass
+class Sweep:
+    base_text: str  # the training config every run starts from (YAML text)
+    overrides: dict[str, Any]
+    variants: list[Variant]
+    seed: int = 1337
+    seeds: int = 1
+    match: Optional[str] = None  # "params" or "flops": resize each variant to the reference's count
+    evaluation: EvalSettings = field(default_factory=EvalSettings)
+    reference: Optional[Variant] = None  # the first variant of the file, kept when --only drops it
+
+    def __post_init__(self) -> None:
+        if self.reference is None and self.variants:
+            self.reference = self.variants[0]
+
+
+def is_budget_key(key: str) -> bool:
+    return key in BUDGET_KEYS or key.startswith(BUDGET_PREFIXES)
+
+
+def flatten(mapping: Any, where: str) -> dict[str, Any]:
+    """{'model.attention': {'kind': 'gqa'}} and {'model.attention.kind': 'gqa'} both -> dotted keys."""
+    if mapping is None:
+        return {}
+    if not isinstance(mapping, dict):
+        raise UserError(f"{where}: expected a mapping of dotted keys to values, got {type(mapping).__name__}")
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if not isinstance(key, str) or not key:
+            raise UserError(f"{where}: keys must be non-empty strings like model.attention.kind, got {key!r}")
+        if isinstance(value, dict) and value:
+            for inner, inner_value in flatten(value, f"{where}.{key}").items():
+                flat[f"{key}.{inner}"] = inner_value
+        else:
+            flat[key] = value
+    for key in flat:
+        if key in RESERVED_KEYS:
+            raise UserError(f"{where}: {key} is set by the sweep for each run (see --output); remove it")
+    return flat
+
+
+def read_yaml(path: Path, what: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return yaml.safe_load(handle)
+    except FileNotFoundError:
+        raise UserError(f"{what}: file {path} not found; check the path") from None
+    except yaml.YAMLError as error:
+        first = str(error).strip().splitlines()[0]
+        raise UserError(f"{what}: {path} is not valid YAML ({first}); fix the file") from None
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and check a sweep file."""
+    path = Path(path)
+    data = read_yaml(path, "--config")
+    if not isinstance(data, dict):
+        raise UserError(f"--config: {path} must hold a mapping with 'base' and 'variants'; see minitx/ablation/sweep.py")
+    unknown = sorted(set(data) - set(FILE_KEYS))
+    if unknown:
+        raise UserError(f"{path}: unknown key(s) {', '.join(unknown)}; use {', '.join(sorted(FILE_KEYS))}")
+    raw_variants = data.get("variants")
+    if not isinstance(raw_variants, list) or not raw_variants:
+        raise UserError(f"{path}: 'variants' must be a non-empty list of {{name, overrides}}")
+    variants: list[Variant] = []
+    for i, raw in enumerate(raw_variants):
+        variants.append(_variant(raw, f"{path}: variants[{i}]", {v.name for v in variants}))
+    seed, seeds = data.get("seed", 1337), data.get("seeds", 1)
+    for key, value, low in (("seed", seed, 0), ("seeds", seeds, 1)):
+        if not _is_whole(value, low):
+            raise UserError(f"{path}: '{key}' must be a whole number >= {low}, got {value!r}")
+    match = data.get("match")
+    if match is not None and match not in MATCH_CHOICES:
+        raise UserError(f"{path}: 'match' is {match!r}; use {' or '.join(MATCH_CHOICES)}, or leave it out")
+    return Sweep(_base_text(data.get("base"), path), flatten(data.get("overrides"), f"{path}: overrides"), variants,
+                 seed, seeds, match, _eval_settings(data.get("eval", True), f"{path}: eval"))
+
+
+def _is_whole(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _base_text(base: Any, path: Path) -> str:
+    if isinstance(base, str):
+        candidates = [path.parent / base, Path(base)]
+        found = next((c for c in candidates if c.is_file()), None)
+        if found is None:
+            raise UserError(f"{path}: base config {base!r} not found next to the sweep file or in the current directory")
+        return found.read_text(encoding="utf-8")
+    if isinstance(base, dict):
+        return yaml.safe_dump(base, sort_keys=False)
+    raise UserError(f"{path}: 'base' must be a training config path or an inline mapping")
+
+
+def _variant(raw: Any, where: str, taken: set[str]) -> Variant:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"].strip():
+        raise UserError(f"{where}: needs a 'name' (text) and 'overrides' (a mapping)")
+    bad = sorted(set(raw) - set(VARIANT_KEYS))
+    if bad:
+        raise UserError(f"{where}: unknown key(s) {', '.join(bad)}; use {', '.join(VARIANT_KEYS)}")
+    name = raw["name"].strip()
+    if not all(ch.isalnum() or ch in "+-_." for ch in name):
+        raise UserError(f"{where}: name {name!r} may hold only letters, digits and + - _ . (it names a folder)")
+    if name in taken:
+        raise UserError(f"{where}: duplicate variant name {name!r}; give each variant its own name")
+    variant = Variant(name, flatten(raw.get("overrides"), f"{where}.overrides"), bool(raw.get("allow_budget_change", False)))
+    changes = variant.budget_changes()
+    if changes and not variant.allow_budget_change:
+        raise UserError(
+            f"{where} ({name}): overrides {', '.join(sorted(changes))}, which changes the data, seed or token budget "
+            "of this variant alone; move it to the shared 'overrides' or set allow_budget_change: true"
+        )
+    return variant
+
+
+def _eval_settings(raw: Any, where: str) -> EvalSettings:
+    """`eval: false` turns evaluation off; a mapping sets lengths (tokens) and max_tokens (or null: no bound)."""
+    if isinstance(raw, bool):
+        return EvalSettings(enabled=raw)
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: use false, or a mapping with lengths and max_tokens")
+    bad = sorted(set(raw) - {"lengths", "max_tokens"})
+    if bad:
+        raise UserError(f"{where}: unknown key(s) {', '.join(bad)}; use lengths, max_tokens")
+    settings = EvalSettings()
+    if "max_tokens" in raw:
+        settings.max_tokens = raw["max_tokens"]
+        if settings.max_tokens is not None and not _is_whole(settings.max_tokens, 1):
+            raise UserError(f"{where}.max_tokens: must be a whole number >= 1 or null, got {settings.max_tokens!r}")
+    lengths = raw.get("lengths")
+    if lengths is not None:
+        if not isinstance(lengths, list) or not lengths or not all(_is_whole(n, 1) for n in lengths):
+            raise UserError(f"{where}.lengths: must be a list of context lengths in tokens, such as [256, 512], got {lengths!r}")
+        settings.lengths = sorted(set(lengths))
+    return settings
