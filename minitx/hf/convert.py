@@ -1,0 +1,247 @@
+"""minitx <-> transformers' Llama family (Llama, Mistral, Ministral, Qwen2): configs and weights, both ways.
+
+A minitx model is exactly one of these classes when it has SwiGLU, RMSNorm, RoPE, no bias and the
+same number of key/value heads in every layer:
+
+    only full attention (MHA, MQA, GQA)              -> LlamaForCausalLM
+    only local attention without global tokens       -> MistralForCausalLM (sliding_window)
+    local and full layers                            -> MinistralForCausalLM (layer_types)
+
+Import reads these and Qwen2 (whose q/k/v biases become minitx biases, the others zero).
+The window rules agree: minitx's query i sees keys i - window < j <= i, transformers' sliding
+window keeps kv_idx > q_idx - sliding_window. RoPE agrees too: minitx rotates the pairs
+(x[i], x[i + D/2]), which is transformers' rotate_half. Only the fused q/k/v projection differs:
+minitx's `qkv_proj` is q, k and v stacked along the output axis.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from ..config import AttentionConfig, ModelConfig
+from ..errors import UserError
+
+ROPE_BASE = 10000.0  # minitx's RoPE base
+NORM_EPS = 1e-6  # minitx's RMSNorm eps
+IMPORTABLE = {
+    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "ministral": "MinistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+}
+
+# minitx name inside blocks.{i}. -> transformers name inside model.layers.{i}. (q/k/v apart)
+LAYER_NAMES = {
+    "norm1": "input_layernorm",
+    "attn.out_proj": "self_attn.o_proj",
+    "norm2": "post_attention_layernorm",
+    "mlp.gate": "mlp.gate_proj",
+    "mlp.up": "mlp.up_proj",
+    "mlp.down": "mlp.down_proj",
+}
+TOP_NAMES = {"tok_emb": "model.embed_tokens", "norm": "model.norm", "lm_head": "lm_head"}
+
+
+def native_class(config: ModelConfig) -> tuple[Optional[str], str]:
+    """(transformers class name or None, why) for a minitx config."""
+    kinds = set(config.layer_kinds)
+    kv_heads = {config.n_kv_head_at(layer) for layer in range(config.n_layer)}
+    reasons = [
+        (config.mlp != "swiglu", f"mlp={config.mlp}"),
+        (config.norm != "rmsnorm", f"norm={config.norm}"),
+        (config.positions != "rope", f"positions={config.positions}"),
+        (config.bias, "bias=true"),
+        ("mta" in kinds, "multi-token attention"),
+        ("local" in kinds and config.attention.n_global > 0, "global tokens"),
+        (len(kv_heads) > 1, "layers with different key/value head counts"),
+    ]
+    found = [why for bad, why in reasons if bad]
+    if found:
+        return None, ", ".join(found)
+    if kinds == {"local"}:
+        return "MistralForCausalLM", "local attention in every layer: a sliding window"
+    if "local" in kinds:
+        return "MinistralForCausalLM", "local and full layers: sliding-window layer_types"
+    return "LlamaForCausalLM", "full attention with SwiGLU, RMSNorm, RoPE, no bias"
+
+
+def native_config(config: ModelConfig, architecture: str) -> dict:
+    """The config.json fields (before transformers' defaults) of a native export."""
+    hf = dict(
+        vocab_size=config.vocab_size, hidden_size=config.d_model, intermediate_size=config.mlp_hidden,
+        num_hidden_layers=config.n_layer, num_attention_heads=config.n_head, num_key_value_heads=config.n_kv_head_at(0),
+        head_dim=config.head_dim, hidden_act="silu", max_position_embeddings=config.block_size, rms_norm_eps=NORM_EPS,
+        rope_parameters={"rope_type": "default", "rope_theta": ROPE_BASE}, tie_word_embeddings=config.tie_embeddings,
+        attention_dropout=0.0,
+    )
+    if architecture == "LlamaForCausalLM":
+        hf.update(model_type="llama", attention_bias=False, mlp_bias=False)
+    elif architecture == "MistralForCausalLM":
+        hf.update(model_type="mistral", sliding_window=config.attention.window)
+    else:
+        layer_types = ["sliding_attention" if kind == "local" else "full_attention" for kind in config.layer_kinds]
+        hf.update(model_type="ministral", sliding_window=config.attention.window, layer_types=layer_types)
+    return hf
+
+
+def to_hf_weights(state: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
+    """minitx state dict -> transformers Llama-family names, q/k/v split out of qkv_proj."""
+    out = {}
+    for key, value in state.items():
+        name, _, param = key.rpartition(".")
+        if name in TOP_NAMES:
+            out[f"{TOP_NAMES[name]}.{param}"] = value
+            continue
+        _, layer, inner = name.split(".", 2)
+        prefix = f"model.layers.{layer}."
+        if inner == "attn.qkv_proj":
+            sizes = qkv_sizes(config, int(layer))
+            for part, piece in zip("qkv", value.split(sizes, dim=0)):
+                out[f"{prefix}self_attn.{part}_proj.{param}"] = piece.contiguous()
+        else:
+            out[f"{prefix}{LAYER_NAMES[inner]}.{param}"] = value
+    return out
+
+
+def from_hf_weights(hf: dict[str, Tensor], n_layer: int) -> dict[str, Tensor]:
+    """transformers Llama-family state dict -> minitx names (q/k/v stacked into qkv_proj). Biases
+    stay as they are; `complete_biases` decides whether the model has any."""
+    inverse = {value: key for key, value in LAYER_NAMES.items()}
+    top = {value: key for key, value in TOP_NAMES.items()}
+    out = {}
+    for key, value in hf.items():
+        name, _, param = key.rpartition(".")
+        if name in top:
+            out[f"{top[name]}.{param}"] = value
+        elif name.startswith("model.layers."):
+            layer, inner = name[len("model.layers.") :].split(".", 1)
+            if inner.startswith("self_attn.") and inner[len("self_attn.")] in "qkv" and inner.endswith("_proj") and inner != "self_attn.o_proj":
+                continue  # gathered below
+            if inner not in inverse:
+                raise UserError(f"weights: unexpected tensor {key!r}; only Llama/Mistral/Qwen2 layers can be imported")
+            out[f"blocks.{layer}.{inverse[inner]}.{param}"] = value
+        elif not key.endswith("rotary_emb.inv_freq"):
+            raise UserError(f"weights: unexpected tensor {key!r}; only Llama/Mistral/Qwen2 layers can be imported")
+    for layer in range(n_layer):
+        prefix = f"model.layers.{layer}.self_attn."
+        for param in ("weight", "bias"):
+            parts = [hf.get(f"{prefix}{part}_proj.{param}") for part in "qkv"]
+            if all(part is not None for part in parts):
+                out[f"blocks.{layer}.attn.qkv_proj.{param}"] = torch.cat(parts, dim=0)
+            elif param == "weight":
+                raise UserError(f"weights: layer {layer} lacks its q/k/v projections; the directory's weights are incomplete")
+    return out
+
+
+def complete_biases(state: dict[str, Tensor], expected: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Biases the imported weights lack (Qwen2 has q/k/v biases only) are zeros; others are dropped."""
+    out = {key: value for key, value in state.items() if key in expected}
+    for key, value in expected.items():
+        if key not in out and key.endswith(".bias"):
+            out[key] = torch.zeros_like(value)
+    return out
+
+
+def has_nonzero_bias(state: dict[str, Tensor]) -> bool:
+    return any(key.endswith(".bias") and bool(value.any()) for key, value in state.items())
+
+
+def qkv_sizes(config: ModelConfig, layer: int) -> list[int]:
+    q, kv = config.n_head * config.head_dim, config.n_kv_head_at(layer) * config.head_dim
+    return [q, kv, kv]
+
+
+def pool_kv_heads(state: dict[str, Tensor], source: ModelConfig, target: ModelConfig, log: Callable[[str], None]) -> dict[str, Tensor]:
+    """Each layer's key and value heads mean-pooled over groups of consecutive heads, where the
+    target has fewer than the source (GQA paper, Ainslie et al. 2023: MHA -> GQA/MQA before
+    up-training). Query head h reads kv head h // (n_head / n_kv_head) in minitx, so group g is
+    source heads g*r .. g*r + r - 1 with r = source kv heads / target kv heads."""
+    out = dict(state)
+    pooled = []
+    for layer in range(target.n_layer):
+        have, want = source.n_kv_head_at(layer), target.n_kv_head_at(layer)
+        if have == want:
+            continue
+        if want > have or have % want:
+            raise UserError(
+                f"attention.n_kv_head: layer {layer} of the imported model has {have} key/value heads, which cannot be "
+                f"pooled into {want}; use a divisor of {have}"
+            )
+        for param in ("weight", "bias"):
+            key = f"blocks.{layer}.attn.qkv_proj.{param}"
+            if key in state:
+                out[key] = pool_qkv(state[key], source.n_head, have, want, source.head_dim)
+        pooled.append(f"{layer}: {have}->{want}")
+    if pooled:
+        log(f"init_from: mean-pooled key/value heads per group (Ainslie et al. 2023) in layer(s) {', '.join(pooled)}")
+    return out
+
+
+def pool_qkv(fused: Tensor, n_head: int, have: int, want: int, head_dim: int) -> Tensor:
+    q, k, v = fused.split([n_head * head_dim, have * head_dim, have * head_dim], dim=0)
+    rest = fused.shape[1:]
+
+    def pool(t: Tensor) -> Tensor:
+        grouped = t.float().reshape(want, have // want, head_dim, *rest).mean(dim=1)
+        return grouped.reshape(want * head_dim, *rest).to(t.dtype)
+
+    return torch.cat([q, pool(k), pool(v)], dim=0)
+
+
+def model_config_from_hf(hf: dict, where: str, log: Callable[[str], None], block_size: Optional[int] = None) -> ModelConfig:
+    """The minitx ModelConfig of a Llama/Mistral/Qwen2 config.json (a dict); what minitx cannot
+    express is a UserError naming the field."""
+    model_type = hf.get("model_type")
+    if model_type not in IMPORTABLE:
+        name = ", ".join(hf.get("architectures") or []) or f"model_type {model_type!r}"
+        raise UserError(f"{where}: architecture {name} cannot be imported; minitx imports {', '.join(IMPORTABLE.values())}")
+    n_head, d_model = hf["num_attention_heads"], hf["hidden_size"]
+    n_kv = hf.get("num_key_value_heads") or n_head
+    check_importable(hf, where, d_model // n_head, log)
+    full_kind = "mha" if n_kv == n_head else "mqa" if n_kv == 1 else "gqa"
+    layer_types = sliding_layers(hf)
+    kinds = ["local" if sliding else full_kind for sliding in layer_types]
+    attention: dict = {"kind": kinds[0]} if len(set(kinds)) == 1 else {"kind": kinds[0], "layers": kinds}
+    if "local" in kinds:
+        attention["window"] = hf["sliding_window"]
+    if n_kv not in (1, n_head) or ("local" in kinds and n_kv != n_head):
+        attention["n_kv_head"] = n_kv
+    return ModelConfig(
+        vocab_size=hf["vocab_size"], block_size=block_size or hf.get("max_position_embeddings") or 2048,
+        n_layer=hf["num_hidden_layers"], n_head=n_head, d_model=d_model, mlp="swiglu",
+        mlp_hidden_size=hf["intermediate_size"], norm="rmsnorm", positions="rope",
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)), attention=AttentionConfig(**attention),
+    )
+
+
+def sliding_layers(hf: dict) -> list[bool]:
+    """Per layer: does it use a sliding window?"""
+    n_layer, window = hf["num_hidden_layers"], hf.get("sliding_window")
+    if hf["model_type"] == "llama" or window is None:
+        return [False] * n_layer
+    if hf["model_type"] == "mistral":
+        return [True] * n_layer
+    if hf["model_type"] == "qwen2" and not hf.get("use_sliding_window", False):
+        return [False] * n_layer
+    types = hf.get("layer_types") or [  # Qwen2's older rule; Ministral always writes layer_types
+        "sliding_attention" if layer >= hf.get("max_window_layers", 28) else "full_attention" for layer in range(n_layer)
+    ]
+    return [kind == "sliding_attention" for kind in types]
+
+
+def check_importable(hf: dict, where: str, head_dim: int, log: Callable[[str], None]) -> None:
+    """Refuse what minitx's layers cannot compute; warn about a different RMSNorm eps."""
+    if hf.get("hidden_act", "silu") != "silu":
+        raise UserError(f"{where}: hidden_act={hf['hidden_act']!r} cannot be imported; minitx's SwiGLU uses silu")
+    if hf.get("head_dim") not in (None, head_dim):
+        raise UserError(f"{where}: head_dim={hf['head_dim']} is not hidden_size / num_attention_heads = {head_dim}; minitx cannot import it")
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    theta = rope.get("rope_theta", hf.get("rope_theta", ROPE_BASE))
+    if rope.get("rope_type", rope.get("type", "default")) != "default" or float(theta) != ROPE_BASE:
+        raise UserError(
+            f"{where}: RoPE {rope.get('rope_type', 'default')} with theta {theta} cannot be imported; "
+            f"minitx's RoPE is the default one with base {ROPE_BASE:g}"
+        )
+    eps = hf.get("rms_norm_eps", NORM_EPS)
+    if eps != NORM_EPS:
+        log(f"init_from: rms_norm_eps={eps} becomes minitx's {NORM_EPS}: the logits shift slightly")

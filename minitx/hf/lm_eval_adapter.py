@@ -1,0 +1,129 @@
+"""lm-evaluation-harness scores a minitx checkpoint: an `lm_eval` LM over the minitx model itself.
+
+    python evaluate.py --ckpt CKPT --lm-eval-tasks hellaswag,lambada_openai   (tasks download data)
+    lm_eval --model minitx --model_args ckpt=CKPT --tasks ...                (once minitx.hf.lm_eval_adapter is imported)
+
+A token's log-probability is the one minitx's training loss uses: log_softmax of the model's
+logits at the position before it. A text with no token before its first one (an empty context)
+is conditioned on the tokenizer's end-of-text token; a tokenizer without one (char) cannot
+predict the first token, so that token only conditions the rest. Inputs longer than block_size
+keep their last block_size tokens; rolling log-likelihoods go in disjoint windows of block_size.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..generation import load_checkpoint
+from . import require
+
+lm_eval_api = require("lm_eval.api.model")
+lm_eval_registry = require("lm_eval.api.registry")
+lm_eval_utils = require("lm_eval.utils")
+
+
+class StopGeneration(Exception):
+    """Raised from the decode loop's per-token callback once a stop string has appeared."""
+
+
+@lm_eval_registry.register_model("minitx")
+class MinitxLM(lm_eval_api.LM):
+    def __init__(self, model, tokenizer, device: str = "cpu"):
+        super().__init__()
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self._device = torch.device(device)
+        self.block_size = model.config.block_size
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: str, device: str = "cpu") -> "MinitxLM":
+        model, tokenizer, _ = load_checkpoint(ckpt, map_location=device, label="--ckpt")
+        return cls(model, tokenizer, device)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: Optional[dict] = None) -> "MinitxLM":
+        args = lm_eval_utils.simple_parse_args_string(arg_string)
+        return cls.from_checkpoint(args["ckpt"], args.get("device", (additional_config or {}).get("device") or "cpu"))
+
+    # -- scoring -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def score(self, context: list[int], target: list[int]) -> tuple[float, bool]:
+        """(sum of log p(target tokens | what precedes each), whether each was the argmax)."""
+        ids = (context + target)[-(self.block_size + 1) :]
+        inputs = torch.tensor([ids[:-1]], device=self._device)
+        logprobs = F.log_softmax(self.model(inputs)[0, -len(target) :].float(), dim=-1)
+        wanted = torch.tensor(target, device=self._device)
+        picked = logprobs.gather(-1, wanted[:, None]).squeeze(-1)
+        return float(picked.sum()), bool((logprobs.argmax(-1) == wanted).all())
+
+    def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """Token ids of context and continuation as the whole text splits them (trailing spaces of
+        the context go to the continuation, as lm-eval's own models do)."""
+        stripped = context.rstrip(" ")
+        continuation = context[len(stripped) :] + continuation
+        whole = self.tokenizer.encode(stripped + continuation)
+        context_ids = self.tokenizer.encode(stripped) if stripped else []
+        return self.with_start(context_ids + whole[len(context_ids) :], len(context_ids))
+
+    def with_start(self, ids: list[int], n_context: int) -> tuple[list[int], list[int]]:
+        if n_context:
+            return ids[:n_context], ids[n_context:]
+        if self.tokenizer.eos_id is not None:
+            return [self.tokenizer.eos_id], ids
+        return ids[:1], ids[1:]  # no end-of-text token: the first token can only condition
+
+    def loglikelihood(self, requests) -> list[tuple[float, bool]]:
+        results = []
+        for request in requests:
+            context, target = self.encode_pair(*request.args)
+            results.append(self.score(context, target) if target else (0.0, True))
+        return results
+
+    def loglikelihood_rolling(self, requests) -> list[float]:
+        results = []
+        for request in requests:
+            prefix, tokens = self.with_start(self.tokenizer.encode(request.args[0]), 0)
+            total = 0.0
+            if tokens:
+                windows = lm_eval_utils.get_rolling_token_windows(tokens, prefix[0], self.block_size, 1)
+                for window in map(lm_eval_utils.make_disjoint_window, windows):
+                    total += self.score(*window)[0]
+            results.append(total)
+        return results
+
+    # -- generation ----------------------------------------------------------------------------
+    def generate_until(self, requests) -> list[str]:
+        return [self.generate_one(*request.args) for request in requests]
+
+    @torch.inference_mode()
+    def generate_one(self, context: str, options: dict) -> str:
+        until = options.get("until") or []
+        until = [until] if isinstance(until, str) else list(until)
+        if self.tokenizer.eos_id is not None:
+            until.append(self.tokenizer.decode([self.tokenizer.eos_id]))
+        max_new = int(options.get("max_gen_toks", 256))
+        temperature = float(options.get("temperature", 0.0)) if options.get("do_sample", False) else 0.0
+        prompt = self.tokenizer.encode(context)[-self.block_size :]
+        if not prompt:
+            if self.tokenizer.eos_id is None:
+                return ""  # nothing to condition on: a tokenizer without end-of-text cannot start
+            prompt = [self.tokenizer.eos_id]
+        new: list[int] = []
+
+        def stop_at_strings(token: torch.Tensor) -> None:
+            new.append(int(token[0]))
+            if any(stop in self.tokenizer.decode(new) for stop in until):
+                raise StopGeneration
+
+        try:
+            self.model.generate(torch.tensor([prompt], device=self._device), max_new, temperature=temperature,
+                                eos_id=self.tokenizer.eos_id, on_token=stop_at_strings)
+        except StopGeneration:
+            pass
+        text = self.tokenizer.decode(new)
+        for stop in until:
+            text = text.split(stop)[0]
+        return text

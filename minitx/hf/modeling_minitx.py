@@ -1,0 +1,249 @@
+"""A minitx model as a transformers model: the custom code of an exported model directory.
+
+`minitx export` copies this file into the directory of every model that no native transformers
+class expresses (GELU MLPs, LayerNorm, learned positions, biases, local attention with global
+tokens, multi-token attention, per-layer mixes of key/value head counts), so that
+
+    AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
+
+runs it without minitx installed. It needs only torch and transformers: nothing here may import
+minitx. The parameter names are minitx's own, so the weights are minitx's state dict as it is.
+
+Every attention is computed the plain, materialised way (the whole T x T score matrix), which is
+what minitx's tests hold its fast paths to. There is no KV cache: `generate` re-runs the whole
+sequence at every step, which is exact for every kind and slow for long outputs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+
+class MinitxConfig(PreTrainedConfig):
+    """minitx's ModelConfig fields, with `attention` a plain dict of AttentionConfig's fields."""
+
+    model_type = "minitx"
+    attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head"}
+
+    def __init__(self, vocab_size=65, block_size=256, n_layer=4, n_head=4, d_model=128, mlp="gelu", mlp_hidden=None,
+                 norm="rmsnorm", norm_eps=1e-6, positions="rope", rope_base=10000.0, bias=False, tie_embeddings=True,
+                 attention=None, **kwargs):
+        self.vocab_size, self.block_size, self.n_layer, self.n_head, self.d_model = vocab_size, block_size, n_layer, n_head, d_model
+        self.mlp, self.mlp_hidden, self.norm, self.norm_eps = mlp, mlp_hidden or 4 * d_model, norm, norm_eps
+        self.positions, self.rope_base, self.bias, self.tie_embeddings = positions, rope_base, bias, tie_embeddings
+        self.attention = dict(attention or {"kind": "mha"})
+        self.max_position_embeddings = block_size
+        kwargs["tie_word_embeddings"] = tie_embeddings
+        super().__init__(**kwargs)
+
+    def layer_kind(self, layer: int) -> str:
+        pattern = self.attention.get("layers") or [self.attention.get("kind", "mha")]
+        return pattern[layer % len(pattern)]
+
+    def kv_heads(self, layer: int) -> int:
+        kind = self.layer_kind(layer)
+        if kind == "mha":
+            return self.n_head
+        return 1 if kind == "mqa" else (self.attention.get("n_kv_head") or self.n_head)
+
+    def has_mta_conv(self, layer: int) -> bool:
+        layers = self.attention.get("mta_conv_layers")
+        return layer in (range(2, self.n_layer, 4) if layers is None else layers)
+
+
+def rope_tables(length: int, head_dim: int, base: float, device) -> tuple[Tensor, Tensor]:
+    """cos, sin (T, D) for rotating the pairs (x[i], x[i + D/2]) by position * base^(-2i/D)."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    angles = torch.outer(torch.arange(length, dtype=torch.float32, device=device), inv_freq)
+    return torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return (x.float() * cos + torch.cat([-x2, x1], dim=-1) * sin).type_as(x)
+
+
+def visible(T: int, window: Optional[int], n_global: int, device) -> Tensor:
+    """(T, T) bool: query i sees key j <= i, and with a window only i - window < j, or j < n_global."""
+    i, j = torch.arange(T, device=device)[:, None], torch.arange(T, device=device)[None, :]
+    allowed = j <= i
+    if window is not None:
+        allowed &= (i - j < window) | (j < n_global)
+    return allowed
+
+
+def make_norm(config: MinitxConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.d_model, eps=config.norm_eps)
+    return nn.LayerNorm(config.d_model, bias=config.bias)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: MinitxConfig):
+        super().__init__()
+        self.swiglu = config.mlp == "swiglu"
+        self.up = nn.Linear(config.d_model, config.mlp_hidden, bias=config.bias)
+        self.gate = nn.Linear(config.d_model, config.mlp_hidden, bias=config.bias) if self.swiglu else None
+        self.down = nn.Linear(config.mlp_hidden, config.d_model, bias=config.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x) if self.swiglu else F.gelu(self.up(x)))
+
+
+class Attention(nn.Module):
+    """MHA, MQA, GQA and local attention: one fused q/k/v projection, RoPE, a materialised mask."""
+
+    def __init__(self, config: MinitxConfig, layer: int):
+        super().__init__()
+        self.n_head, self.n_kv_head = config.n_head, config.kv_heads(layer)
+        self.head_dim = config.d_model // config.n_head
+        local = config.layer_kind(layer) == "local"
+        self.window = config.attention.get("window", 128) if local else None
+        self.n_global = config.attention.get("n_global", 0) if local else 0
+        inner, kv_inner = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        self.qkv_proj = nn.Linear(config.d_model, inner + 2 * kv_inner, bias=config.bias)
+        self.out_proj = nn.Linear(inner, config.d_model, bias=config.bias)
+
+    def forward(self, x: Tensor, rope) -> Tensor:
+        B, T, _ = x.shape
+        H, G, D = self.n_head, self.n_kv_head, self.head_dim
+        q, k, v = self.qkv_proj(x).view(B, T, H + 2 * G, D).transpose(1, 2).split([H, G, G], dim=1)
+        if rope is not None:
+            q, k = rotate(q, *rope), rotate(k, *rope)
+        k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)
+        y = self.attend(q, k, v)
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, H * D))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        mask = visible(q.shape[2], self.window, self.n_global, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+class MultiTokenAttention(Attention):
+    """Multi-token attention (Golovneva et al. 2025), in the order of the released code: zero the
+    future, key-query convolution, pre-softmax head mix, softmax with the future at -inf,
+    post-softmax convolution, re-zero the future, post-softmax head mix, @ V, then a per-head
+    RMSNorm and sigmoid gate."""
+
+    def __init__(self, config: MinitxConfig, layer: int):
+        super().__init__(config, layer)
+        att, H, D = config.attention, self.n_head, self.head_dim
+        placement = att.get("mta_conv_placement", "pre") if config.has_mta_conv(layer) else "none"
+        c_q, c_k = att.get("mta_query_kernel", 6), att.get("mta_key_kernel", 11)
+        kernel = lambda: nn.Parameter(torch.zeros(H, 1, c_q, c_k))  # noqa: E731 (values come from the weights)
+        self.kq_conv = kernel() if placement in ("pre", "both") else None
+        self.kq_conv_post = kernel() if placement in ("post", "both") else None
+        group = att.get("mta_head_group") or H
+        pre_group = H if att.get("mta_pre_mix_all_heads", True) else group
+        head_mix = att.get("mta_head_mix", "both")
+        self.mix_pre = nn.Parameter(torch.zeros(H // pre_group, pre_group, pre_group)) if head_mix in ("pre", "both") else None
+        self.mix_post = nn.Parameter(torch.zeros(H // group, group, group)) if head_mix in ("post", "both") else None
+        output_norm = att.get("mta_output_norm", True)
+        self.norm = nn.RMSNorm(D, eps=att.get("mta_norm_eps", 1e-5)) if output_norm else None
+        self.gate = nn.Linear(D, 1) if output_norm else None
+        self.float32 = att.get("mta_float32", True)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        hidden = ~visible(q.shape[2], None, 0, q.device)
+        scores = ((q * self.head_dim**-0.5) @ k.transpose(-2, -1)).masked_fill(hidden, 0.0)
+        if self.kq_conv is not None:
+            scores = convolve(scores, self.kq_conv)
+        if self.mix_pre is not None:
+            scores = mix_heads(scores, self.mix_pre)
+        scores = scores.masked_fill(hidden, float("-inf"))
+        low = self.float32 and scores.dtype in (torch.float16, torch.bfloat16)
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32 if low else None).to(scores.dtype)
+        if self.kq_conv_post is not None:
+            weights = convolve(weights, self.kq_conv_post).masked_fill(hidden, 0.0)
+        if self.mix_post is not None:
+            weights = mix_heads(weights, self.mix_post)
+        return self.normalise(weights @ v)
+
+    def normalise(self, out: Tensor) -> Tensor:
+        if self.norm is None:
+            return out
+        if self.float32 and out.dtype in (torch.float16, torch.bfloat16):
+            normed = F.rms_norm(out.float(), self.norm.normalized_shape, eps=self.norm.eps).to(out.dtype) * self.norm.weight
+        else:
+            normed = self.norm(out)
+        return normed * torch.sigmoid(self.gate(normed))
+
+
+def convolve(maps: Tensor, kernel: Tensor) -> Tensor:
+    """Per-head conv2d over (queries, keys): c_q - 1 zero rows on top (the query axis looks only
+    back), the key axis centred."""
+    c_q, c_k = kernel.shape[-2:]
+    padded = F.pad(maps, (c_k // 2, c_k // 2, c_q - 1, 0))
+    return F.conv2d(padded, kernel.to(maps.dtype), groups=kernel.shape[0])
+
+
+def mix_heads(maps: Tensor, mix: Tensor) -> Tensor:
+    """A'_h = sum_h' M[h', h] A_h' within each group of heads; mix is (groups, c_h, c_h)."""
+    B, H, T, S = maps.shape
+    groups, c_h, _ = mix.shape
+    return (mix.to(maps.dtype).transpose(-1, -2) @ maps.reshape(B, groups, c_h, T * S)).view(B, H, T, S)
+
+
+class Block(nn.Module):
+    def __init__(self, config: MinitxConfig, layer: int):
+        super().__init__()
+        self.norm1 = make_norm(config)
+        self.attn = (MultiTokenAttention if config.layer_kind(layer) == "mta" else Attention)(config, layer)
+        self.norm2 = make_norm(config)
+        self.mlp = MLP(config)
+
+    def forward(self, x: Tensor, rope) -> Tensor:
+        x = x + self.attn(self.norm1(x), rope)
+        return x + self.mlp(self.norm2(x))
+
+
+class MinitxForCausalLM(PreTrainedModel, GenerationMixin):
+    config_class = MinitxConfig
+    base_model_prefix = "minitx"
+    _tied_weights_keys = {"lm_head.weight": "tok_emb.weight"}
+
+    def __init__(self, config: MinitxConfig):
+        super().__init__(config)
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_emb = nn.Embedding(config.block_size, config.d_model) if config.positions == "learned" else None
+        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layer))
+        self.norm = make_norm(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.tok_emb
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, labels: Optional[Tensor] = None,
+                **kwargs) -> CausalLMOutputWithPast:
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("minitx models take no padding: give sequences of equal length without an attention mask")
+        T = input_ids.shape[1]
+        x = self.tok_emb(input_ids)
+        rope = None
+        if self.pos_emb is not None:
+            if T > self.config.block_size:
+                raise ValueError(f"{T} tokens exceed block_size={self.config.block_size} of a model with learned positions")
+            x = x + self.pos_emb(torch.arange(T, device=input_ids.device))
+        else:
+            rope = rope_tables(T, self.config.d_model // self.config.n_head, self.config.rope_base, input_ids.device)
+        for block in self.blocks:
+            x = block(x, rope)
+        logits = self.lm_head(self.norm(x))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits)
+
+    def prepare_inputs_for_generation(self, input_ids: Tensor, **kwargs) -> dict:
+        return {"input_ids": input_ids}  # no cache: every step sees the whole sequence

@@ -1,0 +1,248 @@
+"""Export to transformers, import from it, and the lm-eval adapter: tiny models, all offline.
+
+Every export is checked against the minitx model it came from: logits within 1e-5 (float32) on
+random tokens longer than any window, greedy generation token for token, and the import of the
+exported directory gives back the very same weights.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from minitx import AttentionConfig, ModelConfig, Transformer
+from minitx.data.tokenizer import CharTokenizer, train_bpe
+from minitx.errors import UserError
+
+transformers = pytest.importorskip("transformers", reason="the hf extra is not installed: pip install -e '.[hf]'")
+from minitx.hf import convert  # noqa: E402
+from minitx.hf.export import export_checkpoint  # noqa: E402
+from minitx.hf.load import init_model, read_hf_directory  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = "to be or not to be, that is the question.\nwhether 'tis nobler in the mind to suffer\n"
+WINDOW = 5  # every test sequence is longer, so the window's off-by-one shows
+SWIGLU = dict(mlp="swiglu")
+
+# (name, model fields, expected class): every kind, the mixes, and what only custom code expresses.
+CASES = [
+    ("mha", dict(SWIGLU, attention=dict(kind="mha")), "LlamaForCausalLM"),
+    ("mqa", dict(SWIGLU, attention=dict(kind="mqa")), "LlamaForCausalLM"),
+    ("gqa", dict(SWIGLU, attention=dict(kind="gqa", n_kv_head=2)), "LlamaForCausalLM"),
+    ("local", dict(SWIGLU, attention=dict(kind="local", window=WINDOW, n_kv_head=2)), "MistralForCausalLM"),
+    ("mix", dict(SWIGLU, attention=dict(kind="local", window=WINDOW, layers=["local", "mha", "local"])), "MinistralForCausalLM"),
+    ("mix_mqa", dict(SWIGLU, attention=dict(kind="local", window=WINDOW, n_kv_head=1, layers=["mqa", "local"])), "MinistralForCausalLM"),
+    ("global", dict(SWIGLU, attention=dict(kind="local", window=WINDOW, n_global=2)), "MinitxForCausalLM"),
+    ("gelu_layernorm_learned_bias", dict(norm="layernorm", positions="learned", bias=True, tie_embeddings=False), "MinitxForCausalLM"),
+    ("mix_kv_heads", dict(SWIGLU, attention=dict(kind="gqa", n_kv_head=2, layers=["gqa", "mha", "mqa"])), "MinitxForCausalLM"),
+    ("mta_pre", dict(attention=dict(kind="mta", mta_conv_layers=[0, 2], mta_query_kernel=3, mta_key_kernel=3)), "MinitxForCausalLM"),
+    ("mta_post", dict(attention=dict(kind="mta", mta_conv_layers=[1], mta_conv_placement="post", mta_head_group=2,
+                                     mta_pre_mix_all_heads=False, n_kv_head=2)), "MinitxForCausalLM"),
+    ("mta_both", dict(attention=dict(kind="mta", mta_conv_layers=[1], mta_conv_placement="both", mta_query_kernel=3,
+                                     mta_key_kernel=5, mta_head_mix="post")), "MinitxForCausalLM"),
+    ("mta_local_mix", dict(attention=dict(kind="mta", window=WINDOW, layers=["mta", "local"], mta_conv_layers=[0],
+                                          mta_output_norm=False, mta_head_mix="none")), "MinitxForCausalLM"),
+]
+
+
+def make_model(fields: dict, tokenizer, seed: int = 0) -> Transformer:
+    """A tiny model whose every parameter is perturbed, so that identity inits (MTA's kernels and
+    mixes, norms of ones) cannot hide a mapping that drops or transposes them."""
+    fields = dict(fields)
+    attention = AttentionConfig(**fields.pop("attention", {}))
+    shape = dict(vocab_size=tokenizer.vocab_size, block_size=48, n_layer=3, n_head=4, d_model=32)
+    config = ModelConfig(**{**shape, **fields}, attention=attention)
+    torch.manual_seed(seed)
+    model = Transformer(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.1)
+    return model.eval()
+
+
+def write_checkpoint(path: Path, model: Transformer, tokenizer) -> Path:
+    torch.save({
+        "state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
+        "minitx": {"format": 1, "model_config": model.config.to_dict(), "tokenizer": tokenizer.to_dict()},
+    }, path)
+    return path
+
+
+def load_exported(directory: Path):
+    quiet = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True).eval()
+    finally:
+        transformers.logging.set_verbosity(quiet)
+
+
+@pytest.mark.parametrize("name, fields, expected", CASES, ids=[case[0] for case in CASES])
+def test_export_matches_minitx_and_imports_back_bit_identical(tmp_path, one_thread, seed, name, fields, expected):
+    tokenizer = CharTokenizer(TEXT)
+    model = make_model(fields, tokenizer, seed)
+    out = tmp_path / "hf"
+    assert export_checkpoint(str(write_checkpoint(tmp_path / "m.ckpt", model, tokenizer)), str(out), log=lambda _: None) == expected
+    hf_model = load_exported(out)
+    assert type(hf_model).__name__ == expected
+
+    tokens = torch.randint(0, tokenizer.vocab_size, (2, 3 * WINDOW + 2))  # longer than the window, not a multiple
+    with torch.no_grad():
+        assert (hf_model(tokens).logits - model(tokens)).abs().max() < 1e-5
+
+    prompt = tokens[:1, :4]
+    ours = model.generate(prompt, 24, temperature=0)
+    theirs = hf_model.generate(prompt, max_new_tokens=24, do_sample=False)
+    assert torch.equal(ours, theirs)
+
+    config, state, _ = read_hf_directory(str(out), log=lambda _: None)
+    original = model.state_dict()
+    assert state.keys() == original.keys()
+    assert all(torch.equal(state[key], original[key]) for key in original)
+    assert config.layer_kinds == model.config.layer_kinds
+
+
+def test_native_llama_loads_without_remote_code_and_tokenizers_round_trip(tmp_path, one_thread):
+    for name, tokenizer in (("char", CharTokenizer(TEXT)), ("bpe", train_bpe(TEXT * 4, 300))):
+        model = make_model(dict(SWIGLU, attention=dict(kind="gqa", n_kv_head=2)), tokenizer)
+        out = tmp_path / name
+        export_checkpoint(str(write_checkpoint(tmp_path / f"{name}.ckpt", model, tokenizer)), str(out), log=lambda _: None)
+        assert not (out / "modeling_minitx.py").exists()
+        assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+        hf_model = transformers.AutoModelForCausalLM.from_pretrained(out)  # no trust_remote_code
+        assert type(hf_model).__name__ == "LlamaForCausalLM"
+        hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+        ids = hf_tokenizer(TEXT)["input_ids"]
+        assert ids == tokenizer.encode(TEXT)
+        assert hf_tokenizer.decode(ids) == TEXT
+
+
+def test_bfloat16_export_holds_the_rounded_weights(tmp_path, one_thread):
+    tokenizer = CharTokenizer(TEXT)
+    model = make_model(dict(SWIGLU), tokenizer)
+    out = tmp_path / "bf16"
+    export_checkpoint(str(write_checkpoint(tmp_path / "m.ckpt", model, tokenizer)), str(out), dtype="bfloat16", log=lambda _: None)
+    _, state, _ = read_hf_directory(str(out), log=lambda _: None)
+    assert state["tok_emb.weight"].dtype == torch.bfloat16
+    assert torch.equal(state["blocks.0.attn.qkv_proj.weight"], model.state_dict()["blocks.0.attn.qkv_proj.weight"].bfloat16())
+
+
+def test_sliding_window_off_by_one_agrees_with_transformers(one_thread):
+    """A Mistral model with sliding_window=W and minitx's local attention with window=W see the same
+    keys: changing the token W positions back changes nothing, W - 1 back changes the output."""
+    tokenizer = CharTokenizer(TEXT)
+    model = make_model(dict(SWIGLU, n_layer=1, attention=dict(kind="local", window=WINDOW)), tokenizer)
+    hf_model = convert_in_memory(model)
+    tokens = torch.randint(0, tokenizer.vocab_size, (1, 2 * WINDOW + 1))
+    last = tokens.shape[1] - 1
+    for back, changes in ((WINDOW, False), (WINDOW - 1, True)):
+        edited = tokens.clone()
+        edited[0, last - back] = (edited[0, last - back] + 1) % tokenizer.vocab_size
+        with torch.no_grad():
+            for run in (model, lambda ids: hf_model(ids).logits):
+                moved = (run(edited)[0, last] - run(tokens)[0, last]).abs().max() > 1e-6
+                assert bool(moved) == changes
+
+
+def convert_in_memory(model: Transformer):
+    from minitx.hf.export import native_model
+
+    architecture, _ = convert.native_class(model.config)
+    return native_model(model, architecture)
+
+
+# -- import into a run ---------------------------------------------------------------------------
+
+
+def test_gqa_conversion_mean_pools_each_group_and_trains(tmp_path, one_thread):
+    tokenizer = CharTokenizer(TEXT)
+    source = make_model(dict(SWIGLU, attention=dict(kind="mha")), tokenizer)
+    directory = tmp_path / "llama"
+    export_checkpoint(str(write_checkpoint(tmp_path / "m.ckpt", source, tokenizer)), str(directory), log=lambda _: None)
+
+    target = Transformer(ModelConfig(**{**source.config.to_dict(), "attention": {"kind": "gqa", "n_kv_head": 2}}))
+    messages = []
+    init_model(target, str(directory), log=messages.append)
+    assert any("mean-pooled" in message for message in messages)
+    D, H = source.config.head_dim, source.config.n_head
+    for layer in range(source.config.n_layer):
+        q, k, v = source.state_dict()[f"blocks.{layer}.attn.qkv_proj.weight"].split(H * D)
+        fused = target.state_dict()[f"blocks.{layer}.attn.qkv_proj.weight"]
+        assert torch.equal(fused[: H * D], q)
+        for pooled, full in zip(fused[H * D :].split(2 * D), (k, v)):
+            heads = full.view(H, D, -1)
+            expected = torch.stack([heads[0:2].mean(0), heads[2:4].mean(0)]).view(2 * D, -1)
+            assert torch.allclose(pooled, expected, atol=1e-7)
+    assert torch.equal(target.state_dict()["blocks.0.mlp.up.weight"], source.state_dict()["blocks.0.mlp.up.weight"])
+
+    ids = torch.tensor([tokenizer.encode(TEXT)[:40]])
+    optimizer = torch.optim.AdamW(target.parameters(), lr=3e-3)
+    losses = []
+    target.train()
+    for _ in range(8):
+        logits = target(ids[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[0, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+def test_import_refuses_kv_heads_that_do_not_pool(tmp_path):
+    tokenizer = CharTokenizer(TEXT)
+    source = make_model(dict(SWIGLU, n_head=6, d_model=48, attention=dict(kind="gqa", n_kv_head=2)), tokenizer)
+    directory = tmp_path / "gqa"
+    export_checkpoint(str(write_checkpoint(tmp_path / "m.ckpt", source, tokenizer)), str(directory), log=lambda _: None)
+    target = Transformer(ModelConfig(**{**source.config.to_dict(), "attention": {"kind": "gqa", "n_kv_head": 3}}))
+    with pytest.raises(UserError, match=r"attention.n_kv_head: layer 0 .* 2 key/value heads, which cannot be pooled into 3"):
+        init_model(target, str(directory), log=lambda _: None)
+
+
+def test_import_refuses_an_unsupported_architecture_by_name(tmp_path):
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=32, n_positions=16)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(UserError, match=r"architecture GPT2LMHeadModel cannot be imported; minitx imports LlamaForCausalLM"):
+        read_hf_directory(str(tmp_path / "gpt2"))
+    with pytest.raises(UserError, match="no such directory"):
+        read_hf_directory(str(tmp_path / "missing"))
+
+
+# -- the command: bad input is one line, exit 2, nothing written ----------------------------------
+
+
+def test_export_command_refuses_bad_input_with_one_line(tmp_path, capsys):
+    from minitx.cli import export_main
+
+    tokenizer = CharTokenizer(TEXT)
+    ckpt = write_checkpoint(tmp_path / "m.ckpt", make_model(dict(SWIGLU), tokenizer), tokenizer)
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.ckpt")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    cases = [
+        (["--ckpt", str(tmp_path / "foreign.ckpt"), "--out", str(tmp_path / "a")], "not a minitx checkpoint"),
+        (["--ckpt", str(ckpt), "--out", str(tmp_path / "b"), "--dtype", "float16"], "--dtype: 'float16' is not supported"),
+        (["--ckpt", str(ckpt), "--out", str(tmp_path / "full")], "is not empty; pick another directory or add --force"),
+    ]
+    for args, message in cases:
+        assert export_main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("export: error: ") and err.count("\n") == 1 and message in err, err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["foreign.ckpt", "full", "m.ckpt"]
+    assert [path.name for path in (tmp_path / "full").iterdir()] == ["keep.txt"]
+
+    assert export_main(["--ckpt", str(ckpt), "--out", str(tmp_path / "full"), "--force"]) == 0
+    assert "LlamaForCausalLM" in capsys.readouterr().out
+    assert not (tmp_path / "full" / "keep.txt").exists() and (tmp_path / "full" / "model.safetensors").exists()
+
+
+def test_export_script_exits_2_with_one_line():
+    result = subprocess.run([sys.executable, str(ROOT / "export.py"), "--ckpt", "missing.ckpt", "--out", "x", "--dtype", "int8"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr == "export: error: --dtype: 'int8' is not supported; use one of float32, bfloat16\n"
