@@ -218,6 +218,50 @@ def test_dotted_overrides_reach_the_model_and_the_saved_config(tmp_path, cache_d
     assert model.model.blocks[0].attn.n_kv_head == 2
 
 
+def test_model_config_is_the_one_source_of_model_keys(tmp_path, cache_dir, monkeypatch):
+    """Every ModelConfig field is a model.* key with ModelConfig's default, and a field added to
+    ModelConfig reaches the model from the command line with no edit in minitx/training."""
+    import dataclasses
+
+    import minitx.training.module as module
+    from minitx.config import AttentionConfig as Attention
+    from minitx.training import TrainCLI
+
+    config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
+    cli = TrainCLI(["--config", str(config)])
+    keys = cli.parser.get_defaults()
+    for field in dataclasses.fields(ModelConfig):
+        if field.name not in ("attention", "vocab_size"):  # vocab_size is linked from the data's tokenizer
+            assert keys[f"model.{field.name}"] == getattr(ModelConfig(), field.name), field.name
+    for field in dataclasses.fields(Attention):
+        assert keys[f"model.attention.{field.name}"] == getattr(Attention(), field.name), field.name
+
+    @dataclasses.dataclass
+    class WiderConfig(ModelConfig):
+        extra_field: int = 3
+
+    monkeypatch.setattr(module, "ModelConfig", WiderConfig)
+    cli = TrainCLI(["--config", str(config), "--model.extra_field", "5"])
+    assert cli.model.config.extra_field == 5 and cli.model.hparams["extra_field"] == 5
+
+
+def test_default_root_dir_sets_the_run_root_or_is_refused(tmp_path, cache_dir, monkeypatch, capfd):
+    from minitx.training import TrainCLI
+
+    monkeypatch.chdir(tmp_path)
+    config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
+    # run.root left at its default: --trainer.default_root_dir is where runs go.
+    cli = TrainCLI(["--config", str(config), "--run.root", "runs", "--trainer.default_root_dir", str(tmp_path / "elsewhere")])
+    assert cli.trainer.default_root_dir == str(tmp_path / "elsewhere" / "tiny")
+    assert cli.config_init["run"].root == str(tmp_path / "elsewhere")
+    assert cli.trainer.loggers[0].log_dir.startswith(str(tmp_path / "elsewhere" / "tiny"))
+    # Both given and different: one line, exit 2, nothing written.
+    assert train("--config", config, "--trainer.default_root_dir", tmp_path / "elsewhere") == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("train: error: trainer.default_root_dir:") and "run.root" in err[-1]
+    assert not (tmp_path / "elsewhere").exists() and not run_dir(config).exists()
+
+
 def test_print_config_shows_the_resolved_config(tmp_path, cache_dir, capsys):
     config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
     with pytest.raises(SystemExit) as exit_info:
