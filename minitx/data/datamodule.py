@@ -26,11 +26,13 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from minitx.data.cache import cached_tokens
 from minitx.data.sources import SOURCES, load_text
 from minitx.data.tokenizer import Tokenizer, build_tokenizer
-from minitx.data.toy import ToyTaskConfig, ToyTrainBatches, ToyValSet, toy_max_length, toy_tokenizer
+from minitx.data.tasks import LENGTH_KEYS, TASKS, task_config
+from minitx.data.toy import ToyTrainBatches, ToyValSet
 from minitx.errors import UserError
 
-# "toy": the Multi-Token Attention paper's synthetic task (minitx/data/toy.py), not a text.
-DATA_SOURCES = (*SOURCES, "toy")
+# The synthetic tasks (minitx/data/tasks.py), not texts: "toy" (the Multi-Token Attention
+# paper's), "mqar" (multi-query associative recall), "needle" (needle in a haystack).
+DATA_SOURCES = (*SOURCES, *TASKS)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -155,9 +157,15 @@ class TextDataModule(L.LightningDataModule):
         toy_n, toy_query_len, toy_blocks, toy_min_blocks, toy_target: the toy task (source=toy):
             blocks of toy_n letters, toy_min_blocks..toy_blocks of them (min unset: exactly
             toy_blocks), toy_query_len query letters; target "block", "first" or "last".
-        toy_train_size, toy_val_size: samples in the training set (cycled) and validation set;
-            both are fixed by `seed`, and never overlap. Targets only carry the loss (y is -100,
-            cross-entropy's ignore_index, elsewhere).
+        toy_train_size, toy_val_size: samples in the training set (cycled) and validation set of
+            any synthetic task (toy, mqar, needle); both are fixed by `seed`, and never overlap.
+            Targets only carry the loss (y is -100, cross-entropy's ignore_index, elsewhere).
+        mqar_vocab, mqar_pairs, mqar_queries, mqar_seq_len: MQAR (source=mqar): mqar_pairs
+            key-value pairs from mqar_vocab symbols, then mqar_queries keys asked, in samples of
+            mqar_seq_len tokens (minitx/data/mqar.py).
+        needle_length, needle_min_length, needle_filler: needle in a haystack (source=needle):
+            samples of needle_min_length..needle_length characters of filler text
+            ("shakespeare" or a glob) with one planted fact (minitx/data/needle.py).
     """
 
     def __init__(
@@ -187,6 +195,13 @@ class TextDataModule(L.LightningDataModule):
         toy_target: str = "block",
         toy_train_size: int = 100_000,
         toy_val_size: int = 512,
+        mqar_vocab: int = 64,
+        mqar_pairs: int = 8,
+        mqar_queries: int = 8,
+        mqar_seq_len: int = 64,
+        needle_length: int = 256,
+        needle_min_length: int | None = None,
+        needle_filler: str = "shakespeare",
     ) -> None:
         super().__init__()
         _require(
@@ -217,14 +232,11 @@ class TextDataModule(L.LightningDataModule):
         self.cache_dir = cache_dir
         self.seed = seed
         self.val_batches = val_batches
-        self.toy: ToyTaskConfig | None = None
-        if source == "toy":
+        self.task = None  # the synthetic task's config, for source in TASKS
+        if source in TASKS:
             _require(toy_train_size >= 1, f"data.toy_train_size: must be at least 1, got {toy_train_size}")
             _require(toy_val_size >= 1, f"data.toy_val_size: must be at least 1, got {toy_val_size}")
-            self.toy = ToyTaskConfig(
-                block_len=toy_n, query_len=toy_query_len, min_blocks=toy_min_blocks or toy_blocks,
-                max_blocks=toy_blocks, target=toy_target,
-            )
+            self.task = task_config(source, dict(self.hparams))
             self.toy_train_size, self.toy_val_size = toy_train_size, toy_val_size
 
         # Training batches handed to the model so far; the resume point. Counted in
@@ -247,14 +259,14 @@ class TextDataModule(L.LightningDataModule):
         """Load text, build the tokenizer and the token memmaps. Idempotent; needs no Trainer."""
         if self._tokenizer is not None:
             return
-        if self.toy is not None:
-            needed = toy_max_length(self.toy) - 1
+        if self.task is not None:
+            needed = self.task.max_length() - 1
             _require(
                 self.block_size >= needed,
-                f"data.block_size: the toy task's longest input has {needed} tokens, more than "
-                f"block_size={self.block_size}; raise model.block_size to {needed} or use fewer data.toy_blocks",
+                f"data.block_size: the {self.source} task's longest input has {needed} tokens, more than "
+                f"block_size={self.block_size}; raise model.block_size to {needed} or lower {LENGTH_KEYS[self.source]}",
             )
-            self._tokenizer = toy_tokenizer()
+            self._tokenizer = self.task.tokenizer()
             self._check_checkpoint_tokenizer()
             return
         train_text, val_text = load_text(
@@ -314,8 +326,8 @@ class TextDataModule(L.LightningDataModule):
     def summary(self) -> str:
         """One line for logs, e.g. 'shakespeare, char tokenizer (vocab 67): 4.3M train tokens ...'."""
         self.setup()
-        if self.toy is not None:
-            return f"toy task {self.toy} (vocab {self.vocab_size}): {self.toy_train_size} train, {self.toy_val_size} val samples"
+        if self.task is not None:
+            return f"{self.source} task {self.task} (vocab {self.vocab_size}): {self.toy_train_size} train, {self.toy_val_size} val samples"
         assert self.train_tokens is not None and self.val_tokens is not None
         return (
             f"{self.source}, {self.tokenizer_kind} tokenizer (vocab {self.vocab_size}): "
@@ -341,9 +353,9 @@ class TextDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
-        if self.toy is not None:
+        if self.task is not None:
             world_size = self.trainer.world_size if self.trainer is not None else 1
-            batches = ToyTrainBatches(self.toy, self.seed, self.toy_train_size, self.batch_size,
+            batches = ToyTrainBatches(self.task, self.seed, self.toy_train_size, self.batch_size,
                                       self.train_batches_drawn, self._global_rank(), world_size)
             return DataLoader(batches, batch_size=None, **self._loader_options())
         assert isinstance(self.train_tokens, np.memmap)
@@ -361,8 +373,8 @@ class TextDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         self.setup()
-        if self.toy is not None:
-            samples = ToyValSet(self.toy, self.seed, self.toy_train_size, self.toy_val_size)
+        if self.task is not None:
+            samples = ToyValSet(self.task, self.seed, self.toy_train_size, self.toy_val_size)
             return DataLoader(samples, batch_size=self.batch_size, shuffle=False, **self._loader_options())
         assert isinstance(self.val_tokens, np.memmap)
         dataset = EvenlySpacedWindows(

@@ -50,6 +50,21 @@ class ToyTaskConfig:
         if self.target not in TARGETS:
             raise UserError(f"data.toy_target: unknown target {self.target!r}; choose one of {', '.join(TARGETS)}")
 
+    # What every synthetic task's config offers (toy here, mqar.py, needle.py): the batch classes
+    # below, the data module and the evaluation use only these.
+    def sample(self, seed: int, index: int) -> "ToySample":
+        return toy_sample(self, seed, index)
+
+    def max_length(self) -> int:
+        return toy_max_length(self)
+
+    def tokenizer(self) -> CharTokenizer:
+        return toy_tokenizer()
+
+    @property
+    def pad_id(self) -> int:
+        return toy_tokenizer().encode(BLOCK_SEP)[0]
+
 
 @dataclass(frozen=True)
 class ToySample:
@@ -110,13 +125,14 @@ def toy_samples(config: ToyTaskConfig, seed: int, count: int, start: int = 0) ->
     return [toy_sample(config, seed, index) for index in range(start, start + count)]
 
 
-def collate_toy(samples: list[ToySample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Samples -> (x, y, loss_mask), right-padded; loss_mask is aligned with y (the targets).
+def collate_toy(samples: list[ToySample], pad_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Samples (of any task: ids and loss_mask) -> (x, y, loss_mask), right-padded; loss_mask is
+    aligned with y (the targets).
 
-    Padding is masked out of the loss, so its id (that of '.') never matters.
+    Padding is masked out of the loss, so its id (default that of '.') never matters.
     """
     length = max(len(s.ids) for s in samples)
-    pad_id = toy_tokenizer().encode(BLOCK_SEP)[0]
+    pad_id = toy_tokenizer().encode(BLOCK_SEP)[0] if pad_id is None else pad_id
     ids = torch.full((len(samples), length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(samples), length), dtype=torch.bool)
     for row, sample in enumerate(samples):
@@ -136,17 +152,17 @@ def toy_max_length(config: ToyTaskConfig) -> int:
     return config.max_blocks * (config.block_len + 1) - 1 + 1 + config.query_len + target_len
 
 
-def toy_batch(samples: list[ToySample], length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def toy_batch(samples: list[ToySample], length: int | None = None, pad_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Samples -> (x, y) for next-token training: y is IGNORE_INDEX everywhere but the target.
 
     `length` pads the inputs to a fixed width (fixed shapes batch after batch); padding is
     ignored by the loss like the rest of the prompt.
     """
-    x, y, mask = collate_toy(samples)
+    x, y, mask = collate_toy(samples, pad_id)
     y = y.masked_fill(~mask, IGNORE_INDEX)
     if length is not None and length > x.shape[1]:
         pad = length - x.shape[1]
-        x = torch.nn.functional.pad(x, (0, pad), value=toy_tokenizer().encode(BLOCK_SEP)[0])
+        x = torch.nn.functional.pad(x, (0, pad), value=toy_tokenizer().encode(BLOCK_SEP)[0] if pad_id is None else pad_id)
         y = torch.nn.functional.pad(y, (0, pad), value=IGNORE_INDEX)
     return x, y
 
@@ -166,6 +182,8 @@ def exact_match(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 class ToyTrainBatches(torch.utils.data.IterableDataset):
     """Endless training batches: batch n holds samples n*B .. n*B+B-1 (mod train_size) of `seed`.
 
+    `config` is any synthetic task's config (see ToyTaskConfig.sample and the methods beside it).
+
     A pure function of (seed, n), like the text batches, so resuming needs only n. Samples
     0 .. train_size-1 are the training set; validation uses the samples after them.
     """
@@ -175,12 +193,12 @@ class ToyTrainBatches(torch.utils.data.IterableDataset):
         self.config, self.seed, self.train_size = config, seed, train_size
         self.batch_size, self.start_batch = batch_size, start_batch
         self.rank, self.world_size = rank, world_size
-        self.length = toy_max_length(config) - 1
+        self.length = config.max_length() - 1
 
     def batch(self, batch_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         first = (batch_index * self.world_size + self.rank) * self.batch_size
         indices = [(first + i) % self.train_size for i in range(self.batch_size)]
-        return toy_batch([toy_sample(self.config, self.seed, i) for i in indices], self.length)
+        return toy_batch([self.config.sample(self.seed, i) for i in indices], self.length, self.config.pad_id)
 
     def __iter__(self):
         worker = torch.utils.data.get_worker_info()
@@ -196,11 +214,11 @@ class ToyValSet(torch.utils.data.Dataset):
 
     def __init__(self, config: ToyTaskConfig, seed: int, train_size: int, size: int):
         self.config, self.seed, self.train_size, self.size = config, seed, train_size, size
-        self.length = toy_max_length(config) - 1
+        self.length = config.max_length() - 1
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = toy_batch([toy_sample(self.config, self.seed, self.train_size + i)], self.length)
+        x, y = toy_batch([self.config.sample(self.seed, self.train_size + i)], self.length, self.config.pad_id)
         return x[0], y[0]

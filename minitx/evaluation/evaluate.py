@@ -101,7 +101,7 @@ def evaluate_checkpoint(ckpt_path: str, lengths: Optional[Sequence[int]] = None,
         if files is None and source in TASK_SOURCES:
             from .tasks import evaluate_task  # imported here: only task checkpoints need the generators
 
-            result = evaluate_task(model, train_config["data"], lengths, task_samples, seed, bar)
+            result = evaluate_task(model, train_config["data"], tokenizer, lengths, task_samples, seed, bar)
         else:
             name, text = files_text(files) if files is not None else validation_text(train_config)
             scored = truncate(tokenize(name, text, tokenizer, "--files" if files is not None else "--ckpt"), max_tokens, tokenizer)

@@ -47,6 +47,8 @@ def loss_by_position(result: dict) -> Callable:
     def draw(file) -> None:
         fig, ax = plt.subplots(figsize=(6, 4))
         for length, entry in _measured(result["by_length"]).items():
+            if "by_position" not in entry:
+                continue
             curve = entry["by_position"]
             middles = [(s + e - 1) / 2 + 1 for s, e in zip(curve["start"], curve["end"])]  # +1: log axis
             ax.plot(middles, curve["loss"], marker=".", label=f"context {length}")
@@ -64,7 +66,8 @@ def loss_by_position(result: dict) -> Callable:
 def needle_heatmap(heatmap: dict) -> Callable:
     def draw(file) -> None:
         fig, ax = plt.subplots(figsize=(6, 4))
-        image = ax.imshow(heatmap["accuracy"], vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        grid = [[float("nan") if a is None else a for a in row] for row in heatmap["accuracy"]]  # skipped lengths: blank
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
         ax.set_xticks(range(len(heatmap["lengths"])), [str(n) for n in heatmap["lengths"]])
         ax.set_yticks(range(len(heatmap["depths"])), [f"{d:.0%}" for d in heatmap["depths"]])
         ax.set_xlabel("context length (tokens)")
@@ -76,8 +79,10 @@ def needle_heatmap(heatmap: dict) -> Callable:
 
 
 def figures(result: dict) -> Iterator[tuple[str, Callable]]:
-    if result.get("by_length") and _measured(result["by_length"]):
+    measured = _measured(result.get("by_length") or {})
+    if measured:
         yield "loss_vs_length.png", loss_vs_length(result)
+    if any("by_position" in entry for entry in measured.values()):
         yield "loss_by_position.png", loss_by_position(result)
     task = result.get("task") or {}
     if task.get("heatmap"):

@@ -36,21 +36,32 @@ def _position_rows(curve: dict) -> list[str]:
     return rows
 
 
+def _heatmap_rows(heatmap: dict) -> list[str]:
+    rows = ["", "needle exact match, depth x context length:", "  " + f"{'depth':>6}" + "".join(f"{n:>8}" for n in heatmap["lengths"])]
+    for depth, accuracies in zip(heatmap["depths"], heatmap["accuracy"]):
+        cells = "".join(f"{'-':>8}" if a is None else f"{a:>8.2f}" for a in accuracies)
+        rows.append(f"  {depth:>6.0%}{cells}")
+    return rows
+
+
 def table(result: dict) -> str:
     """The readable summary printed by evaluate.py."""
     lines = _header(result)
     unit = result.get("unit", "character")
     bits = result["bits_per_char"] if unit == "character" else result["bits_per_byte"]
-    lines.append(f"text: {result['text']}: {result['tokens']:,} tokens scored, context {result['context']}, stride {result['stride']}")
-    lines.append(f"loss {result['loss']:.4f}   perplexity {result['perplexity']:.3f}   bits per {unit} {bits:.4f}")
     task = result.get("task")
     if task:
-        lines.append(f"task {task['name']}: exact match {task['exact_match']:.4f}, item accuracy {task['item_accuracy']:.4f} "
-                     f"({task['samples']} samples, {task['items']} items, seed {task['seed']})")
-    if result.get("by_length"):
+        lines.append(f"{result['text']}: {task['samples']:,} samples (seed {task['seed']}), {task['items']:,} answer tokens")
+        lines.append(f"exact match {task['exact_match']:.4f}   item accuracy {task['item_accuracy']:.4f}   "
+                     f"answer loss {result['loss']:.4f}   perplexity {result['perplexity']:.3f}   bits per {unit} {bits:.4f}")
+    else:
+        lines.append(f"text: {result['text']}: {result['tokens']:,} tokens scored, context {result['context']}, stride {result['stride']}")
+        lines.append(f"loss {result['loss']:.4f}   perplexity {result['perplexity']:.3f}   bits per {unit} {bits:.4f}")
+    if task and task.get("heatmap"):
+        lines += ["", "needle exact match by context length (mean over depths):"] + _length_rows(result["by_length"], "accuracy")
+        lines += _heatmap_rows(task["heatmap"])
+    elif result.get("by_length"):
         lines += ["", "loss by context length (non-overlapping windows of that many tokens):"] + _length_rows(result["by_length"])
-    if task and task.get("by_length"):
-        lines += ["", "accuracy by context length:"] + _length_rows(task["by_length"], "accuracy")
     if result.get("by_position"):
         lines += ["", f"loss by position inside the context (tokens before the target, context {result['context']}):"]
         lines += _position_rows(result["by_position"])

@@ -13,11 +13,9 @@ import torch
 from torch import Tensor
 
 from ..data.sources import load_text, read_files, shakespeare_val_text
+from ..data.tasks import TASKS as TASK_SOURCES  # synthetic tasks, not texts: see tasks.py
 from ..data.tokenizer import CharTokenizer, Tokenizer
 from ..errors import UserError
-
-# Data sources that are synthetic tasks, not texts: evaluated by minitx.evaluation.tasks.
-TASK_SOURCES = ("toy", "mqar", "needle")
 
 
 @dataclass(frozen=True)
