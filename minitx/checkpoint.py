@@ -24,7 +24,7 @@ checksums and load unchecked (minitx has never written that format), as do files
 torch.serialization.set_crc32_options(False), whose CRCs are all 0.
 
 This file reads and writes checkpoint files and needs no Lightning (generation imports it);
-minitx/run_checkpoints.py has the Lightning side: when a run saves, and through what.
+minitx/training/run.py has the Lightning side: when a run saves, and through what.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ import yaml
 from helpers import metrics
 
 from minitx.ablation import format_value
-from minitx.checkpoint import LAST, TMP_PREFIX
+from minitx.checkpoint import LAST
+from minitx.fileio import TMP_PREFIX
 from minitx.cli import ablate_main, generate_main, train_main
 from minitx.config import ModelConfig
 from minitx.data.tokenizer import CharTokenizer
