@@ -106,13 +106,15 @@ def shifted_queries(q: Tensor, c_q: int) -> Tensor:
 
 def convolved_keys(k: Tensor, kernel: Tensor) -> Tensor:
     """K'cat (B, H, T, c_q * D) per query head: K'_u[j] = sum_w theta[h, u, w] k_{j - c_k // 2 + w},
-    k zero outside 0..T-1. Query head h reads key head h // (H / G)."""
+    k zero outside 0..T-1. Query head h reads key head h // (H / G).
+
+    One grouped conv1d along T: each key head's D features are the batch, its c_q kernel rows for
+    each of its query heads the output channels (no (T, D, c_k) windows are materialised)."""
     B, G, T, D = k.shape
     H, _, c_q, c_k = kernel.shape
-    windows = F.pad(k, (0, 0, c_k // 2, c_k // 2)).unfold(2, c_k, 1)  # (B, G, T, D, c_k)
-    per_group = kernel.to(k.dtype).view(G, H // G, c_q, c_k)
-    keys = torch.einsum("bgtdw,gruw->bgrtud", windows, per_group)
-    return keys.reshape(B, H, T, c_q * D)
+    features = k.permute(0, 3, 1, 2).reshape(B * D, G, T)
+    out = F.conv1d(features, kernel.to(k.dtype).reshape(H * c_q, 1, c_k), padding=c_k // 2, groups=G)
+    return out.view(B, D, H, c_q, T).permute(0, 2, 4, 3, 1).reshape(B, H, T, c_q * D)
 
 
 def band_kernel(kernel: Tensor) -> Tensor:
@@ -152,12 +154,36 @@ def band_scores(q: Tensor, k: Tensor, kernel: Tensor) -> Tensor:
     return rows.reshape(B, H, T, W * c_q) @ band_kernel(kernel).to(q.dtype)
 
 
-def write_band(scores: Tensor, band: Tensor, first_row: int) -> Tensor:
-    """Put band (B, H, R, off) into scores (B, H, R, Tk) in place: row r (position first_row + r)
-    gets band[..., r, d] at key first_row + r - d, for the keys that exist."""
-    R, Tk = scores.shape[-2:]
-    for d in range(band.shape[-1]):
-        diagonal = scores.diagonal(first_row - d, dim1=-2, dim2=-1)
+class WriteBand(torch.autograd.Function):
+    """scores (B, H, R, Tk) with band (B, H, R, off) written over its diagonals, in place: row r
+    (position first_row + r) gets band[..., r, d] at key first_row + r - d, for the keys that exist.
+
+    By hand rather than by autograd, whose in-place writes would each copy the whole gradient."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor, band: Tensor, first_row: int) -> Tensor:
+        ctx.first_row, ctx.band_shape = first_row, band.shape
+        ctx.mark_dirty(scores)
+        for d, diagonal, top in band_diagonals(scores, band.shape[-1], first_row):
+            diagonal.copy_(band[:, :, top : top + diagonal.shape[-1], d])
+        return scores
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        grad = grad.clone()
+        grad_band = grad.new_zeros(ctx.band_shape)
+        for d, diagonal, top in band_diagonals(grad, ctx.band_shape[-1], ctx.first_row):
+            grad_band[:, :, top : top + diagonal.shape[-1], d] = diagonal
+            diagonal.zero_()  # overwritten entries pass no gradient to the wide product
+        return grad, grad_band, None
+
+
+def band_diagonals(scores: Tensor, off: int, first_row: int):
+    """(d, the diagonal of key = row position - d as a view, its first row) for d < off."""
+    for d in range(off):
         top = max(0, d - first_row)  # rows whose key first_row + r - d would be negative
-        diagonal.copy_(band[:, :, top : top + diagonal.shape[-1], d])
-    return scores
+        yield d, scores.diagonal(first_row - d, dim1=-2, dim2=-1), top
+
+
+def write_band(scores: Tensor, band: Tensor, first_row: int) -> Tensor:
+    return WriteBand.apply(scores, band, first_row)

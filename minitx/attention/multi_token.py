@@ -20,6 +20,8 @@ plain attention.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -143,12 +145,13 @@ class MultiTokenAttention(Attention):
             hidden = hidden[self.c_q - 1 :]
         return self.weigh(scores, hidden, v, some_rows_empty=self.kq_conv_post is not None or first_key > 0)
 
-    def weigh(self, scores: Tensor, hidden: Tensor, v: Tensor, some_rows_empty: bool):
+    def weigh(self, scores: Tensor, hidden: Optional[Tensor], v: Tensor, some_rows_empty: bool):
         """From pre-softmax scores (B, H, R, Tk), pre-convolution done, to (out, weights): the rest
-        of the released order: pre mix, softmax, post conv, re-zero the future, post mix, dropout, @ V."""
+        of the released order: pre mix, softmax, post conv, re-zero the future, post mix, dropout, @ V.
+        hidden: (R, Tk) entries no row may see (None: none)."""
         if self.mix_pre is not None:
             scores = mix_heads(scores, self.mix_pre)
-        weights = self.softmax(scores.masked_fill(hidden, float("-inf")))
+        weights = self.softmax(scores if hidden is None else scores.masked_fill(hidden, float("-inf")))
         if some_rows_empty:
             # Only history padding rows (position -1) and rows whose keys all slid out of the
             # context see nothing; their softmax is NaN. Other rows always see their own key.
@@ -157,7 +160,7 @@ class MultiTokenAttention(Attention):
             weights = self.convolve(weights, self.kq_conv_post).masked_fill(hidden[self.c_q - 1 :], 0.0)
         if self.mix_post is not None:
             weights = mix_heads(weights, self.mix_post)
-        dropped = F.dropout(weights, self.dropout_p, self.training)
+        dropped = F.dropout(weights, self.dropout_p, self.training) if self.dropout_p else weights
         B, H, R, Tk = weights.shape
         G, D = v.shape[1], v.shape[-1]
         out = (dropped.reshape(B, G, (H // G) * R, Tk) @ v).view(B, H, R, D)
@@ -228,6 +231,14 @@ class MultiTokenAttention(Attention):
         return self.rows(F.pad(q, (0, 0, n_hist, 0)), k, v, q_pos, positions)
 
     def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, cache: MTACache) -> Tensor:
+        if self.n_hist == 0:
+            # No convolution on this layer: the new queries' rows alone, masked as the cache says
+            # (for one new token usually not at all), as for plain attention.
+            keys, values, mask = cache.update(k, v)
+            B, H, T, D = q.shape
+            G, Tk = keys.shape[1], keys.shape[2]
+            scores = ((q * self.scale).reshape(B, G, (H // G) * T, D) @ keys.to(q.dtype).transpose(-2, -1)).view(B, H, T, Tk)
+            return self.weigh(scores, None if mask is None else ~mask, values.to(q.dtype), some_rows_empty=False)[0]
         T = q.shape[2]
         q_pos = torch.arange(cache.n_seen, cache.n_seen + T, device=q.device)
         rows, rows_pos = q, q_pos
