@@ -24,6 +24,7 @@ from minitx.config import AttentionConfig, ModelConfig
 from minitx.training import (
     DEFAULT_CONFIG,
     MinitxLM,
+    ThroughputMeter,
     format_mfu,
     lr_at,
     optimizer_groups,
@@ -107,6 +108,8 @@ def test_shakespeare_run_learns_checkpoints_resumes_and_samples(tmp_path, cache_
     assert_learns_and_checkpoints(run)
     assert "final val loss" in out and "sample:" in out
     assert "MFU unknown" in out + err  # CPU: no peak FLOP/s is assumed
+    logged = (run / "logs" / "version_0" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "tokens_per_sec" in logged and "mfu" not in logged
 
     # Generation loads the checkpoint with nothing but the file.
     generation = pytest.importorskip("minitx.generation")
@@ -350,6 +353,25 @@ def test_lr_schedule_warms_up_then_cosine_decays_to_min_lr():
 def test_mfu_is_unknown_on_cpu():
     assert peak_flops(torch.device("cpu")) is None
     assert format_mfu(None) == "unknown" and format_mfu(0.25) == "25.0%"
+
+
+def test_throughput_meter_times_steps_not_validation(monkeypatch):
+    import minitx.training.throughput as throughput
+
+    clock = iter([10.0, 12.0, 13.0, 17.0, 20.0])
+    monkeypatch.setattr(throughput.time, "perf_counter", lambda: next(clock))
+    meter = ThroughputMeter(torch.device("cpu"), flops_per_token=6.0)
+    meter.add(100)
+    assert meter.lap() is None and meter.tokens_seen == 100  # t=10: the first step only starts the clock
+    meter.add(400)
+    meter.pause()  # t=12: validation from here ...
+    meter.resume()  # ... to t=13 is left out
+    meter.add(200)
+    assert meter.lap() == pytest.approx(600 / 6.0)  # t=17: 600 tokens in 7 s of which 1 was validation
+    meter.add(300)
+    assert meter.lap() == pytest.approx(100.0)  # t=20
+    assert meter.tokens_seen == 1000 and meter.mean_tokens_per_sec == pytest.approx(900 / 9.0)
+    assert meter.mfu(100.0) is None  # a CPU has no known peak: MFU stays unknown
 
 
 def test_atomic_write_never_leaves_a_partial_file(tmp_path):
