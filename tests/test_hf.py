@@ -213,6 +213,54 @@ def test_import_refuses_an_unsupported_architecture_by_name(tmp_path):
         read_hf_directory(str(tmp_path / "missing"))
 
 
+def finetune_args(tmp_path: Path, directory: Path, *extra: str) -> list[str]:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT * 40)
+    return ["--config", str(ROOT / "configs" / "finetune.yaml"), "--model.init_from", str(directory),
+            "--model.block_size", "16", "--data.source", "files", "--data.train_files", str(corpus),
+            "--data.val_fraction", "0.2", "--data.batch_size", "4", "--data.val_batches", "1",
+            "--data.cache_dir", str(tmp_path / "cache"), "--trainer.max_steps", "4", "--trainer.val_check_interval", "4",
+            "--trainer.enable_progress_bar", "false", "--trainer.accelerator", "cpu", "--run.root", str(tmp_path / "runs"),
+            "--run.name", "ft", "--run.sample_tokens", "0", *extra]
+
+
+def test_train_from_an_mha_directory_as_gqa_pools_heads_says_so_and_trains(tmp_path, capfd, one_thread):
+    from minitx.cli import train_main
+
+    tokenizer = CharTokenizer(TEXT)
+    source = make_model(dict(SWIGLU, n_layer=2, attention=dict(kind="mha")), tokenizer)
+    directory = tmp_path / "llama"
+    export_checkpoint(str(write_checkpoint(tmp_path / "m.ckpt", source, tokenizer)), str(directory), log=lambda _: None)
+    assert train_main(finetune_args(tmp_path, directory, "--model.attention.kind", "gqa", "--model.attention.n_kv_head", "2")) == 0
+    out = capfd.readouterr().out
+    assert "mean-pooled key/value heads per group" in out and "0: 4->2" in out, out
+    saved = torch.load(tmp_path / "runs" / "ft" / "checkpoints" / "last.ckpt", weights_only=True)
+    config = ModelConfig.from_dict(saved["minitx"]["model_config"])
+    assert (config.attention.kind, config.attention.n_kv_head, config.d_model, config.mlp) == ("gqa", 2, 32, "swiglu")
+    assert saved["global_step"] == 4
+    weights = {key[len("model."):]: value for key, value in saved["state_dict"].items()}
+    assert not torch.equal(weights["blocks.0.mlp.up.weight"], source.state_dict()["blocks.0.mlp.up.weight"])  # it trained
+
+
+def test_train_refuses_an_unsupported_directory_with_one_line_and_writes_nothing(tmp_path, capfd):
+    from minitx.cli import train_main
+
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=32, n_positions=16)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    (tmp_path / "gpt2" / "tokenizer.json").write_text(convert_char_tokenizer_json())
+    capfd.readouterr()
+    assert train_main(finetune_args(tmp_path, tmp_path / "gpt2")) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "architecture GPT2LMHeadModel cannot be imported" in err[0], err
+    assert not (tmp_path / "runs").exists()
+
+
+def convert_char_tokenizer_json() -> str:
+    from minitx.hf.export import char_tokenizer
+
+    return char_tokenizer(CharTokenizer(TEXT).chars).to_str()
+
+
 # -- the command: bad input is one line, exit 2, nothing written ----------------------------------
 
 

@@ -105,7 +105,7 @@ def to_hf_weights(state: dict[str, Tensor], config: ModelConfig) -> dict[str, Te
 
 def from_hf_weights(hf: dict[str, Tensor], n_layer: int) -> dict[str, Tensor]:
     """transformers Llama-family state dict -> minitx names (q/k/v stacked into qkv_proj). Biases
-    stay as they are; `complete_biases` decides whether the model has any."""
+    stay as they are; `complete_biases` adds the ones minitx has and the import lacks."""
     inverse = {value: key for key, value in LAYER_NAMES.items()}
     top = {value: key for key, value in TOP_NAMES.items()}
     out = {}
@@ -134,16 +134,12 @@ def from_hf_weights(hf: dict[str, Tensor], n_layer: int) -> dict[str, Tensor]:
 
 
 def complete_biases(state: dict[str, Tensor], expected: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Biases the imported weights lack (Qwen2 has q/k/v biases only) are zeros; others are dropped."""
-    out = {key: value for key, value in state.items() if key in expected}
+    """The imported weights, with zeros for the biases they lack (Qwen2 has q/k/v biases only)."""
+    out = dict(state)
     for key, value in expected.items():
         if key not in out and key.endswith(".bias"):
-            out[key] = torch.zeros_like(value)
+            out[key] = torch.zeros(value.shape, dtype=state["tok_emb.weight"].dtype)  # `expected` may be on meta
     return out
-
-
-def has_nonzero_bias(state: dict[str, Tensor]) -> bool:
-    return any(key.endswith(".bias") and bool(value.any()) for key, value in state.items())
 
 
 def qkv_sizes(config: ModelConfig, layer: int) -> list[int]:
@@ -210,8 +206,16 @@ def model_config_from_hf(hf: dict, where: str, log: Callable[[str], None], block
         vocab_size=hf["vocab_size"], block_size=block_size or hf.get("max_position_embeddings") or 2048,
         n_layer=hf["num_hidden_layers"], n_head=n_head, d_model=d_model, mlp="swiglu",
         mlp_hidden_size=hf["intermediate_size"], norm="rmsnorm", positions="rope",
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)), attention=AttentionConfig(**attention),
+        bias=has_bias(hf), tie_embeddings=bool(hf.get("tie_word_embeddings", False)), attention=AttentionConfig(**attention),
     )
+
+
+def has_bias(hf: dict) -> bool:
+    """Llama's biases are optional, Qwen2 always has q/k/v biases, Mistral has none. minitx has
+    all or none: the ones the import lacks are zeros (`complete_biases`)."""
+    if hf["model_type"] == "llama":
+        return bool(hf.get("attention_bias") or hf.get("mlp_bias"))
+    return hf["model_type"] == "qwen2"
 
 
 def sliding_layers(hf: dict) -> list[bool]:

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ..checkpoint import state_mismatch
-from ..config import ModelConfig
+from ..config import AttentionConfig, ModelConfig
 from ..errors import UserError, one_line
 from ..model import Transformer
 from . import convert, require
@@ -29,16 +29,15 @@ from . import convert, require
 SHAPE_FIELDS = ("vocab_size", "n_layer", "n_head", "d_model", "mlp", "mlp_hidden", "norm", "positions", "bias", "tie_embeddings")
 
 
-def read_hf_directory(directory: str, where: str = "init_from", log: Callable[[str], None] = print,
-                      block_size: Optional[int] = None) -> tuple[ModelConfig, dict[str, Tensor], Optional[str]]:
-    """(minitx config, minitx state dict, path of tokenizer.json or None) of a transformers directory."""
+def read_config(directory: str, where: str, log: Callable[[str], None] = print,
+                block_size: Optional[int] = None) -> tuple[ModelConfig, bool]:
+    """(minitx config, whether minitx exported it with custom code) of a transformers directory's
+    config.json; what minitx cannot express is a UserError naming the field."""
     path = Path(directory).expanduser()
-    where = f"{where} {directory}"
     if not path.is_dir():
         raise UserError(f"{where}: no such directory; give a local transformers model directory (config.json + *.safetensors)")
-    config_file = path / "config.json"
     try:
-        hf_config = json.loads(config_file.read_text())
+        hf_config = json.loads((path / "config.json").read_text())
     except FileNotFoundError:
         raise UserError(f"{where}: has no config.json; give a transformers model directory") from None
     except (OSError, ValueError) as error:
@@ -46,19 +45,24 @@ def read_hf_directory(directory: str, where: str = "init_from", log: Callable[[s
     if not isinstance(hf_config, dict):
         raise UserError(f"{where}: config.json is not a JSON object; repair or re-download it")
     try:
-        if hf_config.get("model_type") == "minitx":  # exported with custom code: minitx's own names
-            config, state = minitx_config(hf_config, block_size), read_safetensors(path, where)
-        else:
-            config = convert.model_config_from_hf(hf_config, where, log, block_size)
-            state = convert.from_hf_weights(read_safetensors(path, where), config.n_layer)
+        if hf_config.get("model_type") == "minitx":  # exported with custom code: minitx's own fields
+            return minitx_config(hf_config, block_size), True
+        return convert.model_config_from_hf(hf_config, where, log, block_size), False
     except (KeyError, TypeError) as error:
         raise UserError(f"{where}: config.json lacks or mangles {one_line(error, 80)}; repair or re-download it") from None
-    if hf_config.get("model_type") != "minitx":
-        config = dataclasses.replace(config, bias=convert.has_nonzero_bias(state))
+
+
+def read_hf_directory(directory: str, where: str = "init_from", log: Callable[[str], None] = print,
+                      block_size: Optional[int] = None) -> tuple[ModelConfig, dict[str, Tensor], Optional[str]]:
+    """(minitx config, minitx state dict, path of tokenizer.json or None) of a transformers directory."""
+    where = f"{where} {directory}"
+    config, exported_by_minitx = read_config(directory, where, log, block_size)
+    path = Path(directory).expanduser()
+    state = read_safetensors(path, where)
     with torch.device("meta"):  # the expected names and shapes, without memory
         expected = Transformer(config).state_dict()
-    if hf_config.get("model_type") != "minitx":
-        state = convert.complete_biases(state, expected)
+    if not exported_by_minitx:
+        state = convert.complete_biases(convert.from_hf_weights(state, config.n_layer), expected)
     if config.tie_embeddings and "lm_head.weight" not in state and "tok_emb.weight" in state:
         state["lm_head.weight"] = state["tok_emb.weight"]
     mismatch = state_mismatch(expected, state)
@@ -100,6 +104,38 @@ def load_hf_model(directory: str, where: str = "init_from", log: Callable[[str],
     return model.eval()
 
 
+def run_model_fields(directory: str, fields: dict, log: Callable[[str], None] = print,
+                     where: str = "model.init_from") -> dict:
+    """A run's model fields (ModelConfig's) with the shape of the model in `directory`: vocabulary,
+    layers, heads, widths, MLP, norm, positions, bias and tying come from it. The run keeps its
+    block_size and dropout, and its attention where it set one (e.g. gqa with fewer key/value
+    heads: `init_model` pools them); with the default attention the directory's is used."""
+    tokens = fields.get("vocab_size")
+    source, _ = read_config(directory, f"{where} {directory}", log, fields.get("block_size"))
+    if tokens is not None and tokens > source.vocab_size:
+        raise UserError(f"data.tokenizer: has {tokens} tokens but the model in {directory} only {source.vocab_size}; use its tokenizer.json")
+    fields = dict(fields)
+    for name in SHAPE_FIELDS:
+        fields[name] = getattr(source, name)
+    fields["mlp_hidden_size"] = fields.pop("mlp_hidden")
+    attention = fields.get("attention")
+    if isinstance(attention, dict):
+        attention = AttentionConfig(**attention)
+    if attention is None or attention == AttentionConfig():
+        fields["attention"] = source.attention
+    return fields
+
+
+def check_init_from(directory: str, where: str = "model.init_from") -> str:
+    """Check that a run can start from a transformers directory (its config.json, before anything
+    is built); returns its tokenizer.json, which the run then uses."""
+    read_config(directory, f"{where} {directory}", lambda _: None)
+    path = Path(directory).expanduser() / "tokenizer.json"
+    if not path.is_file():
+        raise UserError(f"{where} {directory}: has no tokenizer.json; save the model's fast tokenizer into it")
+    return str(path)
+
+
 def init_model(model: Transformer, directory: str, log: Callable[[str], None] = print, where: str = "model.init_from") -> None:
     """Load a transformers directory's weights into `model`, whose config must have the same shape;
     each layer's key/value heads are mean-pooled where the model has fewer. Parameters the imported
@@ -115,7 +151,8 @@ def init_model(model: Transformer, directory: str, log: Callable[[str], None] = 
     fresh = [key for key in expected if key not in state]
     mismatch = state_mismatch({key: value for key, value in expected.items() if key in state}, state)
     if mismatch:
-        raise UserError(f"{where} {directory}: its weights do not fit model's config ({mismatch}); match the model's shape to it")
+        raise UserError(f"{where} {directory}: its weights do not fit the model's config ({mismatch}); match the model's shape to it")
     model.load_state_dict(state, strict=False)
+    log(f"init_from: weights of {directory} loaded")
     if fresh:
         log(f"init_from: {len(fresh)} tensor(s) have no counterpart in {directory} and start fresh: {', '.join(fresh[:4])}")

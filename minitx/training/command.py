@@ -31,6 +31,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from ..data.datamodule import TextDataModule
 from ..errors import UserError, one_line
 from ..generation import generate
+from ..hf.load import check_init_from
 from ..model import Transformer
 from .messages import config_files, find_user_error, parse_error_message
 from .module import MinitxLM, check_model_section
@@ -84,6 +85,8 @@ class TrainCLI(LightningCLI):
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # exit_on_error=False: jsonargparse raises instead of exiting
             raise UserError(parse_error_message(err, parser, config_files(args))) from None
+        if self.config["model"].get("init_from"):  # checked now; imported weights need their own tokenizer
+            self.config["data"]["tokenizer"] = check_init_from(self.config["model"]["init_from"])
 
     def before_instantiate_classes(self) -> None:
         # The parsed config, before anything is built: the place for checks across sections.

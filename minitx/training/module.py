@@ -28,6 +28,7 @@ from ..checkpoint import CHECKPOINT_FORMAT
 from ..config import ModelConfig
 from ..data.toy import IGNORE_INDEX, exact_match
 from ..errors import UserError
+from ..hf.load import init_model, run_model_fields
 from ..model import Transformer
 from .optim import adamw_with_schedule, check_optimiser, decays, optimizer_groups
 from .resume import check_same_model
@@ -94,14 +95,19 @@ class MinitxLM(L.LightningModule):
         eps: AdamW's eps.
         compile: torch.compile the Transformer for training and validation steps (sampling and
             generation use the eager module; checkpoint keys stay "model.*").
+        init_from: a local transformers directory (Llama, Mistral, Ministral, Qwen2) to start
+            from: its weights, and the model's shape (the run keeps block_size, dropout and a
+            non-default attention, whose fewer key/value heads are mean-pooled); see minitx/hf/load.py.
         **model: the fields of minitx.config.ModelConfig (vocab_size, d_model, attention, ...):
             ModelConfig is their one definition, so a field added there is a model.* key here.
     """
 
     def __init__(self, lr: float = 1e-3, min_lr: float = 1e-4, warmup_steps: int = 100, max_steps: int = -1,
                  weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
-                 compile: bool = False, **model: Any):
+                 compile: bool = False, init_from: Optional[str] = None, **model: Any):
         super().__init__()
+        if init_from:
+            model = run_model_fields(init_from, model)
         with errors_named("model"):
             # jsonargparse reads ModelConfig's fields from this call: keep it ModelConfig(**model).
             self.config = ModelConfig(**model)
@@ -111,6 +117,8 @@ class MinitxLM(L.LightningModule):
         self.hparams.update(self.config.to_dict())
         self.hparams["betas"] = [float(b) for b in betas]
         self.model = Transformer(self.config)
+        if init_from:
+            init_model(self.model, init_from)
         # The decay decision is made here, on the unwrapped model, where shapes are still true.
         self.decay_names = {name for name, p in self.model.named_parameters() if decays(name, p)}
 
