@@ -141,7 +141,7 @@ def test_bits_per_character_divide_the_nats_by_the_scored_characters(tmp_path, s
     from minitx.evaluation.evaluate import evaluate_text
     from minitx.evaluation.progress import Progress
 
-    result = evaluate_text(model, scored, 16, 16, [16], 4, Progress(False))
+    result = evaluate_text(model, scored, 16, 16, [16], 64, Progress(False))
     assert result["tokens"] == len(text) - 1
     assert math.isclose(result["bits_per_char"], result["loss"] * (len(text) - 1) / math.log(2) / (len(text) - 1))
     assert math.isclose(result["perplexity"], math.exp(result["loss"]))
@@ -159,10 +159,9 @@ def test_default_lengths_are_a_quarter_to_eight_times_the_block():
 
 def test_rope_runs_past_block_size_and_learned_positions_are_skipped_with_the_reason(seed):
     tokens = torch.randint(0, 9, (70,))
-    scored = type("T", (), {"tokens": tokens})  # length_sweep only reads the tokens
     for positions in ("rope", "learned"):
         model = wide_model(9, 8, positions)
-        sweep = length_sweep(model, scored, [4, 8, 32, 128], 64)
+        sweep = length_sweep(model, tokens, [4, 8, 32, 128], 64)
         assert sweep["4"]["tokens"] == sweep["8"]["tokens"] == 69
         if positions == "rope":
             assert sweep["32"]["tokens"] == 69 and math.isfinite(sweep["32"]["loss"])

@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 
 from ..arguments import ArgumentParser
 from ..errors import UserError
-from .evaluate import evaluate_checkpoint
+from .evaluate import SWEEP_TOKENS, evaluate_checkpoint
 from .report import table, write_json, write_plots
 
 
@@ -24,9 +24,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--lengths", type=int, nargs="+", default=None,
                         help="context lengths of the extrapolation table (default: block_size/4 .. 8 x block_size)")
     parser.add_argument("--max-tokens", type=int, default=None, help="score only the first N tokens of the text")
+    parser.add_argument("--sweep-tokens", type=int, default=SWEEP_TOKENS,
+                        help=f"tokens of the text (its first) that each length of the sweep scores; 0: all (default {SWEEP_TOKENS})")
     parser.add_argument("--task-samples", type=int, default=None, help="test samples of a synthetic task (default: the task's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of a synthetic task's fresh test set (default 0)")
-    parser.add_argument("--batch-size", type=int, default=None, help="windows per forward pass (default: 8192 tokens' worth)")
+    parser.add_argument("--batch-size", type=int, default=None, help="windows per forward pass (default: 16384 tokens' worth, fewer for a large vocabulary)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps, ... (default cpu)")
     parser.add_argument("--json", default=None, help="also write every figure to this JSON file")
     parser.add_argument("--plots", default=None, help="write PNG plots into this directory")
@@ -55,6 +57,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         args.ckpt, lengths=args.lengths, max_tokens=args.max_tokens, files=args.files, context=args.context,
         stride=args.stride, batch_size=args.batch_size, device=args.device, task_samples=args.task_samples,
         seed=args.seed, progress=False if args.no_progress else None, refuse_lengths=args.lengths is not None,
+        sweep_tokens=args.sweep_tokens,
     )
     print(table(result))
     if args.json is not None:

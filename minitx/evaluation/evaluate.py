@@ -17,11 +17,12 @@ from ..errors import UserError
 from ..generation import _device as usable_device
 from ..generation import load_checkpoint
 from .lengths import default_lengths, length_refusal, length_sweep, position_buckets
-from .perplexity import score_tokens
+from .perplexity import batch_tokens, score_tokens
 from .progress import Progress
+from .tasks import evaluate_task
 from .texts import TASK_SOURCES, ScoredText, files_text, tokenize, truncate, validation_text
 
-BATCH_TOKENS = 8192  # tokens per forward pass when no batch size is given
+SWEEP_TOKENS = 32768  # targets per length of the sweep by default: a sixth of the default run's validation text
 
 
 def check_lengths(config, asked: Sequence[tuple[str, int]]) -> None:
@@ -54,18 +55,22 @@ def text_figures(nats: float, tokens: int, characters: int, size: int) -> dict:
             "bits_per_byte": bits / size, "tokens": tokens}
 
 
-def evaluate_text(model, text: ScoredText, context: int, stride: int, lengths: list[int], batch_size: int,
-                  progress: Progress) -> dict:
-    """The whole-text figures at `context`, then the length sweep, on one tokenised text."""
-    scores = score_tokens(model, text.tokens, context, stride, batch_size, progress.stage(f"loss at context {context}"))
+def evaluate_text(model, text: ScoredText, context: int, stride: int, lengths: list[int], batch_tokens: int,
+                  progress: Progress, sweep_tokens: Optional[int] = SWEEP_TOKENS) -> dict:
+    """The whole-text figures at `context`, then the length sweep on the text's first
+    `sweep_tokens` targets (None or 0: all of them)."""
+    scores = score_tokens(model, text.tokens, context, stride, max(1, batch_tokens // context), progress.stage(f"loss at context {context}"))
     result = text_figures(scores.nats, scores.tokens, text.characters, text.bytes)
     result.update(text=text.name, unit=text.unit, characters=text.characters, bytes=text.bytes, context=context,
                   stride=stride, by_position=position_buckets(scores))
-    sweep = [length for length in lengths if not (length == context and stride == context)]
-    result["by_length"] = length_sweep(model, text, sweep, batch_size * context, progress.stage("length sweep"))
-    if context in lengths and stride == context:  # already measured: the whole-text figure itself
-        result["by_length"][str(context)] = {"loss": scores.loss, "tokens": scores.tokens, "by_position": result["by_position"]}
-    result["by_length"] = {str(length): result["by_length"][str(length)] for length in lengths}
+    swept = text.tokens[: sweep_tokens + 1] if sweep_tokens else text.tokens
+    result["sweep_tokens"] = len(swept) - 1
+    reuse = stride == context and len(swept) == len(text.tokens)  # the whole-text figure is that length's
+    by_length = length_sweep(model, swept, [n for n in lengths if not (reuse and n == context)], batch_tokens,
+                             progress.stage("length sweep"))
+    if reuse and context in lengths:
+        by_length[str(context)] = {"loss": scores.loss, "tokens": scores.tokens, "by_position": result["by_position"]}
+    result["by_length"] = {str(length): by_length[str(length)] for length in lengths}
     return result
 
 
@@ -73,15 +78,17 @@ def evaluate_checkpoint(ckpt_path: str, lengths: Optional[Sequence[int]] = None,
                         files: Optional[str | Sequence[str]] = None, context: Optional[int] = None,
                         stride: Optional[int] = None, batch_size: Optional[int] = None, device: str = "cpu",
                         task_samples: Optional[int] = None, seed: int = 0, progress: Optional[bool] = False,
-                        refuse_lengths: bool = False) -> dict:
+                        refuse_lengths: bool = False, sweep_tokens: Optional[int] = SWEEP_TOKENS) -> dict:
     """Evaluate a checkpoint saved by train.py.
 
     The text is the run's own validation text (rebuilt from the data settings the checkpoint
     carries), or `files`. A checkpoint trained on a synthetic task (toy, mqar, needle) is scored
     on a fresh test set of that task instead, unless `files` is given. `lengths` (default
-    block_size/4 .. 8 x block_size) are skipped with a reason where the model cannot run them,
-    or refused (UserError) with `refuse_lengths`. `max_tokens` scores only the text's first
-    max_tokens + 1 tokens. `progress`: True, False, or None (on a terminal only).
+    block_size/4 .. 8 x block_size) are scored on the text's first `sweep_tokens` targets (None
+    or 0: all), skipped with a reason where the model cannot run them, or refused (UserError)
+    with `refuse_lengths`. `max_tokens` scores only the text's first max_tokens + 1 tokens.
+    `batch_size`: windows per forward pass at `context` (the sweep keeps the same tokens per
+    pass). `progress`: True, False, or None (on a terminal only).
     """
     started = time.monotonic()
     model, tokenizer, raw = load_checkpoint(ckpt_path, map_location=usable_device(device), label="--ckpt")
@@ -91,6 +98,8 @@ def evaluate_checkpoint(ckpt_path: str, lengths: Optional[Sequence[int]] = None,
     stride = context if stride is None else stride
     if max_tokens is not None and max_tokens < 1:
         raise UserError(f"--max-tokens: is {max_tokens}; use 1 or more, or leave it unset for the whole text")
+    if sweep_tokens is not None and sweep_tokens < 0:
+        raise UserError(f"--sweep-tokens: is {sweep_tokens}; use 1 or more, or 0 for the whole text")
     if batch_size is not None and batch_size < 1:
         raise UserError(f"--batch-size: is {batch_size}; use 1 or more")
     check_lengths(config, [("--lengths", length) for length in lengths] if refuse_lengths else [])
@@ -99,14 +108,13 @@ def evaluate_checkpoint(ckpt_path: str, lengths: Optional[Sequence[int]] = None,
     bar = Progress(progress)
     try:
         if files is None and source in TASK_SOURCES:
-            from .tasks import evaluate_task  # imported here: only task checkpoints need the generators
-
             result = evaluate_task(model, train_config["data"], tokenizer, lengths, task_samples, seed, bar)
         else:
             name, text = files_text(files) if files is not None else validation_text(train_config)
             scored = truncate(tokenize(name, text, tokenizer, "--files" if files is not None else "--ckpt"), max_tokens, tokenizer)
             check_window(config, len(scored.tokens) - 1, context, stride)
-            result = evaluate_text(model, scored, context, stride, lengths, batch_size or max(1, BATCH_TOKENS // context), bar)
+            per_pass = batch_size * context if batch_size else batch_tokens(config.vocab_size)
+            result = evaluate_text(model, scored, context, stride, lengths, per_pass, bar, sweep_tokens)
             result["task"] = None
     finally:
         bar.close()

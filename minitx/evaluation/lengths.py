@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import numpy as np
+from torch import Tensor
 
 from .perplexity import Scores, score_tokens
-from .texts import ScoredText
 
 
 def default_lengths(block_size: int) -> list[int]:
@@ -48,11 +48,12 @@ def position_buckets(scores: Scores) -> dict[str, list]:
     return curve
 
 
-def length_sweep(model, text: ScoredText, lengths: list[int], batch_tokens: int,
+def length_sweep(model, tokens: Tensor, lengths: list[int], batch_tokens: int,
                  on_batch: Optional[Callable[[int, int], object]] = None) -> dict[str, dict]:
-    """{"<length>": {"loss", "tokens", "by_position"} or {"skipped": reason}} for each length."""
+    """{"<length>": {"loss", "tokens", "by_position"} or {"skipped": reason}} for each length, on
+    the 1-D token sequence `tokens`."""
     results: dict[str, dict] = {}
-    targets = len(text.tokens) - 1
+    targets = len(tokens) - 1
     for length in lengths:
         reason = length_refusal(model.config, length)
         if reason is None and length > targets:
@@ -60,6 +61,6 @@ def length_sweep(model, text: ScoredText, lengths: list[int], batch_tokens: int,
         if reason is not None:
             results[str(length)] = {"skipped": reason}
             continue
-        scores = score_tokens(model, text.tokens, length, length, max(1, batch_tokens // length), on_batch)
+        scores = score_tokens(model, tokens, length, length, max(1, batch_tokens // length), on_batch)
         results[str(length)] = {"loss": scores.loss, "tokens": scores.tokens, "by_position": position_buckets(scores)}
     return results

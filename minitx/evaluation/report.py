@@ -61,7 +61,8 @@ def table(result: dict) -> str:
         lines += ["", "needle exact match by context length (mean over depths):"] + _length_rows(result["by_length"], "accuracy")
         lines += _heatmap_rows(task["heatmap"])
     elif result.get("by_length"):
-        lines += ["", "loss by context length (non-overlapping windows of that many tokens):"] + _length_rows(result["by_length"])
+        swept = "the whole text" if result["sweep_tokens"] == result["tokens"] else f"the first {result['sweep_tokens']:,} tokens"
+        lines += ["", f"loss by context length ({swept}, non-overlapping windows of that many tokens):"] + _length_rows(result["by_length"])
     if result.get("by_position"):
         lines += ["", f"loss by position inside the context (tokens before the target, context {result['context']}):"]
         lines += _position_rows(result["by_position"])

@@ -20,18 +20,18 @@ from ..data.tasks import task_config
 from ..data.toy import IGNORE_INDEX, exact_match, toy_batch
 from ..errors import UserError
 from .lengths import length_refusal
+from .perplexity import batch_tokens
 from .progress import Progress
 
 SAMPLES = 512  # test samples of the toy and MQAR tasks
 NEEDLE_SAMPLES = 20  # test samples per (depth, length) cell of the needle task
-BATCH_TOKENS = 8192
 
 
 @torch.inference_mode()
 def score_samples(model, samples: list, pad_id: int, progress: Optional[Progress] = None) -> dict:
     """Summed answer loss, answer tokens, right answer tokens and exactly right samples."""
     device = next(model.parameters()).device
-    per_batch = max(1, BATCH_TOKENS // max(len(s.ids) for s in samples))
+    per_batch = max(1, batch_tokens(model.config.vocab_size) // max(len(s.ids) for s in samples))
     totals = {"nats": 0.0, "items": 0, "correct": 0, "exact": 0.0, "samples": 0}
     for start in range(0, len(samples), per_batch):
         x, y = toy_batch(samples[start : start + per_batch], None, pad_id)
