@@ -187,3 +187,69 @@ def band_diagonals(scores: Tensor, off: int, first_row: int):
 
 def write_band(scores: Tensor, band: Tensor, first_row: int) -> Tensor:
     return WriteBand.apply(scores, band, first_row)
+
+
+# -- chunks of query rows, recomputed in the backward pass ---------------------------------------------
+
+
+class ChunkedRows(torch.autograd.Function):
+    """cat over chunks of fn(*row parts[the chunk's rows], *key parts[keys up to its end], q_pos, k_pos)[0].
+
+    Keeps no chunk's (rows x keys) maps: the backward recomputes each chunk, as torch's checkpoint
+    would, but adds its gradients into slices of whole-size buffers in place. (Checkpointing each
+    chunk separately hands every sliced input a whole-size gradient, zero outside the slice, to be
+    added up: at T = 4096 that is 16 passes over each input's gradient, K'cat's c_q x D wide.)
+    The last n_params tensors are the parameters fn reads (so that they get gradients). fn must not
+    draw random numbers (dropout): the recomputation would draw others.
+    """
+
+    @staticmethod
+    def forward(ctx, fn, spans, positions, n_row_parts, n_params, *tensors):
+        parts, params = tensors[: len(tensors) - n_params], tensors[len(tensors) - n_params :]
+        ctx.fn, ctx.spans, ctx.positions, ctx.n_row_parts, ctx.params = fn, spans, positions, n_row_parts, params
+        device = parts[0].device.type
+        ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        ctx.save_for_backward(*parts)
+        outs = [fn(*chunk_parts(parts, n_row_parts, span), *chunk_positions(positions, span))[0] for span in spans]
+        return torch.cat(outs, dim=2)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        parts = ctx.saved_tensors
+        needs = ctx.needs_input_grad[5:]
+        part_grads = [torch.zeros_like(p) if need else None for p, need in zip(parts, needs)]
+        param_grads = [torch.zeros_like(p) if need else None for p, need in zip(ctx.params, needs[len(parts) :])]
+        device, autocast_on, autocast_dtype = ctx.autocast
+        row = 0
+        for span in ctx.spans:
+            inputs = [t.detach().requires_grad_(g is not None) for t, g in zip(chunk_parts(parts, ctx.n_row_parts, span), part_grads)]
+            with torch.enable_grad(), torch.autocast(device, dtype=autocast_dtype, enabled=autocast_on):
+                out = ctx.fn(*inputs, *chunk_positions(ctx.positions, span))[0]
+            targets = [x for x, g in zip(inputs, part_grads) if g is not None]
+            targets += [p for p, g in zip(ctx.params, param_grads) if g is not None]
+            grads = iter(torch.autograd.grad(out, targets, grad[:, :, row : row + out.shape[2]], allow_unused=True))
+            row += out.shape[2]
+            start, stop, key_end = span
+            for i, buffer in enumerate(part_grads):
+                if buffer is not None:
+                    add_into(buffer[:, :, start:stop] if i < ctx.n_row_parts else buffer[:, :, :key_end], next(grads))
+            for buffer in param_grads:
+                if buffer is not None:
+                    add_into(buffer, next(grads))
+        return (None, None, None, None, None, *part_grads, *param_grads)
+
+
+def chunk_parts(parts, n_row_parts: int, span) -> list:
+    """A chunk's slices: row parts at its rows (start..stop), key parts at keys up to key_end."""
+    start, stop, key_end = span
+    return [t[:, :, start:stop] if i < n_row_parts else t[:, :, :key_end] for i, t in enumerate(parts)]
+
+
+def chunk_positions(positions, span) -> list:
+    q_pos, k_pos = positions
+    return [q_pos[span[0] : span[1]], k_pos[: span[2]]]
+
+
+def add_into(buffer: Tensor, grad) -> None:
+    if grad is not None:
+        buffer.add_(grad)

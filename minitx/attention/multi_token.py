@@ -33,8 +33,8 @@ from ..kinds import KindSpec, check_choice, fail
 from ..functional import allowed_mask
 from .base import Attention
 from .mta_kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
-    KeyQueryConv, band_scores, convolve, convolved_keys, identity_kernel, identity_mix, mix_heads, shifted_queries,
-    write_band,
+    ChunkedRows, KeyQueryConv, band_scores, chunk_parts, chunk_positions, convolve, convolved_keys, identity_kernel,
+    identity_mix, mix_heads, shifted_queries, write_band,
 )
 
 
@@ -197,19 +197,19 @@ class MultiTokenAttention(Attention):
         positions = torch.arange(T, device=q.device)
         row_parts = [F.pad(part, (0, 0, n_pad, 0)) for part in row_parts]  # zero rows above the first query
         q_pos = torch.cat([torch.full((n_pad,), -1, device=q.device), positions])
+        # Rows start - n_pad .. end - 1 (shifted by the padding), keys up to the chunk's last query.
+        spans = [(start, min(start + self.query_chunk, T) + n_pad, min(start + self.query_chunk, T)) for start in range(0, T, self.query_chunk)]
+        parts = [*row_parts, *key_parts]
+        if not torch.is_grad_enabled() or T <= self.query_chunk:
+            return torch.cat([chunk_fn(*chunk_parts(parts, len(row_parts), s), *chunk_positions((q_pos, positions), s))[0] for s in spans], dim=2)
         # Training would keep every chunk's (rows x keys) maps for the backward pass, O(T^2) again;
         # recomputing a chunk's maps in the backward keeps only its inputs and output (measured at
         # T=4096: 6x less peak memory, 15-20% more time). mta_query_chunk >= T skips it.
-        recompute = torch.is_grad_enabled() and T > self.query_chunk
-        outs = []
-        for start in range(0, T, self.query_chunk):
-            end = min(start + self.query_chunk, T)
-            # Rows start - n_pad .. end - 1 (shifted by the padding), keys up to the chunk's last query.
-            chunk = [part[:, :, start : end + n_pad] for part in row_parts] + [part[:, :, :end] for part in key_parts]
-            chunk += [q_pos[start : end + n_pad], positions[:end]]
-            out, _ = checkpoint(chunk_fn, *chunk, use_reentrant=False) if recompute else chunk_fn(*chunk)
-            outs.append(out)
-        return torch.cat(outs, dim=2)
+        if self.dropout_p:  # dropout draws random numbers: torch's checkpoint replays them
+            outs = [checkpoint(chunk_fn, *chunk_parts(parts, len(row_parts), s), *chunk_positions((q_pos, positions), s), use_reentrant=False)[0] for s in spans]
+            return torch.cat(outs, dim=2)
+        params = [p for name, p in self.named_parameters() if p.requires_grad and not name.startswith(("qkv_proj.", "out_proj."))]
+        return ChunkedRows.apply(chunk_fn, spans, (q_pos, positions), len(row_parts), len(params), *parts, *params)
 
     def factorised_parts(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(Qcat, K'cat, band) of the whole sequence: what the chunks of `far_and_band` slice."""
