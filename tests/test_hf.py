@@ -261,6 +261,81 @@ def convert_char_tokenizer_json() -> str:
     return char_tokenizer(CharTokenizer(TEXT).chars).to_str()
 
 
+# -- lm-eval ---------------------------------------------------------------------------------------
+
+TASK_ROWS = [{"text": "to be or not", "target": " to be"}, {"text": "that is the", "target": " question"},
+             {"text": "whether 'tis nobler in the mind to suffer the", "target": " mind"}]  # longer than block_size
+
+
+def write_tasks(directory: Path) -> Path:
+    """Two lm-eval tasks over a local JSONL file: continuation log-likelihoods and whole-text ones."""
+    directory.mkdir()
+    data = directory / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in TASK_ROWS))
+    common = f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+    (directory / "tiny_continuation.yaml").write_text(
+        "task: tiny_continuation\n" + common + "output_type: loglikelihood\ndoc_to_text: '{{text}}'\n"
+        "doc_to_target: '{{target}}'\nmetric_list:\n  - metric: acc\n")
+    (directory / "tiny_rolling.yaml").write_text(
+        "task: tiny_rolling\n" + common + "output_type: loglikelihood_rolling\ndoc_to_text: ''\n"
+        "doc_to_target: '{{text}}{{target}}'\nmetric_list:\n  - metric: word_perplexity\n")
+    return directory
+
+
+def minitx_log_likelihood(model: Transformer, ids: list[int], n_context: int) -> float:
+    """Minus the sum of minitx's own per-token training losses over ids[n_context:]."""
+    from minitx.training.module import lm_loss
+
+    x, y = torch.tensor([ids[:-1]]), torch.tensor([ids[1:]])
+    y[:, : n_context - 1] = -100  # IGNORE_INDEX: no loss on the context
+    with torch.no_grad():
+        return -float(lm_loss(model(x), y)) * (len(ids) - n_context)
+
+
+def test_lm_eval_log_likelihoods_equal_minitx_losses_offline(tmp_path, one_thread, monkeypatch):
+    pytest.importorskip("lm_eval", reason="the eval extra is not installed: pip install -e '.[eval]'")
+    from minitx.hf.lm_eval_adapter import evaluate_tasks
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    tokenizer = CharTokenizer(TEXT)
+    model = make_model(dict(block_size=64), tokenizer)
+    ckpt = write_checkpoint(tmp_path / "m.ckpt", model, tokenizer)
+    results = evaluate_tasks(str(ckpt), ["tiny_continuation", "tiny_rolling"], include_path=str(write_tasks(tmp_path / "tasks")),
+                             log_samples=True)
+    for row, sample in zip(TASK_ROWS, sorted(results["samples"]["tiny_continuation"], key=lambda s: s["doc_id"])):
+        ids = tokenizer.encode(row["text"] + row["target"])
+        assert sample["resps"][0][0][0] == pytest.approx(minitx_log_likelihood(model, ids, len(row["text"])), abs=1e-4)
+    for row, sample in zip(TASK_ROWS, sorted(results["samples"]["tiny_rolling"], key=lambda s: s["doc_id"])):
+        ids = tokenizer.encode(row["text"] + row["target"])  # no end-of-text token: the first one only conditions
+        assert sample["resps"][0][0] == pytest.approx(minitx_log_likelihood(model, ids, 1), abs=1e-4)
+
+
+def test_lm_eval_long_texts_and_generate_until(one_thread):
+    pytest.importorskip("lm_eval", reason="the eval extra is not installed: pip install -e '.[eval]'")
+    from lm_eval.api.instance import Instance
+
+    from minitx.hf.lm_eval_adapter import MinitxLM
+
+    tokenizer = CharTokenizer(TEXT)
+    model = make_model(dict(block_size=8), tokenizer)
+    lm = MinitxLM(model, tokenizer)
+    text = TEXT[:30]
+    ids = tokenizer.encode(text)
+    expected = 0.0  # every token after the first, each seeing at most block_size tokens before it
+    with torch.no_grad():
+        for start in range(1, len(ids), 8):
+            stop = min(start + 8, len(ids))
+            logprobs = torch.log_softmax(model(torch.tensor([ids[max(0, stop - 9) : stop - 1]]))[0, start - stop :], -1)
+            expected += float(logprobs.gather(-1, torch.tensor(ids[start:stop])[:, None]).sum())
+    request = Instance("loglikelihood_rolling", {}, (text,), 0)
+    assert lm.loglikelihood_rolling([request])[0] == pytest.approx(expected, abs=1e-4)
+
+    greedy = tokenizer.decode(model.generate(torch.tensor([tokenizer.encode("to be")]), 12, temperature=0)[0, 5:].tolist())
+    stop = greedy[3:5]
+    request = Instance("generate_until", {}, ("to be", {"until": [stop], "max_gen_toks": 12}), 0)
+    assert lm.generate_until([request]) == [greedy.split(stop)[0]]
+
+
 # -- the command: bad input is one line, exit 2, nothing written ----------------------------------
 
 

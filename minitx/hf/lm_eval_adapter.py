@@ -6,8 +6,8 @@
 A token's log-probability is the one minitx's training loss uses: log_softmax of the model's
 logits at the position before it. A text with no token before its first one (an empty context)
 is conditioned on the tokenizer's end-of-text token; a tokenizer without one (char) cannot
-predict the first token, so that token only conditions the rest. Inputs longer than block_size
-keep their last block_size tokens; rolling log-likelihoods go in disjoint windows of block_size.
+predict the first token, so that token only conditions the rest. Texts longer than block_size
+are scored block_size tokens at a time, each with up to block_size tokens of what precedes them.
 """
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ..errors import UserError
 from ..generation import load_checkpoint
 from . import require
 
 lm_eval_api = require("lm_eval.api.model")
 lm_eval_registry = require("lm_eval.api.registry")
 lm_eval_utils = require("lm_eval.utils")
+lm_eval_evaluator = require("lm_eval.evaluator")
+lm_eval_tasks = require("lm_eval.tasks")
 
 
 class StopGeneration(Exception):
@@ -51,13 +54,17 @@ class MinitxLM(lm_eval_api.LM):
     # -- scoring -----------------------------------------------------------------------------
     @torch.inference_mode()
     def score(self, context: list[int], target: list[int]) -> tuple[float, bool]:
-        """(sum of log p(target tokens | what precedes each), whether each was the argmax)."""
-        ids = (context + target)[-(self.block_size + 1) :]
-        inputs = torch.tensor([ids[:-1]], device=self._device)
-        logprobs = F.log_softmax(self.model(inputs)[0, -len(target) :].float(), dim=-1)
-        wanted = torch.tensor(target, device=self._device)
-        picked = logprobs.gather(-1, wanted[:, None]).squeeze(-1)
-        return float(picked.sum()), bool((logprobs.argmax(-1) == wanted).all())
+        """(sum of log p(target tokens | what precedes each), whether each was the argmax). Targets
+        go in runs of at most block_size, each run after as much of what precedes it as fits."""
+        ids, total, greedy = context + target, 0.0, True
+        for start in range(len(context), len(ids), self.block_size):
+            stop = min(start + self.block_size, len(ids))
+            inputs = torch.tensor([ids[max(0, stop - 1 - self.block_size) : stop - 1]], device=self._device)
+            logprobs = F.log_softmax(self.model(inputs)[0, start - stop :].float(), dim=-1)
+            wanted = torch.tensor(ids[start:stop], device=self._device)
+            total += float(logprobs.gather(-1, wanted[:, None]).sum())
+            greedy = greedy and bool((logprobs.argmax(-1) == wanted).all())
+        return total, greedy
 
     def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         """Token ids of context and continuation as the whole text splits them (trailing spaces of
@@ -85,13 +92,8 @@ class MinitxLM(lm_eval_api.LM):
     def loglikelihood_rolling(self, requests) -> list[float]:
         results = []
         for request in requests:
-            prefix, tokens = self.with_start(self.tokenizer.encode(request.args[0]), 0)
-            total = 0.0
-            if tokens:
-                windows = lm_eval_utils.get_rolling_token_windows(tokens, prefix[0], self.block_size, 1)
-                for window in map(lm_eval_utils.make_disjoint_window, windows):
-                    total += self.score(*window)[0]
-            results.append(total)
+            context, target = self.with_start(self.tokenizer.encode(request.args[0]), 0)
+            results.append(self.score(context, target)[0])
         return results
 
     # -- generation ----------------------------------------------------------------------------
@@ -127,3 +129,22 @@ class MinitxLM(lm_eval_api.LM):
         for stop in until:
             text = text.split(stop)[0]
         return text
+
+
+def evaluate_tasks(ckpt: str, tasks: list[str], device: str = "cpu", limit: Optional[int] = None,
+                   include_path: Optional[str] = None, log_samples: bool = False) -> dict:
+    """lm-eval's results for a checkpoint on named tasks (the harness's own, or YAML files in
+    `include_path`). Most harness tasks download their data on first use: this needs the network."""
+    # Indexing the harness's thousands of task files takes a while: skip it when `include_path` has them all.
+    manager = lm_eval_tasks.TaskManager(include_path=include_path, include_defaults=False) if include_path else None
+    if manager is None or any(task not in manager.all_tasks for task in tasks):
+        manager = lm_eval_tasks.TaskManager(include_path=include_path)
+    unknown = [task for task in tasks if task not in manager.all_tasks]
+    if unknown:
+        raise UserError(f"--lm-eval-tasks: unknown task(s) {', '.join(unknown)}; see `lm_eval ls tasks`")
+    lm = MinitxLM.from_checkpoint(ckpt, device)
+    return lm_eval_evaluator.simple_evaluate(model=lm, tasks=tasks, limit=limit, task_manager=manager, log_samples=log_samples)
+
+
+def results_table(results: dict) -> str:
+    return lm_eval_utils.make_table(results)
