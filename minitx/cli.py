@@ -25,8 +25,8 @@ def run_command(main: Callable[[Optional[Sequence[str]]], object], argv: Optiona
     except UserError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C; a message, if any, says what was kept
+        print(f"{prog}: interrupted" + (f" {interrupt}" if str(interrupt) else ""), file=sys.stderr)
         return 130
     return 0
 

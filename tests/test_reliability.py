@@ -156,7 +156,8 @@ def killer_dir(tmp_path_factory) -> Path:
 def train_process(config: Path, *args: str, killer_dir: Path | None = None, **popen) -> subprocess.Popen:
     """`python train.py --config CONFIG ARGS` on one thread (the same in every run: same float sums)."""
     paths = [str(REPO)] + ([str(killer_dir)] if killer_dir else [])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "MINITX_CLASS_PATHS": "killer"}  # a config may name the test's callbacks (minitx/training/classpaths.py)
     return subprocess.Popen([sys.executable, str(REPO / "train.py"), "--config", str(config), *args], cwd=config.parent, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 

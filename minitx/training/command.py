@@ -34,6 +34,10 @@ from ..generation import generate
 from ..hf.load import check_init_from
 from ..model import Transformer
 from .messages import config_files, find_user_error, parse_error_message
+from ..runlock import RunLock
+from .classpaths import check_command_line
+from .inputs import check_config
+from .interrupt import RunInterrupted, StopOnInterrupt
 from .module import MinitxLM, check_model_section
 from .resume import check_resume_checkpoint, resolve_ckpt_path
 from .run import RunSettings, run_settings, settle_run_section, trainer_arguments
@@ -47,6 +51,7 @@ class TrainCLI(LightningCLI):
     """LightningCLI without subcommands: parse, build, and let `main` call fit."""
 
     def __init__(self, args: Sequence[str]):
+        check_command_line(args)  # before jsonargparse imports what a class_path names
         super().__init__(
             MinitxLM,
             TextDataModule,
@@ -85,6 +90,9 @@ class TrainCLI(LightningCLI):
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # exit_on_error=False: jsonargparse raises instead of exiting
             raise UserError(parse_error_message(err, parser, config_files(args))) from None
+        # Before the seed is set or anything is built (the data module reads and tokenises its text).
+        check_config(self.config)
+        check_model_section(self.config["model"].as_dict())
         if self.config["model"].get("init_from"):  # checked now; imported weights need their own tokenizer
             self.config["data"]["tokenizer"] = check_init_from(self.config["model"]["init_from"])
 
@@ -224,11 +232,25 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     run = run_settings(cli.config_init["run"])
     ckpt_path = check_run(cli, run)
     sample_prompt = prompt_ids(run.sample_prompt, data.tokenizer, run.sample_prompt == RunSettings.sample_prompt)
-    # Every check of the input is done: only now does the run write anything.
-    start_run(cli, run, ckpt_path)
+    # Every check of the input is done: only now does the run write anything, holding its
+    # directory's lock (another process training into it is refused) until the end.
+    stop = StopOnInterrupt()
+    trainer.callbacks.append(stop)
+    with RunLock(run.dir), stop.installed():
+        if ckpt_path is None:
+            check_run(cli, run)  # again, now that no other process can start a run there
+        start_run(cli, run, ckpt_path)
+        trainer.fit(model, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
+        if stop.requested:
+            raise RunInterrupted(stop.message(trainer, run.checkpoint_dir))
+        finish_run(cli, run, sample_prompt)
 
-    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path, weights_only=True)
 
+def finish_run(cli: TrainCLI, run: RunSettings, sample_prompt: list[int]) -> None:
+    """After fit: the final val loss (validated now if the last step was not) and a sample."""
+    model: MinitxLM = cli.model
+    data: TextDataModule = cli.datamodule
+    trainer: L.Trainer = cli.trainer
     if model.last_val is None or model.last_val[0] != trainer.global_step:
         trainer.validate(model, datamodule=data, verbose=False)
         model.last_val = (trainer.global_step, float(trainer.callback_metrics["val_loss"]))

@@ -1,0 +1,141 @@
+"""Checks of a parsed train config that need no data, model or trainer: made right after parsing,
+before the seed is set or anything is built, read or written (also by ablate's pre-check).
+
+Lightning and torch find most of these late (a ZeroDivisionError at fit start, a KeyError after
+the whole run, an optimiser that refuses eps=-1 after config.yaml is written) or never (a run name
+that leaves run.root, a negative sample count read as 0). Each check names the key and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from ..errors import UserError
+
+SEED_RANGE = (0, 2**32 - 1)  # numpy's seeds, which Lightning's seed_everything also sets
+BYTES_PER_TRAINED_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _at_least(key: str, value: Any, low: int, meaning: str = "") -> None:
+    if _is_int(value) and value < low:
+        raise UserError(f"{key}: is {value}; use {low} or more{meaning}")
+
+
+def _count_or_fraction(key: str, value: Any, fix: str) -> None:
+    """Lightning's 'batches' options: a whole number of batches >= 1, or a fraction in (0, 1]."""
+    if value is None:
+        return
+    if _is_int(value) and value < 1 or isinstance(value, float) and not 0 < value <= 1:
+        raise UserError(f"{key}: is {value}; {fix}")
+
+
+def check_trainer_section(trainer: Any) -> None:
+    max_steps = trainer.get("max_steps")
+    if max_steps is None or _is_int(max_steps) and max_steps < 1:
+        raise UserError("trainer.max_steps: must be set (e.g. 5000); the training data never runs out, so runs are bounded in steps")
+    _count_or_fraction("trainer.val_check_interval", trainer.get("val_check_interval"),
+                       "validate every N optimiser steps with a whole number of 1 or more (e.g. 250)")
+    _count_or_fraction("trainer.limit_val_batches", trainer.get("limit_val_batches"),
+                       "a run reports and checkpoints by its val loss, so validation cannot be off; make it smaller with data.val_batches")
+    _count_or_fraction("trainer.limit_train_batches", trainer.get("limit_train_batches"),
+                       "use a whole number of 1 or more, or leave it unset (runs are bounded by trainer.max_steps)")
+    _at_least("trainer.accumulate_grad_batches", trainer.get("accumulate_grad_batches"), 1, " (1: no accumulation)")
+    _at_least("trainer.log_every_n_steps", trainer.get("log_every_n_steps"), 1)
+    _at_least("trainer.num_sanity_val_steps", trainer.get("num_sanity_val_steps"), -1, " (-1: the whole validation set)")
+    _at_least("trainer.num_nodes", trainer.get("num_nodes"), 1)
+    _at_least("trainer.check_val_every_n_epoch", trainer.get("check_val_every_n_epoch"), 1)
+    max_epochs = trainer.get("max_epochs")
+    if _is_int(max_epochs) and (max_epochs == 0 or max_epochs < -1):
+        raise UserError(f"trainer.max_epochs: is {max_epochs}; leave it unset (runs are bounded by trainer.max_steps) or use -1")
+    clip = trainer.get("gradient_clip_val")
+    if clip is not None and not (isinstance(clip, (int, float)) and clip >= 0 and math.isfinite(clip)):
+        raise UserError(f"trainer.gradient_clip_val: is {clip}; use 0 or more (0 or unset: no clipping)")
+
+
+def check_seed(seed: Any) -> None:
+    if _is_int(seed) and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise UserError(f"seed_everything: is {seed}; use a whole number from {SEED_RANGE[0]} to {SEED_RANGE[1]}")
+
+
+def check_run_section(run: Any, default_root_dir: Optional[str]) -> None:
+    _at_least("run.sample_tokens", run.get("sample_tokens"), 0, " (0: no sample)")
+    _at_least("run.checkpoint_every_n_steps", run.get("checkpoint_every_n_steps"), 0, " (0: only at validations and at the end)")
+    temperature = run.get("sample_temperature")
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+        raise UserError(f"run.sample_temperature: is {temperature}; use 0 (greedy) or more, e.g. 0.8")
+    check_run_name(run.get("name"))
+    for key, root in (("run.root", run.get("root")), ("trainer.default_root_dir", default_root_dir)):
+        if root is not None:
+            check_root(key, Path(str(root)).expanduser())
+
+
+def check_run_name(name: Optional[str]) -> None:
+    """A run name is one directory inside run.root: no separators, no '..', not absolute."""
+    if name is None:
+        return
+    parts = Path(name).parts
+    if not name.strip() or Path(name).is_absolute() or len(parts) != 1 or parts[0] in (".", "..") or "\\" in name:
+        raise UserError(
+            f"run.name: {name!r} is not a plain directory name inside run.root; use a name without '/', '..' "
+            "or a leading '/', and set run.root to choose where runs go"
+        )
+
+
+def check_root(key: str, root: Path) -> None:
+    """root is, or can become, a writable directory (checked on its nearest existing ancestor)."""
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{key}: {str(existing)!r} is a file, not a directory; give a directory for runs")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{key}: {str(existing)!r} is not writable; give a directory you can write to")
+
+
+def check_model_memory(model: Any, trainer: Any) -> None:
+    """Refuse, before anything is allocated, a model whose training state alone exceeds the memory
+    of the device it would train on. The count is a lower bound (attention's query and output
+    projections and a 4x MLP: 10 d_model^2 per layer, plus the embedding), so no model that fits
+    is refused."""
+    d_model, n_layer, vocab = model.get("d_model"), model.get("n_layer"), model.get("vocab_size") or 0
+    if not (_is_int(d_model) and _is_int(n_layer) and d_model > 0 and n_layer > 0):
+        return  # ModelConfig reports these
+    params = n_layer * 10 * d_model**2 + vocab * d_model
+    needed = params * BYTES_PER_TRAINED_PARAMETER
+    available, where = device_memory(trainer.get("accelerator"))
+    if available and needed > available:
+        raise UserError(
+            f"model: n_layer={n_layer} and d_model={d_model} make at least {params:.3g} parameters, whose training state "
+            f"(weights, gradients, AdamW moments: {BYTES_PER_TRAINED_PARAMETER} bytes each) needs {needed / 1e9:,.0f} GB, "
+            f"more than the {available / 1e9:,.0f} GB of {where}; lower model.d_model or model.n_layer"
+        )
+
+
+def device_memory(accelerator: Any) -> tuple[Optional[int], str]:
+    """(bytes, description) of the memory one training process can use: a GPU's, or the machine's."""
+    if str(accelerator) in ("gpu", "cuda", "auto") and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory, "GPU memory"
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's memory"
+    except (AttributeError, ValueError, OSError):  # not every platform tells
+        return None, ""
+
+
+def check_config(config: Any) -> None:
+    """Every check of this module on a parsed train config (jsonargparse Namespace: item access)."""
+    check_seed(config.get("seed_everything"))
+    check_trainer_section(config["trainer"])
+    eps = config["model"].get("eps")
+    if eps is not None and not (isinstance(eps, (int, float)) and eps > 0 and math.isfinite(eps)):
+        raise UserError(f"model.eps: is {eps}; use a small positive number such as 1e-8")
+    check_run_section(config["run"], config["trainer"].get("default_root_dir"))
+    check_model_memory(config["model"], config["trainer"])

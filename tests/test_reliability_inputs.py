@@ -1,0 +1,144 @@
+"""Reliability, round two: every input mistake of issue 14 (and its siblings: each integer option
+at 0 and -1) ends the command with exit 2, one line naming the option or file and the fix, no
+traceback, and nothing written: no run directory, no token cache, no output directory.
+
+All in-process (train_main, generate_main, ablate_main), with the helpers and fixtures of
+tests/test_reliability.py. The checks of train's config run right after parsing, so a refused
+start has not even tokenised its data: the test gives each start its own cache directory and
+checks that it was never created.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from test_reliability import checkpoints, corpus, flags, one_line_error, tiny_config, uninterrupted, write_config  # noqa: F401
+
+from minitx.cli import generate_main, train_main
+
+# (flags, fragments of the one line); each also runs through ablate's pre-check as a variant.
+BAD_TRAIN_FLAGS = {
+    "val_check_interval 0": ({"trainer.val_check_interval": 0}, ["trainer.val_check_interval", "is 0", "1 or more"]),
+    "val_check_interval -1": ({"trainer.val_check_interval": -1}, ["trainer.val_check_interval", "is -1"]),
+    "accumulate_grad_batches 0": ({"trainer.accumulate_grad_batches": 0}, ["trainer.accumulate_grad_batches", "is 0", "1 or more"]),
+    "accumulate_grad_batches -1": ({"trainer.accumulate_grad_batches": -1}, ["trainer.accumulate_grad_batches", "is -1"]),
+    "limit_val_batches 0": ({"trainer.limit_val_batches": 0}, ["trainer.limit_val_batches", "is 0", "data.val_batches"]),
+    "limit_val_batches 0.0": ({"trainer.limit_val_batches": 0.0}, ["trainer.limit_val_batches", "is 0.0"]),
+    "limit_train_batches 0": ({"trainer.limit_train_batches": 0}, ["trainer.limit_train_batches", "is 0"]),
+    "log_every_n_steps 0": ({"trainer.log_every_n_steps": 0}, ["trainer.log_every_n_steps", "is 0", "1 or more"]),
+    "log_every_n_steps -1": ({"trainer.log_every_n_steps": -1}, ["trainer.log_every_n_steps", "is -1"]),
+    "num_sanity_val_steps -2": ({"trainer.num_sanity_val_steps": -2}, ["trainer.num_sanity_val_steps", "-1 or more"]),
+    "max_epochs 0": ({"trainer.max_epochs": 0}, ["trainer.max_epochs", "is 0"]),
+    "max_steps 0": ({"trainer.max_steps": 0}, ["trainer.max_steps", "must be set"]),
+    "max_steps -1": ({"trainer.max_steps": -1}, ["trainer.max_steps", "must be set"]),
+    "gradient_clip_val -1": ({"trainer.gradient_clip_val": -1}, ["trainer.gradient_clip_val", "0 or more"]),
+    "model.eps -1": ({"model.eps": -1}, ["model.eps", "is -1.0", "positive"]),
+    "model.eps 0": ({"model.eps": 0}, ["model.eps", "positive"]),
+    "seed -1": ({"seed_everything": -1}, ["seed_everything", "is -1", "0 to 4294967295"]),
+    "seed 2**32": ({"seed_everything": 2**32}, ["seed_everything", "is 4294967296"]),
+    "seed 10**23": ({"seed_everything": 10**23}, ["seed_everything", "0 to 4294967295"]),
+    "sample_temperature -1": ({"run.sample_temperature": -1}, ["run.sample_temperature", "is -1.0", "0 (greedy) or more"]),
+    "sample_temperature nan": ({"run.sample_temperature": "nan"}, ["run.sample_temperature", "'nan'", "give a number"]),
+    "sample_tokens -1": ({"run.sample_tokens": -1}, ["run.sample_tokens", "is -1", "0 or more"]),
+    "checkpoint_every_n_steps -1": ({"run.checkpoint_every_n_steps": -1}, ["run.checkpoint_every_n_steps", "is -1", "0 or more"]),
+    "run.name ../../x": ({"run.name": "../../x"}, ["run.name", "'../../x'", "not a plain directory name", "run.root"]),
+    "run.name absolute": ({"run.name": "/tmp/elsewhere"}, ["run.name", "'/tmp/elsewhere'", "leading '/'"]),
+    "run.name with a slash": ({"run.name": "a/b"}, ["run.name", "'a/b'"]),
+    "run.name ..": ({"run.name": ".."}, ["run.name", "'..'"]),
+    "d_model 1048576": ({"model.d_model": 1048576, "model.n_head": 2}, ["model:", "d_model=1048576", "GB", "lower model.d_model or model.n_layer"]),
+    "n_layer 0": ({"model.n_layer": 0}, ["model.n_layer", "is 0"]),
+    "n_layer -1": ({"model.n_layer": -1}, ["model.n_layer", "is -1"]),
+    "d_model 0": ({"model.d_model": 0}, ["model.d_model"]),
+    "n_head 0": ({"model.n_head": 0}, ["model.n_head"]),
+    "warmup_steps -1": ({"model.warmup_steps": -1}, ["model.warmup_steps", "is -1", "0 or more"]),
+    "lr 0": ({"model.lr": 0}, ["model.lr", "positive"]),
+    "class_path of another module": ({"trainer.callbacks": [{"class_path": "antigravity.Fly"}]},
+                                     ["trainer.callbacks", "'antigravity.Fly'", "MINITX_CLASS_PATHS=antigravity"]),
+}
+
+# Options the data module checks (after parsing, before reading any text).
+BAD_DATA_FLAGS = {
+    "batch_size 0": ({"data.batch_size": 0}, ["data.batch_size", "at least 1"]),
+    "batch_size -1": ({"data.batch_size": -1}, ["data.batch_size", "at least 1"]),
+    "val_batches 0": ({"data.val_batches": 0}, ["data.val_batches", "at least 1"]),
+    "val_batches -1": ({"data.val_batches": -1}, ["data.val_batches", "at least 1"]),
+    "num_workers -1": ({"data.num_workers": -1}, ["data.num_workers", "0 or more"]),
+    "block_size 0": ({"model.block_size": 0}, ["block_size"]),
+    "block_size -1": ({"model.block_size": -1}, ["block_size"]),
+}
+
+
+def start(tmp_path: Path, corpus: dict, *args: str, **sections) -> int:
+    """train_main on the tiny config with its own (not yet existing) cache and run root."""
+    config = tiny_config(corpus, tmp_path / "runs", **sections)
+    config["data"]["cache_dir"] = str(tmp_path / "cache")
+    return train_main(["--config", str(write_config(tmp_path / "tiny.yaml", config)), *args])
+
+
+def assert_nothing_written(tmp_path: Path) -> None:
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.yaml"], list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("case", [*BAD_TRAIN_FLAGS, *BAD_DATA_FLAGS])
+def test_bad_train_option(case, tmp_path, corpus, capfd):
+    overrides, fragments = {**BAD_TRAIN_FLAGS, **BAD_DATA_FLAGS}[case]
+    assert start(tmp_path, corpus, *flags(overrides)) == 2
+    one_line_error(capfd, "train", *fragments)
+    assert_nothing_written(tmp_path)
+
+
+def test_n_layer_of_10_to_the_20_in_yaml_is_refused_up_front(tmp_path, corpus, capfd):
+    """It once hung while memory grew: refused from the parameter count, in well under a second of work."""
+    assert start(tmp_path, corpus, model={"n_layer": 10**20}) == 2
+    one_line_error(capfd, "train", "model:", "n_layer=100000000000000000000", "lower model.d_model or model.n_layer")
+    assert_nothing_written(tmp_path)
+
+
+def test_a_class_path_in_yaml_is_not_imported(tmp_path, corpus, capfd, monkeypatch):
+    """The module would create a marker file when imported: it never is."""
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    marker = tmp_path / "imported"
+    (modules / "sideeffect.py").write_text(f"open({str(marker)!r}, 'w').close()\nclass Cb: pass\n")
+    monkeypatch.syspath_prepend(str(modules))
+    callbacks = [{"class_path": "sideeffect.Cb"}]
+    assert start(tmp_path, corpus, trainer={"callbacks": callbacks}) == 2
+    one_line_error(capfd, "train", "trainer.callbacks", "'sideeffect.Cb'", "MINITX_CLASS_PATHS=sideeffect")
+    assert start(tmp_path, corpus, "--trainer.callbacks+=sideeffect.Cb") == 2  # the short form of a flag
+    one_line_error(capfd, "train", "trainer.callbacks", "'sideeffect.Cb'")
+    assert not marker.exists() and "sideeffect" not in sys.modules
+    (modules / "sideeffect.py").unlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["modules", "tiny.yaml"]
+
+
+def test_a_config_file_that_is_not_utf8_text_or_is_a_directory(tmp_path, corpus, capfd):
+    (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe\x00model: {n_layer: 1}\n")
+    assert train_main(["--config", str(tmp_path / "binary.yaml")]) == 2
+    one_line_error(capfd, "train", "--config", "binary.yaml", "not UTF-8")
+    assert train_main(["--config", str(tmp_path)]) == 2
+    one_line_error(capfd, "train", "--config", "is a directory", "give a YAML file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["binary.yaml"]
+
+
+def test_run_root_that_is_a_file(tmp_path, corpus, capfd):
+    (tmp_path / "file").write_text("")
+    assert start(tmp_path, corpus, "--run.root", str(tmp_path / "file" / "runs")) == 2
+    one_line_error(capfd, "train", "run.root", "is a file", "give a directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "tiny.yaml"]
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into any directory")
+def test_run_root_that_is_not_writable(tmp_path, corpus, capfd):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        assert start(tmp_path, corpus, "--run.root", str(locked / "runs")) == 2
+    finally:
+        locked.chmod(0o755)
+    one_line_error(capfd, "train", "run.root", "not writable")
+    assert not any(locked.iterdir())
