@@ -310,6 +310,15 @@ def test_lm_eval_log_likelihoods_equal_minitx_losses_offline(tmp_path, one_threa
         assert sample["resps"][0][0] == pytest.approx(minitx_log_likelihood(model, ids, 1), abs=1e-4)
 
 
+def test_evaluate_command_with_lm_eval_tasks_refuses_a_bad_checkpoint_with_one_line(tmp_path, capsys):
+    pytest.importorskip("lm_eval", reason="the eval extra is not installed: pip install -e '.[eval]'")
+    from minitx.cli import eval_main
+
+    assert eval_main(["--ckpt", str(tmp_path / "missing.ckpt"), "--lm-eval-tasks", "hellaswag"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--ckpt" in err and "no such file" in err, err
+
+
 def test_lm_eval_long_texts_and_generate_until(one_thread):
     pytest.importorskip("lm_eval", reason="the eval extra is not installed: pip install -e '.[eval]'")
     from lm_eval.api.instance import Instance

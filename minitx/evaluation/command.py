@@ -33,6 +33,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--json", default=None, help="also write every figure to this JSON file")
     parser.add_argument("--plots", default=None, help="write PNG plots into this directory")
     parser.add_argument("--no-progress", action="store_true", help="never show the progress line")
+    parser.add_argument("--lm-eval-tasks", default=None, help="comma-separated lm-evaluation-harness tasks (e.g. "
+                        "hellaswag,lambada_openai) instead of the text evaluation; needs the eval extra and the network")
+    parser.add_argument("--lm-eval-limit", type=int, default=None, help="score only the first N examples of each lm-eval task")
+    parser.add_argument("--lm-eval-include", default=None, help="a directory of your own lm-eval task YAML files")
     return parser.parse_args(argv)
 
 
@@ -53,6 +57,13 @@ def check_outputs(args: argparse.Namespace) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = parse_args(argv)
     check_outputs(args)
+    if args.lm_eval_tasks:
+        from ..hf.lm_eval_adapter import evaluate_tasks, results_table  # lm-eval is optional: imported when asked for
+
+        tasks = [task.strip() for task in args.lm_eval_tasks.split(",") if task.strip()]
+        results = evaluate_tasks(args.ckpt, tasks, args.device, args.lm_eval_limit, args.lm_eval_include)
+        print(results_table(results))
+        return results
     result = evaluate_checkpoint(
         args.ckpt, lengths=args.lengths, max_tokens=args.max_tokens, files=args.files, context=args.context,
         stride=args.stride, batch_size=args.batch_size, device=args.device, task_samples=args.task_samples,

@@ -135,6 +135,7 @@ def evaluate_tasks(ckpt: str, tasks: list[str], device: str = "cpu", limit: Opti
                    include_path: Optional[str] = None, log_samples: bool = False) -> dict:
     """lm-eval's results for a checkpoint on named tasks (the harness's own, or YAML files in
     `include_path`). Most harness tasks download their data on first use: this needs the network."""
+    lm = MinitxLM.from_checkpoint(ckpt, device)  # a bad checkpoint fails before the task index is read
     # Indexing the harness's thousands of task files takes a while: skip it when `include_path` has them all.
     manager = lm_eval_tasks.TaskManager(include_path=include_path, include_defaults=False) if include_path else None
     if manager is None or any(task not in manager.all_tasks for task in tasks):
@@ -142,7 +143,6 @@ def evaluate_tasks(ckpt: str, tasks: list[str], device: str = "cpu", limit: Opti
     unknown = [task for task in tasks if task not in manager.all_tasks]
     if unknown:
         raise UserError(f"--lm-eval-tasks: unknown task(s) {', '.join(unknown)}; see `lm_eval ls tasks`")
-    lm = MinitxLM.from_checkpoint(ckpt, device)
     return lm_eval_evaluator.simple_evaluate(model=lm, tasks=tasks, limit=limit, task_manager=manager, log_samples=log_samples)
 
 
