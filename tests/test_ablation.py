@@ -9,8 +9,10 @@ import pytest
 import yaml
 
 from minitx import ablation
+from minitx.ablation import budget, eval_runs
 from minitx.cli import ablate_main
 from minitx.errors import UserError
+from minitx.model import Transformer
 
 TINY_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 16, "block_size": 16, "lr": 1e-2, "warmup_steps": 1}
 
@@ -73,8 +75,18 @@ def test_sweep_end_to_end_with_a_failing_variant_then_a_rerun_that_skips_finishe
     assert "| mha |" in table and "| gqa |" in table
     assert "failed" in table and "run.sample_prompt" in table  # the error's last line, in the status column
     assert "up to 2 at a time" in table  # parallel runs share the cores: their speed is not alone
-    for name in ("loss_curves.png", "cost_quality.png"):
+    for name in ("loss_curves.png", "cost_quality.png", "loss_vs_context.png"):
         assert (output / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (output / name).stat().st_size > 5000
+    # Every finished run was evaluated on its best checkpoint: held-out loss, bits per character and
+    # the loss at 1x, 2x and 4x block_size (RoPE goes past block_size); the failed run has no figures.
+    for name in ("mha", "gqa"):
+        row = rows[name]
+        for key in ("eval_loss", "eval_bits_per_char", "loss_at_16", "loss_at_32", "loss_at_64", "params_non_embedding", "flops_per_token"):
+            assert math.isfinite(float(row[key])) and float(row[key]) > 0, key
+        assert float(row["eval_loss"]) == float(row["loss_at_16"]) and row["eval_note"] == ""
+        assert int(row["params_non_embedding"]) < int(row["params"])
+    assert rows["broken"]["eval_loss"] == "" and not (output / "runs" / "broken-seed5" / "evaluation.json").exists()
+    assert "held-out loss" in table and "loss @ 64" in table
     # Every run read the sweep's own copy of the base config, not the (editable) original.
     base = yaml.safe_load(sweep.read_text())["base"]
     assert yaml.safe_load((output / "base_config.yaml").read_text()) == base
@@ -84,13 +96,15 @@ def test_sweep_end_to_end_with_a_failing_variant_then_a_rerun_that_skips_finishe
     assert [p["tokens"] for p in summary["curve"]] == [128, 256]
 
     # A rerun leaves finished runs alone and retries the failed one.
-    finished = {name: (output / "runs" / f"{name}-seed5" / "run.json").stat().st_mtime_ns for name in ("mha", "gqa")}
+    finished = {(name, file): (output / "runs" / f"{name}-seed5" / file).stat().st_mtime_ns
+                for name in ("mha", "gqa") for file in ("run.json", "evaluation.json")}
     capsys.readouterr()
     assert ablate_main(["--config", str(sweep), "--output", str(output)]) == 0
     printed = capsys.readouterr().out
     assert "skip   mha seed 5" in printed and "skip   gqa seed 5" in printed and "start  broken seed 5" in printed
-    for name, mtime in finished.items():
-        assert (output / "runs" / f"{name}-seed5" / "run.json").stat().st_mtime_ns == mtime
+    assert "eval   mha" not in printed and "eval   gqa" not in printed  # cached: not evaluated again
+    for (name, file), mtime in finished.items():
+        assert (output / "runs" / f"{name}-seed5" / file).stat().st_mtime_ns == mtime, (name, file)
     assert {row["variant"]: row["status"] for row in read_rows(output)} == {"mha": "ok", "gqa": "ok", "broken": "failed"}
 
     # Changing a variant's settings under the same output is refused, not silently mixed in.
@@ -179,3 +193,133 @@ def test_aggregate_reports_failures_and_spread():
     assert table["b"]["status"] == "ok" and table["b"]["final_val_loss"] == (1.0, None)
     text = ablation.markdown_table(list(table.values()), "t")
     assert "| a | 3.0000 ± 1.4142 |" in text and "| 2/3 | 1/3 failed: boom |" in text
+
+
+# ------------------------------------------------------------------------------ equal budgets
+
+MATCH_VARIANTS = [
+    {"name": "mha", "overrides": {"model.attention.kind": "mha"}},
+    {"name": "mqa", "overrides": {"model.attention.kind": "mqa"}},
+    {"name": "gqa", "overrides": {"model.attention": {"kind": "gqa", "n_kv_head": 2}}},
+    {"name": "mta", "overrides": {"model.attention": {"kind": "mta", "mta_conv_layers": [1]}}},
+]
+MATCH_SHAPE = {"model.n_layer": 2, "model.n_head": 4, "model.d_model": 32}
+
+
+def outside_tables(model: Transformer) -> int:
+    """Parameters outside the token and position tables and the output layer, counted by name."""
+    return sum(p.numel() for name, p in model.named_parameters() if not name.startswith(("tok_emb.", "pos_emb.", "lm_head.")))
+
+
+def measured(sweep, variant, by: str) -> float:
+    model = Transformer(budget.model_config_of(sweep, variant))
+    if by == "params":
+        return outside_tables(model)
+    return model.flops_per_token() - 6 * model.tok_emb.weight.numel()  # the output layer's matmul left out
+
+
+@pytest.mark.parametrize("by", ["params", "flops"])
+def test_match_brings_every_kind_within_2_percent_of_the_first(tmp_path, by):
+    path = write_sweep(tmp_path, MATCH_VARIANTS, overrides=MATCH_SHAPE, match=by)
+    unmatched = ablation.load_sweep(path)
+    before = {v.name: measured(unmatched, v, by) for v in unmatched.variants}
+    assert before["mqa"] < 0.95 * before["mha"]  # a real gap to close: a no-op match would fail below
+
+    sweep = ablation.load_sweep(path)
+    log = []
+    ablation.match_budgets(sweep, by, log=log.append)
+    after = {v.name: measured(sweep, v, by) for v in sweep.variants}
+    for name, value in after.items():
+        assert abs(value / after["mha"] - 1) <= 0.02, (name, value, after["mha"])
+    mqa = next(v for v in sweep.variants if v.name == "mqa")
+    assert mqa.overrides["model.mlp_hidden_size"] > 4 * 32 and "MLP width 128 ->" in mqa.resized
+    assert any(line.startswith("ablate: match  mqa: MLP width 128 ->") for line in log)
+    # The runs train that width: the training command accepts it, and each run's command carries it.
+    ablation.check_variants(sweep, path)
+    run = next(r for r in ablation.plan_runs(sweep, tmp_path / "out", seeds=1) if r.variant.name == "mqa")
+    assert run.command[run.command.index("--model.mlp_hidden_size") + 1] == str(mqa.overrides["model.mlp_hidden_size"])
+
+
+def test_match_refuses_what_no_mlp_width_can_reach(tmp_path, capsys):
+    # Three layers' attention alone outweigh the whole one-layer reference: no width gets within 2%.
+    variants = [{"name": "small", "overrides": {}}, {"name": "deep", "overrides": {"model.n_layer": 3}}]
+    path = write_sweep(tmp_path, variants, match="params")
+    assert ablate_main(["--config", str(path), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'deep'" in err and "2%" in err and "width 1 gives" in err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(UserError, match="match"):
+        ablation.load_sweep(write_sweep(tmp_path, variants, match="size"))
+
+
+# ------------------------------------------------------------------------------ seeds
+
+def test_differences_beyond_the_seed_spread_are_marked():
+    def rows(variant, losses, speed):
+        return [dict({key: None for key, *_ in ablation.COLUMNS}, variant=variant, status="ok", error="", best_val_loss=loss,
+                     tokens_per_s=speed, curve=[], memory_kind=None, budget_changes="") for loss in losses]
+
+    table = ablation.aggregate([*rows("ref", [2.0, 2.2], 100.0), *rows("far", [2.6, 2.8], 50.0),
+                                *rows("near", [2.15, 2.35], 100.0), *rows("one", [3.0], 100.0)])
+    text = ablation.markdown_table(table)
+    lines = {line.split(" |")[0][2:]: line for line in text.splitlines() if line.startswith("| ")}
+    # far: |2.7 - 2.1| = 0.6 > 0.141 + 0.141; near: 0.15 < 0.283; one seed has no spread to compare.
+    assert "2.7000 ± 0.1414 * |" in lines["far"] and "*" not in lines["near"] and "*" not in lines["one"]
+    assert "*" not in lines["ref"] and "50 ± 0 |" in lines["far"]  # costs are not marked, only losses and accuracies
+    assert "std + std of ref" in text
+
+
+# ------------------------------------------------------------------------------ evaluation after each run
+
+def finished_runs(directory: Path, names=("good", "bad")) -> list:
+    """Runs that look finished (summary and a checkpoint file), without training anything."""
+    sweep = ablation.Sweep(base_text="model: {}\n", overrides={}, variants=[ablation.Variant(n, {}) for n in names])
+    runs = ablation.plan_runs(sweep, directory, seeds=1)
+    for run in runs:
+        (run.directory / "checkpoints").mkdir(parents=True)
+        (run.directory / "checkpoints" / "best.ckpt").write_bytes(b"weights")
+        (run.directory / ablation.SUMMARY_FILE).write_text(json.dumps({"block_size": 16, "best_val_loss": 2.0, "curve": []}))
+    return runs
+
+
+def test_evaluation_is_cached_per_run_and_a_failure_is_a_note(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_evaluate(path, lengths=None, max_tokens=None):
+        calls.append((Path(path).parts[-3], tuple(lengths), max_tokens))
+        if "bad-" in str(path):
+            raise RuntimeError("out of\nmemory")
+        return {"loss": 1.5, "perplexity": math.exp(1.5), "bits_per_char": 2.1, "tokens": 100,
+                "by_length": {"16": {"loss": 1.5}, "32": {"loss": 1.4}, "64": {"skipped": "learned positions stop at 16"}},
+                "task": {"exact_match": 0.25, "item_accuracy": 0.5}}
+
+    monkeypatch.setattr(eval_runs, "evaluate_checkpoint", fake_evaluate)
+    runs = finished_runs(tmp_path)
+    settings = ablation.EvalSettings(max_tokens=500)
+    eval_runs.evaluate_runs(runs, settings, log=lambda line: None)
+    assert calls == [("good-seed1337", (16, 32, 64), 500), ("bad-seed1337", (16, 32, 64), 500)]
+
+    sweep = ablation.Sweep(base_text="", overrides={}, variants=[r.variant for r in runs], evaluation=settings)
+    ablation.write_results(runs, tmp_path, sweep=sweep)
+    rows = {row["variant"]: row for row in read_rows(tmp_path)}
+    good, bad = rows["good"], rows["bad"]
+    assert (good["eval_loss"], good["eval_bits_per_char"], good["loss_at_32"], good["loss_at_64"]) == ("1.5", "2.1", "1.4", "")
+    assert (good["task_exact_match"], good["task_item_accuracy"]) == ("0.25", "0.5")
+    assert good["eval_note"] == "loss @ 64: learned positions stop at 16"
+    assert bad["status"] == "ok" and bad["eval_note"] == "evaluation failed: out of memory" and bad["eval_loss"] == ""
+    table = (tmp_path / "results.md").read_text()
+    assert "| task exact match |" in table and "(evaluation failed: out of memory)" in table
+    assert "good: loss @ 64: learned positions stop at 16 (blank above)" in table
+
+    # A rerun reads the cache; a failure is tried again; new settings are evaluated afresh.
+    eval_runs.evaluate_runs(runs, settings, log=lambda line: None)
+    assert [c[0] for c in calls[2:]] == ["bad-seed1337"]
+    eval_runs.evaluate_runs(runs, ablation.EvalSettings(max_tokens=400, lengths=[8]), log=lambda line: None)
+    assert calls[-2:] == [("good-seed1337", (8,), 400), ("bad-seed1337", (8,), 400)]
+
+
+@pytest.mark.parametrize("value,message", [("yes", "use false"), ({"max_tokens": 0}, "max_tokens"),
+                                           ({"lengths": [16, "x"]}, "lengths"), ({"lenghts": [16]}, "lenghts")])
+def test_bad_eval_settings_are_user_errors(tmp_path, value, message):
+    with pytest.raises(UserError, match=message):
+        ablation.load_sweep(write_sweep(tmp_path, [{"name": "a"}], eval=value))

@@ -82,10 +82,13 @@ def _with_width(config: ModelConfig, width: int) -> ModelConfig:
 
 
 def solve_width(config: ModelConfig, target: float, measure: Callable[[ModelConfig], float]) -> tuple[int, float]:
-    """The MLP width whose measure is nearest target, and that measure. The measure is linear in
-    the width, so two points give the line; the rounded solution is then measured itself."""
-    width = config.mlp_hidden
-    here = measure(config)
+    """The MLP width that brings the measure within the tolerance of target, and that measure:
+    the width as it is when it already does (no change for its own sake), else the nearest width.
+    The measure is linear in the width, so two points give the line; the rounded solution is then
+    measured itself."""
+    width, here = config.mlp_hidden, measure(config)
+    if abs(here - target) <= TOLERANCE * target:
+        return width, here
     per_unit = measure(_with_width(config, width + 1)) - here
     best = max(1, round(width + (target - here) / per_unit))
     return best, measure(_with_width(config, best))
@@ -112,7 +115,7 @@ def match_budgets(sweep: Sweep, by: str, extra: Sequence[str] = (), log: Any = p
                 "resize the variant by hand or remove 'match'"
             )
         figures = f"({by} {value:,.0f}, {off:+.2%} vs {reference.name})"
-        if width == config.mlp_hidden:  # already as close as a width can bring it: nothing to change
+        if width == config.mlp_hidden:  # already within 2%: nothing to change
             log(f"ablate: match  {variant.name}: MLP width {width} kept {figures}")
             continue
         variant.overrides = {**variant.overrides, WIDTH_KEY: width}

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from ..checkpoint import BEST, LAST
 from ..errors import one_line
+from ..evaluation import evaluate_checkpoint
 from ..fileio import write_json_atomically
 from .runner import Run, is_finished, read_json
 from .summary import SUMMARY_FILE
@@ -38,8 +39,6 @@ def best_checkpoint(run: Run) -> Optional[Path]:
 
 def evaluate(checkpoint: Path, lengths: list[int], max_tokens: Optional[int]) -> dict:
     """The one call into minitx.evaluation (its contract: a JSON-able dict, see its docstring)."""
-    from ..evaluation import evaluate_checkpoint  # not imported with the package: the runs never need it
-
     return evaluate_checkpoint(str(checkpoint), lengths=lengths, max_tokens=max_tokens)
 
 
@@ -67,8 +66,8 @@ def evaluate_run(run: Run, settings: EvalSettings, log: Any = print, compute: bo
     if key is None:
         return {"key": None, "error": f"no checkpoint in {run.directory / CHECKPOINT_DIR} to evaluate"} if compute else None
     cached = read_json(run.directory / EVAL_FILE)
-    if cached is not None and cached.get("key") == key and "result" in cached:
-        return cached
+    if cached is not None and cached.get("key") == key and ("result" in cached or not compute):
+        return cached  # a failure is shown as it is, and tried again when computing
     if not compute:
         return None
     log(f"ablate: eval   {run.label}")

@@ -10,10 +10,9 @@ from typing import Optional, Sequence
 
 from ..fileio import write_text_atomically
 from . import plots
-from .budget import MEASURES
 from .runner import Run
 from .sweep import EvalSettings, Sweep
-from .table import aggregate, collect, columns_for, evaluated_lengths, exceeds_spread, length_key
+from .table import aggregate, collect, columns_for, evaluated_lengths, exceeds_spread, is_quality, length_key
 
 CSV_FIELDS = [
     "variant", "seed", "status", "error", "params", "params_non_embedding", "flops_per_token", "mlp_hidden",
@@ -24,6 +23,7 @@ CSV_FIELDS = [
 ]
 PLOTS = ("loss_curves.png", "cost_quality.png", "loss_vs_context.png")
 SPREAD_MARK = "*"
+MATCHED = {"params": "non-embedding parameters", "flops": "training FLOPs per token (without the output layer's)"}
 
 
 def csv_text(rows: list[dict]) -> str:
@@ -51,9 +51,9 @@ def format_cell(mean: Optional[float], std: Optional[float], fmt: str) -> str:
 def _row(entry: dict, columns: list[tuple], reference: Optional[dict]) -> str:
     name = entry["variant"] + (" †" if entry["budget_changes"] else "") + (" ‡" if entry.get("resized") else "")
     cells = []
-    for key, _, fmt, direction in columns:
+    for key, _, fmt, _ in columns:
         cell = format_cell(*entry[key], fmt)
-        if reference is not None and entry is not reference and direction is not None and exceeds_spread(entry, reference, key):
+        if reference is not None and entry is not reference and is_quality(key) and exceeds_spread(entry, reference, key):
             cell += " " + SPREAD_MARK
         cells.append(cell)
     status = entry["status"]
@@ -68,9 +68,10 @@ def _footnotes(table: list[dict], reference: Optional[dict]) -> list[str]:
     skipped = [e for e in table if e.get("eval_note") and not e["eval_note"].startswith("evaluation failed")]
     lines += [f"{e['variant']}: {e['eval_note']} (blank above)" for e in skipped]
     if reference is not None and any(e["ok"] > 1 for e in table):
-        lines.append(f"{SPREAD_MARK} differs from {reference['variant']} (the first variant) by more than the seed spread: "
-                     f"|mean − mean of {reference['variant']}| > std + std of {reference['variant']} (the ±1 std bars do not "
-                     "overlap); needs 2 or more seeds on both sides, and is a rough screen, not a significance test")
+        name = reference["variant"]
+        lines.append(f"{SPREAD_MARK} a loss or accuracy that differs from {name}'s (the first variant) by more than the seed "
+                     f"spread: |mean − mean of {name}| > std + std of {name}, i.e. the ±1 std bars do not overlap; it needs "
+                     "2 or more seeds on both sides, and is a rough screen, not a significance test")
     return lines
 
 
@@ -110,8 +111,8 @@ def standard_notes(rows: list[dict], table: list[dict], sweep: Optional[Sweep]) 
                      f"the run's validation text ({bound}) scored in non-overlapping windows of L tokens (block_size for "
                      "the held-out loss)")
     if sweep is not None and sweep.match:
-        notes.append(f"match: {sweep.match}: each variant's MLP width was set so that its {MEASURES[sweep.match].replace('_', ' ')} "
-                     f"is within 2% of {sweep.reference.name}'s (‡)")
+        notes.append(f"match: {sweep.match}: each variant's MLP width was set so that its {MATCHED[sweep.match]} are within 2% "
+                     f"of {sweep.reference.name}'s (‡ where a width changed)")
     parallel = max((r["parallel"] or 1 for r in rows if r["status"] == "ok"), default=1)
     if parallel > 1:
         notes.insert(0, f"runs went up to {parallel} at a time, sharing the machine: tokens/s and wall times are lower than alone")

@@ -36,6 +36,9 @@ EVAL_COLUMNS = [
 ]
 
 
+QUALITY_KEYS = ("final_val_loss", "best_val_loss", "val_perplexity", "val_accuracy", *(key for key, *_ in EVAL_COLUMNS))
+
+
 def length_key(length: int) -> str:
     return f"loss_at_{length}"
 
@@ -164,6 +167,11 @@ def aggregate(rows: list[dict]) -> list[dict]:
         entry["eval_note"] = "; ".join(dict.fromkeys(r["eval_note"] for r in ok if r.get("eval_note")))
         table.append(entry)
     return table
+
+
+def is_quality(key: str) -> bool:
+    """Columns of what a model learned (losses, accuracies): the ones seeds make noisy."""
+    return key in QUALITY_KEYS or key.startswith(length_key(0)[:-1])
 
 
 def exceeds_spread(entry: dict, reference: dict, key: str) -> bool:
