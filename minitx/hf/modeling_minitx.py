@@ -16,7 +16,6 @@ sequence at every step, which is exact for every kind and slow for long outputs.
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
