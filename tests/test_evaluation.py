@@ -242,7 +242,7 @@ def refused(capsys, argv: list[str], *fragments: str) -> str:
 
 
 @pytest.mark.parametrize("case", ["learned 4x block", "learned context", "stride 0", "stride > context", "context > text",
-                                  "empty file", "missing file", "missing checkpoint", "bad lengths"])
+                                  "empty file", "missing file", "missing checkpoint", "bad lengths", "run's text moved"])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, text, capsys):
     ckpt = write_checkpoint(tmp_path, text, "learned" if case.startswith("learned") else "rope")
     (tmp_path / "empty.txt").write_text("")
@@ -256,7 +256,10 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, text, c
         "missing file": (["--files", str(tmp_path / "nowhere.txt")], ["--files", "no file matches"]),
         "missing checkpoint": (["--ckpt", str(tmp_path / "nowhere.ckpt")], ["--ckpt", "no such file"]),
         "bad lengths": (["--lengths", "0"], ["--lengths", "use 1 or more"]),
+        "run's text moved": ([], ["--ckpt", "cannot rebuild the run's validation text", "data.train_files", "give --files"]),
     }[case]
+    if case == "run's text moved":
+        (tmp_path / "corpus.txt").unlink()
     before = sorted(p.name for p in tmp_path.iterdir())
     refused(capsys, ["--ckpt", str(ckpt), *argv, "--json", str(tmp_path / "out.json"), "--plots", str(tmp_path / "plots")], *fragments)
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no json, no plots directory

@@ -64,13 +64,15 @@ def validation_text(train_config: dict | None) -> tuple[str, str]:
     source = data.get("source", "shakespeare")
     if source in TASK_SOURCES:
         raise UserError(f"--ckpt: the run trained on the synthetic task {source!r}, which has no validation text; give --files")
-    if source == "shakespeare":
-        return "the Shakespeare validation plays", shakespeare_val_text()
     settings = {key: data[key] for key in (
         "train_files", "val_files", "val_fraction", "hf_name", "hf_config", "hf_train_split", "hf_val_split",
         "hf_data_files", "text_column") if data.get(key) is not None}
-    _, text = load_text(source, **settings)
-    return f"the validation text of data.source={source}", text
+    try:
+        if source == "shakespeare":
+            return "the Shakespeare validation plays", shakespeare_val_text()
+        return f"the validation text of data.source={source}", load_text(source, **settings)[1]
+    except UserError as error:  # e.g. the run's files were moved: say whose settings these are
+        raise UserError(f"--ckpt: cannot rebuild the run's validation text ({error}); give --files") from None
 
 
 def files_text(patterns: str | list[str]) -> tuple[str, str]:
