@@ -12,9 +12,26 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
+from .table import length_key  # noqa: E402
+
 
 def _finished(table: list[dict]) -> list[dict]:
     return [entry for entry in table if entry["ok"] > 0]
+
+
+def _save_lines(fig, ax, path: Path, labels: tuple[str, str, str], empty: str) -> None:
+    """Label a line plot (x, y, title), give it a legend (or say why it is empty) and write it."""
+    ax.set_xlabel(labels[0])
+    ax.set_ylabel(labels[1])
+    ax.set_title(labels[2])
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def loss_curves(table: list[dict], path: Path) -> None:
@@ -31,17 +48,7 @@ def loss_curves(table: list[dict], path: Path) -> None:
         if any(std):
             ax.fill_between(tokens, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color=line.get_color(), alpha=0.2)
     ax.ticklabel_format(useOffset=False)
-    ax.set_xlabel("tokens seen")
-    ax.set_ylabel("validation loss")
-    ax.set_title("Validation loss (mean over seeds)")
-    ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend()
-    else:
-        ax.text(0.5, 0.5, "no finished runs", ha="center", va="center", transform=ax.transAxes)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save_lines(fig, ax, path, ("tokens seen", "validation loss", "Validation loss (mean over seeds)"), "no finished runs")
 
 
 def cost_quality(table: list[dict], path: Path) -> None:
@@ -86,7 +93,7 @@ def loss_vs_context(table: list[dict], lengths: list[int], path: Path) -> None:
     seeds, ±std bars); a length a variant cannot run is left out of its line."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for entry in _finished(table):
-        points = [(n, *entry.get(f"loss_at_{n}", (None, None))) for n in lengths]
+        points = [(n, *entry.get(length_key(n), (None, None))) for n in lengths]
         points = [(n, mean, std or 0.0) for n, mean, std in points if mean is not None]
         if points:
             ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points], marker="o",
@@ -94,14 +101,5 @@ def loss_vs_context(table: list[dict], lengths: list[int], path: Path) -> None:
     ax.set_xscale("log", base=2)
     if lengths:
         ax.set_xticks(lengths, [str(n) for n in lengths])
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("held-out loss")
-    ax.set_title("Loss against context length (mean over seeds)")
-    ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend()
-    else:
-        ax.text(0.5, 0.5, "no evaluated runs", ha="center", va="center", transform=ax.transAxes)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    labels = ("context length (tokens)", "held-out loss", "Loss against context length (mean over seeds)")
+    _save_lines(fig, ax, path, labels, "no evaluated runs")

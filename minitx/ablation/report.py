@@ -107,9 +107,9 @@ def standard_notes(rows: list[dict], table: list[dict], sweep: Optional[Sweep]) 
     ]
     if sweep is not None and sweep.evaluation.enabled:
         bound = f"its first {sweep.evaluation.max_tokens:,} tokens" if sweep.evaluation.max_tokens else "all of it"
-        notes.append(f"held-out loss, bits/char, loss @ L, task accuracy: minitx.evaluation on each run's best checkpoint, "
-                     f"the run's validation text ({bound}) scored in non-overlapping windows of L tokens (block_size for "
-                     "the held-out loss)")
+        notes.append(f"held-out loss, bits/char, loss @ L: minitx.evaluation on each run's best checkpoint, the run's "
+                     f"validation text ({bound}) scored in non-overlapping windows of L tokens (block_size for the held-out "
+                     "loss); task exact match and item accuracy: a fresh, seeded test set of the run's synthetic task")
     if sweep is not None and sweep.match:
         notes.append(f"match: {sweep.match}: each variant's MLP width was set so that its {MATCHED[sweep.match]} are within 2% "
                      f"of {sweep.reference.name}'s (‡ where a width changed)")
