@@ -63,7 +63,7 @@ class KVCache(nn.Module):
         self.k.zero_()
         self.v.zero_()
         self.pos.fill_(-1)  # -1: empty slot
-        self.n_seen = 0
+        object.__setattr__(self, "n_seen", 0)
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Optional[Tensor]]:
         """Store new keys and values (B, G, T, D); return (keys, values, mask) for the T new queries.
@@ -75,9 +75,11 @@ class KVCache(nn.Module):
         if T == 1 and self.capacity - self.n_sink <= self.window:
             # One new token: the slot it overwrites is a window behind it, so after the append every
             # filled slot (the sinks and a ring of at most a window) is visible: no mask is needed.
-            self.append(k, v)
+            self._check_room(1)
+            keys, values = self.k, self.v  # each read of a module's buffer is a slow __getattr__
+            self._append_one(keys, values, k, v)
             filled = min(self.n_seen, self.capacity)
-            return self.k[:, :, :filled], self.v[:, :, :filled], None
+            return keys[:, :, :filled], values[:, :, :filled], None
         q_pos = torch.arange(self.n_seen, self.n_seen + T, device=k.device)
         if T == 1:
             self.append(k, v)
@@ -96,19 +98,9 @@ class KVCache(nn.Module):
     def append(self, k: Tensor, v: Tensor) -> None:
         """Store T new tokens (B, G, T, D). Only the newest ones that fit are written."""
         T = k.shape[2]
-        if self.n_seen + T > self.capacity and self.capacity - self.n_sink < self.window:
-            # A ring shorter than the window (a cache sized for a short max_len) would drop tokens still in view.
-            raise ValueError(
-                f"cache: {self.n_seen + T} tokens do not fit in {self.capacity} slots with a window of {self.window}; "
-                "allocate the cache with a larger max_len"
-            )
-        if T == 1:  # decoding: one token into one slot, without index tensors (this runs every step)
-            position, ring = self.n_seen, self.capacity - self.n_sink
-            slot = position if position < self.n_sink else self.n_sink + (position - self.n_sink) % ring
-            self.k.narrow(2, slot, 1).copy_(k)
-            self.v.narrow(2, slot, 1).copy_(v)
-            self.pos.narrow(0, slot, 1).fill_(position)
-            self.n_seen += 1
+        self._check_room(T)
+        if T == 1:
+            self._append_one(self.k, self.v, k, v)
             return
         positions = torch.arange(self.n_seen, self.n_seen + T, device=self.pos.device)
         # A token is worth writing if it is a sink or among the last `ring` tokens of this append.
@@ -118,7 +110,29 @@ class KVCache(nn.Module):
         self.k[:, :, slots] = k.to(self.k.dtype)
         self.v[:, :, slots] = v.to(self.v.dtype)
         self.pos[slots] = positions
-        self.n_seen += T
+        self._count(T)
+
+    def _check_room(self, T: int) -> None:
+        if self.n_seen + T > self.capacity and self.capacity - self.n_sink < self.window:
+            # A ring shorter than the window (a cache sized for a short max_len) would drop tokens still in view.
+            raise ValueError(
+                f"cache: {self.n_seen + T} tokens do not fit in {self.capacity} slots with a window of {self.window}; "
+                "allocate the cache with a larger max_len"
+            )
+
+    def _append_one(self, keys: Tensor, values: Tensor, k: Tensor, v: Tensor) -> None:
+        """Decoding: one token into one slot, without index tensors (this runs every step)."""
+        position, ring = self.n_seen, self.capacity - self.n_sink
+        slot = position if position < self.n_sink else self.n_sink + (position - self.n_sink) % ring
+        keys.narrow(2, slot, 1).copy_(k)
+        values.narrow(2, slot, 1).copy_(v)
+        self.pos.narrow(0, slot, 1).fill_(position)
+        self._count(1)
+
+    def _count(self, new_tokens: int) -> None:
+        # n_seen is a plain int: set it past nn.Module.__setattr__, which is slow Python that
+        # looks for parameters, buffers and modules of that name first (measured per decode step).
+        object.__setattr__(self, "n_seen", self.n_seen + new_tokens)
 
     def contents(self, ordered: bool = True) -> tuple[Tensor, Tensor, Tensor]:
         """(k, v, pos) of the filled slots; in order of position if `ordered` (a convolution along

@@ -135,9 +135,11 @@ class Transformer(nn.Module):
             return list(cache.layers)
         return [block.attn.kv_cache for block in self.blocks]
 
-    def forward_embeddings(self, x: Tensor, cache: Optional[ModelCache] = None) -> Tensor:
-        """Logits (B, T, vocab) from input embeddings (B, T, d_model)."""
-        caches = self.layer_caches(cache)
+    def forward_embeddings(self, x: Tensor, cache: Optional[ModelCache] = None,
+                           caches: Optional[list[Optional[KVCache]]] = None) -> Tensor:
+        """Logits (B, T, vocab) from input embeddings (B, T, d_model); `caches`: the per-layer
+        caches when the caller has looked them up already (see layer_caches)."""
+        caches = caches or self.layer_caches(cache)
         start = caches[0].n_seen if caches[0] is not None else 0
         rope = self.rope(start, x.shape[1]) if self.rope is not None else None
         x = self.dropout(x)
@@ -149,13 +151,14 @@ class Transformer(nn.Module):
         """Logits (B, T, vocab_size) for token ids idx (B, T), through `cache` if given, else
         through the layers' own caches while they are set up (`setup_caches`)."""
         T = idx.shape[1]
-        first_cache = self.layer_caches(cache)[0]
+        caches = self.layer_caches(cache)
+        first_cache = caches[0]
         start = first_cache.n_seen if first_cache is not None else 0
         if first_cache is None and T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}; crop the input")
         if self.pos_emb is not None and start + T > self.config.block_size:
             raise ValueError(f"positions up to {start + T} exceed block_size={self.config.block_size} of a model with learned positions")
-        return self.forward_embeddings(self.embed(idx, start), cache)
+        return self.forward_embeddings(self.embed(idx, start), caches=caches)
 
     # -- decoding caches -------------------------------------------------------------------------
     def new_cache(self, batch: int = 1, max_len: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> ModelCache:
