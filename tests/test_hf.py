@@ -358,6 +358,7 @@ def test_export_command_refuses_bad_input_with_one_line(tmp_path, capsys):
         (["--ckpt", str(tmp_path / "foreign.ckpt"), "--out", str(tmp_path / "a")], "not a minitx checkpoint"),
         (["--ckpt", str(ckpt), "--out", str(tmp_path / "b"), "--dtype", "float16"], "--dtype: 'float16' is not supported"),
         (["--ckpt", str(ckpt), "--out", str(tmp_path / "full")], "is not empty; pick another directory or add --force"),
+        (["--ckpt", str(ckpt), "--out", str(tmp_path), "--force"], "contains --ckpt; give a directory of its own"),
     ]
     for args, message in cases:
         assert export_main(args) == 2

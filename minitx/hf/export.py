@@ -35,14 +35,14 @@ def export_checkpoint(ckpt: str, out: str, dtype: str = "float32", force: bool =
     """Write the transformers directory `out` for checkpoint `ckpt`; returns the class name."""
     if dtype not in DTYPES:
         raise UserError(f"--dtype: {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
-    check_output_dir(out, force)
+    check_output_dir(out, force, ckpt)
     require("transformers")
     require("safetensors")
     model, tokenizer, _ = load_checkpoint(ckpt, label="--ckpt")
     architecture, why = convert.native_class(model.config)
     hf_model = native_model(model, architecture) if architecture else custom_model(model)
     hf_model.to(DTYPES[dtype])
-    target = Path(out)
+    target = Path(out).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
@@ -57,8 +57,11 @@ def export_checkpoint(ckpt: str, out: str, dtype: str = "float32", force: bool =
     return architecture or "MinitxForCausalLM"
 
 
-def check_output_dir(out: str, force: bool) -> None:
-    path = Path(out)
+def check_output_dir(out: str, force: bool, ckpt: str) -> None:
+    path = Path(out).resolve()
+    for inside, what in ((Path(ckpt).resolve(), "--ckpt"), (Path.cwd(), "the current directory")):
+        if path == inside or path in inside.parents:  # --force would delete it
+            raise UserError(f"--out: {out} contains {what}; give a directory of its own")
     if path.exists() and not path.is_dir():
         raise UserError(f"--out: {out} is a file; give a directory")
     if path.is_dir() and any(path.iterdir()) and not force:
