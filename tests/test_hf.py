@@ -192,6 +192,33 @@ def test_gqa_conversion_mean_pools_each_group_and_trains(tmp_path, one_thread):
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_import_of_models_made_by_transformers_gives_their_logits(tmp_path, one_thread, seed, model_type):
+    """Directories transformers wrote itself: Llama with q/k/v/o biases and GQA, Qwen2 with its
+    q/k/v biases and sliding-window layers (window shorter than the input)."""
+    from minitx.hf.load import load_hf_model
+
+    common = dict(vocab_size=40, hidden_size=32, intermediate_size=72, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    extra = dict(attention_bias=True) if model_type == "llama" else dict(
+        use_sliding_window=True, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    config = transformers.AutoConfig.for_model(model_type, **common, **extra)
+    torch.manual_seed(seed)
+    hf_model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for param in hf_model.parameters():
+            param.add_(torch.randn_like(param) * 0.1)  # biases and norms away from zeros and ones
+    hf_model.save_pretrained(tmp_path / model_type)
+    model = load_hf_model(str(tmp_path / model_type), log=lambda _: None)
+    assert model.config.bias and model.config.mlp_hidden == 72
+    if model_type == "qwen2":
+        assert model.config.layer_kinds == ["local", "gqa", "local"] and model.config.attention.window == WINDOW
+    tokens = torch.randint(0, 40, (2, 3 * WINDOW + 2))
+    with torch.no_grad():
+        assert (model(tokens) - hf_model(tokens).logits).abs().max() < 1e-5
+
+
 def test_import_refuses_kv_heads_that_do_not_pool(tmp_path):
     tokenizer = CharTokenizer(TEXT)
     source = make_model(dict(SWIGLU, n_head=6, d_model=48, attention=dict(kind="gqa", n_kv_head=2)), tokenizer)

@@ -103,25 +103,22 @@ def to_hf_weights(state: dict[str, Tensor], config: ModelConfig) -> dict[str, Te
     return out
 
 
-def from_hf_weights(hf: dict[str, Tensor], n_layer: int) -> dict[str, Tensor]:
+def from_hf_weights(hf: dict[str, Tensor], n_layer: int, where: str = "weights") -> dict[str, Tensor]:
     """transformers Llama-family state dict -> minitx names (q/k/v stacked into qkv_proj). Biases
     stay as they are; `complete_biases` adds the ones minitx has and the import lacks."""
     inverse = {value: key for key, value in LAYER_NAMES.items()}
     top = {value: key for key, value in TOP_NAMES.items()}
+    qkv = {f"self_attn.{part}_proj" for part in "qkv"}  # gathered below
     out = {}
     for key, value in hf.items():
         name, _, param = key.rpartition(".")
+        layer, _, inner = name[len("model.layers.") :].partition(".") if name.startswith("model.layers.") else ("", "", "")
         if name in top:
             out[f"{top[name]}.{param}"] = value
-        elif name.startswith("model.layers."):
-            layer, inner = name[len("model.layers.") :].split(".", 1)
-            if inner.startswith("self_attn.") and inner[len("self_attn.")] in "qkv" and inner.endswith("_proj") and inner != "self_attn.o_proj":
-                continue  # gathered below
-            if inner not in inverse:
-                raise UserError(f"weights: unexpected tensor {key!r}; only Llama/Mistral/Qwen2 layers can be imported")
+        elif inner in inverse:
             out[f"blocks.{layer}.{inverse[inner]}.{param}"] = value
-        elif not key.endswith("rotary_emb.inv_freq"):
-            raise UserError(f"weights: unexpected tensor {key!r}; only Llama/Mistral/Qwen2 layers can be imported")
+        elif inner not in qkv and not key.endswith("rotary_emb.inv_freq"):
+            raise UserError(f"{where}: unexpected tensor {key!r}; only plain Llama-family layers can be imported")
     for layer in range(n_layer):
         prefix = f"model.layers.{layer}.self_attn."
         for param in ("weight", "bias"):
@@ -129,7 +126,7 @@ def from_hf_weights(hf: dict[str, Tensor], n_layer: int) -> dict[str, Tensor]:
             if all(part is not None for part in parts):
                 out[f"blocks.{layer}.attn.qkv_proj.{param}"] = torch.cat(parts, dim=0)
             elif param == "weight":
-                raise UserError(f"weights: layer {layer} lacks its q/k/v projections; the directory's weights are incomplete")
+                raise UserError(f"{where}: layer {layer} lacks its q/k/v projections; the weights are incomplete")
     return out
 
 

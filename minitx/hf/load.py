@@ -62,7 +62,7 @@ def read_hf_directory(directory: str, where: str = "init_from", log: Callable[[s
     with torch.device("meta"):  # the expected names and shapes, without memory
         expected = Transformer(config).state_dict()
     if not exported_by_minitx:
-        state = convert.complete_biases(convert.from_hf_weights(state, config.n_layer), expected)
+        state = convert.complete_biases(convert.from_hf_weights(state, config.n_layer, where), expected)
     if config.tie_embeddings and "lm_head.weight" not in state and "tok_emb.weight" in state:
         state["lm_head.weight"] = state["tok_emb.weight"]
     mismatch = state_mismatch(expected, state)
