@@ -397,3 +397,11 @@ def test_export_command_refuses_bad_input_with_one_line(tmp_path, capsys):
     assert export_main(["--ckpt", str(ckpt), "--out", str(tmp_path / "full"), "--force"]) == 0
     assert "LlamaForCausalLM" in capsys.readouterr().out
     assert not (tmp_path / "full" / "keep.txt").exists() and (tmp_path / "full" / "model.safetensors").exists()
+
+
+def test_a_missing_optional_package_is_one_line_naming_its_extra(monkeypatch):
+    from minitx import hf
+
+    monkeypatch.setitem(hf.EXTRAS, "no_such_package_xyz", "eval")
+    with pytest.raises(UserError, match=r'^no_such_package_xyz is not installed; install it with: pip install -e "\.\[eval\]"$'):
+        hf.require("no_such_package_xyz.sub")
