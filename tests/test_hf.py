@@ -43,6 +43,8 @@ CASES = [
                                      mta_pre_mix_all_heads=False, n_kv_head=2)), "MinitxForCausalLM"),
     ("mta_both", dict(attention=dict(kind="mta", mta_conv_layers=[1], mta_conv_placement="both", mta_query_kernel=3,
                                      mta_key_kernel=5, mta_head_mix="post")), "MinitxForCausalLM"),
+    # configs/mta.yaml's released setting: 6 x 11 kernels before and after the softmax
+    ("mta_released", dict(attention=dict(kind="mta", mta_conv_placement="both", mta_conv_layers=[2])), "MinitxForCausalLM"),
     ("mta_local_mix", dict(attention=dict(kind="mta", window=WINDOW, layers=["mta", "local"], mta_conv_layers=[0],
                                           mta_output_norm=False, mta_head_mix="none")), "MinitxForCausalLM"),
 ]
