@@ -250,6 +250,11 @@ def test_match_refuses_what_no_mlp_width_can_reach(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
     with pytest.raises(UserError, match="match"):
         ablation.load_sweep(write_sweep(tmp_path, variants, match="size"))
+    # A config mistake found while sizing reads as check_variants' would: the variant and the key.
+    path = write_sweep(tmp_path, [{"name": "a"}, {"name": "b", "overrides": {"model.attention.kind": "flash"}}], match="flops")
+    assert ablate_main(["--config", str(path), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "variant 'b': model.attention.kind: unknown value 'flash'" in err
 
 
 # ------------------------------------------------------------------------------ seeds

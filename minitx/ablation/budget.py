@@ -74,7 +74,10 @@ def model_section(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> 
 def model_config_of(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> ModelConfig:
     known = {f.name for f in fields(ModelConfig)}
     section = {key: value for key, value in model_section(sweep, variant, extra).items() if key in known}
-    return ModelConfig.from_dict(section)
+    try:
+        return ModelConfig.from_dict(section)
+    except (UserError, TypeError) as error:  # UserError names the field: make it the config key
+        raise UserError(f"variant {variant.name!r}: model.{error}") from None
 
 
 def _with_width(config: ModelConfig, width: int) -> ModelConfig:
