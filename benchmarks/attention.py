@@ -137,20 +137,26 @@ def memory_mib(layer, x, rope, grad, args) -> tuple[float, float]:
         saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
+    def forward_saving_then_backward() -> None:
+        # Only the forward's saves count: a backward that recomputes saves again, for a moment.
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = layer(x, rope)
+        out.backward(grad)
+
     step(layer, x, rope, grad)  # grads exist before and after: only the step's own memory counts
     if args.device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        if args.device == "cuda":
-            step(layer, x, rope, grad)
-            torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated() - base
-        else:
-            with LiveTensorPeak() as tracker:
-                step(layer, x, rope, grad)
-            peak = tracker.peak
+        forward_saving_then_backward()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        with LiveTensorPeak() as tracker:
+            forward_saving_then_backward()
+        peak = tracker.peak
     return peak / MiB, sum(saved.values()) / MiB
 
 
