@@ -1,18 +1,21 @@
-"""Multi-token attention (Golovneva, Wang, Weston, Sukhbaatar 2025).
+"""Multi-token attention (Golovneva, Wang, Weston, Sukhbaatar 2025), in the released order.
 
 Neighbouring queries, keys and heads shape each attention weight:
 
     S  = Q K^T / sqrt(D), future entries set to 0            (zero BEFORE the convolution)
-    S  = conv2d(S, theta) per head over (c_q query rows looking back, c_k keys centred)
-    S  = mix heads within groups of c_h                       (pre-softmax head mixing)
-    A  = softmax(S with future entries at -inf)               (-inf AFTER the convolution)
+    S  = conv2d(S, theta) per head over (c_q query rows looking back, c_k keys centred)   [pre]
+    S  = mix heads (all H x H, as released)                   (pre-softmax head mixing)
+    A  = softmax(S with future entries at -inf), in float32   (-inf AFTER the convolution)
+    A  = conv2d(A, theta') with its own kernel, future re-zeroed                          [post]
     A  = mix heads within groups of c_h                       (post-softmax head mixing)
-    O  = A V, then RMSNorm over D and a sigmoid gate, per head
+    O  = A V, then RMSNorm over D (eps 1e-5) and a sigmoid gate, per head
 
-The convolution needs the scores themselves, so no fused kernel applies. Work goes in chunks of
-queries: a chunk needs its own score rows plus the c_q - 1 rows above it, against the keys up to
-its last query, so memory is O(chunk * T) rather than O(T^2). Decoding is the same computation
-with a chunk of one query whose c_q - 1 earlier queries come from the cache.
+`mta_conv_placement` picks pre, post or both (the released LM setting). Work goes in chunks of
+queries: a chunk needs its own rows plus the c_q - 1 rows above it per convolution, against the
+keys up to its last query, so memory is O(chunk * T) rather than O(T^2); each chunk's maps are
+recomputed in the backward pass. The pre-softmax convolution of keys far from the diagonal is one
+matrix product (see mta_kernels). Decoding is the same computation with a chunk of one query
+whose earlier queries come from the cache (MTACache).
 
 All learned parts start as the identity, so an untrained MTA layer without the output norm equals
 plain attention.
