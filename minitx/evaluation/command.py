@@ -28,7 +28,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help=f"tokens of the text (its first) that each length of the sweep scores; 0: all (default {SWEEP_TOKENS})")
     parser.add_argument("--task-samples", type=int, default=None, help="test samples of a synthetic task (default: the task's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of a synthetic task's fresh test set (default 0)")
-    parser.add_argument("--batch-size", type=int, default=None, help="windows per forward pass (default: 16384 tokens' worth, fewer for a large vocabulary)")
+    parser.add_argument("--batch-size", type=int, default=None, help="windows per forward pass (default: 8192 tokens' worth, fewer for a large vocabulary)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps, ... (default cpu)")
     parser.add_argument("--json", default=None, help="also write every figure to this JSON file")
     parser.add_argument("--plots", default=None, help="write PNG plots into this directory")

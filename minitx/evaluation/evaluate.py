@@ -22,7 +22,7 @@ from .progress import Progress
 from .tasks import evaluate_task
 from .texts import TASK_SOURCES, ScoredText, files_text, tokenize, truncate, validation_text
 
-SWEEP_TOKENS = 32768  # targets per length of the sweep by default: a sixth of the default run's validation text
+SWEEP_TOKENS = 32768  # targets per length of the sweep by default: 1/16 of the default run's validation text
 
 
 def check_lengths(config, asked: Sequence[tuple[str, int]]) -> None:

@@ -17,7 +17,7 @@ from .perplexity import Scores, score_tokens
 
 
 def default_lengths(block_size: int) -> list[int]:
-    """block_size / 4 .. 8 x block_size in powers of two (64 .. 2048 for block_size 256)."""
+    """block_size / 4 .. 8 x block_size, doubling (64 .. 2048 for block_size 256)."""
     return sorted({max(1, block_size * 2**k // 4) for k in range(6)})
 
 

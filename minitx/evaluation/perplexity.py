@@ -53,7 +53,7 @@ def window_plan(num_tokens: int, context: int, stride: int) -> list[Window]:
 def batch_tokens(vocab_size: int) -> int:
     """Tokens per forward pass when no batch size is given: large batches run fastest on a CPU
     (measured), while the float32 logits (tokens x vocab) stay under 256 MB."""
-    return max(1, min(16384, 2**26 // vocab_size))
+    return max(1, min(8192, 2**26 // vocab_size))
 
 
 @dataclass
