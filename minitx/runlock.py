@@ -57,18 +57,31 @@ class RunLock:
         self.option = option
         self._fd: Optional[int] = None
 
+    def _refuse(self, fd: int) -> None:
+        holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise UserError(
+            f"{self.option}: the run directory {str(self.path.parent)!r} is in use by another training process "
+            f"(pid {holder}); wait for it to finish, or pick another --{self.option}"
+        )
+
+    def refuse_if_held(self) -> None:
+        """Raise acquire's UserError if a live process holds the lock; writes nothing (a check
+        made before a run's other checks, so that a busy directory is named as such)."""
+        if self._fd is not None or launched_by_another_process() or not self.path.is_file():
+            return
+        fd = os.open(self.path, os.O_RDWR)
+        if not _try_lock(fd):
+            self._refuse(fd)
+        os.close(fd)  # drops the lock just taken
+
     def acquire(self) -> "RunLock":
         if self._fd is not None or launched_by_another_process():
             return self
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         if not _try_lock(fd):
-            holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
-            os.close(fd)
-            raise UserError(
-                f"{self.option}: the run directory {str(self.path.parent)!r} is in use by another training process "
-                f"(pid {holder}); wait for it to finish, or pick another --{self.option}"
-            )
+            self._refuse(fd)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode("ascii"))
         self._fd = fd

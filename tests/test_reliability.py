@@ -89,6 +89,7 @@ KILLER = '''
 import io
 import os
 import signal
+import time
 
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -133,6 +134,30 @@ class KillDuringSave(Callback):
         torch.save = half_then_die
 
 
+class InterruptAtStep(Callback):
+    """Send this process SIGINT (Ctrl-C) once optimiser step `step` is done."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+class WaitAtStep(Callback):
+    """After optimiser step `step`, say so on stdout and wait until the file `go` exists."""
+
+    def __init__(self, step: int, go: str):
+        self.step, self.go = step, go
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            print("waiting", flush=True)
+            while not os.path.exists(self.go):
+                time.sleep(0.05)
+
+
 class PoisonAtStep(Callback):
     """After optimiser step `step`, set one weight to NaN: the next loss is NaN."""
 
@@ -167,8 +192,8 @@ def finish(process: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
     return process.returncode, out + err
 
 
-def with_callback(class_name: str, step: int) -> str:
-    return "--trainer.callbacks+=" + json.dumps({"class_path": f"killer.{class_name}", "init_args": {"step": step}})
+def with_callback(class_name: str, step: int, **init_args) -> str:
+    return "--trainer.callbacks+=" + json.dumps({"class_path": f"killer.{class_name}", "init_args": {"step": step, **init_args}})
 
 
 def checkpoint_step(path: Path) -> int:

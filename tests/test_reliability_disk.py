@@ -217,6 +217,8 @@ def test_a_live_holder_keeps_a_second_process_out_and_a_sigkilled_one_does_not(t
         print(message)
         assert "\n" not in message and message.startswith("run.name: ") and str(run) in message
         assert f"pid {holder.pid}" in message and "pick another --run.name" in message
+        with pytest.raises(UserError, match=f"pid {holder.pid}"):
+            RunLock(run).refuse_if_held()  # the same refusal, from the check that writes nothing
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
@@ -224,8 +226,9 @@ def test_a_live_holder_keeps_a_second_process_out_and_a_sigkilled_one_does_not(t
     assert (run / LOCK_NAME).read_text().strip() == str(holder.pid)
     with RunLock(run) as lock:
         assert (run / LOCK_NAME).read_text().strip() == str(os.getpid()) and lock._fd is not None
-    # Released: taken again at once.
+    # Released: taken again at once; a free lock passes the check.
     RunLock(run).acquire().release()
+    RunLock(run).refuse_if_held()
 
 
 def test_processes_started_by_a_multi_device_strategy_do_not_take_the_lock(tmp_path, monkeypatch):

@@ -230,6 +230,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     data: TextDataModule = cli.datamodule
     trainer: L.Trainer = cli.trainer
     run = run_settings(cli.config_init["run"])
+    RunLock(run.dir).refuse_if_held()  # a directory another process trains into is named as busy
     ckpt_path = check_run(cli, run)
     sample_prompt = prompt_ids(run.sample_prompt, data.tokenizer, run.sample_prompt == RunSettings.sample_prompt)
     # Every check of the input is done: only now does the run write anything, holding its

@@ -2,9 +2,9 @@
 
 Lightning turns a KeyboardInterrupt inside fit into exit status 1, like a crash, and a
 KeyboardInterrupt can land in the middle of an optimiser update, where no checkpoint is
-consistent. So while a run trains, SIGINT only sets a flag; at the end of the step the run stops
-as if max_steps were reached, which writes last.ckpt through the run's atomic save (a whole,
-resumable checkpoint of that step, as after any other save), and `main` raises `RunInterrupted`,
+consistent. So while a run trains, SIGINT only sets a flag; at the end of the step the run writes
+last.ckpt through its atomic save (a whole checkpoint of that step that resumes exactly, as after
+a timed save), stops as if max_steps were reached, and `main` raises `RunInterrupted`,
 which the command layer reports in one line with status 130. A second Ctrl-C stops at once.
 
 With several processes (DDP), the processes agree at every step on whether any of them was
@@ -56,7 +56,12 @@ class StopOnInterrupt(Callback):
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
         if stop:
             self.requested = True
-            trainer.should_stop = True  # on_train_end of the run's checkpoints saves last.ckpt
+            # Saved here, where the run's timed saves happen (a checkpoint written later, at the end
+            # of fit, resumes one step early); then stopped as at max_steps, without the validation
+            # Lightning runs when a run stops early, whose save would replace this checkpoint.
+            trainer.checkpoint_callback._save_last(trainer)
+            trainer.limit_val_batches = 0
+            trainer.should_stop = True
 
     def message(self, trainer: L.Trainer, checkpoint_dir: Path) -> str:
         last = checkpoint_dir / LAST
