@@ -28,6 +28,7 @@ from .decoding import (  # noqa: F401 (re-exported: the decode loop's home befor
     top_p_filter,
 )
 from .errors import UserError, one_line
+from .generate_inputs import check_generate_args
 from .model import Transformer
 
 
@@ -164,6 +165,7 @@ def _device(name: str) -> torch.device:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_args(argv)
     check_options(args.max_new_tokens, args.temperature, args.top_k, args.top_p, cli=True)
+    check_generate_args(args)
     if args.num_samples < 1:
         raise UserError(f"--num-samples: is {args.num_samples}; use 1 or more")
     device = _device(args.device)

@@ -142,3 +142,27 @@ def test_run_root_that_is_not_writable(tmp_path, corpus, capfd):
         locked.chmod(0o755)
     one_line_error(capfd, "train", "run.root", "not writable")
     assert not any(locked.iterdir())
+
+
+BAD_GENERATE_OPTIONS = {
+    "temperature nan": (["--temperature", "nan"], ["--temperature", "is nan", "use 0 for greedy"]),
+    "temperature inf": (["--temperature", "inf"], ["--temperature", "is inf"]),
+    "temperature 1e-45": (["--temperature", "1e-45"], ["--temperature", "at least 0.0001"]),
+    "seed 10**23": (["--seed", str(10**23)], ["--seed", "is 100000000000000000000000", "0 to 18446744073709551615"]),
+    "seed -1": (["--seed", "-1"], ["--seed", "is -1"]),
+    "device meta": (["--device", "meta"], ["--device meta", "use --device cpu"]),
+    "max_new_tokens 10**12": (["--max-new-tokens", str(10**12)], ["--max-new-tokens", "GB for their ids", "ask for fewer"]),
+    "prompt file /dev/zero": (["--prompt-file", "/dev/zero"], ["--prompt-file /dev/zero", "not a regular file"]),
+    "num_samples 0": (["--num-samples", "0"], ["--num-samples", "is 0", "1 or more"]),
+    "num_samples -1": (["--num-samples", "-1"], ["--num-samples", "is -1"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_GENERATE_OPTIONS))
+def test_bad_generate_option(case, checkpoints, capfd):
+    options, fragments = BAD_GENERATE_OPTIONS[case]
+    args = ["--ckpt", str(checkpoints["good"]), *options]
+    if "--prompt-file" not in options:
+        args += ["--prompt", "the"]
+    assert generate_main(args) == 2
+    one_line_error(capfd, "generate", *fragments)

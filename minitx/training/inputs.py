@@ -16,6 +16,7 @@ from typing import Any, Optional
 import torch
 
 from ..errors import UserError
+from ..generate_inputs import machine_memory
 
 SEED_RANGE = (0, 2**32 - 1)  # numpy's seeds, which Lightning's seed_everything also sets
 BYTES_PER_TRAINED_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
@@ -124,10 +125,7 @@ def device_memory(accelerator: Any) -> tuple[Optional[int], str]:
     """(bytes, description) of the memory one training process can use: a GPU's, or the machine's."""
     if str(accelerator) in ("gpu", "cuda", "auto") and torch.cuda.is_available():
         return torch.cuda.get_device_properties(0).total_memory, "GPU memory"
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's memory"
-    except (AttributeError, ValueError, OSError):  # not every platform tells
-        return None, ""
+    return machine_memory(), "this machine's memory"
 
 
 def check_config(config: Any) -> None:
