@@ -6,7 +6,8 @@
 Variants: mha, mqa, gqa (n_head/2 kv heads), local (window 128) chunked, the same window as a
 dense T x T boolean mask into SDPA (the baseline local attention must beat), mta (6 x 11
 key-query convolution, head mixing, output norm) in query chunks through the factorised fast
-path, the same through the plain chunked convolution (mta-conv), the released setting with
+path above 512 tokens and the plain chunked convolution below (the default, auto), the same always
+factorised (mta-fact) and always plain (mta-conv), the released setting with
 pre- and post-softmax convolutions (mta-both), and mta materialised in one chunk (mta-full, the
 memory baseline).
 
@@ -58,8 +59,9 @@ def variants(args) -> dict[str, dict]:
         "gqa": dict(kind="gqa", n_kv_head=max(1, args.n_head // 2)),
         "local": window,
         "local-dense": window,  # same config, DenseMaskedLocal module
-        "mta": mta,  # pre-softmax 6 x 11 convolution, factorised fast path
-        "mta-conv": dict(mta, mta_backend="conv"),  # the same through the plain chunked convolution
+        "mta": mta,  # pre-softmax 6 x 11 convolution, the default backend (auto)
+        "mta-fact": dict(mta, mta_backend="factorised"),  # the same, always the factorised path
+        "mta-conv": dict(mta, mta_backend="conv"),  # the same, always the plain chunked convolution
         "mta-both": dict(mta, mta_conv_placement="both"),  # as released: pre and post convolutions
         "mta-full": dict(mta, mta_backend="conv", mta_query_chunk=max(args.seq_lens)),  # one chunk: (B, H, T, T) at once
     }
@@ -172,7 +174,7 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     parser.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
-    parser.add_argument("--variants", nargs="+", help="a subset of: mha mqa gqa local local-dense mta mta-conv mta-both mta-full")
+    parser.add_argument("--variants", nargs="+", help="a subset of: mha mqa gqa local local-dense mta mta-fact mta-conv mta-both mta-full")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible; use --device cpu")
@@ -216,7 +218,7 @@ def main(argv=None) -> None:
         for name in ("mqa", "gqa"):
             row(f"{name} / mha time, T={T}", ms, (name, T), ("mha", T), "<= 1")
     for T in args.seq_lens:
-        for name in ("mta", "mta-conv", "mta-both"):
+        for name in ("mta", "mta-fact", "mta-conv", "mta-both"):
             row(f"{name} / mha time, T={T}", ms, (name, T), ("mha", T), "<= 2" if name == "mta" else "")
     for T in args.seq_lens:
         row(f"mta chunked / materialised peak memory, T={T}", peak, ("mta", T), ("mta-full", T), "< 1 once T > chunk (256)")

@@ -29,8 +29,9 @@ PLACEMENTS = ["pre", "post", "both"]
 
 
 def mta_module(n_head: int = 4, n_kv_head: int = 4, dtype=torch.float64, **attention) -> MultiTokenAttention:
-    """One MTA layer with the convolution, every learned part moved far from its identity init."""
-    attention = {"kind": "mta", "n_kv_head": n_kv_head, "mta_conv_layers": [0], **attention}
+    """One MTA layer with the convolution, every learned part moved far from its identity init.
+    The factorised path unless told otherwise ("auto" would pick the plain one at these lengths)."""
+    attention = {"kind": "mta", "n_kv_head": n_kv_head, "mta_conv_layers": [0], "mta_backend": "factorised", **attention}
     config = ModelConfig(block_size=64, n_layer=1, n_head=n_head, d_model=8 * n_head, attention=AttentionConfig(**attention))
     module = MultiTokenAttention(config, 0).eval()
     with torch.no_grad():
@@ -185,7 +186,7 @@ def test_no_future_token_reaches_the_past(placement):
 
 def model_with(**attention) -> Transformer:
     config = ModelConfig(vocab_size=17, block_size=24, n_layer=2, n_head=4, d_model=32,
-                         attention=AttentionConfig(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, **attention))
+                         attention=AttentionConfig(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, mta_backend="factorised", **attention))
     model = Transformer(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
