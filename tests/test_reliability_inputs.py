@@ -166,3 +166,67 @@ def test_bad_generate_option(case, checkpoints, capfd):
         args += ["--prompt", "the"]
     assert generate_main(args) == 2
     one_line_error(capfd, "generate", *fragments)
+
+
+def ablate_case(tmp_path: Path, corpus: dict, case: str) -> tuple[list[str], list[str]]:
+    """(ablate arguments, fragments of the line) for one case; the sweep file is written first."""
+    from test_reliability import write_sweep
+
+    base = tiny_config(corpus, tmp_path / "unused")
+    sweep = write_sweep(tmp_path / "sweep.yaml", base, [{"name": "a", "overrides": {}}, {"name": "b", "overrides": {"model.lr": 0.02}}])
+    output = str(tmp_path / "out")
+    if case == "config is a directory":
+        return ["--config", str(tmp_path), "--output", output], ["--config", "is a directory"]
+    if case == "config is binary":
+        (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe\x00\x01")
+        return ["--config", str(tmp_path / "binary.yaml"), "--output", output], ["--config", "not UTF-8"]
+    if case == "output is a file":
+        (tmp_path / "out").write_text("")
+        return ["--config", str(sweep), "--output", output], ["--output", "is a file"]
+    if case == "sweep seed out of range":
+        write_sweep(sweep, base, [{"name": "a", "overrides": {}}], seed=2**40)
+        return ["--config", str(sweep), "--output", output], ["seed_everything", "is 1099511627776"]
+    if case == "only a comma":
+        return ["--config", str(sweep), "--output", output, "--only", ","], ["--only", "names no variant"]
+    assert case == "report-only on an empty output"
+    return ["--config", str(sweep), "--output", output, "--report-only"], ["--report-only", "no finished run"]
+
+
+ABLATE_CASES = ["config is a directory", "config is binary", "output is a file", "sweep seed out of range", "only a comma",
+                "report-only on an empty output"]
+
+
+@pytest.mark.parametrize("case", ABLATE_CASES)
+def test_bad_ablate_input(case, tmp_path, corpus, capfd):
+    from minitx.cli import ablate_main
+
+    args, fragments = ablate_case(tmp_path, corpus, case)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert ablate_main(args) == 2
+    one_line_error(capfd, "ablate", *fragments)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no output directory, nothing else
+
+
+def test_ablate_dry_run_writes_nothing(tmp_path, corpus, capfd):
+    from minitx.cli import ablate_main
+
+    args, _ = ablate_case(tmp_path, corpus, "only a comma")
+    assert ablate_main(args[:4] + ["--dry-run"]) == 0
+    assert "train_main" in capfd.readouterr().out  # the commands were printed
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", [c for c in BAD_TRAIN_FLAGS if c != "class_path of another module"])
+def test_bad_train_option_in_an_ablate_variant(case, tmp_path, corpus, capfd):
+    """ablate checks every variant before any run: as train would, or earlier by the sweep's own rules
+    (a variant may not change the seed, the budget or run.name alone): one line naming the variant and the key."""
+    from test_reliability import write_sweep
+
+    from minitx.cli import ablate_main
+
+    overrides, fragments = BAD_TRAIN_FLAGS[case]
+    sweep = write_sweep(tmp_path / "sweep.yaml", tiny_config(corpus, tmp_path / "unused"),
+                        [{"name": "fine", "overrides": {}}, {"name": "bad", "overrides": overrides}])
+    assert ablate_main(["--config", str(sweep), "--output", str(tmp_path / "out")]) == 2
+    one_line_error(capfd, "ablate", "bad", fragments[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.yaml"]

@@ -12,7 +12,7 @@ from ..errors import UserError
 from .budget import match_budgets
 from .eval_runs import evaluate_runs
 from .report import PLOTS, write_results
-from .runner import BASE_SNAPSHOT, LOG_FILE, check_variants, plan_runs, run_sweep
+from .runner import BASE_SNAPSHOT, LOG_FILE, check_variants, is_finished, plan_runs, run_sweep
 from .sweep import Sweep, load_sweep
 
 
@@ -39,10 +39,23 @@ def select(sweep: Sweep, only: Optional[str]) -> None:
     if not only:
         return
     wanted = [name.strip() for name in only.split(",") if name.strip()]
+    if not wanted:
+        raise UserError(f"--only: {only!r} names no variant; give names such as {', '.join(v.name for v in sweep.variants[:2])}")
     missing = sorted(set(wanted) - {v.name for v in sweep.variants})
     if missing:
         raise UserError(f"--only: unknown variant(s) {', '.join(missing)}; the file has {', '.join(v.name for v in sweep.variants)}")
     sweep.variants = [v for v in sweep.variants if v.name in wanted]
+
+
+def check_readable(config_path: Path) -> None:
+    if config_path.is_dir():
+        raise UserError(f"--config: {str(config_path)!r} is a directory; give a sweep YAML file such as configs/ablation.yaml")
+    try:
+        config_path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"--config: {str(config_path)!r} is not UTF-8 text; give a sweep YAML file") from None
+    except FileNotFoundError:
+        pass  # load_sweep says so
 
 
 def prepare(args: argparse.Namespace) -> tuple[Sweep, Path]:
@@ -52,6 +65,7 @@ def prepare(args: argparse.Namespace) -> tuple[Sweep, Path]:
     if args.parallel < 1:
         raise UserError(f"--parallel: must be 1 or more, got {args.parallel}")
     config_path = Path(args.config)
+    check_readable(config_path)
     sweep = load_sweep(config_path)
     select(sweep, args.only)
     if sweep.match:
@@ -68,14 +82,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parse_args(argv)
     sweep, config_path = prepare(args)
     output = Path(args.output) if args.output else Path("runs") / "ablation" / config_path.stem
-    output.mkdir(parents=True, exist_ok=True)  # only once the sweep is known to be sound
+    if output.exists() and not output.is_dir():
+        raise UserError(f"--output: {str(output)!r} is a file; give a directory (new or of this sweep)")
     logging = wandb_arguments(args.wandb_project, group=output.resolve().name) if args.wandb else []
     runs = plan_runs(sweep, output, args.seeds or sweep.seeds, args.train_args, logging)
-    if args.dry_run:
+    if args.dry_run:  # writes nothing
         for run in runs:
             print(" ".join(shlex.quote(part) for part in run.command))
         print(f"# {output / BASE_SNAPSHOT} is written when the sweep runs: the base config as it is then")
         return
+    if args.report_only and not any(is_finished(run) for run in runs):
+        raise UserError(f"--report-only: {str(output)!r} holds no finished run of this sweep; run it first (without --report-only)")
+    output.mkdir(parents=True, exist_ok=True)  # only once the sweep is known to be sound
     if not args.report_only:
         run_sweep(runs, sweep, output, args.parallel)
         evaluate_runs(runs, sweep.evaluation)
