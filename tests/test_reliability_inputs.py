@@ -230,3 +230,19 @@ def test_bad_train_option_in_an_ablate_variant(case, tmp_path, corpus, capfd):
     assert ablate_main(["--config", str(sweep), "--output", str(tmp_path / "out")]) == 2
     one_line_error(capfd, "ablate", "bad", fragments[0])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.yaml"]
+
+
+def test_resume_with_another_batch_size_seed_and_lr_says_what_changed(tmp_path, corpus, uninterrupted, capfd):
+    """Chosen behaviour: allowed (a longer max_steps is the usual reason to resume), named in one line."""
+    import shutil
+
+    shutil.copytree(uninterrupted, tmp_path / "runs" / "tiny")
+    config = write_config(tmp_path / "tiny.yaml", tiny_config(corpus, tmp_path / "runs"))
+    same = ["--config", str(config), "--ckpt_path", "last"]
+    assert train_main(same) == 0
+    assert "differ from its run" not in capfd.readouterr().err
+    assert train_main([*same, "--data.batch_size", "16", "--seed_everything", "8", "--model.lr", "0.02"]) == 0
+    lines = [line for line in capfd.readouterr().err.splitlines() if "differ from its run" in line]
+    assert len(lines) == 1, lines
+    for change in ("data.batch_size 8 -> 16", "seed_everything 7 -> 8", "model.lr 0.01 -> 0.02"):
+        assert change in lines[0], lines[0]

@@ -35,6 +35,7 @@ from ..hf.load import check_init_from
 from ..model import Transformer
 from .messages import config_files, find_user_error, parse_error_message
 from ..runlock import RunLock
+from .changes import report_resume_changes
 from .classpaths import check_command_line
 from .inputs import check_config
 from .interrupt import RunInterrupted, StopOnInterrupt
@@ -232,6 +233,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     run = run_settings(cli.config_init["run"])
     RunLock(run.dir).refuse_if_held()  # a directory another process trains into is named as busy
     ckpt_path = check_run(cli, run)
+    if ckpt_path is not None:
+        report_resume_changes(ckpt_path, yaml.safe_load(cli.parser.dump(cli.config, skip_validation=True)))
     sample_prompt = prompt_ids(run.sample_prompt, data.tokenizer, run.sample_prompt == RunSettings.sample_prompt)
     # Every check of the input is done: only now does the run write anything, holding its
     # directory's lock (another process training into it is refused) until the end.

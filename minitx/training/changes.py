@@ -1,0 +1,46 @@
+"""What a resumed run changes: the settings of this start that differ from those its checkpoint
+was trained with, said in one line on stderr before training continues.
+
+Resuming with another batch size, seed, learning rate or schedule is allowed (extending a run
+with a larger trainer.max_steps is the common case), but the run is then no longer the run that
+was interrupted: its losses will not equal an uninterrupted run's. So it is named, not refused.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+
+# Where runs go and how they report may change freely; the model is compared by check_same_model.
+IGNORED = ("run.", "ckpt_path", "config", "print_config", "trainer.callbacks", "trainer.logger", "trainer.plugins",
+           "trainer.enable_progress_bar", "trainer.default_root_dir", "model.")
+COMPARED_MODEL_KEYS = ("model.lr", "model.min_lr", "model.warmup_steps", "model.weight_decay", "model.betas", "model.eps")
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(config, dict):
+        return {prefix.rstrip("."): config}
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        flat.update(flatten(value, f"{prefix}{key}."))
+    return flat
+
+
+def changed_settings(saved: dict, current: dict) -> list[str]:
+    """'key old -> new' for each compared setting that differs."""
+    old, new = flatten(saved), flatten(current)
+    keys = [k for k in sorted(set(old) | set(new)) if k in COMPARED_MODEL_KEYS or not k.startswith(IGNORED)]
+    return [f"{key} {old.get(key)!r} -> {new.get(key)!r}" for key in keys if old.get(key) != new.get(key)]
+
+
+def report_resume_changes(ckpt_path: str, current: dict) -> None:
+    """One line on stderr if this start's settings differ from the checkpoint's run (nothing otherwise)."""
+    # mmap: only the small pickled part is read; the CRCs were checked when the checkpoint was.
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+    saved = (checkpoint.get("minitx") or {}).get("train_config") or {}
+    changes = changed_settings(saved, current) if saved else []
+    if changes:
+        print(f"minitx: resuming {ckpt_path} with settings that differ from its run: {', '.join(changes)}; "
+              "the run continues with the new ones, so its losses will not equal an uninterrupted run's", file=sys.stderr)
