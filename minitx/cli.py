@@ -8,44 +8,51 @@ minitx imports this module.
 
 from __future__ import annotations
 
+import importlib
 import sys
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
-from .ablation import main as ablate
 from .errors import UserError
-from .evaluation.command import main as evaluate
-from .generation import main as generate
-from .hf.command import main as export
-from .training import main as train
+
+# Each command's module is imported when that command runs, not before: `generate` and `export`
+# need no Lightning, and importing Lightning (which imports torchmetrics, which imports
+# transformers when it is installed) costs seconds at every start.
+COMMANDS = {
+    "train": "minitx.training.command",
+    "generate": "minitx.generation",
+    "ablate": "minitx.ablation.command",
+    "evaluate": "minitx.evaluation.command",
+    "export": "minitx.hf.command",
+}
 
 
-def run_command(main: Callable[[Optional[Sequence[str]]], object], argv: Optional[Sequence[str]] = None, prog: str = "minitx") -> int:
+def run_command(command: str, argv: Optional[Sequence[str]] = None) -> int:
     try:
-        main(argv)
+        importlib.import_module(COMMANDS[command]).main(argv)
     except UserError as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
+        print(f"{command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:  # Ctrl-C; a message, if any, says what was kept
-        print(f"{prog}: interrupted" + (f" {interrupt}" if str(interrupt) else ""), file=sys.stderr)
+        print(f"{command}: interrupted" + (f" {interrupt}" if str(interrupt) else ""), file=sys.stderr)
         return 130
     return 0
 
 
 def train_main(argv: Optional[Sequence[str]] = None) -> int:
-    return run_command(train, argv, "train")
+    return run_command("train", argv)
 
 
 def generate_main(argv: Optional[Sequence[str]] = None) -> int:
-    return run_command(generate, argv, "generate")
+    return run_command("generate", argv)
 
 
 def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
-    return run_command(ablate, argv, "ablate")
+    return run_command("ablate", argv)
 
 
 def eval_main(argv: Optional[Sequence[str]] = None) -> int:
-    return run_command(evaluate, argv, "evaluate")
+    return run_command("evaluate", argv)
 
 
 def export_main(argv: Optional[Sequence[str]] = None) -> int:
-    return run_command(export, argv, "export")
+    return run_command("export", argv)
