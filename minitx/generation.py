@@ -70,20 +70,29 @@ def load_checkpoint(path: str, map_location="cpu", label: str = "checkpoint"):
 
 
 class TextStream:
-    """Prints a growing continuation as it is made, for any tokenizer.
+    """Prints a growing continuation as it is made, for any tokenizer, in time independent of its length.
 
     BPE tokens can end in the middle of a character and some decoders change earlier text when
-    more tokens arrive, so the whole sequence is decoded each time and only the new, settled suffix
-    (not ending in an unfinished character, shown as U+FFFD) is printed.
+    more tokens arrive, so the tokens since the last settled point are decoded together with a few
+    tokens before it (their text is subtracted) and only the new, settled suffix (not ending in an
+    unfinished character, shown as U+FFFD) is printed. Every WINDOW tokens of settled text the
+    point moves on, so no token is decoded more than about WINDOW + CONTEXT times.
     """
+
+    CONTEXT, WINDOW = 8, 32
 
     def __init__(self, tokenizer, prompt_ids: list[int], out=None):
         self.tokenizer = tokenizer
         self.ids = list(prompt_ids)
         self.n_prompt = len(self.ids)
-        self.base = tokenizer.decode(self.ids)
-        self.printed = ""
+        self._settle(len(self.ids))
         self.out = out or sys.stdout
+
+    def _settle(self, anchor: int) -> None:
+        """Everything before ids[anchor] is printed; decoding restarts CONTEXT tokens before it."""
+        self.anchor, self.start = anchor, max(0, anchor - self.CONTEXT)
+        self.base = self.tokenizer.decode(self.ids[self.start : anchor])
+        self.printed = ""
 
     def add(self, token_id: int) -> None:
         self.ids.append(token_id)
@@ -95,17 +104,20 @@ class TextStream:
         self.out.flush()
 
     def _show(self, final: bool) -> None:
-        text = self.tokenizer.decode(self.ids)
+        text = self.tokenizer.decode(self.ids[self.start :])
         if text.startswith(self.base):
             continuation = text[len(self.base) :]
-        else:  # a decoder that rewrites the prompt's end (spacing rules): show the new tokens alone
-            continuation = self.tokenizer.decode(self.ids[self.n_prompt :])
+        else:  # a decoder that rewrites the text before (spacing rules): show the new tokens alone
+            continuation = self.tokenizer.decode(self.ids[self.anchor :])
+        whole = continuation  # settled when it ends in no unfinished character and is all printed
         if not final:
             continuation = continuation.rstrip("\ufffd")
         if continuation.startswith(self.printed) and len(continuation) > len(self.printed):
             self.out.write(continuation[len(self.printed) :])
             self.out.flush()
             self.printed = continuation
+        if whole == self.printed and len(self.ids) - self.anchor >= self.WINDOW:
+            self._settle(len(self.ids))
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
