@@ -20,7 +20,7 @@ up to float rounding while the sequence fits in block_size. Past it:
 - Local attention with global tokens keeps the *sequence's* first n_global tokens as globals
   (attention sinks), where the crop would make its own first tokens global.
 - A prompt longer than block_size is prefilled with its first block_size tokens and fed the rest
-  one token at a time, exactly as if the model had generated them.
+  in chunks of block_size (one token at a time for MTA), exactly as if the model had generated them.
 - Models with learned positions cannot slide: a prompt longer than block_size is a UserError, and
   once generation reaches block_size each step runs the model on the last block_size tokens, as
   without the cache (equal to the crop).
@@ -117,9 +117,12 @@ class CachedSteps:
 
     def prefill(self, idx: Tensor) -> Tensor:
         logits = self.model(idx[:, : self.block_size], cache=self.cache)[:, -1]
-        # Past the context (RoPE only): one token at a time, exactly as if they had been generated.
-        for t in range(self.block_size, idx.shape[1]):
-            logits = self.model(idx[:, t : t + 1], cache=self.cache)[:, -1]
+        # Past the context (RoPE only): the rest in chunks of block_size tokens. The cache masks each
+        # new query by absolute position, so a chunk sees exactly what one token at a time would;
+        # a kind whose cached path needs one token per call says so (`extends_in_chunks`).
+        chunk = self.block_size if all(block.attn.extends_in_chunks for block in self.model.blocks) else 1
+        for t in range(self.block_size, idx.shape[1], chunk):
+            logits = self.model(idx[:, t : t + chunk], cache=self.cache)[:, -1]
         return logits
 
     def step(self, idx: Tensor) -> Tensor:

@@ -41,6 +41,9 @@ def apply_rope(x: Tensor, rope: Optional[tuple[Tensor, Tensor]]) -> Tensor:
 
 class Attention(nn.Module):
     cache_type = KVCache
+    # Whether several new tokens may go through the cached path in one call (a long prompt's
+    # prefill past block_size): the cache masks every new query by its own position.
+    extends_in_chunks = True
 
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()

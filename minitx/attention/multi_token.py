@@ -79,6 +79,8 @@ FACTORISED_FROM = 512
 
 class MultiTokenAttention(Attention):
     cache_type = MTACache
+    # The cached rows share one cut-off for keys that slid out of the context, exact for one row.
+    extends_in_chunks = False
 
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__(config, layer)
