@@ -181,8 +181,22 @@ class ModelConfig:
             bad = sorted(set(data["attention"]) - att_known)
             if bad:
                 raise UserError(f"attention config: unknown field(s) {', '.join(bad)}; remove them")
-            data["attention"] = AttentionConfig(**data["attention"])
+            data["attention"] = AttentionConfig(**_options_read(data["attention"]))
         return cls(**data)
+
+
+def _options_read(attention: dict) -> dict:
+    """A stored attention config without the options none of its kinds reads.
+
+    Such options change nothing in the model; a checkpoint may carry them with values that were
+    the defaults of the version that saved it. Refusing them is for what a user writes, so a stored
+    config drops them instead (unknown kinds are left for validation to name).
+    """
+    layer_kinds = attention.get("layers") or [attention.get("kind", AttentionConfig.kind)]
+    if any(kind not in kinds.registry for kind in layer_kinds):
+        return attention
+    read = {option for kind in layer_kinds for option in kinds.registry[kind].options}
+    return {key: value for key, value in attention.items() if key in SHARED_FIELDS or key in read}
 
 
 def _default(f) -> Any:

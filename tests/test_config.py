@@ -143,3 +143,17 @@ def test_every_shipped_config_still_loads():
             model(n_layer=4, **attention)
         except ValueError as error:
             pytest.fail(f"{where}: {error}")
+
+
+def test_stored_config_drops_options_its_kinds_do_not_read():
+    # A checkpoint's config may carry another version's default for an option its kinds never
+    # read (here MTA's backend on an MHA model): it loads, while a user writing it is refused.
+    stored = ModelConfig(attention=AttentionConfig(kind="mha")).to_dict()
+    stored["attention"]["mta_backend"] = "factorised"
+    stored["attention"]["window"] = 7
+    assert ModelConfig.from_dict(stored).attention == AttentionConfig(kind="mha")
+    with pytest.raises(ValueError, match="attention.mta_backend: .*does not apply to kind mha"):
+        AttentionConfig(kind="mha", mta_backend="factorised")
+    # Options a layer does read are kept.
+    stored["attention"].update(kind="local", layers=["local", "mha"])
+    assert ModelConfig.from_dict(stored).attention.window == 7
