@@ -72,3 +72,10 @@ def test_train_throughput_benchmark_compares_the_loops(tmp_path):
                      "--skip", "1", cwd=tmp_path)
     ratio = re.search(r"ratio ([\d.]+)", out)
     assert ratio and float(ratio.group(1)) > 0, out[-1000:]
+
+
+def test_prefill_benchmark_prints_a_row_per_kind_and_prompt(tmp_path):
+    out = run_script("prefill.py", "--prompt-blocks", "1", "3", "--block-size", "16", "--d-model", "32",
+                     "--n-layer", "2", "--repeats", "1", cwd=tmp_path)
+    for kind in ("mha", "local", "mta"):
+        assert [row[1] for row in table_rows(out, kind)] == ["16", "48"], out
