@@ -33,7 +33,6 @@ from torch.utils.checkpoint import checkpoint
 from ..cache import KVCache
 from ..config import AttentionConfig, ModelConfig
 from ..kinds import KindSpec, check_choice, fail
-from ..functional import allowed_mask
 from .base import Attention
 from .mta_kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
     ChunkedRows, KeyQueryConv, band_scores, chunk_parts, chunk_positions, convolve, convolved_keys, identity_kernel,
@@ -62,10 +61,15 @@ class MTACache(KVCache):
         """Keep the last n_query queries (B, H, T, D) of the tokens just appended."""
         if self.queries is None:
             return
-        n = self.queries.shape[2]
         positions = torch.arange(self.n_seen - q.shape[2], self.n_seen, device=self.pos.device)
-        self.queries = torch.cat([self.queries, q.to(self.queries.dtype)], dim=2)[:, :, -n:]
-        self.query_pos = torch.cat([self.query_pos, positions])[-n:]
+        self.keep_rows(torch.cat([self.queries, q.to(self.queries.dtype)], dim=2), torch.cat([self.query_pos, positions]))
+
+    def keep_rows(self, rows: Tensor, rows_pos: Tensor) -> None:
+        """Keep the last n_query of these query rows, oldest first, and their positions. In place:
+        assigning a module's buffer goes through nn.Module.__setattr__, slow Python in every step."""
+        n = self.queries.shape[2]
+        self.queries.copy_(rows[:, :, -n:])
+        self.query_pos.copy_(rows_pos[-n:])
 
     def nbytes(self) -> int:
         return super().nbytes() + (self.queries.nbytes if self.queries is not None else 0)
@@ -147,7 +151,7 @@ class MultiTokenAttention(Attention):
         # Scores per query head without copying k: fold the heads sharing a kv head into rows.
         # The scale goes on q, which has D numbers per row where the scores have Tk.
         scores = ((q * self.scale).reshape(B, G, (H // G) * R, D) @ k.transpose(-2, -1)).view(B, H, R, Tk)
-        hidden = ~(allowed_mask(q_pos, k_pos) & (q_pos >= 0)[:, None] & (k_pos >= max(first_key, 0))[None, :])
+        hidden = hidden_entries(q_pos, k_pos, first_key)
         scores = scores.masked_fill(hidden, 0.0)
         if self.kq_conv is not None:
             # What the convolution spreads into hidden entries needs no zeroing: head mixing works
@@ -233,7 +237,7 @@ class MultiTokenAttention(Attention):
         Qcat . K'cat, exact for keys at least `off` behind each row, the band written over."""
         first_row = kcat.shape[2] - qcat.shape[2]  # the chunk's rows end at its last key
         scores = write_band(qcat @ kcat.transpose(-2, -1), band, first_row)
-        hidden = ~(allowed_mask(q_pos, k_pos) & (q_pos >= 0)[:, None])
+        hidden = hidden_entries(q_pos, k_pos)
         return self.weigh(scores, hidden, v, some_rows_empty=self.kq_conv_post is not None)
 
     def reference(self, q: Tensor, k: Tensor, v: Tensor):
@@ -253,13 +257,12 @@ class MultiTokenAttention(Attention):
             return self.weigh(scores, None if mask is None else ~mask, values.to(q.dtype), some_rows_empty=False)[0]
         T = q.shape[2]
         q_pos = torch.arange(cache.n_seen, cache.n_seen + T, device=q.device)
-        rows, rows_pos = q, q_pos
-        if cache.queries is not None:
-            rows, rows_pos = torch.cat([cache.queries.to(q.dtype), q], dim=2), torch.cat([cache.query_pos, q_pos])
+        rows = torch.cat([cache.queries.to(q.dtype), q], dim=2)  # n_hist > 0: the cache keeps queries
+        rows_pos = torch.cat([cache.query_pos, q_pos])
         # Append first, then read the cache: a token the new ones overwrite lies before first_key
         # below, so no row could see it anyway, and there is no copy of the whole cache to concatenate.
         cache.append(k, v)
-        cache.remember_queries(q)
+        cache.keep_rows(rows, rows_pos)
         keys, values, k_pos = cache.contents(ordered=self.c_k > 1)  # only a key-axis convolution needs order
         first_key = cache.n_seen - cache.window  # n_seen already counts the new tokens
         out, _ = self.rows(rows, keys.to(q.dtype), values.to(q.dtype), rows_pos, k_pos, first_key)
@@ -267,6 +270,13 @@ class MultiTokenAttention(Attention):
 
     def on_prefill(self, q: Tensor, cache: MTACache) -> None:
         cache.remember_queries(q)  # the convolution of the next steps looks back on these
+
+
+def hidden_entries(q_pos: Tensor, k_pos: Tensor, first_key: int = 0) -> Tensor:
+    """(R, Tk) True where a row may not see a key: a future key, a key before `first_key`, an empty
+    slot (position -1). A history row that does not exist (position -1) thereby sees nothing.
+    Two comparisons, not a general mask: this runs in every decoding step."""
+    return (k_pos[None, :] > q_pos[:, None]) | (k_pos < max(first_key, 0))[None, :]
 
 
 def history_rows(config: ModelConfig, layer: int) -> int:
