@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from minitx import AttentionConfig, ModelConfig, Transformer
-from minitx.attention.mta_kernels import KeyQueryConv
+from minitx.attention.mta_kernels import KeyQueryConv, convolve
 from minitx.attention.multi_token import MultiTokenAttention
 from minitx.errors import UserError
 
@@ -245,6 +245,16 @@ def test_key_query_conv_gradients_are_exact():
     assert torch.autograd.gradcheck(KeyQueryConv.apply, (scores, kernel))
     expected = F.conv2d(scores, kernel, padding=(0, 2), groups=3)
     assert error(KeyQueryConv.apply(scores, kernel), expected) < 1e-12
+
+
+@pytest.mark.parametrize("c_q, c_k, keys", [(6, 11, 1), (6, 11, 4), (6, 11, 37), (1, 1, 5), (3, 5, 2), (2, 9, 13)])
+def test_decoding_step_convolution_is_the_conv2d(c_q, c_k, keys):
+    # A decoding step's one output row goes through its own code (a product, then shifted sums).
+    maps = torch.randn(2, 3, c_q, keys, dtype=torch.float64)
+    kernel = torch.randn(3, 1, c_q, c_k, dtype=torch.float64)
+    expected = F.conv2d(maps, kernel, padding=(0, c_k // 2), groups=3)
+    with torch.no_grad():
+        assert error(convolve(maps, kernel), expected) < 1e-12
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)

@@ -82,13 +82,26 @@ def convolve(maps: Tensor, kernel: Tensor) -> Tensor:
     history of the query axis (nothing is padded below): (B, H, R - c_q + 1, T)."""
     H, _, c_q, c_k = kernel.shape
     if maps.shape[2] == c_q and not torch.is_grad_enabled():
-        # One output row (a decoding step): oneDNN would build a new convolution for each new
-        # number of keys (3 ms a step, measured); a small einsum on the key windows builds none.
-        windows = F.pad(maps, (c_k // 2, c_k // 2)).unfold(-1, c_k, 1)  # (B, H, c_q, T, c_k)
-        return torch.einsum("bhutw,huw->bht", windows, kernel[:, 0].to(maps.dtype)).unsqueeze(2)
+        return convolve_one_row(maps, kernel)
     if maps.is_cuda:  # cuDNN as it comes: KeyQueryConv's choices were measured on CPU only
         return F.conv2d(maps, kernel.to(maps.dtype), padding=(0, kernel.shape[-1] // 2), groups=kernel.shape[0])
     return KeyQueryConv.apply(maps, kernel)
+
+
+def convolve_one_row(maps: Tensor, kernel: Tensor) -> Tensor:
+    """The convolution's one output row (a decoding step) from maps (B, H, c_q, T): (B, H, 1, T).
+
+    oneDNN would build a new convolution for each new number of keys (3 ms a step, measured).
+    Instead: mix the c_q rows into one row per kernel column, Y[w] = sum_u theta[u, w] S[u] (one
+    small product), then add Y[w] shifted by w - c_k // 2 keys, as one strided view of the padded Y
+    (entry (w, t) of the view is Y_pad[w, w + t]) summed over w."""
+    B, H, c_q, T = maps.shape
+    c_k = kernel.shape[-1]
+    mixed = kernel[:, 0].transpose(-1, -2).to(maps.dtype) @ maps  # (B, H, c_k, T)
+    padded = F.pad(mixed, (c_k // 2, c_k // 2)).contiguous()
+    L = T + c_k - 1
+    shifted = padded.as_strided((B, H, c_k, T), (H * c_k * L, c_k * L, L + 1, 1))
+    return shifted.sum(2, keepdim=True)
 
 
 def mix_heads(maps: Tensor, mix: Tensor) -> Tensor:

@@ -152,7 +152,7 @@ class MultiTokenAttention(Attention):
         # The scale goes on q, which has D numbers per row where the scores have Tk.
         scores = ((q * self.scale).reshape(B, G, (H // G) * R, D) @ k.transpose(-2, -1)).view(B, H, R, Tk)
         hidden = hidden_entries(q_pos, k_pos, first_key)
-        scores = scores.masked_fill(hidden, 0.0)
+        scores = scores.masked_fill_(hidden, 0.0)  # in place: a fresh product, which autograd does not keep
         if self.kq_conv is not None:
             # What the convolution spreads into hidden entries needs no zeroing: head mixing works
             # entry by entry, and the softmax sets every hidden entry to -inf.
@@ -166,13 +166,15 @@ class MultiTokenAttention(Attention):
         hidden: (R, Tk) entries no row may see (None: none)."""
         if self.mix_pre is not None:
             scores = mix_heads(scores, self.mix_pre)
-        weights = self.softmax(scores if hidden is None else scores.masked_fill(hidden, float("-inf")))
+        # Masks go in place: every map reaching them is fresh (a product, a convolution, the band
+        # write), and none is saved for the backward pass; a copy of a chunk's map each time is not free.
+        weights = self.softmax(scores if hidden is None else scores.masked_fill_(hidden, float("-inf")))
         if some_rows_empty:
             # Only history padding rows (position -1) and rows whose keys all slid out of the
             # context see nothing; their softmax is NaN. Other rows always see their own key.
             weights = torch.nan_to_num(weights, nan=0.0)
         if self.kq_conv_post is not None:
-            weights = self.convolve(weights, self.kq_conv_post).masked_fill(hidden[self.c_q - 1 :], 0.0)
+            weights = self.convolve(weights, self.kq_conv_post).masked_fill_(hidden[self.c_q - 1 :], 0.0)
         if self.mix_post is not None:
             weights = mix_heads(weights, self.mix_post)
         dropped = F.dropout(weights, self.dropout_p, self.training) if self.dropout_p else weights
