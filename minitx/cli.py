@@ -12,6 +12,7 @@ import importlib
 import sys
 from typing import Optional, Sequence
 
+from .allocator import keep_freed_memory
 from .errors import UserError
 
 # Each command's module is imported when that command runs, not before: `generate` and `export`
@@ -27,6 +28,7 @@ COMMANDS = {
 
 
 def run_command(command: str, argv: Optional[Sequence[str]] = None) -> int:
+    keep_freed_memory()  # see allocator.py: a third less wall time in evaluation, measured
     try:
         importlib.import_module(COMMANDS[command]).main(argv)
     except UserError as error:

@@ -269,3 +269,15 @@ def test_the_api_skips_what_the_command_refuses(tmp_path, text):
     ckpt = write_checkpoint(tmp_path, text, "learned")
     result = evaluate_checkpoint(str(ckpt), lengths=[16, 64])
     assert result["by_length"]["64"] == {"skipped": "learned positions stop at block_size=16"}
+
+
+def test_commands_keep_freed_memory_unless_the_user_chose(monkeypatch):
+    # glibc's settings for large blocks (minitx/allocator.py); the user's own variables win.
+    import platform
+
+    from minitx.allocator import keep_freed_memory
+
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    assert keep_freed_memory() is False
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
+    assert keep_freed_memory() is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
