@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import torch
 
+from ..data.tasks import TASKS, task_config
 from ..errors import UserError
 from ..generate_inputs import machine_memory
 
@@ -137,3 +138,12 @@ def check_config(config: Any) -> None:
         raise UserError(f"model.eps: is {eps}; use a small positive number such as 1e-8")
     check_run_section(config["run"], config["trainer"].get("default_root_dir"))
     check_model_memory(config["model"], config["trainer"])
+    check_task_settings(config["data"])
+
+
+def check_task_settings(data: Any) -> None:
+    """A synthetic task's settings (data.mqar_*, data.needle_*, data.toy_*), checked by building the
+    task's config: before the seed is set, whose log line would come before the error otherwise."""
+    source = data.get("source")
+    if source in TASKS:
+        task_config(source, dict(data.items()) if hasattr(data, "items") else dict(data))
