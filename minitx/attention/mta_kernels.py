@@ -84,7 +84,7 @@ def convolve(maps: Tensor, kernel: Tensor) -> Tensor:
     if maps.shape[2] == c_q and not torch.is_grad_enabled():
         return convolve_one_row(maps, kernel)
     if maps.is_cuda:  # cuDNN as it comes: KeyQueryConv's choices were measured on CPU only
-        return F.conv2d(maps, kernel.to(maps.dtype), padding=(0, kernel.shape[-1] // 2), groups=kernel.shape[0])
+        return F.conv2d(maps, kernel.to(maps.dtype), padding=(0, c_k // 2), groups=H)
     return KeyQueryConv.apply(maps, kernel)
 
 
@@ -95,10 +95,10 @@ def convolve_one_row(maps: Tensor, kernel: Tensor) -> Tensor:
     Instead: mix the c_q rows into one row per kernel column, Y[w] = sum_u theta[u, w] S[u] (one
     small product), then add Y[w] shifted by w - c_k // 2 keys, as one strided view of the padded Y
     (entry (w, t) of the view is Y_pad[w, w + t]) summed over w."""
-    B, H, c_q, T = maps.shape
+    B, H, _, T = maps.shape
     c_k = kernel.shape[-1]
     mixed = kernel[:, 0].transpose(-1, -2).to(maps.dtype) @ maps  # (B, H, c_k, T)
-    padded = F.pad(mixed, (c_k // 2, c_k // 2)).contiguous()
+    padded = F.pad(mixed, (c_k // 2, c_k // 2)).contiguous()  # the strides below assume this layout
     L = T + c_k - 1
     shifted = padded.as_strided((B, H, c_k, T), (H * c_k * L, c_k * L, L + 1, 1))
     return shifted.sum(2, keepdim=True)

@@ -146,4 +146,4 @@ def check_task_settings(data: Any) -> None:
     task's config: before the seed is set, whose log line would come before the error otherwise."""
     source = data.get("source")
     if source in TASKS:
-        task_config(source, dict(data.items()) if hasattr(data, "items") else dict(data))
+        task_config(source, dict(data.items()))
