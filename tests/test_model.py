@@ -154,7 +154,8 @@ def test_checker_catches_local_window_one_token_into_the_future(monkeypatch):
 class SymmetricQueryPaddingMTA(MultiTokenAttention):
     """The known public bug: the query axis padded on both sides, so rows below (the future) leak."""
 
-    def convolve(self, scores, kernel):
+    def convolve(self, scores, kernel, visible):
+        scores = scores.masked_fill(visible.hidden, 0.0)
         top = (self.c_q - 1) // 2
         rows = scores[:, :, self.c_q - 1 :]  # drop the history rows, pad around the chunk instead
         padded = F.pad(rows, (self.c_k // 2, self.c_k // 2, top, self.c_q - 1 - top))

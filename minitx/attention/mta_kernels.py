@@ -19,9 +19,13 @@ current query, u = 0 at the query c_q - 1 rows back; column w = c_k // 2 is the 
 
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from . import native
 
 
 def identity_kernel(n_head: int, c_q: int, c_k: int) -> Tensor:
@@ -77,15 +81,77 @@ class KeyQueryConv(torch.autograd.Function):
         return grad_scores, grad_kernel
 
 
-def convolve(maps: Tensor, kernel: Tensor) -> Tensor:
+class VisibleKeys(NamedTuple):
+    """Which keys each row of a (R, Tk) map may see: `hidden` (R, Tk) is True where it may not;
+    where the keys lie in position order this is an interval of key indices lo[r] .. hi[r] per row
+    (empty when lo > hi), which the C convolution reads directly; else lo and hi are None."""
+
+    hidden: Tensor
+    lo: Optional[Tensor]
+    hi: Optional[Tensor]
+
+    def from_row(self, first: int) -> "VisibleKeys":
+        cut = (lambda t: None if t is None else t[first:])
+        return VisibleKeys(self.hidden[first:], cut(self.lo), cut(self.hi))
+
+
+def visible_keys(q_pos: Tensor, k_pos: Tensor, first_key: int = 0) -> VisibleKeys:
+    """Rows at q_pos see keys at k_pos from max(first_key, 0) to their own position (position -1:
+    an empty cache slot, or a history row that does not exist and so sees nothing)."""
+    first = max(first_key, 0)
+    # Two comparisons, not a general mask: this runs in every decoding step.
+    hidden = (k_pos[None, :] > q_pos[:, None]) | (k_pos < first)[None, :]
+    if k_pos.numel() > 1 and not bool((k_pos[1:] > k_pos[:-1]).all()):
+        return VisibleKeys(hidden, None, None)
+    lo = torch.searchsorted(k_pos, torch.tensor([first], device=k_pos.device)).expand(len(q_pos))
+    hi = torch.searchsorted(k_pos, q_pos, right=True) - 1
+    return VisibleKeys(hidden, lo.contiguous(), hi)
+
+
+def convolve(maps: Tensor, kernel: Tensor, visible: Optional[VisibleKeys] = None) -> Tensor:
     """The key-query convolution of (B, H, R, T) maps whose first c_q - 1 rows are the padding or
-    history of the query axis (nothing is padded below): (B, H, R - c_q + 1, T)."""
+    history of the query axis (nothing is padded below): (B, H, R - c_q + 1, T). With `visible`,
+    the entries each row may not see count as zero (maps may be overwritten with zeros there), and
+    the result is exact at every entry its row may see; elsewhere it is zero or arbitrary."""
     H, _, c_q, c_k = kernel.shape
+    if native.available(maps):
+        if visible is None or visible.lo is None:  # mask by hand, then convolve every entry
+            if visible is not None:
+                maps = maps.masked_fill_(visible.hidden, 0.0)
+            everything = (torch.zeros(maps.shape[2], dtype=torch.long), torch.full((maps.shape[2],), maps.shape[3] - 1))
+            visible = VisibleKeys(None, *everything)
+        return NativeKeyQueryConv.apply(maps, kernel, visible.lo, visible.hi, visible.lo[c_q - 1 :], visible.hi[c_q - 1 :])
+    if visible is not None:
+        maps = maps.masked_fill_(visible.hidden, 0.0)
     if maps.shape[2] == c_q and not torch.is_grad_enabled():
         return convolve_one_row(maps, kernel)
     if maps.is_cuda:  # cuDNN as it comes: KeyQueryConv's choices were measured on CPU only
         return F.conv2d(maps, kernel.to(maps.dtype), padding=(0, c_k // 2), groups=H)
     return KeyQueryConv.apply(maps, kernel)
+
+
+class NativeKeyQueryConv(torch.autograd.Function):
+    """The convolution by the C loops of mta_conv.c (see native.py): maps (B, H, R, T) read as zero
+    outside each row's visible keys lo..hi, the result computed only at out_lo..out_hi (zero
+    elsewhere). Its input gradient is the same loop with the kernel flipped, reading rows upwards."""
+
+    @staticmethod
+    def forward(ctx, maps: Tensor, kernel: Tensor, lo: Tensor, hi: Tensor, out_lo: Tensor, out_hi: Tensor) -> Tensor:
+        ctx.save_for_backward(maps, kernel, lo, hi, out_lo, out_hi)
+        return native.conv(maps, kernel[:, 0], 0, len(out_lo), (lo, hi), (out_lo, out_hi))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        maps, kernel, lo, hi, out_lo, out_hi = ctx.saved_tensors
+        c_q, c_k = kernel.shape[-2:]
+        grad_maps = grad_kernel = None
+        if ctx.needs_input_grad[0]:
+            flipped = kernel[:, 0].flip(-1, -2)
+            grad_maps = native.conv(grad.to(maps.dtype), flipped, -(c_q - 1), maps.shape[2], (out_lo, out_hi), (lo, hi))
+        if ctx.needs_input_grad[1]:
+            per_map = native.kernel_grad(maps, grad, c_q, c_k, (lo, hi), (out_lo, out_hi))
+            grad_kernel = per_map.view(maps.shape[0], -1, c_q, c_k).sum(0).to(kernel.dtype).view_as(kernel)
+        return grad_maps, grad_kernel, None, None, None, None
 
 
 def convolve_one_row(maps: Tensor, kernel: Tensor) -> Tensor:

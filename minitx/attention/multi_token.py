@@ -35,8 +35,8 @@ from ..config import AttentionConfig, ModelConfig
 from ..kinds import KindSpec, check_choice, fail
 from .base import Attention
 from .mta_kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
-    ChunkedRows, KeyQueryConv, band_scores, chunk_parts, chunk_positions, convolve, convolved_keys, identity_kernel,
-    identity_mix, mix_heads, shifted_queries, write_band,
+    ChunkedRows, KeyQueryConv, VisibleKeys, band_scores, chunk_parts, chunk_positions, convolve, convolved_keys,
+    identity_kernel, identity_mix, mix_heads, shifted_queries, visible_keys, write_band,
 )
 
 
@@ -151,19 +151,20 @@ class MultiTokenAttention(Attention):
         # Scores per query head without copying k: fold the heads sharing a kv head into rows.
         # The scale goes on q, which has D numbers per row where the scores have Tk.
         scores = ((q * self.scale).reshape(B, G, (H // G) * R, D) @ k.transpose(-2, -1)).view(B, H, R, Tk)
-        hidden = hidden_entries(q_pos, k_pos, first_key)
-        scores = scores.masked_fill_(hidden, 0.0)  # in place: a fresh product, which autograd does not keep
+        visible = visible_keys(q_pos, k_pos, first_key)
         if self.kq_conv is not None:
-            # What the convolution spreads into hidden entries needs no zeroing: head mixing works
-            # entry by entry, and the softmax sets every hidden entry to -inf.
-            scores = self.convolve(scores, self.kq_conv)
-            hidden = hidden[self.c_q - 1 :]
-        return self.weigh(scores, hidden, v, some_rows_empty=self.kq_conv_post is not None or first_key > 0)
+            # Hidden scores count as zero in the convolution (it may zero them in place: a fresh
+            # product, which autograd does not keep). What it leaves in hidden entries needs no
+            # zeroing: head mixing works entry by entry, and the softmax sets them to -inf.
+            scores = self.convolve(scores, self.kq_conv, visible)
+            visible = visible.from_row(self.c_q - 1)
+        return self.weigh(scores, visible, v, some_rows_empty=self.kq_conv_post is not None or first_key > 0)
 
-    def weigh(self, scores: Tensor, hidden: Optional[Tensor], v: Tensor, some_rows_empty: bool):
+    def weigh(self, scores: Tensor, visible: Optional[VisibleKeys], v: Tensor, some_rows_empty: bool):
         """From pre-softmax scores (B, H, R, Tk), pre-convolution done, to (out, weights): the rest
         of the released order: pre mix, softmax, post conv, re-zero the future, post mix, dropout, @ V.
-        hidden: (R, Tk) entries no row may see (None: none)."""
+        visible: the keys each row may see (None: all)."""
+        hidden = None if visible is None else visible.hidden
         if self.mix_pre is not None:
             scores = mix_heads(scores, self.mix_pre)
         # Masks go in place: every map reaching them is fresh (a product, a convolution, the band
@@ -174,7 +175,8 @@ class MultiTokenAttention(Attention):
             # context see nothing; their softmax is NaN. Other rows always see their own key.
             weights = torch.nan_to_num(weights, nan=0.0)
         if self.kq_conv_post is not None:
-            weights = self.convolve(weights, self.kq_conv_post).masked_fill_(hidden[self.c_q - 1 :], 0.0)
+            weights = self.convolve(weights, self.kq_conv_post, visible)
+            weights = weights.masked_fill_(visible.from_row(self.c_q - 1).hidden, 0.0)
         if self.mix_post is not None:
             weights = mix_heads(weights, self.mix_post)
         dropped = F.dropout(weights, self.dropout_p, self.training) if self.dropout_p else weights
@@ -183,8 +185,8 @@ class MultiTokenAttention(Attention):
         out = (dropped.reshape(B, G, (H // G) * R, Tk) @ v).view(B, H, R, D)
         return self.normalise(out), weights
 
-    def convolve(self, maps: Tensor, kernel: Tensor) -> Tensor:
-        return convolve(maps, kernel)  # a method, so that tests can plant a wrong convolution
+    def convolve(self, maps: Tensor, kernel: Tensor, visible: VisibleKeys) -> Tensor:
+        return convolve(maps, kernel, visible)  # a method, so that tests can plant a wrong convolution
 
     def softmax(self, scores: Tensor) -> Tensor:
         if self.float32 and scores.dtype in (torch.float16, torch.bfloat16):  # as released
@@ -239,8 +241,7 @@ class MultiTokenAttention(Attention):
         Qcat . K'cat, exact for keys at least `off` behind each row, the band written over."""
         first_row = kcat.shape[2] - qcat.shape[2]  # the chunk's rows end at its last key
         scores = write_band(qcat @ kcat.transpose(-2, -1), band, first_row)
-        hidden = hidden_entries(q_pos, k_pos)
-        return self.weigh(scores, hidden, v, some_rows_empty=self.kq_conv_post is not None)
+        return self.weigh(scores, visible_keys(q_pos, k_pos), v, some_rows_empty=self.kq_conv_post is not None)
 
     def reference(self, q: Tensor, k: Tensor, v: Tensor):
         T, n_hist = q.shape[2], self.n_hist
@@ -256,7 +257,8 @@ class MultiTokenAttention(Attention):
             B, H, T, D = q.shape
             G, Tk = keys.shape[1], keys.shape[2]
             scores = ((q * self.scale).reshape(B, G, (H // G) * T, D) @ keys.to(q.dtype).transpose(-2, -1)).view(B, H, T, Tk)
-            return self.weigh(scores, None if mask is None else ~mask, values.to(q.dtype), some_rows_empty=False)[0]
+            visible = None if mask is None else VisibleKeys(~mask, None, None)
+            return self.weigh(scores, visible, values.to(q.dtype), some_rows_empty=False)[0]
         T = q.shape[2]
         q_pos = torch.arange(cache.n_seen, cache.n_seen + T, device=q.device)
         rows = torch.cat([cache.queries.to(q.dtype), q], dim=2)  # n_hist > 0: the cache keeps queries
@@ -272,13 +274,6 @@ class MultiTokenAttention(Attention):
 
     def on_prefill(self, q: Tensor, cache: MTACache) -> None:
         cache.remember_queries(q)  # the convolution of the next steps looks back on these
-
-
-def hidden_entries(q_pos: Tensor, k_pos: Tensor, first_key: int = 0) -> Tensor:
-    """(R, Tk) True where a row may not see a key: a future key, a key before `first_key`, an empty
-    slot (position -1). A history row that does not exist (position -1) thereby sees nothing.
-    Two comparisons, not a general mask: this runs in every decoding step."""
-    return (k_pos[None, :] > q_pos[:, None]) | (k_pos < max(first_key, 0))[None, :]
 
 
 def history_rows(config: ModelConfig, layer: int) -> int:

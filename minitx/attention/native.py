@@ -1,0 +1,124 @@
+"""The key-query convolution in C (mta_conv.c), compiled on first use with the machine's C compiler.
+
+Used for float32 and float64 maps on CPU; everything else (CUDA, bfloat16, no compiler) goes
+through torch's own convolution, with the same results to rounding. MINITX_NATIVE=0 turns it off.
+
+The library is built once per source and machine into ~/.cache/minitx (or $MINITX_CACHE) under a
+name that includes the source's hash, written under a temporary name and renamed into place, so
+that processes starting together (DDP ranks, parallel ablation runs) never load a half-written file.
+Work is split over maps (batch rows x heads) between torch's CPU threads; ctypes releases the GIL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("mta_conv.c")
+FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC"]
+SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MINITX_CACHE") or Path.home() / ".cache" / "minitx")
+
+
+@lru_cache(maxsize=None)
+def library() -> Optional[ctypes.CDLL]:
+    """The compiled library, or None (turned off, no compiler, or the build failed: logged once)."""
+    if os.environ.get("MINITX_NATIVE", "1") == "0":
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        log.info("no C compiler found: MTA's convolution uses torch's (slower on CPU)")
+        return None
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join([compiler, *FLAGS, platform.machine(), cpu_model()]).encode()).hexdigest()[:16]
+    target = cache_dir() / f"mta_conv-{key}.so"
+    try:
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+                built = Path(scratch) / target.name
+                subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], check=True, capture_output=True, timeout=120)
+                os.replace(built, target)
+        lib = ctypes.CDLL(str(target))
+    except (OSError, subprocess.SubprocessError) as error:
+        detail = getattr(error, "stderr", b"") or b""
+        log.warning("MTA's C convolution could not be built (%s%s); using torch's", error, detail.decode(errors="replace")[:500])
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    for suffix in SUFFIX.values():
+        getattr(lib, f"conv_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 9 + [ptr] * 4
+        getattr(lib, f"kernel_grad_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 7 + [ptr] * 4
+    return lib
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def available(maps: Tensor) -> bool:
+    return maps.device.type == "cpu" and maps.dtype in SUFFIX and library() is not None
+
+
+@lru_cache(maxsize=1)
+def pool(workers: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(workers, thread_name_prefix="minitx-conv")
+
+
+def split(n_maps: int, call) -> None:
+    """call(m0, m1) over ranges of maps, one per CPU thread torch may use."""
+    workers = max(1, min(torch.get_num_threads(), n_maps))
+    bounds = [n_maps * t // workers for t in range(workers + 1)]
+    if workers == 1:
+        call(0, n_maps)
+        return
+    for future in [pool(workers).submit(call, a, b) for a, b in zip(bounds, bounds[1:]) if b > a]:
+        future.result()
+
+
+def conv(maps: Tensor, kernel: Tensor, offset: int, n_out: int, in_rows: tuple[Tensor, Tensor], out_rows: tuple[Tensor, Tensor]) -> Tensor:
+    """out[..., i, j] = sum_{u,w} kernel[h, u, w] maps~[..., i + offset + u, j + w - c_k // 2] for
+    out_rows' lo_i <= j <= hi_i (0 elsewhere), maps~ = maps zero outside in_rows' [lo_r, hi_r].
+    maps (B, H, R_in, N); kernel (H, c_q, c_k); rows: (lo, hi) int64 vectors of R_in and n_out."""
+    B, H, R_in, N = maps.shape
+    maps = maps.contiguous()
+    kernel = kernel.to(maps.dtype).contiguous()
+    out = maps.new_empty(B, H, n_out, N)
+    fn = getattr(library(), f"conv_{SUFFIX[maps.dtype]}")
+    c_q, c_k = kernel.shape[-2:]
+    pointers = [t.data_ptr() for t in (*in_rows, *out_rows)]
+    split(B * H, lambda m0, m1: fn(maps.data_ptr(), out.data_ptr(), kernel.data_ptr(), m0, m1, H, R_in, n_out, N, c_q, c_k, offset, *pointers))
+    return out
+
+
+def kernel_grad(maps: Tensor, grad: Tensor, c_q: int, c_k: int, in_rows, out_rows) -> Tensor:
+    """(B * H, c_q, c_k) float64: sum over i, j of grad[i, j] * maps~[i + u, j + w - c_k // 2]."""
+    B, H, R_in, N = maps.shape
+    maps, grad = maps.contiguous(), grad.to(maps.dtype).contiguous()
+    out = torch.empty(B * H, c_q, c_k, dtype=torch.float64)
+    fn = getattr(library(), f"kernel_grad_{SUFFIX[maps.dtype]}")
+    pointers = [t.data_ptr() for t in (*in_rows, *out_rows)]
+    split(B * H, lambda m0, m1: fn(maps.data_ptr(), grad.data_ptr(), out.data_ptr(), m0, m1, R_in, grad.shape[2], N, c_q, c_k, *pointers))
+    return out
