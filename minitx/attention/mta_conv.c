@@ -19,20 +19,25 @@
  */
 #ifndef T
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define T float
+#define IS_FLOAT 1
 #define S(name) name##_f32
 #include __FILE__
 #undef T
+#undef IS_FLOAT
 #undef S
 
 #define T double
+#define IS_FLOAT 0
 #define S(name) name##_f64
 #include __FILE__
 #undef T
+#undef IS_FLOAT
 #undef S
 
 #else
@@ -156,6 +161,161 @@ void S(kernel_grad)(const T *in, const T *dout, double *grad, int64_t m0, int64_
         }
     }
     free(ring);
+}
+
+
+/* exp of every lane. float: Cephes' reduction to r in [-ln2/2, ln2/2] and its degree-6 polynomial
+ * (about 1 ulp), branch-free so that it stays in vector registers; inputs below -87 (where expf
+ * leaves the normal range) give exp(-87) ~ 1.6e-38 instead of less. double: libm, lane by lane. */
+static inline S(vec) S(vexp)(S(vec) x) {
+    typedef S(vec) V;
+#if IS_FLOAT
+    typedef int32_t I __attribute__((vector_size(64)));
+    I low = x < -87.0f;
+    x = (V)(((I)x & ~low) | ((I)((V){0} - 87.0f) & low));
+    V n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(x / ln 2) */
+    V r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    V y = 1.9875691500E-4f * r + 1.3981999507E-3f;
+    y = y * r + 8.3334519073E-3f;
+    y = y * r + 4.1665795894E-2f;
+    y = y * r + 1.6666665459E-1f;
+    y = y * r + 5.0000001201E-1f;
+    y = y * r * r + r + 1.0f;
+    I e = (__builtin_convertvector(n, I) + 127) << 23;
+    return y * (V)e;
+#else
+    for (int64_t l = 0; l < LANES; l++) x[l] = exp(x[l]);
+    return x;
+#endif
+}
+
+/* Vector sums and maxima: C compilers keep floating-point reductions in order (no vectors) unless told
+ * to reassociate everything, which the rest of this file should not be. */
+static double S(dot)(const T *x, const T *y, int64_t a, int64_t e) {
+    typedef S(vec) V;
+    V acc0 = {0}, acc1 = {0};
+    int64_t j = a;
+    for (; j + 2 * LANES <= e; j += 2 * LANES) {
+        acc0 += *(const V *)(x + j) * *(const V *)(y + j);
+        acc1 += *(const V *)(x + j + LANES) * *(const V *)(y + j + LANES);
+    }
+    double sum = 0;
+    for (int64_t l = 0; l < LANES; l++) sum += (double)acc0[l] + acc1[l];
+    for (; j < e; j++) sum += (double)x[j] * y[j];
+    return sum;
+}
+
+static T S(max)(const T *x, int64_t a, int64_t e) {
+    typedef S(vec) V;
+    T top = x[a];
+    int64_t j = a;
+    if (e - a >= LANES) {
+        V m = *(const V *)(x + a);
+        for (j = a + LANES; j + LANES <= e; j += LANES) {
+            V v = *(const V *)(x + j);
+            __typeof__(v > m) more = v > m;  /* lanes of all ones where v is larger */
+            m = (V)(((__typeof__(more))v & more) | ((__typeof__(more))m & ~more));
+        }
+        for (int64_t l = 0; l < LANES; l++) top = m[l] > top ? m[l] : top;
+    }
+    for (; j < e; j++) top = x[j] > top ? x[j] : top;
+    return top;
+}
+
+/* Softmax of one row's entries a .. e - 1, in place in x (padded to whole vectors: entries past e
+ * are overwritten). */
+static void S(softmax_row)(T *x, int64_t a, int64_t e) {
+    typedef S(vec) V;
+    T top = S(max)(x, a, e);
+    int64_t end = a + (e - a + LANES - 1) / LANES * LANES;
+    V sum = {0};
+    for (int64_t j = a; j < end; j += LANES) {
+        V v = S(vexp)(*(V *)(x + j) - top);
+        *(V *)(x + j) = v;
+        if (j + LANES <= e) sum += v;
+        else for (int64_t l = 0; l < e - j; l++) sum[l] += v[l];
+    }
+    double total = 0;
+    for (int64_t l = 0; l < LANES; l++) total += sum[l];
+    V scale = (V){0} + (T)(1 / total);
+    for (int64_t j = a; j < end; j += LANES) *(V *)(x + j) *= scale;
+}
+
+/* Rows (b, i) with index u0 .. u1 - 1 of u = b * R + i: for each group of c heads,
+ *     M_h = sum_h' mix[g][h'][h] C_h' (mix NULL: M = C),   P_h = softmax over lo_i..hi_i of M_h
+ * (0 elsewhere, and 0 for a row that sees nothing). scores, out: (B, H, R, N). */
+void S(mixed_softmax)(const T *scores, T *out, const T *mix, int64_t u0, int64_t u1, int64_t H, int64_t R, int64_t N,
+                      int64_t c, const int64_t *lo, const int64_t *hi) {
+    T *row = malloc((size_t)(N + LANES) * sizeof(T));
+    if (!row) return;
+    for (int64_t unit = u0; unit < u1; unit++) {
+        int64_t b = unit / R, i = unit % R;
+        int64_t a = lo[i] < 0 ? 0 : lo[i], e = (hi[i] > N - 1 ? N - 1 : hi[i]) + 1;
+        for (int64_t h = 0; h < H; h++) {
+            T *dst = out + ((b * H + h) * R + i) * N;
+            if (a >= e) {
+                memset(dst, 0, (size_t)N * sizeof(T));
+                continue;
+            }
+            int64_t g = h / c, first = g * c;
+            if (mix) {
+                const T *m = mix + g * c * c + (h - first);  /* m[h' * c] = mix[g][h'][h] */
+                for (int64_t j = a; j < e; j++) row[j] = 0;
+                for (int64_t k = 0; k < c; k++) {
+                    const T *src = scores + ((b * H + first + k) * R + i) * N;
+                    T weight = m[k * c];
+                    for (int64_t j = a; j < e; j++) row[j] += weight * src[j];
+                }
+            } else {
+                memcpy(row + a, scores + ((b * H + h) * R + i) * N + a, (size_t)(e - a) * sizeof(T));
+            }
+            S(softmax_row)(row, a, e);
+            memset(dst, 0, (size_t)a * sizeof(T));
+            memcpy(dst + a, row + a, (size_t)(e - a) * sizeof(T));
+            memset(dst + e, 0, (size_t)(N - e) * sizeof(T));
+        }
+    }
+    free(row);
+}
+
+/* The gradient of mixed_softmax for the same rows: with dM_h = P_h (dP_h - sum_j P_h dP_h),
+ *     dC_h' = sum_h mix[g][h'][h] dM_h,   dmix[g][h'][h] += sum_j C_h' dM_h   (dmix: G c c, in double)
+ * dC is 0 outside each row's visible keys. */
+void S(mixed_softmax_grad)(const T *scores, const T *probs, const T *grad, T *grad_scores, const T *mix, double *grad_mix,
+                           int64_t u0, int64_t u1, int64_t H, int64_t R, int64_t N, int64_t c, const int64_t *lo,
+                           const int64_t *hi) {
+    T *rows = malloc((size_t)(c * N + LANES) * sizeof(T));
+    if (!rows) return;
+    for (int64_t unit = u0; unit < u1; unit++) {
+        int64_t b = unit / R, i = unit % R;
+        int64_t a = lo[i] < 0 ? 0 : lo[i], e = (hi[i] > N - 1 ? N - 1 : hi[i]) + 1;
+        for (int64_t first = 0; first < H; first += c) {
+            for (int64_t k = 0; k < c; k++)
+                memset(grad_scores + ((b * H + first + k) * R + i) * N, 0, (size_t)N * sizeof(T));
+            if (a >= e) continue;
+            for (int64_t k = 0; k < c; k++) {  /* dM of head first + k into rows[k] */
+                size_t at = ((b * H + first + k) * R + i) * N;
+                const T *p = probs + at, *d = grad + at;
+                T *dm = mix ? rows + k * N : grad_scores + at;
+                T dot = (T)S(dot)(p, d, a, e);
+                for (int64_t j = a; j < e; j++) dm[j] = p[j] * (d[j] - dot);
+            }
+            if (!mix) continue;
+            const T *m = mix + (first / c) * c * c;
+            double *gm = grad_mix + (first / c) * c * c;
+            for (int64_t k = 0; k < c; k++) {  /* k: h' */
+                T *dc = grad_scores + ((b * H + first + k) * R + i) * N;
+                const T *src = scores + ((b * H + first + k) * R + i) * N;
+                for (int64_t h = 0; h < c; h++) {
+                    const T *dm = rows + h * N;
+                    T weight = m[k * c + h];
+                    for (int64_t j = a; j < e; j++) dc[j] += weight * dm[j];
+                    gm[k * c + h] += S(dot)(src, dm, a, e);
+                }
+            }
+        }
+    }
+    free(rows);
 }
 
 #undef LANES

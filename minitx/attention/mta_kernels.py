@@ -118,8 +118,7 @@ def convolve(maps: Tensor, kernel: Tensor, visible: Optional[VisibleKeys] = None
         if visible is None or visible.lo is None:  # mask by hand, then convolve every entry
             if visible is not None:
                 maps = maps.masked_fill_(visible.hidden, 0.0)
-            everything = (torch.zeros(maps.shape[2], dtype=torch.long), torch.full((maps.shape[2],), maps.shape[3] - 1))
-            visible = VisibleKeys(None, *everything)
+            visible = VisibleKeys(None, *full_rows(maps))
         return NativeKeyQueryConv.apply(maps, kernel, visible.lo, visible.hi, visible.lo[c_q - 1 :], visible.hi[c_q - 1 :])
     if visible is not None:
         maps = maps.masked_fill_(visible.hidden, 0.0)
@@ -128,6 +127,12 @@ def convolve(maps: Tensor, kernel: Tensor, visible: Optional[VisibleKeys] = None
     if maps.is_cuda:  # cuDNN as it comes: KeyQueryConv's choices were measured on CPU only
         return F.conv2d(maps, kernel.to(maps.dtype), padding=(0, c_k // 2), groups=H)
     return KeyQueryConv.apply(maps, kernel)
+
+
+def full_rows(maps: Tensor) -> tuple[Tensor, Tensor]:
+    """(lo, hi) of (B, H, R, T) maps whose every row sees every key."""
+    R, T = maps.shape[2:]
+    return torch.zeros(R, dtype=torch.long, device=maps.device), torch.full((R,), T - 1, device=maps.device)
 
 
 class NativeKeyQueryConv(torch.autograd.Function):
@@ -152,6 +157,23 @@ class NativeKeyQueryConv(torch.autograd.Function):
             per_map = native.kernel_grad(maps, grad, c_q, c_k, (lo, hi), (out_lo, out_hi))
             grad_kernel = per_map.view(maps.shape[0], -1, c_q, c_k).sum(0).to(kernel.dtype).view_as(kernel)
         return grad_maps, grad_kernel, None, None, None, None
+
+
+class MixedSoftmax(torch.autograd.Function):
+    """weights = softmax(mix_heads(scores, mix) with each row's hidden keys at -inf), rows that see
+    nothing 0, in one pass of the C loops (native.py) instead of four passes over the maps."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor, mix: Optional[Tensor], lo: Tensor, hi: Tensor) -> Tensor:
+        probs = native.mixed_softmax(scores, mix, (lo, hi))
+        ctx.save_for_backward(scores, probs, mix, lo, hi)
+        return probs
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        scores, probs, mix, lo, hi = ctx.saved_tensors
+        grad_scores, grad_mix = native.mixed_softmax_grad(scores, probs, grad, mix, (lo, hi))
+        return grad_scores, None if grad_mix is None else grad_mix.to(mix.dtype), None, None
 
 
 def convolve_one_row(maps: Tensor, kernel: Tensor) -> Tensor:

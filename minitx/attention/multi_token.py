@@ -33,10 +33,11 @@ from torch.utils.checkpoint import checkpoint
 from ..cache import KVCache
 from ..config import AttentionConfig, ModelConfig
 from ..kinds import KindSpec, check_choice, fail
+from . import native
 from .base import Attention
 from .mta_kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
-    ChunkedRows, KeyQueryConv, VisibleKeys, band_scores, chunk_parts, chunk_positions, convolve, convolved_keys,
-    identity_kernel, identity_mix, mix_heads, shifted_queries, visible_keys, write_band,
+    ChunkedRows, KeyQueryConv, MixedSoftmax, VisibleKeys, band_scores, chunk_parts, chunk_positions, convolve, convolved_keys,
+    full_rows, identity_kernel, identity_mix, mix_heads, shifted_queries, visible_keys, write_band,
 )
 
 
@@ -75,9 +76,10 @@ class MTACache(KVCache):
         return super().nbytes() + (self.queries.nbytes if self.queries is not None else 0)
 
 
-# mta_backend "auto": the factorised path from this many tokens on. Measured on a 2-core CPU (one
-# layer, 4 heads, width 256, forward + backward): the plain convolution 20-30% faster at T = 256,
-# the factorised path 20-25% faster at 1024 and 40-70% at 4096 (benchmarks/RESULTS.md).
+# mta_backend "auto": with the C convolution (native.py) the plain chunked convolution at every T
+# (30-40% faster than the factorised path at T = 1024 and 4096, 2x at 256, benchmarks/RESULTS.md);
+# with torch's convolution, the factorised path from this many tokens on (torch's convolution 20-30%
+# faster at T = 256, the factorised path 20-25% faster at 1024 and 40-70% at 4096).
 FACTORISED_FROM = 512
 
 
@@ -165,15 +167,20 @@ class MultiTokenAttention(Attention):
         of the released order: pre mix, softmax, post conv, re-zero the future, post mix, dropout, @ V.
         visible: the keys each row may see (None: all)."""
         hidden = None if visible is None else visible.hidden
-        if self.mix_pre is not None:
-            scores = mix_heads(scores, self.mix_pre)
-        # Masks go in place: every map reaching them is fresh (a product, a convolution, the band
-        # write), and none is saved for the backward pass; a copy of a chunk's map each time is not free.
-        weights = self.softmax(scores if hidden is None else scores.masked_fill_(hidden, float("-inf")))
-        if some_rows_empty:
-            # Only history padding rows (position -1) and rows whose keys all slid out of the
-            # context see nothing; their softmax is NaN. Other rows always see their own key.
-            weights = torch.nan_to_num(weights, nan=0.0)
+        if native.available(scores) and (visible is None or visible.lo is not None):
+            # Pre mix, mask and softmax in one pass of C loops; rows that see nothing get zeros.
+            lo, hi = full_rows(scores) if visible is None else (visible.lo, visible.hi)
+            weights = MixedSoftmax.apply(scores, self.mix_pre, lo, hi)
+        else:
+            if self.mix_pre is not None:
+                scores = mix_heads(scores, self.mix_pre)
+            # Masks go in place: every map reaching them is fresh (a product, a convolution, the band
+            # write), and none is saved for the backward pass; a copy of a chunk's map each time is not free.
+            weights = self.softmax(scores if hidden is None else scores.masked_fill_(hidden, float("-inf")))
+            if some_rows_empty:
+                # Only history padding rows (position -1) and rows whose keys all slid out of the
+                # context see nothing; their softmax is NaN. Other rows always see their own key.
+                weights = torch.nan_to_num(weights, nan=0.0)
         if self.kq_conv_post is not None:
             weights = self.convolve(weights, self.kq_conv_post, visible)
             weights = weights.masked_fill_(visible.from_row(self.c_q - 1).hidden, 0.0)
@@ -208,7 +215,7 @@ class MultiTokenAttention(Attention):
         up to its last query. With a pre-softmax convolution and the factorised backend, the
         chunk's scores come from one matrix product plus the exact band (see mta_kernels)."""
         T = q.shape[2]
-        factorised = self.backend == "factorised" or (self.backend == "auto" and T > FACTORISED_FROM)
+        factorised = self.backend == "factorised" or (self.backend == "auto" and T > FACTORISED_FROM and not native.available(q))
         if self.kq_conv is not None and factorised:
             qcat, kcat, band = self.factorised_parts(q, k)
             row_parts, key_parts, n_pad, chunk_fn = (qcat, band), (kcat, v), self.n_hist - (self.c_q - 1), self.far_and_band

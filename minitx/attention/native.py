@@ -65,6 +65,8 @@ def library() -> Optional[ctypes.CDLL]:
     for suffix in SUFFIX.values():
         getattr(lib, f"conv_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 9 + [ptr] * 4
         getattr(lib, f"kernel_grad_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 7 + [ptr] * 4
+        getattr(lib, f"mixed_softmax_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 6 + [ptr] * 2
+        getattr(lib, f"mixed_softmax_grad_{suffix}").argtypes = [ptr] * 6 + [i64] * 6 + [ptr] * 2
     return lib
 
 
@@ -87,14 +89,18 @@ def pool(workers: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(workers, thread_name_prefix="minitx-conv")
 
 
-def split(n_maps: int, call) -> None:
-    """call(m0, m1) over ranges of maps, one per CPU thread torch may use."""
-    workers = max(1, min(torch.get_num_threads(), n_maps))
-    bounds = [n_maps * t // workers for t in range(workers + 1)]
-    if workers == 1:
-        call(0, n_maps)
+def workers(n_items: int) -> int:
+    return max(1, min(torch.get_num_threads(), n_items))
+
+
+def split(n_items: int, call) -> None:
+    """call(first, end, worker) over ranges of items, one per CPU thread torch may use."""
+    n = workers(n_items)
+    bounds = [n_items * t // n for t in range(n + 1)]
+    if n == 1:
+        call(0, n_items, 0)
         return
-    for future in [pool(workers).submit(call, a, b) for a, b in zip(bounds, bounds[1:]) if b > a]:
+    for future in [pool(n).submit(call, a, b, t) for t, (a, b) in enumerate(zip(bounds, bounds[1:]))]:
         future.result()
 
 
@@ -109,7 +115,7 @@ def conv(maps: Tensor, kernel: Tensor, offset: int, n_out: int, in_rows: tuple[T
     fn = getattr(library(), f"conv_{SUFFIX[maps.dtype]}")
     c_q, c_k = kernel.shape[-2:]
     pointers = [t.data_ptr() for t in (*in_rows, *out_rows)]
-    split(B * H, lambda m0, m1: fn(maps.data_ptr(), out.data_ptr(), kernel.data_ptr(), m0, m1, H, R_in, n_out, N, c_q, c_k, offset, *pointers))
+    split(B * H, lambda m0, m1, _: fn(maps.data_ptr(), out.data_ptr(), kernel.data_ptr(), m0, m1, H, R_in, n_out, N, c_q, c_k, offset, *pointers))
     return out
 
 
@@ -120,5 +126,39 @@ def kernel_grad(maps: Tensor, grad: Tensor, c_q: int, c_k: int, in_rows, out_row
     out = torch.empty(B * H, c_q, c_k, dtype=torch.float64)
     fn = getattr(library(), f"kernel_grad_{SUFFIX[maps.dtype]}")
     pointers = [t.data_ptr() for t in (*in_rows, *out_rows)]
-    split(B * H, lambda m0, m1: fn(maps.data_ptr(), grad.data_ptr(), out.data_ptr(), m0, m1, R_in, grad.shape[2], N, c_q, c_k, *pointers))
+    split(B * H, lambda m0, m1, _: fn(maps.data_ptr(), grad.data_ptr(), out.data_ptr(), m0, m1, R_in, grad.shape[2], N, c_q, c_k, *pointers))
     return out
+
+
+def mixed_softmax(scores: Tensor, mix: Optional[Tensor], rows: tuple[Tensor, Tensor]) -> Tensor:
+    """softmax over each row's visible keys lo..hi of the head-mixed scores M_h = sum_h' mix[g, h', h]
+    C_h' within groups of mix.shape[-1] heads (mix None: M = C); 0 outside, and for rows that see
+    nothing. scores (B, H, R, N); mix (groups, c_h, c_h)."""
+    B, H, R, N = scores.shape
+    scores = scores.contiguous()
+    out = torch.empty_like(scores)
+    mix_ptr, c = (None, 1) if mix is None else (mix.to(scores.dtype).contiguous(), mix.shape[-1])
+    fn = getattr(library(), f"mixed_softmax_{SUFFIX[scores.dtype]}")
+    pointers = [t.data_ptr() for t in rows]
+    address = None if mix_ptr is None else mix_ptr.data_ptr()
+    split(B * R, lambda u0, u1, _: fn(scores.data_ptr(), out.data_ptr(), address, u0, u1, H, R, N, c, *pointers))
+    return out
+
+
+def mixed_softmax_grad(scores: Tensor, probs: Tensor, grad: Tensor, mix: Optional[Tensor], rows) -> tuple[Tensor, Optional[Tensor]]:
+    """(d scores, d mix in float64 or None) for `mixed_softmax`'s output gradient grad."""
+    B, H, R, N = scores.shape
+    grad = grad.to(scores.dtype).contiguous()
+    grad_scores = torch.empty_like(scores)
+    mix_t, c = (None, 1) if mix is None else (mix.to(scores.dtype).contiguous(), mix.shape[-1])
+    grad_mix = None if mix is None else torch.zeros(workers(B * R), *mix.shape, dtype=torch.float64)
+    fn = getattr(library(), f"mixed_softmax_grad_{SUFFIX[scores.dtype]}")
+    pointers = [t.data_ptr() for t in rows]
+
+    def call(u0, u1, worker):
+        mix_ptr = None if mix_t is None else mix_t.data_ptr()
+        grad_mix_ptr = None if grad_mix is None else grad_mix[worker].data_ptr()
+        fn(scores.data_ptr(), probs.data_ptr(), grad.data_ptr(), grad_scores.data_ptr(), mix_ptr, grad_mix_ptr, u0, u1, H, R, N, c, *pointers)
+
+    split(B * R, call)
+    return grad_scores, None if grad_mix is None else grad_mix.sum(0)
