@@ -34,6 +34,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from minitx import AttentionConfig, ModelConfig, functional
+from minitx.allocator import keep_freed_memory
 from minitx.attention import build
 from minitx.attention.local import LocalAttention
 from minitx.model import RotaryEmbedding
@@ -179,6 +180,7 @@ def main(argv=None) -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible; use --device cpu")
     torch.manual_seed(0)
+    keep_freed_memory()  # as minitx's commands do: freed maps stay in the process, no page faults
     if args.threads:
         torch.set_num_threads(args.threads)
 

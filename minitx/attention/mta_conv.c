@@ -318,6 +318,39 @@ void S(mixed_softmax_grad)(const T *scores, const T *probs, const T *grad, T *gr
     free(rows);
 }
 
+/* Head mixing of rows (b, i), u = b * R + i from u0 to u1: within each group g of c heads,
+ *     out_h = sum_k mix[g][k][h] in_k     (transposed: sum_k mix[g][h][k] in_k, the input's gradient)
+ * unless out is NULL, and when grad_mix is given, grad_mix[g][k][h] += in_k . other_h (in double):
+ * the gradient of mix for an output gradient `other`. */
+void S(mix)(const T *in, T *out, const T *mix, int64_t transposed, const T *other, double *grad_mix, int64_t u0,
+            int64_t u1, int64_t H, int64_t R, int64_t N, int64_t c) {
+    for (int64_t unit = u0; unit < u1; unit++) {
+        int64_t b = unit / R, i = unit % R;
+        for (int64_t first = 0; first < H; first += c) {
+            const T *m = mix + (first / c) * c * c;
+            for (int64_t j0 = 0; out && j0 < N; j0 += 512) {  /* a block of each row stays in L1 */
+                int64_t j1 = j0 + 512 < N ? j0 + 512 : N;
+                for (int64_t h = 0; h < c; h++) {
+                    T *dst = out + ((b * H + first + h) * R + i) * N;
+                    for (int64_t k = 0; k < c; k++) {
+                        const T *src = in + ((b * H + first + k) * R + i) * N;
+                        T weight = transposed ? m[h * c + k] : m[k * c + h];
+                        if (k == 0)
+                            for (int64_t j = j0; j < j1; j++) dst[j] = weight * src[j];
+                        else
+                            for (int64_t j = j0; j < j1; j++) dst[j] += weight * src[j];
+                    }
+                }
+            }
+            if (!grad_mix) continue;
+            double *g = grad_mix + (first / c) * c * c;
+            for (int64_t k = 0; k < c; k++)
+                for (int64_t h = 0; h < c; h++)
+                    g[k * c + h] += S(dot)(in + ((b * H + first + k) * R + i) * N, other + ((b * H + first + h) * R + i) * N, 0, N);
+        }
+    }
+}
+
 #undef LANES
 #undef ACCUMULATORS
 #undef TAPS

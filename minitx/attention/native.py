@@ -67,6 +67,7 @@ def library() -> Optional[ctypes.CDLL]:
         getattr(lib, f"kernel_grad_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 7 + [ptr] * 4
         getattr(lib, f"mixed_softmax_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 6 + [ptr] * 2
         getattr(lib, f"mixed_softmax_grad_{suffix}").argtypes = [ptr] * 6 + [i64] * 6 + [ptr] * 2
+        getattr(lib, f"mix_{suffix}").argtypes = [ptr, ptr, ptr, i64, ptr, ptr] + [i64] * 6
     return lib
 
 
@@ -162,3 +163,30 @@ def mixed_softmax_grad(scores: Tensor, probs: Tensor, grad: Tensor, mix: Optiona
 
     split(B * R, call)
     return grad_scores, None if grad_mix is None else grad_mix.sum(0)
+
+
+def mix(maps: Tensor, mix: Tensor, transposed: bool = False) -> Tensor:
+    """out_h = sum_k mix[g, k, h] maps_k within groups of c_h heads (transposed: mix[g, h, k])."""
+    B, H, R, N = maps.shape
+    maps, weights = maps.contiguous(), mix.to(maps.dtype).contiguous()
+    out = torch.empty_like(maps)
+    fn = getattr(library(), f"mix_{SUFFIX[maps.dtype]}")
+    split(B * R, lambda u0, u1, _: fn(maps.data_ptr(), out.data_ptr(), weights.data_ptr(), int(transposed), None, None, u0, u1, H, R, N, mix.shape[-1]))
+    return out
+
+
+def mix_grad(maps: Tensor, mix: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
+    """(d maps, d mix in float64) of `mix(maps, mix)` for the output gradient grad."""
+    B, H, R, N = maps.shape
+    maps, weights, grad = maps.contiguous(), mix.to(maps.dtype).contiguous(), grad.to(maps.dtype).contiguous()
+    grad_maps = torch.empty_like(maps)
+    grad_mix = torch.zeros(workers(B * R), *mix.shape, dtype=torch.float64)
+    fn = getattr(library(), f"mix_{SUFFIX[maps.dtype]}")
+
+    def call(u0, u1, worker):
+        # The transposed mix of grad is d maps; d mix needs maps and grad, row by row alike.
+        fn(grad.data_ptr(), grad_maps.data_ptr(), weights.data_ptr(), 1, None, None, u0, u1, H, R, N, mix.shape[-1])
+        fn(maps.data_ptr(), None, weights.data_ptr(), 0, grad.data_ptr(), grad_mix[worker].data_ptr(), u0, u1, H, R, N, mix.shape[-1])
+
+    split(B * R, call)
+    return grad_maps, grad_mix.sum(0)
