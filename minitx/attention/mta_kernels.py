@@ -81,31 +81,57 @@ class KeyQueryConv(torch.autograd.Function):
         return grad_scores, grad_kernel
 
 
-class VisibleKeys(NamedTuple):
-    """Which keys each row of a (R, Tk) map may see: `hidden` (R, Tk) is True where it may not;
-    where the keys lie in position order this is an interval of key indices lo[r] .. hi[r] per row
-    (empty when lo > hi), which the C convolution reads directly; else lo and hi are None."""
+class VisibleKeys:
+    """Which keys each row of a (R, Tk) map may see: those at positions from max(first_key, 0) up to
+    the row's own (position -1: an empty cache slot, or a history row that does not exist and so
+    sees nothing). `hidden` (R, Tk) is True where a row may not see. Where the keys lie in position
+    order, this is an interval of key indices lo[r] .. hi[r] per row (empty when lo > hi), which the
+    C loops read directly; elsewhere lo and hi are None."""
 
-    hidden: Tensor
-    lo: Optional[Tensor]
-    hi: Optional[Tensor]
+    def __init__(self, q_pos: Tensor, k_pos: Tensor, first_key: int = 0):
+        self.q_pos, self.k_pos, self.first_key = q_pos, k_pos, max(first_key, 0)
+        self._hidden: Optional[Tensor] = None
+        self.lo = self.hi = None
+        if k_pos.numel() < 2 or bool((k_pos[1:] > k_pos[:-1]).all()):
+            first = torch.searchsorted(k_pos, torch.tensor([self.first_key], device=k_pos.device))
+            self.lo, self.hi = first.expand(len(q_pos)).contiguous(), torch.searchsorted(k_pos, q_pos, right=True) - 1
+
+    @classmethod
+    def of_mask(cls, hidden: Tensor) -> "VisibleKeys":
+        visible = cls.__new__(cls)
+        visible._hidden, visible.lo, visible.hi = hidden, None, None
+        return visible
+
+    @property
+    def hidden(self) -> Tensor:
+        if self._hidden is None:  # only the torch paths need it: two comparisons, made when asked
+            self._hidden = (self.k_pos[None, :] > self.q_pos[:, None]) | (self.k_pos < self.first_key)[None, :]
+        return self._hidden
 
     def from_row(self, first: int) -> "VisibleKeys":
-        cut = (lambda t: None if t is None else t[first:])
-        return VisibleKeys(self.hidden[first:], cut(self.lo), cut(self.hi))
+        """The same for rows first.. (the rows a convolution over c_q = first + 1 rows outputs)."""
+        if self._hidden is not None and self.lo is None:
+            return VisibleKeys.of_mask(self._hidden[first:])
+        rows = VisibleKeys.__new__(VisibleKeys)
+        rows.q_pos, rows.k_pos, rows.first_key = self.q_pos[first:], self.k_pos, self.first_key
+        rows._hidden = None if self._hidden is None else self._hidden[first:]
+        rows.lo, rows.hi = (None, None) if self.lo is None else (self.lo[first:], self.hi[first:])
+        return rows
 
 
-def visible_keys(q_pos: Tensor, k_pos: Tensor, first_key: int = 0) -> VisibleKeys:
-    """Rows at q_pos see keys at k_pos from max(first_key, 0) to their own position (position -1:
-    an empty cache slot, or a history row that does not exist and so sees nothing)."""
-    first = max(first_key, 0)
-    # Two comparisons, not a general mask: this runs in every decoding step.
-    hidden = (k_pos[None, :] > q_pos[:, None]) | (k_pos < first)[None, :]
-    if k_pos.numel() > 1 and not bool((k_pos[1:] > k_pos[:-1]).all()):
-        return VisibleKeys(hidden, None, None)
-    lo = torch.searchsorted(k_pos, torch.tensor([first], device=k_pos.device)).expand(len(q_pos))
-    hi = torch.searchsorted(k_pos, q_pos, right=True) - 1
-    return VisibleKeys(hidden, lo.contiguous(), hi)
+class NoContext:
+    """What a Function's forward may call on ctx, for calls that need no gradient."""
+
+    def save_for_backward(self, *tensors) -> None:
+        pass
+
+
+def run(function: type[torch.autograd.Function], *args):
+    """function.apply(*args), or its forward alone where nothing needs a gradient: in a decoding
+    step autograd's bookkeeping would cost as much as the arithmetic (measured)."""
+    if torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args):
+        return function.apply(*args)
+    return function.forward(NoContext(), *args)
 
 
 def convolve(maps: Tensor, kernel: Tensor, visible: Optional[VisibleKeys] = None) -> Tensor:
@@ -118,8 +144,10 @@ def convolve(maps: Tensor, kernel: Tensor, visible: Optional[VisibleKeys] = None
         if visible is None or visible.lo is None:  # mask by hand, then convolve every entry
             if visible is not None:
                 maps = maps.masked_fill_(visible.hidden, 0.0)
-            visible = VisibleKeys(None, *full_rows(maps))
-        return NativeKeyQueryConv.apply(maps, kernel, visible.lo, visible.hi, visible.lo[c_q - 1 :], visible.hi[c_q - 1 :])
+            lo, hi = full_rows(maps)
+        else:
+            lo, hi = visible.lo, visible.hi
+        return run(NativeKeyQueryConv, maps, kernel, lo, hi, lo[c_q - 1 :], hi[c_q - 1 :])
     if visible is not None:
         maps = maps.masked_fill_(visible.hidden, 0.0)
     if maps.shape[2] == c_q and not torch.is_grad_enabled():
@@ -195,7 +223,7 @@ def convolve_one_row(maps: Tensor, kernel: Tensor) -> Tensor:
 def mix_heads(maps: Tensor, mix: Tensor) -> Tensor:
     """A'_h = sum_h' M[h', h] A_h' within each group of heads. maps (B, H, R, T); mix (groups, c_h, c_h)."""
     if native.available(maps):  # a matrix product with 4 rows and 4 columns is slow in BLAS (3-5x)
-        return NativeMix.apply(maps, mix)
+        return run(NativeMix, maps, mix)
     B, H, R, T = maps.shape
     groups, c_h, _ = mix.shape
     # One matmul per group on the maps as they lie in memory: einsum would permute them first.

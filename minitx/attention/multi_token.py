@@ -37,7 +37,7 @@ from . import native
 from .base import Attention
 from .mta_kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
     ChunkedRows, KeyQueryConv, MixedSoftmax, VisibleKeys, band_scores, chunk_parts, chunk_positions, convolve, convolved_keys,
-    full_rows, identity_kernel, identity_mix, mix_heads, shifted_queries, visible_keys, write_band,
+    full_rows, identity_kernel, identity_mix, mix_heads, run, shifted_queries, write_band,
 )
 
 
@@ -153,7 +153,7 @@ class MultiTokenAttention(Attention):
         # Scores per query head without copying k: fold the heads sharing a kv head into rows.
         # The scale goes on q, which has D numbers per row where the scores have Tk.
         scores = ((q * self.scale).reshape(B, G, (H // G) * R, D) @ k.transpose(-2, -1)).view(B, H, R, Tk)
-        visible = visible_keys(q_pos, k_pos, first_key)
+        visible = VisibleKeys(q_pos, k_pos, first_key)
         if self.kq_conv is not None:
             # Hidden scores count as zero in the convolution (it may zero them in place: a fresh
             # product, which autograd does not keep). What it leaves in hidden entries needs no
@@ -170,7 +170,7 @@ class MultiTokenAttention(Attention):
         if native.available(scores) and (visible is None or visible.lo is not None):
             # Pre mix, mask and softmax in one pass of C loops; rows that see nothing get zeros.
             lo, hi = full_rows(scores) if visible is None else (visible.lo, visible.hi)
-            weights = MixedSoftmax.apply(scores, self.mix_pre, lo, hi)
+            weights = run(MixedSoftmax, scores, self.mix_pre, lo, hi)
         else:
             if self.mix_pre is not None:
                 scores = mix_heads(scores, self.mix_pre)
@@ -248,7 +248,7 @@ class MultiTokenAttention(Attention):
         Qcat . K'cat, exact for keys at least `off` behind each row, the band written over."""
         first_row = kcat.shape[2] - qcat.shape[2]  # the chunk's rows end at its last key
         scores = write_band(qcat @ kcat.transpose(-2, -1), band, first_row)
-        return self.weigh(scores, visible_keys(q_pos, k_pos), v, some_rows_empty=self.kq_conv_post is not None)
+        return self.weigh(scores, VisibleKeys(q_pos, k_pos), v, some_rows_empty=self.kq_conv_post is not None)
 
     def reference(self, q: Tensor, k: Tensor, v: Tensor):
         T, n_hist = q.shape[2], self.n_hist
@@ -264,7 +264,7 @@ class MultiTokenAttention(Attention):
             B, H, T, D = q.shape
             G, Tk = keys.shape[1], keys.shape[2]
             scores = ((q * self.scale).reshape(B, G, (H // G) * T, D) @ keys.to(q.dtype).transpose(-2, -1)).view(B, H, T, Tk)
-            visible = None if mask is None else VisibleKeys(~mask, None, None)
+            visible = None if mask is None else VisibleKeys.of_mask(~mask)
             return self.weigh(scores, visible, values.to(q.dtype), some_rows_empty=False)[0]
         T = q.shape[2]
         q_pos = torch.arange(cache.n_seen, cache.n_seen + T, device=q.device)
