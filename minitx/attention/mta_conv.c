@@ -168,8 +168,8 @@ void S(kernel_grad)(const T *in, const T *dout, double *grad, int64_t m0, int64_
  * (about 1 ulp), branch-free so that it stays in vector registers; inputs below -87 (where expf
  * leaves the normal range) give exp(-87) ~ 1.6e-38 instead of less. double: libm, lane by lane. */
 static inline S(vec) S(vexp)(S(vec) x) {
-    typedef S(vec) V;
 #if IS_FLOAT
+    typedef S(vec) V;
     typedef int32_t I __attribute__((vector_size(64)));
     I low = x < -87.0f;
     x = (V)(((I)x & ~low) | ((I)((V){0} - 87.0f) & low));
@@ -222,133 +222,164 @@ static T S(max)(const T *x, int64_t a, int64_t e) {
     return top;
 }
 
-/* Softmax of one row's entries a .. e - 1, in place in x (padded to whole vectors: entries past e
- * are overwritten). */
+/* Softmax of one row's entries a .. e - 1, in place (nothing outside them is read or written). */
 static void S(softmax_row)(T *x, int64_t a, int64_t e) {
     typedef S(vec) V;
     T top = S(max)(x, a, e);
-    int64_t end = a + (e - a + LANES - 1) / LANES * LANES;
     V sum = {0};
-    for (int64_t j = a; j < end; j += LANES) {
+    int64_t j = a;
+    for (; j + LANES <= e; j += LANES) {
         V v = S(vexp)(*(V *)(x + j) - top);
         *(V *)(x + j) = v;
-        if (j + LANES <= e) sum += v;
-        else for (int64_t l = 0; l < e - j; l++) sum[l] += v[l];
+        sum += v;
+    }
+    if (j < e) {  /* the last part vector, through a copy padded with -inf (whose exp is ~0, unused) */
+        V v = (V){0} - (T)INFINITY;
+        for (int64_t l = 0; l < e - j; l++) v[l] = x[j + l];
+        v = S(vexp)(v - top);
+        for (int64_t l = 0; l < e - j; l++) x[j + l] = v[l], sum[l] += v[l];
     }
     double total = 0;
     for (int64_t l = 0; l < LANES; l++) total += sum[l];
-    V scale = (V){0} + (T)(1 / total);
-    for (int64_t j = a; j < end; j += LANES) *(V *)(x + j) *= scale;
+    T scale = (T)(1 / total);
+    for (j = a; j < e; j++) x[j] *= scale;
 }
 
-/* Rows (b, i) with index u0 .. u1 - 1 of u = b * R + i: for each group of c heads,
- *     M_h = sum_h' mix[g][h'][h] C_h' (mix NULL: M = C),   P_h = softmax over lo_i..hi_i of M_h
- * (0 elsewhere, and 0 for a row that sees nothing). scores, out: (B, H, R, N). */
-void S(mixed_softmax)(const T *scores, T *out, const T *mix, int64_t u0, int64_t u1, int64_t H, int64_t R, int64_t N,
-                      int64_t c, const int64_t *lo, const int64_t *hi) {
-    T *row = malloc((size_t)(N + LANES) * sizeof(T));
-    if (!row) return;
+/* Head mixing of one row of every head over keys a .. e - 1: within groups of c heads,
+ * dst_h = sum_k mix[g][k][h] src_k (transposed: mix[g][h][k]). dst and src: H row pointers. */
+static void S(mix_rows)(T **dst, T *const *src, const T *mix, int64_t transposed, int64_t H, int64_t c, int64_t a,
+                        int64_t e) {
+    for (int64_t j0 = a; j0 < e; j0 += 512) {  /* a block of each row stays in L1 */
+        int64_t j1 = j0 + 512 < e ? j0 + 512 : e;
+        for (int64_t h = 0; h < H; h++) {
+            int64_t first = h / c * c;
+            const T *m = mix + first * c;  /* this group's c x c block */
+            T *d = dst[h];
+            for (int64_t k = 0; k < c; k++) {
+                const T *x = src[first + k];
+                T weight = transposed ? m[(h - first) * c + k] : m[k * c + h - first];
+                if (k == 0)
+                    for (int64_t j = j0; j < j1; j++) d[j] = weight * x[j];
+                else
+                    for (int64_t j = j0; j < j1; j++) d[j] += weight * x[j];
+            }
+        }
+    }
+}
+
+/* grad_mix[g][k][h] += x_k . y_h over keys a .. e - 1, within groups of c heads (in double). */
+static void S(mix_grad_rows)(double *grad_mix, T *const *x, T *const *y, int64_t H, int64_t c, int64_t a, int64_t e) {
+    for (int64_t first = 0; first < H; first += c)
+        for (int64_t k = 0; k < c; k++)
+            for (int64_t h = 0; h < c; h++)
+                grad_mix[first * c + k * c + h] += S(dot)(x[first + k], y[first + h], a, e);
+}
+
+static void S(zero_outside)(T *row, int64_t N, int64_t a, int64_t e) {
+    memset(row, 0, (size_t)a * sizeof(T));
+    memset(row + e, 0, (size_t)(N - e) * sizeof(T));
+}
+
+/* Rows (b, i), unit u = b * R + i from u0 to u1, of (B, H, R, N) maps; row i sees keys lo_i..hi_i:
+ *     M = pre-mix of C (pre NULL: M = C),  P = softmax of M over the visible keys,
+ *     out = post-mix of P (post NULL: out = P);  probs (if not NULL) gets P.
+ * pre mixes groups of c_pre heads, post of c_post; everything is 0 outside the visible keys, and a
+ * row that sees nothing is 0. */
+void S(mixed_softmax)(const T *scores, T *out, T *probs, const T *pre, const T *post, int64_t u0, int64_t u1, int64_t H,
+                      int64_t R, int64_t N, int64_t c_pre, int64_t c_post, const int64_t *lo, const int64_t *hi) {
+    T *buffer = malloc((size_t)(H * N + LANES) * sizeof(T));
+    T **rows = malloc((size_t)(3 * H) * sizeof(T *));
+    if (!buffer || !rows) goto done;
+    T **src = rows, **p = rows + H, **dst = rows + 2 * H;
     for (int64_t unit = u0; unit < u1; unit++) {
         int64_t b = unit / R, i = unit % R;
         int64_t a = lo[i] < 0 ? 0 : lo[i], e = (hi[i] > N - 1 ? N - 1 : hi[i]) + 1;
         for (int64_t h = 0; h < H; h++) {
-            T *dst = out + ((b * H + h) * R + i) * N;
-            if (a >= e) {
-                memset(dst, 0, (size_t)N * sizeof(T));
-                continue;
+            size_t at = ((b * H + h) * R + i) * N;
+            src[h] = (T *)scores + at, dst[h] = out + at;
+            p[h] = probs ? probs + at : (post ? buffer + h * N : out + at);
+        }
+        if (a >= e) {
+            for (int64_t h = 0; h < H; h++) {
+                memset(dst[h], 0, (size_t)N * sizeof(T));
+                if (probs) memset(p[h], 0, (size_t)N * sizeof(T));
             }
-            int64_t g = h / c, first = g * c;
-            if (mix) {
-                const T *m = mix + g * c * c + (h - first);  /* m[h' * c] = mix[g][h'][h] */
-                for (int64_t j = a; j < e; j++) row[j] = 0;
-                for (int64_t k = 0; k < c; k++) {
-                    const T *src = scores + ((b * H + first + k) * R + i) * N;
-                    T weight = m[k * c];
-                    for (int64_t j = a; j < e; j++) row[j] += weight * src[j];
-                }
-            } else {
-                memcpy(row + a, scores + ((b * H + h) * R + i) * N + a, (size_t)(e - a) * sizeof(T));
-            }
-            S(softmax_row)(row, a, e);
-            memset(dst, 0, (size_t)a * sizeof(T));
-            memcpy(dst + a, row + a, (size_t)(e - a) * sizeof(T));
-            memset(dst + e, 0, (size_t)(N - e) * sizeof(T));
+            continue;
+        }
+        if (pre) S(mix_rows)(p, src, pre, 0, H, c_pre, a, e);
+        else for (int64_t h = 0; h < H; h++) memcpy(p[h] + a, src[h] + a, (size_t)(e - a) * sizeof(T));
+        for (int64_t h = 0; h < H; h++) S(softmax_row)(p[h], a, e);
+        if (post) S(mix_rows)(dst, p, post, 0, H, c_post, a, e);
+        for (int64_t h = 0; h < H; h++) {
+            S(zero_outside)(dst[h], N, a, e);
+            if (probs) S(zero_outside)(p[h], N, a, e);
         }
     }
-    free(row);
+done:
+    free(buffer), free(rows);
 }
 
-/* The gradient of mixed_softmax for the same rows: with dM_h = P_h (dP_h - sum_j P_h dP_h),
- *     dC_h' = sum_h mix[g][h'][h] dM_h,   dmix[g][h'][h] += sum_j C_h' dM_h   (dmix: G c c, in double)
- * dC is 0 outside each row's visible keys. */
-void S(mixed_softmax_grad)(const T *scores, const T *probs, const T *grad, T *grad_scores, const T *mix, double *grad_mix,
-                           int64_t u0, int64_t u1, int64_t H, int64_t R, int64_t N, int64_t c, const int64_t *lo,
-                           const int64_t *hi) {
-    T *rows = malloc((size_t)(c * N + LANES) * sizeof(T));
-    if (!rows) return;
+/* The gradient of mixed_softmax for the same rows, from out's gradient `grad` and the saved P:
+ *     dP = post-mix transposed of grad,   d post[g][k][h] += P_k . grad_h
+ *     dM_h = P_h (dP_h - P_h . dP_h)
+ *     dC = pre-mix transposed of dM,       d pre[g][k][h] += C_k . dM_h
+ * (d pre, d post: in double, may be NULL when pre, post are). dC is 0 outside the visible keys. */
+void S(mixed_softmax_grad)(const T *scores, const T *probs, const T *grad, T *grad_scores, const T *pre, const T *post,
+                           double *grad_pre, double *grad_post, int64_t u0, int64_t u1, int64_t H, int64_t R, int64_t N,
+                           int64_t c_pre, int64_t c_post, const int64_t *lo, const int64_t *hi) {
+    T *buffer = malloc((size_t)(2 * H * N + LANES) * sizeof(T));
+    T **rows = malloc((size_t)(5 * H) * sizeof(T *));
+    if (!buffer || !rows) goto done;
+    T **c = rows, **p = rows + H, **g = rows + 2 * H, **dp = rows + 3 * H, **dm = rows + 4 * H;
     for (int64_t unit = u0; unit < u1; unit++) {
         int64_t b = unit / R, i = unit % R;
         int64_t a = lo[i] < 0 ? 0 : lo[i], e = (hi[i] > N - 1 ? N - 1 : hi[i]) + 1;
-        for (int64_t first = 0; first < H; first += c) {
-            for (int64_t k = 0; k < c; k++)
-                memset(grad_scores + ((b * H + first + k) * R + i) * N, 0, (size_t)N * sizeof(T));
-            if (a >= e) continue;
-            for (int64_t k = 0; k < c; k++) {  /* dM of head first + k into rows[k] */
-                size_t at = ((b * H + first + k) * R + i) * N;
-                const T *p = probs + at, *d = grad + at;
-                T *dm = mix ? rows + k * N : grad_scores + at;
-                T dot = (T)S(dot)(p, d, a, e);
-                for (int64_t j = a; j < e; j++) dm[j] = p[j] * (d[j] - dot);
-            }
-            if (!mix) continue;
-            const T *m = mix + (first / c) * c * c;
-            double *gm = grad_mix + (first / c) * c * c;
-            for (int64_t k = 0; k < c; k++) {  /* k: h' */
-                T *dc = grad_scores + ((b * H + first + k) * R + i) * N;
-                const T *src = scores + ((b * H + first + k) * R + i) * N;
-                for (int64_t h = 0; h < c; h++) {
-                    const T *dm = rows + h * N;
-                    T weight = m[k * c + h];
-                    for (int64_t j = a; j < e; j++) dc[j] += weight * dm[j];
-                    gm[k * c + h] += S(dot)(src, dm, a, e);
-                }
-            }
+        for (int64_t h = 0; h < H; h++) {
+            size_t at = ((b * H + h) * R + i) * N;
+            c[h] = (T *)scores + at, p[h] = (T *)probs + at, g[h] = (T *)grad + at;
+            dp[h] = post ? buffer + h * N : g[h];
+            dm[h] = pre ? buffer + (H + h) * N : grad_scores + at;
         }
+        if (a < e) {
+            if (post) {
+                S(mix_rows)(dp, g, post, 1, H, c_post, a, e);
+                S(mix_grad_rows)(grad_post, p, g, H, c_post, a, e);
+            }
+            for (int64_t h = 0; h < H; h++) {
+                T dot = (T)S(dot)(p[h], dp[h], a, e);
+                for (int64_t j = a; j < e; j++) dm[h][j] = p[h][j] * (dp[h][j] - dot);
+            }
+            if (pre) {
+                for (int64_t h = 0; h < H; h++) dp[h] = grad_scores + ((b * H + h) * R + i) * N;
+                S(mix_rows)(dp, dm, pre, 1, H, c_pre, a, e);
+                S(mix_grad_rows)(grad_pre, c, dm, H, c_pre, a, e);
+            }
+        } else {
+            a = e = 0;
+        }
+        for (int64_t h = 0; h < H; h++) S(zero_outside)(grad_scores + ((b * H + h) * R + i) * N, N, a, e);
     }
-    free(rows);
+done:
+    free(buffer), free(rows);
 }
 
-/* Head mixing of rows (b, i), u = b * R + i from u0 to u1: within each group g of c heads,
- *     out_h = sum_k mix[g][k][h] in_k     (transposed: sum_k mix[g][h][k] in_k, the input's gradient)
- * unless out is NULL, and when grad_mix is given, grad_mix[g][k][h] += in_k . other_h (in double):
- * the gradient of mix for an output gradient `other`. */
+/* Head mixing of whole rows (b, i), u = b * R + i from u0 to u1 (mix_rows over every key),
+ * unless out is NULL; when grad_mix is given, grad_mix[g][k][h] += in_k . other_h (in double): the
+ * gradient of mix for an output gradient `other`. */
 void S(mix)(const T *in, T *out, const T *mix, int64_t transposed, const T *other, double *grad_mix, int64_t u0,
             int64_t u1, int64_t H, int64_t R, int64_t N, int64_t c) {
+    T **rows = malloc((size_t)(3 * H) * sizeof(T *));
+    if (!rows) return;
     for (int64_t unit = u0; unit < u1; unit++) {
         int64_t b = unit / R, i = unit % R;
-        for (int64_t first = 0; first < H; first += c) {
-            const T *m = mix + (first / c) * c * c;
-            for (int64_t j0 = 0; out && j0 < N; j0 += 512) {  /* a block of each row stays in L1 */
-                int64_t j1 = j0 + 512 < N ? j0 + 512 : N;
-                for (int64_t h = 0; h < c; h++) {
-                    T *dst = out + ((b * H + first + h) * R + i) * N;
-                    for (int64_t k = 0; k < c; k++) {
-                        const T *src = in + ((b * H + first + k) * R + i) * N;
-                        T weight = transposed ? m[h * c + k] : m[k * c + h];
-                        if (k == 0)
-                            for (int64_t j = j0; j < j1; j++) dst[j] = weight * src[j];
-                        else
-                            for (int64_t j = j0; j < j1; j++) dst[j] += weight * src[j];
-                    }
-                }
-            }
-            if (!grad_mix) continue;
-            double *g = grad_mix + (first / c) * c * c;
-            for (int64_t k = 0; k < c; k++)
-                for (int64_t h = 0; h < c; h++)
-                    g[k * c + h] += S(dot)(in + ((b * H + first + k) * R + i) * N, other + ((b * H + first + h) * R + i) * N, 0, N);
+        for (int64_t h = 0; h < H; h++) {
+            size_t at = ((b * H + h) * R + i) * N;
+            rows[h] = (T *)in + at, rows[H + h] = out ? out + at : NULL, rows[2 * H + h] = other ? (T *)other + at : NULL;
         }
+        if (out) S(mix_rows)(rows + H, rows, mix, transposed, H, c, 0, N);
+        if (grad_mix) S(mix_grad_rows)(grad_mix, rows, rows + 2 * H, H, c, 0, N);
     }
+    free(rows);
 }
 
 #undef LANES

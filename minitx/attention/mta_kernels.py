@@ -86,13 +86,18 @@ class VisibleKeys:
     the row's own (position -1: an empty cache slot, or a history row that does not exist and so
     sees nothing). `hidden` (R, Tk) is True where a row may not see. Where the keys lie in position
     order, this is an interval of key indices lo[r] .. hi[r] per row (empty when lo > hi), which the
-    C loops read directly; elsewhere lo and hi are None."""
+    C loops read directly; elsewhere lo and hi are None. `consecutive`: the caller knows that
+    k_pos[j] = k_pos[0] + j (training chunks, a cache read in order), which saves two searches."""
 
-    def __init__(self, q_pos: Tensor, k_pos: Tensor, first_key: int = 0):
+    def __init__(self, q_pos: Tensor, k_pos: Tensor, first_key: int = 0, consecutive: bool = False):
         self.q_pos, self.k_pos, self.first_key = q_pos, k_pos, max(first_key, 0)
         self._hidden: Optional[Tensor] = None
         self.lo = self.hi = None
-        if k_pos.numel() < 2 or bool((k_pos[1:] > k_pos[:-1]).all()):
+        if consecutive and len(k_pos):
+            start = int(k_pos[0])
+            self.lo = torch.full((len(q_pos),), max(self.first_key - start, 0), device=q_pos.device)
+            self.hi = (q_pos - start).clamp_(-1, len(k_pos) - 1)
+        elif k_pos.numel() < 2 or bool((k_pos[1:] > k_pos[:-1]).all()):
             first = torch.searchsorted(k_pos, torch.tensor([self.first_key], device=k_pos.device))
             self.lo, self.hi = first.expand(len(q_pos)).contiguous(), torch.searchsorted(k_pos, q_pos, right=True) - 1
 
@@ -188,20 +193,24 @@ class NativeKeyQueryConv(torch.autograd.Function):
 
 
 class MixedSoftmax(torch.autograd.Function):
-    """weights = softmax(mix_heads(scores, mix) with each row's hidden keys at -inf), rows that see
-    nothing 0, in one pass of the C loops (native.py) instead of four passes over the maps."""
+    """weights = mix_heads(softmax(mix_heads(scores, pre) with each row's hidden keys at -inf), post),
+    rows that see nothing 0, in one pass of the C loops (native.py) instead of five passes over
+    the maps; pre or post None: no mix there."""
 
     @staticmethod
-    def forward(ctx, scores: Tensor, mix: Optional[Tensor], lo: Tensor, hi: Tensor) -> Tensor:
-        probs = native.mixed_softmax(scores, mix, (lo, hi))
-        ctx.save_for_backward(scores, probs, mix, lo, hi)
-        return probs
+    def forward(ctx, scores: Tensor, pre: Optional[Tensor], post: Optional[Tensor], lo: Tensor, hi: Tensor) -> Tensor:
+        keep = isinstance(ctx, torch.autograd.function.FunctionCtx)  # not under `run` without gradients
+        out, probs = native.mixed_softmax(scores, pre, post, (lo, hi), keep_probs=keep)
+        if keep:
+            ctx.save_for_backward(scores, probs, pre, post, lo, hi)
+        return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        scores, probs, mix, lo, hi = ctx.saved_tensors
-        grad_scores, grad_mix = native.mixed_softmax_grad(scores, probs, grad, mix, (lo, hi))
-        return grad_scores, None if grad_mix is None else grad_mix.to(mix.dtype), None, None
+        scores, probs, pre, post, lo, hi = ctx.saved_tensors
+        grad_scores, grad_pre, grad_post = native.mixed_softmax_grad(scores, probs, grad, pre, post, (lo, hi))
+        cast = (lambda g, like: None if g is None else g.to(like.dtype))
+        return grad_scores, cast(grad_pre, pre), cast(grad_post, post), None, None
 
 
 def convolve_one_row(maps: Tensor, kernel: Tensor) -> Tensor:

@@ -139,13 +139,14 @@ class MultiTokenAttention(Attention):
         return dict(capacity=config.block_size, window=config.block_size, n_head=config.n_head, n_query=n_query)
 
     # -- the maths for a run of query rows ----------------------------------------------------
-    def rows(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, first_key: int = 0):
+    def rows(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, first_key: int = 0, consecutive: bool = True):
         """Attention for query rows q (B, H, R, D) of which the first n_hist are history only.
 
         q_pos: (R,) absolute positions (history rows that do not exist have position -1, so they
         see nothing and act as the convolutions' zero padding); k, v: (B, G, Tk, D) at k_pos.
         Keys before `first_key` are invisible to every row: past block_size the context slides,
         and the rows the convolution looks back on must see the same keys as a fresh run would.
+        consecutive: k_pos[j] = k_pos[0] + j (False: the keys may lie in any order).
         Returns (out, weights) for the last R - n_hist rows.
         """
         B, H, R, D = q.shape
@@ -153,7 +154,7 @@ class MultiTokenAttention(Attention):
         # Scores per query head without copying k: fold the heads sharing a kv head into rows.
         # The scale goes on q, which has D numbers per row where the scores have Tk.
         scores = ((q * self.scale).reshape(B, G, (H // G) * R, D) @ k.transpose(-2, -1)).view(B, H, R, Tk)
-        visible = VisibleKeys(q_pos, k_pos, first_key)
+        visible = VisibleKeys(q_pos, k_pos, first_key, consecutive)
         if self.kq_conv is not None:
             # Hidden scores count as zero in the convolution (it may zero them in place: a fresh
             # product, which autograd does not keep). What it leaves in hidden entries needs no
@@ -166,12 +167,16 @@ class MultiTokenAttention(Attention):
         """From pre-softmax scores (B, H, R, Tk), pre-convolution done, to (out, weights): the rest
         of the released order: pre mix, softmax, post conv, re-zero the future, post mix, dropout, @ V.
         visible: the keys each row may see (None: all)."""
-        hidden = None if visible is None else visible.hidden
+        mix_post = self.mix_post
         if native.available(scores) and (visible is None or visible.lo is not None):
-            # Pre mix, mask and softmax in one pass of C loops; rows that see nothing get zeros.
+            # Pre mix, mask, softmax and (unless a convolution comes between) post mix in one pass
+            # of C loops; rows that see nothing get zeros.
             lo, hi = full_rows(scores) if visible is None else (visible.lo, visible.hi)
-            weights = run(MixedSoftmax, scores, self.mix_pre, lo, hi)
+            fused_post = None if self.kq_conv_post is not None else mix_post
+            weights = run(MixedSoftmax, scores, self.mix_pre, fused_post, lo, hi)
+            mix_post = None if fused_post is not None else mix_post
         else:
+            hidden = None if visible is None else visible.hidden
             if self.mix_pre is not None:
                 scores = mix_heads(scores, self.mix_pre)
             # Masks go in place: every map reaching them is fresh (a product, a convolution, the band
@@ -184,8 +189,8 @@ class MultiTokenAttention(Attention):
         if self.kq_conv_post is not None:
             weights = self.convolve(weights, self.kq_conv_post, visible)
             weights = weights.masked_fill_(visible.from_row(self.c_q - 1).hidden, 0.0)
-        if self.mix_post is not None:
-            weights = mix_heads(weights, self.mix_post)
+        if mix_post is not None:
+            weights = mix_heads(weights, mix_post)
         dropped = F.dropout(weights, self.dropout_p, self.training) if self.dropout_p else weights
         B, H, R, Tk = weights.shape
         G, D = v.shape[1], v.shape[-1]
@@ -248,7 +253,7 @@ class MultiTokenAttention(Attention):
         Qcat . K'cat, exact for keys at least `off` behind each row, the band written over."""
         first_row = kcat.shape[2] - qcat.shape[2]  # the chunk's rows end at its last key
         scores = write_band(qcat @ kcat.transpose(-2, -1), band, first_row)
-        return self.weigh(scores, VisibleKeys(q_pos, k_pos), v, some_rows_empty=self.kq_conv_post is not None)
+        return self.weigh(scores, VisibleKeys(q_pos, k_pos, consecutive=True), v, some_rows_empty=self.kq_conv_post is not None)
 
     def reference(self, q: Tensor, k: Tensor, v: Tensor):
         T, n_hist = q.shape[2], self.n_hist
@@ -276,7 +281,8 @@ class MultiTokenAttention(Attention):
         cache.keep_rows(rows, rows_pos)
         keys, values, k_pos = cache.contents(ordered=self.c_k > 1)  # only a key-axis convolution needs order
         first_key = cache.n_seen - cache.window  # n_seen already counts the new tokens
-        out, _ = self.rows(rows, keys.to(q.dtype), values.to(q.dtype), rows_pos, k_pos, first_key)
+        in_order = self.c_k > 1 or cache.n_seen <= cache.capacity  # before it wraps, slot order is position order
+        out, _ = self.rows(rows, keys.to(q.dtype), values.to(q.dtype), rows_pos, k_pos, first_key, consecutive=in_order)
         return out
 
     def on_prefill(self, q: Tensor, cache: MTACache) -> None:

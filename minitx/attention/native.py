@@ -65,8 +65,8 @@ def library() -> Optional[ctypes.CDLL]:
     for suffix in SUFFIX.values():
         getattr(lib, f"conv_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 9 + [ptr] * 4
         getattr(lib, f"kernel_grad_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 7 + [ptr] * 4
-        getattr(lib, f"mixed_softmax_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 6 + [ptr] * 2
-        getattr(lib, f"mixed_softmax_grad_{suffix}").argtypes = [ptr] * 6 + [i64] * 6 + [ptr] * 2
+        getattr(lib, f"mixed_softmax_{suffix}").argtypes = [ptr] * 5 + [i64] * 7 + [ptr] * 2
+        getattr(lib, f"mixed_softmax_grad_{suffix}").argtypes = [ptr] * 8 + [i64] * 7 + [ptr] * 2
         getattr(lib, f"mix_{suffix}").argtypes = [ptr, ptr, ptr, i64, ptr, ptr] + [i64] * 6
     return lib
 
@@ -131,38 +131,48 @@ def kernel_grad(maps: Tensor, grad: Tensor, c_q: int, c_k: int, in_rows, out_row
     return out
 
 
-def mixed_softmax(scores: Tensor, mix: Optional[Tensor], rows: tuple[Tensor, Tensor]) -> Tensor:
-    """softmax over each row's visible keys lo..hi of the head-mixed scores M_h = sum_h' mix[g, h', h]
-    C_h' within groups of mix.shape[-1] heads (mix None: M = C); 0 outside, and for rows that see
-    nothing. scores (B, H, R, N); mix (groups, c_h, c_h)."""
+def address(t: Optional[Tensor]) -> Optional[int]:
+    return None if t is None else t.data_ptr()
+
+
+def mixed_softmax(scores: Tensor, pre: Optional[Tensor], post: Optional[Tensor], rows: tuple[Tensor, Tensor], keep_probs: bool):
+    """(out, probs): probs = softmax over each row's visible keys lo..hi of the head-mixed scores
+    M_h = sum_h' pre[g, h', h] C_h' (pre None: M = C), out = the same mix of probs by post (None:
+    out = probs); 0 outside the visible keys and in rows that see nothing. scores (B, H, R, N);
+    pre, post (groups, c, c). probs is None unless keep_probs (the gradient needs it)."""
     B, H, R, N = scores.shape
     scores = scores.contiguous()
+    pre, post = [None if m is None else m.to(scores.dtype).contiguous() for m in (pre, post)]
     out = torch.empty_like(scores)
-    mix_ptr, c = (None, 1) if mix is None else (mix.to(scores.dtype).contiguous(), mix.shape[-1])
+    probs = torch.empty_like(scores) if keep_probs and post is not None else None
+    sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
     fn = getattr(library(), f"mixed_softmax_{SUFFIX[scores.dtype]}")
-    pointers = [t.data_ptr() for t in rows]
-    address = None if mix_ptr is None else mix_ptr.data_ptr()
-    split(B * R, lambda u0, u1, _: fn(scores.data_ptr(), out.data_ptr(), address, u0, u1, H, R, N, c, *pointers))
-    return out
+    pointers = [address(t) for t in (scores, out, probs, pre, post)]
+    bounds = [t.data_ptr() for t in rows]
+    split(B * R, lambda u0, u1, _: fn(*pointers, u0, u1, H, R, N, *sizes, *bounds))
+    return out, (out if post is None else probs) if keep_probs else None
 
 
-def mixed_softmax_grad(scores: Tensor, probs: Tensor, grad: Tensor, mix: Optional[Tensor], rows) -> tuple[Tensor, Optional[Tensor]]:
-    """(d scores, d mix in float64 or None) for `mixed_softmax`'s output gradient grad."""
+def mixed_softmax_grad(scores: Tensor, probs: Tensor, grad: Tensor, pre: Optional[Tensor], post: Optional[Tensor], rows):
+    """(d scores, d pre, d post) for `mixed_softmax`'s output gradient grad; the mixes' gradients in
+    float64, None for a mix that is None."""
     B, H, R, N = scores.shape
     grad = grad.to(scores.dtype).contiguous()
+    pre_t, post_t = [None if m is None else m.to(scores.dtype).contiguous() for m in (pre, post)]
     grad_scores = torch.empty_like(scores)
-    mix_t, c = (None, 1) if mix is None else (mix.to(scores.dtype).contiguous(), mix.shape[-1])
-    grad_mix = None if mix is None else torch.zeros(workers(B * R), *mix.shape, dtype=torch.float64)
+    n = workers(B * R)
+    grad_pre, grad_post = [None if m is None else torch.zeros(n, *m.shape, dtype=torch.float64) for m in (pre, post)]
+    sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
     fn = getattr(library(), f"mixed_softmax_grad_{SUFFIX[scores.dtype]}")
-    pointers = [t.data_ptr() for t in rows]
+    pointers = [address(t) for t in (scores, probs, grad, grad_scores, pre_t, post_t)]
+    bounds = [t.data_ptr() for t in rows]
 
     def call(u0, u1, worker):
-        mix_ptr = None if mix_t is None else mix_t.data_ptr()
-        grad_mix_ptr = None if grad_mix is None else grad_mix[worker].data_ptr()
-        fn(scores.data_ptr(), probs.data_ptr(), grad.data_ptr(), grad_scores.data_ptr(), mix_ptr, grad_mix_ptr, u0, u1, H, R, N, c, *pointers)
+        per_worker = [None if g is None else g[worker].data_ptr() for g in (grad_pre, grad_post)]
+        fn(*pointers, *per_worker, u0, u1, H, R, N, *sizes, *bounds)
 
     split(B * R, call)
-    return grad_scores, None if grad_mix is None else grad_mix.sum(0)
+    return grad_scores, *[None if g is None else g.sum(0) for g in (grad_pre, grad_post)]
 
 
 def mix(maps: Tensor, mix: Tensor, transposed: bool = False) -> Tensor:
