@@ -284,7 +284,7 @@ static void S(zero_outside)(T *row, int64_t N, int64_t a, int64_t e) {
  *     M = pre-mix of C (pre NULL: M = C),  P = softmax of M over the visible keys,
  *     out = post-mix of P (post NULL: out = P);  probs (if not NULL) gets P.
  * pre mixes groups of c_pre heads, post of c_post; everything is 0 outside the visible keys, and a
- * row that sees nothing is 0. */
+ * row that sees nothing is 0. lo and hi NULL: every row sees every key. */
 void S(mixed_softmax)(const T *scores, T *out, T *probs, const T *pre, const T *post, int64_t u0, int64_t u1, int64_t H,
                       int64_t R, int64_t N, int64_t c_pre, int64_t c_post, const int64_t *lo, const int64_t *hi) {
     T *buffer = malloc((size_t)(H * N + LANES) * sizeof(T));
@@ -293,7 +293,7 @@ void S(mixed_softmax)(const T *scores, T *out, T *probs, const T *pre, const T *
     T **src = rows, **p = rows + H, **dst = rows + 2 * H;
     for (int64_t unit = u0; unit < u1; unit++) {
         int64_t b = unit / R, i = unit % R;
-        int64_t a = lo[i] < 0 ? 0 : lo[i], e = (hi[i] > N - 1 ? N - 1 : hi[i]) + 1;
+        int64_t a = !lo || lo[i] < 0 ? 0 : lo[i], e = !hi || hi[i] > N - 1 ? N : hi[i] + 1;
         for (int64_t h = 0; h < H; h++) {
             size_t at = ((b * H + h) * R + i) * N;
             src[h] = (T *)scores + at, dst[h] = out + at;
@@ -333,7 +333,7 @@ void S(mixed_softmax_grad)(const T *scores, const T *probs, const T *grad, T *gr
     T **c = rows, **p = rows + H, **g = rows + 2 * H, **dp = rows + 3 * H, **dm = rows + 4 * H;
     for (int64_t unit = u0; unit < u1; unit++) {
         int64_t b = unit / R, i = unit % R;
-        int64_t a = lo[i] < 0 ? 0 : lo[i], e = (hi[i] > N - 1 ? N - 1 : hi[i]) + 1;
+        int64_t a = !lo || lo[i] < 0 ? 0 : lo[i], e = !hi || hi[i] > N - 1 ? N : hi[i] + 1;
         for (int64_t h = 0; h < H; h++) {
             size_t at = ((b * H + h) * R + i) * N;
             c[h] = (T *)scores + at, p[h] = (T *)probs + at, g[h] = (T *)grad + at;
@@ -380,6 +380,25 @@ void S(mix)(const T *in, T *out, const T *mix, int64_t transposed, const T *othe
         if (grad_mix) S(mix_grad_rows)(grad_mix, rows, rows + 2 * H, H, c, 0, N);
     }
     free(rows);
+}
+
+/* MTA's output norm for rows 0 .. n_rows - 1 of D numbers, without gradients (decoding):
+ *     n = x / sqrt(mean(x^2) + eps) * weight,   out = n * sigmoid(n . gate + bias)   */
+void S(gated_norm)(const T *x, T *out, const T *weight, const T *gate, const T *bias, double eps, int64_t n_rows,
+                   int64_t D) {
+    for (int64_t r = 0; r < n_rows; r++) {
+        const T *row = x + r * D;
+        T *dst = out + r * D;
+        double squares = 0, logit = 0;
+        for (int64_t d = 0; d < D; d++) squares += (double)row[d] * row[d];
+        T scale = (T)(1 / sqrt(squares / D + eps));
+        for (int64_t d = 0; d < D; d++) {
+            dst[d] = row[d] * scale * weight[d];
+            logit += (double)dst[d] * gate[d];
+        }
+        T open = (T)(1 / (1 + exp(-(logit + bias[0]))));
+        for (int64_t d = 0; d < D; d++) dst[d] *= open;
+    }
 }
 
 #undef LANES

@@ -195,12 +195,12 @@ class NativeKeyQueryConv(torch.autograd.Function):
 class MixedSoftmax(torch.autograd.Function):
     """weights = mix_heads(softmax(mix_heads(scores, pre) with each row's hidden keys at -inf), post),
     rows that see nothing 0, in one pass of the C loops (native.py) instead of five passes over
-    the maps; pre or post None: no mix there."""
+    the maps; pre or post None: no mix there; lo and hi None: every row sees every key."""
 
     @staticmethod
-    def forward(ctx, scores: Tensor, pre: Optional[Tensor], post: Optional[Tensor], lo: Tensor, hi: Tensor) -> Tensor:
+    def forward(ctx, scores: Tensor, pre: Optional[Tensor], post: Optional[Tensor], lo: Optional[Tensor], hi: Optional[Tensor]) -> Tensor:
         keep = isinstance(ctx, torch.autograd.function.FunctionCtx)  # not under `run` without gradients
-        out, probs = native.mixed_softmax(scores, pre, post, (lo, hi), keep_probs=keep)
+        out, probs = native.mixed_softmax(scores, pre, post, None if lo is None else (lo, hi), keep_probs=keep)
         if keep:
             ctx.save_for_backward(scores, probs, pre, post, lo, hi)
         return out
@@ -208,7 +208,7 @@ class MixedSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         scores, probs, pre, post, lo, hi = ctx.saved_tensors
-        grad_scores, grad_pre, grad_post = native.mixed_softmax_grad(scores, probs, grad, pre, post, (lo, hi))
+        grad_scores, grad_pre, grad_post = native.mixed_softmax_grad(scores, probs, grad, pre, post, None if lo is None else (lo, hi))
         cast = (lambda g, like: None if g is None else g.to(like.dtype))
         return grad_scores, cast(grad_pre, pre), cast(grad_post, post), None, None
 

@@ -37,7 +37,7 @@ from . import native
 from .base import Attention
 from .mta_kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
     ChunkedRows, KeyQueryConv, MixedSoftmax, VisibleKeys, band_scores, chunk_parts, chunk_positions, convolve, convolved_keys,
-    full_rows, identity_kernel, identity_mix, mix_heads, run, shifted_queries, write_band,
+    identity_kernel, identity_mix, mix_heads, run, shifted_queries, write_band,
 )
 
 
@@ -171,7 +171,7 @@ class MultiTokenAttention(Attention):
         if native.available(scores) and (visible is None or visible.lo is not None):
             # Pre mix, mask, softmax and (unless a convolution comes between) post mix in one pass
             # of C loops; rows that see nothing get zeros.
-            lo, hi = full_rows(scores) if visible is None else (visible.lo, visible.hi)
+            lo, hi = (None, None) if visible is None else (visible.lo, visible.hi)
             fused_post = None if self.kq_conv_post is not None else mix_post
             weights = run(MixedSoftmax, scores, self.mix_pre, fused_post, lo, hi)
             mix_post = None if fused_post is not None else mix_post
@@ -208,6 +208,9 @@ class MultiTokenAttention(Attention):
     def normalise(self, out: Tensor) -> Tensor:
         if self.norm is None:
             return out
+        if native.available(out) and not (torch.is_grad_enabled() and (out.requires_grad or self.gate.weight.requires_grad)):
+            # Decoding: five small operations are one call (each costs more than its arithmetic).
+            return native.gated_norm(out, self.norm.weight, self.gate.weight, self.gate.bias, self.norm.eps)
         if self.float32 and out.dtype in (torch.float16, torch.bfloat16):  # statistics in float32, as released
             normed = F.rms_norm(out.float(), self.norm.normalized_shape, eps=self.norm.eps).to(out.dtype) * self.norm.weight
         else:

@@ -68,6 +68,7 @@ def library() -> Optional[ctypes.CDLL]:
         getattr(lib, f"mixed_softmax_{suffix}").argtypes = [ptr] * 5 + [i64] * 7 + [ptr] * 2
         getattr(lib, f"mixed_softmax_grad_{suffix}").argtypes = [ptr] * 8 + [i64] * 7 + [ptr] * 2
         getattr(lib, f"mix_{suffix}").argtypes = [ptr, ptr, ptr, i64, ptr, ptr] + [i64] * 6
+        getattr(lib, f"gated_norm_{suffix}").argtypes = [ptr] * 5 + [ctypes.c_double, i64, i64]
     return lib
 
 
@@ -148,7 +149,7 @@ def mixed_softmax(scores: Tensor, pre: Optional[Tensor], post: Optional[Tensor],
     sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
     fn = getattr(library(), f"mixed_softmax_{SUFFIX[scores.dtype]}")
     pointers = [address(t) for t in (scores, out, probs, pre, post)]
-    bounds = [t.data_ptr() for t in rows]
+    bounds = [None, None] if rows is None else [t.data_ptr() for t in rows]
     split(B * R, lambda u0, u1, _: fn(*pointers, u0, u1, H, R, N, *sizes, *bounds))
     return out, (out if post is None else probs) if keep_probs else None
 
@@ -165,7 +166,7 @@ def mixed_softmax_grad(scores: Tensor, probs: Tensor, grad: Tensor, pre: Optiona
     sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
     fn = getattr(library(), f"mixed_softmax_grad_{SUFFIX[scores.dtype]}")
     pointers = [address(t) for t in (scores, probs, grad, grad_scores, pre_t, post_t)]
-    bounds = [t.data_ptr() for t in rows]
+    bounds = [None, None] if rows is None else [t.data_ptr() for t in rows]
 
     def call(u0, u1, worker):
         per_worker = [None if g is None else g[worker].data_ptr() for g in (grad_pre, grad_post)]
@@ -200,3 +201,13 @@ def mix_grad(maps: Tensor, mix: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
 
     split(B * R, call)
     return grad_maps, grad_mix.sum(0)
+
+
+def gated_norm(x: Tensor, weight: Tensor, gate: Tensor, bias: Tensor, eps: float) -> Tensor:
+    """n * sigmoid(n . gate + bias) with n = rms_norm(x) * weight, over x's last dimension (no gradient)."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    D = x.shape[-1]
+    params = [t if t.dtype == x.dtype and t.is_contiguous() else t.detach().to(x.dtype).contiguous() for t in (weight, gate, bias)]
+    getattr(library(), f"gated_norm_{SUFFIX[x.dtype]}")(x.data_ptr(), out.data_ptr(), *[t.data_ptr() for t in params], eps, x.numel() // D, D)
+    return out
