@@ -5,7 +5,8 @@ convolution as an explicit sum of shifted copies of the zero-masked scores (thet
 S0[i - a, j - b]), head mixing as a full H x H matrix, the output norm written out. The module's
 fast paths (the factorised one: far keys as one wide matrix product plus an exact band; and the
 plain chunked convolution) and its materialised `reference` are all checked against it, at
-awkward sizes: T = 1, T shorter than the band, T not a multiple of the chunk.
+awkward sizes: T = 1, T shorter than the band, T not a multiple of the chunk, each both with the
+C loops of mta_conv.c (native.py) and with torch's operations alone (the `kernels` fixture).
 
 Each test draws a fresh seed (printed on failure; MINITX_TEST_SEED replays it).
 """
@@ -19,13 +20,24 @@ import torch
 import torch.nn.functional as F
 
 from minitx import AttentionConfig, ModelConfig, Transformer
-from minitx.attention.mta_kernels import KeyQueryConv, convolve
+from minitx.attention import mta_kernels, native
+from minitx.attention.mta_kernels import KeyQueryConv, MixedSoftmax, NativeKeyQueryConv, NativeMix, convolve, run
 from minitx.attention.multi_token import MultiTokenAttention
 from minitx.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")
 
 PLACEMENTS = ["pre", "post", "both"]
+
+
+@pytest.fixture(params=["c", "torch"])
+def kernels(request, monkeypatch):
+    """Run the test with the C loops ("c"), and again with torch's operations only ("torch")."""
+    if request.param == "torch":
+        monkeypatch.setattr(native, "available", lambda maps: False)
+    elif native.library() is None:
+        pytest.skip("the C loops could not be built here (no C compiler?): the torch run covers the maths")
+    return request.param
 
 
 def mta_module(n_head: int = 4, n_kv_head: int = 4, dtype=torch.float64, **attention) -> MultiTokenAttention:
@@ -131,7 +143,7 @@ CASES = [
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "LM")
 @pytest.mark.parametrize("backend", ["factorised", "conv"])
-def test_attend_and_reference_match_the_formula(placement, case, backend):
+def test_attend_and_reference_match_the_formula(placement, case, backend, kernels):
     for T, chunk in [(1, 5), (3, 5), (23, 5), (23, 256)]:  # 3: shorter than the 10-key band
         module = mta_module(mta_conv_placement=placement, mta_backend=backend, mta_query_chunk=chunk, **case)
         q, k, v = qkv(module, T)
@@ -146,10 +158,11 @@ def test_attend_and_reference_match_the_formula(placement, case, backend):
 
 
 @pytest.mark.parametrize("c_q", range(1, 7))
-def test_factorised_path_is_exact_for_every_kernel_shape(c_q):
+@pytest.mark.parametrize("backend", ["factorised", "conv"])
+def test_fast_paths_are_exact_for_every_kernel_shape(c_q, backend, kernels):
     # Odd c_k from 1 to 11 at lengths around the band (c_q - 1 + c_k // 2 keys) and across chunks.
     for c_k in range(1, 12, 2):
-        module = mta_module(n_head=2, n_kv_head=1, mta_query_kernel=c_q, mta_key_kernel=c_k, mta_query_chunk=6)
+        module = mta_module(n_head=2, n_kv_head=1, mta_query_kernel=c_q, mta_key_kernel=c_k, mta_query_chunk=6, mta_backend=backend)
         for T in (1, 2, 9, 17):
             q, k, v = qkv(module, T, B=1)
             with torch.no_grad():
@@ -157,8 +170,9 @@ def test_factorised_path_is_exact_for_every_kernel_shape(c_q):
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
-def test_gradients_match_the_formula(placement):
-    module = mta_module(n_kv_head=2, mta_conv_placement=placement, mta_query_chunk=4)  # chunks recompute
+@pytest.mark.parametrize("backend", ["factorised", "conv"])
+def test_gradients_match_the_formula(placement, backend, kernels):
+    module = mta_module(n_kv_head=2, mta_conv_placement=placement, mta_query_chunk=4, mta_backend=backend)  # chunks recompute
     inputs = [t.requires_grad_() for t in qkv(module, 19)]
     names, params = zip(*[(n, p) for n, p in module.named_parameters() if "proj" not in n])  # MTA's own
     grad_out = torch.randn(2, 4, 19, 8, dtype=torch.float64)
@@ -172,8 +186,9 @@ def test_gradients_match_the_formula(placement):
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
-def test_no_future_token_reaches_the_past(placement):
-    module = mta_module(mta_conv_placement=placement, mta_query_chunk=7)
+@pytest.mark.parametrize("backend", ["factorised", "conv"])
+def test_no_future_token_reaches_the_past(placement, backend, kernels):
+    module = mta_module(mta_conv_placement=placement, mta_query_chunk=7, mta_backend=backend)
     q, k, v = qkv(module, 30)
     with torch.no_grad():
         base = module.attend(q, k, v)
@@ -185,8 +200,9 @@ def test_no_future_token_reaches_the_past(placement):
 
 
 def model_with(**attention) -> Transformer:
+    attention = {"mta_backend": "factorised", **attention}
     config = ModelConfig(vocab_size=17, block_size=24, n_layer=2, n_head=4, d_model=32,
-                         attention=AttentionConfig(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, mta_backend="factorised", **attention))
+                         attention=AttentionConfig(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, **attention))
     model = Transformer(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -196,8 +212,9 @@ def model_with(**attention) -> Transformer:
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
-def test_cached_decoding_equals_the_uncached_model(placement):
-    model = model_with(mta_conv_placement=placement, mta_query_kernel=3, mta_key_kernel=5)
+@pytest.mark.parametrize("backend", ["factorised", "conv"])
+def test_cached_decoding_equals_the_uncached_model(placement, backend, kernels):
+    model = model_with(mta_conv_placement=placement, mta_query_kernel=3, mta_key_kernel=5, mta_backend=backend)
     idx = torch.randint(0, 17, (2, 20))
     with torch.no_grad():
         expected = model(idx)
@@ -248,7 +265,7 @@ def test_key_query_conv_gradients_are_exact():
 
 
 @pytest.mark.parametrize("c_q, c_k, keys", [(6, 11, 1), (6, 11, 4), (6, 11, 37), (1, 1, 5), (3, 5, 2), (2, 9, 13)])
-def test_decoding_step_convolution_is_the_conv2d(c_q, c_k, keys):
+def test_decoding_step_convolution_is_the_conv2d(c_q, c_k, keys, kernels):
     # A decoding step's one output row goes through its own code (a product, then shifted sums).
     maps = torch.randn(2, 3, c_q, keys, dtype=torch.float64)
     kernel = torch.randn(3, 1, c_q, c_k, dtype=torch.float64)
@@ -286,3 +303,116 @@ def test_identity_init_is_plain_attention(placement):
     q, k, v = qkv(module, 29, dtype=torch.float32)
     with torch.no_grad():
         assert error(module.attend(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True).double()) < 1e-5
+
+
+# -- the C loops (mta_conv.c), piece by piece, against torch ------------------------------------------
+
+
+@pytest.fixture
+def c_loops():
+    if native.library() is None:
+        pytest.skip("the C loops could not be built here (no C compiler?)")
+
+
+def causal_rows(R: int, N: int, n_hist: int, first_key: int = 0):
+    """(q_pos, k_pos, VisibleKeys) for R rows (the first n_hist without a position) ending at key N - 1."""
+    q_pos = torch.cat([torch.full((n_hist,), -1), torch.arange(N - (R - n_hist), N)])
+    k_pos = torch.arange(N)
+    return q_pos, k_pos, mta_kernels.VisibleKeys(q_pos, k_pos, first_key, consecutive=True)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("c_q, c_k, R, N", [(6, 11, 6, 1), (6, 11, 9, 4), (6, 11, 40, 300), (1, 1, 3, 5), (3, 5, 19, 19), (2, 9, 7, 131)])
+def test_c_convolution_and_its_gradients_are_torch_s(c_loops, dtype, tolerance, c_q, c_k, R, N):
+    # Hidden entries count as zero going in and come out zero; the gradients of both inputs
+    # through torch's conv2d of the masked maps. N = 131, 300: not a multiple of any vector width.
+    _, _, visible = causal_rows(R, N, n_hist=c_q - 1, first_key=2)
+    maps = (3 * torch.randn(2, 3, R, N, dtype=dtype)).requires_grad_()
+    kernel = torch.randn(3, 1, c_q, c_k, dtype=dtype, requires_grad=True)
+    out_rows = visible.from_row(c_q - 1)
+    expected = F.conv2d(maps.masked_fill(visible.hidden, 0.0), kernel, padding=(0, c_k // 2), groups=3).masked_fill(out_rows.hidden, 0.0)
+    out = NativeKeyQueryConv.apply(maps, kernel, visible.lo, visible.hi, out_rows.lo, out_rows.hi)
+    assert error(out, expected.detach()) < tolerance
+    grad = torch.randn_like(out)
+    fast = torch.autograd.grad(out, (maps, kernel), grad)
+    slow = torch.autograd.grad(expected, (maps, kernel), grad)
+    scale = max(1.0, slow[1].abs().max().item())  # the kernel's gradient sums R x N products
+    assert error(fast[0], slow[0]) < tolerance and error(fast[1], slow[1]) < tolerance * scale
+
+
+def test_c_convolution_passes_gradcheck(c_loops):
+    _, _, visible = causal_rows(7, 9, n_hist=2)
+    out_rows = visible.from_row(2)
+    maps = torch.randn(1, 2, 7, 9, dtype=torch.float64, requires_grad=True)
+    kernel = torch.randn(2, 1, 3, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda m, k: NativeKeyQueryConv.apply(m, k, visible.lo, visible.hi, out_rows.lo, out_rows.hi), (maps, kernel))
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+@pytest.mark.parametrize("pre_group, post_group, R, N", [(4, 2, 7, 9), (2, None, 33, 100), (None, None, 5, 1), (4, 4, 20, 261), (None, 1, 9, 37)])
+def test_fused_softmax_is_mix_mask_softmax_mix(c_loops, dtype, tolerance, pre_group, post_group, R, N):
+    # Rows without a position see nothing (their softmax is 0, where torch's is NaN).
+    q_pos, k_pos, visible = causal_rows(R, N, n_hist=2)
+    scores = (3 * torch.randn(2, 4, R, N, dtype=dtype)).requires_grad_()
+    pre, post = [None if g is None else torch.randn(4 // g, g, g, dtype=dtype, requires_grad=True) for g in (pre_group, post_group)]
+    mixed = scores.double() if pre is None else mix_formula(scores.double(), pre)  # the reference in float64
+    expected = torch.softmax(mixed.masked_fill(visible.hidden, float("-inf")), dim=-1).nan_to_num(0.0)
+    expected = expected if post is None else mix_formula(expected, post)
+    out = MixedSoftmax.apply(scores, pre, post, visible.lo, visible.hi)
+    assert error(out, expected.detach()) < tolerance
+    with torch.no_grad():  # the same without autograd (decoding), and with every key visible
+        assert error(run(MixedSoftmax, scores, pre, post, visible.lo, visible.hi), expected) < tolerance
+        every = torch.softmax(mixed, dim=-1)
+        every = every if post is None else mix_formula(every, post)
+        assert error(run(MixedSoftmax, scores, pre, post, None, None), every) < tolerance
+    grad = torch.randn_like(out)
+    wrt = [t for t in (scores, pre, post) if t is not None]
+    for a, b in zip(torch.autograd.grad(out, wrt, grad), torch.autograd.grad(expected, wrt, grad)):
+        assert error(a, b) < tolerance * max(1.0, b.abs().max().item())
+
+
+def test_c_head_mix_and_gated_norm_are_torch_s(c_loops):
+    maps = torch.randn(2, 4, 5, 37, dtype=torch.float64, requires_grad=True)
+    mix = torch.randn(2, 2, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(NativeMix.apply, (maps, mix))
+    assert error(NativeMix.apply(maps, mix), mix_formula(maps, mix)) < 1e-12
+    module = mta_module(mta_conv_placement="pre")
+    out = torch.randn(2, 4, 3, module.head_dim, dtype=torch.float64)
+    with torch.no_grad():
+        expected = module.norm(out) * torch.sigmoid(module.gate(module.norm(out)))
+        assert error(module.normalise(out), expected) < 1e-12
+
+
+def test_c_loops_give_the_same_on_two_threads(c_loops):
+    # Work is split over maps or rows between threads, the mixes' gradients summed per thread.
+    module = mta_module(mta_backend="conv", mta_query_chunk=8)
+    inputs = [t.requires_grad_() for t in qkv(module, 29)]
+    params = [p for n, p in module.named_parameters() if "proj" not in n]
+
+    def gradients():
+        return torch.autograd.grad(module.attend(*inputs).sum(), inputs + params)
+
+    one = gradients()
+    torch.set_num_threads(2)  # the one_thread fixture puts it back
+    for a, b in zip(gradients(), one):
+        assert error(a, b) < 1e-12
+
+
+def test_without_a_compiler_mta_falls_back_to_torch(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("MINITX_CACHE", str(tmp_path / "cache"))
+    native.library.cache_clear()
+    try:
+        assert native.library() is None and not native.available(torch.zeros(1))
+        assert "could not be built" in caplog.text
+        module = mta_module(mta_backend="conv")
+        q, k, v = qkv(module, 9)
+        with torch.no_grad():
+            assert error(module.attend(q, k, v), oracle(module, q, k, v, module.norm.eps)[0]) < 1e-10
+        assert list((tmp_path / "cache").iterdir()) == []  # nothing half-built left behind
+        monkeypatch.setenv("MINITX_NATIVE", "0")  # turned off by hand: no build is tried
+        monkeypatch.setenv("MINITX_CACHE", str(tmp_path / "untouched"))
+        native.library.cache_clear()
+        assert native.library() is None and not (tmp_path / "untouched").exists()
+    finally:
+        native.library.cache_clear()  # later tests build (or load) the real one again
