@@ -65,9 +65,6 @@ def variants(args) -> dict[str, dict]:
         "mta-conv": dict(mta, mta_backend="conv"),  # the same, always the plain chunked convolution
         "mta-both": dict(mta, mta_conv_placement="both"),  # as released: pre and post convolutions
         "mta-full": dict(mta, mta_backend="conv", mta_query_chunk=max(args.seq_lens)),  # one chunk: (B, H, T, T) at once
-        "mta-c64": dict(mta, mta_query_chunk=64),
-        "mta-c128": dict(mta, mta_query_chunk=128),
-        "mta-c512": dict(mta, mta_query_chunk=512),
     }
 
 
