@@ -48,6 +48,8 @@ typedef T S(vec) __attribute__((vector_size(64), aligned(sizeof(T))));
 #define ACCUMULATORS 8
 /* Kernel columns whose gradients one pass over a row pair sums at once (11, the LM setting, in one). */
 #define TAPS 12
+/* Rows whose kernel-gradient terms each lane sums in T before they go into a double. */
+#define ROW_BLOCK 16
 
 /* Row r of the map, padded by p zeros on the left and masked to its visible keys, into dst. */
 static void S(pad_row)(T *dst, int64_t width, const T *map, int64_t r, int64_t n_rows, int64_t N,
@@ -117,50 +119,61 @@ done:
 }
 
 /* grad[m][u][w] = sum_i sum_j dout[i][j] * in~[i + u][j + w - p] over each output row's visible
- * keys (the forward wrote zeros elsewhere, so those entries pass no gradient). Sums in double. */
+ * keys (the forward wrote zeros elsewhere, so those entries pass no gradient). Each lane sums in
+ * T over a block of ROW_BLOCK rows, then the block's sums go into double. */
 void S(kernel_grad)(const T *in, const T *dout, double *grad, int64_t m0, int64_t m1, int64_t R_in, int64_t R_out,
                     int64_t N, int64_t c_q, int64_t c_k, const int64_t *in_lo, const int64_t *in_hi,
                     const int64_t *out_lo, const int64_t *out_hi) {
     typedef S(vec) V;
-    const int64_t p = c_k / 2;
-    const int64_t width = N + 2 * p + TAPS + LANES;
-    T *ring = malloc((size_t)(c_q * width) * sizeof(T));
-    if (!ring) return;
+    const int64_t p = c_k / 2, taps = (c_k + TAPS - 1) / TAPS * TAPS;
+    const int64_t width = N + 2 * p + taps + 2 * LANES;
+    T *ring = malloc((size_t)(c_q * width) * sizeof(T)), *d = malloc((size_t)(N + LANES) * sizeof(T));
+    V *sums = malloc((size_t)(c_q * taps) * sizeof(V));
+    if (!ring || !d || !sums) goto done;
     for (int64_t m = m0; m < m1; m++) {
         const T *map = in + m * R_in * N, *dmap = dout + m * R_out * N;
         double *g = grad + m * c_q * c_k;
         memset(g, 0, (size_t)(c_q * c_k) * sizeof(double));
+        memset(sums, 0, (size_t)(c_q * taps) * sizeof(V));
         for (int64_t u = 0; u < c_q - 1; u++)
             S(pad_row)(ring + (u % c_q) * width, width, map, u, R_in, N, in_lo, in_hi, p);
         for (int64_t i = 0; i < R_out; i++) {
             int64_t newest = i + c_q - 1;
             S(pad_row)(ring + (newest % c_q) * width, width, map, newest, R_in, N, in_lo, in_hi, p);
             int64_t lo = out_lo[i] < 0 ? 0 : out_lo[i], hi = out_hi[i] > N - 1 ? N - 1 : out_hi[i];
-            if (lo > hi) continue;
-            const T *d = dmap + i * N;
-            int64_t full = lo + (hi + 1 - lo) / LANES * LANES;  /* vectors up to here, then single entries */
-            for (int64_t u = 0; u < c_q; u++) {
-                if (S(row_empty)(i + u, R_in, in_lo, in_hi, N)) continue;
-                const T *x = ring + ((i + u) % c_q) * width;
-                for (int64_t w0 = 0; w0 < c_k; w0 += TAPS) {
-                    V a[TAPS] = {{0}};
-                    int64_t n_w = c_k - w0 < TAPS ? c_k - w0 : TAPS;
-                    for (int64_t j = lo; j < full; j += LANES) {
-                        V dv = *(const V *)(d + j);
-                        for (int t = 0; t < TAPS; t++)  /* reads past c_k land in the slack: unused */
-                            a[t] += dv * *(const V *)(x + j + w0 + t);
-                    }
-                    for (int64_t t = 0; t < n_w; t++) {
-                        double sum = 0;
-                        for (int64_t l = 0; l < LANES; l++) sum += a[t][l];
-                        for (int64_t j = full; j <= hi; j++) sum += (double)d[j] * x[j + w0 + t];
-                        g[u * c_k + w0 + t] += sum;
+            if (lo <= hi) {
+                /* The row's visible gradient, zero-padded to whole vectors: no single-entry tail. */
+                int64_t end = lo + (hi + 1 - lo + LANES - 1) / LANES * LANES;
+                memcpy(d + lo, dmap + i * N + lo, (size_t)(hi + 1 - lo) * sizeof(T));
+                memset(d + hi + 1, 0, (size_t)(end - hi - 1) * sizeof(T));
+                for (int64_t u = 0; u < c_q; u++) {
+                    if (S(row_empty)(i + u, R_in, in_lo, in_hi, N)) continue;
+                    const T *x = ring + ((i + u) % c_q) * width;
+                    for (int64_t w0 = 0; w0 < c_k; w0 += TAPS) {
+                        V a[TAPS];
+                        for (int t = 0; t < TAPS; t++) a[t] = sums[u * taps + w0 + t];
+                        for (int64_t j = lo; j < end; j += LANES) {
+                            V dv = *(const V *)(d + j);
+                            for (int t = 0; t < TAPS; t++)  /* taps past c_k read the slack: unused */
+                                a[t] += dv * *(const V *)(x + j + w0 + t);
+                        }
+                        for (int t = 0; t < TAPS; t++) sums[u * taps + w0 + t] = a[t];
                     }
                 }
             }
+            if ((i + 1) % ROW_BLOCK == 0 || i == R_out - 1) {
+                for (int64_t u = 0; u < c_q; u++)
+                    for (int64_t w = 0; w < c_k; w++) {
+                        double total = 0;
+                        for (int64_t l = 0; l < LANES; l++) total += sums[u * taps + w][l];
+                        g[u * c_k + w] += total;
+                    }
+                memset(sums, 0, (size_t)(c_q * taps) * sizeof(V));
+            }
         }
     }
-    free(ring);
+done:
+    free(ring), free(d), free(sums);
 }
 
 
@@ -404,4 +417,5 @@ void S(gated_norm)(const T *x, T *out, const T *weight, const T *gate, const T *
 #undef LANES
 #undef ACCUMULATORS
 #undef TAPS
+#undef ROW_BLOCK
 #endif
