@@ -1,12 +1,17 @@
-"""The key-query convolution in C (mta_conv.c), compiled on first use with the machine's C compiler.
+"""MTA's C loops (mta_conv.c), compiled on first use with the machine's C compiler, called by ctypes.
 
-Used for float32 and float64 maps on CPU; everything else (CUDA, bfloat16, no compiler) goes
-through torch's own convolution, with the same results to rounding. MINITX_NATIVE=0 turns it off.
+They cover the work MTA does on (rows x keys) maps that torch has no fused kernel for: the
+key-query convolution and its two gradients, the pre-softmax head mix + mask + softmax + post-
+softmax head mix in one pass and its gradient, head mixing alone, and (for decoding) the output
+norm and gate. Used for float32 and float64 on CPU; everything else (CUDA, bfloat16, no compiler)
+runs the same maths on torch's operations, equal to rounding (the tests hold both to one oracle).
+MINITX_NATIVE=0 turns them off.
 
 The library is built once per source and machine into ~/.cache/minitx (or $MINITX_CACHE) under a
 name that includes the source's hash, written under a temporary name and renamed into place, so
 that processes starting together (DDP ranks, parallel ablation runs) never load a half-written file.
-Work is split over maps (batch rows x heads) between torch's CPU threads; ctypes releases the GIL.
+Work is split over maps or rows between torch's CPU threads (ctypes releases the GIL); gradients
+of the small mixing matrices are summed per thread, then added up.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ def library() -> Optional[ctypes.CDLL]:
         return None
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        log.info("no C compiler found: MTA's convolution uses torch's (slower on CPU)")
+        log.info("no C compiler found: MTA runs on torch's operations (slower on CPU)")
         return None
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + " ".join([compiler, *FLAGS, platform.machine(), cpu_model()]).encode()).hexdigest()[:16]
@@ -59,7 +64,7 @@ def library() -> Optional[ctypes.CDLL]:
         lib = ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError) as error:
         detail = getattr(error, "stderr", b"") or b""
-        log.warning("MTA's C convolution could not be built (%s%s); using torch's", error, detail.decode(errors="replace")[:500])
+        log.warning("MTA's C loops could not be built (%s%s); using torch's operations", error, detail.decode(errors="replace")[:500])
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     for suffix in SUFFIX.values():
@@ -176,31 +181,31 @@ def mixed_softmax_grad(scores: Tensor, probs: Tensor, grad: Tensor, pre: Optiona
     return grad_scores, *[None if g is None else g.sum(0) for g in (grad_pre, grad_post)]
 
 
-def mix(maps: Tensor, mix: Tensor, transposed: bool = False) -> Tensor:
-    """out_h = sum_k mix[g, k, h] maps_k within groups of c_h heads (transposed: mix[g, h, k])."""
+def mix(maps: Tensor, matrix: Tensor) -> Tensor:
+    """out_h = sum_k matrix[g, k, h] maps_k within groups of c_h heads; matrix (groups, c_h, c_h)."""
     B, H, R, N = maps.shape
-    maps, weights = maps.contiguous(), mix.to(maps.dtype).contiguous()
+    maps, weights = maps.contiguous(), matrix.to(maps.dtype).contiguous()
     out = torch.empty_like(maps)
     fn = getattr(library(), f"mix_{SUFFIX[maps.dtype]}")
-    split(B * R, lambda u0, u1, _: fn(maps.data_ptr(), out.data_ptr(), weights.data_ptr(), int(transposed), None, None, u0, u1, H, R, N, mix.shape[-1]))
+    split(B * R, lambda u0, u1, _: fn(maps.data_ptr(), out.data_ptr(), weights.data_ptr(), 0, None, None, u0, u1, H, R, N, matrix.shape[-1]))
     return out
 
 
-def mix_grad(maps: Tensor, mix: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
-    """(d maps, d mix in float64) of `mix(maps, mix)` for the output gradient grad."""
+def mix_grad(maps: Tensor, matrix: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
+    """(d maps, d matrix in float64) of `mix(maps, matrix)` for the output gradient grad."""
     B, H, R, N = maps.shape
-    maps, weights, grad = maps.contiguous(), mix.to(maps.dtype).contiguous(), grad.to(maps.dtype).contiguous()
+    maps, weights, grad = maps.contiguous(), matrix.to(maps.dtype).contiguous(), grad.to(maps.dtype).contiguous()
     grad_maps = torch.empty_like(maps)
-    grad_mix = torch.zeros(workers(B * R), *mix.shape, dtype=torch.float64)
+    grad_matrix = torch.zeros(workers(B * R), *matrix.shape, dtype=torch.float64)
     fn = getattr(library(), f"mix_{SUFFIX[maps.dtype]}")
 
     def call(u0, u1, worker):
-        # The transposed mix of grad is d maps; d mix needs maps and grad, row by row alike.
-        fn(grad.data_ptr(), grad_maps.data_ptr(), weights.data_ptr(), 1, None, None, u0, u1, H, R, N, mix.shape[-1])
-        fn(maps.data_ptr(), None, weights.data_ptr(), 0, grad.data_ptr(), grad_mix[worker].data_ptr(), u0, u1, H, R, N, mix.shape[-1])
+        # d maps is the transposed mix of grad; d matrix needs maps and grad, row by row alike.
+        fn(grad.data_ptr(), grad_maps.data_ptr(), weights.data_ptr(), 1, None, None, u0, u1, H, R, N, matrix.shape[-1])
+        fn(maps.data_ptr(), None, weights.data_ptr(), 0, grad.data_ptr(), grad_matrix[worker].data_ptr(), u0, u1, H, R, N, matrix.shape[-1])
 
     split(B * R, call)
-    return grad_maps, grad_mix.sum(0)
+    return grad_maps, grad_matrix.sum(0)
 
 
 def gated_norm(x: Tensor, weight: Tensor, gate: Tensor, bias: Tensor, eps: float) -> Tensor:
