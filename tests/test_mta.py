@@ -200,9 +200,9 @@ def test_no_future_token_reaches_the_past(placement, backend, kernels):
 
 
 def model_with(**attention) -> Transformer:
-    attention = {"mta_backend": "factorised", **attention}
+    attention = {"mta_backend": "factorised", "mta_conv_layers": [0, 1], **attention}
     config = ModelConfig(vocab_size=17, block_size=24, n_layer=2, n_head=4, d_model=32,
-                         attention=AttentionConfig(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, **attention))
+                         attention=AttentionConfig(kind="mta", mta_query_chunk=5, **attention))
     model = Transformer(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -221,6 +221,27 @@ def test_cached_decoding_equals_the_uncached_model(placement, backend, kernels):
         cache = model.new_cache(batch=2)
         steps = [model(idx[:, :7], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(7, 20)]
     assert (torch.cat(steps, dim=1) - expected).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("n_kv_head, group", [(4, None), (2, 2)])
+def test_cached_decoding_of_layers_without_convolution(n_kv_head, group, kernels, monkeypatch):
+    # Layer 0 has no convolution: a decoding step there is one C call (scores, softmax, both
+    # mixes, @ V, norm and gate). Up to block_size (24) against the uncached model; past it (the
+    # cache slides, and earlier tokens' states came from other windows) against torch's steps.
+    model = model_with(mta_conv_layers=[1], n_kv_head=n_kv_head, mta_head_group=group)
+    assert model.blocks[0].attn.n_hist == 0
+    idx = torch.randint(0, 17, (2, 30))
+
+    def decode():
+        cache = model.new_cache(batch=2)
+        return torch.cat([model(idx[:, :7], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(7, 30)], dim=1)
+
+    with torch.no_grad():
+        steps = decode()
+        assert (steps[:, :24] - model(idx[:, :24])).abs().max().item() < 1e-5
+        with monkeypatch.context() as torch_only:
+            torch_only.setattr(native, "available", lambda maps: False)
+            assert (steps - decode()).abs().max().item() < 1e-5
 
 
 # -- the released options ---------------------------------------------------------------------------------

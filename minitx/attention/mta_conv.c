@@ -293,6 +293,16 @@ static void S(zero_outside)(T *row, int64_t N, int64_t a, int64_t e) {
     memset(row + e, 0, (size_t)(N - e) * sizeof(T));
 }
 
+/* One row of every head over keys a .. e - 1: p = softmax(pre-mix of src), dst = post-mix of p
+ * (pre, post NULL: no mix; dst may be p then). */
+static void S(weigh_row)(T **dst, T **p, T *const *src, const T *pre, const T *post, int64_t H, int64_t c_pre,
+                         int64_t c_post, int64_t a, int64_t e) {
+    if (pre) S(mix_rows)(p, src, pre, 0, H, c_pre, a, e);
+    else for (int64_t h = 0; h < H; h++) if (p[h] != src[h]) memcpy(p[h] + a, src[h] + a, (size_t)(e - a) * sizeof(T));
+    for (int64_t h = 0; h < H; h++) S(softmax_row)(p[h], a, e);
+    if (post) S(mix_rows)(dst, p, post, 0, H, c_post, a, e);
+}
+
 /* Rows (b, i), unit u = b * R + i from u0 to u1, of (B, H, R, N) maps; row i sees keys lo_i..hi_i:
  *     M = pre-mix of C (pre NULL: M = C),  P = softmax of M over the visible keys,
  *     out = post-mix of P (post NULL: out = P);  probs (if not NULL) gets P.
@@ -319,10 +329,7 @@ void S(mixed_softmax)(const T *scores, T *out, T *probs, const T *pre, const T *
             }
             continue;
         }
-        if (pre) S(mix_rows)(p, src, pre, 0, H, c_pre, a, e);
-        else for (int64_t h = 0; h < H; h++) memcpy(p[h] + a, src[h] + a, (size_t)(e - a) * sizeof(T));
-        for (int64_t h = 0; h < H; h++) S(softmax_row)(p[h], a, e);
-        if (post) S(mix_rows)(dst, p, post, 0, H, c_post, a, e);
+        S(weigh_row)(dst, p, src, pre, post, H, c_pre, c_post, a, e);
         for (int64_t h = 0; h < H; h++) {
             S(zero_outside)(dst[h], N, a, e);
             if (probs) S(zero_outside)(p[h], N, a, e);
@@ -412,6 +419,39 @@ void S(gated_norm)(const T *x, T *out, const T *weight, const T *gate, const T *
         T open = (T)(1 / (1 + exp(-(logit + bias[0]))));
         for (int64_t d = 0; d < D; d++) dst[d] *= open;
     }
+}
+
+/* Decoding without gradients, for a layer without a convolution whose new queries see every key:
+ * for rows (b, i), u = b * T + i from u0 to u1, and each head h (kv head g = h / (H / G)),
+ *     S_h = scale q_h K_g^T,  P' = post-mix(softmax(pre-mix(S))),  o_h = P'_h V_g,
+ *     out_h = gated_norm(o_h) if norm is given, else o_h.
+ * q, out: (B, H, T, D) contiguous; k, v: rows of D numbers, (b, g, j) at b * batch + g * head + j * D. */
+void S(attend_rows)(const T *q, const T *k, const T *v, T *out, int64_t batch, int64_t head, const T *pre, const T *post,
+                    const T *norm, const T *gate, const T *bias, double eps, double scale, int64_t u0, int64_t u1,
+                    int64_t H, int64_t G, int64_t T_new, int64_t N, int64_t D, int64_t c_pre, int64_t c_post) {
+    T *buffer = malloc((size_t)(2 * H * N + LANES) * sizeof(T));
+    T **rows = malloc((size_t)(3 * H) * sizeof(T *));
+    if (!buffer || !rows) goto done;
+    T **s = rows, **p = rows + H, **w = rows + 2 * H;
+    for (int64_t h = 0; h < H; h++) s[h] = buffer + h * N, p[h] = buffer + (H + h) * N, w[h] = post ? s[h] : p[h];
+    for (int64_t unit = u0; unit < u1; unit++) {
+        int64_t b = unit / T_new, i = unit % T_new;
+        for (int64_t h = 0; h < H; h++) {
+            const T *qh = q + ((b * H + h) * T_new + i) * D, *kg = k + b * batch + h / (H / G) * head;
+            for (int64_t j = 0; j < N; j++) s[h][j] = (T)(scale * S(dot)(qh, kg + j * D, 0, D));
+        }
+        S(weigh_row)(w, p, s, pre, post, H, c_pre, c_post, 0, N);  /* the post-mixed weights land in s */
+        for (int64_t h = 0; h < H; h++) {
+            const T *vg = v + b * batch + h / (H / G) * head;
+            T *o = out + ((b * H + h) * T_new + i) * D;
+            memset(o, 0, (size_t)D * sizeof(T));
+            for (int64_t j = 0; j < N; j++)
+                for (int64_t d = 0; d < D; d++) o[d] += w[h][j] * vg[j * D + d];
+            if (norm) S(gated_norm)(o, o, norm, gate, bias, eps, 1, D);
+        }
+    }
+done:
+    free(buffer), free(rows);
 }
 
 #undef LANES

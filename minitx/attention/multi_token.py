@@ -269,6 +269,10 @@ class MultiTokenAttention(Attention):
             # No convolution on this layer: the new queries' rows alone, masked as the cache says
             # (for one new token usually not at all), as for plain attention.
             keys, values, mask = cache.update(k, v)
+            if mask is None and native.available(q) and not self.dropout_p and not torch.is_grad_enabled():
+                # The usual decoding step: one C call for the scores, softmax, mixes, @ V and the norm.
+                norm = None if self.norm is None else (self.norm.weight, self.gate.weight, self.gate.bias, self.norm.eps)
+                return native.attend_rows(q, keys.to(q.dtype), values.to(q.dtype), self.scale, self.mix_pre, self.mix_post, norm)
             B, H, T, D = q.shape
             G, Tk = keys.shape[1], keys.shape[2]
             scores = ((q * self.scale).reshape(B, G, (H // G) * T, D) @ keys.to(q.dtype).transpose(-2, -1)).view(B, H, T, Tk)

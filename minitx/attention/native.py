@@ -74,6 +74,7 @@ def library() -> Optional[ctypes.CDLL]:
         getattr(lib, f"mixed_softmax_grad_{suffix}").argtypes = [ptr] * 8 + [i64] * 7 + [ptr] * 2
         getattr(lib, f"mix_{suffix}").argtypes = [ptr, ptr, ptr, i64, ptr, ptr] + [i64] * 6
         getattr(lib, f"gated_norm_{suffix}").argtypes = [ptr] * 5 + [ctypes.c_double, i64, i64]
+        getattr(lib, f"attend_rows_{suffix}").argtypes = [ptr] * 4 + [i64] * 2 + [ptr] * 5 + [ctypes.c_double] * 2 + [i64] * 9
     return lib
 
 
@@ -215,4 +216,24 @@ def gated_norm(x: Tensor, weight: Tensor, gate: Tensor, bias: Tensor, eps: float
     D = x.shape[-1]
     params = [t if t.dtype == x.dtype and t.is_contiguous() else t.detach().to(x.dtype).contiguous() for t in (weight, gate, bias)]
     getattr(library(), f"gated_norm_{SUFFIX[x.dtype]}")(x.data_ptr(), out.data_ptr(), *[t.data_ptr() for t in params], eps, x.numel() // D, D)
+    return out
+
+
+def attend_rows(q: Tensor, k: Tensor, v: Tensor, scale: float, pre: Optional[Tensor], post: Optional[Tensor], norm) -> Tensor:
+    """Decoding without gradients for a layer without a convolution, new queries seeing every key:
+    post-mix(softmax(pre-mix(scale q K^T))) V per head, then the gated norm if norm = (weight,
+    gate weight, gate bias, eps) is given. q (B, H, T, D); k, v (B, G, Tk, D), rows contiguous."""
+    B, H, T, D = q.shape
+    G, N = k.shape[1], k.shape[2]
+    q = q.contiguous()
+    k, v = [t if t.stride(-1) == 1 and t.stride(-2) == D and t.stride(0) == v.stride(0) else t.contiguous() for t in (k, v)]
+    if k.stride()[:2] != v.stride()[:2]:
+        k, v = k.contiguous(), v.contiguous()
+    out = torch.empty_like(q)
+    weight, gate, bias, eps = norm if norm is not None else (None, None, None, 0.0)
+    params = [None if t is None else t.detach().to(q.dtype).contiguous() for t in (pre, post, weight, gate, bias)]
+    fn = getattr(library(), f"attend_rows_{SUFFIX[q.dtype]}")
+    sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
+    pointers = [address(t) for t in (q, k, v, out)]
+    split(B * T, lambda u0, u1, _: fn(*pointers, k.stride(0), k.stride(1), *[address(t) for t in params], eps, scale, u0, u1, H, G, T, N, D, *sizes))
     return out
