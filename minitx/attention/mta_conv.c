@@ -454,6 +454,53 @@ done:
     free(buffer), free(rows);
 }
 
+/* The same for a layer with the pre-softmax convolution (kernel (H, c_q, c_k)): q holds R rows per
+ * head, the c_q - 1 history rows first; row r sees keys lo[r] .. hi[r]. The last R - c_q + 1 rows
+ * are attended: scores of all R rows, the convolution (conv above), then as attend_rows over each
+ * output row's visible keys. out: (B, H, R - c_q + 1, D). */
+void S(attend_rows_conv)(const T *q, const T *k, const T *v, T *out, int64_t batch, int64_t head, const T *kernel,
+                         const T *pre, const T *post, const T *norm, const T *gate, const T *bias, double eps,
+                         double scale, int64_t b0, int64_t b1, int64_t H, int64_t G, int64_t R, int64_t N, int64_t D,
+                         int64_t c_q, int64_t c_k, int64_t c_pre, int64_t c_post, const int64_t *lo, const int64_t *hi) {
+    int64_t R_out = R - c_q + 1;
+    T *scores = malloc((size_t)(H * R * N) * sizeof(T)), *conved = malloc((size_t)(H * R_out * N) * sizeof(T));
+    T *buffer = malloc((size_t)(H * N + LANES) * sizeof(T));
+    T **rows = malloc((size_t)(3 * H) * sizeof(T *));
+    if (!scores || !conved || !buffer || !rows) goto done;
+    T **c = rows, **p = rows + H, **w = rows + 2 * H;
+    for (int64_t b = b0; b < b1; b++) {
+        for (int64_t h = 0; h < H; h++) {
+            const T *kg = k + b * batch + h / (H / G) * head;
+            for (int64_t r = 0; r < R; r++) {
+                const T *qr = q + ((b * H + h) * R + r) * D;
+                T *dst = scores + (h * R + r) * N;
+                int64_t a = lo[r] < 0 ? 0 : lo[r], e = hi[r] > N - 1 ? N : hi[r] + 1;
+                for (int64_t j = a; j < e; j++) dst[j] = (T)(scale * S(dot)(qr, kg + j * D, 0, D));
+            }
+        }
+        S(conv)(scores, conved, kernel, 0, H, H, R, R_out, N, c_q, c_k, 0, lo, hi, lo + c_q - 1, hi + c_q - 1);
+        for (int64_t i = 0; i < R_out; i++) {
+            int64_t a = lo[c_q - 1 + i] < 0 ? 0 : lo[c_q - 1 + i], e = hi[c_q - 1 + i] > N - 1 ? N : hi[c_q - 1 + i] + 1;
+            for (int64_t h = 0; h < H; h++) {
+                c[h] = conved + (h * R_out + i) * N, p[h] = buffer + h * N, w[h] = post ? c[h] : p[h];
+                T *o = out + ((b * H + h) * R_out + i) * D;
+                memset(o, 0, (size_t)D * sizeof(T));
+            }
+            if (a >= e) continue;  /* a row that sees nothing attends to nothing */
+            S(weigh_row)(w, p, c, pre, post, H, c_pre, c_post, a, e);
+            for (int64_t h = 0; h < H; h++) {
+                const T *vg = v + b * batch + h / (H / G) * head;
+                T *o = out + ((b * H + h) * R_out + i) * D;
+                for (int64_t j = a; j < e; j++)
+                    for (int64_t d = 0; d < D; d++) o[d] += w[h][j] * vg[j * D + d];
+                if (norm) S(gated_norm)(o, o, norm, gate, bias, eps, 1, D);
+            }
+        }
+    }
+done:
+    free(scores), free(conved), free(buffer), free(rows);
+}
+
 #undef LANES
 #undef ACCUMULATORS
 #undef TAPS

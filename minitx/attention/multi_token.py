@@ -271,8 +271,7 @@ class MultiTokenAttention(Attention):
             keys, values, mask = cache.update(k, v)
             if mask is None and native.available(q) and not self.dropout_p and not torch.is_grad_enabled():
                 # The usual decoding step: one C call for the scores, softmax, mixes, @ V and the norm.
-                norm = None if self.norm is None else (self.norm.weight, self.gate.weight, self.gate.bias, self.norm.eps)
-                return native.attend_rows(q, keys.to(q.dtype), values.to(q.dtype), self.scale, self.mix_pre, self.mix_post, norm)
+                return native.attend_rows(q, keys.to(q.dtype), values.to(q.dtype), self.scale, self.mix_pre, self.mix_post, self.norm_parts())
             B, H, T, D = q.shape
             G, Tk = keys.shape[1], keys.shape[2]
             scores = ((q * self.scale).reshape(B, G, (H // G) * T, D) @ keys.to(q.dtype).transpose(-2, -1)).view(B, H, T, Tk)
@@ -289,8 +288,18 @@ class MultiTokenAttention(Attention):
         keys, values, k_pos = cache.contents(ordered=self.c_k > 1)  # only a key-axis convolution needs order
         first_key = cache.n_seen - cache.window  # n_seen already counts the new tokens
         in_order = self.c_k > 1 or cache.n_seen <= cache.capacity  # before it wraps, slot order is position order
-        out, _ = self.rows(rows, keys.to(q.dtype), values.to(q.dtype), rows_pos, k_pos, first_key, consecutive=in_order)
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
+        if self.kq_conv_post is None and in_order and native.available(q) and not self.dropout_p and not torch.is_grad_enabled():
+            # The usual decoding step: one C call for the scores, convolution, softmax, mixes, @ V and norm.
+            visible = VisibleKeys(rows_pos, k_pos, first_key, consecutive=True)
+            return native.attend_rows_conv(rows, keys, values, self.scale, self.kq_conv[:, 0], (visible.lo, visible.hi),
+                                           self.mix_pre, self.mix_post, self.norm_parts())
+        out, _ = self.rows(rows, keys, values, rows_pos, k_pos, first_key, consecutive=in_order)
         return out
+
+    def norm_parts(self) -> Optional[tuple]:
+        """(norm weight, gate weight, gate bias, eps) for the C loops, None without the output norm."""
+        return None if self.norm is None else (self.norm.weight, self.gate.weight, self.gate.bias, self.norm.eps)
 
     def on_prefill(self, q: Tensor, cache: MTACache) -> None:
         cache.remember_queries(q)  # the convolution of the next steps looks back on these

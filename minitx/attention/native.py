@@ -75,6 +75,7 @@ def library() -> Optional[ctypes.CDLL]:
         getattr(lib, f"mix_{suffix}").argtypes = [ptr, ptr, ptr, i64, ptr, ptr] + [i64] * 6
         getattr(lib, f"gated_norm_{suffix}").argtypes = [ptr] * 5 + [ctypes.c_double, i64, i64]
         getattr(lib, f"attend_rows_{suffix}").argtypes = [ptr] * 4 + [i64] * 2 + [ptr] * 5 + [ctypes.c_double] * 2 + [i64] * 9
+        getattr(lib, f"attend_rows_conv_{suffix}").argtypes = [ptr] * 4 + [i64] * 2 + [ptr] * 6 + [ctypes.c_double] * 2 + [i64] * 11 + [ptr] * 2
     return lib
 
 
@@ -225,10 +226,7 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, scale: float, pre: Optional[Ten
     gate weight, gate bias, eps) is given. q (B, H, T, D); k, v (B, G, Tk, D), rows contiguous."""
     B, H, T, D = q.shape
     G, N = k.shape[1], k.shape[2]
-    q = q.contiguous()
-    k, v = [t if t.stride(-1) == 1 and t.stride(-2) == D and t.stride(0) == v.stride(0) else t.contiguous() for t in (k, v)]
-    if k.stride()[:2] != v.stride()[:2]:
-        k, v = k.contiguous(), v.contiguous()
+    q, k, v = decoding_layout(q, k, v)
     out = torch.empty_like(q)
     weight, gate, bias, eps = norm if norm is not None else (None, None, None, 0.0)
     params = [None if t is None else t.detach().to(q.dtype).contiguous() for t in (pre, post, weight, gate, bias)]
@@ -236,4 +234,33 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, scale: float, pre: Optional[Ten
     sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
     pointers = [address(t) for t in (q, k, v, out)]
     split(B * T, lambda u0, u1, _: fn(*pointers, k.stride(0), k.stride(1), *[address(t) for t in params], eps, scale, u0, u1, H, G, T, N, D, *sizes))
+    return out
+
+
+def decoding_layout(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q contiguous; k and v with contiguous rows of D and the same batch and head strides (a cache's
+    filled slots are a view of its buffers: no copy then)."""
+    D = q.shape[-1]
+    k, v = [t if t.stride(-1) == 1 and t.stride(-2) == D else t.contiguous() for t in (k, v)]
+    if k.stride()[:2] != v.stride()[:2]:
+        k, v = k.contiguous(), v.contiguous()
+    return q.contiguous(), k, v
+
+
+def attend_rows_conv(q: Tensor, k: Tensor, v: Tensor, scale: float, kernel: Tensor, rows: tuple[Tensor, Tensor],
+                     pre: Optional[Tensor], post: Optional[Tensor], norm) -> Tensor:
+    """`attend_rows` for a layer with the pre-softmax convolution: q (B, H, R, D) holds c_q - 1
+    history rows, then the new ones; rows (lo, hi): the keys each of the R rows sees. (B, H, R - c_q + 1, D)."""
+    B, H, R, D = q.shape
+    G, N = k.shape[1], k.shape[2]
+    c_q, c_k = kernel.shape[-2:]
+    q, k, v = decoding_layout(q, k, v)
+    out = q.new_empty(B, H, R - c_q + 1, D)
+    weight, gate, bias, eps = norm if norm is not None else (None, None, None, 0.0)
+    params = [None if t is None else t.detach().to(q.dtype).contiguous() for t in (kernel, pre, post, weight, gate, bias)]
+    fn = getattr(library(), f"attend_rows_conv_{SUFFIX[q.dtype]}")
+    sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
+    pointers = [address(t) for t in (q, k, v, out)]
+    bounds = [t.data_ptr() for t in rows]
+    split(B, lambda b0, b1, _: fn(*pointers, k.stride(0), k.stride(1), *[address(t) for t in params], eps, scale, b0, b1, H, G, R, N, D, c_q, c_k, *sizes, *bounds))
     return out
