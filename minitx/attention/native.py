@@ -143,6 +143,14 @@ def address(t: Optional[Tensor]) -> Optional[int]:
     return None if t is None else t.data_ptr()
 
 
+def as_dtype(t: Optional[Tensor], dtype) -> Optional[Tensor]:
+    """A parameter as the C loops read it: contiguous, in dtype (most often as it is: a decoding step
+    makes about 25 of these calls, and a copy or a detached view costs more than the check)."""
+    if t is None or (t.dtype == dtype and t.is_contiguous()):
+        return t
+    return t.detach().to(dtype).contiguous()
+
+
 def mixed_softmax(scores: Tensor, pre: Optional[Tensor], post: Optional[Tensor], rows: tuple[Tensor, Tensor], keep_probs: bool):
     """(out, probs): probs = softmax over each row's visible keys lo..hi of the head-mixed scores
     M_h = sum_h' pre[g, h', h] C_h' (pre None: M = C), out = the same mix of probs by post (None:
@@ -215,7 +223,7 @@ def gated_norm(x: Tensor, weight: Tensor, gate: Tensor, bias: Tensor, eps: float
     x = x.contiguous()
     out = torch.empty_like(x)
     D = x.shape[-1]
-    params = [t if t.dtype == x.dtype and t.is_contiguous() else t.detach().to(x.dtype).contiguous() for t in (weight, gate, bias)]
+    params = [as_dtype(t, x.dtype) for t in (weight, gate, bias)]
     getattr(library(), f"gated_norm_{SUFFIX[x.dtype]}")(x.data_ptr(), out.data_ptr(), *[t.data_ptr() for t in params], eps, x.numel() // D, D)
     return out
 
@@ -229,7 +237,7 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, scale: float, pre: Optional[Ten
     q, k, v = decoding_layout(q, k, v)
     out = torch.empty_like(q)
     weight, gate, bias, eps = norm if norm is not None else (None, None, None, 0.0)
-    params = [None if t is None else t.detach().to(q.dtype).contiguous() for t in (pre, post, weight, gate, bias)]
+    params = [as_dtype(t, q.dtype) for t in (pre, post, weight, gate, bias)]
     fn = getattr(library(), f"attend_rows_{SUFFIX[q.dtype]}")
     sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
     pointers = [address(t) for t in (q, k, v, out)]
@@ -257,7 +265,7 @@ def attend_rows_conv(q: Tensor, k: Tensor, v: Tensor, scale: float, kernel: Tens
     q, k, v = decoding_layout(q, k, v)
     out = q.new_empty(B, H, R - c_q + 1, D)
     weight, gate, bias, eps = norm if norm is not None else (None, None, None, 0.0)
-    params = [None if t is None else t.detach().to(q.dtype).contiguous() for t in (kernel, pre, post, weight, gate, bias)]
+    params = [as_dtype(t, q.dtype) for t in (kernel, pre, post, weight, gate, bias)]
     fn = getattr(library(), f"attend_rows_conv_{SUFFIX[q.dtype]}")
     sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
     pointers = [address(t) for t in (q, k, v, out)]
