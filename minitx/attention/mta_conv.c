@@ -1,6 +1,7 @@
-/* The key-query convolution of multi-token attention, computed directly on (rows x keys) maps.
+/* Multi-token attention's work on (rows x keys) maps, as C loops (called through native.py).
  *
- * Per map (one batch row and head), with p = c_k / 2 and a (c_q, c_k) kernel k:
+ * conv: the key-query convolution. Per map (one batch row and head), with p = c_k / 2 and a
+ * (c_q, c_k) kernel k:
  *
  *     out[i][j] = sum_u sum_w k[u][w] * in~[i + offset + u][j + w - p]     for lo'_i <= j <= hi'_i, else 0
  *
@@ -8,12 +9,17 @@
  * every row outside 0..R_in-1, every key outside 0..N-1) read as zero. The causal mask is thereby
  * part of the convolution: no masked copy of the scores is made, and entries no row may see are
  * not computed. offset = 0 is the convolution; offset = -(c_q - 1) with the kernel flipped on both
- * axes is its transpose (the gradient with respect to the input). `kernel_grad` is the gradient
- * with respect to the kernel.
+ * axes is its transpose (the gradient with respect to the input). kernel_grad: the gradient with
+ * respect to the kernel.
+ * mixed_softmax (and _grad): pre-softmax head mix, mask, softmax and post-softmax head mix, a row
+ * of every head at a time. mix: head mixing alone. gated_norm: the output norm and gate.
+ * attend_rows (and _conv): a whole decoding step of a layer, from q, the cached k and v.
  *
  * Why by hand: oneDNN's depthwise convolution of these maps runs at a tenth of matrix-product
- * speed on CPU (measured), while these loops keep several vector sums in registers and stream
- * c_q padded input rows past them (kept in a ring: each row is padded and masked once).
+ * speed on CPU, BLAS multiplies by a 4 x 4 head-mixing matrix at a fraction of memory speed, and a
+ * decoding step made of small torch operations costs more in dispatch than in arithmetic (all
+ * measured: benchmarks/RESULTS.md). The convolution keeps several vector sums in registers and
+ * streams c_q padded input rows past them (kept in a ring: each row is padded and masked once).
  * Compiled at first use by minitx/attention/native.py; this file includes itself once for float
  * and once for double.
  */

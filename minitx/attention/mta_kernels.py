@@ -13,13 +13,18 @@
   matrix product instead of a convolution of the whole score map; `band_scores` computes the
   `off` band entries of each row exactly, from the scores of each query with its nearest keys.
 
+- on CPU in float32/float64, the same through the C loops of mta_conv.c (native.py):
+  `NativeKeyQueryConv` (the convolution, masked by each row's interval of visible keys,
+  `VisibleKeys`), `MixedSoftmax` (pre mix, mask, softmax and post mix in one pass), `NativeMix`;
+  `run` calls their forward alone where nothing needs a gradient.
+
 The kernel is stored as cross-correlation weights theta[h, 0, u, w]: row u = c_q - 1 looks at the
 current query, u = 0 at the query c_q - 1 rows back; column w = c_k // 2 is the same key.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -241,6 +246,8 @@ def mix_heads(maps: Tensor, mix: Tensor) -> Tensor:
 
 
 class NativeMix(torch.autograd.Function):
+    """mix_heads by the C loops, and its gradients (the matrix's summed in double per thread)."""
+
     @staticmethod
     def forward(ctx, maps: Tensor, mix: Tensor) -> Tensor:
         ctx.save_for_backward(maps, mix)

@@ -76,10 +76,10 @@ class MTACache(KVCache):
         return super().nbytes() + (self.queries.nbytes if self.queries is not None else 0)
 
 
-# mta_backend "auto": with the C convolution (native.py) the plain chunked convolution at every T
-# (30-40% faster than the factorised path at T = 1024 and 4096, 2x at 256, benchmarks/RESULTS.md);
-# with torch's convolution, the factorised path from this many tokens on (torch's convolution 20-30%
-# faster at T = 256, the factorised path 20-25% faster at 1024 and 40-70% at 4096).
+# mta_backend "auto": with the C loops (native.py) the plain chunked convolution at every T (the
+# factorised path took 2.2x its time at T = 256 and 1.7-1.8x at 1024 and 4096, benchmarks/RESULTS.md);
+# without them, the factorised path from this many tokens on (torch's convolution 20-30% faster at
+# T = 256, the factorised path 20-25% faster at 1024 and 40-70% at 4096).
 FACTORISED_FROM = 512
 
 
