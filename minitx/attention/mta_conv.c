@@ -427,6 +427,15 @@ void S(gated_norm)(const T *x, T *out, const T *weight, const T *gate, const T *
     }
 }
 
+/* o = sum over keys a .. e - 1 of weights[j] v[j] (rows of D), then the gated norm if norm is given. */
+static void S(weighted_values)(T *o, const T *weights, const T *v, int64_t a, int64_t e, int64_t D, const T *norm,
+                               const T *gate, const T *bias, double eps) {
+    memset(o, 0, (size_t)D * sizeof(T));
+    for (int64_t j = a; j < e; j++)
+        for (int64_t d = 0; d < D; d++) o[d] += weights[j] * v[j * D + d];
+    if (norm) S(gated_norm)(o, o, norm, gate, bias, eps, 1, D);
+}
+
 /* Decoding without gradients, for a layer without a convolution whose new queries see every key:
  * for rows (b, i), u = b * T + i from u0 to u1, and each head h (kv head g = h / (H / G)),
  *     S_h = scale q_h K_g^T,  P' = post-mix(softmax(pre-mix(S))),  o_h = P'_h V_g,
@@ -447,14 +456,9 @@ void S(attend_rows)(const T *q, const T *k, const T *v, T *out, int64_t batch, i
             for (int64_t j = 0; j < N; j++) s[h][j] = (T)(scale * S(dot)(qh, kg + j * D, 0, D));
         }
         S(weigh_row)(w, p, s, pre, post, H, c_pre, c_post, 0, N);  /* the post-mixed weights land in s */
-        for (int64_t h = 0; h < H; h++) {
-            const T *vg = v + b * batch + h / (H / G) * head;
-            T *o = out + ((b * H + h) * T_new + i) * D;
-            memset(o, 0, (size_t)D * sizeof(T));
-            for (int64_t j = 0; j < N; j++)
-                for (int64_t d = 0; d < D; d++) o[d] += w[h][j] * vg[j * D + d];
-            if (norm) S(gated_norm)(o, o, norm, gate, bias, eps, 1, D);
-        }
+        for (int64_t h = 0; h < H; h++)
+            S(weighted_values)(out + ((b * H + h) * T_new + i) * D, w[h], v + b * batch + h / (H / G) * head, 0, N, D,
+                               norm, gate, bias, eps);
     }
 done:
     free(buffer), free(rows);
@@ -494,13 +498,9 @@ void S(attend_rows_conv)(const T *q, const T *k, const T *v, T *out, int64_t bat
             }
             if (a >= e) continue;  /* a row that sees nothing attends to nothing */
             S(weigh_row)(w, p, c, pre, post, H, c_pre, c_post, a, e);
-            for (int64_t h = 0; h < H; h++) {
-                const T *vg = v + b * batch + h / (H / G) * head;
-                T *o = out + ((b * H + h) * R_out + i) * D;
-                for (int64_t j = a; j < e; j++)
-                    for (int64_t d = 0; d < D; d++) o[d] += w[h][j] * vg[j * D + d];
-                if (norm) S(gated_norm)(o, o, norm, gate, bias, eps, 1, D);
-            }
+            for (int64_t h = 0; h < H; h++)
+                S(weighted_values)(out + ((b * H + h) * R_out + i) * D, w[h], v + b * batch + h / (H / G) * head, a, e,
+                                   D, norm, gate, bias, eps);
         }
     }
 done:
