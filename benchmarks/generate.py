@@ -85,15 +85,17 @@ def speed_table(rows_to_time: list[tuple[str, dict]], new_tokens: int, repeats: 
     return "\n".join(rows)
 
 
-def step_table(shape: dict, repeats: int, steps: int = 300) -> str:
+def step_table(shape: dict, kinds: list[str], repeats: int, steps: int = 300) -> str:
     """Milliseconds of one cached model step (batch 1, 60 tokens in the cache; best of `repeats`
-    runs of `steps` steps), under no_grad and under inference_mode, for the default shape and the
-    same model at d_model 8: the second is almost all fixed per-operation cost, so the difference
-    is the arithmetic."""
+    runs of `steps` steps), under no_grad and under inference_mode, for each kind at the default
+    shape and the first kind at d_model 8: the last is almost all fixed per-operation cost, so the
+    difference is the arithmetic."""
     rows = ["| model | no_grad (ms) | inference_mode (ms) |", "|---|---:|---:|"]
-    for label, d_model in ((f"d_model {shape['d_model']}", shape["d_model"]), ("d_model 8", 8)):
+    models = [(f"{kind}, d_model {shape['d_model']}", dict(shape, attention=AttentionConfig(**KINDS[kind]))) for kind in kinds]
+    models.append((f"{kinds[0]}, d_model 8", dict(shape, d_model=8, attention=AttentionConfig(**KINDS[kinds[0]]))))
+    for label, config in models:
         torch.manual_seed(0)
-        model = Transformer(ModelConfig(**dict(shape, d_model=d_model))).eval()
+        model = Transformer(ModelConfig(**config)).eval()
         cells = []
         for mode in (torch.no_grad, torch.inference_mode):
             with mode():
@@ -146,7 +148,7 @@ def main() -> None:
     speed_table(rows, args.new_tokens, args.repeats)
     print(f"(load average {os.getloadavg()[0]:.1f} at the end)")
     print(f"\n### One cached model step, without the sampling loop (best of {args.repeats})\n")
-    print(step_table(shape, args.repeats))
+    print(step_table(shape, args.kinds, args.repeats))
     lengths = [128, 512, 2048, 8192]
     print(f"\n### KV cache memory (fp32, batch 1, block_size raised to {max(lengths)} so full attention can grow)\n")
     print(memory_table(shape, lengths))

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,14 +49,26 @@ def test_generate_benchmark_prints_speed_and_memory(tmp_path):
                      "--contexts", "16", cwd=tmp_path)
     speed_text, memory_text = out.split("### KV cache memory")
     speed_text, step_text = speed_text.split("### One cached model step")
-    steps = {row[0]: row for row in table_rows(step_text, "d_model")}
-    assert set(steps) == {"d_model 128", "d_model 8"} and all(float(ms) > 0 for row in steps.values() for ms in row[1:])
+    steps = {row[0]: row for row in table_rows(step_text, "")[2:]}
+    assert set(steps) == {"mha, d_model 128", "local (window 64), d_model 128", "mha, d_model 8"}
+    assert all(float(ms) > 0 for row in steps.values() for ms in row[1:])
     speed = {row[0]: row for row in table_rows(speed_text, "")[2:]}  # after the header and the rule
     assert set(speed) == {"mha", "local (window 64)", "mha, block_size 16"}
     assert all(re.fullmatch(r"[\d.]+x", row[3]) for row in speed.values())  # the speed-up column
     memory = {row[0]: row for row in table_rows(memory_text, "")[2:]}
     assert float(memory["mqa"][-1]) == 0.25 and float(memory["gqa (2 kv heads)"][-1]) == 0.5  # 1/n_head, n_kv_head/n_head
     assert len(set(memory["local (window 64)"][1:5])) == 1  # flat in length
+
+
+def test_mta_kernels_benchmark_times_the_c_loops_against_torch(tmp_path):
+    from minitx.attention import native
+
+    if native.library() is None:
+        pytest.skip("the C loops could not be built here")
+    out = run_script("mta_kernels.py", "--keys", "7", "40", "--rows", "9", "--repeats", "1", cwd=tmp_path)
+    rows = table_rows(out, "")[2:]
+    assert [row[0] for row in rows] == ["7"] * 3 + ["40"] * 3
+    assert all(float(row[2]) > 0 and float(row[3]) > 0 for row in rows) and all(row[5] for row in rows[::3])
 
 
 def test_train_throughput_benchmark_compares_the_loops(tmp_path):

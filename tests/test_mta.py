@@ -223,12 +223,13 @@ def test_cached_decoding_equals_the_uncached_model(placement, backend, kernels):
     assert (torch.cat(steps, dim=1) - expected).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize("n_kv_head, group", [(4, None), (2, 2)])
-def test_cached_decoding_of_layers_without_convolution(n_kv_head, group, kernels, monkeypatch):
+@pytest.mark.parametrize("n_kv_head, group, c_k", [(4, None, 5), (2, 2, 5), (4, None, 1)])
+def test_cached_decoding_of_layers_without_convolution(n_kv_head, group, c_k, kernels, monkeypatch):
     # Layer 0 has no convolution: a decoding step there is one C call (scores, softmax, both
     # mixes, @ V, norm and gate). Up to block_size (24) against the uncached model; past it (the
     # cache slides, and earlier tokens' states came from other windows) against torch's steps.
-    model = model_with(mta_conv_layers=[1], n_kv_head=n_kv_head, mta_head_group=group)
+    # c_k = 1: layer 1 reads its wrapped cache in slot order, keys out of position order.
+    model = model_with(mta_conv_layers=[1], n_kv_head=n_kv_head, mta_head_group=group, mta_key_kernel=c_k)
     assert model.blocks[0].attn.n_hist == 0
     idx = torch.randint(0, 17, (2, 30))
 

@@ -13,7 +13,7 @@
  * respect to the kernel.
  * mixed_softmax (and _grad): pre-softmax head mix, mask, softmax and post-softmax head mix, a row
  * of every head at a time. mix: head mixing alone. gated_norm: the output norm and gate.
- * attend_rows (and _conv): a whole decoding step of a layer, from q, the cached k and v.
+ * attend_rows: a whole decoding step of a layer, from q, the cached k and v.
  *
  * Why by hand: oneDNN's depthwise convolution of these maps runs at a tenth of matrix-product
  * speed on CPU, BLAS multiplies by a 4 x 4 head-mixing matrix at a fraction of memory speed, and a
@@ -427,53 +427,22 @@ void S(gated_norm)(const T *x, T *out, const T *weight, const T *gate, const T *
     }
 }
 
-/* o = sum over keys a .. e - 1 of weights[j] v[j] (rows of D), then the gated norm if norm is given. */
-static void S(weighted_values)(T *o, const T *weights, const T *v, int64_t a, int64_t e, int64_t D, const T *norm,
-                               const T *gate, const T *bias, double eps) {
-    memset(o, 0, (size_t)D * sizeof(T));
-    for (int64_t j = a; j < e; j++)
-        for (int64_t d = 0; d < D; d++) o[d] += weights[j] * v[j * D + d];
-    if (norm) S(gated_norm)(o, o, norm, gate, bias, eps, 1, D);
-}
-
-/* Decoding without gradients, for a layer without a convolution whose new queries see every key:
- * for rows (b, i), u = b * T + i from u0 to u1, and each head h (kv head g = h / (H / G)),
- *     S_h = scale q_h K_g^T,  P' = post-mix(softmax(pre-mix(S))),  o_h = P'_h V_g,
- *     out_h = gated_norm(o_h) if norm is given, else o_h.
- * q, out: (B, H, T, D) contiguous; k, v: rows of D numbers, (b, g, j) at b * batch + g * head + j * D. */
-void S(attend_rows)(const T *q, const T *k, const T *v, T *out, int64_t batch, int64_t head, const T *pre, const T *post,
-                    const T *norm, const T *gate, const T *bias, double eps, double scale, int64_t u0, int64_t u1,
-                    int64_t H, int64_t G, int64_t T_new, int64_t N, int64_t D, int64_t c_pre, int64_t c_post) {
-    T *buffer = malloc((size_t)(2 * H * N + LANES) * sizeof(T));
-    T **rows = malloc((size_t)(3 * H) * sizeof(T *));
-    if (!buffer || !rows) goto done;
-    T **s = rows, **p = rows + H, **w = rows + 2 * H;
-    for (int64_t h = 0; h < H; h++) s[h] = buffer + h * N, p[h] = buffer + (H + h) * N, w[h] = post ? s[h] : p[h];
-    for (int64_t unit = u0; unit < u1; unit++) {
-        int64_t b = unit / T_new, i = unit % T_new;
-        for (int64_t h = 0; h < H; h++) {
-            const T *qh = q + ((b * H + h) * T_new + i) * D, *kg = k + b * batch + h / (H / G) * head;
-            for (int64_t j = 0; j < N; j++) s[h][j] = (T)(scale * S(dot)(qh, kg + j * D, 0, D));
-        }
-        S(weigh_row)(w, p, s, pre, post, H, c_pre, c_post, 0, N);  /* the post-mixed weights land in s */
-        for (int64_t h = 0; h < H; h++)
-            S(weighted_values)(out + ((b * H + h) * T_new + i) * D, w[h], v + b * batch + h / (H / G) * head, 0, N, D,
-                               norm, gate, bias, eps);
-    }
-done:
-    free(buffer), free(rows);
-}
-
-/* The same for a layer with the pre-softmax convolution (kernel (H, c_q, c_k)): q holds R rows per
- * head, the c_q - 1 history rows first; row r sees keys lo[r] .. hi[r]. The last R - c_q + 1 rows
- * are attended: scores of all R rows, the convolution (conv above), then as attend_rows over each
- * output row's visible keys. out: (B, H, R - c_q + 1, D). */
-void S(attend_rows_conv)(const T *q, const T *k, const T *v, T *out, int64_t batch, int64_t head, const T *kernel,
-                         const T *pre, const T *post, const T *norm, const T *gate, const T *bias, double eps,
-                         double scale, int64_t b0, int64_t b1, int64_t H, int64_t G, int64_t R, int64_t N, int64_t D,
-                         int64_t c_q, int64_t c_k, int64_t c_pre, int64_t c_post, const int64_t *lo, const int64_t *hi) {
+/* A decoding step of a layer, without gradients: for batch rows b0 .. b1 - 1 and each head h
+ * (kv head g = h / (H / G)), with q's R rows per head of which row r sees keys lo[r] .. hi[r]
+ * (lo, hi NULL: every key),
+ *     S_h = scale q_h K_g^T,  C = the pre-softmax convolution of S by kernel (H, c_q, c_k) (NULL:
+ *     C = S, c_q = 1),  P' = post-mix(softmax(pre-mix(C))),  o_h = P'_h V_g,
+ *     out_h = gated_norm(o_h) if norm is given, else o_h,
+ * for the last R - c_q + 1 rows (the first c_q - 1 are the convolution's history; a row that sees
+ * nothing gets zeros). q: (B, H, R, D) and out: (B, H, R - c_q + 1, D), contiguous; k, v: rows of D
+ * numbers, (b, g, j) at b * batch + g * head + j * D. */
+void S(attend_rows)(const T *q, const T *k, const T *v, T *out, int64_t batch, int64_t head, const T *kernel,
+                    const T *pre, const T *post, const T *norm, const T *gate, const T *bias, double eps, double scale,
+                    int64_t b0, int64_t b1, int64_t H, int64_t G, int64_t R, int64_t N, int64_t D, int64_t c_q,
+                    int64_t c_k, int64_t c_pre, int64_t c_post, const int64_t *lo, const int64_t *hi) {
     int64_t R_out = R - c_q + 1;
-    T *scores = malloc((size_t)(H * R * N) * sizeof(T)), *conved = malloc((size_t)(H * R_out * N) * sizeof(T));
+    T *scores = malloc((size_t)(H * R * N) * sizeof(T));
+    T *conved = kernel ? malloc((size_t)(H * R_out * N) * sizeof(T)) : scores;
     T *buffer = malloc((size_t)(H * N + LANES) * sizeof(T));
     T **rows = malloc((size_t)(3 * H) * sizeof(T *));
     if (!scores || !conved || !buffer || !rows) goto done;
@@ -484,27 +453,32 @@ void S(attend_rows_conv)(const T *q, const T *k, const T *v, T *out, int64_t bat
             for (int64_t r = 0; r < R; r++) {
                 const T *qr = q + ((b * H + h) * R + r) * D;
                 T *dst = scores + (h * R + r) * N;
-                int64_t a = lo[r] < 0 ? 0 : lo[r], e = hi[r] > N - 1 ? N : hi[r] + 1;
+                int64_t a = !lo || lo[r] < 0 ? 0 : lo[r], e = !hi || hi[r] > N - 1 ? N : hi[r] + 1;
                 for (int64_t j = a; j < e; j++) dst[j] = (T)(scale * S(dot)(qr, kg + j * D, 0, D));
             }
         }
-        S(conv)(scores, conved, kernel, 0, H, H, R, R_out, N, c_q, c_k, 0, lo, hi, lo + c_q - 1, hi + c_q - 1);
+        if (kernel) S(conv)(scores, conved, kernel, 0, H, H, R, R_out, N, c_q, c_k, 0, lo, hi, lo + c_q - 1, hi + c_q - 1);
         for (int64_t i = 0; i < R_out; i++) {
-            int64_t a = lo[c_q - 1 + i] < 0 ? 0 : lo[c_q - 1 + i], e = hi[c_q - 1 + i] > N - 1 ? N : hi[c_q - 1 + i] + 1;
+            int64_t r = c_q - 1 + i;
+            int64_t a = !lo || lo[r] < 0 ? 0 : lo[r], e = !hi || hi[r] > N - 1 ? N : hi[r] + 1;
             for (int64_t h = 0; h < H; h++) {
                 c[h] = conved + (h * R_out + i) * N, p[h] = buffer + h * N, w[h] = post ? c[h] : p[h];
-                T *o = out + ((b * H + h) * R_out + i) * D;
-                memset(o, 0, (size_t)D * sizeof(T));
+                memset(out + ((b * H + h) * R_out + i) * D, 0, (size_t)D * sizeof(T));
             }
-            if (a >= e) continue;  /* a row that sees nothing attends to nothing */
-            S(weigh_row)(w, p, c, pre, post, H, c_pre, c_post, a, e);
-            for (int64_t h = 0; h < H; h++)
-                S(weighted_values)(out + ((b * H + h) * R_out + i) * D, w[h], v + b * batch + h / (H / G) * head, a, e,
-                                   D, norm, gate, bias, eps);
+            if (a >= e) continue;
+            S(weigh_row)(w, p, c, pre, post, H, c_pre, c_post, a, e);  /* post-mixed weights land in c */
+            for (int64_t h = 0; h < H; h++) {
+                const T *vg = v + b * batch + h / (H / G) * head;
+                T *o = out + ((b * H + h) * R_out + i) * D;
+                for (int64_t j = a; j < e; j++)
+                    for (int64_t d = 0; d < D; d++) o[d] += w[h][j] * vg[j * D + d];
+                if (norm) S(gated_norm)(o, o, norm, gate, bias, eps, 1, D);
+            }
         }
     }
 done:
-    free(scores), free(conved), free(buffer), free(rows);
+    free(scores), free(buffer), free(rows);
+    if (kernel) free(conved);
 }
 
 #undef LANES

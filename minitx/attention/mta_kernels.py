@@ -89,10 +89,10 @@ class KeyQueryConv(torch.autograd.Function):
 class VisibleKeys:
     """Which keys each row of a (R, Tk) map may see: those at positions from max(first_key, 0) up to
     the row's own (position -1: an empty cache slot, or a history row that does not exist and so
-    sees nothing). `hidden` (R, Tk) is True where a row may not see. Where the keys lie in position
-    order, this is an interval of key indices lo[r] .. hi[r] per row (empty when lo > hi), which the
-    C loops read directly; elsewhere lo and hi are None. `consecutive`: the caller knows that
-    k_pos[j] = k_pos[0] + j (training chunks, a cache read in order), which saves two searches."""
+    sees nothing). `hidden` (R, Tk) is True where a row may not see. Where the caller knows that
+    k_pos[j] = k_pos[0] + j (`consecutive`: training chunks, a cache read in order), this is an
+    interval of key indices lo[r] .. hi[r] per row (empty when lo > hi), which the C loops read
+    directly; elsewhere lo and hi are None, and the mask does the work."""
 
     def __init__(self, q_pos: Tensor, k_pos: Tensor, first_key: int = 0, consecutive: bool = False):
         self.q_pos, self.k_pos, self.first_key = q_pos, k_pos, max(first_key, 0)
@@ -102,9 +102,6 @@ class VisibleKeys:
             start = int(k_pos[0])
             self.lo = torch.full((len(q_pos),), max(self.first_key - start, 0), device=q_pos.device)
             self.hi = (q_pos - start).clamp_(-1, len(k_pos) - 1)
-        elif k_pos.numel() < 2 or bool((k_pos[1:] > k_pos[:-1]).all()):
-            first = torch.searchsorted(k_pos, torch.tensor([self.first_key], device=k_pos.device))
-            self.lo, self.hi = first.expand(len(q_pos)).contiguous(), torch.searchsorted(k_pos, q_pos, right=True) - 1
 
     @classmethod
     def of_mask(cls, hidden: Tensor) -> "VisibleKeys":

@@ -292,8 +292,8 @@ class MultiTokenAttention(Attention):
         if self.kq_conv_post is None and in_order and native.available(q) and not self.dropout_p and not torch.is_grad_enabled():
             # The usual decoding step: one C call for the scores, convolution, softmax, mixes, @ V and norm.
             visible = VisibleKeys(rows_pos, k_pos, first_key, consecutive=True)
-            return native.attend_rows_conv(rows, keys, values, self.scale, self.kq_conv[:, 0], (visible.lo, visible.hi),
-                                           self.mix_pre, self.mix_post, self.norm_parts())
+            return native.attend_rows(rows, keys, values, self.scale, self.mix_pre, self.mix_post, self.norm_parts(),
+                                      kernel=self.kq_conv[:, 0], rows=(visible.lo, visible.hi))
         out, _ = self.rows(rows, keys, values, rows_pos, k_pos, first_key, consecutive=in_order)
         return out
 

@@ -74,8 +74,7 @@ def library() -> Optional[ctypes.CDLL]:
         getattr(lib, f"mixed_softmax_grad_{suffix}").argtypes = [ptr] * 8 + [i64] * 7 + [ptr] * 2
         getattr(lib, f"mix_{suffix}").argtypes = [ptr, ptr, ptr, i64, ptr, ptr] + [i64] * 6
         getattr(lib, f"gated_norm_{suffix}").argtypes = [ptr] * 5 + [ctypes.c_double, i64, i64]
-        getattr(lib, f"attend_rows_{suffix}").argtypes = [ptr] * 4 + [i64] * 2 + [ptr] * 5 + [ctypes.c_double] * 2 + [i64] * 9
-        getattr(lib, f"attend_rows_conv_{suffix}").argtypes = [ptr] * 4 + [i64] * 2 + [ptr] * 6 + [ctypes.c_double] * 2 + [i64] * 11 + [ptr] * 2
+        getattr(lib, f"attend_rows_{suffix}").argtypes = [ptr] * 4 + [i64] * 2 + [ptr] * 6 + [ctypes.c_double] * 2 + [i64] * 11 + [ptr] * 2
     return lib
 
 
@@ -113,13 +112,25 @@ def split(n_items: int, call) -> None:
         future.result()
 
 
+def address(t: Optional[Tensor]) -> Optional[int]:
+    return None if t is None else t.data_ptr()
+
+
+def as_dtype(t: Optional[Tensor], dtype) -> Optional[Tensor]:
+    """A parameter as the C loops read it: contiguous, in dtype (most often as it is: a decoding step
+    makes about 25 of these calls, and a copy or a detached view costs more than the check)."""
+    if t is None or (t.dtype == dtype and t.is_contiguous()):
+        return t
+    return t.detach().to(dtype).contiguous()
+
+
 def conv(maps: Tensor, kernel: Tensor, offset: int, n_out: int, in_rows: tuple[Tensor, Tensor], out_rows: tuple[Tensor, Tensor]) -> Tensor:
     """out[..., i, j] = sum_{u,w} kernel[h, u, w] maps~[..., i + offset + u, j + w - c_k // 2] for
     out_rows' lo_i <= j <= hi_i (0 elsewhere), maps~ = maps zero outside in_rows' [lo_r, hi_r].
     maps (B, H, R_in, N); kernel (H, c_q, c_k); rows: (lo, hi) int64 vectors of R_in and n_out."""
     B, H, R_in, N = maps.shape
     maps = maps.contiguous()
-    kernel = kernel.to(maps.dtype).contiguous()
+    kernel = as_dtype(kernel, maps.dtype)
     out = maps.new_empty(B, H, n_out, N)
     fn = getattr(library(), f"conv_{SUFFIX[maps.dtype]}")
     c_q, c_k = kernel.shape[-2:]
@@ -139,18 +150,6 @@ def kernel_grad(maps: Tensor, grad: Tensor, c_q: int, c_k: int, in_rows, out_row
     return out
 
 
-def address(t: Optional[Tensor]) -> Optional[int]:
-    return None if t is None else t.data_ptr()
-
-
-def as_dtype(t: Optional[Tensor], dtype) -> Optional[Tensor]:
-    """A parameter as the C loops read it: contiguous, in dtype (most often as it is: a decoding step
-    makes about 25 of these calls, and a copy or a detached view costs more than the check)."""
-    if t is None or (t.dtype == dtype and t.is_contiguous()):
-        return t
-    return t.detach().to(dtype).contiguous()
-
-
 def mixed_softmax(scores: Tensor, pre: Optional[Tensor], post: Optional[Tensor], rows: tuple[Tensor, Tensor], keep_probs: bool):
     """(out, probs): probs = softmax over each row's visible keys lo..hi of the head-mixed scores
     M_h = sum_h' pre[g, h', h] C_h' (pre None: M = C), out = the same mix of probs by post (None:
@@ -158,7 +157,7 @@ def mixed_softmax(scores: Tensor, pre: Optional[Tensor], post: Optional[Tensor],
     pre, post (groups, c, c). probs is None unless keep_probs (the gradient needs it)."""
     B, H, R, N = scores.shape
     scores = scores.contiguous()
-    pre, post = [None if m is None else m.to(scores.dtype).contiguous() for m in (pre, post)]
+    pre, post = [as_dtype(m, scores.dtype) for m in (pre, post)]
     out = torch.empty_like(scores)
     probs = torch.empty_like(scores) if keep_probs and post is not None else None
     sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
@@ -174,7 +173,7 @@ def mixed_softmax_grad(scores: Tensor, probs: Tensor, grad: Tensor, pre: Optiona
     float64, None for a mix that is None."""
     B, H, R, N = scores.shape
     grad = grad.to(scores.dtype).contiguous()
-    pre_t, post_t = [None if m is None else m.to(scores.dtype).contiguous() for m in (pre, post)]
+    pre_t, post_t = [as_dtype(m, scores.dtype) for m in (pre, post)]
     grad_scores = torch.empty_like(scores)
     n = workers(B * R)
     grad_pre, grad_post = [None if m is None else torch.zeros(n, *m.shape, dtype=torch.float64) for m in (pre, post)]
@@ -194,7 +193,7 @@ def mixed_softmax_grad(scores: Tensor, probs: Tensor, grad: Tensor, pre: Optiona
 def mix(maps: Tensor, matrix: Tensor) -> Tensor:
     """out_h = sum_k matrix[g, k, h] maps_k within groups of c_h heads; matrix (groups, c_h, c_h)."""
     B, H, R, N = maps.shape
-    maps, weights = maps.contiguous(), matrix.to(maps.dtype).contiguous()
+    maps, weights = maps.contiguous(), as_dtype(matrix, maps.dtype)
     out = torch.empty_like(maps)
     fn = getattr(library(), f"mix_{SUFFIX[maps.dtype]}")
     split(B * R, lambda u0, u1, _: fn(maps.data_ptr(), out.data_ptr(), weights.data_ptr(), 0, None, None, u0, u1, H, R, N, matrix.shape[-1]))
@@ -204,7 +203,7 @@ def mix(maps: Tensor, matrix: Tensor) -> Tensor:
 def mix_grad(maps: Tensor, matrix: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
     """(d maps, d matrix in float64) of `mix(maps, matrix)` for the output gradient grad."""
     B, H, R, N = maps.shape
-    maps, weights, grad = maps.contiguous(), matrix.to(maps.dtype).contiguous(), grad.to(maps.dtype).contiguous()
+    maps, weights, grad = maps.contiguous(), as_dtype(matrix, maps.dtype), grad.to(maps.dtype).contiguous()
     grad_maps = torch.empty_like(maps)
     grad_matrix = torch.zeros(workers(B * R), *matrix.shape, dtype=torch.float64)
     fn = getattr(library(), f"mix_{SUFFIX[maps.dtype]}")
@@ -228,47 +227,26 @@ def gated_norm(x: Tensor, weight: Tensor, gate: Tensor, bias: Tensor, eps: float
     return out
 
 
-def attend_rows(q: Tensor, k: Tensor, v: Tensor, scale: float, pre: Optional[Tensor], post: Optional[Tensor], norm) -> Tensor:
-    """Decoding without gradients for a layer without a convolution, new queries seeing every key:
-    post-mix(softmax(pre-mix(scale q K^T))) V per head, then the gated norm if norm = (weight,
-    gate weight, gate bias, eps) is given. q (B, H, T, D); k, v (B, G, Tk, D), rows contiguous."""
-    B, H, T, D = q.shape
-    G, N = k.shape[1], k.shape[2]
-    q, k, v = decoding_layout(q, k, v)
-    out = torch.empty_like(q)
-    weight, gate, bias, eps = norm if norm is not None else (None, None, None, 0.0)
-    params = [as_dtype(t, q.dtype) for t in (pre, post, weight, gate, bias)]
-    fn = getattr(library(), f"attend_rows_{SUFFIX[q.dtype]}")
-    sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
-    pointers = [address(t) for t in (q, k, v, out)]
-    split(B * T, lambda u0, u1, _: fn(*pointers, k.stride(0), k.stride(1), *[address(t) for t in params], eps, scale, u0, u1, H, G, T, N, D, *sizes))
-    return out
-
-
-def decoding_layout(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """q contiguous; k and v with contiguous rows of D and the same batch and head strides (a cache's
-    filled slots are a view of its buffers: no copy then)."""
-    D = q.shape[-1]
-    k, v = [t if t.stride(-1) == 1 and t.stride(-2) == D else t.contiguous() for t in (k, v)]
-    if k.stride()[:2] != v.stride()[:2]:
-        k, v = k.contiguous(), v.contiguous()
-    return q.contiguous(), k, v
-
-
-def attend_rows_conv(q: Tensor, k: Tensor, v: Tensor, scale: float, kernel: Tensor, rows: tuple[Tensor, Tensor],
-                     pre: Optional[Tensor], post: Optional[Tensor], norm) -> Tensor:
-    """`attend_rows` for a layer with the pre-softmax convolution: q (B, H, R, D) holds c_q - 1
-    history rows, then the new ones; rows (lo, hi): the keys each of the R rows sees. (B, H, R - c_q + 1, D)."""
+def attend_rows(q: Tensor, k: Tensor, v: Tensor, scale: float, pre: Optional[Tensor], post: Optional[Tensor], norm,
+                kernel: Optional[Tensor] = None, rows: Optional[tuple[Tensor, Tensor]] = None) -> Tensor:
+    """A decoding step of a layer without gradients: post-mix(softmax(pre-mix(C))) V per head, C the
+    scores scale q K^T (with `kernel` (H, c_q, c_k): their pre-softmax convolution, q's first c_q - 1
+    rows being its history), then the gated norm if norm = (weight, gate weight, gate bias, eps).
+    q (B, H, R, D); k, v (B, G, Tk, D); rows (lo, hi): the keys each of q's R rows sees (None:
+    every key). Returns (B, H, R - c_q + 1, D)."""
     B, H, R, D = q.shape
     G, N = k.shape[1], k.shape[2]
-    c_q, c_k = kernel.shape[-2:]
-    q, k, v = decoding_layout(q, k, v)
+    c_q, c_k = (1, 1) if kernel is None else kernel.shape[-2:]
+    k, v = [t if t.stride(-1) == 1 and t.stride(-2) == D else t.contiguous() for t in (k, v)]
+    if k.stride()[:2] != v.stride()[:2]:  # one batch and head stride for both (a cache's views share them)
+        k, v = k.contiguous(), v.contiguous()
+    q = q.contiguous()
     out = q.new_empty(B, H, R - c_q + 1, D)
     weight, gate, bias, eps = norm if norm is not None else (None, None, None, 0.0)
     params = [as_dtype(t, q.dtype) for t in (kernel, pre, post, weight, gate, bias)]
-    fn = getattr(library(), f"attend_rows_conv_{SUFFIX[q.dtype]}")
+    fn = getattr(library(), f"attend_rows_{SUFFIX[q.dtype]}")
     sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
     pointers = [address(t) for t in (q, k, v, out)]
-    bounds = [t.data_ptr() for t in rows]
+    bounds = [None, None] if rows is None else [t.data_ptr() for t in rows]
     split(B, lambda b0, b1, _: fn(*pointers, k.stride(0), k.stride(1), *[address(t) for t in params], eps, scale, b0, b1, H, G, R, N, D, c_q, c_k, *sizes, *bounds))
     return out
