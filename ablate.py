@@ -1,4 +1,5 @@
 """python ablate.py --help: see README.md."""
+
 import sys
 
 from minitx.cli import ablate_main

@@ -1,4 +1,5 @@
 """python evaluate.py --help: see README.md."""
+
 import sys
 
 from minitx.cli import eval_main

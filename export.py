@@ -1,4 +1,5 @@
 """python export.py --help: see README.md."""
+
 import sys
 
 from minitx.cli import export_main

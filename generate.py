@@ -1,4 +1,5 @@
 """python generate.py --help: see README.md."""
+
 import sys
 
 from minitx.cli import generate_main

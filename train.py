@@ -1,4 +1,5 @@
 """python train.py --help: see README.md."""
+
 import sys
 
 from minitx.cli import train_main

@@ -64,12 +64,20 @@ def variants(args) -> dict[str, dict]:
         "mta-fact": dict(mta, mta_backend="factorised"),  # the same, always the factorised path
         "mta-conv": dict(mta, mta_backend="conv"),  # the same, always the plain chunked convolution
         "mta-both": dict(mta, mta_conv_placement="both"),  # as released: pre and post convolutions
-        "mta-full": dict(mta, mta_backend="conv", mta_query_chunk=max(args.seq_lens)),  # one chunk: (B, H, T, T) at once
+        "mta-full": dict(
+            mta, mta_backend="conv", mta_query_chunk=max(args.seq_lens)
+        ),  # one chunk: (B, H, T, T) at once
     }
 
 
 def make_layer(name: str, attention: dict, T: int, args):
-    config = ModelConfig(block_size=T, n_layer=1, n_head=args.n_head, d_model=args.d_model, attention=AttentionConfig(**attention))
+    config = ModelConfig(
+        block_size=T,
+        n_layer=1,
+        n_head=args.n_head,
+        d_model=args.d_model,
+        attention=AttentionConfig(**attention),
+    )
     layer = DenseMaskedLocal(config, 0) if name == "local-dense" else build(config, 0)
     dtype = getattr(torch, args.dtype)
     layer = layer.to(args.device, dtype)
@@ -175,7 +183,11 @@ def main(argv=None) -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     parser.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
-    parser.add_argument("--variants", nargs="+", help="a subset of: mha mqa gqa local local-dense mta mta-fact mta-conv mta-both mta-full")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        help="a subset of: mha mqa gqa local local-dense mta mta-fact mta-conv mta-both mta-full",
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible; use --device cpu")
@@ -190,10 +202,18 @@ def main(argv=None) -> None:
     if unknown:
         parser.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(all_variants)}")
 
-    machine = torch.cuda.get_device_name() if args.device == "cuda" else f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
-    print(f"# {machine}, torch {torch.__version__}, {datetime.date.today()}, B={args.batch} d_model={args.d_model} "
-          f"n_head={args.n_head} window={args.window} {args.dtype}, median of {args.repeats}\n")
-    memory_kind = "torch.cuda.max_memory_allocated" if args.device == "cuda" else "peak live tensor bytes (lower bound)"
+    machine = (
+        torch.cuda.get_device_name()
+        if args.device == "cuda"
+        else f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+    )
+    print(
+        f"# {machine}, torch {torch.__version__}, {datetime.date.today()}, B={args.batch} d_model={args.d_model} "
+        f"n_head={args.n_head} window={args.window} {args.dtype}, median of {args.repeats}\n"
+    )
+    memory_kind = (
+        "torch.cuda.max_memory_allocated" if args.device == "cuda" else "peak live tensor bytes (lower bound)"
+    )
     print(f"| variant | T | fwd+bwd ms | peak MiB ({memory_kind}) | saved for backward MiB |")
     print("|---|---:|---:|---:|---:|")
     ms, peak = {}, {}
@@ -207,15 +227,23 @@ def main(argv=None) -> None:
         del layers
 
     print("\n| ratio | value | target |\n|---|---:|---|")
-    long, short = max(args.seq_lens), min(args.seq_lens)
+    long = max(args.seq_lens)
 
     def row(label: str, table: dict, top: tuple, bottom: tuple, target: str) -> None:
         value = f"{table[top] / table[bottom]:.2f}" if top in table and bottom in table else "not run"
         print(f"| {label} | {value} | {target} |")
 
-    row(f"dense-mask local / chunked local time, T={long}", ms, ("local-dense", long), ("local", long), ">= 5")
+    row(
+        f"dense-mask local / chunked local time, T={long}", ms, ("local-dense", long), ("local", long), ">= 5"
+    )
     if 1024 in args.seq_lens and long > 1024:
-        row(f"local time, T={long} / T=1024", ms, ("local", long), ("local", 1024), f"<= 5 (linear: {long / 1024:.0f})")
+        row(
+            f"local time, T={long} / T=1024",
+            ms,
+            ("local", long),
+            ("local", 1024),
+            f"<= 5 (linear: {long / 1024:.0f})",
+        )
     for T in args.seq_lens:
         for name in ("mqa", "gqa"):
             row(f"{name} / mha time, T={T}", ms, (name, T), ("mha", T), "<= 1")
@@ -223,7 +251,13 @@ def main(argv=None) -> None:
         for name in ("mta", "mta-fact", "mta-conv", "mta-both"):
             row(f"{name} / mha time, T={T}", ms, (name, T), ("mha", T), "<= 2" if name == "mta" else "")
     for T in args.seq_lens:
-        row(f"mta chunked / materialised peak memory, T={T}", peak, ("mta", T), ("mta-full", T), "< 1 once T > chunk (256)")
+        row(
+            f"mta chunked / materialised peak memory, T={T}",
+            peak,
+            ("mta", T),
+            ("mta-full", T),
+            "< 1 once T > chunk (256)",
+        )
 
 
 if __name__ == "__main__":

@@ -53,7 +53,14 @@ def timed_generation(model: Transformer, new_tokens: int, use_cache: bool, seed:
     """(wall seconds, CPU seconds of this process) to generate new_tokens."""
     generator = torch.Generator().manual_seed(seed)
     wall, cpu = time.perf_counter(), time.process_time()
-    generate(model, torch.zeros(1, 1, dtype=torch.long), new_tokens, temperature=0.8, use_cache=use_cache, generator=generator)
+    generate(
+        model,
+        torch.zeros(1, 1, dtype=torch.long),
+        new_tokens,
+        temperature=0.8,
+        use_cache=use_cache,
+        generator=generator,
+    )
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
@@ -91,8 +98,13 @@ def step_table(shape: dict, kinds: list[str], repeats: int, steps: int = 300) ->
     shape and the first kind at d_model 8: the last is almost all fixed per-operation cost, so the
     difference is the arithmetic."""
     rows = ["| model | no_grad (ms) | inference_mode (ms) |", "|---|---:|---:|"]
-    models = [(f"{kind}, d_model {shape['d_model']}", dict(shape, attention=AttentionConfig(**KINDS[kind]))) for kind in kinds]
-    models.append((f"{kinds[0]}, d_model 8", dict(shape, d_model=8, attention=AttentionConfig(**KINDS[kinds[0]]))))
+    models = [
+        (f"{kind}, d_model {shape['d_model']}", dict(shape, attention=AttentionConfig(**KINDS[kind])))
+        for kind in kinds
+    ]
+    models.append(
+        (f"{kinds[0]}, d_model 8", dict(shape, d_model=8, attention=AttentionConfig(**KINDS[kinds[0]])))
+    )
     for label, config in models:
         torch.manual_seed(0)
         model = Transformer(ModelConfig(**config)).eval()
@@ -116,7 +128,13 @@ def step_table(shape: dict, kinds: list[str], repeats: int, steps: int = 300) ->
 def memory_table(shape: dict, lengths: list[int]) -> str:
     """fp32 cache bytes of a batch of 1, from the config alone (equal to what new_cache allocates)."""
     config_shape = dict(shape, block_size=max(lengths))  # a context long enough to show growth
-    header = "| kind | " + " | ".join(f"{n} tokens" for n in lengths) + " | bytes/token at " + str(max(lengths)) + " | vs mha |"
+    header = (
+        "| kind | "
+        + " | ".join(f"{n} tokens" for n in lengths)
+        + " | bytes/token at "
+        + str(max(lengths))
+        + " | vs mha |"
+    )
     rows = [header, "|---|" + "---:|" * (len(lengths) + 2)]
     reference = None
     for name, attention in KINDS.items():
@@ -133,24 +151,34 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS), metavar="KIND")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--contexts", type=int, nargs="*", default=[128, 512], help="also time mha at these block sizes")
+    parser.add_argument(
+        "--contexts", type=int, nargs="*", default=[128, 512], help="also time mha at these block sizes"
+    )
     # One thread by default: batch-1 decoding of a model this small is a chain of tiny ops, where a
     # second thread only adds synchronisation (and on a busy machine, waiting for a core).
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     shape, source = default_shape()
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
+    print(
+        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    )
     print(f"model: {shape} from {source}; random weights, batch 1, 1-token prompt, temperature 0.8\n")
-    print(f"### Decoding speed, {args.new_tokens} new tokens (best of {args.repeats}; load average {os.getloadavg()[0]:.1f} at the start)\n")
+    print(
+        f"### Decoding speed, {args.new_tokens} new tokens (best of {args.repeats}; load average {os.getloadavg()[0]:.1f} at the start)\n"
+    )
     rows = [(name, dict(shape, attention=AttentionConfig(**KINDS[name]))) for name in args.kinds]
-    rows += [(f"mha, block_size {block_size}", dict(shape, block_size=block_size)) for block_size in args.contexts]
+    rows += [
+        (f"mha, block_size {block_size}", dict(shape, block_size=block_size)) for block_size in args.contexts
+    ]
     speed_table(rows, args.new_tokens, args.repeats)
     print(f"(load average {os.getloadavg()[0]:.1f} at the end)")
     print(f"\n### One cached model step, without the sampling loop (best of {args.repeats})\n")
     print(step_table(shape, args.kinds, args.repeats))
     lengths = [128, 512, 2048, 8192]
-    print(f"\n### KV cache memory (fp32, batch 1, block_size raised to {max(lengths)} so full attention can grow)\n")
+    print(
+        f"\n### KV cache memory (fp32, batch 1, block_size raised to {max(lengths)} so full attention can grow)\n"
+    )
     print(memory_table(shape, lengths))
 
 

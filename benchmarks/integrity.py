@@ -19,8 +19,8 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import yaml
@@ -68,7 +68,9 @@ def cache_table(directory: Path, repeats: int) -> str:
 def training_checkpoint(config_name: str, path: Path) -> tuple[str, int]:
     """A checkpoint shaped like train.py's for configs/<config_name>: weights, AdamW state, minitx entry."""
     model_fields = yaml.safe_load((REPO / "configs" / config_name).read_text())["model"]
-    shape = {k: v for k, v in model_fields.items() if k in ModelConfig.__dataclass_fields__ and k != "attention"}
+    shape = {
+        k: v for k, v in model_fields.items() if k in ModelConfig.__dataclass_fields__ and k != "attention"
+    }
     text = "".join(chr(32 + i) for i in range(65))
     config = ModelConfig(vocab_size=65, **shape)
     model = Transformer(config)
@@ -79,7 +81,11 @@ def training_checkpoint(config_name: str, path: Path) -> tuple[str, int]:
         "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
         "optimizer_states": [optimizer.state_dict()],
         "global_step": 1,
-        "minitx": {"format": 1, "model_config": config.to_dict(), "tokenizer": build_tokenizer("char", text).to_dict()},
+        "minitx": {
+            "format": 1,
+            "model_config": config.to_dict(),
+            "tokenizer": build_tokenizer("char", text).to_dict(),
+        },
     }
     torch.save(checkpoint, path)
     return config_name, model.num_params()
@@ -95,7 +101,9 @@ def checkpoint_row(config_name: str, directory: Path, repeats: int) -> str:
 
     check = best_ms(fresh_check, repeats)
     load = best_ms(lambda: torch.load(path, weights_only=True), repeats)
-    generate_start = best_ms(lambda: (checkpoint_module._CHECKED.clear(), load_checkpoint(str(path))), repeats)
+    generate_start = best_ms(
+        lambda: (checkpoint_module._CHECKED.clear(), load_checkpoint(str(path))), repeats
+    )
     real_check = checkpoint_module.check_crcs
     checkpoint_module.check_crcs = lambda path: None
     try:
@@ -115,12 +123,16 @@ def main() -> None:
     parser.add_argument("--skip-cache", action="store_true", help="only the checkpoint table")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, one thread, "
-          f"best of {args.repeats}, load average {os.getloadavg()[0]:.1f}\n")
+    print(
+        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, one thread, "
+        f"best of {args.repeats}, load average {os.getloadavg()[0]:.1f}\n"
+    )
     with tempfile.TemporaryDirectory() as directory:
         if not args.skip_cache:
             print(cache_table(Path(directory), args.repeats) + "\n")
-        print("| checkpoint | MB | CRC check (ms) | torch.load (ms) | load_checkpoint before (ms) | after (ms) | change |")
+        print(
+            "| checkpoint | MB | CRC check (ms) | torch.load (ms) | load_checkpoint before (ms) | after (ms) | change |"
+        )
         print("|---|---:|---:|---:|---:|---:|---:|")
         for config_name in args.configs:
             print(checkpoint_row(config_name, Path(directory), args.repeats), flush=True)

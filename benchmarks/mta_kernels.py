@@ -28,7 +28,9 @@ from minitx.attention.mta_kernels import KeyQueryConv, MixedSoftmax, NativeKeyQu
 def torch_mixed_softmax(scores, pre, post, hidden):
     def mix(maps, matrix):  # mix_heads' torch path: one matmul per group on the maps as they lie
         B, H, R, T = maps.shape
-        return (matrix.transpose(-1, -2) @ maps.reshape(B, matrix.shape[0], matrix.shape[1], R * T)).view(B, H, R, T)
+        return (matrix.transpose(-1, -2) @ maps.reshape(B, matrix.shape[0], matrix.shape[1], R * T)).view(
+            B, H, R, T
+        )
 
     return mix(torch.softmax(mix(scores, pre).masked_fill(hidden, float("-inf")), dim=-1), post)
 
@@ -43,7 +45,10 @@ def cases(keys: int, heads: int, rows: int, c_q: int, c_k: int) -> dict:
     masked = scores.detach().masked_fill(visible.hidden, 0.0).requires_grad_()
     grad = torch.randn(1, heads, rows - c_q + 1, keys)
     convolved = torch.randn(1, heads, rows - c_q + 1, keys, requires_grad=True)
-    pre, post = torch.randn(1, heads, heads, requires_grad=True), torch.randn(1, heads, heads, requires_grad=True)
+    pre, post = (
+        torch.randn(1, heads, heads, requires_grad=True),
+        torch.randn(1, heads, heads, requires_grad=True),
+    )
 
     def c_conv():
         return NativeKeyQueryConv.apply(scores, kernel, visible.lo, visible.hi, out_rows.lo, out_rows.hi)
@@ -65,8 +70,14 @@ def cases(keys: int, heads: int, rows: int, c_q: int, c_k: int) -> dict:
 
     return {
         "convolution, forward": (forward(c_conv), forward(torch_conv)),
-        "convolution, forward + both gradients": (backward(c_conv, (scores, kernel)), backward(torch_conv, (masked, kernel))),
-        "mix + mask + softmax + mix, forward + gradients": (backward(c_softmax, (convolved, pre, post)), backward(t_softmax, (convolved, pre, post))),
+        "convolution, forward + both gradients": (
+            backward(c_conv, (scores, kernel)),
+            backward(torch_conv, (masked, kernel)),
+        ),
+        "mix + mask + softmax + mix, forward + gradients": (
+            backward(c_softmax, (convolved, pre, post)),
+            backward(t_softmax, (convolved, pre, post)),
+        ),
     }
 
 
@@ -86,17 +97,23 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--rows", type=int, default=261, help="a chunk's rows, history included (default 256 + 5)")
+    parser.add_argument(
+        "--rows", type=int, default=261, help="a chunk's rows, history included (default 256 + 5)"
+    )
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     if native.library() is None:
-        parser.error("the C loops could not be built here (is a C compiler installed? is MINITX_NATIVE=0 set?)")
+        parser.error(
+            "the C loops could not be built here (is a C compiler installed? is MINITX_NATIVE=0 set?)"
+        )
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     keep_freed_memory()
-    print(f"# {platform.processor() or platform.machine()} CPU, {args.threads} threads, torch {torch.__version__}, "
-          f"{datetime.date.today()}, {args.heads} heads x {args.rows} rows, 6 x 11 kernel, float32, median of {args.repeats}\n")
+    print(
+        f"# {platform.processor() or platform.machine()} CPU, {args.threads} threads, torch {torch.__version__}, "
+        f"{datetime.date.today()}, {args.heads} heads x {args.rows} rows, 6 x 11 kernel, float32, median of {args.repeats}\n"
+    )
     print("| keys | work | C loops ms | torch ms | torch / C | C GFLOP/s |")
     print("|---:|---|---:|---:|---:|---:|")
     for keys in args.keys:
@@ -104,7 +121,10 @@ def main(argv=None) -> None:
             c_ms, torch_ms = median_ms([c_fn, torch_fn], args.repeats)
             flops = 2 * 66 * args.heads * (args.rows - 5) * keys if name == "convolution, forward" else None
             rate = f"{flops / c_ms / 1e6:.0f}" if flops else ""
-            print(f"| {keys} | {name} | {c_ms:.2f} | {torch_ms:.2f} | {torch_ms / c_ms:.1f} | {rate} |", flush=True)
+            print(
+                f"| {keys} | {name} | {c_ms:.2f} | {torch_ms:.2f} | {torch_ms / c_ms:.1f} | {rate} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -33,20 +33,29 @@ def best_cpu_seconds(model: Transformer, prompt: torch.Tensor, use_cache: bool, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
-    parser.add_argument("--prompt-blocks", nargs="+", type=int, default=[1, 2, 8], help="prompt length in block_sizes")
+    parser.add_argument(
+        "--prompt-blocks", nargs="+", type=int, default=[1, 2, 8], help="prompt length in block_sizes"
+    )
     parser.add_argument("--block-size", type=int, default=256)
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--n-layer", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, block_size {args.block_size}, d_model {args.d_model}, n_layer {args.n_layer}\n")
+    print(
+        f"torch {torch.__version__}, block_size {args.block_size}, d_model {args.d_model}, n_layer {args.n_layer}\n"
+    )
     print("| kind | prompt tokens | with cache (CPU s) | without cache (CPU s) | cache / no cache |")
     print("|---|---:|---:|---:|---:|")
     for kind in args.kinds:
         torch.manual_seed(0)
-        config = ModelConfig(vocab_size=65, block_size=args.block_size, n_layer=args.n_layer, d_model=args.d_model,
-                             attention=AttentionConfig(**KINDS[kind]))
+        config = ModelConfig(
+            vocab_size=65,
+            block_size=args.block_size,
+            n_layer=args.n_layer,
+            d_model=args.d_model,
+            attention=AttentionConfig(**KINDS[kind]),
+        )
         model = Transformer(config).eval()
         for blocks in args.prompt_blocks:
             prompt = torch.randint(0, 65, (1, blocks * args.block_size))

@@ -86,10 +86,15 @@ def bare_tokens_per_sec(config: dict, steps: int, skip: int, clip: float) -> flo
     model = module.model.to(device).train()
     hp = module.hparams
     optimizer = torch.optim.AdamW(
-        optimizer_groups(list(model.named_parameters()), hp.weight_decay), lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps,
+        optimizer_groups(list(model.named_parameters()), hp.weight_decay),
+        lr=hp.lr,
+        betas=tuple(hp.betas),
+        eps=hp.eps,
         fused=device.type == "cuda",
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, hp.lr, hp.min_lr, hp.warmup_steps, steps) / hp.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_at(s, hp.lr, hp.min_lr, hp.warmup_steps, steps) / hp.lr
+    )
     batches = iter(data.train_dataloader())
     start = None
     for step in range(steps):
@@ -112,8 +117,12 @@ def bare_tokens_per_sec(config: dict, steps: int, skip: int, clip: float) -> flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="training config whose model and data are used")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--config", default=str(DEFAULT_CONFIG), help="training config whose model and data are used"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="alternating measurement pairs")
     parser.add_argument("--steps", type=int, default=40, help="optimiser steps per measurement")
     parser.add_argument("--skip", type=int, default=5, help="first steps of each measurement left untimed")
@@ -121,7 +130,9 @@ def main() -> None:
 
     config = yaml.safe_load(Path(args.config).read_text())
     clip = float(config.get("trainer", {}).get("gradient_clip_val") or 1.0)
-    print(f"torch {torch.__version__}, lightning {L.__version__}, threads {torch.get_num_threads()}, config {args.config}")
+    print(
+        f"torch {torch.__version__}, lightning {L.__version__}, threads {torch.get_num_threads()}, config {args.config}"
+    )
     lightning_runs, bare_runs = [], []
     with tempfile.TemporaryDirectory() as workdir:
         for round_index in range(args.rounds):
@@ -129,12 +140,18 @@ def main() -> None:
             order = ("lightning", "bare") if round_index % 2 == 0 else ("bare", "lightning")
             for loop in order:
                 if loop == "lightning":
-                    lightning_runs.append(lightning_tokens_per_sec(config, args.steps, args.skip, clip, workdir))
+                    lightning_runs.append(
+                        lightning_tokens_per_sec(config, args.steps, args.skip, clip, workdir)
+                    )
                 else:
                     bare_runs.append(bare_tokens_per_sec(config, args.steps, args.skip, clip))
-            print(f"round {round_index + 1}: lightning {lightning_runs[-1]:,.0f} tok/s, bare {bare_runs[-1]:,.0f} tok/s")
+            print(
+                f"round {round_index + 1}: lightning {lightning_runs[-1]:,.0f} tok/s, bare {bare_runs[-1]:,.0f} tok/s"
+            )
     lightning_median, bare_median = statistics.median(lightning_runs), statistics.median(bare_runs)
-    print(f"median tokens/s: lightning {lightning_median:,.0f}, bare PyTorch {bare_median:,.0f}, ratio {lightning_median / bare_median:.3f}")
+    print(
+        f"median tokens/s: lightning {lightning_median:,.0f}, bare PyTorch {bare_median:,.0f}, ratio {lightning_median / bare_median:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -21,8 +21,6 @@ Because every slot carries its position, the attention mask is computed from pos
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor, nn
 
@@ -42,7 +40,7 @@ class KVCache(nn.Module):
         *,
         window: int,
         n_sink: int = 0,
-        max_len: Optional[int] = None,
+        max_len: int | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ):
@@ -55,7 +53,9 @@ class KVCache(nn.Module):
         shape = (batch, n_kv_head, capacity, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("pos", torch.full((capacity,), -1, dtype=torch.long, device=device), persistent=False)
+        self.register_buffer(
+            "pos", torch.full((capacity,), -1, dtype=torch.long, device=device), persistent=False
+        )
         self.n_seen = 0  # tokens appended so far = position of the next token
 
     def reset(self) -> None:
@@ -65,7 +65,7 @@ class KVCache(nn.Module):
         self.pos.fill_(-1)  # -1: empty slot
         object.__setattr__(self, "n_seen", 0)
 
-    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """Store new keys and values (B, G, T, D); return (keys, values, mask) for the T new queries.
 
         mask is boolean (T, keys), True where a new query may see a key, from absolute positions
@@ -86,10 +86,17 @@ class KVCache(nn.Module):
             keys, values, k_pos = self.k, self.v, self.pos
         else:
             # Several new tokens: earlier ones may still need what the ring would overwrite.
-            keys, values = torch.cat([self.k, k.to(self.k.dtype)], dim=2), torch.cat([self.v, v.to(self.v.dtype)], dim=2)
+            keys, values = (
+                torch.cat([self.k, k.to(self.k.dtype)], dim=2),
+                torch.cat([self.v, v.to(self.v.dtype)], dim=2),
+            )
             k_pos = torch.cat([self.pos, q_pos])
             self.append(k, v)
-        return keys, values, allowed_mask(q_pos, k_pos, window=self.window, n_global=self.n_sink) & (k_pos >= 0)
+        return (
+            keys,
+            values,
+            allowed_mask(q_pos, k_pos, window=self.window, n_global=self.n_sink) & (k_pos >= 0),
+        )
 
     def _slots(self, positions: Tensor) -> Tensor:
         ring = self.capacity - self.n_sink

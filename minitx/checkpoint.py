@@ -35,7 +35,7 @@ import re
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -62,7 +62,9 @@ def load_error_message(where: str, path: str | os.PathLike, error: BaseException
     if os.path.isfile(path) and os.path.getsize(path) == 0:
         return f"{where}: the file is empty; {fix}"
     text = str(error)
-    details = [match.group(1) for pattern in _WEIGHTS_ONLY_DETAIL for match in [pattern.search(text)] if match]
+    details = [
+        match.group(1) for pattern in _WEIGHTS_ONLY_DETAIL for match in [pattern.search(text)] if match
+    ]
     # torch's zip reader appends a paragraph on what corruption is: the one line keeps the fact.
     text = text.split(" This is an internal miniz error")[0]
     reason = one_line(details[0] if details else text, 200) or type(error).__name__
@@ -113,7 +115,9 @@ def load_file(path: str | os.PathLike, where: str, fix: str, map_location: Any =
             # A foreign pickle makes torch warn about its protocol before refusing it: the refusal
             # is the message, the warning would only add lines to it.
             warnings.filterwarnings("ignore", message=r".*pickle protocol")
-            return torch.load(path, map_location=map_location, weights_only=True)  # tensors and plain data, never code
+            return torch.load(
+                path, map_location=map_location, weights_only=True
+            )  # tensors and plain data, never code
     except Exception as error:  # truncated zip, foreign pickle, unsafe types, ...: all unreadable
         raise UserError(load_error_message(where, path, error, fix)) from None
 

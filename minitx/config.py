@@ -8,11 +8,12 @@ change. Configs are plain dataclasses of plain values, so they travel inside che
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from . import kinds
 from .errors import UserError
-from .kinds import check_choice as _check_choice, fail as _fail
+from .kinds import check_choice as _check_choice
+from .kinds import fail as _fail
 
 # Fields every kind reads; any other field is an option of the kinds whose spec lists it.
 SHARED_FIELDS = ("kind", "layers")
@@ -28,18 +29,18 @@ class AttentionConfig:
 
     kind: str = "mha"  # a registered kind: mha, mqa, gqa, local, mta (see minitx/attention/__init__.py)
     # Key/value heads for gqa, local and mta (None: as many as query heads). MQA is 1, MHA n_head.
-    n_kv_head: Optional[int] = None
+    n_kv_head: int | None = None
     # Local: query i sees keys i - window < j <= i, plus the first n_global positions.
     window: int = 128
     n_global: int = 0
     # Per-layer kinds, repeated to cover n_layer, e.g. ["local", "local", "local", "mha"].
-    layers: Optional[list[str]] = None
+    layers: list[str] | None = None
     # Multi-token attention (Golovneva et al. 2025), defaults from the paper's language-model setting.
     mta_query_kernel: int = 6  # c_q: rows looked back along the query axis (current one included)
     mta_key_kernel: int = 11  # c_k: odd, centred along the key axis
     mta_conv_placement: Literal["pre", "post", "both"] = "pre"  # conv on scores, on softmax weights, or both
-    mta_conv_layers: Optional[list[int]] = None  # None: every 4th layer, 0-based 2, 6, 10, ...
-    mta_head_group: Optional[int] = None  # c_h: heads mixed together (None: all heads)
+    mta_conv_layers: list[int] | None = None  # None: every 4th layer, 0-based 2, 6, 10, ...
+    mta_head_group: int | None = None  # c_h: heads mixed together (None: all heads)
     mta_head_mix: Literal["none", "pre", "post", "both"] = "both"
     mta_output_norm: bool = True  # per-head RMSNorm and sigmoid gate before the output projection
     mta_query_chunk: int = 256  # queries per chunk: bounds memory at O(chunk * T) instead of O(T^2)
@@ -107,7 +108,7 @@ class ModelConfig:
     n_head: int = 4
     d_model: int = 128
     mlp: Literal["gelu", "swiglu"] = "gelu"
-    mlp_hidden_size: Optional[int] = None  # the MLP's hidden width; None: derived from d_model (mlp_hidden)
+    mlp_hidden_size: int | None = None  # the MLP's hidden width; None: derived from d_model (mlp_hidden)
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     positions: Literal["rope", "learned"] = "rope"
     dropout: float = 0.0
@@ -124,16 +125,28 @@ class ModelConfig:
                 _fail(name, f"is {value!r}", "use a positive whole number")
         width = self.mlp_hidden_size
         if width is not None and (not isinstance(width, int) or isinstance(width, bool) or width < 1):
-            _fail("mlp_hidden_size", f"is {width!r}", "use a positive whole number, or leave it unset (derived from d_model)")
+            _fail(
+                "mlp_hidden_size",
+                f"is {width!r}",
+                "use a positive whole number, or leave it unset (derived from d_model)",
+            )
         _check_choice("mlp", self.mlp, ("gelu", "swiglu"))
         _check_choice("norm", self.norm, ("rmsnorm", "layernorm"))
         _check_choice("positions", self.positions, ("rope", "learned"))
         if not 0.0 <= self.dropout < 1.0:
             _fail("dropout", f"is {self.dropout}", "use a probability in [0, 1)")
         if self.d_model % self.n_head:
-            _fail("d_model", f"{self.d_model} is not divisible by n_head={self.n_head}", "make d_model a multiple of n_head")
+            _fail(
+                "d_model",
+                f"{self.d_model} is not divisible by n_head={self.n_head}",
+                "make d_model a multiple of n_head",
+            )
         if self.positions == "rope" and self.head_dim % 2:
-            _fail("d_model", f"head dimension {self.head_dim} is odd but RoPE rotates pairs", "make d_model / n_head even")
+            _fail(
+                "d_model",
+                f"head dimension {self.head_dim} is odd but RoPE rotates pairs",
+                "make d_model / n_head even",
+            )
         for kind in dict.fromkeys(self.layer_kinds):
             n_kv = self.attention.kv_heads(kind, self.n_head)
             if n_kv > self.n_head or self.n_head % n_kv:
@@ -170,7 +183,7 @@ class ModelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelConfig":
+    def from_dict(cls, data: dict) -> ModelConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -31,13 +31,12 @@ an argument; it imports nothing from minitx.model.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from .errors import UserError
-
 
 # -- sampling ---------------------------------------------------------------------------------------
 
@@ -63,8 +62,13 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def pick_next(logits: Tensor, temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None,
-              generator: Optional[torch.Generator] = None) -> Tensor:
+def pick_next(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """One token id per row of logits (B, vocab): argmax at temperature 0, else a filtered sample."""
     if temperature == 0:
         return logits.argmax(dim=-1)
@@ -77,8 +81,9 @@ def pick_next(logits: Tensor, temperature: float = 1.0, top_k: Optional[int] = N
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
 
 
-def check_options(max_new_tokens: int, temperature: float, top_k: Optional[int], top_p: Optional[float],
-                  cli: bool = False) -> None:
+def check_options(
+    max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None, cli: bool = False
+) -> None:
     """Raise UserError naming the first bad option (as a --flag when `cli`) and its fix."""
 
     def name(option: str) -> str:
@@ -153,12 +158,12 @@ def generate(
     idx: Tensor,
     max_new_tokens: int,
     temperature: float = 1.0,
-    top_k: Optional[int] = None,
-    top_p: Optional[float] = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
     use_cache: bool = True,
-    generator: Optional[torch.Generator] = None,
-    eos_id: Optional[int] = None,
-    on_token: Optional[Callable[[Tensor], object]] = None,
+    generator: torch.Generator | None = None,
+    eos_id: int | None = None,
+    on_token: Callable[[Tensor], object] | None = None,
 ) -> Tensor:
     """Extend idx (B, T) by up to max_new_tokens tokens; returns (B, T + n).
 
@@ -168,7 +173,9 @@ def generate(
     """
     check_options(max_new_tokens, temperature, top_k, top_p)
     if idx.dim() != 2 or idx.shape[1] == 0:
-        raise UserError(f"prompt: expected token ids of shape (batch, length >= 1), got {tuple(idx.shape)}; give at least one token")
+        raise UserError(
+            f"prompt: expected token ids of shape (batch, length >= 1), got {tuple(idx.shape)}; give at least one token"
+        )
     B, T = idx.shape
     if use_cache:
         check_prompt_fits(model.config, T)

@@ -13,8 +13,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 TMP_PREFIX = ".tmp-"  # stale temporaries of killed writers carry it, so they can be found and removed
 

@@ -7,14 +7,13 @@ it computes is visible line by line, and it can hand back the attention weights 
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 from torch import Tensor
 
 
 def allowed_mask(
-    q_pos: Tensor, k_pos: Tensor, *, causal: bool = True, window: Optional[int] = None, n_global: int = 0
+    q_pos: Tensor, k_pos: Tensor, *, causal: bool = True, window: int | None = None, n_global: int = 0
 ) -> Tensor:
     """Boolean (Tq, Tk) mask, True where query at position q_pos[i] may see key at k_pos[j].
 
@@ -39,9 +38,9 @@ def attention(
     v: Tensor,
     *,
     causal: bool = True,
-    window: Optional[int] = None,
+    window: int | None = None,
     n_global: int = 0,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     return_weights: bool = False,
 ):
     """softmax(Q K^T / sqrt(D) + mask) V, materialised.
@@ -77,8 +76,8 @@ def multihead_attention(
     v: Tensor,
     num_heads: int,
     *,
-    num_kv_heads: Optional[int] = None,
-    mask: Optional[Tensor] = None,
+    num_kv_heads: int | None = None,
+    mask: Tensor | None = None,
     causal: bool = True,
     return_weights: bool = False,
 ):
@@ -100,15 +99,24 @@ def multihead_attention(
         raise ValueError(f"query width {width} not divisible by num_heads={num_heads}")
     D = width // num_heads
     if k.shape[-1] != num_kv_heads * D or v.shape[-1] != num_kv_heads * D:
-        raise ValueError(f"k and v need {num_kv_heads} heads of {D} features, got widths {k.shape[-1]} and {v.shape[-1]}")
+        raise ValueError(
+            f"k and v need {num_kv_heads} heads of {D} features, got widths {k.shape[-1]} and {v.shape[-1]}"
+        )
     if causal and Tq > Tk:
-        raise ValueError(f"causal attention with {Tq} queries but {Tk} keys; give causal=False for cross-attention")
+        raise ValueError(
+            f"causal attention with {Tq} queries but {Tk} keys; give causal=False for cross-attention"
+        )
 
     def split(x: Tensor, heads: int) -> Tensor:  # (B, T, heads * D) -> (B, heads, T, D)
         return x.view(B, x.shape[1], heads, D).transpose(1, 2)
 
     out, weights = attention(
-        split(q, num_heads), split(k, num_kv_heads), split(v, num_kv_heads), causal=causal, mask=mask, return_weights=True
+        split(q, num_heads),
+        split(k, num_kv_heads),
+        split(v, num_kv_heads),
+        causal=causal,
+        mask=mask,
+        return_weights=True,
     )
     out = out.transpose(1, 2).reshape(B, Tq, num_heads * D)  # merge: heads side by side again
     return (out, weights) if return_weights else out

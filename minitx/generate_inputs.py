@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -21,7 +21,7 @@ SEED_RANGE = (0, 2**64 - 1)  # what torch.Generator.manual_seed takes
 BYTES_PER_ID = 8  # the generated ids are int64
 
 
-def machine_memory() -> Optional[int]:
+def machine_memory() -> int | None:
     """Bytes of physical memory, or None where the platform does not tell."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -32,11 +32,15 @@ def machine_memory() -> Optional[int]:
 def check_generate_args(args: Any) -> None:
     t = args.temperature
     if not math.isfinite(t) or 0 < t < MIN_TEMPERATURE:
-        raise UserError(f"--temperature: is {t}; use 0 for greedy decoding or a finite value of at least {MIN_TEMPERATURE}")
+        raise UserError(
+            f"--temperature: is {t}; use 0 for greedy decoding or a finite value of at least {MIN_TEMPERATURE}"
+        )
     if args.seed is not None and not SEED_RANGE[0] <= args.seed <= SEED_RANGE[1]:
         raise UserError(f"--seed: is {args.seed}; use a whole number from {SEED_RANGE[0]} to {SEED_RANGE[1]}")
     if _parses(args.device) and torch.device(args.device).type == "meta":
-        raise UserError("--device meta: a meta device holds no weights and cannot generate; use --device cpu or cuda")
+        raise UserError(
+            "--device meta: a meta device holds no weights and cannot generate; use --device cpu or cuda"
+        )
     memory = machine_memory()
     if memory and args.max_new_tokens * BYTES_PER_ID > memory:
         raise UserError(
@@ -45,7 +49,9 @@ def check_generate_args(args: Any) -> None:
         )
     path = args.prompt_file
     if path is not None and os.path.exists(path) and not os.path.isfile(path):
-        raise UserError(f"--prompt-file {path}: not a regular file (a directory or a device); give a text file")
+        raise UserError(
+            f"--prompt-file {path}: not a regular file (a directory or a device); give a text file"
+        )
 
 
 def _parses(name: str) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -31,7 +31,6 @@ from .errors import UserError, one_line
 from .generate_inputs import check_generate_args
 from .model import Transformer
 
-
 # -- checkpoints ------------------------------------------------------------------------------------
 
 
@@ -48,19 +47,27 @@ def load_checkpoint(path: str, map_location="cpu", label: str = "checkpoint"):
     try:
         config = ModelConfig.from_dict(meta["model_config"])
     except (KeyError, TypeError, ValueError) as error:
-        raise UserError(f"{where}: its model config is invalid ({one_line(error, 200)}); the file is damaged or from another version") from None
+        raise UserError(
+            f"{where}: its model config is invalid ({one_line(error, 200)}); the file is damaged or from another version"
+        ) from None
     try:
         tokenizer = tokenizer_from_dict(meta["tokenizer"])
     except Exception as error:
-        raise UserError(f"{where}: its tokenizer cannot be rebuilt ({one_line(error, 200)}); the file is damaged or from another version") from None
+        raise UserError(
+            f"{where}: its tokenizer cannot be rebuilt ({one_line(error, 200)}); the file is damaged or from another version"
+        ) from None
     if tokenizer.vocab_size > config.vocab_size:
-        raise UserError(f"{where}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}; the file is damaged")
+        raise UserError(
+            f"{where}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}; the file is damaged"
+        )
 
     weights = model_weights(raw)
     model = Transformer(config)
     mismatch = state_mismatch(model.state_dict(), weights)
     if mismatch:
-        raise UserError(f"{where}: its weights do not match its model config ({mismatch}); the file is damaged or was edited")
+        raise UserError(
+            f"{where}: its weights do not match its model config ({mismatch}); the file is damaged or was edited"
+        )
     model.load_state_dict(weights)
     model.to(map_location).eval()
     return model, tokenizer, raw
@@ -120,20 +127,38 @@ class TextStream:
             self._settle(len(self.ids))
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = ArgumentParser(prog="generate.py", description="Generate text from a checkpoint saved by train.py.")
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = ArgumentParser(
+        prog="generate.py", description="Generate text from a checkpoint saved by train.py."
+    )
     parser.add_argument("--ckpt", required=True, help="checkpoint file (.ckpt) saved by train.py")
     prompt = parser.add_mutually_exclusive_group()
-    prompt.add_argument("--prompt", help="text to continue (default: the end-of-text token if the tokenizer has one, else a newline)")
+    prompt.add_argument(
+        "--prompt",
+        help="text to continue (default: the end-of-text token if the tokenizer has one, else a newline)",
+    )
     prompt.add_argument("--prompt-file", help="read the prompt from this UTF-8 file")
-    parser.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample (default 200)")
-    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy; higher = more random (default 0.8)")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=200, help="tokens to generate per sample (default 200)"
+    )
+    parser.add_argument(
+        "--temperature", type=float, default=0.8, help="0 = greedy; higher = more random (default 0.8)"
+    )
     parser.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely tokens")
-    parser.add_argument("--top-p", type=float, default=None, help="sample only from the smallest set of tokens with probability >= p")
-    parser.add_argument("--num-samples", type=int, default=1, help="independent samples, one after another (default 1)")
+    parser.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        help="sample only from the smallest set of tokens with probability >= p",
+    )
+    parser.add_argument(
+        "--num-samples", type=int, default=1, help="independent samples, one after another (default 1)"
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps, ... (default cpu)")
-    parser.add_argument("--no-cache", action="store_true", help="recompute the whole context each step (slow; for checking)")
+    parser.add_argument(
+        "--no-cache", action="store_true", help="recompute the whole context each step (slow; for checking)"
+    )
     return parser.parse_args(argv)
 
 
@@ -144,9 +169,13 @@ def _read_prompt(args: argparse.Namespace, tokenizer) -> tuple[str, list[int]]:
             with open(args.prompt_file, encoding="utf-8") as f:
                 text = f.read()
         except FileNotFoundError:
-            raise UserError(f"--prompt-file {args.prompt_file}: no such file; give an existing text file") from None
+            raise UserError(
+                f"--prompt-file {args.prompt_file}: no such file; give an existing text file"
+            ) from None
         except (OSError, UnicodeDecodeError) as error:
-            raise UserError(f"--prompt-file {args.prompt_file}: cannot be read as UTF-8 text ({one_line(error, 200)})") from None
+            raise UserError(
+                f"--prompt-file {args.prompt_file}: cannot be read as UTF-8 text ({one_line(error, 200)})"
+            ) from None
     else:
         text = args.prompt or ""
     if text:
@@ -162,7 +191,9 @@ def _read_prompt(args: argparse.Namespace, tokenizer) -> tuple[str, list[int]]:
     try:
         return "", tokenizer.encode("\n")
     except UserError:
-        raise UserError("--prompt: this tokenizer does not know a newline to start from; give a --prompt") from None
+        raise UserError(
+            "--prompt: this tokenizer does not know a newline to start from; give a --prompt"
+        ) from None
 
 
 def _device(name: str) -> torch.device:
@@ -170,11 +201,13 @@ def _device(name: str) -> torch.device:
         device = torch.device(name)
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError, ValueError) as error:
-        raise UserError(f"--device {name}: not usable here ({one_line(error, 200)}); use --device cpu") from None
+        raise UserError(
+            f"--device {name}: not usable here ({one_line(error, 200)}); use --device cpu"
+        ) from None
     return device
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     check_options(args.max_new_tokens, args.temperature, args.top_k, args.top_p, cli=True)
     check_generate_args(args)
@@ -193,12 +226,20 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         sys.stdout.write(prompt_text)
         stream = TextStream(tokenizer, prompt_ids)
 
-        def show(token: Tensor) -> None:
+        def show(token: Tensor, stream: TextStream = stream) -> None:
             if token.item() != tokenizer.eos_id:  # the end-of-text token itself is not shown
                 stream.add(token.item())
 
         generate(
-            model, idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-            use_cache=not args.no_cache, generator=generator, eos_id=tokenizer.eos_id, on_token=show,
+            model,
+            idx,
+            args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            use_cache=not args.no_cache,
+            generator=generator,
+            eos_id=tokenizer.eos_id,
+            on_token=show,
         )
         stream.finish()

@@ -9,8 +9,9 @@ imports it), one `register(...)` line per kind.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 from .errors import UserError
 
@@ -47,8 +48,8 @@ class KindSpec:
     module: type
     options: tuple[str, ...] = ()
     kv_heads: Callable[[Any, int], int] = kv_heads_from_config
-    check: Optional[Callable[[Any], None]] = None
-    check_model: Optional[Callable[[Any], None]] = None
+    check: Callable[[Any], None] | None = None
+    check_model: Callable[[Any], None] | None = None
 
 
 registry: dict[str, KindSpec] = {}

@@ -1,13 +1,12 @@
 """A decoder-only transformer whose attention kind is chosen per layer by the config.
 
-    tokens -> embedding (+ learned positions) -> n_layer x Block -> norm -> logits
-    Block:  x = x + attention(norm(x));  x = x + mlp(norm(x))      (pre-norm residual)
+tokens -> embedding (+ learned positions) -> n_layer x Block -> norm -> logits
+Block:  x = x + attention(norm(x));  x = x + mlp(norm(x))      (pre-norm residual)
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -96,8 +95,12 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
-        self.pos_emb = nn.Embedding(config.block_size, config.d_model) if config.positions == "learned" else None
-        self.rope = RotaryEmbedding(config.head_dim, config.block_size) if config.positions == "rope" else None
+        self.pos_emb = (
+            nn.Embedding(config.block_size, config.d_model) if config.positions == "learned" else None
+        )
+        self.rope = (
+            RotaryEmbedding(config.head_dim, config.block_size) if config.positions == "rope" else None
+        )
         self.dropout = make_dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layer))
         self.norm = make_norm(config)
@@ -129,14 +132,15 @@ class Transformer(nn.Module):
             x = x + self.pos_emb(torch.arange(start, start + idx.shape[1], device=idx.device))
         return x
 
-    def layer_caches(self, cache: Optional[ModelCache] = None) -> list[Optional[KVCache]]:
+    def layer_caches(self, cache: ModelCache | None = None) -> list[KVCache | None]:
         """The caches the layers use: those of `cache` if given, else the layers' own (or None)."""
         if cache is not None:
             return list(cache.layers)
         return [block.attn.kv_cache for block in self.blocks]
 
-    def forward_embeddings(self, x: Tensor, cache: Optional[ModelCache] = None,
-                           caches: Optional[list[Optional[KVCache]]] = None) -> Tensor:
+    def forward_embeddings(
+        self, x: Tensor, cache: ModelCache | None = None, caches: list[KVCache | None] | None = None
+    ) -> Tensor:
         """Logits (B, T, vocab) from input embeddings (B, T, d_model); `caches`: the per-layer
         caches when the caller has looked them up already (see layer_caches)."""
         caches = caches or self.layer_caches(cache)
@@ -147,7 +151,7 @@ class Transformer(nn.Module):
             x = block(x, rope, layer_cache)
         return self.lm_head(self.norm(x))
 
-    def forward(self, idx: Tensor, cache: Optional[ModelCache] = None) -> Tensor:
+    def forward(self, idx: Tensor, cache: ModelCache | None = None) -> Tensor:
         """Logits (B, T, vocab_size) for token ids idx (B, T), through `cache` if given, else
         through the layers' own caches while they are set up (`setup_caches`)."""
         T = idx.shape[1]
@@ -155,17 +159,25 @@ class Transformer(nn.Module):
         first_cache = caches[0]
         start = first_cache.n_seen if first_cache is not None else 0
         if first_cache is None and T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}; crop the input")
+            raise ValueError(
+                f"sequence length {T} exceeds block_size={self.config.block_size}; crop the input"
+            )
         if self.pos_emb is not None and start + T > self.config.block_size:
-            raise ValueError(f"positions up to {start + T} exceed block_size={self.config.block_size} of a model with learned positions")
+            raise ValueError(
+                f"positions up to {start + T} exceed block_size={self.config.block_size} of a model with learned positions"
+            )
         return self.forward_embeddings(self.embed(idx, start), caches=caches)
 
     # -- decoding caches -------------------------------------------------------------------------
-    def new_cache(self, batch: int = 1, max_len: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> ModelCache:
+    def new_cache(
+        self, batch: int = 1, max_len: int | None = None, dtype: torch.dtype | None = None
+    ) -> ModelCache:
         """Preallocated caches for all layers, each made by its layer, to pass to forward."""
         return ModelCache([block.attn.new_cache(batch, max_len, dtype) for block in self.blocks])
 
-    def setup_caches(self, batch: int = 1, max_len: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> None:
+    def setup_caches(
+        self, batch: int = 1, max_len: int | None = None, dtype: torch.dtype | None = None
+    ) -> None:
         """Give every layer its own cache; forward uses them until `remove_caches` (not for training)."""
         for block in self.blocks:
             block.attn.setup_cache(batch, max_len, dtype)
@@ -196,10 +208,27 @@ class Transformer(nn.Module):
             x = block(x, rope)
         return maps
 
-    def generate(self, idx: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
-                 top_p: Optional[float] = None, use_cache: bool = True, **kwargs) -> Tensor:
+    def generate(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        use_cache: bool = True,
+        **kwargs,
+    ) -> Tensor:
         """Extend idx (B, T) by up to max_new_tokens tokens: see minitx.decoding.generate."""
-        return decoding.generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, use_cache=use_cache, **kwargs)
+        return decoding.generate(
+            self,
+            idx,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            use_cache=use_cache,
+            **kwargs,
+        )
 
     def num_params(self, non_embedding: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())
@@ -207,7 +236,7 @@ class Transformer(nn.Module):
             n -= self.pos_emb.weight.numel()
         return n
 
-    def flops_per_token(self, seq_len: Optional[int] = None) -> float:
+    def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token (forward + backward = 3 x forward), from the model's own shape.
 
         6 per parameter (multiply-add, forward and backward) plus the attention score and value

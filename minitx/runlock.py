@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 from .errors import UserError
 
@@ -55,7 +54,7 @@ class RunLock:
     def __init__(self, run_dir: str | os.PathLike, option: str = "run.name"):
         self.path = Path(run_dir) / LOCK_NAME
         self.option = option
-        self._fd: Optional[int] = None
+        self._fd: int | None = None
 
     def _refuse(self, fd: int) -> None:
         holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
@@ -75,7 +74,7 @@ class RunLock:
             self._refuse(fd)
         os.close(fd)  # drops the lock just taken
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         if self._fd is not None or launched_by_another_process():
             return self
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +93,7 @@ class RunLock:
             os.close(self._fd)  # closing the last descriptor drops the lock
             self._fd = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

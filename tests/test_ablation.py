@@ -26,8 +26,20 @@ def write_sweep(tmp_path: Path, variants: list[dict], **extra) -> Path:
         "base": {
             "seed_everything": 1,
             "model": TINY_MODEL,
-            "data": {"source": "files", "train_files": str(text), "batch_size": 4, "val_batches": 1, "cache_dir": str(tmp_path / "cache")},
-            "trainer": {"max_steps": 4, "val_check_interval": 2, "log_every_n_steps": 1, "accelerator": "cpu", "devices": 1},
+            "data": {
+                "source": "files",
+                "train_files": str(text),
+                "batch_size": 4,
+                "val_batches": 1,
+                "cache_dir": str(tmp_path / "cache"),
+            },
+            "trainer": {
+                "max_steps": 4,
+                "val_check_interval": 2,
+                "log_every_n_steps": 1,
+                "accelerator": "cpu",
+                "devices": 1,
+            },
         },
         "seed": 5,
         "variants": variants,
@@ -60,7 +72,14 @@ def test_sweep_end_to_end_with_a_failing_variant_then_a_rerun_that_skips_finishe
     for name in ("mha", "gqa"):
         row = rows[name]
         assert row["status"] == "ok" and row["seed"] == "5"
-        for key in ("final_val_loss", "best_val_loss", "val_perplexity", "tokens_per_s", "peak_memory_mb", "wall_time_s"):
+        for key in (
+            "final_val_loss",
+            "best_val_loss",
+            "val_perplexity",
+            "tokens_per_s",
+            "peak_memory_mb",
+            "wall_time_s",
+        ):
             assert math.isfinite(float(row[key])) and float(row[key]) > 0, key
         assert float(row["best_val_loss"]) <= float(row["final_val_loss"])
         assert float(row["val_perplexity"]) == pytest.approx(math.exp(float(row["final_val_loss"])))
@@ -76,36 +95,63 @@ def test_sweep_end_to_end_with_a_failing_variant_then_a_rerun_that_skips_finishe
     assert "failed" in table and "run.sample_prompt" in table  # the error's last line, in the status column
     assert "up to 2 at a time" in table  # parallel runs share the cores: their speed is not alone
     for name in ("loss_curves.png", "cost_quality.png", "loss_vs_context.png"):
-        assert (output / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (output / name).stat().st_size > 5000
+        assert (output / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (
+            output / name
+        ).stat().st_size > 5000
     # Every finished run was evaluated on its best checkpoint: held-out loss, bits per character and
     # the loss at 1x, 2x and 4x block_size (RoPE goes past block_size); the failed run has no figures.
     for name in ("mha", "gqa"):
         row = rows[name]
-        for key in ("eval_loss", "eval_bits_per_char", "loss_at_16", "loss_at_32", "loss_at_64", "params_non_embedding", "flops_per_token"):
+        for key in (
+            "eval_loss",
+            "eval_bits_per_char",
+            "loss_at_16",
+            "loss_at_32",
+            "loss_at_64",
+            "params_non_embedding",
+            "flops_per_token",
+        ):
             assert math.isfinite(float(row[key])) and float(row[key]) > 0, key
         assert float(row["eval_loss"]) == float(row["loss_at_16"]) and row["eval_note"] == ""
         assert int(row["params_non_embedding"]) < int(row["params"])
-    assert rows["broken"]["eval_loss"] == "" and not (output / "runs" / "broken-seed5" / "evaluation.json").exists()
+    assert (
+        rows["broken"]["eval_loss"] == ""
+        and not (output / "runs" / "broken-seed5" / "evaluation.json").exists()
+    )
     assert "held-out loss" in table and "loss @ 64" in table
     # Every run read the sweep's own copy of the base config, not the (editable) original.
     base = yaml.safe_load(sweep.read_text())["base"]
     assert yaml.safe_load((output / "base_config.yaml").read_text()) == base
-    assert yaml.safe_load((output / "runs" / "mha-seed5" / "config.yaml").read_text())["model"]["d_model"] == base["model"]["d_model"]
+    assert (
+        yaml.safe_load((output / "runs" / "mha-seed5" / "config.yaml").read_text())["model"]["d_model"]
+        == base["model"]["d_model"]
+    )
     summary = json.loads((output / "runs" / "mha-seed5" / "summary.json").read_text())
     assert [p["step"] for p in summary["curve"]] == [2, 4]
     assert [p["tokens"] for p in summary["curve"]] == [128, 256]
 
     # A rerun leaves finished runs alone and retries the failed one.
-    finished = {(name, file): (output / "runs" / f"{name}-seed5" / file).stat().st_mtime_ns
-                for name in ("mha", "gqa") for file in ("run.json", "evaluation.json")}
+    finished = {
+        (name, file): (output / "runs" / f"{name}-seed5" / file).stat().st_mtime_ns
+        for name in ("mha", "gqa")
+        for file in ("run.json", "evaluation.json")
+    }
     capsys.readouterr()
     assert ablate_main(["--config", str(sweep), "--output", str(output)]) == 0
     printed = capsys.readouterr().out
-    assert "skip   mha seed 5" in printed and "skip   gqa seed 5" in printed and "start  broken seed 5" in printed
+    assert (
+        "skip   mha seed 5" in printed
+        and "skip   gqa seed 5" in printed
+        and "start  broken seed 5" in printed
+    )
     assert "eval   mha" not in printed and "eval   gqa" not in printed  # cached: not evaluated again
     for (name, file), mtime in finished.items():
         assert (output / "runs" / f"{name}-seed5" / file).stat().st_mtime_ns == mtime, (name, file)
-    assert {row["variant"]: row["status"] for row in read_rows(output)} == {"mha": "ok", "gqa": "ok", "broken": "failed"}
+    assert {row["variant"]: row["status"] for row in read_rows(output)} == {
+        "mha": "ok",
+        "gqa": "ok",
+        "broken": "failed",
+    }
 
     # Changing a variant's settings under the same output is refused, not silently mixed in.
     variants[0]["overrides"]["model.attention.kind"] = "mqa"
@@ -115,10 +161,20 @@ def test_sweep_end_to_end_with_a_failing_variant_then_a_rerun_that_skips_finishe
 
 
 def test_every_run_gets_the_same_seeds_data_and_budget(tmp_path):
-    sweep_path = write_sweep(tmp_path, [{"name": "a", "overrides": {"model.attention.kind": "mqa"}}, {"name": "b", "overrides": {}}])
+    sweep_path = write_sweep(
+        tmp_path,
+        [{"name": "a", "overrides": {"model.attention.kind": "mqa"}}, {"name": "b", "overrides": {}}],
+    )
     sweep = ablation.load_sweep(sweep_path)
     runs = ablation.plan_runs(sweep, tmp_path / "out", seeds=3)
-    assert [(r.variant.name, r.seed) for r in runs] == [("a", 5), ("a", 6), ("a", 7), ("b", 5), ("b", 6), ("b", 7)]
+    assert [(r.variant.name, r.seed) for r in runs] == [
+        ("a", 5),
+        ("a", 6),
+        ("a", 7),
+        ("b", 5),
+        ("b", 6),
+        ("b", 7),
+    ]
     for run in runs:
         command = run.command
         assert command[command.index("--seed_everything") + 1] == str(run.seed)
@@ -133,7 +189,9 @@ def test_variants_may_not_change_the_budget_unless_allowed(tmp_path):
         path = write_sweep(tmp_path, [{"name": "v", "overrides": {key: 8}}])
         with pytest.raises(UserError, match=key):
             ablation.load_sweep(path)
-    path = write_sweep(tmp_path, [{"name": "v", "overrides": {"data.batch_size": 8}, "allow_budget_change": True}])
+    path = write_sweep(
+        tmp_path, [{"name": "v", "overrides": {"data.batch_size": 8}, "allow_budget_change": True}]
+    )
     sweep = ablation.load_sweep(path)
     assert sweep.variants[0].budget_changes() == {"data.batch_size": 8}
     # The shared overrides may change the budget: they change it for every variant alike.
@@ -182,8 +240,16 @@ def test_mean_std_and_table_formatting():
 def test_aggregate_reports_failures_and_spread():
     def row(variant, status, loss, error=""):
         base = {key: None for key, *_ in ablation.COLUMNS}
-        base.update(variant=variant, status=status, error=error, final_val_loss=loss, best_val_loss=loss,
-                    curve=[], memory_kind=None, budget_changes="")
+        base.update(
+            variant=variant,
+            status=status,
+            error=error,
+            final_val_loss=loss,
+            best_val_loss=loss,
+            curve=[],
+            memory_kind=None,
+            budget_changes="",
+        )
         return base
 
     rows = [row("a", "ok", 2.0), row("a", "ok", 4.0), row("a", "failed", None, "boom"), row("b", "ok", 1.0)]
@@ -208,7 +274,11 @@ MATCH_SHAPE = {"model.n_layer": 2, "model.n_head": 4, "model.d_model": 32}
 
 def outside_tables(model: Transformer) -> int:
     """Parameters outside the token and position tables and the output layer, counted by name."""
-    return sum(p.numel() for name, p in model.named_parameters() if not name.startswith(("tok_emb.", "pos_emb.", "lm_head.")))
+    return sum(
+        p.numel()
+        for name, p in model.named_parameters()
+        if not name.startswith(("tok_emb.", "pos_emb.", "lm_head."))
+    )
 
 
 def measured(sweep, variant, by: str) -> float:
@@ -237,7 +307,9 @@ def test_match_brings_every_kind_within_2_percent_of_the_first(tmp_path, by):
     # The runs train that width: the training command accepts it, and each run's command carries it.
     ablation.check_variants(sweep, path)
     run = next(r for r in ablation.plan_runs(sweep, tmp_path / "out", seeds=1) if r.variant.name == "mqa")
-    assert run.command[run.command.index("--model.mlp_hidden_size") + 1] == str(mqa.overrides["model.mlp_hidden_size"])
+    assert run.command[run.command.index("--model.mlp_hidden_size") + 1] == str(
+        mqa.overrides["model.mlp_hidden_size"]
+    )
 
 
 def test_match_refuses_what_no_mlp_width_can_reach(tmp_path, capsys):
@@ -251,7 +323,11 @@ def test_match_refuses_what_no_mlp_width_can_reach(tmp_path, capsys):
     with pytest.raises(UserError, match="match"):
         ablation.load_sweep(write_sweep(tmp_path, variants, match="size"))
     # A config mistake found while sizing reads as check_variants' would: the variant and the key.
-    path = write_sweep(tmp_path, [{"name": "a"}, {"name": "b", "overrides": {"model.attention.kind": "flash"}}], match="flops")
+    path = write_sweep(
+        tmp_path,
+        [{"name": "a"}, {"name": "b", "overrides": {"model.attention.kind": "flash"}}],
+        match="flops",
+    )
     assert ablate_main(["--config", str(path), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "variant 'b': model.attention.kind: unknown value 'flash'" in err
@@ -259,31 +335,57 @@ def test_match_refuses_what_no_mlp_width_can_reach(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------ seeds
 
+
 def test_differences_beyond_the_seed_spread_are_marked():
     def rows(variant, losses, speed):
-        return [dict({key: None for key, *_ in ablation.COLUMNS}, variant=variant, status="ok", error="", best_val_loss=loss,
-                     tokens_per_s=speed, curve=[], memory_kind=None, budget_changes="") for loss in losses]
+        return [
+            dict(
+                {key: None for key, *_ in ablation.COLUMNS},
+                variant=variant,
+                status="ok",
+                error="",
+                best_val_loss=loss,
+                tokens_per_s=speed,
+                curve=[],
+                memory_kind=None,
+                budget_changes="",
+            )
+            for loss in losses
+        ]
 
-    table = ablation.aggregate([*rows("ref", [2.0, 2.2], 100.0), *rows("far", [2.6, 2.8], 50.0),
-                                *rows("near", [2.15, 2.35], 100.0), *rows("one", [3.0], 100.0)])
+    table = ablation.aggregate(
+        [
+            *rows("ref", [2.0, 2.2], 100.0),
+            *rows("far", [2.6, 2.8], 50.0),
+            *rows("near", [2.15, 2.35], 100.0),
+            *rows("one", [3.0], 100.0),
+        ]
+    )
     text = ablation.markdown_table(table)
     lines = {line.split(" |")[0][2:]: line for line in text.splitlines() if line.startswith("| ")}
     # far: |2.7 - 2.1| = 0.6 > 0.141 + 0.141; near: 0.15 < 0.283; one seed has no spread to compare.
     assert "2.7000 ± 0.1414 * |" in lines["far"] and "*" not in lines["near"] and "*" not in lines["one"]
-    assert "*" not in lines["ref"] and "50 ± 0 |" in lines["far"]  # costs are not marked, only losses and accuracies
+    assert (
+        "*" not in lines["ref"] and "50 ± 0 |" in lines["far"]
+    )  # costs are not marked, only losses and accuracies
     assert "std + std of ref" in text
 
 
 # ------------------------------------------------------------------------------ evaluation after each run
 
+
 def finished_runs(directory: Path, names=("good", "bad")) -> list:
     """Runs that look finished (summary and a checkpoint file), without training anything."""
-    sweep = ablation.Sweep(base_text="model: {}\n", overrides={}, variants=[ablation.Variant(n, {}) for n in names])
+    sweep = ablation.Sweep(
+        base_text="model: {}\n", overrides={}, variants=[ablation.Variant(n, {}) for n in names]
+    )
     runs = ablation.plan_runs(sweep, directory, seeds=1)
     for run in runs:
         (run.directory / "checkpoints").mkdir(parents=True)
         (run.directory / "checkpoints" / "best.ckpt").write_bytes(b"weights")
-        (run.directory / ablation.SUMMARY_FILE).write_text(json.dumps({"block_size": 16, "best_val_loss": 2.0, "curve": []}))
+        (run.directory / ablation.SUMMARY_FILE).write_text(
+            json.dumps({"block_size": 16, "best_val_loss": 2.0, "curve": []})
+        )
     return runs
 
 
@@ -294,9 +396,18 @@ def test_evaluation_is_cached_per_run_and_a_failure_is_a_note(tmp_path, monkeypa
         calls.append((Path(path).parts[-3], tuple(lengths), max_tokens))
         if "bad-" in str(path):
             raise RuntimeError("out of\nmemory")
-        return {"loss": 1.5, "perplexity": math.exp(1.5), "bits_per_char": 2.1, "tokens": 100,
-                "by_length": {"16": {"loss": 1.5}, "32": {"loss": 1.4}, "64": {"skipped": "learned positions stop at 16"}},
-                "task": {"exact_match": 0.25, "item_accuracy": 0.5}}
+        return {
+            "loss": 1.5,
+            "perplexity": math.exp(1.5),
+            "bits_per_char": 2.1,
+            "tokens": 100,
+            "by_length": {
+                "16": {"loss": 1.5},
+                "32": {"loss": 1.4},
+                "64": {"skipped": "learned positions stop at 16"},
+            },
+            "task": {"exact_match": 0.25, "item_accuracy": 0.5},
+        }
 
     monkeypatch.setattr(eval_runs, "evaluate_checkpoint", fake_evaluate)
     runs = finished_runs(tmp_path)
@@ -304,14 +415,25 @@ def test_evaluation_is_cached_per_run_and_a_failure_is_a_note(tmp_path, monkeypa
     eval_runs.evaluate_runs(runs, settings, log=lambda line: None)
     assert calls == [("good-seed1337", (16, 32, 64), 500), ("bad-seed1337", (16, 32, 64), 500)]
 
-    sweep = ablation.Sweep(base_text="", overrides={}, variants=[r.variant for r in runs], evaluation=settings)
+    sweep = ablation.Sweep(
+        base_text="", overrides={}, variants=[r.variant for r in runs], evaluation=settings
+    )
     ablation.write_results(runs, tmp_path, sweep=sweep)
     rows = {row["variant"]: row for row in read_rows(tmp_path)}
     good, bad = rows["good"], rows["bad"]
-    assert (good["eval_loss"], good["eval_bits_per_char"], good["loss_at_32"], good["loss_at_64"]) == ("1.5", "2.1", "1.4", "")
+    assert (good["eval_loss"], good["eval_bits_per_char"], good["loss_at_32"], good["loss_at_64"]) == (
+        "1.5",
+        "2.1",
+        "1.4",
+        "",
+    )
     assert (good["task_exact_match"], good["task_item_accuracy"]) == ("0.25", "0.5")
     assert good["eval_note"] == "loss @ 64: learned positions stop at 16"
-    assert bad["status"] == "ok" and bad["eval_note"] == "evaluation failed: out of memory" and bad["eval_loss"] == ""
+    assert (
+        bad["status"] == "ok"
+        and bad["eval_note"] == "evaluation failed: out of memory"
+        and bad["eval_loss"] == ""
+    )
     table = (tmp_path / "results.md").read_text()
     assert "| task exact match |" in table and "(evaluation failed: out of memory)" in table
     assert "good: loss @ 64: learned positions stop at 16 (blank above)" in table
@@ -323,8 +445,15 @@ def test_evaluation_is_cached_per_run_and_a_failure_is_a_note(tmp_path, monkeypa
     assert calls[-2:] == [("good-seed1337", (8,), 400), ("bad-seed1337", (8,), 400)]
 
 
-@pytest.mark.parametrize("value,message", [("yes", "use false"), ({"max_tokens": 0}, "max_tokens"),
-                                           ({"lengths": [16, "x"]}, "lengths"), ({"lenghts": [16]}, "lenghts")])
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        ("yes", "use false"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"lengths": [16, "x"]}, "lengths"),
+        ({"lenghts": [16]}, "lenghts"),
+    ],
+)
 def test_bad_eval_settings_are_user_errors(tmp_path, value, message):
     with pytest.raises(UserError, match=message):
         ablation.load_sweep(write_sweep(tmp_path, [{"name": "a"}], eval=value))

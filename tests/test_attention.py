@@ -14,7 +14,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from minitx import AttentionConfig, ModelConfig, functional
 from minitx.attention.grouped import GroupedQueryAttention
@@ -54,7 +53,9 @@ def test_functional_attention_matches_softmax_written_out():
     expected_out = torch.zeros(B, H, T, D)
     for h in range(H):
         for i in range(T):
-            logits = [sum(q[0, h, i, d] * k[0, h, j, d] for d in range(D)) / math.sqrt(D) for j in range(i + 1)]
+            logits = [
+                sum(q[0, h, i, d] * k[0, h, j, d] for d in range(D)) / math.sqrt(D) for j in range(i + 1)
+            ]
             top = max(logits)
             exps = [math.exp(x - top) for x in logits]
             for j in range(i + 1):
@@ -115,7 +116,9 @@ def test_chunked_local_gradients_match_oracle():
     inputs = [t.requires_grad_() for t in qkv(1, 4, 2, T)]
     grad_out = torch.randn(1, 4, T, 8)
     fast = torch.autograd.grad((chunked_local(*inputs, window, n_global) * grad_out).sum(), inputs)
-    slow = torch.autograd.grad((functional.attention(*inputs, window=window, n_global=n_global) * grad_out).sum(), inputs)
+    slow = torch.autograd.grad(
+        (functional.attention(*inputs, window=window, n_global=n_global) * grad_out).sum(), inputs
+    )
     for a, b in zip(fast, slow):
         assert max_diff(a, b) < TOL
 
@@ -143,11 +146,17 @@ def per_head_loop(q, k, v, num_heads: int, num_kv_heads: int, allowed: torch.Ten
     return torch.cat(outs, dim=-1)
 
 
-@pytest.mark.parametrize("Tq, Tk, causal", [(1, 1, True), (5, 5, True), (3, 7, True), (7, 3, False), (1, 6, False)])
+@pytest.mark.parametrize(
+    "Tq, Tk, causal", [(1, 1, True), (5, 5, True), (3, 7, True), (7, 3, False), (1, 6, False)]
+)
 @pytest.mark.parametrize("num_heads, num_kv_heads", [(4, 4), (4, 2), (3, 1)])
 def test_multihead_attention_matches_a_loop_over_heads(Tq, Tk, causal, num_heads, num_kv_heads):
     D, B = 6, 2
-    q, k, v = torch.randn(B, Tq, num_heads * D), torch.randn(B, Tk, num_kv_heads * D), torch.randn(B, Tk, num_kv_heads * D)
+    q, k, v = (
+        torch.randn(B, Tq, num_heads * D),
+        torch.randn(B, Tk, num_kv_heads * D),
+        torch.randn(B, Tk, num_kv_heads * D),
+    )
     mask = torch.rand(B, 1, Tq, Tk) > 0.3
     mask[..., 0] = True  # every query sees at least one key whatever the causal rule
     allowed = mask.squeeze(1)
@@ -168,7 +177,13 @@ def test_multihead_attention_refuses_causal_with_more_queries_than_keys():
 @pytest.mark.parametrize("n_kv_head, T", [(4, 1), (2, 13), (1, 7)])
 def test_multihead_attention_is_what_the_grouped_layer_computes(n_kv_head, T):
     # Learned positions: no RoPE, so the layer is projections around plain multi-head attention.
-    config = ModelConfig(n_layer=1, n_head=4, d_model=32, positions="learned", attention=AttentionConfig(kind="gqa", n_kv_head=n_kv_head))
+    config = ModelConfig(
+        n_layer=1,
+        n_head=4,
+        d_model=32,
+        positions="learned",
+        attention=AttentionConfig(kind="gqa", n_kv_head=n_kv_head),
+    )
     layer = GroupedQueryAttention(config, 0)
     x = torch.randn(2, T, 32)
     q, k, v = layer.qkv_proj(x).split([32, 8 * n_kv_head, 8 * n_kv_head], dim=-1)

@@ -22,21 +22,48 @@ WORDS = "the quick brown fox jumps over a lazy dog while seven kings sing of old
 
 def run_script(name: str, *args: str, cwd: Path) -> str:
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / name), *args], capture_output=True, text=True,
-                            env=env, cwd=cwd, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / name), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
 
 
 def table_rows(text: str, first_cell: str) -> list[list[str]]:
     """Cells of the Markdown table rows whose first cell starts with first_cell."""
-    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in text.splitlines() if line.startswith("|")]
+    rows = [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("|")
+    ]
     return [row for row in rows if row[0].startswith(first_cell)]
 
 
 def test_attention_benchmark_times_every_variant(tmp_path):
-    out = run_script("attention.py", "--seq-lens", "8", "20", "--repeats", "1", "--warmup", "0", "--d-model", "32",
-                     "--n-head", "2", "--window", "4", "--threads", "1", cwd=tmp_path)
+    out = run_script(
+        "attention.py",
+        "--seq-lens",
+        "8",
+        "20",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--d-model",
+        "32",
+        "--n-head",
+        "2",
+        "--window",
+        "4",
+        "--threads",
+        "1",
+        cwd=tmp_path,
+    )
     for variant in ("mha", "mqa", "gqa", "local", "local-dense", "mta", "mta-full"):
         rows = [row for row in table_rows(out, variant) if row[0] == variant]
         assert [row[1] for row in rows] == ["8", "20"], (variant, rows)
@@ -45,8 +72,19 @@ def test_attention_benchmark_times_every_variant(tmp_path):
 
 
 def test_generate_benchmark_prints_speed_and_memory(tmp_path):
-    out = run_script("generate.py", "--new-tokens", "4", "--repeats", "1", "--kinds", "mha", "local (window 64)",
-                     "--contexts", "16", cwd=tmp_path)
+    out = run_script(
+        "generate.py",
+        "--new-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--kinds",
+        "mha",
+        "local (window 64)",
+        "--contexts",
+        "16",
+        cwd=tmp_path,
+    )
     speed_text, memory_text = out.split("### KV cache memory")
     speed_text, step_text = speed_text.split("### One cached model step")
     steps = {row[0]: row for row in table_rows(step_text, "")[2:]}
@@ -56,7 +94,9 @@ def test_generate_benchmark_prints_speed_and_memory(tmp_path):
     assert set(speed) == {"mha", "local (window 64)", "mha, block_size 16"}
     assert all(re.fullmatch(r"[\d.]+x", row[3]) for row in speed.values())  # the speed-up column
     memory = {row[0]: row for row in table_rows(memory_text, "")[2:]}
-    assert float(memory["mqa"][-1]) == 0.25 and float(memory["gqa (2 kv heads)"][-1]) == 0.5  # 1/n_head, n_kv_head/n_head
+    assert (
+        float(memory["mqa"][-1]) == 0.25 and float(memory["gqa (2 kv heads)"][-1]) == 0.5
+    )  # 1/n_head, n_kv_head/n_head
     assert len(set(memory["local (window 64)"][1:5])) == 1  # flat in length
 
 
@@ -74,21 +114,51 @@ def test_mta_kernels_benchmark_times_the_c_loops_against_torch(tmp_path):
 def test_train_throughput_benchmark_compares_the_loops(tmp_path):
     rng = random.Random(0)
     for name, lines in (("train.txt", 400), ("val.txt", 80)):
-        (tmp_path / name).write_text("".join(" ".join(rng.choices(WORDS, k=rng.randint(3, 9))) + ".\n" for _ in range(lines)))
+        (tmp_path / name).write_text(
+            "".join(" ".join(rng.choices(WORDS, k=rng.randint(3, 9))) + ".\n" for _ in range(lines))
+        )
     config = {
         "model": {"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 32},
-        "data": {"source": "files", "train_files": str(tmp_path / "train.txt"), "val_files": str(tmp_path / "val.txt"),
-                 "batch_size": 4, "cache_dir": str(tmp_path / "cache")},
+        "data": {
+            "source": "files",
+            "train_files": str(tmp_path / "train.txt"),
+            "val_files": str(tmp_path / "val.txt"),
+            "batch_size": 4,
+            "cache_dir": str(tmp_path / "cache"),
+        },
     }
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(config))
-    out = run_script("train_throughput.py", "--config", str(tmp_path / "tiny.yaml"), "--rounds", "1", "--steps", "4",
-                     "--skip", "1", cwd=tmp_path)
+    out = run_script(
+        "train_throughput.py",
+        "--config",
+        str(tmp_path / "tiny.yaml"),
+        "--rounds",
+        "1",
+        "--steps",
+        "4",
+        "--skip",
+        "1",
+        cwd=tmp_path,
+    )
     ratio = re.search(r"ratio ([\d.]+)", out)
     assert ratio and float(ratio.group(1)) > 0, out[-1000:]
 
 
 def test_prefill_benchmark_prints_a_row_per_kind_and_prompt(tmp_path):
-    out = run_script("prefill.py", "--prompt-blocks", "1", "3", "--block-size", "16", "--d-model", "32",
-                     "--n-layer", "2", "--repeats", "1", cwd=tmp_path)
+    out = run_script(
+        "prefill.py",
+        "--prompt-blocks",
+        "1",
+        "3",
+        "--block-size",
+        "16",
+        "--d-model",
+        "32",
+        "--n-layer",
+        "2",
+        "--repeats",
+        "1",
+        cwd=tmp_path,
+    )
     for kind in ("mha", "local", "mta"):
         assert [row[1] for row in table_rows(out, kind)] == ["16", "48"], out

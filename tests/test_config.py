@@ -11,7 +11,9 @@ from minitx.attention import registry
 
 
 def model(n_layer: int = 4, n_head: int = 4, d_model: int = 32, **attention) -> ModelConfig:
-    return ModelConfig(n_layer=n_layer, n_head=n_head, d_model=d_model, attention=AttentionConfig(**attention))
+    return ModelConfig(
+        n_layer=n_layer, n_head=n_head, d_model=d_model, attention=AttentionConfig(**attention)
+    )
 
 
 BAD_CONFIGS = {
@@ -93,8 +95,16 @@ REFUSED = {
     "window on mha": (dict(kind="mha", window=64), "attention.window", "mha"),
     "n_global on gqa": (dict(kind="gqa", n_global=2), "attention.n_global", "gqa"),
     "mta kernel on gqa": (dict(kind="gqa", mta_query_kernel=3), "attention.mta_query_kernel", "gqa"),
-    "mta output norm on local": (dict(kind="local", mta_output_norm=False), "attention.mta_output_norm", "local"),
-    "local backend on mixed mta+mha": (dict(layers=["mta", "mha"], local_backend="chunked"), "attention.local_backend", "mta/mha"),
+    "mta output norm on local": (
+        dict(kind="local", mta_output_norm=False),
+        "attention.mta_output_norm",
+        "local",
+    ),
+    "local backend on mixed mta+mha": (
+        dict(layers=["mta", "mha"], local_backend="chunked"),
+        "attention.local_backend",
+        "mta/mha",
+    ),
 }
 
 
@@ -131,7 +141,11 @@ def yaml_attention_sections():
         yield path.name, base
         for variant in data.get("variants") or []:
             prefix = "model.attention."
-            overrides = {key[len(prefix) :]: value for key, value in (variant.get("overrides") or {}).items() if key.startswith(prefix)}
+            overrides = {
+                key[len(prefix) :]: value
+                for key, value in (variant.get("overrides") or {}).items()
+                if key.startswith(prefix)
+            }
             yield f"{path.name}:{variant['name']}", dict(base, **overrides)
 
 

@@ -13,7 +13,6 @@ import torch
 from minitx.data import cache as cache_module
 from minitx.data import tokenizer as tokenizer_module
 from minitx.data.cache import cached_tokens, token_dtype
-from minitx.fileio import TMP_PREFIX
 from minitx.data.datamodule import TextDataModule, random_window_starts
 from minitx.data.sources import (
     SHAKESPEARE_PLAY_COUNT,
@@ -32,6 +31,7 @@ from minitx.data.tokenizer import (
 )
 from minitx.data.toy import TARGETS, ToyTaskConfig, collate_toy, toy_sample, toy_samples, toy_tokenizer
 from minitx.errors import UserError
+from minitx.fileio import TMP_PREFIX
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven kings sing of old stars".split()
 
@@ -264,7 +264,9 @@ def test_bpe_round_trip_and_plain_data(bpe, shakespeare, tmp_path, monkeypatch):
     sample = shakespeare[1][:100_000]
     assert np.array_equal(bpe.encode_corpus(sample), bpe.encode(sample))
     rng = random.Random(0)
-    tricky = "".join(rng.choice(["a", "b", "é", " ", "  ", "\n", "\n\n", " \n", "\n ", "!"]) for _ in range(5000))
+    tricky = "".join(
+        rng.choice(["a", "b", "é", " ", "  ", "\n", "\n\n", " \n", "\n ", "!"]) for _ in range(5000)
+    )
     whitespace_bpe = build_tokenizer("bpe", tricky, vocab_size=300)  # learns whitespace merges
     monkeypatch.setattr(tokenizer_module, "_CHUNK_CHARS", 7)
     assert len(list(tokenizer_module._chunks(tricky))) > 50

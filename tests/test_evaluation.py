@@ -37,9 +37,18 @@ KINDS = {
 }
 
 
-def wide_model(vocab: int, block_size: int = 8, positions: str = "rope", attention: dict | None = None) -> Transformer:
-    config = ModelConfig(vocab_size=vocab, block_size=block_size, n_layer=2, n_head=2, d_model=16, positions=positions,
-                         attention=AttentionConfig(**(attention or {})))
+def wide_model(
+    vocab: int, block_size: int = 8, positions: str = "rope", attention: dict | None = None
+) -> Transformer:
+    config = ModelConfig(
+        vocab_size=vocab,
+        block_size=block_size,
+        n_layer=2,
+        n_head=2,
+        d_model=16,
+        positions=positions,
+        attention=AttentionConfig(**(attention or {})),
+    )
     model = Transformer(config)
     with torch.no_grad():
         for param in model.parameters():
@@ -90,14 +99,19 @@ def test_stride_one_equals_naive_token_by_token_full_context(kind, positions, se
     vocab, context, num_tokens = 11, 8, 37
     model = wide_model(vocab, context, positions, KINDS[kind])
     tokens = torch.randint(0, vocab, (num_tokens,))
-    naive = [next_token_nll(model, tokens[max(0, p - context) : p], int(tokens[p])) for p in range(1, num_tokens)]
+    naive = [
+        next_token_nll(model, tokens[max(0, p - context) : p], int(tokens[p])) for p in range(1, num_tokens)
+    ]
     scores = score_tokens(model, tokens, context, stride=1, batch_size=5)
     assert scores.tokens == num_tokens - 1
     assert abs(scores.loss - sum(naive) / len(naive)) < 1e-5
     # By position: offset j holds the targets that had j tokens before them.
     for j in range(context):
-        expected = [naive[p - 1] for p in range(1, num_tokens) if min(p, context) - 1 == j] if j < context - 1 else \
-                   [naive[p - 1] for p in range(1, num_tokens) if p >= context]
+        expected = (
+            [naive[p - 1] for p in range(1, num_tokens) if min(p, context) - 1 == j]
+            if j < context - 1
+            else [naive[p - 1] for p in range(1, num_tokens) if p >= context]
+        )
         assert scores.position_tokens[j] == len(expected)
         assert abs(scores.position_nats[j] - sum(expected)) < 1e-4
 
@@ -125,8 +139,15 @@ def test_stride_equal_to_context_is_the_mean_loss_of_non_overlapping_windows(see
     vocab, context, windows = 17, 8, 6
     model = wide_model(vocab, context, attention=KINDS["gqa"])
     tokens = torch.randint(0, vocab, (windows * context + 1,))
-    losses = [float(F.cross_entropy(model(tokens[i * context : (i + 1) * context][None])[0], tokens[i * context + 1 : (i + 1) * context + 1]))
-              for i in range(windows)]
+    losses = [
+        float(
+            F.cross_entropy(
+                model(tokens[i * context : (i + 1) * context][None])[0],
+                tokens[i * context + 1 : (i + 1) * context + 1],
+            )
+        )
+        for i in range(windows)
+    ]
     scores = score_tokens(model, tokens, context, batch_size=4)
     assert scores.tokens == windows * context
     assert abs(scores.loss - sum(losses) / windows) < 1e-5
@@ -143,7 +164,9 @@ def test_bits_per_character_divide_the_nats_by_the_scored_characters(tmp_path, s
 
     result = evaluate_text(model, scored, 16, 16, [16], 64, Progress(False))
     assert result["tokens"] == len(text) - 1
-    assert math.isclose(result["bits_per_char"], result["loss"] * (len(text) - 1) / math.log(2) / (len(text) - 1))
+    assert math.isclose(
+        result["bits_per_char"], result["loss"] * (len(text) - 1) / math.log(2) / (len(text) - 1)
+    )
     assert math.isclose(result["perplexity"], math.exp(result["loss"]))
     assert result["by_length"]["16"]["loss"] == result["loss"]
     assert sum(result["by_position"]["tokens"]) == result["tokens"]
@@ -180,9 +203,18 @@ def write_checkpoint(directory: Path, text: str, positions: str = "rope", block_
     model = wide_model(tokenizer.vocab_size, block_size, positions)
     data = {"source": "files", "train_files": str(directory / "corpus.txt"), "val_fraction": 0.25}
     path = directory / f"{positions}.ckpt"
-    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                "minitx": {"format": 1, "model_config": model.config.to_dict(), "tokenizer": tokenizer.to_dict(),
-                           "train_config": {"data": data}}}, path)
+    torch.save(
+        {
+            "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+            "minitx": {
+                "format": 1,
+                "model_config": model.config.to_dict(),
+                "tokenizer": tokenizer.to_dict(),
+                "train_config": {"data": data},
+            },
+        },
+        path,
+    )
     return path
 
 
@@ -208,10 +240,22 @@ def test_the_command_end_to_end_on_a_trained_checkpoint(tmp_path, text, capsys):
     config = {
         "seed_everything": 3,
         "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "block_size": 16, "warmup_steps": 1},
-        "data": {"source": "files", "train_files": str(tmp_path / "corpus.txt"), "val_fraction": 0.2, "batch_size": 4,
-                 "val_batches": 1, "cache_dir": str(tmp_path / "cache")},
-        "trainer": {"accelerator": "cpu", "max_steps": 3, "val_check_interval": 3, "enable_progress_bar": False,
-                    "enable_model_summary": False, "num_sanity_val_steps": 0},
+        "data": {
+            "source": "files",
+            "train_files": str(tmp_path / "corpus.txt"),
+            "val_fraction": 0.2,
+            "batch_size": 4,
+            "val_batches": 1,
+            "cache_dir": str(tmp_path / "cache"),
+        },
+        "trainer": {
+            "accelerator": "cpu",
+            "max_steps": 3,
+            "val_check_interval": 3,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "num_sanity_val_steps": 0,
+        },
         "run": {"root": str(tmp_path / "runs"), "name": "tiny", "sample_tokens": 0},
     }
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(config))
@@ -219,7 +263,25 @@ def test_the_command_end_to_end_on_a_trained_checkpoint(tmp_path, text, capsys):
     capsys.readouterr()
     ckpt = tmp_path / "runs" / "tiny" / "checkpoints" / "best.ckpt"
     out_json, plots = tmp_path / "out.json", tmp_path / "plots"
-    assert eval_main(["--ckpt", str(ckpt), "--lengths", "4", "16", "64", "--stride", "8", "--json", str(out_json), "--plots", str(plots)]) == 0
+    assert (
+        eval_main(
+            [
+                "--ckpt",
+                str(ckpt),
+                "--lengths",
+                "4",
+                "16",
+                "64",
+                "--stride",
+                "8",
+                "--json",
+                str(out_json),
+                "--plots",
+                str(plots),
+            ]
+        )
+        == 0
+    )
     out, err = capsys.readouterr()
     assert err == ""  # no progress line off a terminal for a short evaluation
     result = json.loads(out_json.read_text())
@@ -241,13 +303,29 @@ def refused(capsys, argv: list[str], *fragments: str) -> str:
     return err
 
 
-@pytest.mark.parametrize("case", ["learned 4x block", "learned context", "stride 0", "stride > context", "context > text",
-                                  "empty file", "missing file", "missing checkpoint", "bad lengths", "run's text moved"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "learned 4x block",
+        "learned context",
+        "stride 0",
+        "stride > context",
+        "context > text",
+        "empty file",
+        "missing file",
+        "missing checkpoint",
+        "bad lengths",
+        "run's text moved",
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, text, capsys):
     ckpt = write_checkpoint(tmp_path, text, "learned" if case.startswith("learned") else "rope")
     (tmp_path / "empty.txt").write_text("")
     argv, fragments = {
-        "learned 4x block": (["--lengths", "16", "64"], ["--lengths", "64", "learned positions stop at block_size=16"]),
+        "learned 4x block": (
+            ["--lengths", "16", "64"],
+            ["--lengths", "64", "learned positions stop at block_size=16"],
+        ),
         "learned context": (["--context", "64"], ["--context", "learned positions"]),
         "stride 0": (["--stride", "0"], ["--stride", "is 0"]),
         "stride > context": (["--context", "8", "--stride", "9"], ["--stride", "1 .. --context (8)"]),
@@ -256,12 +334,27 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, text, c
         "missing file": (["--files", str(tmp_path / "nowhere.txt")], ["--files", "no file matches"]),
         "missing checkpoint": (["--ckpt", str(tmp_path / "nowhere.ckpt")], ["--ckpt", "no such file"]),
         "bad lengths": (["--lengths", "0"], ["--lengths", "use 1 or more"]),
-        "run's text moved": ([], ["--ckpt", "cannot rebuild the run's validation text", "data.train_files", "give --files"]),
+        "run's text moved": (
+            [],
+            ["--ckpt", "cannot rebuild the run's validation text", "data.train_files", "give --files"],
+        ),
     }[case]
     if case == "run's text moved":
         (tmp_path / "corpus.txt").unlink()
     before = sorted(p.name for p in tmp_path.iterdir())
-    refused(capsys, ["--ckpt", str(ckpt), *argv, "--json", str(tmp_path / "out.json"), "--plots", str(tmp_path / "plots")], *fragments)
+    refused(
+        capsys,
+        [
+            "--ckpt",
+            str(ckpt),
+            *argv,
+            "--json",
+            str(tmp_path / "out.json"),
+            "--plots",
+            str(tmp_path / "plots"),
+        ],
+        *fragments,
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no json, no plots directory
 
 

@@ -23,8 +23,17 @@ from minitx import AttentionConfig, ModelConfig, Transformer, functional
 from minitx.attention.multi_token import MultiTokenAttention
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import UserError
+from minitx.generation import (
+    CachedSteps,
+    TextStream,
+    generate,
+    load_checkpoint,
+    main,
+    pick_next,
+    top_k_filter,
+    top_p_filter,
+)
 from minitx.kinds import registry
-from minitx.generation import CachedSteps, TextStream, generate, load_checkpoint, main, pick_next, top_k_filter, top_p_filter
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")
 
@@ -52,12 +61,19 @@ KINDS = {
 }
 
 
-def make_model(attention: dict, n_layer: int = 2, positions: str = "rope", block_size: int = BLOCK) -> Transformer:
+def make_model(
+    attention: dict, n_layer: int = 2, positions: str = "rope", block_size: int = BLOCK
+) -> Transformer:
     attention = dict(attention)
     if "mta" in attention.get("layers", [attention["kind"]]):
         attention.setdefault("mta_conv_layers", list(range(n_layer)))  # by default on every layer
     config = ModelConfig(
-        vocab_size=VOCAB, block_size=block_size, n_layer=n_layer, n_head=4, d_model=16, positions=positions,
+        vocab_size=VOCAB,
+        block_size=block_size,
+        n_layer=n_layer,
+        n_head=4,
+        d_model=16,
+        positions=positions,
         attention=AttentionConfig(**attention),
     )
     model = Transformer(config)
@@ -86,7 +102,9 @@ def cropped_logits(model: Transformer, seq: torch.Tensor, prompt_len: int) -> to
     """The same positions, each from a fresh forward pass over the last block_size tokens."""
     block = model.config.block_size
     with torch.no_grad():
-        return torch.stack([model(seq[:, max(0, t - block) : t])[:, -1] for t in range(prompt_len, seq.shape[1] + 1)], dim=1)
+        return torch.stack(
+            [model(seq[:, max(0, t - block) : t])[:, -1] for t in range(prompt_len, seq.shape[1] + 1)], dim=1
+        )
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -129,13 +147,20 @@ def test_one_layer_rope_model_slides_exactly_like_the_crop(kind):
     attention = dict(KINDS[kind])
     first = attention.pop("layers", [attention["kind"]])[0]
     options = registry[first].options
-    attention = {key: value for key, value in attention.items() if key in options and key != "mta_conv_layers"}
+    attention = {
+        key: value for key, value in attention.items() if key in options and key != "mta_conv_layers"
+    }
     model = make_model(dict(attention, kind=first), n_layer=1)
     seq = torch.randint(0, VOCAB, (1, BLOCK + 12))
     for prompt_len in (3, BLOCK + 4):  # generating past block_size, and a prompt longer than it
-        assert max_diff(cached_logits(model, seq, prompt_len), cropped_logits(model, seq, prompt_len)) < TOL, prompt_len
+        assert (
+            max_diff(cached_logits(model, seq, prompt_len), cropped_logits(model, seq, prompt_len)) < TOL
+        ), prompt_len
     prompt = seq[:, :3]
-    assert torch.equal(generate(model, prompt, BLOCK + 4, temperature=0), generate(model, prompt, BLOCK + 4, temperature=0, use_cache=False))
+    assert torch.equal(
+        generate(model, prompt, BLOCK + 4, temperature=0),
+        generate(model, prompt, BLOCK + 4, temperature=0, use_cache=False),
+    )
 
 
 def sliding_reference(model: Transformer, seq: torch.Tensor) -> torch.Tensor:
@@ -156,7 +181,9 @@ def sliding_reference(model: Transformer, seq: torch.Tensor) -> torch.Tensor:
         if isinstance(attn, MultiTokenAttention):
             attn.attend = lambda q, k, v, attn=attn: mta_sliding(attn, q, k, v, block)
         else:
-            attn.attend = lambda q, k, v, w=window, g=n_global: functional.attention(q, k, v, window=w, n_global=g)
+            attn.attend = lambda q, k, v, w=window, g=n_global: functional.attention(
+                q, k, v, window=w, n_global=g
+            )
     with torch.no_grad():
         return reference(seq)
 
@@ -167,8 +194,14 @@ def mta_sliding(attn: MultiTokenAttention, q, k, v, block: int):
     padded_q = torch.nn.functional.pad(q, (0, 0, n_hist, 0))
     padded_pos = torch.cat([torch.full((n_hist,), -1), positions])
     outs = [
-        attn.rows(padded_q[:, :, i : i + n_hist + 1], k[:, :, : i + 1], v[:, :, : i + 1], padded_pos[i : i + n_hist + 1],
-                  positions[: i + 1], first_key=i - block + 1)[0]
+        attn.rows(
+            padded_q[:, :, i : i + n_hist + 1],
+            k[:, :, : i + 1],
+            v[:, :, : i + 1],
+            padded_pos[i : i + n_hist + 1],
+            positions[: i + 1],
+            first_key=i - block + 1,
+        )[0]
         for i in range(T)
     ]
     return torch.cat(outs, dim=2)
@@ -180,7 +213,9 @@ def test_deep_rope_model_past_the_context_is_sliding_window_attention(kind):
     seq = torch.randint(0, VOCAB, (2, BLOCK + 10))
     expected = sliding_reference(model, seq)
     for prompt_len in (2, BLOCK + 5):
-        assert max_diff(cached_logits(model, seq, prompt_len), expected[:, prompt_len - 1 :]) < TOL, prompt_len
+        assert max_diff(cached_logits(model, seq, prompt_len), expected[:, prompt_len - 1 :]) < TOL, (
+            prompt_len
+        )
     # Within the context the reference is the plain model. Past it the crop differs, unless every
     # layer is local without globals: then n_layer windows of 5 reach back less than block_size.
     with torch.no_grad():
@@ -197,16 +232,27 @@ def test_learned_positions_past_the_context_equal_the_crop(kind):
     model = make_model(KINDS[kind], positions="learned")
     seq = torch.randint(0, VOCAB, (2, BLOCK + 9))
     for prompt_len in (1, BLOCK):
-        assert max_diff(cached_logits(model, seq, prompt_len), cropped_logits(model, seq, prompt_len)) < TOL, prompt_len
+        assert (
+            max_diff(cached_logits(model, seq, prompt_len), cropped_logits(model, seq, prompt_len)) < TOL
+        ), prompt_len
     prompt = seq[:, :4]
-    assert torch.equal(generate(model, prompt, BLOCK, temperature=0), generate(model, prompt, BLOCK, temperature=0, use_cache=False))
+    assert torch.equal(
+        generate(model, prompt, BLOCK, temperature=0),
+        generate(model, prompt, BLOCK, temperature=0, use_cache=False),
+    )
 
 
 def test_learned_positions_refuse_a_prompt_longer_than_the_context():
     model = make_model(KINDS["mha"], positions="learned")
-    with pytest.raises(UserError, match=f"prompt has {BLOCK + 1} tokens .*block_size={BLOCK}.*cannot slide; shorten the prompt"):
+    with pytest.raises(
+        UserError,
+        match=f"prompt has {BLOCK + 1} tokens .*block_size={BLOCK}.*cannot slide; shorten the prompt",
+    ):
         generate(model, torch.zeros(1, BLOCK + 1, dtype=torch.long), 1)
-    assert generate(model, torch.zeros(1, BLOCK + 1, dtype=torch.long), 2, use_cache=False).shape == (1, BLOCK + 3)
+    assert generate(model, torch.zeros(1, BLOCK + 1, dtype=torch.long), 2, use_cache=False).shape == (
+        1,
+        BLOCK + 3,
+    )
 
 
 def test_generate_restores_training_mode_and_model_method_delegates():
@@ -237,7 +283,14 @@ def test_model_still_trains_after_generating():
 
 def cache_bytes(attention: dict, length: int) -> int:
     """fp32 cache bytes for a batch of 3, length tokens, 2 layers of 4 heads of dimension 4."""
-    config = ModelConfig(vocab_size=VOCAB, block_size=64, n_layer=2, n_head=4, d_model=16, attention=AttentionConfig(**attention))
+    config = ModelConfig(
+        vocab_size=VOCAB,
+        block_size=64,
+        n_layer=2,
+        n_head=4,
+        d_model=16,
+        attention=AttentionConfig(**attention),
+    )
     allocated = Transformer(config).new_cache(batch=3, max_len=length).nbytes()
     assert allocated == minitx.kv_cache_bytes(config, length, batch=3)  # the formula is what is allocated
     return allocated
@@ -248,7 +301,9 @@ def test_cache_bytes_shrink_with_kv_heads_and_stay_flat_for_local():
     assert mha == 2 * 2 * 3 * 4 * 40 * 4 * 4  # layers x (k, v) x batch x heads x tokens x head_dim x fp32
     assert cache_bytes(dict(kind="mqa"), 40) * 4 == mha  # 1 / n_head
     assert cache_bytes(dict(kind="gqa", n_kv_head=2), 40) * 2 == mha  # n_kv_head / n_head
-    assert cache_bytes(dict(kind="mha"), 200) == cache_bytes(dict(kind="mha"), 64)  # past block_size it slides
+    assert cache_bytes(dict(kind="mha"), 200) == cache_bytes(
+        dict(kind="mha"), 64
+    )  # past block_size it slides
     # MTA also keeps its last c_q - 1 = 2 queries (4 heads) per layer.
     assert cache_bytes(dict(MTA, mta_conv_layers=[0, 1]), 40) == mha + 2 * 3 * 4 * 2 * 4 * 4
     # Local: memory grows up to window + n_global tokens, then not at all, for 10x the window.
@@ -312,7 +367,9 @@ def test_top_k_one_is_greedy_and_a_seed_reproduces_a_sample():
     assert torch.equal(generate(model, prompt, 12, temperature=1.5, top_k=1), greedy)
 
     def sample(seed: int, **options) -> torch.Tensor:
-        return generate(model, prompt, 12, temperature=1.0, generator=torch.Generator().manual_seed(seed), **options)
+        return generate(
+            model, prompt, 12, temperature=1.0, generator=torch.Generator().manual_seed(seed), **options
+        )
 
     assert torch.equal(sample(7), sample(7))
     assert torch.equal(sample(7, top_p=0.9, top_k=5), sample(7, top_p=0.9, top_k=5))
@@ -361,8 +418,15 @@ TEXT = "to be or not to be, that is the question.\n"
 def write_checkpoint(path: Path, attention: dict | None = None, positions: str = "rope") -> Path:
     """A checkpoint in the training format: Lightning's state_dict with "model." keys plus "minitx"."""
     tokenizer = CharTokenizer(TEXT)
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, block_size=32, n_layer=2, n_head=2, d_model=16, positions=positions,
-                         attention=AttentionConfig(**(attention or {})))
+    config = ModelConfig(
+        vocab_size=tokenizer.vocab_size,
+        block_size=32,
+        n_layer=2,
+        n_head=2,
+        d_model=16,
+        positions=positions,
+        attention=AttentionConfig(**(attention or {})),
+    )
     model = Transformer(config)
     checkpoint = {
         "state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
@@ -385,12 +449,30 @@ def test_load_checkpoint_round_trip(tmp_path):
 def test_loading_a_checkpoint_needs_no_lightning():
     # Generation reads checkpoints through minitx.checkpoint, which must stay free of Lightning.
     code = "import sys, minitx.generation, minitx.checkpoint; sys.exit('lightning' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120).returncode == 0
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120
+        ).returncode
+        == 0
+    )
 
 
 def test_command_streams_a_continuation(tmp_path, capsys):
     path = write_checkpoint(tmp_path / "a.ckpt")
-    main(["--ckpt", str(path), "--prompt", "to be", "--max-new-tokens", "30", "--seed", "1", "--num-samples", "2"])
+    main(
+        [
+            "--ckpt",
+            str(path),
+            "--prompt",
+            "to be",
+            "--max-new-tokens",
+            "30",
+            "--seed",
+            "1",
+            "--num-samples",
+            "2",
+        ]
+    )
     out = capsys.readouterr().out
     samples = out.split("---------------\n")
     assert len(samples) == 2
@@ -403,7 +485,11 @@ def test_command_streams_a_continuation(tmp_path, capsys):
 def test_command_streams_token_by_token(tmp_path, monkeypatch):
     path = write_checkpoint(tmp_path / "a.ckpt")
     writes = []
-    monkeypatch.setattr(sys, "stdout", type("Out", (), {"write": lambda self, s: writes.append(s), "flush": lambda self: None})())
+    monkeypatch.setattr(
+        sys,
+        "stdout",
+        type("Out", (), {"write": lambda self, s: writes.append(s), "flush": lambda self: None})(),
+    )
     main(["--ckpt", str(path), "--prompt", "be", "--max-new-tokens", "7", "--temperature", "0"])
     assert writes[0] == "be"
     assert [len(w) for w in writes[1:8]] == [1] * 7  # one character per token, as each is made
@@ -442,23 +528,49 @@ def test_text_stream_holds_back_a_character_split_across_tokens():
 
 def test_command_with_bpe_streams_whole_characters_and_stops_at_eos(tmp_path, capsys):
     tokenizer = bpe_tokenizer()
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, block_size=32, n_layer=1, n_head=2, d_model=16, tie_embeddings=False)
+    config = ModelConfig(
+        vocab_size=tokenizer.vocab_size, block_size=32, n_layer=1, n_head=2, d_model=16, tie_embeddings=False
+    )
     model = Transformer(config).eval()
     with torch.no_grad():  # make the end-of-text token likely, so that generation can stop early
         model.lm_head.weight[tokenizer.eos_id].mul_(50)
-    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                "minitx": {"format": 1, "model_config": config.to_dict(), "tokenizer": tokenizer.to_dict()}}, tmp_path / "bpe.ckpt")
+    torch.save(
+        {
+            "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+            "minitx": {"format": 1, "model_config": config.to_dict(), "tokenizer": tokenizer.to_dict()},
+        },
+        tmp_path / "bpe.ckpt",
+    )
     prompt = tokenizer.encode("ça")
 
     def sample(seed: int) -> list[int]:
-        return generate(model, torch.tensor([prompt]), 40, temperature=2.0, generator=torch.Generator().manual_seed(seed),
-                        eos_id=tokenizer.eos_id)[0].tolist()
+        return generate(
+            model,
+            torch.tensor([prompt]),
+            40,
+            temperature=2.0,
+            generator=torch.Generator().manual_seed(seed),
+            eos_id=tokenizer.eos_id,
+        )[0].tolist()
 
     # A seed whose sample stops at eos after a few tokens (temperature 2: many split characters).
     seed = next(seed for seed in range(50) if len(prompt) + 5 < len(sample(seed)) < len(prompt) + 40)
     made = sample(seed)[len(prompt) : -1]
     assert tokenizer.eos_id not in made
-    main(["--ckpt", str(tmp_path / "bpe.ckpt"), "--prompt", "ça", "--max-new-tokens", "40", "--seed", str(seed), "--temperature", "2"])
+    main(
+        [
+            "--ckpt",
+            str(tmp_path / "bpe.ckpt"),
+            "--prompt",
+            "ça",
+            "--max-new-tokens",
+            "40",
+            "--seed",
+            str(seed),
+            "--temperature",
+            "2",
+        ]
+    )
     assert capsys.readouterr().out == "ça" + tokenizer.decode(prompt + made)[len("ça") :] + "\n"
 
 
@@ -488,7 +600,10 @@ def bad_inputs(tmp_path: Path) -> list[tuple[list[str], str]]:
         (["--ckpt", str(other_shape)], "weights do not match its model config"),
         (["--ckpt", str(newer)], "checkpoint format 2 is not supported"),
         (g + ["--prompt", "xyz!"], "characters the tokenizer does not know: '!', 'x', 'y', 'z'"),
-        (["--ckpt", str(learned), "--prompt", "to be " * 6], "prompt has 36 tokens .*block_size=32.*shorten the prompt"),
+        (
+            ["--ckpt", str(learned), "--prompt", "to be " * 6],
+            "prompt has 36 tokens .*block_size=32.*shorten the prompt",
+        ),
         (g + ["--prompt-file", str(tmp_path / "nope.txt")], "--prompt-file .*: no such file"),
         (g + ["--max-new-tokens", "-3"], "--max-new-tokens: is -3"),
         (g + ["--temperature", "-1"], "--temperature: is -1"),
@@ -512,17 +627,25 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
 
 def test_bad_input_through_the_real_command_exits_2(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    result = subprocess.run([sys.executable, str(REPO / "generate.py"), "--ckpt", str(tmp_path / "missing.ckpt")],
-                            capture_output=True, text=True, env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "generate.py"), "--ckpt", str(tmp_path / "missing.ckpt")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().count("\n") == 0 and "no such file" in result.stderr
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--prompt", "x"], "the following arguments are required: --ckpt"),
-    (["--ckpt", "x.ckpt", "--top-k", "abc"], "argument --top-k: invalid int value: 'abc'"),
-    (["--ckpt", "x.ckpt", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--prompt", "x"], "the following arguments are required: --ckpt"),
+        (["--ckpt", "x.ckpt", "--top-k", "abc"], "argument --top-k: invalid int value: 'abc'"),
+        (["--ckpt", "x.ckpt", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    ],
+)
 def test_command_line_usage_errors_are_one_line_and_exit_2(argv, message, capsys):
     from minitx.cli import generate_main
 
@@ -531,15 +654,41 @@ def test_command_line_usage_errors_are_one_line_and_exit_2(argv, message, capsys
     assert err == f"generate: error: {message}; see --help"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("minitx.training") is None, reason="minitx.training is not written yet")
+@pytest.mark.skipif(
+    importlib.util.find_spec("minitx.training") is None, reason="minitx.training is not written yet"
+)
 def test_checkpoint_from_a_real_training_run(tmp_path, capsys):
     """A few steps of the real train command on the built-in Shakespeare, then generate from it."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     train = [
-        sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs" / "default.yaml"),
-        "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--data.val_batches", "1", "--data.batch_size", "2",
-        "--model.n_layer", "1", "--model.d_model", "16", "--model.n_head", "2", "--model.block_size", "16",
-        "--run.root", str(tmp_path), "--run.name", "tiny", "--run.sample_tokens", "0", "--trainer.enable_progress_bar", "false",
+        sys.executable,
+        str(REPO / "train.py"),
+        "--config",
+        str(REPO / "configs" / "default.yaml"),
+        "--trainer.max_steps",
+        "2",
+        "--trainer.val_check_interval",
+        "2",
+        "--data.val_batches",
+        "1",
+        "--data.batch_size",
+        "2",
+        "--model.n_layer",
+        "1",
+        "--model.d_model",
+        "16",
+        "--model.n_head",
+        "2",
+        "--model.block_size",
+        "16",
+        "--run.root",
+        str(tmp_path),
+        "--run.name",
+        "tiny",
+        "--run.sample_tokens",
+        "0",
+        "--trainer.enable_progress_bar",
+        "false",
     ]
     result = subprocess.run(train, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]

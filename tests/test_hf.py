@@ -17,7 +17,9 @@ from minitx import AttentionConfig, ModelConfig, Transformer
 from minitx.data.tokenizer import CharTokenizer, train_bpe
 from minitx.errors import UserError
 
-transformers = pytest.importorskip("transformers", reason="the hf extra is not installed: pip install -e '.[hf]'")
+transformers = pytest.importorskip(
+    "transformers", reason="the hf extra is not installed: pip install -e '.[hf]'"
+)
 from minitx.hf import convert  # noqa: E402
 from minitx.hf.export import export_checkpoint  # noqa: E402
 from minitx.hf.load import init_model, read_hf_directory  # noqa: E402
@@ -33,20 +35,80 @@ CASES = [
     ("mqa", dict(SWIGLU, attention=dict(kind="mqa")), "LlamaForCausalLM"),
     ("gqa", dict(SWIGLU, attention=dict(kind="gqa", n_kv_head=2)), "LlamaForCausalLM"),
     ("local", dict(SWIGLU, attention=dict(kind="local", window=WINDOW, n_kv_head=2)), "MistralForCausalLM"),
-    ("mix", dict(SWIGLU, attention=dict(kind="local", window=WINDOW, layers=["local", "mha", "local"])), "MinistralForCausalLM"),
-    ("mix_mqa", dict(SWIGLU, attention=dict(kind="local", window=WINDOW, n_kv_head=1, layers=["mqa", "local"])), "MinistralForCausalLM"),
+    (
+        "mix",
+        dict(SWIGLU, attention=dict(kind="local", window=WINDOW, layers=["local", "mha", "local"])),
+        "MinistralForCausalLM",
+    ),
+    (
+        "mix_mqa",
+        dict(SWIGLU, attention=dict(kind="local", window=WINDOW, n_kv_head=1, layers=["mqa", "local"])),
+        "MinistralForCausalLM",
+    ),
     ("global", dict(SWIGLU, attention=dict(kind="local", window=WINDOW, n_global=2)), "MinitxForCausalLM"),
-    ("gelu_layernorm_learned_bias", dict(norm="layernorm", positions="learned", bias=True, tie_embeddings=False), "MinitxForCausalLM"),
-    ("mix_kv_heads", dict(SWIGLU, attention=dict(kind="gqa", n_kv_head=2, layers=["gqa", "mha", "mqa"])), "MinitxForCausalLM"),
-    ("mta_pre", dict(attention=dict(kind="mta", mta_conv_layers=[0, 2], mta_query_kernel=3, mta_key_kernel=3)), "MinitxForCausalLM"),
-    ("mta_post", dict(attention=dict(kind="mta", mta_conv_layers=[1], mta_conv_placement="post", mta_head_group=2,
-                                     mta_pre_mix_all_heads=False, n_kv_head=2)), "MinitxForCausalLM"),
-    ("mta_both", dict(attention=dict(kind="mta", mta_conv_layers=[1], mta_conv_placement="both", mta_query_kernel=3,
-                                     mta_key_kernel=5, mta_head_mix="post")), "MinitxForCausalLM"),
+    (
+        "gelu_layernorm_learned_bias",
+        dict(norm="layernorm", positions="learned", bias=True, tie_embeddings=False),
+        "MinitxForCausalLM",
+    ),
+    (
+        "mix_kv_heads",
+        dict(SWIGLU, attention=dict(kind="gqa", n_kv_head=2, layers=["gqa", "mha", "mqa"])),
+        "MinitxForCausalLM",
+    ),
+    (
+        "mta_pre",
+        dict(attention=dict(kind="mta", mta_conv_layers=[0, 2], mta_query_kernel=3, mta_key_kernel=3)),
+        "MinitxForCausalLM",
+    ),
+    (
+        "mta_post",
+        dict(
+            attention=dict(
+                kind="mta",
+                mta_conv_layers=[1],
+                mta_conv_placement="post",
+                mta_head_group=2,
+                mta_pre_mix_all_heads=False,
+                n_kv_head=2,
+            )
+        ),
+        "MinitxForCausalLM",
+    ),
+    (
+        "mta_both",
+        dict(
+            attention=dict(
+                kind="mta",
+                mta_conv_layers=[1],
+                mta_conv_placement="both",
+                mta_query_kernel=3,
+                mta_key_kernel=5,
+                mta_head_mix="post",
+            )
+        ),
+        "MinitxForCausalLM",
+    ),
     # configs/mta.yaml's released setting: 6 x 11 kernels before and after the softmax
-    ("mta_released", dict(attention=dict(kind="mta", mta_conv_placement="both", mta_conv_layers=[2])), "MinitxForCausalLM"),
-    ("mta_local_mix", dict(attention=dict(kind="mta", window=WINDOW, layers=["mta", "local"], mta_conv_layers=[0],
-                                          mta_output_norm=False, mta_head_mix="none")), "MinitxForCausalLM"),
+    (
+        "mta_released",
+        dict(attention=dict(kind="mta", mta_conv_placement="both", mta_conv_layers=[2])),
+        "MinitxForCausalLM",
+    ),
+    (
+        "mta_local_mix",
+        dict(
+            attention=dict(
+                kind="mta",
+                window=WINDOW,
+                layers=["mta", "local"],
+                mta_conv_layers=[0],
+                mta_output_norm=False,
+                mta_head_mix="none",
+            )
+        ),
+        "MinitxForCausalLM",
+    ),
 ]
 
 
@@ -66,10 +128,13 @@ def make_model(fields: dict, tokenizer, seed: int = 0) -> Transformer:
 
 
 def write_checkpoint(path: Path, model: Transformer, tokenizer) -> Path:
-    torch.save({
-        "state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
-        "minitx": {"format": 1, "model_config": model.config.to_dict(), "tokenizer": tokenizer.to_dict()},
-    }, path)
+    torch.save(
+        {
+            "state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
+            "minitx": {"format": 1, "model_config": model.config.to_dict(), "tokenizer": tokenizer.to_dict()},
+        },
+        path,
+    )
     return path
 
 
@@ -83,15 +148,24 @@ def load_exported(directory: Path):
 
 
 @pytest.mark.parametrize("name, fields, expected", CASES, ids=[case[0] for case in CASES])
-def test_export_matches_minitx_and_imports_back_bit_identical(tmp_path, one_thread, seed, name, fields, expected):
+def test_export_matches_minitx_and_imports_back_bit_identical(
+    tmp_path, one_thread, seed, name, fields, expected
+):
     tokenizer = CharTokenizer(TEXT)
     model = make_model(fields, tokenizer, seed)
     out = tmp_path / "hf"
-    assert export_checkpoint(str(write_checkpoint(tmp_path / "m.ckpt", model, tokenizer)), str(out), log=lambda _: None) == expected
+    assert (
+        export_checkpoint(
+            str(write_checkpoint(tmp_path / "m.ckpt", model, tokenizer)), str(out), log=lambda _: None
+        )
+        == expected
+    )
     hf_model = load_exported(out)
     assert type(hf_model).__name__ == expected
 
-    tokens = torch.randint(0, tokenizer.vocab_size, (2, 3 * WINDOW + 2))  # longer than the window, not a multiple
+    tokens = torch.randint(
+        0, tokenizer.vocab_size, (2, 3 * WINDOW + 2)
+    )  # longer than the window, not a multiple
     with torch.no_grad():
         assert (hf_model(tokens).logits - model(tokens)).abs().max() < 1e-5
 
@@ -111,7 +185,9 @@ def test_native_llama_loads_without_remote_code_and_tokenizers_round_trip(tmp_pa
     for name, tokenizer in (("char", CharTokenizer(TEXT)), ("bpe", train_bpe(TEXT * 4, 300))):
         model = make_model(dict(SWIGLU, attention=dict(kind="gqa", n_kv_head=2)), tokenizer)
         out = tmp_path / name
-        export_checkpoint(str(write_checkpoint(tmp_path / f"{name}.ckpt", model, tokenizer)), str(out), log=lambda _: None)
+        export_checkpoint(
+            str(write_checkpoint(tmp_path / f"{name}.ckpt", model, tokenizer)), str(out), log=lambda _: None
+        )
         assert not (out / "modeling_minitx.py").exists()
         assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
         hf_model = transformers.AutoModelForCausalLM.from_pretrained(out)  # no trust_remote_code
@@ -126,10 +202,17 @@ def test_bfloat16_export_holds_the_rounded_weights(tmp_path, one_thread):
     tokenizer = CharTokenizer(TEXT)
     model = make_model(dict(SWIGLU), tokenizer)
     out = tmp_path / "bf16"
-    export_checkpoint(str(write_checkpoint(tmp_path / "m.ckpt", model, tokenizer)), str(out), dtype="bfloat16", log=lambda _: None)
+    export_checkpoint(
+        str(write_checkpoint(tmp_path / "m.ckpt", model, tokenizer)),
+        str(out),
+        dtype="bfloat16",
+        log=lambda _: None,
+    )
     _, state, _ = read_hf_directory(str(out), log=lambda _: None)
     assert state["tok_emb.weight"].dtype == torch.bfloat16
-    assert torch.equal(state["blocks.0.attn.qkv_proj.weight"], model.state_dict()["blocks.0.attn.qkv_proj.weight"].bfloat16())
+    assert torch.equal(
+        state["blocks.0.attn.qkv_proj.weight"], model.state_dict()["blocks.0.attn.qkv_proj.weight"].bfloat16()
+    )
 
 
 def test_sliding_window_off_by_one_agrees_with_transformers(one_thread):
@@ -163,9 +246,13 @@ def test_gqa_conversion_mean_pools_each_group_and_trains(tmp_path, one_thread):
     tokenizer = CharTokenizer(TEXT)
     source = make_model(dict(SWIGLU, attention=dict(kind="mha")), tokenizer)
     directory = tmp_path / "llama"
-    export_checkpoint(str(write_checkpoint(tmp_path / "m.ckpt", source, tokenizer)), str(directory), log=lambda _: None)
+    export_checkpoint(
+        str(write_checkpoint(tmp_path / "m.ckpt", source, tokenizer)), str(directory), log=lambda _: None
+    )
 
-    target = Transformer(ModelConfig(**{**source.config.to_dict(), "attention": {"kind": "gqa", "n_kv_head": 2}}))
+    target = Transformer(
+        ModelConfig(**{**source.config.to_dict(), "attention": {"kind": "gqa", "n_kv_head": 2}})
+    )
     messages = []
     init_model(target, str(directory), log=messages.append)
     assert any("mean-pooled" in message for message in messages)
@@ -178,7 +265,9 @@ def test_gqa_conversion_mean_pools_each_group_and_trains(tmp_path, one_thread):
             heads = full.view(H, D, -1)
             expected = torch.stack([heads[0:2].mean(0), heads[2:4].mean(0)]).view(2 * D, -1)
             assert torch.allclose(pooled, expected, atol=1e-7)
-    assert torch.equal(target.state_dict()["blocks.0.mlp.up.weight"], source.state_dict()["blocks.0.mlp.up.weight"])
+    assert torch.equal(
+        target.state_dict()["blocks.0.mlp.up.weight"], source.state_dict()["blocks.0.mlp.up.weight"]
+    )
 
     ids = torch.tensor([tokenizer.encode(TEXT)[:40]])
     optimizer = torch.optim.AdamW(target.parameters(), lr=3e-3)
@@ -200,11 +289,27 @@ def test_import_of_models_made_by_transformers_gives_their_logits(tmp_path, one_
     q/k/v biases and sliding-window layers (window shorter than the input)."""
     from minitx.hf.load import load_hf_model
 
-    common = dict(vocab_size=40, hidden_size=32, intermediate_size=72, num_hidden_layers=3, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    extra = dict(attention_bias=True) if model_type == "llama" else dict(
-        use_sliding_window=True, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    common = dict(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=72,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    extra = (
+        dict(attention_bias=True)
+        if model_type == "llama"
+        else dict(
+            use_sliding_window=True,
+            sliding_window=WINDOW,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        )
+    )
     config = transformers.AutoConfig.for_model(model_type, **common, **extra)
     torch.manual_seed(seed)
     hf_model = transformers.AutoModelForCausalLM.from_config(config).eval()
@@ -215,7 +320,9 @@ def test_import_of_models_made_by_transformers_gives_their_logits(tmp_path, one_
     model = load_hf_model(str(tmp_path / model_type), log=lambda _: None)
     assert model.config.bias and model.config.mlp_hidden == 72
     if model_type == "qwen2":
-        assert model.config.layer_kinds == ["local", "gqa", "local"] and model.config.attention.window == WINDOW
+        assert (
+            model.config.layer_kinds == ["local", "gqa", "local"] and model.config.attention.window == WINDOW
+        )
     tokens = torch.randint(0, 40, (2, 3 * WINDOW + 2))
     with torch.no_grad():
         assert (model(tokens) - hf_model(tokens).logits).abs().max() < 1e-5
@@ -223,18 +330,28 @@ def test_import_of_models_made_by_transformers_gives_their_logits(tmp_path, one_
 
 def test_import_refuses_kv_heads_that_do_not_pool(tmp_path):
     tokenizer = CharTokenizer(TEXT)
-    source = make_model(dict(SWIGLU, n_head=6, d_model=48, attention=dict(kind="gqa", n_kv_head=2)), tokenizer)
+    source = make_model(
+        dict(SWIGLU, n_head=6, d_model=48, attention=dict(kind="gqa", n_kv_head=2)), tokenizer
+    )
     directory = tmp_path / "gqa"
-    export_checkpoint(str(write_checkpoint(tmp_path / "m.ckpt", source, tokenizer)), str(directory), log=lambda _: None)
-    target = Transformer(ModelConfig(**{**source.config.to_dict(), "attention": {"kind": "gqa", "n_kv_head": 3}}))
-    with pytest.raises(UserError, match=r"attention.n_kv_head: layer 0 .* 2 key/value heads, which cannot be pooled into 3"):
+    export_checkpoint(
+        str(write_checkpoint(tmp_path / "m.ckpt", source, tokenizer)), str(directory), log=lambda _: None
+    )
+    target = Transformer(
+        ModelConfig(**{**source.config.to_dict(), "attention": {"kind": "gqa", "n_kv_head": 3}})
+    )
+    with pytest.raises(
+        UserError, match=r"attention.n_kv_head: layer 0 .* 2 key/value heads, which cannot be pooled into 3"
+    ):
         init_model(target, str(directory), log=lambda _: None)
 
 
 def test_import_refuses_an_unsupported_architecture_by_name(tmp_path):
     config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=32, n_positions=16)
     transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
-    with pytest.raises(UserError, match=r"architecture GPT2LMHeadModel cannot be imported; minitx imports LlamaForCausalLM"):
+    with pytest.raises(
+        UserError, match=r"architecture GPT2LMHeadModel cannot be imported; minitx imports LlamaForCausalLM"
+    ):
         read_hf_directory(str(tmp_path / "gpt2"))
     with pytest.raises(UserError, match="no such directory"):
         read_hf_directory(str(tmp_path / "missing"))
@@ -243,12 +360,41 @@ def test_import_refuses_an_unsupported_architecture_by_name(tmp_path):
 def finetune_args(tmp_path: Path, directory: Path, *extra: str) -> list[str]:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TEXT * 40)
-    return ["--config", str(ROOT / "configs" / "finetune.yaml"), "--model.init_from", str(directory),
-            "--model.block_size", "16", "--data.source", "files", "--data.train_files", str(corpus),
-            "--data.val_fraction", "0.2", "--data.batch_size", "4", "--data.val_batches", "1",
-            "--data.cache_dir", str(tmp_path / "cache"), "--trainer.max_steps", "4", "--trainer.val_check_interval", "4",
-            "--trainer.enable_progress_bar", "false", "--trainer.accelerator", "cpu", "--run.root", str(tmp_path / "runs"),
-            "--run.name", "ft", "--run.sample_tokens", "0", *extra]
+    return [
+        "--config",
+        str(ROOT / "configs" / "finetune.yaml"),
+        "--model.init_from",
+        str(directory),
+        "--model.block_size",
+        "16",
+        "--data.source",
+        "files",
+        "--data.train_files",
+        str(corpus),
+        "--data.val_fraction",
+        "0.2",
+        "--data.batch_size",
+        "4",
+        "--data.val_batches",
+        "1",
+        "--data.cache_dir",
+        str(tmp_path / "cache"),
+        "--trainer.max_steps",
+        "4",
+        "--trainer.val_check_interval",
+        "4",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.accelerator",
+        "cpu",
+        "--run.root",
+        str(tmp_path / "runs"),
+        "--run.name",
+        "ft",
+        "--run.sample_tokens",
+        "0",
+        *extra,
+    ]
 
 
 def test_train_from_an_mha_directory_as_gqa_pools_heads_says_so_and_trains(tmp_path, capfd, one_thread):
@@ -257,16 +403,32 @@ def test_train_from_an_mha_directory_as_gqa_pools_heads_says_so_and_trains(tmp_p
     tokenizer = CharTokenizer(TEXT)
     source = make_model(dict(SWIGLU, n_layer=2, attention=dict(kind="mha")), tokenizer)
     directory = tmp_path / "llama"
-    export_checkpoint(str(write_checkpoint(tmp_path / "m.ckpt", source, tokenizer)), str(directory), log=lambda _: None)
-    assert train_main(finetune_args(tmp_path, directory, "--model.attention.kind", "gqa", "--model.attention.n_kv_head", "2")) == 0
+    export_checkpoint(
+        str(write_checkpoint(tmp_path / "m.ckpt", source, tokenizer)), str(directory), log=lambda _: None
+    )
+    assert (
+        train_main(
+            finetune_args(
+                tmp_path, directory, "--model.attention.kind", "gqa", "--model.attention.n_kv_head", "2"
+            )
+        )
+        == 0
+    )
     out = capfd.readouterr().out
     assert "mean-pooled key/value heads per group" in out and "0: 4->2" in out, out
     saved = torch.load(tmp_path / "runs" / "ft" / "checkpoints" / "last.ckpt", weights_only=True)
     config = ModelConfig.from_dict(saved["minitx"]["model_config"])
-    assert (config.attention.kind, config.attention.n_kv_head, config.d_model, config.mlp) == ("gqa", 2, 32, "swiglu")
+    assert (config.attention.kind, config.attention.n_kv_head, config.d_model, config.mlp) == (
+        "gqa",
+        2,
+        32,
+        "swiglu",
+    )
     assert saved["global_step"] == 4
-    weights = {key[len("model."):]: value for key, value in saved["state_dict"].items()}
-    assert not torch.equal(weights["blocks.0.mlp.up.weight"], source.state_dict()["blocks.0.mlp.up.weight"])  # it trained
+    weights = {key[len("model.") :]: value for key, value in saved["state_dict"].items()}
+    assert not torch.equal(
+        weights["blocks.0.mlp.up.weight"], source.state_dict()["blocks.0.mlp.up.weight"]
+    )  # it trained
 
 
 def test_train_refuses_an_unsupported_directory_with_one_line_and_writes_nothing(tmp_path, capfd):
@@ -290,8 +452,11 @@ def convert_char_tokenizer_json() -> str:
 
 # -- lm-eval ---------------------------------------------------------------------------------------
 
-TASK_ROWS = [{"text": "to be or not", "target": " to be"}, {"text": "that is the", "target": " question"},
-             {"text": "whether 'tis nobler in the mind to suffer the", "target": " mind"}]  # longer than block_size
+TASK_ROWS = [
+    {"text": "to be or not", "target": " to be"},
+    {"text": "that is the", "target": " question"},
+    {"text": "whether 'tis nobler in the mind to suffer the", "target": " mind"},
+]  # longer than block_size
 
 
 def write_tasks(directory: Path) -> Path:
@@ -302,10 +467,12 @@ def write_tasks(directory: Path) -> Path:
     common = f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
     (directory / "tiny_continuation.yaml").write_text(
         "task: tiny_continuation\n" + common + "output_type: loglikelihood\ndoc_to_text: '{{text}}'\n"
-        "doc_to_target: '{{target}}'\nmetric_list:\n  - metric: acc\n")
+        "doc_to_target: '{{target}}'\nmetric_list:\n  - metric: acc\n"
+    )
     (directory / "tiny_rolling.yaml").write_text(
         "task: tiny_rolling\n" + common + "output_type: loglikelihood_rolling\ndoc_to_text: ''\n"
-        "doc_to_target: '{{text}}{{target}}'\nmetric_list:\n  - metric: word_perplexity\n")
+        "doc_to_target: '{{text}}{{target}}'\nmetric_list:\n  - metric: word_perplexity\n"
+    )
     return directory
 
 
@@ -327,13 +494,23 @@ def test_lm_eval_log_likelihoods_equal_minitx_losses_offline(tmp_path, one_threa
     tokenizer = CharTokenizer(TEXT)
     model = make_model(dict(block_size=64), tokenizer)
     ckpt = write_checkpoint(tmp_path / "m.ckpt", model, tokenizer)
-    results = evaluate_tasks(str(ckpt), ["tiny_continuation", "tiny_rolling"], include_path=str(write_tasks(tmp_path / "tasks")),
-                             log_samples=True)
-    for row, sample in zip(TASK_ROWS, sorted(results["samples"]["tiny_continuation"], key=lambda s: s["doc_id"])):
+    results = evaluate_tasks(
+        str(ckpt),
+        ["tiny_continuation", "tiny_rolling"],
+        include_path=str(write_tasks(tmp_path / "tasks")),
+        log_samples=True,
+    )
+    for row, sample in zip(
+        TASK_ROWS, sorted(results["samples"]["tiny_continuation"], key=lambda s: s["doc_id"])
+    ):
         ids = tokenizer.encode(row["text"] + row["target"])
-        assert sample["resps"][0][0][0] == pytest.approx(minitx_log_likelihood(model, ids, len(row["text"])), abs=1e-4)
+        assert sample["resps"][0][0][0] == pytest.approx(
+            minitx_log_likelihood(model, ids, len(row["text"])), abs=1e-4
+        )
     for row, sample in zip(TASK_ROWS, sorted(results["samples"]["tiny_rolling"], key=lambda s: s["doc_id"])):
-        ids = tokenizer.encode(row["text"] + row["target"])  # no end-of-text token: the first one only conditions
+        ids = tokenizer.encode(
+            row["text"] + row["target"]
+        )  # no end-of-text token: the first one only conditions
         assert sample["resps"][0][0] == pytest.approx(minitx_log_likelihood(model, ids, 1), abs=1e-4)
 
 
@@ -361,12 +538,16 @@ def test_lm_eval_long_texts_and_generate_until(one_thread):
     with torch.no_grad():
         for start in range(1, len(ids), 8):
             stop = min(start + 8, len(ids))
-            logprobs = torch.log_softmax(model(torch.tensor([ids[max(0, stop - 9) : stop - 1]]))[0, start - stop :], -1)
+            logprobs = torch.log_softmax(
+                model(torch.tensor([ids[max(0, stop - 9) : stop - 1]]))[0, start - stop :], -1
+            )
             expected += float(logprobs.gather(-1, torch.tensor(ids[start:stop])[:, None]).sum())
     request = Instance("loglikelihood_rolling", {}, (text,), 0)
     assert lm.loglikelihood_rolling([request])[0] == pytest.approx(expected, abs=1e-4)
 
-    greedy = tokenizer.decode(model.generate(torch.tensor([tokenizer.encode("to be")]), 12, temperature=0)[0, 5:].tolist())
+    greedy = tokenizer.decode(
+        model.generate(torch.tensor([tokenizer.encode("to be")]), 12, temperature=0)[0, 5:].tolist()
+    )
     stop = greedy[3:5]
     request = Instance("generate_until", {}, ("to be", {"until": [stop], "max_gen_toks": 12}), 0)
     assert lm.generate_until([request]) == [greedy.split(stop)[0]]
@@ -385,9 +566,18 @@ def test_export_command_refuses_bad_input_with_one_line(tmp_path, capsys):
     (tmp_path / "full" / "keep.txt").write_text("mine")
     cases = [
         (["--ckpt", str(tmp_path / "foreign.ckpt"), "--out", str(tmp_path / "a")], "not a minitx checkpoint"),
-        (["--ckpt", str(ckpt), "--out", str(tmp_path / "b"), "--dtype", "float16"], "--dtype: 'float16' is not supported"),
-        (["--ckpt", str(ckpt), "--out", str(tmp_path / "full")], "is not empty; pick another directory or add --force"),
-        (["--ckpt", str(ckpt), "--out", str(tmp_path), "--force"], "contains --ckpt; give a directory of its own"),
+        (
+            ["--ckpt", str(ckpt), "--out", str(tmp_path / "b"), "--dtype", "float16"],
+            "--dtype: 'float16' is not supported",
+        ),
+        (
+            ["--ckpt", str(ckpt), "--out", str(tmp_path / "full")],
+            "is not empty; pick another directory or add --force",
+        ),
+        (
+            ["--ckpt", str(ckpt), "--out", str(tmp_path), "--force"],
+            "contains --ckpt; give a directory of its own",
+        ),
     ]
     for args, message in cases:
         assert export_main(args) == 2
@@ -398,12 +588,17 @@ def test_export_command_refuses_bad_input_with_one_line(tmp_path, capsys):
 
     assert export_main(["--ckpt", str(ckpt), "--out", str(tmp_path / "full"), "--force"]) == 0
     assert "LlamaForCausalLM" in capsys.readouterr().out
-    assert not (tmp_path / "full" / "keep.txt").exists() and (tmp_path / "full" / "model.safetensors").exists()
+    assert (
+        not (tmp_path / "full" / "keep.txt").exists() and (tmp_path / "full" / "model.safetensors").exists()
+    )
 
 
 def test_a_missing_optional_package_is_one_line_naming_its_extra(monkeypatch):
     from minitx import hf
 
     monkeypatch.setitem(hf.EXTRAS, "no_such_package_xyz", "eval")
-    with pytest.raises(UserError, match=r'^no_such_package_xyz is not installed; install it with: pip install -e "\.\[eval\]"$'):
+    with pytest.raises(
+        UserError,
+        match=r'^no_such_package_xyz is not installed; install it with: pip install -e "\.\[eval\]"$',
+    ):
         hf.require("no_such_package_xyz.sub")

@@ -43,7 +43,9 @@ def qknorm():
 
 
 def config(**attention) -> ModelConfig:
-    return ModelConfig(vocab_size=32, block_size=16, n_layer=2, n_head=4, d_model=32, attention=AttentionConfig(**attention))
+    return ModelConfig(
+        vocab_size=32, block_size=16, n_layer=2, n_head=4, d_model=32, attention=AttentionConfig(**attention)
+    )
 
 
 def test_new_kind_trains_a_step_through_the_transformer(qknorm):
@@ -82,7 +84,9 @@ def test_new_kind_refuses_options_it_does_not_read(qknorm):
 
 def test_new_kind_trains_a_step_in_the_lightning_module(qknorm):
     training = pytest.importorskip("minitx.training")
-    module = training.MinitxLM(vocab_size=32, block_size=16, n_layer=1, n_head=4, d_model=32, attention=dict(kind="qknorm"))
+    module = training.MinitxLM(
+        vocab_size=32, block_size=16, n_layer=1, n_head=4, d_model=32, attention=dict(kind="qknorm")
+    )
     x = torch.randint(0, 32, (2, 16))
     loss = module.loss(x[:, :-1], x[:, 1:])
     loss.backward()
@@ -90,5 +94,7 @@ def test_new_kind_trains_a_step_in_the_lightning_module(qknorm):
 
 
 def test_unregistered_kind_is_refused_with_the_registered_ones():
-    with pytest.raises(ValueError, match=r"^attention\.kind: unknown value 'qknorm'; choose one of mha, mqa, gqa, local, mta"):
+    with pytest.raises(
+        ValueError, match=r"^attention\.kind: unknown value 'qknorm'; choose one of mha, mqa, gqa, local, mta"
+    ):
         config(kind="qknorm")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -32,7 +31,14 @@ VOCAB, BLOCK, T = 32, 96, 67
 
 
 def tiny(n_layer: int = 2, n_head: int = 4, d_model: int = 32, **att) -> ModelConfig:
-    return ModelConfig(vocab_size=VOCAB, block_size=BLOCK, n_layer=n_layer, n_head=n_head, d_model=d_model, attention=AttentionConfig(**att))
+    return ModelConfig(
+        vocab_size=VOCAB,
+        block_size=BLOCK,
+        n_layer=n_layer,
+        n_head=n_head,
+        d_model=d_model,
+        attention=AttentionConfig(**att),
+    )
 
 
 def build(config: ModelConfig) -> Transformer:
@@ -104,9 +110,13 @@ KIND_CASES = {
     "mta-both": dict(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, mta_conv_placement="both"),
     "mta-mix-none": dict(kind="mta", mta_conv_layers=[0], mta_query_chunk=5, mta_head_mix="none"),
     "mta-mix-pre": dict(kind="mta", mta_conv_layers=[0], mta_query_chunk=5, mta_head_mix="pre"),
-    "mta-mix-post-group2": dict(kind="mta", mta_conv_layers=[1], mta_query_chunk=5, mta_head_mix="post", mta_head_group=2),
+    "mta-mix-post-group2": dict(
+        kind="mta", mta_conv_layers=[1], mta_query_chunk=5, mta_head_mix="post", mta_head_group=2
+    ),
     "mta-gqa": dict(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, n_kv_head=2),
-    "mta-post-mqa-one-chunk": dict(kind="mta", mta_conv_layers=[0, 1], mta_conv_placement="post", n_kv_head=1),
+    "mta-post-mqa-one-chunk": dict(
+        kind="mta", mta_conv_layers=[0, 1], mta_conv_placement="post", n_kv_head=1
+    ),
     "mixed-local-mha": dict(layers=["local", "local", "local", "mha"], window=5, n_layer=4),
     "mixed-mta-gqa": dict(layers=["mta", "gqa"], n_kv_head=2, mta_conv_layers=[0], mta_query_chunk=5),
 }
@@ -167,7 +177,15 @@ def test_checker_catches_mta_padded_symmetrically(monkeypatch, placement):
     spec = dataclasses.replace(attention.registry["mta"], module=SymmetricQueryPaddingMTA)
     monkeypatch.setitem(attention.registry, "mta", spec)
     # The plain chunked convolution: the factorised path convolves no score map to plant the bug in.
-    model = build(tiny(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, mta_conv_placement=placement, mta_backend="conv"))
+    model = build(
+        tiny(
+            kind="mta",
+            mta_conv_layers=[0, 1],
+            mta_query_chunk=5,
+            mta_conv_placement=placement,
+            mta_backend="conv",
+        )
+    )
     assert isinstance(model.blocks[0].attn, SymmetricQueryPaddingMTA)
     changed, leak = causality_violation(model)
     assert changed > 1e-3 and leak > 0
@@ -232,12 +250,16 @@ def rope_reference(x: torch.Tensor, positions: torch.Tensor, base: float = 10000
     by the angle position * base^(-2i/D): the textbook definition, in float64."""
     D = x.shape[-1]
     freqs = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
-    turn = torch.polar(torch.ones(len(positions), D // 2, dtype=torch.float64), positions.double()[:, None] * freqs)
+    turn = torch.polar(
+        torch.ones(len(positions), D // 2, dtype=torch.float64), positions.double()[:, None] * freqs
+    )
     pairs = torch.complex(x[..., : D // 2].double(), x[..., D // 2 :].double()) * turn  # (B, heads, T, D/2)
     return torch.cat([pairs.real, pairs.imag], dim=-1)
 
 
-@pytest.mark.parametrize("start, length", [(0, 1), (0, 13), (9, 1), (5, 27)])  # 5 + 27 > block_size: the table grows
+@pytest.mark.parametrize(
+    "start, length", [(0, 1), (0, 13), (9, 1), (5, 27)]
+)  # 5 + 27 > block_size: the table grows
 def test_rope_matches_complex_rotation(start, length):
     D = 12
     rope = RotaryEmbedding(D, block_size=16)
@@ -276,7 +298,9 @@ def test_kv_projections_shrink_by_kv_heads_over_heads(kind, n_kv_head):
 @pytest.mark.parametrize("head_mix, group", [("both", None), ("pre", 2), ("none", None)])
 def test_mta_extra_parameters_match_formula(head_mix, group):
     n_layer, H, D, c_q, c_k = 8, 4, 8, 6, 11
-    config = tiny(n_layer=n_layer, n_head=H, d_model=H * D, kind="mta", mta_head_mix=head_mix, mta_head_group=group)
+    config = tiny(
+        n_layer=n_layer, n_head=H, d_model=H * D, kind="mta", mta_head_mix=head_mix, mta_head_group=group
+    )
     c_h = group or H
     n_conv_layers = len(range(2, n_layer, 4))  # every 4th layer from layer 2: 2 and 6
     # Per conv layer H kernels c_q x c_k; per layer a pre-softmax mix of H x H (as released, never
@@ -284,7 +308,10 @@ def test_mta_extra_parameters_match_formula(head_mix, group):
     # weight (D) and the gate Linear(D -> 1) with its bias.
     mixes = (H * H if head_mix in ("pre", "both") else 0) + (H * c_h if head_mix in ("post", "both") else 0)
     expected = n_conv_layers * H * c_q * c_k + n_layer * mixes + n_layer * (2 * D + 1)
-    extra = Transformer(config).num_params() - Transformer(tiny(n_layer=n_layer, n_head=H, d_model=H * D)).num_params()
+    extra = (
+        Transformer(config).num_params()
+        - Transformer(tiny(n_layer=n_layer, n_head=H, d_model=H * D)).num_params()
+    )
     assert extra == expected
 
 
@@ -322,8 +349,18 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_layers_make_reset_and_remove_their_own_caches():
-    model = build(tiny(n_layer=3, layers=["mta", "local", "gqa"], window=5, n_kv_head=2, mta_conv_layers=[0],
-                       mta_query_kernel=3, mta_key_kernel=3, mta_query_chunk=4))
+    model = build(
+        tiny(
+            n_layer=3,
+            layers=["mta", "local", "gqa"],
+            window=5,
+            n_kv_head=2,
+            mta_conv_layers=[0],
+            mta_query_kernel=3,
+            mta_key_kernel=3,
+            mta_query_chunk=4,
+        )
+    )
     seq = torch.randint(0, VOCAB, (2, 14))
     keys = list(model.state_dict())
     with torch.no_grad():

@@ -21,7 +21,14 @@ import torch.nn.functional as F
 
 from minitx import AttentionConfig, ModelConfig, Transformer
 from minitx.attention import mta_kernels, native
-from minitx.attention.mta_kernels import KeyQueryConv, MixedSoftmax, NativeKeyQueryConv, NativeMix, convolve, run
+from minitx.attention.mta_kernels import (
+    KeyQueryConv,
+    MixedSoftmax,
+    NativeKeyQueryConv,
+    NativeMix,
+    convolve,
+    run,
+)
 from minitx.attention.multi_token import MultiTokenAttention
 from minitx.errors import UserError
 
@@ -43,8 +50,16 @@ def kernels(request, monkeypatch):
 def mta_module(n_head: int = 4, n_kv_head: int = 4, dtype=torch.float64, **attention) -> MultiTokenAttention:
     """One MTA layer with the convolution, every learned part moved far from its identity init.
     The factorised path unless told otherwise ("auto" would pick the plain one at these lengths)."""
-    attention = {"kind": "mta", "n_kv_head": n_kv_head, "mta_conv_layers": [0], "mta_backend": "factorised", **attention}
-    config = ModelConfig(block_size=64, n_layer=1, n_head=n_head, d_model=8 * n_head, attention=AttentionConfig(**attention))
+    attention = {
+        "kind": "mta",
+        "n_kv_head": n_kv_head,
+        "mta_conv_layers": [0],
+        "mta_backend": "factorised",
+        **attention,
+    }
+    config = ModelConfig(
+        block_size=64, n_layer=1, n_head=n_head, d_model=8 * n_head, attention=AttentionConfig(**attention)
+    )
     module = MultiTokenAttention(config, 0).eval()
     with torch.no_grad():
         for param in module.parameters():  # noise of size 1/sqrt(fan-in) keeps scores at their scale
@@ -54,8 +69,11 @@ def mta_module(n_head: int = 4, n_kv_head: int = 4, dtype=torch.float64, **atten
 
 def qkv(module: MultiTokenAttention, T: int, B: int = 2, dtype=torch.float64):
     D = module.head_dim
-    return (torch.randn(B, module.n_head, T, D, dtype=dtype), torch.randn(B, module.n_kv_head, T, D, dtype=dtype),
-            torch.randn(B, module.n_kv_head, T, D, dtype=dtype))
+    return (
+        torch.randn(B, module.n_head, T, D, dtype=dtype),
+        torch.randn(B, module.n_kv_head, T, D, dtype=dtype),
+        torch.randn(B, module.n_kv_head, T, D, dtype=dtype),
+    )
 
 
 # -- the oracle ---------------------------------------------------------------------------------------
@@ -124,7 +142,14 @@ def error(a: torch.Tensor, expected: torch.Tensor) -> float:
 def test_oracle_convolution_is_the_formula_entry_by_entry():
     x, kernel = torch.randn(1, 2, 5, 5, dtype=torch.float64), torch.randn(2, 1, 2, 3, dtype=torch.float64)
     expected = torch.zeros_like(x)
-    for h, i, j, a, b in ((h, i, j, a, b) for h in range(2) for i in range(5) for j in range(5) for a in range(2) for b in (-1, 0, 1)):
+    for h, i, j, a, b in (
+        (h, i, j, a, b)
+        for h in range(2)
+        for i in range(5)
+        for j in range(5)
+        for a in range(2)
+        for b in (-1, 0, 1)
+    ):
         if 0 <= i - a and 0 <= j - b < 5:
             expected[0, h, i, j] += kernel[h, 0, 1 - a, 1 - b] * x[0, h, i - a, j - b]
     assert error(conv_formula(x, kernel), expected) < 1e-14
@@ -147,7 +172,9 @@ def test_attend_and_reference_match_the_formula(placement, case, backend, kernel
     for T, chunk in [(1, 5), (3, 5), (23, 5), (23, 256)]:  # 3: shorter than the 10-key band
         module = mta_module(mta_conv_placement=placement, mta_backend=backend, mta_query_chunk=chunk, **case)
         q, k, v = qkv(module, T)
-        expected, expected_weights = oracle(module, q, k, v, module.norm.eps if module.norm is not None else 0)
+        expected, expected_weights = oracle(
+            module, q, k, v, module.norm.eps if module.norm is not None else 0
+        )
         with torch.no_grad():
             assert error(module.attend(q, k, v), expected) < 1e-10, (T, chunk)
             out, weights = module.reference(q, k, v)
@@ -162,22 +189,36 @@ def test_attend_and_reference_match_the_formula(placement, case, backend, kernel
 def test_fast_paths_are_exact_for_every_kernel_shape(c_q, backend, kernels):
     # Odd c_k from 1 to 11 at lengths around the band (c_q - 1 + c_k // 2 keys) and across chunks.
     for c_k in range(1, 12, 2):
-        module = mta_module(n_head=2, n_kv_head=1, mta_query_kernel=c_q, mta_key_kernel=c_k, mta_query_chunk=6, mta_backend=backend)
+        module = mta_module(
+            n_head=2,
+            n_kv_head=1,
+            mta_query_kernel=c_q,
+            mta_key_kernel=c_k,
+            mta_query_chunk=6,
+            mta_backend=backend,
+        )
         for T in (1, 2, 9, 17):
             q, k, v = qkv(module, T, B=1)
             with torch.no_grad():
-                assert error(module.attend(q, k, v), oracle(module, q, k, v, module.norm.eps)[0]) < 1e-10, (c_k, T)
+                assert error(module.attend(q, k, v), oracle(module, q, k, v, module.norm.eps)[0]) < 1e-10, (
+                    c_k,
+                    T,
+                )
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("backend", ["factorised", "conv"])
 def test_gradients_match_the_formula(placement, backend, kernels):
-    module = mta_module(n_kv_head=2, mta_conv_placement=placement, mta_query_chunk=4, mta_backend=backend)  # chunks recompute
+    module = mta_module(
+        n_kv_head=2, mta_conv_placement=placement, mta_query_chunk=4, mta_backend=backend
+    )  # chunks recompute
     inputs = [t.requires_grad_() for t in qkv(module, 19)]
     names, params = zip(*[(n, p) for n, p in module.named_parameters() if "proj" not in n])  # MTA's own
     grad_out = torch.randn(2, 4, 19, 8, dtype=torch.float64)
     fast = torch.autograd.grad((module.attend(*inputs) * grad_out).sum(), inputs + list(params))
-    slow = torch.autograd.grad((oracle(module, *inputs, module.norm.eps)[0] * grad_out).sum(), inputs + list(params))
+    slow = torch.autograd.grad(
+        (oracle(module, *inputs, module.norm.eps)[0] * grad_out).sum(), inputs + list(params)
+    )
     for name, a, b in zip(("q", "k", "v") + names, fast, slow):
         assert error(a, b) < 1e-10, name
 
@@ -201,8 +242,14 @@ def test_no_future_token_reaches_the_past(placement, backend, kernels):
 
 def model_with(**attention) -> Transformer:
     attention = {"mta_backend": "factorised", "mta_conv_layers": [0, 1], **attention}
-    config = ModelConfig(vocab_size=17, block_size=24, n_layer=2, n_head=4, d_model=32,
-                         attention=AttentionConfig(kind="mta", mta_query_chunk=5, **attention))
+    config = ModelConfig(
+        vocab_size=17,
+        block_size=24,
+        n_layer=2,
+        n_head=4,
+        d_model=32,
+        attention=AttentionConfig(kind="mta", mta_query_chunk=5, **attention),
+    )
     model = Transformer(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -214,12 +261,16 @@ def model_with(**attention) -> Transformer:
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("backend", ["factorised", "conv"])
 def test_cached_decoding_equals_the_uncached_model(placement, backend, kernels):
-    model = model_with(mta_conv_placement=placement, mta_query_kernel=3, mta_key_kernel=5, mta_backend=backend)
+    model = model_with(
+        mta_conv_placement=placement, mta_query_kernel=3, mta_key_kernel=5, mta_backend=backend
+    )
     idx = torch.randint(0, 17, (2, 20))
     with torch.no_grad():
         expected = model(idx)
         cache = model.new_cache(batch=2)
-        steps = [model(idx[:, :7], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(7, 20)]
+        steps = [model(idx[:, :7], cache=cache)] + [
+            model(idx[:, t : t + 1], cache=cache) for t in range(7, 20)
+        ]
     assert (torch.cat(steps, dim=1) - expected).abs().max().item() < 1e-5
 
 
@@ -235,7 +286,10 @@ def test_cached_decoding_of_layers_without_convolution(n_kv_head, group, c_k, ke
 
     def decode():
         cache = model.new_cache(batch=2)
-        return torch.cat([model(idx[:, :7], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(7, 30)], dim=1)
+        return torch.cat(
+            [model(idx[:, :7], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(7, 30)],
+            dim=1,
+        )
 
     with torch.no_grad():
         steps = decode()
@@ -252,8 +306,13 @@ def test_released_defaults_and_old_checkpoint_keys():
     module = mta_module(mta_conv_placement="both", dtype=torch.float32)
     assert module.norm.eps == 1e-5 and module.mix_pre.shape == (1, 4, 4) and module.n_hist == 10
     fresh = MultiTokenAttention(module.config, 0)
-    assert fresh.gate.weight.abs().max() > 0 and fresh.gate.weight.abs().max() <= 3 * 8**-0.5  # truncated normal
-    old = {("norm_weight" if name == "norm.weight" else name): value for name, value in module.state_dict().items()}
+    assert (
+        fresh.gate.weight.abs().max() > 0 and fresh.gate.weight.abs().max() <= 3 * 8**-0.5
+    )  # truncated normal
+    old = {
+        ("norm_weight" if name == "norm.weight" else name): value
+        for name, value in module.state_dict().items()
+    }
     fresh.load_state_dict(old)
     assert torch.equal(fresh.norm.weight, module.norm.weight)
 
@@ -268,7 +327,15 @@ def test_softmax_and_norm_statistics_in_float32_under_bf16():
         assert error(module.attend(q, k, v), expected) < 0.05  # bf16 keeps 2-3 digits
 
 
-@pytest.mark.parametrize("field, value", [("mta_conv_placement", "around"), ("mta_backend", "flash"), ("mta_norm_eps", 0.0), ("mta_gate_init", "ones")])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("mta_conv_placement", "around"),
+        ("mta_backend", "flash"),
+        ("mta_norm_eps", 0.0),
+        ("mta_gate_init", "ones"),
+    ],
+)
 def test_bad_options_are_refused_by_name(field, value):
     with pytest.raises(UserError, match=f"attention.{field}"):
         AttentionConfig(kind="mta", **{field: value})
@@ -286,7 +353,9 @@ def test_key_query_conv_gradients_are_exact():
     assert error(KeyQueryConv.apply(scores, kernel), expected) < 1e-12
 
 
-@pytest.mark.parametrize("c_q, c_k, keys", [(6, 11, 1), (6, 11, 4), (6, 11, 37), (1, 1, 5), (3, 5, 2), (2, 9, 13)])
+@pytest.mark.parametrize(
+    "c_q, c_k, keys", [(6, 11, 1), (6, 11, 4), (6, 11, 37), (1, 1, 5), (3, 5, 2), (2, 9, 13)]
+)
 def test_decoding_step_convolution_is_the_conv2d(c_q, c_k, keys, kernels):
     # A decoding step's one output row goes through its own code (a product, then shifted sums).
     maps = torch.randn(2, 3, c_q, keys, dtype=torch.float64)
@@ -320,11 +389,16 @@ def test_layer_without_convolution_has_no_kernel_and_matches_the_formula():
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_identity_init_is_plain_attention(placement):
     # RMSNorm and the sigmoid gate are not the identity, so the output norm is off here.
-    attention = AttentionConfig(kind="mta", mta_conv_layers=[0], mta_output_norm=False, mta_conv_placement=placement)
+    attention = AttentionConfig(
+        kind="mta", mta_conv_layers=[0], mta_output_norm=False, mta_conv_placement=placement
+    )
     module = MultiTokenAttention(ModelConfig(n_layer=1, n_head=4, d_model=32, attention=attention), 0).eval()
     q, k, v = qkv(module, 29, dtype=torch.float32)
     with torch.no_grad():
-        assert error(module.attend(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True).double()) < 1e-5
+        assert (
+            error(module.attend(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True).double())
+            < 1e-5
+        )
 
 
 # -- the C loops (mta_conv.c), piece by piece, against torch ------------------------------------------
@@ -344,7 +418,10 @@ def causal_rows(R: int, N: int, n_hist: int, first_key: int = 0):
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
-@pytest.mark.parametrize("c_q, c_k, R, N", [(6, 11, 6, 1), (6, 11, 9, 4), (6, 11, 40, 300), (1, 1, 3, 5), (3, 5, 19, 19), (2, 9, 7, 131)])
+@pytest.mark.parametrize(
+    "c_q, c_k, R, N",
+    [(6, 11, 6, 1), (6, 11, 9, 4), (6, 11, 40, 300), (1, 1, 3, 5), (3, 5, 19, 19), (2, 9, 7, 131)],
+)
 def test_c_convolution_and_its_gradients_are_torch_s(c_loops, dtype, tolerance, c_q, c_k, R, N):
     # Hidden entries count as zero going in and come out zero; the gradients of both inputs
     # through torch's conv2d of the masked maps. N = 131, 300: not a multiple of any vector width.
@@ -352,7 +429,9 @@ def test_c_convolution_and_its_gradients_are_torch_s(c_loops, dtype, tolerance, 
     maps = (3 * torch.randn(2, 3, R, N, dtype=dtype)).requires_grad_()
     kernel = torch.randn(3, 1, c_q, c_k, dtype=dtype, requires_grad=True)
     out_rows = visible.from_row(c_q - 1)
-    expected = F.conv2d(maps.masked_fill(visible.hidden, 0.0), kernel, padding=(0, c_k // 2), groups=3).masked_fill(out_rows.hidden, 0.0)
+    expected = F.conv2d(
+        maps.masked_fill(visible.hidden, 0.0), kernel, padding=(0, c_k // 2), groups=3
+    ).masked_fill(out_rows.hidden, 0.0)
     out = NativeKeyQueryConv.apply(maps, kernel, visible.lo, visible.hi, out_rows.lo, out_rows.hi)
     assert error(out, expected.detach()) < tolerance
     grad = torch.randn_like(out)
@@ -367,16 +446,25 @@ def test_c_convolution_passes_gradcheck(c_loops):
     out_rows = visible.from_row(2)
     maps = torch.randn(1, 2, 7, 9, dtype=torch.float64, requires_grad=True)
     kernel = torch.randn(2, 1, 3, 5, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda m, k: NativeKeyQueryConv.apply(m, k, visible.lo, visible.hi, out_rows.lo, out_rows.hi), (maps, kernel))
+    assert torch.autograd.gradcheck(
+        lambda m, k: NativeKeyQueryConv.apply(m, k, visible.lo, visible.hi, out_rows.lo, out_rows.hi),
+        (maps, kernel),
+    )
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
-@pytest.mark.parametrize("pre_group, post_group, R, N", [(4, 2, 7, 9), (2, None, 33, 100), (None, None, 5, 1), (4, 4, 20, 261), (None, 1, 9, 37)])
+@pytest.mark.parametrize(
+    "pre_group, post_group, R, N",
+    [(4, 2, 7, 9), (2, None, 33, 100), (None, None, 5, 1), (4, 4, 20, 261), (None, 1, 9, 37)],
+)
 def test_fused_softmax_is_mix_mask_softmax_mix(c_loops, dtype, tolerance, pre_group, post_group, R, N):
     # Rows without a position see nothing (their softmax is 0, where torch's is NaN).
     q_pos, k_pos, visible = causal_rows(R, N, n_hist=2)
     scores = (3 * torch.randn(2, 4, R, N, dtype=dtype)).requires_grad_()
-    pre, post = [None if g is None else torch.randn(4 // g, g, g, dtype=dtype, requires_grad=True) for g in (pre_group, post_group)]
+    pre, post = [
+        None if g is None else torch.randn(4 // g, g, g, dtype=dtype, requires_grad=True)
+        for g in (pre_group, post_group)
+    ]
     mixed = scores.double() if pre is None else mix_formula(scores.double(), pre)  # the reference in float64
     expected = torch.softmax(mixed.masked_fill(visible.hidden, float("-inf")), dim=-1).nan_to_num(0.0)
     expected = expected if post is None else mix_formula(expected, post)

@@ -17,7 +17,9 @@ def run_notebook(name: str, monkeypatch, **env: str) -> nbformat.NotebookNode:
     for key, value in env.items():
         monkeypatch.setenv(key, value)  # the kernel inherits this process's environment
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
-    NotebookClient(notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    NotebookClient(
+        notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+    ).execute()
     return notebook
 
 
@@ -28,9 +30,15 @@ def outputs_text(notebook: nbformat.NotebookNode) -> str:
 def fake_results(directory: Path) -> None:
     """A results directory written by the ablation code itself, from made-up run summaries."""
     sweep = ablation.Sweep(
-        base_text="model: {}\n", overrides={}, seed=1, seeds=2,
-        variants=[ablation.Variant("mha", {}), ablation.Variant("local", {"model.attention.kind": "local"}),
-                  ablation.Variant("bad", {})],
+        base_text="model: {}\n",
+        overrides={},
+        seed=1,
+        seeds=2,
+        variants=[
+            ablation.Variant("mha", {}),
+            ablation.Variant("local", {"model.attention.kind": "local"}),
+            ablation.Variant("bad", {}),
+        ],
     )
     runs = ablation.plan_runs(sweep, directory, seeds=2)
     for run in runs:
@@ -40,10 +48,20 @@ def fake_results(directory: Path) -> None:
             continue
         offset = 0.1 * run.seed + (0.3 if run.variant.name == "local" else 0.0)
         curve = [{"step": s, "tokens": 1000 * s, "val_loss": 3.0 - 0.1 * s + offset} for s in (1, 2, 3)]
-        summary = {"params": 1000, "tokens_per_s": 500.0 + run.seed, "peak_memory_bytes": 2**20 * 300,
-                   "memory_kind": "cpu peak RSS", "kv_bytes_per_token": 64.0, "train_seconds": 10.0,
-                   "tokens_seen": 3000, "steps": 3, "device": "cpu", "curve": curve,
-                   "final_val_loss": curve[-1]["val_loss"], "best_val_loss": curve[-1]["val_loss"]}
+        summary = {
+            "params": 1000,
+            "tokens_per_s": 500.0 + run.seed,
+            "peak_memory_bytes": 2**20 * 300,
+            "memory_kind": "cpu peak RSS",
+            "kv_bytes_per_token": 64.0,
+            "train_seconds": 10.0,
+            "tokens_seen": 3000,
+            "steps": 3,
+            "device": "cpu",
+            "curve": curve,
+            "final_val_loss": curve[-1]["val_loss"],
+            "best_val_loss": curve[-1]["val_loss"],
+        }
         (run.directory / ablation.SUMMARY_FILE).write_text(json.dumps(summary))
     ablation.write_results(runs, directory)
 

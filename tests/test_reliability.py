@@ -33,10 +33,10 @@ from helpers import metrics
 
 from minitx.ablation import format_value
 from minitx.checkpoint import LAST
-from minitx.fileio import TMP_PREFIX
 from minitx.cli import ablate_main, generate_main, train_main
 from minitx.config import ModelConfig
 from minitx.data.tokenizer import CharTokenizer
+from minitx.fileio import TMP_PREFIX
 from minitx.model import Transformer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,20 +59,51 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
     for name, lines in (("train.txt", 500), ("val.txt", 80)):
         text = "".join(" ".join(rng.choices(WORDS, k=rng.randint(3, 9))) + ".\n" for _ in range(lines))
         (directory / name).write_text(text)
-    return {"train": directory / "train.txt", "val": directory / "val.txt", "cache": directory / "token-cache"}
+    return {
+        "train": directory / "train.txt",
+        "val": directory / "val.txt",
+        "cache": directory / "token-cache",
+    }
 
 
 def tiny_config(corpus: dict[str, Path], root: Path, **sections: dict) -> dict:
     """A one-layer model that trains 24 steps in a second or two; `sections` update its sections."""
     config = {
         "seed_everything": 7,
-        "model": {"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 32, "dropout": 0.1, "lr": 1e-2, "min_lr": 1e-3,
-                  "warmup_steps": 5},
-        "data": {"source": "files", "train_files": str(corpus["train"]), "val_files": str(corpus["val"]), "batch_size": 8,
-                 "val_batches": 2, "cache_dir": str(corpus["cache"])},
-        "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": STEPS, "val_check_interval": VAL_EVERY, "log_every_n_steps": 1,
-                    "enable_progress_bar": False, "enable_model_summary": False, "num_sanity_val_steps": 0},
-        "run": {"root": str(root), "name": "tiny", "sample_tokens": 0, "checkpoint_every_n_steps": SAVE_EVERY},
+        "model": {
+            "n_layer": 1,
+            "n_head": 2,
+            "d_model": 32,
+            "block_size": 32,
+            "dropout": 0.1,
+            "lr": 1e-2,
+            "min_lr": 1e-3,
+            "warmup_steps": 5,
+        },
+        "data": {
+            "source": "files",
+            "train_files": str(corpus["train"]),
+            "val_files": str(corpus["val"]),
+            "batch_size": 8,
+            "val_batches": 2,
+            "cache_dir": str(corpus["cache"]),
+        },
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_steps": STEPS,
+            "val_check_interval": VAL_EVERY,
+            "log_every_n_steps": 1,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "num_sanity_val_steps": 0,
+        },
+        "run": {
+            "root": str(root),
+            "name": "tiny",
+            "sample_tokens": 0,
+            "checkpoint_every_n_steps": SAVE_EVERY,
+        },
     }
     for section, values in sections.items():
         config[section] = {**config[section], **values}
@@ -181,10 +212,22 @@ def killer_dir(tmp_path_factory) -> Path:
 def train_process(config: Path, *args: str, killer_dir: Path | None = None, **popen) -> subprocess.Popen:
     """`python train.py --config CONFIG ARGS` on one thread (the same in every run: same float sums)."""
     paths = [str(REPO)] + ([str(killer_dir)] if killer_dir else [])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "MINITX_CLASS_PATHS": "killer"}  # a config may name the test's callbacks (minitx/training/classpaths.py)
-    return subprocess.Popen([sys.executable, str(REPO / "train.py"), "--config", str(config), *args], cwd=config.parent, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(paths),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "MINITX_CLASS_PATHS": "killer",
+    }  # a config may name the test's callbacks (minitx/training/classpaths.py)
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), "--config", str(config), *args],
+        cwd=config.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 def finish(process: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
@@ -193,7 +236,9 @@ def finish(process: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
 
 
 def with_callback(class_name: str, step: int, **init_args) -> str:
-    return "--trainer.callbacks+=" + json.dumps({"class_path": f"killer.{class_name}", "init_args": {"step": step, **init_args}})
+    return "--trainer.callbacks+=" + json.dumps(
+        {"class_path": f"killer.{class_name}", "init_args": {"step": step, **init_args}}
+    )
 
 
 def checkpoint_step(path: Path) -> int:
@@ -223,7 +268,9 @@ def assert_resumed_losses_equal(uninterrupted: Path, resumed_run: Path, from_ste
     assert sorted(whole_val) == list(range(VAL_EVERY - 1, STEPS, VAL_EVERY))
     assert sorted(resumed_val) == [s for s in sorted(whole_val) if s >= from_step]
     largest = max(differences)
-    print(f"resumed from step {from_step}: largest |loss difference| {largest:.3g} over {len(differences)} losses")
+    print(
+        f"resumed from step {from_step}: largest |loss difference| {largest:.3g} over {len(differences)} losses"
+    )
     assert largest <= LOSS_TOLERANCE
     return largest
 
@@ -231,13 +278,17 @@ def assert_resumed_losses_equal(uninterrupted: Path, resumed_run: Path, from_ste
 # ------------------------------------------------------------------------------- kill and resume
 
 
-def test_sigkill_at_a_random_step_then_resume_gives_the_uninterrupted_losses(tmp_path, corpus, killer_dir, uninterrupted, seed):
+def test_sigkill_at_a_random_step_then_resume_gives_the_uninterrupted_losses(
+    tmp_path, corpus, killer_dir, uninterrupted, seed
+):
     kill_step = random.Random(seed).randint(6, 18)
     print(f"SIGKILL after step {kill_step}")
     config = write_config(tmp_path / "tiny.yaml", tiny_config(corpus, tmp_path / "runs"))
     run = tmp_path / "runs" / "tiny"
 
-    status, output = finish(train_process(config, with_callback("KillAtStep", kill_step), killer_dir=killer_dir))
+    status, output = finish(
+        train_process(config, with_callback("KillAtStep", kill_step), killer_dir=killer_dir)
+    )
     assert status == -signal.SIGKILL, output[-3000:]
     # Left behind: the newest checkpoint written before the kill, complete, and no temporary file.
     saved_before = max(s for s in SAVE_STEPS if s < kill_step)
@@ -251,8 +302,9 @@ def test_sigkill_at_a_random_step_then_resume_gives_the_uninterrupted_losses(tmp
     assert_resumed_losses_equal(uninterrupted, run, saved_before)
 
 
-def test_sigkill_while_a_checkpoint_is_written_keeps_the_previous_one_and_resumes_exactly(tmp_path, corpus, killer_dir,
-                                                                                          uninterrupted, seed):
+def test_sigkill_while_a_checkpoint_is_written_keeps_the_previous_one_and_resumes_exactly(
+    tmp_path, corpus, killer_dir, uninterrupted, seed
+):
     armed_at = random.Random(seed + 1).randint(6, 18)  # the first save at or after this step is killed
     killed_save = min(s for s in SAVE_STEPS if s >= armed_at)
     saved_before = max(s for s in SAVE_STEPS if s < killed_save)
@@ -260,7 +312,9 @@ def test_sigkill_while_a_checkpoint_is_written_keeps_the_previous_one_and_resume
     config = write_config(tmp_path / "tiny.yaml", tiny_config(corpus, tmp_path / "runs"))
     checkpoints = tmp_path / "runs" / "tiny" / "checkpoints"
 
-    status, output = finish(train_process(config, with_callback("KillDuringSave", armed_at), killer_dir=killer_dir))
+    status, output = finish(
+        train_process(config, with_callback("KillDuringSave", armed_at), killer_dir=killer_dir)
+    )
     assert status == -signal.SIGKILL, output[-3000:]
     # The half-written file is a temporary beside last.ckpt, which is still the previous
     # checkpoint, whole: it loads (weights_only) and holds the earlier step.
@@ -278,14 +332,19 @@ def test_sigkill_while_a_checkpoint_is_written_keeps_the_previous_one_and_resume
     assert_resumed_losses_equal(uninterrupted, checkpoints.parent, saved_before)
 
 
-def test_nan_loss_stops_the_process_with_exit_2_naming_the_step_and_keeps_the_last_checkpoint(tmp_path, corpus, killer_dir):
+def test_nan_loss_stops_the_process_with_exit_2_naming_the_step_and_keeps_the_last_checkpoint(
+    tmp_path, corpus, killer_dir
+):
     config = write_config(tmp_path / "tiny.yaml", tiny_config(corpus, tmp_path / "runs"))
     checkpoints = tmp_path / "runs" / "tiny" / "checkpoints"
     status, output = finish(train_process(config, with_callback("PoisonAtStep", 12), killer_dir=killer_dir))
     assert status == 2, output[-3000:]
     assert "Traceback" not in output
     last_line = output.strip().splitlines()[-1]
-    assert last_line.startswith("train: error: step 12: the training loss is nan") and "--ckpt_path last" in last_line
+    assert (
+        last_line.startswith("train: error: step 12: the training loss is nan")
+        and "--ckpt_path last" in last_line
+    )
     checkpoint = torch.load(checkpoints / LAST, weights_only=True)
     assert checkpoint["global_step"] == 10  # the last save before the NaN, untouched
     assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values())
@@ -303,7 +362,9 @@ def one_line_error(capfd, prog: str, *fragments: str) -> str:
     errors = [line for line in lines if line.startswith(f"{prog}: error: ")]
     assert len(errors) == 1 and lines[-1] == errors[0], err[-3000:]
     assert "Traceback" not in out + err
-    assert not any(line.split(":")[0].endswith(("Error", "Exception")) for line in (out + err).splitlines()), err[-3000:]
+    assert not any(
+        line.split(":")[0].endswith(("Error", "Exception")) for line in (out + err).splitlines()
+    ), err[-3000:]
     with capfd.disabled():
         print(errors[0])
     for fragment in fragments:
@@ -313,7 +374,11 @@ def one_line_error(capfd, prog: str, *fragments: str) -> str:
 
 def files_under(directory: Path) -> dict[str, int]:
     """Every file under directory, with its modification time: what a failed start must not touch."""
-    return {str(p.relative_to(directory)): p.stat().st_mtime_ns for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(directory)): p.stat().st_mtime_ns
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 def flags(overrides: dict) -> list[str]:
@@ -328,9 +393,18 @@ BAD_CONFIGS = {
         {"model.n_head": 4, "model.attention.kind": "gqa", "model.attention.n_kv_head": 3},
         ["model.attention.n_kv_head", "n_head=4 is not divisible by n_kv_head=3"],
     ),
-    "d_model not divisible by n_head": ({"model.d_model": 30, "model.n_head": 4}, ["model.d_model", "not divisible by n_head=4"]),
-    "window below 1": ({"model.attention.kind": "local", "model.attention.window": 0}, ["model.attention.window", "is 0"]),
-    "even MTA key kernel": ({"model.attention.kind": "mta", "model.attention.mta_key_kernel": 4}, ["model.attention.mta_key_kernel", "odd"]),
+    "d_model not divisible by n_head": (
+        {"model.d_model": 30, "model.n_head": 4},
+        ["model.d_model", "not divisible by n_head=4"],
+    ),
+    "window below 1": (
+        {"model.attention.kind": "local", "model.attention.window": 0},
+        ["model.attention.window", "is 0"],
+    ),
+    "even MTA key kernel": (
+        {"model.attention.kind": "mta", "model.attention.mta_key_kernel": 4},
+        ["model.attention.mta_key_kernel", "odd"],
+    ),
     "MTA layer out of range": (
         {"model.attention.kind": "mta", "model.attention.mta_conv_layers": [3]},
         ["model.attention.mta_conv_layers", "layer 3 is out of range for n_layer=1"],
@@ -380,7 +454,11 @@ def write_sweep(path: Path, base: dict, variants: list[dict], **extra) -> Path:
 def test_config_mistake_through_ablate_in_a_variant(case, tmp_path, corpus, capfd):
     overrides, fragments = BAD_CONFIGS[case]
     base = tiny_config(corpus, tmp_path / "unused")
-    sweep = write_sweep(tmp_path / "sweep.yaml", base, [{"name": "fine", "overrides": {}}, {"name": "bad", "overrides": overrides}])
+    sweep = write_sweep(
+        tmp_path / "sweep.yaml",
+        base,
+        [{"name": "fine", "overrides": {}}, {"name": "bad", "overrides": overrides}],
+    )
     output = tmp_path / "out"
     assert ablate_main(["--config", str(sweep), "--output", str(output)]) == 2
     one_line_error(capfd, "ablate", str(sweep), "variant 'bad'", *fragments)
@@ -401,12 +479,21 @@ def test_config_mistake_through_ablate_in_the_base(case, tmp_path, corpus, capfd
     output = tmp_path / "out"
     assert ablate_main(["--config", str(sweep), "--output", str(output)]) == 2
     # In a YAML file the unknown key is reported as "Group 'model' does not accept option 'n_layers'".
-    one_line_error(capfd, "ablate", str(sweep), "base config", *[f.replace("model.n_layers", "n_layers") for f in fragments])
+    one_line_error(
+        capfd,
+        "ablate",
+        str(sweep),
+        "base config",
+        *[f.replace("model.n_layers", "n_layers") for f in fragments],
+    )
     assert not output.exists()
 
 
 def data_config(tmp_path: Path, corpus: dict[str, Path], **data) -> Path:
-    return write_config(tmp_path / "tiny.yaml", tiny_config(corpus, tmp_path / "runs", data={"cache_dir": str(tmp_path / "cache"), **data}))
+    return write_config(
+        tmp_path / "tiny.yaml",
+        tiny_config(corpus, tmp_path / "runs", data={"cache_dir": str(tmp_path / "cache"), **data}),
+    )
 
 
 def assert_nothing_half_written(tmp_path: Path) -> None:
@@ -416,26 +503,39 @@ def assert_nothing_half_written(tmp_path: Path) -> None:
 
 
 def test_missing_data_file(tmp_path, corpus, capfd):
-    assert train_main(["--config", str(data_config(tmp_path, corpus, train_files=str(tmp_path / "nowhere" / "*.txt")))]) == 2
+    assert (
+        train_main(
+            ["--config", str(data_config(tmp_path, corpus, train_files=str(tmp_path / "nowhere" / "*.txt")))]
+        )
+        == 2
+    )
     one_line_error(capfd, "train", "data.train_files", "no file matches", "nowhere")
     assert_nothing_half_written(tmp_path)
 
 
 def test_empty_data_file(tmp_path, corpus, capfd):
     (tmp_path / "empty.txt").write_text("  \n")
-    assert train_main(["--config", str(data_config(tmp_path, corpus, val_files=str(tmp_path / "empty.txt")))]) == 2
+    assert (
+        train_main(["--config", str(data_config(tmp_path, corpus, val_files=str(tmp_path / "empty.txt")))])
+        == 2
+    )
     one_line_error(capfd, "train", "data.val_files", "empty.txt", "is empty")
     assert_nothing_half_written(tmp_path)
 
 
 def test_unreadable_data_file(tmp_path, corpus, capfd):
     (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1") * 50)
-    assert train_main(["--config", str(data_config(tmp_path, corpus, train_files=str(tmp_path / "latin1.txt")))]) == 2
+    assert (
+        train_main(["--config", str(data_config(tmp_path, corpus, train_files=str(tmp_path / "latin1.txt")))])
+        == 2
+    )
     one_line_error(capfd, "train", "data.train_files", "latin1.txt", "not UTF-8", "convert it to UTF-8")
     assert_nothing_half_written(tmp_path)
 
 
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads a file whatever its permissions")
+@pytest.mark.skipif(
+    hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads a file whatever its permissions"
+)
 def test_data_file_without_read_permission(tmp_path, corpus, capfd):
     locked = tmp_path / "locked.txt"
     shutil.copy(corpus["train"], locked)
@@ -450,14 +550,19 @@ def test_data_file_without_read_permission(tmp_path, corpus, capfd):
 
 def test_corpus_shorter_than_a_block(tmp_path, corpus, capfd):
     (tmp_path / "short.txt").write_text("the quick brown fox.\n")  # 21 characters, block_size 32
-    assert train_main(["--config", str(data_config(tmp_path, corpus, train_files=str(tmp_path / "short.txt")))]) == 2
+    assert (
+        train_main(["--config", str(data_config(tmp_path, corpus, train_files=str(tmp_path / "short.txt")))])
+        == 2
+    )
     one_line_error(capfd, "train", "data.block_size", "21 tokens", "block_size + 1 = 33")
     assert_nothing_half_written(tmp_path)
 
 
 def test_empty_validation_set(tmp_path, corpus, capfd):
     (tmp_path / "text.txt").write_text(corpus["train"].read_text() + "\n" * 8)  # the tail held out is blank
-    config = data_config(tmp_path, corpus, train_files=str(tmp_path / "text.txt"), val_files=None, val_fraction=0.0005)
+    config = data_config(
+        tmp_path, corpus, train_files=str(tmp_path / "text.txt"), val_files=None, val_fraction=0.0005
+    )
     assert train_main(["--config", str(config)]) == 2
     one_line_error(capfd, "train", "data.val_fraction", "validation set is empty")
     assert_nothing_half_written(tmp_path)
@@ -478,7 +583,7 @@ class RunsCode:
 
 def corrupt(data: bytes, at: int, length: int = 64) -> bytes:
     noise = random.Random(at).randbytes(length)
-    return data[:at] + noise + data[at + length:]
+    return data[:at] + noise + data[at + length :]
 
 
 @pytest.fixture(scope="module")
@@ -508,13 +613,25 @@ def checkpoints(tmp_path_factory, uninterrupted) -> dict[str, Path]:
 
     checkpoint = torch.load(good, weights_only=True)
     # Generation-only file: weights and the minitx entry, no optimiser or loop state.
-    torch.save({"state_dict": checkpoint["state_dict"], "minitx": checkpoint["minitx"]}, directory / "weights_only.ckpt")
+    torch.save(
+        {"state_dict": checkpoint["state_dict"], "minitx": checkpoint["minitx"]},
+        directory / "weights_only.ckpt",
+    )
     paths["weights only"] = directory / "weights_only.ckpt"
-    other = {**checkpoint, "minitx": {**checkpoint["minitx"], "model_config": {**checkpoint["minitx"]["model_config"], "d_model": 64}}}
+    other = {
+        **checkpoint,
+        "minitx": {
+            **checkpoint["minitx"],
+            "model_config": {**checkpoint["minitx"]["model_config"], "d_model": 64},
+        },
+    }
     torch.save(other, directory / "other_shape.ckpt")
     paths["other shape"] = directory / "other_shape.ckpt"
     chars = checkpoint["minitx"]["tokenizer"]["chars"]
-    bigger = {**checkpoint, "minitx": {**checkpoint["minitx"], "tokenizer": {"kind": "char", "chars": chars + "XYZ"}}}
+    bigger = {
+        **checkpoint,
+        "minitx": {**checkpoint["minitx"], "tokenizer": {"kind": "char", "chars": chars + "XYZ"}},
+    }
     torch.save(bigger, directory / "bigger_vocabulary.ckpt")
     paths["bigger vocabulary"] = directory / "bigger_vocabulary.ckpt"
     return paths
@@ -524,15 +641,30 @@ def checkpoints(tmp_path_factory, uninterrupted) -> dict[str, Path]:
 BAD_CHECKPOINTS = {
     "missing": (["no such file"], ["ckpt_path", "no checkpoint at"]),
     "a directory": (["is a directory"], ["ckpt_path", "is a directory"]),
-    "truncated": (["not a readable minitx checkpoint", "central directory"], ["ckpt_path", "not a readable minitx checkpoint", "central directory"]),
-    "corrupted header": (["not a readable minitx checkpoint"], ["ckpt_path", "not a readable minitx checkpoint"]),
-    "corrupted pickle": (["not a readable minitx checkpoint"], ["ckpt_path", "not a readable minitx checkpoint"]),
+    "truncated": (
+        ["not a readable minitx checkpoint", "central directory"],
+        ["ckpt_path", "not a readable minitx checkpoint", "central directory"],
+    ),
+    "corrupted header": (
+        ["not a readable minitx checkpoint"],
+        ["ckpt_path", "not a readable minitx checkpoint"],
+    ),
+    "corrupted pickle": (
+        ["not a readable minitx checkpoint"],
+        ["ckpt_path", "not a readable minitx checkpoint"],
+    ),
     "random bytes": (["not a readable minitx checkpoint"], ["ckpt_path", "not a readable minitx checkpoint"]),
     "empty": (["the file is empty"], ["ckpt_path", "the file is empty"]),
     "text file": (["not a readable minitx checkpoint"], ["ckpt_path", "not a readable minitx checkpoint"]),
     "foreign": (["not a minitx checkpoint"], ["ckpt_path", "not a minitx checkpoint"]),
-    "other shape": (["weights do not match its model config", "wrong shape"], ["ckpt_path", "model differs", "d_model: checkpoint 64, config 32"]),
-    "bigger vocabulary": (["tokenizer has", "tokens but the model only"], ["data.tokenizer", "another tokenizer or vocabulary"]),
+    "other shape": (
+        ["weights do not match its model config", "wrong shape"],
+        ["ckpt_path", "model differs", "d_model: checkpoint 64, config 32"],
+    ),
+    "bigger vocabulary": (
+        ["tokenizer has", "tokens but the model only"],
+        ["data.tokenizer", "another tokenizer or vocabulary"],
+    ),
 }
 
 
@@ -553,7 +685,9 @@ def test_bad_checkpoint_through_train(case, checkpoints, tmp_path, corpus, capfd
     assert not (tmp_path / "runs").exists()  # no run directory, config.yaml or log version was started
 
 
-def test_resume_with_another_model_shape_or_tokenizer_leaves_the_run_as_it_was(tmp_path, corpus, uninterrupted, capfd):
+def test_resume_with_another_model_shape_or_tokenizer_leaves_the_run_as_it_was(
+    tmp_path, corpus, uninterrupted, capfd
+):
     run = tmp_path / "runs" / "tiny"
     shutil.copytree(uninterrupted, run)
     before = files_under(run)
@@ -565,7 +699,19 @@ def test_resume_with_another_model_shape_or_tokenizer_leaves_the_run_as_it_was(t
 
     # The same run resumed on text with characters the checkpoint's vocabulary does not have.
     (tmp_path / "other.txt").write_text(corpus["train"].read_text().upper())
-    assert train_main(["--config", str(config), "--ckpt_path", "last", "--data.train_files", str(tmp_path / "other.txt")]) == 2
+    assert (
+        train_main(
+            [
+                "--config",
+                str(config),
+                "--ckpt_path",
+                "last",
+                "--data.train_files",
+                str(tmp_path / "other.txt"),
+            ]
+        )
+        == 2
+    )
     one_line_error(capfd, "train", "data.tokenizer", "another tokenizer or vocabulary", "new: 'A'")
     assert files_under(run) == before
 
@@ -584,16 +730,26 @@ def test_resume_of_a_run_that_never_saved(tmp_path, corpus, capfd):
 def learned_positions_checkpoint(tmp_path_factory, corpus) -> Path:
     """A checkpoint of a model with learned positions (it cannot slide past block_size 32)."""
     tokenizer = CharTokenizer(corpus["train"].read_text())
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, block_size=32, n_layer=1, n_head=2, d_model=16, positions="learned")
+    config = ModelConfig(
+        vocab_size=tokenizer.vocab_size, block_size=32, n_layer=1, n_head=2, d_model=16, positions="learned"
+    )
     model = Transformer(config)
     path = tmp_path_factory.mktemp("learned") / "learned.ckpt"
-    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                "minitx": {"format": 1, "model_config": config.to_dict(), "tokenizer": tokenizer.to_dict()}}, path)
+    torch.save(
+        {
+            "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+            "minitx": {"format": 1, "model_config": config.to_dict(), "tokenizer": tokenizer.to_dict()},
+        },
+        path,
+    )
     return path
 
 
 BAD_GENERATE_OPTIONS = {
-    "unknown prompt characters": (["--prompt", "the Quick~fox"], ["--prompt", "characters the tokenizer does not know", "'Q', '~'"]),
+    "unknown prompt characters": (
+        ["--prompt", "the Quick~fox"],
+        ["--prompt", "characters the tokenizer does not know", "'Q', '~'"],
+    ),
     "max_new_tokens below 0": (["--max-new-tokens", "-1"], ["--max-new-tokens", "is -1", "use 0 or more"]),
     "temperature below 0": (["--temperature", "-0.5"], ["--temperature", "is -0.5"]),
     "top_p of 0": (["--top-p", "0"], ["--top-p", "is 0.0", "(0, 1]"]),
@@ -611,7 +767,12 @@ def test_bad_prompt_or_sampling_option_through_generate(case, checkpoints, capfd
 
 def test_prompt_longer_than_the_context_of_a_model_that_cannot_slide(learned_positions_checkpoint, capfd):
     prompt = "the lazy dog " * 3  # 39 characters, block_size 32
-    assert generate_main(["--ckpt", str(learned_positions_checkpoint), "--prompt", prompt, "--max-new-tokens", "3"]) == 2
+    assert (
+        generate_main(
+            ["--ckpt", str(learned_positions_checkpoint), "--prompt", prompt, "--max-new-tokens", "3"]
+        )
+        == 2
+    )
     one_line_error(capfd, "generate", "prompt has 39 tokens", "block_size=32", "shorten the prompt")
 
 
@@ -622,13 +783,20 @@ def malicious_files(directory: Path, marker: Path) -> dict[str, Path]:
     """Files whose unrestricted unpickling runs os.system: a well-formed minitx checkpoint with a
     payload inside, in torch's zip format and in its legacy format, and bare pickles of the
     protocol torch writes (2) and of a newer one (4)."""
-    checkpoint = {"state_dict": {"model.x": torch.zeros(2)}, "minitx": {"format": 1}, "global_step": 3, "payload": RunsCode(marker)}
+    checkpoint = {
+        "state_dict": {"model.x": torch.zeros(2)},
+        "minitx": {"format": 1},
+        "global_step": 3,
+        "payload": RunsCode(marker),
+    }
     paths = {"zip": directory / "zip.ckpt", "legacy": directory / "legacy.ckpt"}
     torch.save(checkpoint, paths["zip"])
     torch.save(checkpoint, paths["legacy"], _use_new_zipfile_serialization=False)
     for protocol in (2, 4):
         paths[f"pickle{protocol}"] = directory / f"pickle{protocol}.ckpt"
-        paths[f"pickle{protocol}"].write_bytes(pickle.dumps({"minitx": {"format": 1}, "payload": RunsCode(marker)}, protocol=protocol))
+        paths[f"pickle{protocol}"].write_bytes(
+            pickle.dumps({"minitx": {"format": 1}, "payload": RunsCode(marker)}, protocol=protocol)
+        )
     return paths
 
 
@@ -688,14 +856,32 @@ def test_the_source_loads_only_safely():
             if not isinstance(node, ast.Call):
                 continue
             func = node.func
-            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-            owner = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else ""
+            name = (
+                func.id
+                if isinstance(func, ast.Name)
+                else func.attr
+                if isinstance(func, ast.Attribute)
+                else ""
+            )
+            owner = (
+                func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else ""
+            )
             where = f"{path.relative_to(REPO)}:{node.lineno}"
             if owner == "torch" and name == "load":
-                safe = any(k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True for k in node.keywords)
+                safe = any(
+                    k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+                    for k in node.keywords
+                )
                 if not safe:
                     problems.append(f"{where}: torch.load without weights_only=True")
-            if owner == "yaml" and name in ("load", "load_all", "unsafe_load", "full_load", "unsafe_load_all", "full_load_all"):
+            if owner == "yaml" and name in (
+                "load",
+                "load_all",
+                "unsafe_load",
+                "full_load",
+                "unsafe_load_all",
+                "full_load_all",
+            ):
                 problems.append(f"{where}: yaml.{name}")
             if owner in ("pickle", "dill", "marshal") and name.startswith("load"):
                 problems.append(f"{where}: {owner}.{name}")
@@ -712,15 +898,31 @@ def test_real_processes_exit_2_with_one_line(tmp_path, corpus):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     config = write_config(tmp_path / "tiny.yaml", tiny_config(corpus, tmp_path / "runs"))
     malicious = malicious_files(tmp_path, tmp_path / "code-ran")["zip"]
-    sweep = write_sweep(tmp_path / "sweep.yaml", tiny_config(corpus, tmp_path / "unused"),
-                        [{"name": "bad", "overrides": {"model.attention.kind": "gqa", "model.attention.n_kv_head": 3}}])
+    sweep = write_sweep(
+        tmp_path / "sweep.yaml",
+        tiny_config(corpus, tmp_path / "unused"),
+        [{"name": "bad", "overrides": {"model.attention.kind": "gqa", "model.attention.n_kv_head": 3}}],
+    )
     commands = {  # command: (arguments, a fragment of its one line)
-        "train": ([str(REPO / "train.py"), "--config", str(config), "--model.attention.kind", "flash"], "model.attention.kind"),
+        "train": (
+            [str(REPO / "train.py"), "--config", str(config), "--model.attention.kind", "flash"],
+            "model.attention.kind",
+        ),
         "generate": ([str(REPO / "generate.py"), "--ckpt", str(malicious)], "refused"),
-        "ablate": ([str(REPO / "ablate.py"), "--config", str(sweep), "--output", str(tmp_path / "out")], "model.attention.n_kv_head"),
+        "ablate": (
+            [str(REPO / "ablate.py"), "--config", str(sweep), "--output", str(tmp_path / "out")],
+            "model.attention.n_kv_head",
+        ),
     }
     processes = {
-        name: subprocess.Popen([sys.executable, *arguments], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        name: subprocess.Popen(
+            [sys.executable, *arguments],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for name, (arguments, _) in commands.items()
     }
     for name, process in processes.items():
@@ -730,4 +932,8 @@ def test_real_processes_exit_2_with_one_line(tmp_path, corpus):
         assert "Traceback" not in out + err, (name, err[-3000:])
         assert lines[-1].startswith(f"{name}: error: ") and commands[name][1] in lines[-1], (name, lines[-1])
         assert sum(line.startswith(f"{name}: error: ") for line in lines) == 1, (name, err[-3000:])
-    assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists() and not (tmp_path / "code-ran").exists()
+    assert (
+        not (tmp_path / "runs").exists()
+        and not (tmp_path / "out").exists()
+        and not (tmp_path / "code-ran").exists()
+    )

@@ -20,8 +20,8 @@ import struct
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -66,8 +66,14 @@ def damaged_cache_files(path: Path, vocab_size: int) -> dict[str, Callable[[], o
 
 
 CACHE_DAMAGE = [
-    "truncated", "overwritten with 0xFF", "odd size", "other ids of the same size", "one id changed",
-    "record missing", "record garbage", "emptied",
+    "truncated",
+    "overwritten with 0xFF",
+    "odd size",
+    "other ids of the same size",
+    "one id changed",
+    "record missing",
+    "record garbage",
+    "emptied",
 ]
 
 
@@ -83,7 +89,9 @@ def test_a_damaged_token_cache_file_is_rebuilt_with_one_line(case, tmp_path, cap
     assert tokens.tolist() == expected  # the ids of the text, not what was on disk
     out, err = capfd.readouterr()
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and str(path) in lines[0] and "damaged" in lines[0] and "rebuilding it" in lines[0], err
+    assert (
+        len(lines) == 1 and str(path) in lines[0] and "damaged" in lines[0] and "rebuilding it" in lines[0]
+    ), err
     with capfd.disabled():
         print(lines[0])
     # The file on disk is whole again: the next open is silent and encodes nothing.
@@ -95,8 +103,12 @@ def test_a_damaged_token_cache_file_is_rebuilt_with_one_line(case, tmp_path, cap
 
 def test_a_training_run_on_a_cache_overwritten_with_0xff_rebuilds_it_and_trains(tmp_path, corpus, capfd):
     """The issue's case: 0xFF ids (>= vocab) once ended a run mid-way with IndexError."""
-    config = tiny_config(corpus, tmp_path / "runs", trainer={"max_steps": 2, "val_check_interval": 2},
-                         data={"cache_dir": str(tmp_path / "cache")})
+    config = tiny_config(
+        corpus,
+        tmp_path / "runs",
+        trainer={"max_steps": 2, "val_check_interval": 2},
+        data={"cache_dir": str(tmp_path / "cache")},
+    )
     config_path = write_config(tmp_path / "tiny.yaml", config)
     assert train_main(["--config", str(config_path)]) == 0
     train_file = next((tmp_path / "cache").glob("train-*.uint16"))
@@ -147,7 +159,11 @@ def damaged_checkpoint(good: Path, target: Path, case: str) -> Path:
     return target
 
 
-CHECKPOINT_DAMAGE = ["64 bytes inverted inside a tensor", "one bit flipped in a tensor", "another tensor's bytes in its place"]
+CHECKPOINT_DAMAGE = [
+    "64 bytes inverted inside a tensor",
+    "one bit flipped in a tensor",
+    "another tensor's bytes in its place",
+]
 
 
 @pytest.mark.parametrize("case", CHECKPOINT_DAMAGE)
@@ -159,7 +175,9 @@ def test_a_damaged_checkpoint_is_refused_by_generate(case, checkpoints, tmp_path
 
 
 @pytest.mark.parametrize("case", CHECKPOINT_DAMAGE)
-def test_a_damaged_last_checkpoint_is_refused_by_resume_and_the_run_is_left_as_it_was(case, uninterrupted, corpus, tmp_path, capfd):
+def test_a_damaged_last_checkpoint_is_refused_by_resume_and_the_run_is_left_as_it_was(
+    case, uninterrupted, corpus, tmp_path, capfd
+):
     run = tmp_path / "runs" / "tiny"
     shutil.copytree(uninterrupted, run)
     damaged_checkpoint(uninterrupted / "checkpoints" / LAST, run / "checkpoints" / LAST, case)
@@ -186,7 +204,9 @@ def test_a_checkpoint_without_crcs_loads_unchecked(kind, checkpoints, tmp_path, 
             torch.serialization.set_crc32_options(True)
         with zipfile.ZipFile(path) as archive:
             assert all(info.CRC == 0 for info in archive.infolist())
-    assert generate_main(["--ckpt", str(path), "--prompt", "the", "--max-new-tokens", "3", "--seed", "1"]) == 0
+    assert (
+        generate_main(["--ckpt", str(path), "--prompt", "the", "--max-new-tokens", "3", "--seed", "1"]) == 0
+    )
     assert "error" not in capfd.readouterr().err
 
 
@@ -202,7 +222,9 @@ time.sleep(120)
 
 
 def start_holder(run_dir: Path) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(run_dir)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     assert process.stdout.readline().strip() == "held"
     return process
 

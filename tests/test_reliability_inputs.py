@@ -15,23 +15,48 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
-from test_reliability import checkpoints, corpus, flags, one_line_error, tiny_config, uninterrupted, write_config  # noqa: F401
+from test_reliability import (  # noqa: F401
+    checkpoints,
+    corpus,
+    flags,
+    one_line_error,
+    tiny_config,
+    uninterrupted,
+    write_config,
+)
 
 from minitx.cli import generate_main, train_main
 
 # (flags, fragments of the one line); each also runs through ablate's pre-check as a variant.
 BAD_TRAIN_FLAGS = {
-    "val_check_interval 0": ({"trainer.val_check_interval": 0}, ["trainer.val_check_interval", "is 0", "1 or more"]),
+    "val_check_interval 0": (
+        {"trainer.val_check_interval": 0},
+        ["trainer.val_check_interval", "is 0", "1 or more"],
+    ),
     "val_check_interval -1": ({"trainer.val_check_interval": -1}, ["trainer.val_check_interval", "is -1"]),
-    "accumulate_grad_batches 0": ({"trainer.accumulate_grad_batches": 0}, ["trainer.accumulate_grad_batches", "is 0", "1 or more"]),
-    "accumulate_grad_batches -1": ({"trainer.accumulate_grad_batches": -1}, ["trainer.accumulate_grad_batches", "is -1"]),
-    "limit_val_batches 0": ({"trainer.limit_val_batches": 0}, ["trainer.limit_val_batches", "is 0", "data.val_batches"]),
+    "accumulate_grad_batches 0": (
+        {"trainer.accumulate_grad_batches": 0},
+        ["trainer.accumulate_grad_batches", "is 0", "1 or more"],
+    ),
+    "accumulate_grad_batches -1": (
+        {"trainer.accumulate_grad_batches": -1},
+        ["trainer.accumulate_grad_batches", "is -1"],
+    ),
+    "limit_val_batches 0": (
+        {"trainer.limit_val_batches": 0},
+        ["trainer.limit_val_batches", "is 0", "data.val_batches"],
+    ),
     "limit_val_batches 0.0": ({"trainer.limit_val_batches": 0.0}, ["trainer.limit_val_batches", "is 0.0"]),
     "limit_train_batches 0": ({"trainer.limit_train_batches": 0}, ["trainer.limit_train_batches", "is 0"]),
-    "log_every_n_steps 0": ({"trainer.log_every_n_steps": 0}, ["trainer.log_every_n_steps", "is 0", "1 or more"]),
+    "log_every_n_steps 0": (
+        {"trainer.log_every_n_steps": 0},
+        ["trainer.log_every_n_steps", "is 0", "1 or more"],
+    ),
     "log_every_n_steps -1": ({"trainer.log_every_n_steps": -1}, ["trainer.log_every_n_steps", "is -1"]),
-    "num_sanity_val_steps -2": ({"trainer.num_sanity_val_steps": -2}, ["trainer.num_sanity_val_steps", "-1 or more"]),
+    "num_sanity_val_steps -2": (
+        {"trainer.num_sanity_val_steps": -2},
+        ["trainer.num_sanity_val_steps", "-1 or more"],
+    ),
     "max_epochs 0": ({"trainer.max_epochs": 0}, ["trainer.max_epochs", "is 0"]),
     "max_steps 0": ({"trainer.max_steps": 0}, ["trainer.max_steps", "must be set"]),
     "max_steps -1": ({"trainer.max_steps": -1}, ["trainer.max_steps", "must be set"]),
@@ -41,23 +66,40 @@ BAD_TRAIN_FLAGS = {
     "seed -1": ({"seed_everything": -1}, ["seed_everything", "is -1", "0 to 4294967295"]),
     "seed 2**32": ({"seed_everything": 2**32}, ["seed_everything", "is 4294967296"]),
     "seed 10**23": ({"seed_everything": 10**23}, ["seed_everything", "0 to 4294967295"]),
-    "sample_temperature -1": ({"run.sample_temperature": -1}, ["run.sample_temperature", "is -1.0", "0 (greedy) or more"]),
-    "sample_temperature nan": ({"run.sample_temperature": "nan"}, ["run.sample_temperature", "'nan'", "give a number"]),
+    "sample_temperature -1": (
+        {"run.sample_temperature": -1},
+        ["run.sample_temperature", "is -1.0", "0 (greedy) or more"],
+    ),
+    "sample_temperature nan": (
+        {"run.sample_temperature": "nan"},
+        ["run.sample_temperature", "'nan'", "give a number"],
+    ),
     "sample_tokens -1": ({"run.sample_tokens": -1}, ["run.sample_tokens", "is -1", "0 or more"]),
-    "checkpoint_every_n_steps -1": ({"run.checkpoint_every_n_steps": -1}, ["run.checkpoint_every_n_steps", "is -1", "0 or more"]),
-    "run.name ../../x": ({"run.name": "../../x"}, ["run.name", "'../../x'", "not a plain directory name", "run.root"]),
+    "checkpoint_every_n_steps -1": (
+        {"run.checkpoint_every_n_steps": -1},
+        ["run.checkpoint_every_n_steps", "is -1", "0 or more"],
+    ),
+    "run.name ../../x": (
+        {"run.name": "../../x"},
+        ["run.name", "'../../x'", "not a plain directory name", "run.root"],
+    ),
     "run.name absolute": ({"run.name": "/tmp/elsewhere"}, ["run.name", "'/tmp/elsewhere'", "leading '/'"]),
     "run.name with a slash": ({"run.name": "a/b"}, ["run.name", "'a/b'"]),
     "run.name ..": ({"run.name": ".."}, ["run.name", "'..'"]),
-    "d_model 1048576": ({"model.d_model": 1048576, "model.n_head": 2}, ["model:", "d_model=1048576", "GB", "lower model.d_model or model.n_layer"]),
+    "d_model 1048576": (
+        {"model.d_model": 1048576, "model.n_head": 2},
+        ["model:", "d_model=1048576", "GB", "lower model.d_model or model.n_layer"],
+    ),
     "n_layer 0": ({"model.n_layer": 0}, ["model.n_layer", "is 0"]),
     "n_layer -1": ({"model.n_layer": -1}, ["model.n_layer", "is -1"]),
     "d_model 0": ({"model.d_model": 0}, ["model.d_model"]),
     "n_head 0": ({"model.n_head": 0}, ["model.n_head"]),
     "warmup_steps -1": ({"model.warmup_steps": -1}, ["model.warmup_steps", "is -1", "0 or more"]),
     "lr 0": ({"model.lr": 0}, ["model.lr", "positive"]),
-    "class_path of another module": ({"trainer.callbacks": [{"class_path": "antigravity.Fly"}]},
-                                     ["trainer.callbacks", "'antigravity.Fly'", "MINITX_CLASS_PATHS=antigravity"]),
+    "class_path of another module": (
+        {"trainer.callbacks": [{"class_path": "antigravity.Fly"}]},
+        ["trainer.callbacks", "'antigravity.Fly'", "MINITX_CLASS_PATHS=antigravity"],
+    ),
 }
 
 # Options the data module checks (after parsing, before reading any text).
@@ -94,7 +136,9 @@ def test_bad_train_option(case, tmp_path, corpus, capfd):
 def test_n_layer_of_10_to_the_20_in_yaml_is_refused_up_front(tmp_path, corpus, capfd):
     """It once hung while memory grew: refused from the parameter count, in well under a second of work."""
     assert start(tmp_path, corpus, model={"n_layer": 10**20}) == 2
-    one_line_error(capfd, "train", "model:", "n_layer=100000000000000000000", "lower model.d_model or model.n_layer")
+    one_line_error(
+        capfd, "train", "model:", "n_layer=100000000000000000000", "lower model.d_model or model.n_layer"
+    )
     assert_nothing_written(tmp_path)
 
 
@@ -148,11 +192,20 @@ BAD_GENERATE_OPTIONS = {
     "temperature nan": (["--temperature", "nan"], ["--temperature", "is nan", "use 0 for greedy"]),
     "temperature inf": (["--temperature", "inf"], ["--temperature", "is inf"]),
     "temperature 1e-45": (["--temperature", "1e-45"], ["--temperature", "at least 0.0001"]),
-    "seed 10**23": (["--seed", str(10**23)], ["--seed", "is 100000000000000000000000", "0 to 18446744073709551615"]),
+    "seed 10**23": (
+        ["--seed", str(10**23)],
+        ["--seed", "is 100000000000000000000000", "0 to 18446744073709551615"],
+    ),
     "seed -1": (["--seed", "-1"], ["--seed", "is -1"]),
     "device meta": (["--device", "meta"], ["--device meta", "use --device cpu"]),
-    "max_new_tokens 10**12": (["--max-new-tokens", str(10**12)], ["--max-new-tokens", "GB for their ids", "ask for fewer"]),
-    "prompt file /dev/zero": (["--prompt-file", "/dev/zero"], ["--prompt-file /dev/zero", "not a regular file"]),
+    "max_new_tokens 10**12": (
+        ["--max-new-tokens", str(10**12)],
+        ["--max-new-tokens", "GB for their ids", "ask for fewer"],
+    ),
+    "prompt file /dev/zero": (
+        ["--prompt-file", "/dev/zero"],
+        ["--prompt-file /dev/zero", "not a regular file"],
+    ),
     "num_samples 0": (["--num-samples", "0"], ["--num-samples", "is 0", "1 or more"]),
     "num_samples -1": (["--num-samples", "-1"], ["--num-samples", "is -1"]),
 }
@@ -173,7 +226,11 @@ def ablate_case(tmp_path: Path, corpus: dict, case: str) -> tuple[list[str], lis
     from test_reliability import write_sweep
 
     base = tiny_config(corpus, tmp_path / "unused")
-    sweep = write_sweep(tmp_path / "sweep.yaml", base, [{"name": "a", "overrides": {}}, {"name": "b", "overrides": {"model.lr": 0.02}}])
+    sweep = write_sweep(
+        tmp_path / "sweep.yaml",
+        base,
+        [{"name": "a", "overrides": {}}, {"name": "b", "overrides": {"model.lr": 0.02}}],
+    )
     output = str(tmp_path / "out")
     if case == "config is a directory":
         return ["--config", str(tmp_path), "--output", output], ["--config", "is a directory"]
@@ -192,8 +249,14 @@ def ablate_case(tmp_path: Path, corpus: dict, case: str) -> tuple[list[str], lis
     return ["--config", str(sweep), "--output", output, "--report-only"], ["--report-only", "no finished run"]
 
 
-ABLATE_CASES = ["config is a directory", "config is binary", "output is a file", "sweep seed out of range", "only a comma",
-                "report-only on an empty output"]
+ABLATE_CASES = [
+    "config is a directory",
+    "config is binary",
+    "output is a file",
+    "sweep seed out of range",
+    "only a comma",
+    "report-only on an empty output",
+]
 
 
 @pytest.mark.parametrize("case", ABLATE_CASES)
@@ -225,8 +288,11 @@ def test_bad_train_option_in_an_ablate_variant(case, tmp_path, corpus, capfd):
     from minitx.cli import ablate_main
 
     overrides, fragments = BAD_TRAIN_FLAGS[case]
-    sweep = write_sweep(tmp_path / "sweep.yaml", tiny_config(corpus, tmp_path / "unused"),
-                        [{"name": "fine", "overrides": {}}, {"name": "bad", "overrides": overrides}])
+    sweep = write_sweep(
+        tmp_path / "sweep.yaml",
+        tiny_config(corpus, tmp_path / "unused"),
+        [{"name": "fine", "overrides": {}}, {"name": "bad", "overrides": overrides}],
+    )
     assert ablate_main(["--config", str(sweep), "--output", str(tmp_path / "out")]) == 2
     one_line_error(capfd, "ablate", "bad", fragments[0])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.yaml"]

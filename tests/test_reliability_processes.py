@@ -11,7 +11,6 @@ directory, and test_reliability_disk.py kills a lock holder directly.)
 from __future__ import annotations
 
 import random
-import signal
 
 from test_reliability import (  # noqa: F401 (fixtures)
     LAST,
@@ -30,17 +29,24 @@ from test_reliability import (  # noqa: F401 (fixtures)
 )
 
 
-def test_ctrl_c_saves_the_step_under_way_exits_130_and_resumes_exactly(tmp_path, corpus, killer_dir, uninterrupted, seed):
+def test_ctrl_c_saves_the_step_under_way_exits_130_and_resumes_exactly(
+    tmp_path, corpus, killer_dir, uninterrupted, seed
+):
     step = random.Random(seed + 2).randint(6, 18)
     print(f"SIGINT after step {step}")
     config = write_config(tmp_path / "tiny.yaml", tiny_config(corpus, tmp_path / "runs"))
     checkpoints = tmp_path / "runs" / "tiny" / "checkpoints"
 
-    status, output = finish(train_process(config, with_callback("InterruptAtStep", step), killer_dir=killer_dir))
+    status, output = finish(
+        train_process(config, with_callback("InterruptAtStep", step), killer_dir=killer_dir)
+    )
     assert status == 130, output[-3000:]
     assert "Traceback" not in output
     last_line = output.strip().splitlines()[-1]
-    assert last_line == f"train: interrupted at step {step}; the last checkpoint is {checkpoints / LAST}: continue with --ckpt_path last"
+    assert (
+        last_line
+        == f"train: interrupted at step {step}; the last checkpoint is {checkpoints / LAST}: continue with --ckpt_path last"
+    )
     assert checkpoint_step(checkpoints / LAST) == step  # saved on the way out, at the step's end
     assert not list(checkpoints.glob(f"{TMP_PREFIX}*"))
 
@@ -62,8 +68,15 @@ def test_a_second_run_into_a_running_runs_directory_is_refused(tmp_path, corpus,
             status, output = finish(train_process(config, *args))
             lines = [line for line in output.splitlines() if line.strip()]
             assert status == 2 and "Traceback" not in output, output[-3000:]
-            assert lines[-1].startswith("train: error: run.name: ") and sum("error" in line for line in lines) == 1, lines[-1]
-            assert str(run) in lines[-1] and f"pid {first.pid}" in lines[-1] and "pick another --run.name" in lines[-1]
+            assert (
+                lines[-1].startswith("train: error: run.name: ")
+                and sum("error" in line for line in lines) == 1
+            ), lines[-1]
+            assert (
+                str(run) in lines[-1]
+                and f"pid {first.pid}" in lines[-1]
+                and "pick another --run.name" in lines[-1]
+            )
             assert files_under(run) == before
     finally:
         go.touch()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import random
-import sys
 
 import pytest
 from test_generation import bpe_tokenizer
@@ -32,11 +31,15 @@ class WholeTextStream:
 
     def _show(self, final):
         text = self.tokenizer.decode(self.ids)
-        continuation = text[len(self.base):] if text.startswith(self.base) else self.tokenizer.decode(self.ids[self.n_prompt:])
+        continuation = (
+            text[len(self.base) :]
+            if text.startswith(self.base)
+            else self.tokenizer.decode(self.ids[self.n_prompt :])
+        )
         if not final:
             continuation = continuation.rstrip("\ufffd")
         if continuation.startswith(self.printed) and len(continuation) > len(self.printed):
-            self.out.write(continuation[len(self.printed):])
+            self.out.write(continuation[len(self.printed) :])
             self.printed = continuation
 
 
@@ -52,7 +55,9 @@ def writes(stream_class, tokenizer, ids, n_prompt):
 
 
 @pytest.mark.parametrize("kind", ["char", "bpe"])
-@pytest.mark.parametrize("length", [1, 2, TextStream.WINDOW, TextStream.WINDOW + 1, 3 * TextStream.WINDOW + 5, 500])
+@pytest.mark.parametrize(
+    "length", [1, 2, TextStream.WINDOW, TextStream.WINDOW + 1, 3 * TextStream.WINDOW + 5, 500]
+)
 def test_the_stream_prints_what_decoding_the_whole_text_prints(kind, length, seed):
     tokenizer = bpe_tokenizer() if kind == "bpe" else CharTokenizer("abc déf\n✓")
     rng = random.Random(seed + length)

@@ -18,13 +18,21 @@ from minitx.data.toy import IGNORE_INDEX, ToyTrainBatches, ToyValSet
 from minitx.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
-FILLER_TEXT = "".join(f"Line {i}: what light through yonder window breaks; it is the east.\n" for i in range(300))
+FILLER_TEXT = "".join(
+    f"Line {i}: what light through yonder window breaks; it is the east.\n" for i in range(300)
+)
 
 # ----------------------------------------------------------------------------------------- MQAR
 
 
-@pytest.mark.parametrize("config", [MQARConfig(), MQARConfig(vocab=8, pairs=4, queries=4, seq_len=16),
-                                    MQARConfig(vocab=300, pairs=20, queries=5, seq_len=101)])
+@pytest.mark.parametrize(
+    "config",
+    [
+        MQARConfig(),
+        MQARConfig(vocab=8, pairs=4, queries=4, seq_len=16),
+        MQARConfig(vocab=300, pairs=20, queries=5, seq_len=101),
+    ],
+)
 def test_mqar_every_query_has_exactly_one_right_answer(config):
     tokenizer = config.tokenizer()
     for index in range(200):
@@ -45,24 +53,31 @@ def test_mqar_every_query_has_exactly_one_right_answer(config):
             assert sample.text[: 2 * config.pairs].count(symbol(key)) == 1  # one pair holds the key
         # Outside the pairs and the queries there is only filler.
         query_slots = {i - 1 for i in answers} | set(answers)
-        assert all(sample.text[i] == FILLER for i in range(2 * config.pairs, config.seq_len) if i not in query_slots)
+        assert all(
+            sample.text[i] == FILLER for i in range(2 * config.pairs, config.seq_len) if i not in query_slots
+        )
 
 
 def test_mqar_is_deterministic_by_seed_and_index():
     config = MQARConfig(vocab=32, pairs=6, queries=3, seq_len=32)
     assert [mqar_sample(config, 1, i) for i in range(20)] == [mqar_sample(config, 1, i) for i in range(20)]
-    assert [mqar_sample(config, 1, i).text for i in range(20)] != [mqar_sample(config, 2, i).text for i in range(20)]
+    assert [mqar_sample(config, 1, i).text for i in range(20)] != [
+        mqar_sample(config, 2, i).text for i in range(20)
+    ]
     assert len({mqar_sample(config, 1, i).text for i in range(20)}) == 20
 
 
-@pytest.mark.parametrize("settings, key", [
-    ({"mqar_vocab": 1}, "data.mqar_vocab"),
-    ({"mqar_vocab": 16, "mqar_pairs": 9}, "data.mqar_pairs"),  # 8 keys cannot make 9 distinct pairs
-    ({"mqar_pairs": 0}, "data.mqar_pairs"),
-    ({"mqar_pairs": 4, "mqar_queries": 5}, "data.mqar_queries"),
-    ({"mqar_queries": 0}, "data.mqar_queries"),
-    ({"mqar_pairs": 8, "mqar_queries": 8, "mqar_seq_len": 31}, "data.mqar_seq_len"),
-])
+@pytest.mark.parametrize(
+    "settings, key",
+    [
+        ({"mqar_vocab": 1}, "data.mqar_vocab"),
+        ({"mqar_vocab": 16, "mqar_pairs": 9}, "data.mqar_pairs"),  # 8 keys cannot make 9 distinct pairs
+        ({"mqar_pairs": 0}, "data.mqar_pairs"),
+        ({"mqar_pairs": 4, "mqar_queries": 5}, "data.mqar_queries"),
+        ({"mqar_queries": 0}, "data.mqar_queries"),
+        ({"mqar_pairs": 8, "mqar_queries": 8, "mqar_seq_len": 31}, "data.mqar_seq_len"),
+    ],
+)
 def test_mqar_refuses_settings_without_a_valid_answer(settings, key):
     with pytest.raises(UserError) as error:
         task_config("mqar", settings)
@@ -95,7 +110,7 @@ def test_needle_has_one_fact_asked_at_the_end_at_the_chosen_depth(filler):
         sample = needle_sample(config, 3, index, length, depth, "test")
         assert len(sample.text) == len(sample.ids) == length
         question = f"{MARK}{sample.key}{ASK}"
-        prompt = sample.text[: -VALUE_LEN]
+        prompt = sample.text[:-VALUE_LEN]
         assert prompt.endswith(question) and sample.text.endswith(sample.value)
         assert sample.text.count(MARK) == 3 and sample.text.count(ASK) == 2  # the fact and the question only
         fact = f"{question}{sample.value}{MARK}"
@@ -113,11 +128,14 @@ def test_needle_is_deterministic_and_training_lengths_stay_in_range(filler):
     assert min(lengths) >= 30 and max(lengths) <= 90 and len(lengths) > 20
 
 
-@pytest.mark.parametrize("settings, key", [
-    ({"needle_length": SHORTEST - 1}, "data.needle_length"),
-    ({"needle_length": 64, "needle_min_length": 65}, "data.needle_min_length"),
-    ({"needle_length": 64, "needle_min_length": SHORTEST - 1}, "data.needle_min_length"),
-])
+@pytest.mark.parametrize(
+    "settings, key",
+    [
+        ({"needle_length": SHORTEST - 1}, "data.needle_length"),
+        ({"needle_length": 64, "needle_min_length": 65}, "data.needle_min_length"),
+        ({"needle_length": 64, "needle_min_length": SHORTEST - 1}, "data.needle_min_length"),
+    ],
+)
 def test_needle_refuses_settings_without_room_for_the_answer(settings, key):
     with pytest.raises(UserError) as error:
         task_config("needle", settings)
@@ -139,14 +157,32 @@ def task_run(tmp_path: Path, data: dict, block_size: int, steps: int = 4) -> dic
         "seed_everything": 1,
         "model": {"n_layer": 1, "n_head": 2, "d_model": 16, "block_size": block_size, "warmup_steps": 1},
         "data": {"toy_train_size": 64, "toy_val_size": 8, "batch_size": 8, **data},
-        "trainer": {"accelerator": "cpu", "max_steps": steps, "val_check_interval": steps, "enable_progress_bar": False,
-                    "enable_model_summary": False, "num_sanity_val_steps": 0},
+        "trainer": {
+            "accelerator": "cpu",
+            "max_steps": steps,
+            "val_check_interval": steps,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "num_sanity_val_steps": 0,
+        },
         "run": {"root": str(tmp_path / "runs"), "name": data["source"], "sample_tokens": 0},
     }
 
 
 def test_an_impossible_task_setting_stops_train_with_one_line_and_exit_2(tmp_path, capfd):
-    assert train_main(["--config", str(REPO / "configs" / "mqar.yaml"), "--run.root", str(tmp_path / "runs"), "--data.mqar_pairs", "40"]) == 2
+    assert (
+        train_main(
+            [
+                "--config",
+                str(REPO / "configs" / "mqar.yaml"),
+                "--run.root",
+                str(tmp_path / "runs"),
+                "--data.mqar_pairs",
+                "40",
+            ]
+        )
+        == 2
+    )
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("train: error: data.mqar_pairs"), err
     assert not (tmp_path / "runs").exists()
@@ -169,7 +205,12 @@ def test_a_mqar_run_is_evaluated_on_a_fresh_test_set(tmp_path, capsys):
     out = capsys.readouterr().out
     result = json.loads((tmp_path / "out.json").read_text())
     task = result["task"]
-    assert task["name"] == "mqar" and task["samples"] == 50 and task["items"] == 100 and task["first_sample"] == 72
+    assert (
+        task["name"] == "mqar"
+        and task["samples"] == 50
+        and task["items"] == 100
+        and task["first_sample"] == 72
+    )
     assert 0 <= task["exact_match"] <= task["item_accuracy"] <= 1 and result["tokens"] == 100
     assert "exact match" in out and "item accuracy" in out
 
@@ -180,14 +221,35 @@ def test_a_needle_run_gets_an_accuracy_heatmap(tmp_path, filler, capsys):
     assert train_main(["--config", str(tmp_path / "needle.yaml")]) == 0
     ckpt = tmp_path / "runs" / "needle" / "checkpoints" / "last.ckpt"
     capsys.readouterr()
-    assert eval_main(["--ckpt", str(ckpt), "--lengths", "16", "32", "96", "--task-samples", "3", "--plots", str(tmp_path / "plots")]) == 0
+    assert (
+        eval_main(
+            [
+                "--ckpt",
+                str(ckpt),
+                "--lengths",
+                "16",
+                "32",
+                "96",
+                "--task-samples",
+                "3",
+                "--plots",
+                str(tmp_path / "plots"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "depth x context length" in out
-    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["loss_vs_length.png", "needle_accuracy.png"]
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "loss_vs_length.png",
+        "needle_accuracy.png",
+    ]
     # 16 tokens cannot hold a sample; 96 is past the training length but RoPE runs it.
     from minitx.evaluation import evaluate_checkpoint
 
     result = evaluate_checkpoint(str(ckpt), lengths=[16, 32, 96], task_samples=2)
     assert "skipped" in result["by_length"]["16"] and result["task"]["samples"] == 2 * 2 * len(DEPTHS)
     heatmap = result["task"]["heatmap"]
-    assert heatmap["lengths"] == [16, 32, 96] and all(row[0] is None and row[1] is not None for row in heatmap["accuracy"])
+    assert heatmap["lengths"] == [16, 32, 96] and all(
+        row[0] is None and row[1] is not None for row in heatmap["accuracy"]
+    )

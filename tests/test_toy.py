@@ -30,7 +30,9 @@ def parse(text: str, config: ToyTaskConfig) -> tuple[list[str], str, str]:
 
 @pytest.mark.parametrize("target", ["block", "first", "last"])
 @pytest.mark.parametrize("block_len,min_blocks,max_blocks", [(5, 10, 10), (3, 1, 7), (2, 2, 30)])
-def test_every_sample_has_exactly_one_answer_block_and_the_right_target(target, block_len, min_blocks, max_blocks):
+def test_every_sample_has_exactly_one_answer_block_and_the_right_target(
+    target, block_len, min_blocks, max_blocks
+):
     config = ToyTaskConfig(block_len=block_len, min_blocks=min_blocks, max_blocks=max_blocks, target=target)
     for sample in toy_samples(config, seed=7, count=300):
         blocks, query, answer = parse(sample.text, config)
@@ -45,7 +47,9 @@ def test_every_sample_has_exactly_one_answer_block_and_the_right_target(target, 
         assert answer == {"block": block, "first": block[0], "last": block[-1]}[target]
         assert sample.target == answer and sample.prompt + answer == sample.text
         assert sample.ids == toy_tokenizer().encode(sample.text)
-        assert [i for i, m in enumerate(sample.loss_mask) if m] == list(range(len(sample.text) - len(answer), len(sample.text)))
+        assert [i for i, m in enumerate(sample.loss_mask) if m] == list(
+            range(len(sample.text) - len(answer), len(sample.text))
+        )
         assert len(sample.text) <= toy_max_length(config)
 
 
@@ -106,7 +110,13 @@ def test_exact_match_counts_rows_whose_whole_target_is_right():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(block_len=0), dict(block_len=27), dict(query_len=6, block_len=5), dict(min_blocks=3, max_blocks=2), dict(target="middle")],
+    [
+        dict(block_len=0),
+        dict(block_len=27),
+        dict(query_len=6, block_len=5),
+        dict(min_blocks=3, max_blocks=2),
+        dict(target="middle"),
+    ],
 )
 def test_bad_settings_are_user_errors(kwargs):
     with pytest.raises(UserError):
@@ -120,8 +130,16 @@ def test_the_datamodule_serves_the_toy_task_and_training_scores_exact_match():
     from minitx.training import MinitxLM
 
     def datamodule(block_size=20):
-        return TextDataModule(source="toy", toy_n=3, toy_blocks=4, toy_train_size=50, toy_val_size=8,
-                              batch_size=4, block_size=block_size, seed=2)
+        return TextDataModule(
+            source="toy",
+            toy_n=3,
+            toy_blocks=4,
+            toy_train_size=50,
+            toy_val_size=8,
+            batch_size=4,
+            block_size=block_size,
+            seed=2,
+        )
 
     config = ToyTaskConfig(block_len=3, min_blocks=4, max_blocks=4)
     dm = datamodule()
@@ -135,13 +153,18 @@ def test_the_datamodule_serves_the_toy_task_and_training_scores_exact_match():
         datamodule(block_size=10).setup()
 
     model = MinitxLM(vocab_size=28, block_size=20, n_layer=1, n_head=2, d_model=16)
-    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False
+    )
     trainer.validate(model, datamodule=dm, verbose=False)
     metrics = trainer.callback_metrics
     # The logged numbers are those of the targets alone, averaged over the validation batches.
     with torch.no_grad():
         batches = [(model.model(bx), by) for bx, by in dm.val_dataloader()]
-    losses = [torch.nn.functional.cross_entropy(lg[by != IGNORE_INDEX], by[by != IGNORE_INDEX]) for lg, by in batches]
+    losses = [
+        torch.nn.functional.cross_entropy(lg[by != IGNORE_INDEX], by[by != IGNORE_INDEX])
+        for lg, by in batches
+    ]
     assert float(metrics["val_loss"]) == pytest.approx(float(torch.stack(losses).mean()), rel=1e-5)
     accuracy = torch.stack([exact_match(lg, by) for lg, by in batches]).mean()
     assert float(metrics["val_accuracy"]) == pytest.approx(float(accuracy))

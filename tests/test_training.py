@@ -18,9 +18,9 @@ import torch
 import yaml
 from helpers import metrics
 
-from minitx.fileio import TMP_PREFIX, write_atomically
 from minitx.cli import train_main
 from minitx.config import AttentionConfig, ModelConfig
+from minitx.fileio import TMP_PREFIX, write_atomically
 from minitx.training import (
     DEFAULT_CONFIG,
     MinitxLM,
@@ -45,8 +45,22 @@ def tiny_config(path: Path, cache_dir: Path, **data) -> Path:
     """A YAML config for a one-layer model that trains in a few seconds on a CPU."""
     config = {
         "seed_everything": 7,
-        "model": {"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 32, "lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 5},
-        "data": {"source": "shakespeare", "batch_size": 8, "val_batches": 2, "cache_dir": str(cache_dir), **data},
+        "model": {
+            "n_layer": 1,
+            "n_head": 2,
+            "d_model": 32,
+            "block_size": 32,
+            "lr": 1e-2,
+            "min_lr": 1e-3,
+            "warmup_steps": 5,
+        },
+        "data": {
+            "source": "shakespeare",
+            "batch_size": 8,
+            "val_batches": 2,
+            "cache_dir": str(cache_dir),
+            **data,
+        },
         "trainer": {
             "max_steps": 30,
             "val_check_interval": 10,
@@ -120,7 +134,10 @@ def test_shakespeare_run_learns_checkpoints_resumes_and_samples(tmp_path, cache_
     assert train("--config", config) == 2
     assert "--ckpt_path last" in capfd.readouterr().err
     # ... and --ckpt_path last continues from step 30 to a higher max_steps.
-    assert train("--config", config, "--ckpt_path", "last", "--trainer.max_steps", 40, "--run.sample_tokens", 0) == 0
+    assert (
+        train("--config", config, "--ckpt_path", "last", "--trainer.max_steps", 40, "--run.sample_tokens", 0)
+        == 0
+    )
     resumed, _ = metrics(run, version=1)
     assert sorted(resumed) == list(range(30, 40))
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 40
@@ -134,7 +151,11 @@ def test_local_text_files_run(tmp_path, cache_dir):
         text = "".join(" ".join(rng.choices(WORDS, k=rng.randint(3, 9))) + ".\n" for _ in range(lines))
         (corpus / name).write_text(text)
     config = tiny_config(
-        tmp_path / "tiny.yaml", cache_dir, source="files", train_files=str(corpus / "[ab].txt"), val_files=str(corpus / "val.txt")
+        tmp_path / "tiny.yaml",
+        cache_dir,
+        source="files",
+        train_files=str(corpus / "[ab].txt"),
+        val_files=str(corpus / "val.txt"),
     )
     assert train("--config", config, "--run.sample_tokens", 0) == 0
     ckpt = assert_learns_and_checkpoints(run_dir(config))
@@ -150,7 +171,12 @@ def test_hf_text_builder_run_offline(tmp_path, cache_dir, monkeypatch):
     text = "".join(" ".join(rng.choices(WORDS, k=rng.randint(3, 9))) + ".\n" for _ in range(800))
     (tmp_path / "train.txt").write_text(text)
     config = tiny_config(
-        tmp_path / "tiny.yaml", cache_dir, source="hf", hf_name="text", hf_data_files={"train": str(tmp_path / "train.txt")}, val_fraction=0.2
+        tmp_path / "tiny.yaml",
+        cache_dir,
+        source="hf",
+        hf_name="text",
+        hf_data_files={"train": str(tmp_path / "train.txt")},
+        val_fraction=0.2,
     )
     assert train("--config", config, "--run.sample_tokens", 0) == 0
     assert_learns_and_checkpoints(run_dir(config))
@@ -162,8 +188,20 @@ def test_resumed_run_matches_uninterrupted_run_exactly(tmp_path, cache_dir, monk
     Dropout is on, so this also checks that the resumed run draws the same masks.
     """
     config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
-    common = ["--config", config, "--model.dropout", 0.2, "--trainer.max_steps", 20, "--run.checkpoint_every_n_steps", 5,
-              "--trainer.val_check_interval", 8, "--run.sample_tokens", 0]
+    common = [
+        "--config",
+        config,
+        "--model.dropout",
+        0.2,
+        "--trainer.max_steps",
+        20,
+        "--run.checkpoint_every_n_steps",
+        5,
+        "--trainer.val_check_interval",
+        8,
+        "--run.sample_tokens",
+        0,
+    ]
     assert train(*common, "--run.name", "whole") == 0
     whole, whole_val = metrics(config.parent / "runs" / "whole")
 
@@ -178,7 +216,12 @@ def test_resumed_run_matches_uninterrupted_run_exactly(tmp_path, cache_dir, monk
     with pytest.raises(RuntimeError, match="simulated crash"):
         train(*common, "--run.name", "crashed")
     monkeypatch.setattr(MinitxLM, "training_step", original_step)
-    assert torch.load(config.parent / "runs" / "crashed" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
+    assert (
+        torch.load(config.parent / "runs" / "crashed" / "checkpoints" / "last.ckpt", weights_only=True)[
+            "global_step"
+        ]
+        == 10
+    )
 
     assert train(*common, "--run.name", "crashed", "--ckpt_path", "last") == 0
     resumed, resumed_val = metrics(config.parent / "runs" / "crashed", version=1)
@@ -211,8 +254,22 @@ def test_dotted_overrides_reach_the_model_and_the_saved_config(tmp_path, cache_d
     from minitx.training import TrainCLI
 
     config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
-    cli = TrainCLI(["--config", str(config), "--model.n_head", "4", "--model.attention.kind", "gqa", "--model.attention.n_kv_head", "2",
-                    "--model.block_size", "48", "--trainer.max_steps", "17"])
+    cli = TrainCLI(
+        [
+            "--config",
+            str(config),
+            "--model.n_head",
+            "4",
+            "--model.attention.kind",
+            "gqa",
+            "--model.attention.n_kv_head",
+            "2",
+            "--model.block_size",
+            "48",
+            "--trainer.max_steps",
+            "17",
+        ]
+    )
     model = cli.model
     assert model.config.attention.kind == "gqa" and model.config.n_kv_head_at(0) == 2
     assert model.config.vocab_size == cli.datamodule.vocab_size  # linked from the tokenizer
@@ -254,7 +311,16 @@ def test_default_root_dir_sets_the_run_root_or_is_refused(tmp_path, cache_dir, m
     monkeypatch.chdir(tmp_path)
     config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
     # run.root left at its default: --trainer.default_root_dir is where runs go.
-    cli = TrainCLI(["--config", str(config), "--run.root", "runs", "--trainer.default_root_dir", str(tmp_path / "elsewhere")])
+    cli = TrainCLI(
+        [
+            "--config",
+            str(config),
+            "--run.root",
+            "runs",
+            "--trainer.default_root_dir",
+            str(tmp_path / "elsewhere"),
+        ]
+    )
     assert cli.trainer.default_root_dir == str(tmp_path / "elsewhere" / "tiny")
     assert cli.config_init["run"].root == str(tmp_path / "elsewhere")
     assert cli.trainer.loggers[0].log_dir.startswith(str(tmp_path / "elsewhere" / "tiny"))
@@ -318,8 +384,17 @@ def test_module_defaults_are_model_config_defaults():
 
 
 def test_weight_decay_only_on_matrices():
-    config = ModelConfig(n_layer=3, attention=AttentionConfig(kind="mta", n_kv_head=2, mta_conv_layers=[1]), bias=True, norm="layernorm")
-    model = MinitxLM(**{k: v for k, v in config.to_dict().items() if k != "attention"}, attention=config.attention, max_steps=10).model
+    config = ModelConfig(
+        n_layer=3,
+        attention=AttentionConfig(kind="mta", n_kv_head=2, mta_conv_layers=[1]),
+        bias=True,
+        norm="layernorm",
+    )
+    model = MinitxLM(
+        **{k: v for k, v in config.to_dict().items() if k != "attention"},
+        attention=config.attention,
+        max_steps=10,
+    ).model
     names = {id(p): n for n, p in model.named_parameters()}
     decay, no_decay = optimizer_groups(list(model.named_parameters()), 0.1)
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
@@ -334,7 +409,9 @@ def test_weight_decay_only_on_matrices():
 
 def test_lr_schedule_warms_up_then_cosine_decays_to_min_lr():
     lr, min_lr, warmup, total = 1e-3, 1e-4, 10, 110
-    module = MinitxLM(n_layer=1, d_model=32, n_head=2, lr=lr, min_lr=min_lr, warmup_steps=warmup, max_steps=total)
+    module = MinitxLM(
+        n_layer=1, d_model=32, n_head=2, lr=lr, min_lr=min_lr, warmup_steps=warmup, max_steps=total
+    )
     scheduler = module.configure_optimizers()["lr_scheduler"]["scheduler"]
     lrs = []
     for _ in range(total + 5):
@@ -342,9 +419,9 @@ def test_lr_schedule_warms_up_then_cosine_decays_to_min_lr():
         scheduler.optimizer.step()
         scheduler.step()
     assert lrs[0] == pytest.approx(lr / warmup)
-    assert all(a < b for a, b in zip(lrs[:warmup - 1], lrs[1:warmup]))  # linear warmup
+    assert all(a < b for a, b in zip(lrs[: warmup - 1], lrs[1:warmup]))  # linear warmup
     assert lrs[warmup - 1] == pytest.approx(lr)
-    assert all(a >= b for a, b in zip(lrs[warmup:total], lrs[warmup + 1:total + 1]))  # decay
+    assert all(a >= b for a, b in zip(lrs[warmup:total], lrs[warmup + 1 : total + 1]))  # decay
     assert lrs[warmup + (total - warmup) // 2] == pytest.approx((lr + min_lr) / 2)  # cosine midpoint
     assert lrs[total:] == pytest.approx([min_lr] * 5)
     assert lrs == pytest.approx([lr_at(s, lr, min_lr, warmup, total) for s in range(total + 5)])
@@ -398,7 +475,10 @@ def test_wandb_offline_writes_its_run_directory(tmp_path, cache_dir, monkeypatch
     monkeypatch.setenv("WANDB_SILENT", "true")
     (tmp_path / "wandb-dir").mkdir()
     config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
-    assert train("--config", config, "--run.wandb", "true", "--trainer.max_steps", 10, "--run.sample_tokens", 0) == 0
+    assert (
+        train("--config", config, "--run.wandb", "true", "--trainer.max_steps", 10, "--run.sample_tokens", 0)
+        == 0
+    )
     runs = list((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].rglob("*.wandb"))
 
@@ -408,9 +488,27 @@ def test_ddp_on_cpu_with_two_processes(tmp_path, cache_dir):
     config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), "--config", str(config), "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu",
-         "--trainer.devices", "2", "--trainer.max_steps", "10", "--run.sample_tokens", "0"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280,
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "--config",
+            str(config),
+            "--trainer.strategy",
+            "ddp",
+            "--trainer.accelerator",
+            "cpu",
+            "--trainer.devices",
+            "2",
+            "--trainer.max_steps",
+            "10",
+            "--run.sample_tokens",
+            "0",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "final val loss" in result.stdout

@@ -24,14 +24,50 @@ evaluation.json, train.log), results.csv, results.md and the three plots.
 from .budget import match_budgets, model_budget
 from .command import main, parse_args
 from .report import CSV_FIELDS, PLOTS, format_cell, markdown_table, write_csv, write_results
-from .runner import BASE_SNAPSHOT, LOG_FILE, RUN_FILE, Run, check_variants, execute, format_value, plan_runs, run_sweep
+from .runner import (
+    BASE_SNAPSHOT,
+    LOG_FILE,
+    RUN_FILE,
+    Run,
+    check_variants,
+    execute,
+    format_value,
+    plan_runs,
+    run_sweep,
+)
 from .summary import SUMMARY_FILE, RunSummary
 from .sweep import EvalSettings, Sweep, Variant, load_sweep
 from .table import COLUMNS, aggregate, collect, mean_curve, mean_std
 
 __all__ = [
-    "BASE_SNAPSHOT", "COLUMNS", "CSV_FIELDS", "EvalSettings", "LOG_FILE", "PLOTS", "RUN_FILE", "Run", "RunSummary",
-    "SUMMARY_FILE", "Sweep", "Variant", "aggregate", "check_variants", "collect", "execute", "format_cell",
-    "format_value", "load_sweep", "main", "markdown_table", "match_budgets", "mean_curve", "mean_std", "model_budget",
-    "parse_args", "plan_runs", "run_sweep", "write_csv", "write_results",
+    "BASE_SNAPSHOT",
+    "COLUMNS",
+    "CSV_FIELDS",
+    "EvalSettings",
+    "LOG_FILE",
+    "PLOTS",
+    "RUN_FILE",
+    "Run",
+    "RunSummary",
+    "SUMMARY_FILE",
+    "Sweep",
+    "Variant",
+    "aggregate",
+    "check_variants",
+    "collect",
+    "execute",
+    "format_cell",
+    "format_value",
+    "load_sweep",
+    "main",
+    "markdown_table",
+    "match_budgets",
+    "mean_curve",
+    "mean_std",
+    "model_budget",
+    "parse_args",
+    "plan_runs",
+    "run_sweep",
+    "write_csv",
+    "write_results",
 ]

@@ -9,8 +9,9 @@ being compared alone, and the counts are linear in it, so the width is solved fo
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import fields
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import yaml
@@ -28,7 +29,11 @@ MEASURES = {"params": "params_non_embedding", "flops": "flops_per_token_non_embe
 def model_budget(model: Transformer) -> dict[str, Any]:
     """Parameters (all, and without the vocabulary and position tables) and training FLOPs per token."""
     total = model.num_params(non_embedding=False)
-    shared = [model.tok_emb.weight, model.lm_head.weight, *([model.pos_emb.weight] if model.pos_emb is not None else [])]
+    shared = [
+        model.tok_emb.weight,
+        model.lm_head.weight,
+        *([model.pos_emb.weight] if model.pos_emb is not None else []),
+    ]
     tables = sum(p.numel() for p in {id(p): p for p in shared}.values())  # a tied head is one table
     flops = model.flops_per_token()
     vocab = sum(p.numel() for p in {id(p): p for p in shared[:2]}.values())
@@ -84,7 +89,9 @@ def _with_width(config: ModelConfig, width: int) -> ModelConfig:
     return ModelConfig.from_dict({**config.to_dict(), "mlp_hidden_size": width})
 
 
-def solve_width(config: ModelConfig, target: float, measure: Callable[[ModelConfig], float]) -> tuple[int, float]:
+def solve_width(
+    config: ModelConfig, target: float, measure: Callable[[ModelConfig], float]
+) -> tuple[int, float]:
     """The MLP width that brings the measure within the tolerance of target, and that measure:
     the width as it is when it already does (no change for its own sake), else the nearest width.
     The measure is linear in the width, so two points give the line; the rounded solution is then
@@ -107,7 +114,9 @@ def match_budgets(sweep: Sweep, by: str, extra: Sequence[str] = (), log: Any = p
         if variant is reference or variant.name == reference.name:
             continue
         if WIDTH_KEY in variant.overrides:
-            raise UserError(f"variant {variant.name!r}: sets {WIDTH_KEY} and 'match: {by}' would change it; remove one")
+            raise UserError(
+                f"variant {variant.name!r}: sets {WIDTH_KEY} and 'match: {by}' would change it; remove one"
+            )
         config = model_config_of(sweep, variant, extra)
         width, value = solve_width(config, target, lambda c: budget_of(c)[key])
         off = value / target - 1

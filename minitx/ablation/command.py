@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from ..arguments import ArgumentParser
 from ..errors import UserError
@@ -16,40 +16,56 @@ from .runner import BASE_SNAPSHOT, LOG_FILE, check_variants, is_finished, plan_r
 from .sweep import Sweep, load_sweep
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = ArgumentParser(
         prog="ablate",
         description="Train each attention variant of a sweep file on the same data and budget; write a table and plots.",
     )
     parser.add_argument("--config", required=True, help="sweep YAML: base training config + variants")
-    parser.add_argument("--output", default=None, help="output directory (default runs/ablation/<config name>)")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds per variant (default: the file's 'seeds')")
+    parser.add_argument(
+        "--output", default=None, help="output directory (default runs/ablation/<config name>)"
+    )
+    parser.add_argument(
+        "--seeds", type=int, default=None, help="seeds per variant (default: the file's 'seeds')"
+    )
     parser.add_argument("--parallel", type=int, default=1, help="training processes at once (default 1)")
     parser.add_argument("--only", default=None, help="comma-separated variant names to run (default all)")
-    parser.add_argument("--wandb", action="store_true", help="log every run to Weights & Biases, one group per sweep")
+    parser.add_argument(
+        "--wandb", action="store_true", help="log every run to Weights & Biases, one group per sweep"
+    )
     parser.add_argument("--wandb-project", default="minitx-ablation", help="W&B project (with --wandb)")
     parser.add_argument("--dry-run", action="store_true", help="print the training commands and stop")
-    parser.add_argument("--report-only", action="store_true", help="rebuild the table and plots from finished runs (no training, no new evaluations)")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rebuild the table and plots from finished runs (no training, no new evaluations)",
+    )
     parser.add_argument("train_args", nargs="*", help="extra training arguments for every run, after --")
     return parser.parse_args(argv)
 
 
-def select(sweep: Sweep, only: Optional[str]) -> None:
+def select(sweep: Sweep, only: str | None) -> None:
     """Keep the variants --only names (the reference stays the file's first variant)."""
     if not only:
         return
     wanted = [name.strip() for name in only.split(",") if name.strip()]
     if not wanted:
-        raise UserError(f"--only: {only!r} names no variant; give names such as {', '.join(v.name for v in sweep.variants[:2])}")
+        raise UserError(
+            f"--only: {only!r} names no variant; give names such as {', '.join(v.name for v in sweep.variants[:2])}"
+        )
     missing = sorted(set(wanted) - {v.name for v in sweep.variants})
     if missing:
-        raise UserError(f"--only: unknown variant(s) {', '.join(missing)}; the file has {', '.join(v.name for v in sweep.variants)}")
+        raise UserError(
+            f"--only: unknown variant(s) {', '.join(missing)}; the file has {', '.join(v.name for v in sweep.variants)}"
+        )
     sweep.variants = [v for v in sweep.variants if v.name in wanted]
 
 
 def check_readable(config_path: Path) -> None:
     if config_path.is_dir():
-        raise UserError(f"--config: {str(config_path)!r} is a directory; give a sweep YAML file such as configs/ablation.yaml")
+        raise UserError(
+            f"--config: {str(config_path)!r} is a directory; give a sweep YAML file such as configs/ablation.yaml"
+        )
     try:
         config_path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -78,7 +94,7 @@ def prepare(args: argparse.Namespace) -> tuple[Sweep, Path]:
     return sweep, config_path
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     sweep, config_path = prepare(args)
     output = Path(args.output) if args.output else Path("runs") / "ablation" / config_path.stem
@@ -92,7 +108,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         print(f"# {output / BASE_SNAPSHOT} is written when the sweep runs: the base config as it is then")
         return
     if args.report_only and not any(is_finished(run) for run in runs):
-        raise UserError(f"--report-only: {str(output)!r} holds no finished run of this sweep; run it first (without --report-only)")
+        raise UserError(
+            f"--report-only: {str(output)!r} holds no finished run of this sweep; run it first (without --report-only)"
+        )
     output.mkdir(parents=True, exist_ok=True)  # only once the sweep is known to be sound
     if not args.report_only:
         run_sweep(runs, sweep, output, args.parallel)
@@ -103,7 +121,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if all(entry["ok"] == 0 for entry in table):
         failed = next((entry for entry in table if entry["status"] != "ok"), None)
         first = f" ({failed['variant']}: {failed['status']})" if failed else ""
-        raise UserError(f"every run failed{first}; see the status column in {output / 'results.md'} and each run's {LOG_FILE}")
+        raise UserError(
+            f"every run failed{first}; see the status column in {output / 'results.md'} and each run's {LOG_FILE}"
+        )
 
 
 def wandb_arguments(project: str, group: str) -> list[str]:

@@ -10,7 +10,7 @@ the end of the sweep, and is tried again on the next run of the sweep.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ..checkpoint import BEST, LAST
 from ..errors import one_line
@@ -29,7 +29,7 @@ def eval_lengths(settings: EvalSettings, block_size: int) -> list[int]:
     return list(settings.lengths) if settings.lengths else [block_size, 2 * block_size, 4 * block_size]
 
 
-def best_checkpoint(run: Run) -> Optional[Path]:
+def best_checkpoint(run: Run) -> Path | None:
     for name in (BEST, LAST):  # best.ckpt exists once a validation ran; last.ckpt always
         path = run.directory / CHECKPOINT_DIR / name
         if path.is_file():
@@ -37,12 +37,12 @@ def best_checkpoint(run: Run) -> Optional[Path]:
     return None
 
 
-def evaluate(checkpoint: Path, lengths: list[int], max_tokens: Optional[int]) -> dict:
+def evaluate(checkpoint: Path, lengths: list[int], max_tokens: int | None) -> dict:
     """The one call into minitx.evaluation (its contract: a JSON-able dict, see its docstring)."""
     return evaluate_checkpoint(str(checkpoint), lengths=lengths, max_tokens=max_tokens)
 
 
-def cache_key(run: Run, settings: EvalSettings) -> Optional[dict]:
+def cache_key(run: Run, settings: EvalSettings) -> dict | None:
     summary = read_json(run.directory / SUMMARY_FILE) or {}
     checkpoint = best_checkpoint(run)
     if checkpoint is None or not summary.get("block_size"):
@@ -57,14 +57,18 @@ def cache_key(run: Run, settings: EvalSettings) -> Optional[dict]:
     }
 
 
-def evaluate_run(run: Run, settings: EvalSettings, log: Any = print, compute: bool = True) -> Optional[dict]:
+def evaluate_run(run: Run, settings: EvalSettings, log: Any = print, compute: bool = True) -> dict | None:
     """{"key", "result"} or {"key", "error"} for a finished run, from the cache when it is there;
     None when there is nothing to show (evaluation off, run unfinished, not computed)."""
     if not settings.enabled or not is_finished(run):
         return None
     key = cache_key(run, settings)
     if key is None:
-        return {"key": None, "error": f"no checkpoint in {run.directory / CHECKPOINT_DIR} to evaluate"} if compute else None
+        return (
+            {"key": None, "error": f"no checkpoint in {run.directory / CHECKPOINT_DIR} to evaluate"}
+            if compute
+            else None
+        )
     cached = read_json(run.directory / EVAL_FILE)
     if cached is not None and cached.get("key") == key and ("result" in cached or not compute):
         return cached  # a failure is shown as it is, and tried again when computing
@@ -72,7 +76,10 @@ def evaluate_run(run: Run, settings: EvalSettings, log: Any = print, compute: bo
         return None
     log(f"ablate: eval   {run.label}")
     try:
-        record = {"key": key, "result": evaluate(run.directory / key["checkpoint"], key["lengths"], key["max_tokens"])}
+        record = {
+            "key": key,
+            "result": evaluate(run.directory / key["checkpoint"], key["lengths"], key["max_tokens"]),
+        }
     except Exception as error:  # noqa: BLE001 - any failure of one evaluation is that row's note
         record = {"key": key, "error": f"evaluation failed: {one_line(error, 300)}"}
         log(f"ablate: eval   {run.label} failed: {record['error']}")

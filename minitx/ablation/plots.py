@@ -44,11 +44,29 @@ def loss_curves(table: list[dict], path: Path) -> None:
         tokens = [p[0] for p in curve]
         mean = [p[1] for p in curve]
         std = [p[2] for p in curve]
-        (line,) = ax.plot(tokens, mean, marker="o", markersize=3, label=f"{entry['variant']} ({entry['ok']} seed{'s' if entry['ok'] > 1 else ''})")
+        (line,) = ax.plot(
+            tokens,
+            mean,
+            marker="o",
+            markersize=3,
+            label=f"{entry['variant']} ({entry['ok']} seed{'s' if entry['ok'] > 1 else ''})",
+        )
         if any(std):
-            ax.fill_between(tokens, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color=line.get_color(), alpha=0.2)
+            ax.fill_between(
+                tokens,
+                [m - s for m, s in zip(mean, std)],
+                [m + s for m, s in zip(mean, std)],
+                color=line.get_color(),
+                alpha=0.2,
+            )
     ax.ticklabel_format(useOffset=False)
-    _save_lines(fig, ax, path, ("tokens seen", "validation loss", "Validation loss (mean over seeds)"), "no finished runs")
+    _save_lines(
+        fig,
+        ax,
+        path,
+        ("tokens seen", "validation loss", "Validation loss (mean over seeds)"),
+        "no finished runs",
+    )
 
 
 def cost_quality(table: list[dict], path: Path) -> None:
@@ -96,8 +114,15 @@ def loss_vs_context(table: list[dict], lengths: list[int], path: Path) -> None:
         points = [(n, *entry.get(length_key(n), (None, None))) for n in lengths]
         points = [(n, mean, std or 0.0) for n, mean, std in points if mean is not None]
         if points:
-            ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points], marker="o",
-                        markersize=4, capsize=3, label=entry["variant"])
+            ax.errorbar(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                yerr=[p[2] for p in points],
+                marker="o",
+                markersize=4,
+                capsize=3,
+                label=entry["variant"],
+            )
     ax.set_xscale("log", base=2)
     if lengths:
         ax.set_xticks(lengths, [str(n) for n in lengths])

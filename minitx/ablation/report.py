@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from ..fileio import write_text_atomically
 from . import plots
@@ -15,15 +15,43 @@ from .sweep import EvalSettings, Sweep
 from .table import aggregate, collect, columns_for, evaluated_lengths, exceeds_spread, is_quality, length_key
 
 CSV_FIELDS = [
-    "variant", "seed", "status", "error", "params", "params_non_embedding", "flops_per_token", "mlp_hidden",
-    "final_val_loss", "best_val_loss", "val_perplexity", "val_accuracy", "eval_loss", "eval_bits_per_char",
-    "task_exact_match", "task_item_accuracy", "tokens_per_s", "peak_memory_mb", "memory_kind", "kv_bytes_per_token",
-    "wall_time_s", "process_seconds", "tokens_seen", "steps", "device", "parallel", "budget_changes", "resized",
-    "eval_note", "run_dir",
+    "variant",
+    "seed",
+    "status",
+    "error",
+    "params",
+    "params_non_embedding",
+    "flops_per_token",
+    "mlp_hidden",
+    "final_val_loss",
+    "best_val_loss",
+    "val_perplexity",
+    "val_accuracy",
+    "eval_loss",
+    "eval_bits_per_char",
+    "task_exact_match",
+    "task_item_accuracy",
+    "tokens_per_s",
+    "peak_memory_mb",
+    "memory_kind",
+    "kv_bytes_per_token",
+    "wall_time_s",
+    "process_seconds",
+    "tokens_seen",
+    "steps",
+    "device",
+    "parallel",
+    "budget_changes",
+    "resized",
+    "eval_note",
+    "run_dir",
 ]
 PLOTS = ("loss_curves.png", "cost_quality.png", "loss_vs_context.png")
 SPREAD_MARK = "*"
-MATCHED = {"params": "non-embedding parameters", "flops": "training FLOPs per token (without the output layer's)"}
+MATCHED = {
+    "params": "non-embedding parameters",
+    "flops": "training FLOPs per token (without the output layer's)",
+}
 
 
 def csv_text(rows: list[dict]) -> str:
@@ -41,46 +69,65 @@ def write_csv(rows: list[dict], path: Path) -> None:
     write_text_atomically(path, csv_text(rows))
 
 
-def format_cell(mean: Optional[float], std: Optional[float], fmt: str) -> str:
+def format_cell(mean: float | None, std: float | None, fmt: str) -> str:
     if mean is None:
         return "–"
     text = fmt.format(mean)
     return text if std is None else f"{text} ± {fmt.format(std)}"
 
 
-def _row(entry: dict, columns: list[tuple], reference: Optional[dict]) -> str:
-    name = entry["variant"] + (" †" if entry["budget_changes"] else "") + (" ‡" if entry.get("resized") else "")
+def _row(entry: dict, columns: list[tuple], reference: dict | None) -> str:
+    name = (
+        entry["variant"] + (" †" if entry["budget_changes"] else "") + (" ‡" if entry.get("resized") else "")
+    )
     cells = []
     for key, _, fmt, _ in columns:
         cell = format_cell(*entry[key], fmt)
-        if reference is not None and entry is not reference and is_quality(key) and exceeds_spread(entry, reference, key):
+        if (
+            reference is not None
+            and entry is not reference
+            and is_quality(key)
+            and exceeds_spread(entry, reference, key)
+        ):
             cell += " " + SPREAD_MARK
         cells.append(cell)
     status = entry["status"]
     if entry.get("eval_note", "").startswith("evaluation failed"):
         status += f" ({entry['eval_note']})"
-    return "| " + " | ".join([name, *cells, f"{entry['ok']}/{entry['runs']}", status.replace("|", "\\|")]) + " |"
+    return (
+        "| " + " | ".join([name, *cells, f"{entry['ok']}/{entry['runs']}", status.replace("|", "\\|")]) + " |"
+    )
 
 
-def _footnotes(table: list[dict], reference: Optional[dict]) -> list[str]:
-    lines = [f"† {e['variant']} changes the shared budget/data: {e['budget_changes']}" for e in table if e["budget_changes"]]
+def _footnotes(table: list[dict], reference: dict | None) -> list[str]:
+    lines = [
+        f"† {e['variant']} changes the shared budget/data: {e['budget_changes']}"
+        for e in table
+        if e["budget_changes"]
+    ]
     lines += [f"‡ {e['variant']}: {e['resized']}" for e in table if e.get("resized")]
     skipped = [e for e in table if e.get("eval_note") and not e["eval_note"].startswith("evaluation failed")]
     lines += [f"{e['variant']}: {e['eval_note']} (blank above)" for e in skipped]
     if reference is not None and any(e["ok"] > 1 for e in table):
         name = reference["variant"]
-        lines.append(f"{SPREAD_MARK} a loss or accuracy that differs from {name}'s (the first variant) by more than the seed "
-                     f"spread: |mean − mean of {name}| > std + std of {name}, i.e. the ±1 std bars do not overlap; it needs "
-                     "2 or more seeds on both sides, and is a rough screen, not a significance test")
+        lines.append(
+            f"{SPREAD_MARK} a loss or accuracy that differs from {name}'s (the first variant) by more than the seed "
+            f"spread: |mean − mean of {name}| > std + std of {name}, i.e. the ±1 std bars do not overlap; it needs "
+            "2 or more seeds on both sides, and is a rough screen, not a significance test"
+        )
     return lines
 
 
-def markdown_table(table: list[dict], title: str = "", notes: Sequence[str] = (), reference: Optional[str] = None) -> str:
+def markdown_table(
+    table: list[dict], title: str = "", notes: Sequence[str] = (), reference: str | None = None
+) -> str:
     """The per-variant table; `reference`: the variant marked differences are measured against
     (default the first row)."""
     every = columns_for(evaluated_lengths(table))
     columns = [c for c in every if any(entry.get(c[0], (None, None))[0] is not None for entry in table)]
-    ref = next((e for e in table if e["variant"] == reference), table[0] if table and reference is None else None)
+    ref = next(
+        (e for e in table if e["variant"] == reference), table[0] if table and reference is None else None
+    )
     header = ["variant", *(heading for _, heading, _, _ in columns), "seeds", "status"]
     lines = [f"# {title}", ""] if title else []
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
@@ -91,7 +138,7 @@ def markdown_table(table: list[dict], title: str = "", notes: Sequence[str] = ()
     return "\n".join(lines).rstrip() + "\n"
 
 
-def standard_notes(rows: list[dict], table: list[dict], sweep: Optional[Sweep]) -> list[str]:
+def standard_notes(rows: list[dict], table: list[dict], sweep: Sweep | None) -> list[str]:
     kinds = sorted({r["memory_kind"] for r in rows if r.get("memory_kind")})
     devices = sorted({r["device"] for r in rows if r.get("device")})
     notes = [
@@ -106,24 +153,42 @@ def standard_notes(rows: list[dict], table: list[dict], sweep: Optional[Sweep]) 
         f"device: {', '.join(devices) or 'n/a'}",
     ]
     if sweep is not None and sweep.evaluation.enabled:
-        bound = f"its first {sweep.evaluation.max_tokens:,} tokens" if sweep.evaluation.max_tokens else "all of it"
-        notes.append(f"held-out loss, bits/char, loss @ L: minitx.evaluation on each run's best checkpoint, the run's "
-                     f"validation text ({bound}) scored in non-overlapping windows of L tokens (block_size for the held-out "
-                     "loss); task exact match and item accuracy: a fresh, seeded test set of the run's synthetic task")
+        bound = (
+            f"its first {sweep.evaluation.max_tokens:,} tokens"
+            if sweep.evaluation.max_tokens
+            else "all of it"
+        )
+        notes.append(
+            f"held-out loss, bits/char, loss @ L: minitx.evaluation on each run's best checkpoint, the run's "
+            f"validation text ({bound}) scored in non-overlapping windows of L tokens (block_size for the held-out "
+            "loss); task exact match and item accuracy: a fresh, seeded test set of the run's synthetic task"
+        )
     if sweep is not None and sweep.match:
-        notes.append(f"match: {sweep.match}: each variant's MLP width was set so that its {MATCHED[sweep.match]} are within 2% "
-                     f"of {sweep.reference.name}'s (‡ where a width changed)")
+        notes.append(
+            f"match: {sweep.match}: each variant's MLP width was set so that its {MATCHED[sweep.match]} are within 2% "
+            f"of {sweep.reference.name}'s (‡ where a width changed)"
+        )
     parallel = max((r["parallel"] or 1 for r in rows if r["status"] == "ok"), default=1)
     if parallel > 1:
-        notes.insert(0, f"runs went up to {parallel} at a time, sharing the machine: tokens/s and wall times are lower than alone")
-    budgets = {entry["variant"]: entry["tokens_seen"][0] for entry in table if entry["tokens_seen"][0] is not None}
+        notes.insert(
+            0,
+            f"runs went up to {parallel} at a time, sharing the machine: tokens/s and wall times are lower than alone",
+        )
+    budgets = {
+        entry["variant"]: entry["tokens_seen"][0] for entry in table if entry["tokens_seen"][0] is not None
+    }
     if len(set(budgets.values())) > 1:  # a budget change slipped through (or was allowed): say so
         notes.insert(0, f"the variants did not all see the same number of tokens: {budgets}")
     return notes
 
 
-def write_results(runs: list[Run], output: Path, notes: Sequence[str] = (), title: str = "Ablation",
-                  sweep: Optional[Sweep] = None) -> list[dict]:
+def write_results(
+    runs: list[Run],
+    output: Path,
+    notes: Sequence[str] = (),
+    title: str = "Ablation",
+    sweep: Sweep | None = None,
+) -> list[dict]:
     rows = collect(runs, sweep.evaluation if sweep is not None else EvalSettings())
     table = aggregate(rows)
     write_csv(rows, output / "results.csv")

@@ -16,10 +16,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from ..errors import UserError
 from ..fileio import write_json_atomically, write_text_atomically
@@ -29,7 +30,11 @@ from .sweep import Sweep, Variant
 
 # How a run is launched: the training command's contract (minitx/training). A command string,
 # so the sweep depends on the command line, not on the command's module.
-TRAIN_COMMAND = [sys.executable, "-c", "import sys; from minitx.cli import train_main; sys.exit(train_main())"]
+TRAIN_COMMAND = [
+    sys.executable,
+    "-c",
+    "import sys; from minitx.cli import train_main; sys.exit(train_main())",
+]
 SEED_KEYS = ("seed_everything", "data.seed")  # weights and dropout; the order of training batches
 SUMMARY_CALLBACK = "minitx.ablation.summary.RunSummary"
 # Quiet, quick defaults for runs nobody watches; the sweep file's overrides come after and win.
@@ -47,7 +52,7 @@ def format_value(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def read_json(path: Path) -> Optional[dict]:
+def read_json(path: Path) -> dict | None:
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
@@ -68,7 +73,9 @@ class Run:
         return f"{self.variant.name} seed {self.seed}"
 
 
-def plan_runs(sweep: Sweep, output: Path, seeds: int, extra: Sequence[str] = (), logging: Sequence[str] = ()) -> list[Run]:
+def plan_runs(
+    sweep: Sweep, output: Path, seeds: int, extra: Sequence[str] = (), logging: Sequence[str] = ()
+) -> list[Run]:
     """One run per (variant, seed). `extra`: training arguments for every run (part of the
     settings a finished run is checked against); `logging`: arguments that change where runs
     report (W&B), not what they compute."""
@@ -77,9 +84,16 @@ def plan_runs(sweep: Sweep, output: Path, seeds: int, extra: Sequence[str] = (),
         for seed in range(sweep.seed, sweep.seed + seeds):
             root, name = output / "runs", f"{variant.name}-seed{seed}"
             overrides = run_overrides(sweep, variant.overrides, seed)
-            command = [*TRAIN_COMMAND, *train_arguments(output / BASE_SNAPSHOT, root, name, overrides, [*extra, *logging])]
-            settings = json.dumps([sweep.base_text, sorted((k, format_value(v)) for k, v in overrides.items()), list(extra)])
-            runs.append(Run(variant, seed, root / name, command, hashlib.sha256(settings.encode()).hexdigest()[:16]))
+            command = [
+                *TRAIN_COMMAND,
+                *train_arguments(output / BASE_SNAPSHOT, root, name, overrides, [*extra, *logging]),
+            ]
+            settings = json.dumps(
+                [sweep.base_text, sorted((k, format_value(v)) for k, v in overrides.items()), list(extra)]
+            )
+            runs.append(
+                Run(variant, seed, root / name, command, hashlib.sha256(settings.encode()).hexdigest()[:16])
+            )
     return runs
 
 
@@ -88,7 +102,9 @@ def run_overrides(sweep: Sweep, variant_overrides: dict[str, Any], seed: int) ->
     return {**RUN_DEFAULTS, **sweep.overrides, **variant_overrides, **{key: seed for key in SEED_KEYS}}
 
 
-def train_arguments(base_config: Path, root: Path, name: str, overrides: dict[str, Any], extra: Sequence[str]) -> list[str]:
+def train_arguments(
+    base_config: Path, root: Path, name: str, overrides: dict[str, Any], extra: Sequence[str]
+) -> list[str]:
     """The training command's arguments for one run (everything after TRAIN_COMMAND)."""
     arguments = ["--config", str(base_config), "--run.root", str(root), "--run.name", name]
     for key, value in overrides.items():
@@ -109,8 +125,10 @@ def check_variants(sweep: Sweep, sweep_path: Path, extra: Sequence[str] = ()) ->
         base.write_text(sweep.base_text, encoding="utf-8")
         root = Path(scratch) / "runs"  # never written: checking builds nothing
 
-        def check(variant_overrides: dict[str, Any], name: str) -> Optional[str]:
-            arguments = train_arguments(base, root, name, run_overrides(sweep, variant_overrides, sweep.seed), extra)
+        def check(variant_overrides: dict[str, Any], name: str) -> str | None:
+            arguments = train_arguments(
+                base, root, name, run_overrides(sweep, variant_overrides, sweep.seed), extra
+            )
             try:
                 check_train_args(arguments)
             except UserError as error:
@@ -146,7 +164,7 @@ def check_same_settings(run: Run) -> None:
         )
 
 
-def _environment(threads: Optional[int]) -> dict[str, str]:
+def _environment(threads: int | None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     if threads is not None:  # parallel runs share the cores instead of fighting over them
@@ -165,7 +183,7 @@ def _failure(run: Run, returncode: int) -> str:
     return reason
 
 
-def execute(run: Run, threads: Optional[int], log: Any = print, parallel: int = 1) -> dict:
+def execute(run: Run, threads: int | None, log: Any = print, parallel: int = 1) -> dict:
     """Run one training subprocess to the end; never raises for the run's own failure."""
     if run.directory.exists():
         shutil.rmtree(run.directory)  # an unfinished earlier attempt: start it afresh
@@ -182,7 +200,13 @@ def execute(run: Run, threads: Optional[int], log: Any = print, parallel: int = 
     log(f"ablate: start  {run.label}")
     start = time.perf_counter()
     with open(run.directory / LOG_FILE, "w", encoding="utf-8") as out:
-        process = subprocess.run(run.command, stdout=out, stderr=subprocess.STDOUT, env=_environment(threads), stdin=subprocess.DEVNULL)
+        process = subprocess.run(
+            run.command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_environment(threads),
+            stdin=subprocess.DEVNULL,
+        )
     record["process_seconds"] = time.perf_counter() - start
     record["returncode"] = process.returncode
     if process.returncode == 0 and is_finished(run):

@@ -8,7 +8,7 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -21,7 +21,7 @@ from .budget import model_budget
 SUMMARY_FILE = "summary.json"
 
 
-def _logged(trainer, name: str) -> Optional[float]:
+def _logged(trainer, name: str) -> float | None:
     value = trainer.callback_metrics.get(name)
     return None if value is None else float(value)
 
@@ -50,7 +50,7 @@ class RunSummary(Callback):
     `path`: where to write; default <trainer.default_root_dir>/summary.json.
     """
 
-    def __init__(self, path: Optional[str] = None):
+    def __init__(self, path: str | None = None):
         super().__init__()
         self.path = path
         self.curve: list[dict] = []
@@ -110,7 +110,9 @@ class RunSummary(Callback):
             summary["model_config"] = config.to_dict()
         losses = [p["val_loss"] for p in self.curve]
         if losses:
-            summary.update(final_val_loss=losses[-1], best_val_loss=min(losses), final_val_step=self.curve[-1]["step"])
+            summary.update(
+                final_val_loss=losses[-1], best_val_loss=min(losses), final_val_step=self.curve[-1]["step"]
+            )
         accuracies = [p["val_accuracy"] for p in self.curve if "val_accuracy" in p]
         if accuracies:
             summary.update(final_val_accuracy=accuracies[-1], best_val_accuracy=max(accuracies))

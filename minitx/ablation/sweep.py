@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
@@ -62,8 +62,8 @@ class EvalSettings:
     """What is evaluated after each run (see evaluate.py); lengths None: 1x, 2x and 4x block_size."""
 
     enabled: bool = True
-    lengths: Optional[list[int]] = None
-    max_tokens: Optional[int] = 20_000
+    lengths: list[int] | None = None
+    max_tokens: int | None = 20_000
 
 
 @dataclass
@@ -73,9 +73,9 @@ class Sweep:
     variants: list[Variant]
     seed: int = 1337
     seeds: int = 1
-    match: Optional[str] = None  # "params" or "flops": resize each variant to the reference's count
+    match: str | None = None  # "params" or "flops": resize each variant to the reference's count
     evaluation: EvalSettings = field(default_factory=EvalSettings)
-    reference: Optional[Variant] = None  # the first variant of the file, kept when --only drops it
+    reference: Variant | None = None  # the first variant of the file, kept when --only drops it
 
     def __post_init__(self) -> None:
         if self.reference is None and self.variants:
@@ -123,7 +123,9 @@ def load_sweep(path: str | Path) -> Sweep:
     path = Path(path)
     data = read_yaml(path, "--config")
     if not isinstance(data, dict):
-        raise UserError(f"--config: {path} must hold a mapping with 'base' and 'variants'; see minitx/ablation/sweep.py")
+        raise UserError(
+            f"--config: {path} must hold a mapping with 'base' and 'variants'; see minitx/ablation/sweep.py"
+        )
     unknown = sorted(set(data) - set(FILE_KEYS))
     if unknown:
         raise UserError(f"{path}: unknown key(s) {', '.join(unknown)}; use {', '.join(sorted(FILE_KEYS))}")
@@ -140,8 +142,15 @@ def load_sweep(path: str | Path) -> Sweep:
     match = data.get("match")
     if match is not None and match not in MATCH_CHOICES:
         raise UserError(f"{path}: 'match' is {match!r}; use {' or '.join(MATCH_CHOICES)}, or leave it out")
-    return Sweep(_base_text(data.get("base"), path), flatten(data.get("overrides"), f"{path}: overrides"), variants,
-                 seed, seeds, match, _eval_settings(data.get("eval", True), f"{path}: eval"))
+    return Sweep(
+        _base_text(data.get("base"), path),
+        flatten(data.get("overrides"), f"{path}: overrides"),
+        variants,
+        seed,
+        seeds,
+        match,
+        _eval_settings(data.get("eval", True), f"{path}: eval"),
+    )
 
 
 def _is_whole(value: Any, low: int) -> bool:
@@ -153,7 +162,9 @@ def _base_text(base: Any, path: Path) -> str:
         candidates = [path.parent / base, Path(base)]
         found = next((c for c in candidates if c.is_file()), None)
         if found is None:
-            raise UserError(f"{path}: base config {base!r} not found next to the sweep file or in the current directory")
+            raise UserError(
+                f"{path}: base config {base!r} not found next to the sweep file or in the current directory"
+            )
         return found.read_text(encoding="utf-8")
     if isinstance(base, dict):
         return yaml.safe_dump(base, sort_keys=False)
@@ -168,10 +179,14 @@ def _variant(raw: Any, where: str, taken: set[str]) -> Variant:
         raise UserError(f"{where}: unknown key(s) {', '.join(bad)}; use {', '.join(VARIANT_KEYS)}")
     name = raw["name"].strip()
     if not all(ch.isalnum() or ch in "+-_." for ch in name):
-        raise UserError(f"{where}: name {name!r} may hold only letters, digits and + - _ . (it names a folder)")
+        raise UserError(
+            f"{where}: name {name!r} may hold only letters, digits and + - _ . (it names a folder)"
+        )
     if name in taken:
         raise UserError(f"{where}: duplicate variant name {name!r}; give each variant its own name")
-    variant = Variant(name, flatten(raw.get("overrides"), f"{where}.overrides"), bool(raw.get("allow_budget_change", False)))
+    variant = Variant(
+        name, flatten(raw.get("overrides"), f"{where}.overrides"), bool(raw.get("allow_budget_change", False))
+    )
     changes = variant.budget_changes()
     if changes and not variant.allow_budget_change:
         raise UserError(
@@ -194,10 +209,14 @@ def _eval_settings(raw: Any, where: str) -> EvalSettings:
     if "max_tokens" in raw:
         settings.max_tokens = raw["max_tokens"]
         if settings.max_tokens is not None and not _is_whole(settings.max_tokens, 1):
-            raise UserError(f"{where}.max_tokens: must be a whole number >= 1 or null, got {settings.max_tokens!r}")
+            raise UserError(
+                f"{where}.max_tokens: must be a whole number >= 1 or null, got {settings.max_tokens!r}"
+            )
     lengths = raw.get("lengths")
     if lengths is not None:
         if not isinstance(lengths, list) or not lengths or not all(_is_whole(n, 1) for n in lengths):
-            raise UserError(f"{where}.lengths: must be a list of context lengths in tokens, such as [256, 512], got {lengths!r}")
+            raise UserError(
+                f"{where}.lengths: must be a list of context lengths in tokens, such as [256, 512], got {lengths!r}"
+            )
         settings.lengths = sorted(set(lengths))
     return settings

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Optional
+from typing import Any
 
 from .eval_runs import evaluate_run
 from .runner import RUN_FILE, Run, read_json
@@ -36,7 +36,13 @@ EVAL_COLUMNS = [
 ]
 
 
-QUALITY_KEYS = ("final_val_loss", "best_val_loss", "val_perplexity", "val_accuracy", *(key for key, *_ in EVAL_COLUMNS))
+QUALITY_KEYS = (
+    "final_val_loss",
+    "best_val_loss",
+    "val_perplexity",
+    "val_accuracy",
+    *(key for key, *_ in EVAL_COLUMNS),
+)
 
 
 def length_key(length: int) -> str:
@@ -50,7 +56,7 @@ def columns_for(lengths: list[int]) -> list[tuple]:
     return [*COLUMNS[:quality_end], *EVAL_COLUMNS[:2], *at_length, *EVAL_COLUMNS[2:], *COLUMNS[quality_end:]]
 
 
-def eval_fields(record: Optional[dict]) -> dict[str, Any]:
+def eval_fields(record: dict | None) -> dict[str, Any]:
     """A run's evaluation figures as row fields; a skipped length is None with its reason in eval_note."""
     if record is None:
         return {"eval_note": ""}
@@ -58,8 +64,12 @@ def eval_fields(record: Optional[dict]) -> dict[str, Any]:
         return {"eval_note": record["error"]}
     result = record["result"]
     task = result.get("task") or {}
-    fields = {"eval_loss": result.get("loss"), "eval_bits_per_char": result.get("bits_per_char"),
-              "task_exact_match": task.get("exact_match"), "task_item_accuracy": task.get("item_accuracy")}
+    fields = {
+        "eval_loss": result.get("loss"),
+        "eval_bits_per_char": result.get("bits_per_char"),
+        "task_exact_match": task.get("exact_match"),
+        "task_item_accuracy": task.get("item_accuracy"),
+    }
     notes = []
     for length, figures in sorted((result.get("by_length") or {}).items(), key=lambda item: int(item[0])):
         fields[length_key(int(length))] = figures.get("loss")
@@ -69,7 +79,7 @@ def eval_fields(record: Optional[dict]) -> dict[str, Any]:
     return fields
 
 
-def _status(run: Run, record: dict, summary: Optional[dict]) -> tuple[str, str]:
+def _status(run: Run, record: dict, summary: dict | None) -> tuple[str, str]:
     if summary is not None:
         return "ok", ""
     if record.get("status") == "failed":
@@ -77,7 +87,7 @@ def _status(run: Run, record: dict, summary: Optional[dict]) -> tuple[str, str]:
     return "not run", ""
 
 
-def collect(runs: list[Run], evaluation: Optional[EvalSettings] = None) -> list[dict]:
+def collect(runs: list[Run], evaluation: EvalSettings | None = None) -> list[dict]:
     """One row per run: its status and numbers (None where a run has none)."""
     rows = []
     for run in runs:
@@ -89,7 +99,10 @@ def collect(runs: list[Run], evaluation: Optional[EvalSettings] = None) -> list[
         changes = run.variant.budget_changes()
         row: dict[str, Any] = {key: summary.get(key) for key, *_ in COLUMNS}
         row.update(
-            variant=run.variant.name, seed=run.seed, status=status, error=error,
+            variant=run.variant.name,
+            seed=run.seed,
+            status=status,
+            error=error,
             val_perplexity=math.exp(final) if final is not None and final < 50 else None,
             val_accuracy=summary.get("final_val_accuracy"),
             peak_memory_mb=summary["peak_memory_bytes"] / 2**20 if summary.get("peak_memory_bytes") else None,
@@ -110,7 +123,7 @@ def collect(runs: list[Run], evaluation: Optional[EvalSettings] = None) -> list[
     return rows
 
 
-def mean_std(values: list[float]) -> tuple[Optional[float], Optional[float]]:
+def mean_std(values: list[float]) -> tuple[float | None, float | None]:
     """Mean and sample standard deviation (None for one value: no spread to report)."""
     values = [v for v in values if v is not None]
     if not values:
@@ -137,7 +150,7 @@ def mean_curve(curves: list[list[dict]]) -> list[tuple[float, float, float]]:
 
 def evaluated_lengths(rows: list[dict]) -> list[int]:
     prefix = length_key(0)[:-1]
-    return sorted({int(key[len(prefix):]) for row in rows for key in row if key.startswith(prefix)})
+    return sorted({int(key[len(prefix) :]) for row in rows for key in row if key.startswith(prefix)})
 
 
 def _variant_status(runs: list[dict], ok: list[dict]) -> str:
@@ -158,8 +171,14 @@ def aggregate(rows: list[dict]) -> list[dict]:
     table = []
     for name, runs in by_variant.items():
         ok = [r for r in runs if r["status"] == "ok"]
-        entry: dict[str, Any] = {"variant": name, "runs": len(runs), "ok": len(ok), "budget_changes": runs[0]["budget_changes"],
-                                 "resized": runs[0].get("resized", ""), "status": _variant_status(runs, ok)}
+        entry: dict[str, Any] = {
+            "variant": name,
+            "runs": len(runs),
+            "ok": len(ok),
+            "budget_changes": runs[0]["budget_changes"],
+            "resized": runs[0].get("resized", ""),
+            "status": _variant_status(runs, ok),
+        }
         for key in keys:
             entry[key] = mean_std([r.get(key) for r in ok])
         entry["curve"] = mean_curve([r["curve"] for r in ok])

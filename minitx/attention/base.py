@@ -15,7 +15,6 @@ does for several sequences at once.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +24,7 @@ from ..cache import KVCache
 from ..config import ModelConfig
 
 
-def apply_rope(x: Tensor, rope: Optional[tuple[Tensor, Tensor]]) -> Tensor:
+def apply_rope(x: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
     """Rotate each pair (x[..., i], x[..., i + D/2]) of x (B, heads, T, D) by position * freq_i:
 
         [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin] = x * [cos, cos] + [x2, x1] * [-sin, sin]
@@ -59,7 +58,7 @@ class Attention(nn.Module):
         # MQA/GQA. One matmul makes all three.
         self.qkv_proj = nn.Linear(config.d_model, inner + 2 * kv_inner, bias=config.bias)
         self.out_proj = nn.Linear(inner, config.d_model, bias=config.bias)
-        self.kv_cache: Optional[KVCache] = None
+        self.kv_cache: KVCache | None = None
 
     # -- to be filled in by each kind -------------------------------------------------------
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -97,7 +96,7 @@ class Attention(nn.Module):
         B, H, T, D = y.shape
         return self.out_proj(y.transpose(1, 2).reshape(B, T, H * D))
 
-    def forward(self, x: Tensor, rope=None, cache: Optional[KVCache] = None) -> Tensor:
+    def forward(self, x: Tensor, rope=None, cache: KVCache | None = None) -> Tensor:
         q, k, v = self.project(x, rope)
         if cache is None:
             y = self.attend(q, k, v)
@@ -113,7 +112,9 @@ class Attention(nn.Module):
     def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
         """New tokens against the cache, which says which of its keys each new query may see."""
         keys, values, mask = cache.update(k, v)
-        return F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, enable_gqa=True)
+        return F.scaled_dot_product_attention(
+            q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, enable_gqa=True
+        )
 
     def attention_weights(self, x: Tensor, rope=None) -> Tensor:
         """(B, H, T, T) attention weights of this layer for input x, from the reference path."""
@@ -122,19 +123,28 @@ class Attention(nn.Module):
 
     # -- the decoding cache -------------------------------------------------------------------
     @classmethod
-    def make_cache(cls, config: ModelConfig, layer: int, batch: int, max_len: Optional[int], dtype, device) -> KVCache:
+    def make_cache(
+        cls, config: ModelConfig, layer: int, batch: int, max_len: int | None, dtype, device
+    ) -> KVCache:
         """The cache a layer of this kind needs (device "meta" sizes it without memory)."""
         return cls.cache_type(
-            batch, config.n_kv_head_at(layer), config.head_dim, max_len=max_len, dtype=dtype, device=device,
+            batch,
+            config.n_kv_head_at(layer),
+            config.head_dim,
+            max_len=max_len,
+            dtype=dtype,
+            device=device,
             **cls.cache_layout(config, layer),
         )
 
-    def new_cache(self, batch: int, max_len: Optional[int] = None, dtype=None, device=None) -> KVCache:
+    def new_cache(self, batch: int, max_len: int | None = None, dtype=None, device=None) -> KVCache:
         """A cache for this layer, not attached to it (pass it to forward)."""
         weight = self.qkv_proj.weight
-        return self.make_cache(self.config, self.layer, batch, max_len, dtype or weight.dtype, device or weight.device)
+        return self.make_cache(
+            self.config, self.layer, batch, max_len, dtype or weight.dtype, device or weight.device
+        )
 
-    def setup_cache(self, batch: int, max_len: Optional[int] = None, dtype=None, device=None) -> KVCache:
+    def setup_cache(self, batch: int, max_len: int | None = None, dtype=None, device=None) -> KVCache:
         """Make this layer's own cache, used by the model's forward while it is set up."""
         self.kv_cache = self.new_cache(batch, max_len, dtype, device)
         return self.kv_cache

@@ -15,7 +15,9 @@ from .base import Attention
 
 class GroupedQueryAttention(Attention):
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout_p, is_causal=True, enable_gqa=True)
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout_p, is_causal=True, enable_gqa=True
+        )
 
     def reference(self, q: Tensor, k: Tensor, v: Tensor):
         return functional.attention(q, k, v, causal=True, return_weights=True)

@@ -43,7 +43,9 @@ class LocalAttention(Attention):
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         T = q.shape[2]
         if self.window >= T:  # the window covers every earlier token: plain causal attention
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout_p, is_causal=True, enable_gqa=True)
+            return F.scaled_dot_product_attention(
+                q, k, v, dropout_p=self.dropout_p, is_causal=True, enable_gqa=True
+            )
         use_flex = self.backend == "flex" or (self.backend == "auto" and q.is_cuda)
         if use_flex and self.dropout_p == 0.0:  # flex attention has no dropout
             return flex_local(q, k, v, self.window, self.n_global)
@@ -53,7 +55,9 @@ class LocalAttention(Attention):
         return functional.attention(q, k, v, window=self.window, n_global=self.n_global, return_weights=True)
 
 
-def chunked_local(q: Tensor, k: Tensor, v: Tensor, window: int, n_global: int = 0, dropout_p: float = 0.0) -> Tensor:
+def chunked_local(
+    q: Tensor, k: Tensor, v: Tensor, window: int, n_global: int = 0, dropout_p: float = 0.0
+) -> Tensor:
     """Sliding-window attention in blocks: O(T * window) time and memory."""
     B, H, T, D = q.shape
     G = k.shape[1]
@@ -75,7 +79,9 @@ def chunked_local(q: Tensor, k: Tensor, v: Tensor, window: int, n_global: int = 
     queries = q.reshape(B, H, n, C, D).transpose(1, 2).reshape(B * n, H, C, D)
     mask = _block_mask(n, C, window, n_global, q.device)  # (n, 1, C, keys)
     mask = mask.expand(B, n, 1, C, mask.shape[-1]).reshape(B * n, 1, C, -1)
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout_p, enable_gqa=True)
+    out = F.scaled_dot_product_attention(
+        queries, keys, values, attn_mask=mask, dropout_p=dropout_p, enable_gqa=True
+    )
     return out.view(B, n, H, C, D).transpose(1, 2).reshape(B, H, n * C, D)[:, :, :T]
 
 

@@ -24,8 +24,6 @@ current query, u = 0 at the query c_q - 1 rows back; column w = c_k // 2 is the 
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -66,7 +64,9 @@ class KeyQueryConv(torch.autograd.Function):
     def forward(ctx, scores: Tensor, kernel: Tensor) -> Tensor:
         ctx.save_for_backward(scores, kernel)
         H, pad = kernel.shape[0], kernel.shape[-1] // 2
-        out = F.conv2d(scores.contiguous(memory_format=torch.channels_last), kernel, padding=(0, pad), groups=H)
+        out = F.conv2d(
+            scores.contiguous(memory_format=torch.channels_last), kernel, padding=(0, pad), groups=H
+        )
         return out.contiguous()
 
     @staticmethod
@@ -96,7 +96,7 @@ class VisibleKeys:
 
     def __init__(self, q_pos: Tensor, k_pos: Tensor, first_key: int = 0, consecutive: bool = False):
         self.q_pos, self.k_pos, self.first_key = q_pos, k_pos, max(first_key, 0)
-        self._hidden: Optional[Tensor] = None
+        self._hidden: Tensor | None = None
         self.lo = self.hi = None
         if consecutive and len(k_pos):
             start = int(k_pos[0])
@@ -104,7 +104,7 @@ class VisibleKeys:
             self.hi = (q_pos - start).clamp_(-1, len(k_pos) - 1)
 
     @classmethod
-    def of_mask(cls, hidden: Tensor) -> "VisibleKeys":
+    def of_mask(cls, hidden: Tensor) -> VisibleKeys:
         visible = cls.__new__(cls)
         visible._hidden, visible.lo, visible.hi = hidden, None, None
         return visible
@@ -112,10 +112,12 @@ class VisibleKeys:
     @property
     def hidden(self) -> Tensor:
         if self._hidden is None:  # only the torch paths need it: two comparisons, made when asked
-            self._hidden = (self.k_pos[None, :] > self.q_pos[:, None]) | (self.k_pos < self.first_key)[None, :]
+            self._hidden = (self.k_pos[None, :] > self.q_pos[:, None]) | (self.k_pos < self.first_key)[
+                None, :
+            ]
         return self._hidden
 
-    def from_row(self, first: int) -> "VisibleKeys":
+    def from_row(self, first: int) -> VisibleKeys:
         """The same for rows first.. (the rows a convolution over c_q = first + 1 rows outputs)."""
         if self._hidden is not None and self.lo is None:
             return VisibleKeys.of_mask(self._hidden[first:])
@@ -141,7 +143,7 @@ def run(function: type[torch.autograd.Function], *args):
     return function.forward(NoContext(), *args)
 
 
-def convolve(maps: Tensor, kernel: Tensor, visible: Optional[VisibleKeys] = None) -> Tensor:
+def convolve(maps: Tensor, kernel: Tensor, visible: VisibleKeys | None = None) -> Tensor:
     """The key-query convolution of (B, H, R, T) maps whose first c_q - 1 rows are the padding or
     history of the query axis (nothing is padded below): (B, H, R - c_q + 1, T). With `visible`,
     the entries each row may not see count as zero (maps may be overwritten with zeros there), and
@@ -176,7 +178,9 @@ class NativeKeyQueryConv(torch.autograd.Function):
     elsewhere). Its input gradient is the same loop with the kernel flipped, reading rows upwards."""
 
     @staticmethod
-    def forward(ctx, maps: Tensor, kernel: Tensor, lo: Tensor, hi: Tensor, out_lo: Tensor, out_hi: Tensor) -> Tensor:
+    def forward(
+        ctx, maps: Tensor, kernel: Tensor, lo: Tensor, hi: Tensor, out_lo: Tensor, out_hi: Tensor
+    ) -> Tensor:
         ctx.save_for_backward(maps, kernel, lo, hi, out_lo, out_hi)
         return native.conv(maps, kernel[:, 0], 0, len(out_lo), (lo, hi), (out_lo, out_hi))
 
@@ -187,11 +191,17 @@ class NativeKeyQueryConv(torch.autograd.Function):
         grad_maps = grad_kernel = None
         if ctx.needs_input_grad[0]:
             flipped = kernel[:, 0].flip(-1, -2)
-            grad_maps = native.conv(grad.to(maps.dtype), flipped, -(c_q - 1), maps.shape[2], (out_lo, out_hi), (lo, hi))
+            grad_maps = native.conv(
+                grad.to(maps.dtype), flipped, -(c_q - 1), maps.shape[2], (out_lo, out_hi), (lo, hi)
+            )
         if ctx.needs_input_grad[1]:
             per_map = native.kernel_grad(maps, grad, c_q, c_k, (lo, hi), (out_lo, out_hi))
             grad_kernel = per_map.view(maps.shape[0], -1, c_q, c_k).sum(0).to(kernel.dtype).view_as(kernel)
         return grad_maps, grad_kernel, None, None, None, None
+
+
+def _cast_like(grad: Tensor | None, like: Tensor) -> Tensor | None:
+    return None if grad is None else grad.to(like.dtype)
 
 
 class MixedSoftmax(torch.autograd.Function):
@@ -200,9 +210,13 @@ class MixedSoftmax(torch.autograd.Function):
     the maps; pre or post None: no mix there; lo and hi None: every row sees every key."""
 
     @staticmethod
-    def forward(ctx, scores: Tensor, pre: Optional[Tensor], post: Optional[Tensor], lo: Optional[Tensor], hi: Optional[Tensor]) -> Tensor:
+    def forward(
+        ctx, scores: Tensor, pre: Tensor | None, post: Tensor | None, lo: Tensor | None, hi: Tensor | None
+    ) -> Tensor:
         keep = isinstance(ctx, torch.autograd.function.FunctionCtx)  # not under `run` without gradients
-        out, probs = native.mixed_softmax(scores, pre, post, None if lo is None else (lo, hi), keep_probs=keep)
+        out, probs = native.mixed_softmax(
+            scores, pre, post, None if lo is None else (lo, hi), keep_probs=keep
+        )
         if keep:
             ctx.save_for_backward(scores, probs, pre, post, lo, hi)
         return out
@@ -210,9 +224,10 @@ class MixedSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         scores, probs, pre, post, lo, hi = ctx.saved_tensors
-        grad_scores, grad_pre, grad_post = native.mixed_softmax_grad(scores, probs, grad, pre, post, None if lo is None else (lo, hi))
-        cast = (lambda g, like: None if g is None else g.to(like.dtype))
-        return grad_scores, cast(grad_pre, pre), cast(grad_post, post), None, None
+        grad_scores, grad_pre, grad_post = native.mixed_softmax_grad(
+            scores, probs, grad, pre, post, None if lo is None else (lo, hi)
+        )
+        return grad_scores, _cast_like(grad_pre, pre), _cast_like(grad_post, post), None, None
 
 
 def convolve_one_row(maps: Tensor, kernel: Tensor) -> Tensor:
@@ -369,11 +384,19 @@ class ChunkedRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fn, spans, positions, n_row_parts, n_params, *tensors):
         parts, params = tensors[: len(tensors) - n_params], tensors[len(tensors) - n_params :]
-        ctx.fn, ctx.spans, ctx.positions, ctx.n_row_parts, ctx.params = fn, spans, positions, n_row_parts, params
+        ctx.fn, ctx.spans, ctx.positions, ctx.n_row_parts, ctx.params = (
+            fn,
+            spans,
+            positions,
+            n_row_parts,
+            params,
+        )
         device = parts[0].device.type
         ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         ctx.save_for_backward(*parts)
-        outs = [fn(*chunk_parts(parts, n_row_parts, span), *chunk_positions(positions, span))[0] for span in spans]
+        outs = [
+            fn(*chunk_parts(parts, n_row_parts, span), *chunk_positions(positions, span))[0] for span in spans
+        ]
         return torch.cat(outs, dim=2)
 
     @staticmethod
@@ -381,21 +404,31 @@ class ChunkedRows(torch.autograd.Function):
         parts = ctx.saved_tensors
         needs = ctx.needs_input_grad[5:]
         part_grads = [torch.zeros_like(p) if need else None for p, need in zip(parts, needs)]
-        param_grads = [torch.zeros_like(p) if need else None for p, need in zip(ctx.params, needs[len(parts) :])]
+        param_grads = [
+            torch.zeros_like(p) if need else None for p, need in zip(ctx.params, needs[len(parts) :])
+        ]
         device, autocast_on, autocast_dtype = ctx.autocast
         row = 0
         for span in ctx.spans:
-            inputs = [t.detach().requires_grad_(g is not None) for t, g in zip(chunk_parts(parts, ctx.n_row_parts, span), part_grads)]
+            inputs = [
+                t.detach().requires_grad_(g is not None)
+                for t, g in zip(chunk_parts(parts, ctx.n_row_parts, span), part_grads)
+            ]
             with torch.enable_grad(), torch.autocast(device, dtype=autocast_dtype, enabled=autocast_on):
                 out = ctx.fn(*inputs, *chunk_positions(ctx.positions, span))[0]
             targets = [x for x, g in zip(inputs, part_grads) if g is not None]
             targets += [p for p, g in zip(ctx.params, param_grads) if g is not None]
-            grads = iter(torch.autograd.grad(out, targets, grad[:, :, row : row + out.shape[2]], allow_unused=True))
+            grads = iter(
+                torch.autograd.grad(out, targets, grad[:, :, row : row + out.shape[2]], allow_unused=True)
+            )
             row += out.shape[2]
             start, stop, key_end = span
             for i, buffer in enumerate(part_grads):
                 if buffer is not None:
-                    add_into(buffer[:, :, start:stop] if i < ctx.n_row_parts else buffer[:, :, :key_end], next(grads))
+                    add_into(
+                        buffer[:, :, start:stop] if i < ctx.n_row_parts else buffer[:, :, :key_end],
+                        next(grads),
+                    )
             for buffer in param_grads:
                 if buffer is not None:
                     add_into(buffer, next(grads))

@@ -23,8 +23,6 @@ plain attention.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -36,8 +34,21 @@ from ..kinds import KindSpec, check_choice, fail
 from . import native
 from .base import Attention
 from .mta_kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
-    ChunkedRows, KeyQueryConv, MixedSoftmax, VisibleKeys, band_scores, chunk_parts, chunk_positions, convolve, convolved_keys,
-    identity_kernel, identity_mix, mix_heads, run, shifted_queries, write_band,
+    ChunkedRows,
+    KeyQueryConv,
+    MixedSoftmax,
+    VisibleKeys,
+    band_scores,
+    chunk_parts,
+    chunk_positions,
+    convolve,
+    convolved_keys,
+    identity_kernel,
+    identity_mix,
+    mix_heads,
+    run,
+    shifted_queries,
+    write_band,
 )
 
 
@@ -45,12 +56,16 @@ class MTACache(KVCache):
     """A KV cache that also keeps the latest `n_query` queries (B, H, n_query, D), oldest first,
     with their positions (-1: none yet): the rows the query-axis convolution looks back on."""
 
-    def __init__(self, batch: int, n_kv_head: int, head_dim: int, capacity: int, *, n_head: int, n_query: int, **kwargs):
+    def __init__(
+        self, batch: int, n_kv_head: int, head_dim: int, capacity: int, *, n_head: int, n_query: int, **kwargs
+    ):
         super().__init__(batch, n_kv_head, head_dim, capacity, **kwargs)
         shape = (batch, n_head, n_query, head_dim)
         queries = torch.zeros(shape, dtype=self.k.dtype, device=self.k.device) if n_query else None
         self.register_buffer("queries", queries, persistent=False)
-        self.register_buffer("query_pos", torch.full((n_query,), -1, dtype=torch.long, device=self.k.device), persistent=False)
+        self.register_buffer(
+            "query_pos", torch.full((n_query,), -1, dtype=torch.long, device=self.k.device), persistent=False
+        )
 
     def reset(self) -> None:
         super().reset()
@@ -63,7 +78,9 @@ class MTACache(KVCache):
         if self.queries is None:
             return
         positions = torch.arange(self.n_seen - q.shape[2], self.n_seen, device=self.pos.device)
-        self.keep_rows(torch.cat([self.queries, q.to(self.queries.dtype)], dim=2), torch.cat([self.query_pos, positions]))
+        self.keep_rows(
+            torch.cat([self.queries, q.to(self.queries.dtype)], dim=2), torch.cat([self.query_pos, positions])
+        )
 
     def keep_rows(self, rows: Tensor, rows_pos: Tensor) -> None:
         """Keep the last n_query of these query rows, oldest first, and their positions. In place:
@@ -103,12 +120,21 @@ class MultiTokenAttention(Attention):
         self.n_hist = history_rows(config, layer)  # earlier query rows one output row depends on
         # Each part is a parameter or None (absent); each starts as the identity.
         kernel = identity_kernel(H, self.c_q, self.c_k)
-        self.register_parameter("kq_conv", nn.Parameter(kernel.clone()) if placement in ("pre", "both") else None)
-        self.register_parameter("kq_conv_post", nn.Parameter(kernel.clone()) if placement in ("post", "both") else None)
+        self.register_parameter(
+            "kq_conv", nn.Parameter(kernel.clone()) if placement in ("pre", "both") else None
+        )
+        self.register_parameter(
+            "kq_conv_post", nn.Parameter(kernel.clone()) if placement in ("post", "both") else None
+        )
         group = att.mta_head_group or H
         pre_group = H if att.mta_pre_mix_all_heads else group  # as released: one H x H map before softmax
-        self.register_parameter("mix_pre", nn.Parameter(identity_mix(H, pre_group)) if att.mta_head_mix in ("pre", "both") else None)
-        self.register_parameter("mix_post", nn.Parameter(identity_mix(H, group)) if att.mta_head_mix in ("post", "both") else None)
+        self.register_parameter(
+            "mix_pre",
+            nn.Parameter(identity_mix(H, pre_group)) if att.mta_head_mix in ("pre", "both") else None,
+        )
+        self.register_parameter(
+            "mix_post", nn.Parameter(identity_mix(H, group)) if att.mta_head_mix in ("post", "both") else None
+        )
         # Output norm: RMSNorm over D (one weight shared by the heads), then a sigmoid gate per head.
         self.add_module("norm", nn.RMSNorm(D, eps=att.mta_norm_eps) if att.mta_output_norm else None)
         self.add_module("gate", nn.Linear(D, 1) if att.mta_output_norm else None)
@@ -136,10 +162,21 @@ class MultiTokenAttention(Attention):
     @classmethod
     def cache_layout(cls, config: ModelConfig, layer: int) -> dict:
         n_query = history_rows(config, layer)
-        return dict(capacity=config.block_size, window=config.block_size, n_head=config.n_head, n_query=n_query)
+        return dict(
+            capacity=config.block_size, window=config.block_size, n_head=config.n_head, n_query=n_query
+        )
 
     # -- the maths for a run of query rows ----------------------------------------------------
-    def rows(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor, first_key: int = 0, consecutive: bool = True):
+    def rows(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        first_key: int = 0,
+        consecutive: bool = True,
+    ):
         """Attention for query rows q (B, H, R, D) of which the first n_hist are history only.
 
         q_pos: (R,) absolute positions (history rows that do not exist have position -1, so they
@@ -163,7 +200,7 @@ class MultiTokenAttention(Attention):
             visible = visible.from_row(self.c_q - 1)
         return self.weigh(scores, visible, v, some_rows_empty=self.kq_conv_post is not None or first_key > 0)
 
-    def weigh(self, scores: Tensor, visible: Optional[VisibleKeys], v: Tensor, some_rows_empty: bool):
+    def weigh(self, scores: Tensor, visible: VisibleKeys | None, v: Tensor, some_rows_empty: bool):
         """From pre-softmax scores (B, H, R, Tk), pre-convolution done, to (out, weights): the rest
         of the released order: pre mix, softmax, post conv, re-zero the future, post mix, dropout, @ V.
         visible: the keys each row may see (None: all)."""
@@ -208,11 +245,19 @@ class MultiTokenAttention(Attention):
     def normalise(self, out: Tensor) -> Tensor:
         if self.norm is None:
             return out
-        if native.available(out) and not (torch.is_grad_enabled() and (out.requires_grad or self.gate.weight.requires_grad)):
+        if native.available(out) and not (
+            torch.is_grad_enabled() and (out.requires_grad or self.gate.weight.requires_grad)
+        ):
             # Decoding: five small operations are one call (each costs more than its arithmetic).
             return native.gated_norm(out, self.norm.weight, self.gate.weight, self.gate.bias, self.norm.eps)
-        if self.float32 and out.dtype in (torch.float16, torch.bfloat16):  # statistics in float32, as released
-            normed = F.rms_norm(out.float(), self.norm.normalized_shape, eps=self.norm.eps).to(out.dtype) * self.norm.weight
+        if self.float32 and out.dtype in (
+            torch.float16,
+            torch.bfloat16,
+        ):  # statistics in float32, as released
+            normed = (
+                F.rms_norm(out.float(), self.norm.normalized_shape, eps=self.norm.eps).to(out.dtype)
+                * self.norm.weight
+            )
         else:
             normed = self.norm(out)
         return normed * torch.sigmoid(self.gate(normed))
@@ -223,28 +268,60 @@ class MultiTokenAttention(Attention):
         up to its last query. With a pre-softmax convolution and the factorised backend, the
         chunk's scores come from one matrix product plus the exact band (see mta_kernels)."""
         T = q.shape[2]
-        factorised = self.backend == "factorised" or (self.backend == "auto" and T > FACTORISED_FROM and not native.available(q))
+        factorised = self.backend == "factorised" or (
+            self.backend == "auto" and T > FACTORISED_FROM and not native.available(q)
+        )
         if self.kq_conv is not None and factorised:
             qcat, kcat, band = self.factorised_parts(q, k)
-            row_parts, key_parts, n_pad, chunk_fn = (qcat, band), (kcat, v), self.n_hist - (self.c_q - 1), self.far_and_band
+            row_parts, key_parts, n_pad, chunk_fn = (
+                (qcat, band),
+                (kcat, v),
+                self.n_hist - (self.c_q - 1),
+                self.far_and_band,
+            )
         else:
             row_parts, key_parts, n_pad, chunk_fn = (q,), (k, v), self.n_hist, self.rows
         positions = torch.arange(T, device=q.device)
         row_parts = [F.pad(part, (0, 0, n_pad, 0)) for part in row_parts]  # zero rows above the first query
         q_pos = torch.cat([torch.full((n_pad,), -1, device=q.device), positions])
         # Rows start - n_pad .. end - 1 (shifted by the padding), keys up to the chunk's last query.
-        spans = [(start, min(start + self.query_chunk, T) + n_pad, min(start + self.query_chunk, T)) for start in range(0, T, self.query_chunk)]
+        spans = [
+            (start, min(start + self.query_chunk, T) + n_pad, min(start + self.query_chunk, T))
+            for start in range(0, T, self.query_chunk)
+        ]
         parts = [*row_parts, *key_parts]
         if not torch.is_grad_enabled() or T <= self.query_chunk:
-            return torch.cat([chunk_fn(*chunk_parts(parts, len(row_parts), s), *chunk_positions((q_pos, positions), s))[0] for s in spans], dim=2)
+            return torch.cat(
+                [
+                    chunk_fn(*chunk_parts(parts, len(row_parts), s), *chunk_positions((q_pos, positions), s))[
+                        0
+                    ]
+                    for s in spans
+                ],
+                dim=2,
+            )
         # Training would keep every chunk's (rows x keys) maps for the backward pass, O(T^2) again;
         # recomputing a chunk's maps in the backward keeps only its inputs and output (measured at
         # T=4096: 6x less peak memory, 15-20% more time). mta_query_chunk >= T skips it.
         if self.dropout_p:  # dropout draws random numbers: torch's checkpoint replays them
-            outs = [checkpoint(chunk_fn, *chunk_parts(parts, len(row_parts), s), *chunk_positions((q_pos, positions), s), use_reentrant=False)[0] for s in spans]
+            outs = [
+                checkpoint(
+                    chunk_fn,
+                    *chunk_parts(parts, len(row_parts), s),
+                    *chunk_positions((q_pos, positions), s),
+                    use_reentrant=False,
+                )[0]
+                for s in spans
+            ]
             return torch.cat(outs, dim=2)
-        params = [p for name, p in self.named_parameters() if p.requires_grad and not name.startswith(("qkv_proj.", "out_proj."))]
-        return ChunkedRows.apply(chunk_fn, spans, (q_pos, positions), len(row_parts), len(params), *parts, *params)
+        params = [
+            p
+            for name, p in self.named_parameters()
+            if p.requires_grad and not name.startswith(("qkv_proj.", "out_proj."))
+        ]
+        return ChunkedRows.apply(
+            chunk_fn, spans, (q_pos, positions), len(row_parts), len(params), *parts, *params
+        )
 
     def factorised_parts(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(Qcat, K'cat, band) of the whole sequence: what the chunks of `far_and_band` slice."""
@@ -256,7 +333,12 @@ class MultiTokenAttention(Attention):
         Qcat . K'cat, exact for keys at least `off` behind each row, the band written over."""
         first_row = kcat.shape[2] - qcat.shape[2]  # the chunk's rows end at its last key
         scores = write_band(qcat @ kcat.transpose(-2, -1), band, first_row)
-        return self.weigh(scores, VisibleKeys(q_pos, k_pos, consecutive=True), v, some_rows_empty=self.kq_conv_post is not None)
+        return self.weigh(
+            scores,
+            VisibleKeys(q_pos, k_pos, consecutive=True),
+            v,
+            some_rows_empty=self.kq_conv_post is not None,
+        )
 
     def reference(self, q: Tensor, k: Tensor, v: Tensor):
         T, n_hist = q.shape[2], self.n_hist
@@ -271,10 +353,20 @@ class MultiTokenAttention(Attention):
             keys, values, mask = cache.update(k, v)
             if mask is None and native.available(q) and not self.dropout_p and not torch.is_grad_enabled():
                 # The usual decoding step: one C call for the scores, softmax, mixes, @ V and the norm.
-                return native.attend_rows(q, keys.to(q.dtype), values.to(q.dtype), self.scale, self.mix_pre, self.mix_post, self.norm_parts())
+                return native.attend_rows(
+                    q,
+                    keys.to(q.dtype),
+                    values.to(q.dtype),
+                    self.scale,
+                    self.mix_pre,
+                    self.mix_post,
+                    self.norm_parts(),
+                )
             B, H, T, D = q.shape
             G, Tk = keys.shape[1], keys.shape[2]
-            scores = ((q * self.scale).reshape(B, G, (H // G) * T, D) @ keys.to(q.dtype).transpose(-2, -1)).view(B, H, T, Tk)
+            scores = (
+                (q * self.scale).reshape(B, G, (H // G) * T, D) @ keys.to(q.dtype).transpose(-2, -1)
+            ).view(B, H, T, Tk)
             visible = None if mask is None else VisibleKeys.of_mask(~mask)
             return self.weigh(scores, visible, values.to(q.dtype), some_rows_empty=False)[0]
         T = q.shape[2]
@@ -287,19 +379,38 @@ class MultiTokenAttention(Attention):
         cache.keep_rows(rows, rows_pos)
         keys, values, k_pos = cache.contents(ordered=self.c_k > 1)  # only a key-axis convolution needs order
         first_key = cache.n_seen - cache.window  # n_seen already counts the new tokens
-        in_order = self.c_k > 1 or cache.n_seen <= cache.capacity  # before it wraps, slot order is position order
+        in_order = (
+            self.c_k > 1 or cache.n_seen <= cache.capacity
+        )  # before it wraps, slot order is position order
         keys, values = keys.to(q.dtype), values.to(q.dtype)
-        if self.kq_conv_post is None and in_order and native.available(q) and not self.dropout_p and not torch.is_grad_enabled():
+        if (
+            self.kq_conv_post is None
+            and in_order
+            and native.available(q)
+            and not self.dropout_p
+            and not torch.is_grad_enabled()
+        ):
             # The usual decoding step: one C call for the scores, convolution, softmax, mixes, @ V and norm.
             visible = VisibleKeys(rows_pos, k_pos, first_key, consecutive=True)
-            return native.attend_rows(rows, keys, values, self.scale, self.mix_pre, self.mix_post, self.norm_parts(),
-                                      kernel=self.kq_conv[:, 0], rows=(visible.lo, visible.hi))
+            return native.attend_rows(
+                rows,
+                keys,
+                values,
+                self.scale,
+                self.mix_pre,
+                self.mix_post,
+                self.norm_parts(),
+                kernel=self.kq_conv[:, 0],
+                rows=(visible.lo, visible.hi),
+            )
         out, _ = self.rows(rows, keys, values, rows_pos, k_pos, first_key, consecutive=in_order)
         return out
 
-    def norm_parts(self) -> Optional[tuple]:
+    def norm_parts(self) -> tuple | None:
         """(norm weight, gate weight, gate bias, eps) for the C loops, None without the output norm."""
-        return None if self.norm is None else (self.norm.weight, self.gate.weight, self.gate.bias, self.norm.eps)
+        return (
+            None if self.norm is None else (self.norm.weight, self.gate.weight, self.gate.bias, self.norm.eps)
+        )
 
     def on_prefill(self, q: Tensor, cache: MTACache) -> None:
         cache.remember_queries(q)  # the convolution of the next steps looks back on these
@@ -344,10 +455,18 @@ def check_mta_model(config: ModelConfig) -> None:
             )
     group = config.attention.mta_head_group or config.n_head
     if config.n_head % group:
-        fail("attention.mta_head_group", f"n_head={config.n_head} is not divisible by {group}", "use a divisor of n_head")
+        fail(
+            "attention.mta_head_group",
+            f"n_head={config.n_head} is not divisible by {group}",
+            "use a divisor of n_head",
+        )
 
 
 MTA_OPTIONS = tuple(name for name in AttentionConfig.__dataclass_fields__ if name.startswith("mta_"))
 MTA = KindSpec(
-    "mta", MultiTokenAttention, options=("n_kv_head",) + MTA_OPTIONS, check=check_mta, check_model=check_mta_model
+    "mta",
+    MultiTokenAttention,
+    options=("n_kv_head",) + MTA_OPTIONS,
+    check=check_mta,
+    check_model=check_mta_model,
 )

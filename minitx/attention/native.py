@@ -25,9 +25,8 @@ import shutil
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -42,8 +41,8 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MINITX_CACHE") or Path.home() / ".cache" / "minitx")
 
 
-@lru_cache(maxsize=None)
-def library() -> Optional[ctypes.CDLL]:
+@cache
+def library() -> ctypes.CDLL | None:
     """The compiled library, or None (turned off, no compiler, or the build failed: logged once)."""
     if os.environ.get("MINITX_NATIVE", "1") == "0":
         return None
@@ -52,19 +51,30 @@ def library() -> Optional[ctypes.CDLL]:
         log.info("no C compiler found: MTA runs on torch's operations (slower on CPU)")
         return None
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join([compiler, *FLAGS, platform.machine(), cpu_model()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        source + " ".join([compiler, *FLAGS, platform.machine(), cpu_model()]).encode()
+    ).hexdigest()[:16]
     target = cache_dir() / f"mta_conv-{key}.so"
     try:
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
                 built = Path(scratch) / target.name
-                subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], check=True, capture_output=True, timeout=120)
+                subprocess.run(
+                    [compiler, *FLAGS, str(SOURCE), "-o", str(built)],
+                    check=True,
+                    capture_output=True,
+                    timeout=120,
+                )
                 os.replace(built, target)
         lib = ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError) as error:
         detail = getattr(error, "stderr", b"") or b""
-        log.warning("MTA's C loops could not be built (%s%s); using torch's operations", error, detail.decode(errors="replace")[:500])
+        log.warning(
+            "MTA's C loops could not be built (%s%s); using torch's operations",
+            error,
+            detail.decode(errors="replace")[:500],
+        )
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     for suffix in SUFFIX.values():
@@ -74,7 +84,9 @@ def library() -> Optional[ctypes.CDLL]:
         getattr(lib, f"mixed_softmax_grad_{suffix}").argtypes = [ptr] * 8 + [i64] * 7 + [ptr] * 2
         getattr(lib, f"mix_{suffix}").argtypes = [ptr, ptr, ptr, i64, ptr, ptr] + [i64] * 6
         getattr(lib, f"gated_norm_{suffix}").argtypes = [ptr] * 5 + [ctypes.c_double, i64, i64]
-        getattr(lib, f"attend_rows_{suffix}").argtypes = [ptr] * 4 + [i64] * 2 + [ptr] * 6 + [ctypes.c_double] * 2 + [i64] * 11 + [ptr] * 2
+        getattr(lib, f"attend_rows_{suffix}").argtypes = (
+            [ptr] * 4 + [i64] * 2 + [ptr] * 6 + [ctypes.c_double] * 2 + [i64] * 11 + [ptr] * 2
+        )
     return lib
 
 
@@ -112,11 +124,11 @@ def split(n_items: int, call) -> None:
         future.result()
 
 
-def address(t: Optional[Tensor]) -> Optional[int]:
+def address(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def as_dtype(t: Optional[Tensor], dtype) -> Optional[Tensor]:
+def as_dtype(t: Tensor | None, dtype) -> Tensor | None:
     """A parameter as the C loops read it: contiguous, in dtype (most often as it is: a decoding step
     makes about 25 of these calls, and a copy or a detached view costs more than the check)."""
     if t is None or (t.dtype == dtype and t.is_contiguous()):
@@ -124,7 +136,14 @@ def as_dtype(t: Optional[Tensor], dtype) -> Optional[Tensor]:
     return t.detach().to(dtype).contiguous()
 
 
-def conv(maps: Tensor, kernel: Tensor, offset: int, n_out: int, in_rows: tuple[Tensor, Tensor], out_rows: tuple[Tensor, Tensor]) -> Tensor:
+def conv(
+    maps: Tensor,
+    kernel: Tensor,
+    offset: int,
+    n_out: int,
+    in_rows: tuple[Tensor, Tensor],
+    out_rows: tuple[Tensor, Tensor],
+) -> Tensor:
     """out[..., i, j] = sum_{u,w} kernel[h, u, w] maps~[..., i + offset + u, j + w - c_k // 2] for
     out_rows' lo_i <= j <= hi_i (0 elsewhere), maps~ = maps zero outside in_rows' [lo_r, hi_r].
     maps (B, H, R_in, N); kernel (H, c_q, c_k); rows: (lo, hi) int64 vectors of R_in and n_out."""
@@ -135,7 +154,24 @@ def conv(maps: Tensor, kernel: Tensor, offset: int, n_out: int, in_rows: tuple[T
     fn = getattr(library(), f"conv_{SUFFIX[maps.dtype]}")
     c_q, c_k = kernel.shape[-2:]
     pointers = [t.data_ptr() for t in (*in_rows, *out_rows)]
-    split(B * H, lambda m0, m1, _: fn(maps.data_ptr(), out.data_ptr(), kernel.data_ptr(), m0, m1, H, R_in, n_out, N, c_q, c_k, offset, *pointers))
+    split(
+        B * H,
+        lambda m0, m1, _: fn(
+            maps.data_ptr(),
+            out.data_ptr(),
+            kernel.data_ptr(),
+            m0,
+            m1,
+            H,
+            R_in,
+            n_out,
+            N,
+            c_q,
+            c_k,
+            offset,
+            *pointers,
+        ),
+    )
     return out
 
 
@@ -146,11 +182,28 @@ def kernel_grad(maps: Tensor, grad: Tensor, c_q: int, c_k: int, in_rows, out_row
     out = torch.empty(B * H, c_q, c_k, dtype=torch.float64)
     fn = getattr(library(), f"kernel_grad_{SUFFIX[maps.dtype]}")
     pointers = [t.data_ptr() for t in (*in_rows, *out_rows)]
-    split(B * H, lambda m0, m1, _: fn(maps.data_ptr(), grad.data_ptr(), out.data_ptr(), m0, m1, R_in, grad.shape[2], N, c_q, c_k, *pointers))
+    split(
+        B * H,
+        lambda m0, m1, _: fn(
+            maps.data_ptr(),
+            grad.data_ptr(),
+            out.data_ptr(),
+            m0,
+            m1,
+            R_in,
+            grad.shape[2],
+            N,
+            c_q,
+            c_k,
+            *pointers,
+        ),
+    )
     return out
 
 
-def mixed_softmax(scores: Tensor, pre: Optional[Tensor], post: Optional[Tensor], rows: tuple[Tensor, Tensor], keep_probs: bool):
+def mixed_softmax(
+    scores: Tensor, pre: Tensor | None, post: Tensor | None, rows: tuple[Tensor, Tensor], keep_probs: bool
+):
     """(out, probs): probs = softmax over each row's visible keys lo..hi of the head-mixed scores
     M_h = sum_h' pre[g, h', h] C_h' (pre None: M = C), out = the same mix of probs by post (None:
     out = probs); 0 outside the visible keys and in rows that see nothing. scores (B, H, R, N);
@@ -168,7 +221,9 @@ def mixed_softmax(scores: Tensor, pre: Optional[Tensor], post: Optional[Tensor],
     return out, (out if post is None else probs) if keep_probs else None
 
 
-def mixed_softmax_grad(scores: Tensor, probs: Tensor, grad: Tensor, pre: Optional[Tensor], post: Optional[Tensor], rows):
+def mixed_softmax_grad(
+    scores: Tensor, probs: Tensor, grad: Tensor, pre: Tensor | None, post: Tensor | None, rows
+):
     """(d scores, d pre, d post) for `mixed_softmax`'s output gradient grad; the mixes' gradients in
     float64, None for a mix that is None."""
     B, H, R, N = scores.shape
@@ -176,7 +231,9 @@ def mixed_softmax_grad(scores: Tensor, probs: Tensor, grad: Tensor, pre: Optiona
     pre_t, post_t = [as_dtype(m, scores.dtype) for m in (pre, post)]
     grad_scores = torch.empty_like(scores)
     n = workers(B * R)
-    grad_pre, grad_post = [None if m is None else torch.zeros(n, *m.shape, dtype=torch.float64) for m in (pre, post)]
+    grad_pre, grad_post = [
+        None if m is None else torch.zeros(n, *m.shape, dtype=torch.float64) for m in (pre, post)
+    ]
     sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
     fn = getattr(library(), f"mixed_softmax_grad_{SUFFIX[scores.dtype]}")
     pointers = [address(t) for t in (scores, probs, grad, grad_scores, pre_t, post_t)]
@@ -196,7 +253,23 @@ def mix(maps: Tensor, matrix: Tensor) -> Tensor:
     maps, weights = maps.contiguous(), as_dtype(matrix, maps.dtype)
     out = torch.empty_like(maps)
     fn = getattr(library(), f"mix_{SUFFIX[maps.dtype]}")
-    split(B * R, lambda u0, u1, _: fn(maps.data_ptr(), out.data_ptr(), weights.data_ptr(), 0, None, None, u0, u1, H, R, N, matrix.shape[-1]))
+    split(
+        B * R,
+        lambda u0, u1, _: fn(
+            maps.data_ptr(),
+            out.data_ptr(),
+            weights.data_ptr(),
+            0,
+            None,
+            None,
+            u0,
+            u1,
+            H,
+            R,
+            N,
+            matrix.shape[-1],
+        ),
+    )
     return out
 
 
@@ -210,8 +283,34 @@ def mix_grad(maps: Tensor, matrix: Tensor, grad: Tensor) -> tuple[Tensor, Tensor
 
     def call(u0, u1, worker):
         # d maps is the transposed mix of grad; d matrix needs maps and grad, row by row alike.
-        fn(grad.data_ptr(), grad_maps.data_ptr(), weights.data_ptr(), 1, None, None, u0, u1, H, R, N, matrix.shape[-1])
-        fn(maps.data_ptr(), None, weights.data_ptr(), 0, grad.data_ptr(), grad_matrix[worker].data_ptr(), u0, u1, H, R, N, matrix.shape[-1])
+        fn(
+            grad.data_ptr(),
+            grad_maps.data_ptr(),
+            weights.data_ptr(),
+            1,
+            None,
+            None,
+            u0,
+            u1,
+            H,
+            R,
+            N,
+            matrix.shape[-1],
+        )
+        fn(
+            maps.data_ptr(),
+            None,
+            weights.data_ptr(),
+            0,
+            grad.data_ptr(),
+            grad_matrix[worker].data_ptr(),
+            u0,
+            u1,
+            H,
+            R,
+            N,
+            matrix.shape[-1],
+        )
 
     split(B * R, call)
     return grad_maps, grad_matrix.sum(0)
@@ -223,12 +322,23 @@ def gated_norm(x: Tensor, weight: Tensor, gate: Tensor, bias: Tensor, eps: float
     out = torch.empty_like(x)
     D = x.shape[-1]
     params = [as_dtype(t, x.dtype) for t in (weight, gate, bias)]
-    getattr(library(), f"gated_norm_{SUFFIX[x.dtype]}")(x.data_ptr(), out.data_ptr(), *[t.data_ptr() for t in params], eps, x.numel() // D, D)
+    getattr(library(), f"gated_norm_{SUFFIX[x.dtype]}")(
+        x.data_ptr(), out.data_ptr(), *[t.data_ptr() for t in params], eps, x.numel() // D, D
+    )
     return out
 
 
-def attend_rows(q: Tensor, k: Tensor, v: Tensor, scale: float, pre: Optional[Tensor], post: Optional[Tensor], norm,
-                kernel: Optional[Tensor] = None, rows: Optional[tuple[Tensor, Tensor]] = None) -> Tensor:
+def attend_rows(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    pre: Tensor | None,
+    post: Tensor | None,
+    norm,
+    kernel: Tensor | None = None,
+    rows: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
     """A decoding step of a layer without gradients: post-mix(softmax(pre-mix(C))) V per head, C the
     scores scale q K^T (with `kernel` (H, c_q, c_k): their pre-softmax convolution, q's first c_q - 1
     rows being its history), then the gated norm if norm = (weight, gate weight, gate bias, eps).
@@ -248,5 +358,26 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, scale: float, pre: Optional[Ten
     sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
     pointers = [address(t) for t in (q, k, v, out)]
     bounds = [None, None] if rows is None else [t.data_ptr() for t in rows]
-    split(B, lambda b0, b1, _: fn(*pointers, k.stride(0), k.stride(1), *[address(t) for t in params], eps, scale, b0, b1, H, G, R, N, D, c_q, c_k, *sizes, *bounds))
+    split(
+        B,
+        lambda b0, b1, _: fn(
+            *pointers,
+            k.stride(0),
+            k.stride(1),
+            *[address(t) for t in params],
+            eps,
+            scale,
+            b0,
+            b1,
+            H,
+            G,
+            R,
+            N,
+            D,
+            c_q,
+            c_k,
+            *sizes,
+            *bounds,
+        ),
+    )
     return out

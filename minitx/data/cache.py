@@ -22,7 +22,6 @@ import os
 import sys
 import zlib
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -69,7 +68,7 @@ def checksum(ids: np.ndarray) -> int:
     return zlib.crc32(memoryview(np.ascontiguousarray(ids)).cast("B")) if ids.size else 0
 
 
-def damage(path: Path, dtype: np.dtype, vocab_size: int) -> Optional[str]:
+def damage(path: Path, dtype: np.dtype, vocab_size: int) -> str | None:
     """None if the ids in `path` are the ones its record describes, else what is wrong with them."""
     try:
         record = json.loads(record_path(path).read_text())

@@ -16,7 +16,8 @@ Because the train loader never ends, validation must be scheduled in steps:
 `trainer.fit(model, datamodule=dm)` (not its loaders) so that its state reaches checkpoints.
 """
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -25,8 +26,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 
 from minitx.data.cache import cached_tokens
 from minitx.data.sources import SOURCES, load_text
-from minitx.data.tokenizer import Tokenizer, build_tokenizer
 from minitx.data.tasks import LENGTH_KEYS, TASKS, task_config
+from minitx.data.tokenizer import Tokenizer, build_tokenizer
 from minitx.data.toy import ToyTrainBatches, ToyValSet
 from minitx.errors import UserError
 
@@ -355,8 +356,15 @@ class TextDataModule(L.LightningDataModule):
         self.setup()
         if self.task is not None:
             world_size = self.trainer.world_size if self.trainer is not None else 1
-            batches = ToyTrainBatches(self.task, self.seed, self.toy_train_size, self.batch_size,
-                                      self.train_batches_drawn, self._global_rank(), world_size)
+            batches = ToyTrainBatches(
+                self.task,
+                self.seed,
+                self.toy_train_size,
+                self.batch_size,
+                self.train_batches_drawn,
+                self._global_rank(),
+                world_size,
+            )
             return DataLoader(batches, batch_size=None, **self._loader_options())
         assert isinstance(self.train_tokens, np.memmap)
         dataset = RandomWindowBatches(

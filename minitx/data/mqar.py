@@ -45,23 +45,31 @@ class MQARConfig:
 
     def __post_init__(self) -> None:
         if not 2 <= self.vocab <= MAX_VOCAB:
-            raise UserError(f"data.mqar_vocab: must be 2..{MAX_VOCAB} symbols (half keys, half values), got {self.vocab}")
+            raise UserError(
+                f"data.mqar_vocab: must be 2..{MAX_VOCAB} symbols (half keys, half values), got {self.vocab}"
+            )
         if not 1 <= self.pairs <= self.num_keys:
-            raise UserError(f"data.mqar_pairs: must be 1..{self.num_keys}: a sample's keys are distinct and "
-                            f"data.mqar_vocab={self.vocab} gives {self.num_keys} keys; got {self.pairs}")
+            raise UserError(
+                f"data.mqar_pairs: must be 1..{self.num_keys}: a sample's keys are distinct and "
+                f"data.mqar_vocab={self.vocab} gives {self.num_keys} keys; got {self.pairs}"
+            )
         if not 1 <= self.queries <= self.pairs:
-            raise UserError(f"data.mqar_queries: must be 1..data.mqar_pairs ({self.pairs}) distinct keys to ask for, got {self.queries}")
+            raise UserError(
+                f"data.mqar_queries: must be 1..data.mqar_pairs ({self.pairs}) distinct keys to ask for, got {self.queries}"
+            )
         needed = 2 * (self.pairs + self.queries)
         if self.seq_len < needed:
-            raise UserError(f"data.mqar_seq_len: {self.pairs} pairs and {self.queries} queries need {needed} tokens, "
-                            f"got {self.seq_len}; raise data.mqar_seq_len or lower data.mqar_pairs / data.mqar_queries")
+            raise UserError(
+                f"data.mqar_seq_len: {self.pairs} pairs and {self.queries} queries need {needed} tokens, "
+                f"got {self.seq_len}; raise data.mqar_seq_len or lower data.mqar_pairs / data.mqar_queries"
+            )
 
     @property
     def num_keys(self) -> int:
         return self.vocab // 2
 
     # The synthetic-task interface (see ToyTaskConfig in toy.py).
-    def sample(self, seed: int, index: int) -> "MQARSample":
+    def sample(self, seed: int, index: int) -> MQARSample:
         return mqar_sample(self, seed, index)
 
     def max_length(self) -> int:
@@ -107,5 +115,10 @@ def mqar_sample(config: MQARConfig, seed: int, index: int) -> MQARSample:
         tokens[where], tokens[where + 1] = symbol(keys[pair]), symbol(values[pair])
         loss_mask[where + 1] = True
     text = "".join(tokens)
-    return MQARSample(tuple((int(k), int(v)) for k, v in zip(keys, values)), tuple(int(keys[p]) for p in asked), text,
-                      config.tokenizer().encode(text), loss_mask)
+    return MQARSample(
+        tuple((int(k), int(v)) for k, v in zip(keys, values)),
+        tuple(int(keys[p]) for p in asked),
+        text,
+        config.tokenizer().encode(text),
+        loss_mask,
+    )

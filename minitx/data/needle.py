@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import string
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -35,23 +34,31 @@ DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the depths the evaluation sweeps
 class NeedleConfig:
     # Set through the data module: data.needle_length, data.needle_min_length, data.needle_filler.
     length: int = 256  # characters (= tokens) of the longest sample
-    min_length: Optional[int] = None  # training samples are min_length .. length long (default: all `length`)
-    filler: str = "shakespeare"  # "shakespeare" or a glob of UTF-8 text files (the last 10% is the test filler)
+    min_length: int | None = None  # training samples are min_length .. length long (default: all `length`)
+    filler: str = (
+        "shakespeare"  # "shakespeare" or a glob of UTF-8 text files (the last 10% is the test filler)
+    )
 
     def __post_init__(self) -> None:
         if self.length < SHORTEST:
-            raise UserError(f"data.needle_length: a sample needs at least {SHORTEST} characters for the fact, the "
-                            f"question and the answer; got {self.length}")
+            raise UserError(
+                f"data.needle_length: a sample needs at least {SHORTEST} characters for the fact, the "
+                f"question and the answer; got {self.length}"
+            )
         if not SHORTEST <= self.shortest <= self.length:
-            raise UserError(f"data.needle_min_length: must be {SHORTEST}..data.needle_length ({self.length}), got {self.min_length}")
+            raise UserError(
+                f"data.needle_min_length: must be {SHORTEST}..data.needle_length ({self.length}), got {self.min_length}"
+            )
 
     @property
     def shortest(self) -> int:
         return self.length if self.min_length is None else self.min_length
 
     # The synthetic-task interface (see ToyTaskConfig in toy.py).
-    def sample(self, seed: int, index: int) -> "NeedleSample":
-        rng = np.random.default_rng([seed, index, 1])  # a stream of its own: needle_sample draws from [seed, index]
+    def sample(self, seed: int, index: int) -> NeedleSample:
+        rng = np.random.default_rng(
+            [seed, index, 1]
+        )  # a stream of its own: needle_sample draws from [seed, index]
         length = int(rng.integers(self.shortest, self.length + 1))
         return needle_sample(self, seed, index, length, float(rng.random()), "train")
 
@@ -93,18 +100,24 @@ class NeedleSample:
     loss_mask: list[bool]  # True at the answer's characters
 
 
-def needle_sample(config: NeedleConfig, seed: int, index: int, length: int, depth: float, split: str) -> NeedleSample:
+def needle_sample(
+    config: NeedleConfig, seed: int, index: int, length: int, depth: float, split: str
+) -> NeedleSample:
     """A sample of exactly `length` characters with the fact at `depth` of the filler."""
     if length < SHORTEST:
-        raise UserError(f"needle: a sample of {length} characters cannot hold the fact, question and answer ({SHORTEST})")
+        raise UserError(
+            f"needle: a sample of {length} characters cannot hold the fact, question and answer ({SHORTEST})"
+        )
     rng = np.random.default_rng([seed, index])
     key = "".join(rng.choice(list(string.ascii_lowercase), size=KEY_LEN))
     value = "".join(rng.choice(list(string.digits), size=VALUE_LEN))
     filler = filler_text(config.filler, split)
     hay_len = length - SHORTEST
     if len(filler) <= hay_len:
-        raise UserError(f"data.needle_filler: the {split} filler has {len(filler)} characters, fewer than a haystack of "
-                        f"{hay_len}; give more text or lower data.needle_length")
+        raise UserError(
+            f"data.needle_filler: the {split} filler has {len(filler)} characters, fewer than a haystack of "
+            f"{hay_len}; give more text or lower data.needle_length"
+        )
     start = int(rng.integers(len(filler) - hay_len))
     hay = filler[start : start + hay_len]
     where = round(depth * hay_len)

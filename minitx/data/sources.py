@@ -10,8 +10,8 @@ import glob
 import importlib.util
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from minitx.errors import UserError, one_line
 
@@ -119,7 +119,11 @@ def _plays_with(val_plays: Sequence[str]) -> dict[str, Path]:
 
 def _plays_text(plays: dict[str, Path], stems: Sequence[str]) -> str:
     """The plays named in `stems` as plain text, in the corpus order, one blank line apart."""
-    return "\n".join(play_markdown_to_text(path.read_text(encoding="utf-8")) for stem, path in plays.items() if stem in stems)
+    return "\n".join(
+        play_markdown_to_text(path.read_text(encoding="utf-8"))
+        for stem, path in plays.items()
+        if stem in stems
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,8 +18,18 @@ TASKS = ("toy", "mqar", "needle")
 
 # data.* key -> config field, per task. toy_min_blocks defaults to toy_blocks (see task_config).
 _FIELDS = {
-    "toy": {"toy_n": "block_len", "toy_query_len": "query_len", "toy_blocks": "max_blocks", "toy_target": "target"},
-    "mqar": {"mqar_vocab": "vocab", "mqar_pairs": "pairs", "mqar_queries": "queries", "mqar_seq_len": "seq_len"},
+    "toy": {
+        "toy_n": "block_len",
+        "toy_query_len": "query_len",
+        "toy_blocks": "max_blocks",
+        "toy_target": "target",
+    },
+    "mqar": {
+        "mqar_vocab": "vocab",
+        "mqar_pairs": "pairs",
+        "mqar_queries": "queries",
+        "mqar_seq_len": "seq_len",
+    },
     "needle": {"needle_length": "length", "needle_min_length": "min_length", "needle_filler": "filler"},
 }
 _CONFIGS = {"toy": ToyTaskConfig, "mqar": MQARConfig, "needle": NeedleConfig}

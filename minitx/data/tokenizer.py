@@ -17,7 +17,8 @@ import json
 import os
 import re
 from abc import ABC, abstractmethod
-from typing import Any, Iterator, NoReturn
+from collections.abc import Iterator
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -69,7 +70,7 @@ class CharTokenizer(Tokenizer):
         self._codepoints = np.array([ord(ch) for ch in self.chars], dtype=np.uint32)
 
     @classmethod
-    def from_text(cls, text: str) -> "CharTokenizer":
+    def from_text(cls, text: str) -> CharTokenizer:
         return cls(text)
 
     def _raise_unknown(self, text: str) -> NoReturn:

@@ -41,14 +41,18 @@ class ToyTaskConfig:
         if not 1 <= self.block_len <= len(LETTERS):
             raise UserError(f"data.toy_n: must be 1..{len(LETTERS)} letters per block, got {self.block_len}")
         if not 1 <= self.query_len <= self.block_len:
-            raise UserError(f"data.toy_query_len: must be 1..data.toy_n ({self.block_len}), got {self.query_len}")
+            raise UserError(
+                f"data.toy_query_len: must be 1..data.toy_n ({self.block_len}), got {self.query_len}"
+            )
         if not 1 <= self.min_blocks <= self.max_blocks:
             raise UserError(
                 f"data.toy_min_blocks: need 1 <= data.toy_min_blocks <= data.toy_blocks, "
                 f"got {self.min_blocks} and {self.max_blocks}"
             )
         if self.target not in TARGETS:
-            raise UserError(f"data.toy_target: unknown target {self.target!r}; choose one of {', '.join(TARGETS)}")
+            raise UserError(
+                f"data.toy_target: unknown target {self.target!r}; choose one of {', '.join(TARGETS)}"
+            )
 
     # What every synthetic task's config offers (toy here, mqar.py, needle.py): the batch classes
     # below, the data module and the evaluation use only these.
@@ -125,7 +129,9 @@ def toy_samples(config: ToyTaskConfig, seed: int, count: int, start: int = 0) ->
     return [toy_sample(config, seed, index) for index in range(start, start + count)]
 
 
-def collate_toy(samples: list[ToySample], pad_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def collate_toy(
+    samples: list[ToySample], pad_id: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Samples (of any task: ids and loss_mask) -> (x, y, loss_mask), right-padded; loss_mask is
     aligned with y (the targets).
 
@@ -152,7 +158,9 @@ def toy_max_length(config: ToyTaskConfig) -> int:
     return config.max_blocks * (config.block_len + 1) - 1 + 1 + config.query_len + target_len
 
 
-def toy_batch(samples: list[ToySample], length: int | None = None, pad_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def toy_batch(
+    samples: list[ToySample], length: int | None = None, pad_id: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Samples -> (x, y) for next-token training: y is IGNORE_INDEX everywhere but the target.
 
     `length` pads the inputs to a fixed width (fixed shapes batch after batch); padding is
@@ -162,7 +170,9 @@ def toy_batch(samples: list[ToySample], length: int | None = None, pad_id: int |
     y = y.masked_fill(~mask, IGNORE_INDEX)
     if length is not None and length > x.shape[1]:
         pad = length - x.shape[1]
-        x = torch.nn.functional.pad(x, (0, pad), value=toy_tokenizer().encode(BLOCK_SEP)[0] if pad_id is None else pad_id)
+        x = torch.nn.functional.pad(
+            x, (0, pad), value=toy_tokenizer().encode(BLOCK_SEP)[0] if pad_id is None else pad_id
+        )
         y = torch.nn.functional.pad(y, (0, pad), value=IGNORE_INDEX)
     return x, y
 
@@ -188,8 +198,16 @@ class ToyTrainBatches(torch.utils.data.IterableDataset):
     0 .. train_size-1 are the training set; validation uses the samples after them.
     """
 
-    def __init__(self, config: ToyTaskConfig, seed: int, train_size: int, batch_size: int, start_batch: int = 0,
-                 rank: int = 0, world_size: int = 1):
+    def __init__(
+        self,
+        config: ToyTaskConfig,
+        seed: int,
+        train_size: int,
+        batch_size: int,
+        start_batch: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         self.config, self.seed, self.train_size = config, seed, train_size
         self.batch_size, self.start_batch = batch_size, start_batch
         self.rank, self.world_size = rank, world_size
@@ -220,5 +238,7 @@ class ToyValSet(torch.utils.data.Dataset):
         return self.size
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = toy_batch([self.config.sample(self.seed, self.train_size + i)], self.length, self.config.pad_id)
+        x, y = toy_batch(
+            [self.config.sample(self.seed, self.train_size + i)], self.length, self.config.pad_id
+        )
         return x[0], y[0]

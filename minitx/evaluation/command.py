@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from ..arguments import ArgumentParser
 from ..errors import UserError
@@ -13,30 +13,76 @@ from .evaluate import SWEEP_TOKENS, evaluate_checkpoint
 from .report import table, write_json, write_plots
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = ArgumentParser(prog="evaluate.py", description="Evaluate a checkpoint saved by train.py: held-out loss, "
-                            "perplexity and bits per character over a whole text, loss by context length and by "
-                            "position, and accuracy on a synthetic task.")
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = ArgumentParser(
+        prog="evaluate.py",
+        description="Evaluate a checkpoint saved by train.py: held-out loss, "
+        "perplexity and bits per character over a whole text, loss by context length and by "
+        "position, and accuracy on a synthetic task.",
+    )
     parser.add_argument("--ckpt", required=True, help="checkpoint file (.ckpt) saved by train.py")
-    parser.add_argument("--files", nargs="+", default=None, help="score these text files (globs) instead of the run's validation text")
-    parser.add_argument("--context", type=int, default=None, help="tokens per window (default: the model's block_size)")
-    parser.add_argument("--stride", type=int, default=None, help="tokens between window starts, 1 .. context (default: context)")
-    parser.add_argument("--lengths", type=int, nargs="+", default=None,
-                        help="context lengths of the extrapolation table (default: block_size/4 .. 8 x block_size)")
-    parser.add_argument("--max-tokens", type=int, default=None, help="score only the first N tokens of the text")
-    parser.add_argument("--sweep-tokens", type=int, default=SWEEP_TOKENS,
-                        help=f"tokens of the text (its first) that each length of the sweep scores; 0: all (default {SWEEP_TOKENS})")
-    parser.add_argument("--task-samples", type=int, default=None, help="test samples of a synthetic task (default: the task's)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of a synthetic task's fresh test set (default 0)")
-    parser.add_argument("--batch-size", type=int, default=None, help="windows per forward pass (default: 8192 tokens' worth, fewer for a large vocabulary)")
+    parser.add_argument(
+        "--files",
+        nargs="+",
+        default=None,
+        help="score these text files (globs) instead of the run's validation text",
+    )
+    parser.add_argument(
+        "--context", type=int, default=None, help="tokens per window (default: the model's block_size)"
+    )
+    parser.add_argument(
+        "--stride",
+        type=int,
+        default=None,
+        help="tokens between window starts, 1 .. context (default: context)",
+    )
+    parser.add_argument(
+        "--lengths",
+        type=int,
+        nargs="+",
+        default=None,
+        help="context lengths of the extrapolation table (default: block_size/4 .. 8 x block_size)",
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help="score only the first N tokens of the text"
+    )
+    parser.add_argument(
+        "--sweep-tokens",
+        type=int,
+        default=SWEEP_TOKENS,
+        help=f"tokens of the text (its first) that each length of the sweep scores; 0: all (default {SWEEP_TOKENS})",
+    )
+    parser.add_argument(
+        "--task-samples",
+        type=int,
+        default=None,
+        help="test samples of a synthetic task (default: the task's)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of a synthetic task's fresh test set (default 0)"
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="windows per forward pass (default: 8192 tokens' worth, fewer for a large vocabulary)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps, ... (default cpu)")
     parser.add_argument("--json", default=None, help="also write every figure to this JSON file")
     parser.add_argument("--plots", default=None, help="write PNG plots into this directory")
     parser.add_argument("--no-progress", action="store_true", help="never show the progress line")
-    parser.add_argument("--lm-eval-tasks", default=None, help="comma-separated lm-evaluation-harness tasks (e.g. "
-                        "hellaswag,lambada_openai) instead of the text evaluation; needs the eval extra and the network")
-    parser.add_argument("--lm-eval-limit", type=int, default=None, help="score only the first N examples of each lm-eval task")
-    parser.add_argument("--lm-eval-include", default=None, help="a directory of your own lm-eval task YAML files")
+    parser.add_argument(
+        "--lm-eval-tasks",
+        default=None,
+        help="comma-separated lm-evaluation-harness tasks (e.g. "
+        "hellaswag,lambada_openai) instead of the text evaluation; needs the eval extra and the network",
+    )
+    parser.add_argument(
+        "--lm-eval-limit", type=int, default=None, help="score only the first N examples of each lm-eval task"
+    )
+    parser.add_argument(
+        "--lm-eval-include", default=None, help="a directory of your own lm-eval task YAML files"
+    )
     return parser.parse_args(argv)
 
 
@@ -47,27 +93,41 @@ def check_outputs(args: argparse.Namespace) -> None:
         if target.is_dir():
             raise UserError(f"--json {args.json}: is a directory; give a file name such as out.json")
         if not target.parent.is_dir():
-            raise UserError(f"--json {args.json}: directory {str(target.parent)!r} does not exist; create it first")
+            raise UserError(
+                f"--json {args.json}: directory {str(target.parent)!r} does not exist; create it first"
+            )
         if not os.access(target.parent, os.W_OK):
             raise UserError(f"--json {args.json}: directory {str(target.parent)!r} is not writable")
     if args.plots is not None and Path(args.plots).exists() and not Path(args.plots).is_dir():
         raise UserError(f"--plots {args.plots}: exists and is not a directory; give a directory")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> dict:
+def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     check_outputs(args)
     if args.lm_eval_tasks:
-        from ..hf.lm_eval_adapter import evaluate_tasks, results_table  # lm-eval is optional: imported when asked for
+        from ..hf.lm_eval_adapter import (  # lm-eval is optional: imported when asked for
+            evaluate_tasks,
+            results_table,
+        )
 
         tasks = [task.strip() for task in args.lm_eval_tasks.split(",") if task.strip()]
         results = evaluate_tasks(args.ckpt, tasks, args.device, args.lm_eval_limit, args.lm_eval_include)
         print(results_table(results))
         return results
     result = evaluate_checkpoint(
-        args.ckpt, lengths=args.lengths, max_tokens=args.max_tokens, files=args.files, context=args.context,
-        stride=args.stride, batch_size=args.batch_size, device=args.device, task_samples=args.task_samples,
-        seed=args.seed, progress=False if args.no_progress else None, refuse_lengths=args.lengths is not None,
+        args.ckpt,
+        lengths=args.lengths,
+        max_tokens=args.max_tokens,
+        files=args.files,
+        context=args.context,
+        stride=args.stride,
+        batch_size=args.batch_size,
+        device=args.device,
+        task_samples=args.task_samples,
+        seed=args.seed,
+        progress=False if args.no_progress else None,
+        refuse_lengths=args.lengths is not None,
         sweep_tokens=args.sweep_tokens,
     )
     print(table(result))

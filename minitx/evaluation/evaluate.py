@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from ..errors import UserError
 from ..generation import _device as usable_device
@@ -32,7 +32,9 @@ def check_lengths(config, asked: Sequence[tuple[str, int]]) -> None:
             raise UserError(f"{flag}: {length} is not a context length; use 1 or more")
         reason = length_refusal(config, length)
         if reason is not None:
-            raise UserError(f"{flag}: {length} is past what this model can run ({reason}); use at most {config.block_size}")
+            raise UserError(
+                f"{flag}: {length} is past what this model can run ({reason}); use at most {config.block_size}"
+            )
 
 
 def check_window(config, targets: int, context: int, stride: int) -> None:
@@ -40,45 +42,95 @@ def check_window(config, targets: int, context: int, stride: int) -> None:
     if context < 1:
         raise UserError(f"--context: is {context}; use 1 or more (default: block_size={config.block_size})")
     if not 1 <= stride <= context:
-        raise UserError(f"--stride: is {stride}; use 1 .. --context ({context}): each window must score at least one new token and skip none")
+        raise UserError(
+            f"--stride: is {stride}; use 1 .. --context ({context}): each window must score at least one new token and skip none"
+        )
     check_lengths(config, [("--context", context)])
     if context > targets:
-        raise UserError(f"--context: the text has {targets} tokens to score, fewer than one window of {context}; "
-                        "lower --context or give a longer text")
+        raise UserError(
+            f"--context: the text has {targets} tokens to score, fewer than one window of {context}; "
+            "lower --context or give a longer text"
+        )
 
 
 def text_figures(nats: float, tokens: int, characters: int, size: int) -> dict:
     """Loss, perplexity and bits per character and per byte from summed nats."""
     loss = nats / tokens
     bits = nats / math.log(2)
-    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "bits_per_char": bits / characters,
-            "bits_per_byte": bits / size, "tokens": tokens}
+    return {
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 700.0)),
+        "bits_per_char": bits / characters,
+        "bits_per_byte": bits / size,
+        "tokens": tokens,
+    }
 
 
-def evaluate_text(model, text: ScoredText, context: int, stride: int, lengths: list[int], batch_tokens: int,
-                  progress: Progress, sweep_tokens: Optional[int] = SWEEP_TOKENS) -> dict:
+def evaluate_text(
+    model,
+    text: ScoredText,
+    context: int,
+    stride: int,
+    lengths: list[int],
+    batch_tokens: int,
+    progress: Progress,
+    sweep_tokens: int | None = SWEEP_TOKENS,
+) -> dict:
     """The whole-text figures at `context`, then the length sweep on the text's first
     `sweep_tokens` targets (None or 0: all of them)."""
-    scores = score_tokens(model, text.tokens, context, stride, max(1, batch_tokens // context), progress.stage(f"loss at context {context}"))
+    scores = score_tokens(
+        model,
+        text.tokens,
+        context,
+        stride,
+        max(1, batch_tokens // context),
+        progress.stage(f"loss at context {context}"),
+    )
     result = text_figures(scores.nats, scores.tokens, text.characters, text.bytes)
-    result.update(text=text.name, unit=text.unit, characters=text.characters, bytes=text.bytes, context=context,
-                  stride=stride, by_position=position_buckets(scores))
+    result.update(
+        text=text.name,
+        unit=text.unit,
+        characters=text.characters,
+        bytes=text.bytes,
+        context=context,
+        stride=stride,
+        by_position=position_buckets(scores),
+    )
     swept = text.tokens[: sweep_tokens + 1] if sweep_tokens else text.tokens
     result["sweep_tokens"] = len(swept) - 1
     reuse = stride == context and len(swept) == len(text.tokens)  # the whole-text figure is that length's
-    by_length = length_sweep(model, swept, [n for n in lengths if not (reuse and n == context)], batch_tokens,
-                             progress.stage("length sweep"))
+    by_length = length_sweep(
+        model,
+        swept,
+        [n for n in lengths if not (reuse and n == context)],
+        batch_tokens,
+        progress.stage("length sweep"),
+    )
     if reuse and context in lengths:
-        by_length[str(context)] = {"loss": scores.loss, "tokens": scores.tokens, "by_position": result["by_position"]}
+        by_length[str(context)] = {
+            "loss": scores.loss,
+            "tokens": scores.tokens,
+            "by_position": result["by_position"],
+        }
     result["by_length"] = {str(length): by_length[str(length)] for length in lengths}
     return result
 
 
-def evaluate_checkpoint(ckpt_path: str, lengths: Optional[Sequence[int]] = None, max_tokens: Optional[int] = None,
-                        files: Optional[str | Sequence[str]] = None, context: Optional[int] = None,
-                        stride: Optional[int] = None, batch_size: Optional[int] = None, device: str = "cpu",
-                        task_samples: Optional[int] = None, seed: int = 0, progress: Optional[bool] = False,
-                        refuse_lengths: bool = False, sweep_tokens: Optional[int] = SWEEP_TOKENS) -> dict:
+def evaluate_checkpoint(
+    ckpt_path: str,
+    lengths: Sequence[int] | None = None,
+    max_tokens: int | None = None,
+    files: str | Sequence[str] | None = None,
+    context: int | None = None,
+    stride: int | None = None,
+    batch_size: int | None = None,
+    device: str = "cpu",
+    task_samples: int | None = None,
+    seed: int = 0,
+    progress: bool | None = False,
+    refuse_lengths: bool = False,
+    sweep_tokens: int | None = SWEEP_TOKENS,
+) -> dict:
     """Evaluate a checkpoint saved by train.py.
 
     The text is the run's own validation text (rebuilt from the data settings the checkpoint
@@ -111,13 +163,24 @@ def evaluate_checkpoint(ckpt_path: str, lengths: Optional[Sequence[int]] = None,
             result = evaluate_task(model, train_config["data"], tokenizer, lengths, task_samples, seed, bar)
         else:
             name, text = files_text(files) if files is not None else validation_text(train_config)
-            scored = truncate(tokenize(name, text, tokenizer, "--files" if files is not None else "--ckpt"), max_tokens, tokenizer)
+            scored = truncate(
+                tokenize(name, text, tokenizer, "--files" if files is not None else "--ckpt"),
+                max_tokens,
+                tokenizer,
+            )
             check_window(config, len(scored.tokens) - 1, context, stride)
             per_pass = batch_size * context if batch_size else batch_tokens(config.vocab_size)
             result = evaluate_text(model, scored, context, stride, lengths, per_pass, bar, sweep_tokens)
             result["task"] = None
     finally:
         bar.close()
-    result.update(checkpoint=str(ckpt_path), model={"positions": config.positions, "block_size": config.block_size,
-                  "layers": list(config.layer_kinds)}, seconds=time.monotonic() - started)
+    result.update(
+        checkpoint=str(ckpt_path),
+        model={
+            "positions": config.positions,
+            "block_size": config.block_size,
+            "layers": list(config.layer_kinds),
+        },
+        seconds=time.monotonic() - started,
+    )
     return result

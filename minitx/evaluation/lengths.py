@@ -8,7 +8,7 @@ lengths are skipped with that reason.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 from torch import Tensor
@@ -21,7 +21,7 @@ def default_lengths(block_size: int) -> list[int]:
     return sorted({max(1, block_size * 2**k // 4) for k in range(6)})
 
 
-def length_refusal(config, length: int) -> Optional[str]:
+def length_refusal(config, length: int) -> str | None:
     """Why a model cannot run windows of `length` tokens, or None if it can."""
     if config.positions == "learned" and length > config.block_size:
         return f"learned positions stop at block_size={config.block_size}"
@@ -48,8 +48,13 @@ def position_buckets(scores: Scores) -> dict[str, list]:
     return curve
 
 
-def length_sweep(model, tokens: Tensor, lengths: list[int], batch_tokens: int,
-                 on_batch: Optional[Callable[[int, int], object]] = None) -> dict[str, dict]:
+def length_sweep(
+    model,
+    tokens: Tensor,
+    lengths: list[int],
+    batch_tokens: int,
+    on_batch: Callable[[int, int], object] | None = None,
+) -> dict[str, dict]:
     """{"<length>": {"loss", "tokens", "by_position"} or {"skipped": reason}} for each length, on
     the 1-D token sequence `tokens`."""
     results: dict[str, dict] = {}
@@ -62,5 +67,9 @@ def length_sweep(model, tokens: Tensor, lengths: list[int], batch_tokens: int,
             results[str(length)] = {"skipped": reason}
             continue
         scores = score_tokens(model, tokens, length, length, max(1, batch_tokens // length), on_batch)
-        results[str(length)] = {"loss": scores.loss, "tokens": scores.tokens, "by_position": position_buckets(scores)}
+        results[str(length)] = {
+            "loss": scores.loss,
+            "tokens": scores.tokens,
+            "by_position": position_buckets(scores),
+        }
     return results

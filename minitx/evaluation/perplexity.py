@@ -16,8 +16,8 @@ The figures are token-weighted: total negative log-likelihood (nats) / number of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -81,8 +81,14 @@ def window_losses(model, x: Tensor, y: Tensor) -> Tensor:
 
 
 @torch.inference_mode()
-def score_tokens(model, tokens: Tensor, context: int, stride: Optional[int] = None, batch_size: int = 8,
-                 on_batch: Optional[Callable[[int, int], object]] = None) -> Scores:
+def score_tokens(
+    model,
+    tokens: Tensor,
+    context: int,
+    stride: int | None = None,
+    batch_size: int = 8,
+    on_batch: Callable[[int, int], object] | None = None,
+) -> Scores:
     """Scores of every target of the 1-D token sequence `tokens`, windows of `context` inputs.
 
     `on_batch(done, total)` is called after each batch of windows (for a progress bar).
@@ -104,4 +110,6 @@ def score_tokens(model, tokens: Tensor, context: int, stride: Optional[int] = No
         position_tokens += scored.sum(0)
         if on_batch is not None:
             on_batch(min(done + batch_size, len(windows)), len(windows))
-    return Scores(float(position_nats.sum()), int(position_tokens.sum()), position_nats.numpy(), position_tokens.numpy())
+    return Scores(
+        float(position_nats.sum()), int(position_tokens.sum()), position_nats.numpy(), position_tokens.numpy()
+    )

@@ -6,7 +6,7 @@ draw(file) saves the PNG into an open binary file, so the caller can write it at
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import matplotlib
 
@@ -66,7 +66,9 @@ def loss_by_position(result: dict) -> Callable:
 def needle_heatmap(heatmap: dict) -> Callable:
     def draw(file) -> None:
         fig, ax = plt.subplots(figsize=(6, 4))
-        grid = [[float("nan") if a is None else a for a in row] for row in heatmap["accuracy"]]  # skipped lengths: blank
+        grid = [
+            [float("nan") if a is None else a for a in row] for row in heatmap["accuracy"]
+        ]  # skipped lengths: blank
         image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
         ax.set_xticks(range(len(heatmap["lengths"])), [str(n) for n in heatmap["lengths"]])
         ax.set_yticks(range(len(heatmap["depths"])), [f"{d:.0%}" for d in heatmap["depths"]])

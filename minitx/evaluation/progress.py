@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Optional, TextIO
+from typing import TextIO
 
 QUIET_SECONDS = 10.0  # off a terminal: nothing before this, then one line per interval
 
 
 class Progress:
-    def __init__(self, enabled: Optional[bool] = None, stream: Optional[TextIO] = None):
+    def __init__(self, enabled: bool | None = None, stream: TextIO | None = None):
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if enabled is None else enabled
         self.enabled = enabled is not False
@@ -23,7 +23,7 @@ class Progress:
         self.label = ""
         self.drawn = False
 
-    def stage(self, label: str) -> "Progress":
+    def stage(self, label: str) -> Progress:
         self.label = label
         return self
 

@@ -15,7 +15,9 @@ def _header(result: dict) -> list[str]:
     model = result["model"]
     kinds = model["layers"]
     layers = f"{kinds[0]} x{len(kinds)}" if len(set(kinds)) == 1 else " ".join(kinds)
-    return [f"checkpoint {result['checkpoint']}: {model['positions']} positions, block_size {model['block_size']}, layers {layers}"]
+    return [
+        f"checkpoint {result['checkpoint']}: {model['positions']} positions, block_size {model['block_size']}, layers {layers}"
+    ]
 
 
 def _length_rows(by_length: dict, what: str = "loss") -> list[str]:
@@ -37,7 +39,11 @@ def _position_rows(curve: dict) -> list[str]:
 
 
 def _heatmap_rows(heatmap: dict) -> list[str]:
-    rows = ["", "needle exact match, depth x context length:", "  " + f"{'depth':>6}" + "".join(f"{n:>8}" for n in heatmap["lengths"])]
+    rows = [
+        "",
+        "needle exact match, depth x context length:",
+        "  " + f"{'depth':>6}" + "".join(f"{n:>8}" for n in heatmap["lengths"]),
+    ]
     for depth, accuracies in zip(heatmap["depths"], heatmap["accuracy"]):
         cells = "".join(f"{'-':>8}" if a is None else f"{a:>8.2f}" for a in accuracies)
         rows.append(f"  {depth:>6.0%}{cells}")
@@ -51,20 +57,40 @@ def table(result: dict) -> str:
     bits = result["bits_per_char"] if unit == "character" else result["bits_per_byte"]
     task = result.get("task")
     if task:
-        lines.append(f"{result['text']}: {task['samples']:,} samples (seed {task['seed']}), {task['items']:,} answer tokens")
-        lines.append(f"exact match {task['exact_match']:.4f}   item accuracy {task['item_accuracy']:.4f}   "
-                     f"answer loss {result['loss']:.4f}   perplexity {result['perplexity']:.3f}   bits per {unit} {bits:.4f}")
+        lines.append(
+            f"{result['text']}: {task['samples']:,} samples (seed {task['seed']}), {task['items']:,} answer tokens"
+        )
+        lines.append(
+            f"exact match {task['exact_match']:.4f}   item accuracy {task['item_accuracy']:.4f}   "
+            f"answer loss {result['loss']:.4f}   perplexity {result['perplexity']:.3f}   bits per {unit} {bits:.4f}"
+        )
     else:
-        lines.append(f"text: {result['text']}: {result['tokens']:,} tokens scored, context {result['context']}, stride {result['stride']}")
-        lines.append(f"loss {result['loss']:.4f}   perplexity {result['perplexity']:.3f}   bits per {unit} {bits:.4f}")
+        lines.append(
+            f"text: {result['text']}: {result['tokens']:,} tokens scored, context {result['context']}, stride {result['stride']}"
+        )
+        lines.append(
+            f"loss {result['loss']:.4f}   perplexity {result['perplexity']:.3f}   bits per {unit} {bits:.4f}"
+        )
     if task and task.get("heatmap"):
-        lines += ["", "needle exact match by context length (mean over depths):"] + _length_rows(result["by_length"], "accuracy")
+        lines += ["", "needle exact match by context length (mean over depths):"] + _length_rows(
+            result["by_length"], "accuracy"
+        )
         lines += _heatmap_rows(task["heatmap"])
     elif result.get("by_length"):
-        swept = "the whole text" if result["sweep_tokens"] == result["tokens"] else f"the first {result['sweep_tokens']:,} tokens"
-        lines += ["", f"loss by context length ({swept}, non-overlapping windows of that many tokens):"] + _length_rows(result["by_length"])
+        swept = (
+            "the whole text"
+            if result["sweep_tokens"] == result["tokens"]
+            else f"the first {result['sweep_tokens']:,} tokens"
+        )
+        lines += [
+            "",
+            f"loss by context length ({swept}, non-overlapping windows of that many tokens):",
+        ] + _length_rows(result["by_length"])
     if result.get("by_position"):
-        lines += ["", f"loss by position inside the context (tokens before the target, context {result['context']}):"]
+        lines += [
+            "",
+            f"loss by position inside the context (tokens before the target, context {result['context']}):",
+        ]
         lines += _position_rows(result["by_position"])
     return "\n".join(lines)
 

@@ -10,7 +10,6 @@ decoding's exact match, see minitx.data.toy.exact_match).
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +27,7 @@ NEEDLE_SAMPLES = 20  # test samples per (depth, length) cell of the needle task
 
 
 @torch.inference_mode()
-def score_samples(model, samples: list, pad_id: int, progress: Optional[Progress] = None) -> dict:
+def score_samples(model, samples: list, pad_id: int, progress: Progress | None = None) -> dict:
     """Summed answer loss, answer tokens, right answer tokens and exactly right samples."""
     device = next(model.parameters()).device
     per_batch = max(1, batch_tokens(model.config.vocab_size) // max(len(s.ids) for s in samples))
@@ -38,7 +37,9 @@ def score_samples(model, samples: list, pad_id: int, progress: Optional[Progress
         x, y = x.to(device), y.to(device)
         logits = model.forward_embeddings(model.embed(x)).float()  # any length a RoPE model can run
         target = y != IGNORE_INDEX
-        totals["nats"] += float(F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"))
+        totals["nats"] += float(
+            F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+        )
         totals["items"] += int(target.sum())
         totals["correct"] += int(((logits.argmax(-1) == y) & target).sum())
         rows = int(target.any(-1).sum())
@@ -51,17 +52,28 @@ def score_samples(model, samples: list, pad_id: int, progress: Optional[Progress
 
 def figures(totals: dict) -> dict:
     loss = totals["nats"] / totals["items"]
-    return {"loss": loss, "exact_match": totals["exact"] / totals["samples"], "item_accuracy": totals["correct"] / totals["items"],
-            "samples": totals["samples"], "items": totals["items"]}
+    return {
+        "loss": loss,
+        "exact_match": totals["exact"] / totals["samples"],
+        "item_accuracy": totals["correct"] / totals["items"],
+        "samples": totals["samples"],
+        "items": totals["items"],
+    }
 
 
 def _add(totals: dict, more: dict) -> dict:
     return {key: totals.get(key, 0) + value for key, value in more.items()}
 
 
-def needle_grid(model, task, stream: int, start: int, lengths: list[int], per_cell: int, progress: Progress) -> tuple[dict, dict, dict]:
+def needle_grid(
+    model, task, stream: int, start: int, lengths: list[int], per_cell: int, progress: Progress
+) -> tuple[dict, dict, dict]:
     """(totals over every cell, accuracy heatmap depth x length, figures by length)."""
-    heatmap = {"depths": list(DEPTHS), "lengths": list(lengths), "accuracy": [[None] * len(lengths) for _ in DEPTHS]}
+    heatmap = {
+        "depths": list(DEPTHS),
+        "lengths": list(lengths),
+        "accuracy": [[None] * len(lengths) for _ in DEPTHS],
+    }
     by_length: dict[str, dict] = {}
     totals: dict = {}
     for column, length in enumerate(lengths):
@@ -75,29 +87,48 @@ def needle_grid(model, task, stream: int, start: int, lengths: list[int], per_ce
         for row, depth in enumerate(DEPTHS):
             first = start + (column * len(DEPTHS) + row) * per_cell
             samples = [needle_sample(task, stream, first + i, length, depth, "test") for i in range(per_cell)]
-            cell = score_samples(model, samples, task.pad_id, progress.stage(f"needle, length {length}, depth {depth:.0%}"))
+            cell = score_samples(
+                model, samples, task.pad_id, progress.stage(f"needle, length {length}, depth {depth:.0%}")
+            )
             heatmap["accuracy"][row][column] = cell["exact"] / cell["samples"]
             at_length = _add(at_length, cell)
-        by_length[str(length)] = {**figures(at_length), "accuracy": at_length["exact"] / at_length["samples"], "tokens": at_length["items"]}
+        by_length[str(length)] = {
+            **figures(at_length),
+            "accuracy": at_length["exact"] / at_length["samples"],
+            "tokens": at_length["items"],
+        }
         totals = _add(totals, at_length)
     if not totals:
-        raise UserError(f"--lengths: no length the model can run holds a needle sample (at least {SHORTEST} tokens); give longer --lengths")
+        raise UserError(
+            f"--lengths: no length the model can run holds a needle sample (at least {SHORTEST} tokens); give longer --lengths"
+        )
     return totals, heatmap, by_length
 
 
-def evaluate_task(model, data: dict, tokenizer, lengths: list[int], samples: Optional[int], seed: int, progress: Progress) -> dict:
+def evaluate_task(
+    model, data: dict, tokenizer, lengths: list[int], samples: int | None, seed: int, progress: Progress
+) -> dict:
     """The figures of a checkpoint trained on data.source in TASKS, on a fresh test set."""
     source = data["source"]
     task = task_config(source, data)
     if task.tokenizer().fingerprint() != tokenizer.fingerprint():
-        raise UserError(f"--ckpt: its tokenizer is not the {source} task's; the file is damaged or from another version")
+        raise UserError(
+            f"--ckpt: its tokenizer is not the {source} task's; the file is damaged or from another version"
+        )
     if samples is not None and samples < 1:
         raise UserError(f"--task-samples: is {samples}; use 1 or more")
     stream = int(data.get("seed", 1337)) + seed
-    start = int(data.get("toy_train_size", 100_000)) + int(data.get("toy_val_size", 512))  # past training and validation
-    result: dict = {"task": {"name": source, "seed": seed, "stream": stream, "first_sample": start}, "by_length": {}}
+    start = int(data.get("toy_train_size", 100_000)) + int(
+        data.get("toy_val_size", 512)
+    )  # past training and validation
+    result: dict = {
+        "task": {"name": source, "seed": seed, "stream": stream, "first_sample": start},
+        "by_length": {},
+    }
     if source == "needle":
-        totals, heatmap, result["by_length"] = needle_grid(model, task, stream, start, lengths, samples or NEEDLE_SAMPLES, progress)
+        totals, heatmap, result["by_length"] = needle_grid(
+            model, task, stream, start, lengths, samples or NEEDLE_SAMPLES, progress
+        )
         result["task"]["heatmap"] = heatmap
     else:
         if task.max_length() - 1 > model.config.block_size and model.config.positions == "learned":
@@ -106,7 +137,17 @@ def evaluate_task(model, data: dict, tokenizer, lengths: list[int], samples: Opt
         totals = score_samples(model, test_set, task.pad_id, progress.stage(f"{source} test set"))
     result["task"].update(figures(totals))
     loss = result["task"]["loss"]
-    bits = totals["nats"] / math.log(2) / totals["items"]  # a character tokenizer: an answer token is a character
-    result.update(loss=loss, perplexity=math.exp(loss), bits_per_char=bits, bits_per_byte=None, tokens=totals["items"],
-                  unit="character", text=f"a fresh test set of the {source} task", by_position=None)
+    bits = (
+        totals["nats"] / math.log(2) / totals["items"]
+    )  # a character tokenizer: an answer token is a character
+    result.update(
+        loss=loss,
+        perplexity=math.exp(loss),
+        bits_per_char=bits,
+        bits_per_byte=None,
+        tokens=totals["items"],
+        unit="character",
+        text=f"a fresh test set of the {source} task",
+        by_position=None,
+    )
     return result

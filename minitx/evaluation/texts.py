@@ -39,7 +39,9 @@ def tokenize(name: str, text: str, tokenizer: Tokenizer, field: str) -> ScoredTe
     except UserError as error:
         raise UserError(f"{field}: {error}") from None
     if len(ids) < 2:
-        raise UserError(f"{field}: {name} has {len(ids)} token(s); give a text of at least two tokens to score")
+        raise UserError(
+            f"{field}: {name} has {len(ids)} token(s); give a text of at least two tokens to score"
+        )
     unscored = tokenizer.decode([int(ids[0])])
     characters = len(text) - len(unscored)
     size = len(text.encode("utf-8")) - len(unscored.encode("utf-8"))
@@ -52,7 +54,13 @@ def truncate(text: ScoredText, max_tokens: int | None, tokenizer: Tokenizer) -> 
         return text
     kept = text.tokens[: max_tokens + 1]
     scored = tokenizer.decode(kept[1:].tolist())
-    return ScoredText(f"{text.name}, its first {max_tokens + 1} tokens", kept, len(scored), len(scored.encode("utf-8")), text.unit)
+    return ScoredText(
+        f"{text.name}, its first {max_tokens + 1} tokens",
+        kept,
+        len(scored),
+        len(scored.encode("utf-8")),
+        text.unit,
+    )
 
 
 def validation_text(train_config: dict | None) -> tuple[str, str]:
@@ -60,13 +68,29 @@ def validation_text(train_config: dict | None) -> tuple[str, str]:
     data settings exactly as training built it."""
     data = (train_config or {}).get("data")
     if not isinstance(data, dict):
-        raise UserError("--ckpt: the checkpoint carries no data settings to rebuild its validation text from; give --files")
+        raise UserError(
+            "--ckpt: the checkpoint carries no data settings to rebuild its validation text from; give --files"
+        )
     source = data.get("source", "shakespeare")
     if source in TASK_SOURCES:
-        raise UserError(f"--ckpt: the run trained on the synthetic task {source!r}, which has no validation text; give --files")
-    settings = {key: data[key] for key in (
-        "train_files", "val_files", "val_fraction", "hf_name", "hf_config", "hf_train_split", "hf_val_split",
-        "hf_data_files", "text_column") if data.get(key) is not None}
+        raise UserError(
+            f"--ckpt: the run trained on the synthetic task {source!r}, which has no validation text; give --files"
+        )
+    settings = {
+        key: data[key]
+        for key in (
+            "train_files",
+            "val_files",
+            "val_fraction",
+            "hf_name",
+            "hf_config",
+            "hf_train_split",
+            "hf_val_split",
+            "hf_data_files",
+            "text_column",
+        )
+        if data.get(key) is not None
+    }
     try:
         if source == "shakespeare":
             return "the Shakespeare validation plays", shakespeare_val_text()
@@ -76,4 +100,6 @@ def validation_text(train_config: dict | None) -> tuple[str, str]:
 
 
 def files_text(patterns: str | list[str]) -> tuple[str, str]:
-    return f"--files {patterns if isinstance(patterns, str) else ' '.join(patterns)}", read_files(patterns, "--files")
+    return f"--files {patterns if isinstance(patterns, str) else ' '.join(patterns)}", read_files(
+        patterns, "--files"
+    )

@@ -21,4 +21,4 @@ def require(module: str) -> ModuleType:
     except ImportError:
         top = module.split(".")[0]
         extra = EXTRAS.get(top, "hf")
-        raise UserError(f"{top} is not installed; install it with: pip install -e \".[{extra}]\"") from None
+        raise UserError(f'{top} is not installed; install it with: pip install -e ".[{extra}]"') from None

@@ -16,7 +16,7 @@ minitx's `qkv_proj` is q, k and v stacked along the output axis.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -27,7 +27,10 @@ from ..errors import UserError
 ROPE_BASE = 10000.0  # minitx's RoPE base
 NORM_EPS = 1e-6  # minitx's RMSNorm eps
 IMPORTABLE = {
-    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "ministral": "MinistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "ministral": "MinistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
 }
 
 # minitx name inside blocks.{i}. -> transformers name inside model.layers.{i}. (q/k/v apart)
@@ -42,7 +45,7 @@ LAYER_NAMES = {
 TOP_NAMES = {"tok_emb": "model.embed_tokens", "norm": "model.norm", "lm_head": "lm_head"}
 
 
-def native_class(config: ModelConfig) -> tuple[Optional[str], str]:
+def native_class(config: ModelConfig) -> tuple[str | None, str]:
     """(transformers class name or None, why) for a minitx config."""
     kinds = set(config.layer_kinds)
     kv_heads = {config.n_kv_head_at(layer) for layer in range(config.n_layer)}
@@ -68,10 +71,18 @@ def native_class(config: ModelConfig) -> tuple[Optional[str], str]:
 def native_config(config: ModelConfig, architecture: str) -> dict:
     """The config.json fields (before transformers' defaults) of a native export."""
     hf = dict(
-        vocab_size=config.vocab_size, hidden_size=config.d_model, intermediate_size=config.mlp_hidden,
-        num_hidden_layers=config.n_layer, num_attention_heads=config.n_head, num_key_value_heads=config.n_kv_head_at(0),
-        head_dim=config.head_dim, hidden_act="silu", max_position_embeddings=config.block_size, rms_norm_eps=NORM_EPS,
-        rope_parameters={"rope_type": "default", "rope_theta": ROPE_BASE}, tie_word_embeddings=config.tie_embeddings,
+        vocab_size=config.vocab_size,
+        hidden_size=config.d_model,
+        intermediate_size=config.mlp_hidden,
+        num_hidden_layers=config.n_layer,
+        num_attention_heads=config.n_head,
+        num_key_value_heads=config.n_kv_head_at(0),
+        head_dim=config.head_dim,
+        hidden_act="silu",
+        max_position_embeddings=config.block_size,
+        rms_norm_eps=NORM_EPS,
+        rope_parameters={"rope_type": "default", "rope_theta": ROPE_BASE},
+        tie_word_embeddings=config.tie_embeddings,
         attention_dropout=0.0,
     )
     if architecture == "LlamaForCausalLM":
@@ -79,7 +90,9 @@ def native_config(config: ModelConfig, architecture: str) -> dict:
     elif architecture == "MistralForCausalLM":
         hf.update(model_type="mistral", sliding_window=config.attention.window)
     else:
-        layer_types = ["sliding_attention" if kind == "local" else "full_attention" for kind in config.layer_kinds]
+        layer_types = [
+            "sliding_attention" if kind == "local" else "full_attention" for kind in config.layer_kinds
+        ]
         hf.update(model_type="ministral", sliding_window=config.attention.window, layer_types=layer_types)
     return hf
 
@@ -112,13 +125,17 @@ def from_hf_weights(hf: dict[str, Tensor], n_layer: int, where: str = "weights")
     out = {}
     for key, value in hf.items():
         name, _, param = key.rpartition(".")
-        layer, _, inner = name[len("model.layers.") :].partition(".") if name.startswith("model.layers.") else ("", "", "")
+        layer, _, inner = (
+            name[len("model.layers.") :].partition(".") if name.startswith("model.layers.") else ("", "", "")
+        )
         if name in top:
             out[f"{top[name]}.{param}"] = value
         elif inner in inverse:
             out[f"blocks.{layer}.{inverse[inner]}.{param}"] = value
         elif inner not in qkv and not key.endswith("rotary_emb.inv_freq"):
-            raise UserError(f"{where}: unexpected tensor {key!r}; only plain Llama-family layers can be imported")
+            raise UserError(
+                f"{where}: unexpected tensor {key!r}; only plain Llama-family layers can be imported"
+            )
     for layer in range(n_layer):
         prefix = f"model.layers.{layer}.self_attn."
         for param in ("weight", "bias"):
@@ -126,7 +143,9 @@ def from_hf_weights(hf: dict[str, Tensor], n_layer: int, where: str = "weights")
             if all(part is not None for part in parts):
                 out[f"blocks.{layer}.attn.qkv_proj.{param}"] = torch.cat(parts, dim=0)
             elif param == "weight":
-                raise UserError(f"{where}: layer {layer} lacks its q/k/v projections; the weights are incomplete")
+                raise UserError(
+                    f"{where}: layer {layer} lacks its q/k/v projections; the weights are incomplete"
+                )
     return out
 
 
@@ -135,7 +154,9 @@ def complete_biases(state: dict[str, Tensor], expected: dict[str, Tensor]) -> di
     out = dict(state)
     for key, value in expected.items():
         if key not in out and key.endswith(".bias"):
-            out[key] = torch.zeros(value.shape, dtype=state["tok_emb.weight"].dtype)  # `expected` may be on meta
+            out[key] = torch.zeros(
+                value.shape, dtype=state["tok_emb.weight"].dtype
+            )  # `expected` may be on meta
     return out
 
 
@@ -144,7 +165,9 @@ def qkv_sizes(config: ModelConfig, layer: int) -> list[int]:
     return [q, kv, kv]
 
 
-def pool_kv_heads(state: dict[str, Tensor], source: ModelConfig, target: ModelConfig, log: Callable[[str], None]) -> dict[str, Tensor]:
+def pool_kv_heads(
+    state: dict[str, Tensor], source: ModelConfig, target: ModelConfig, log: Callable[[str], None]
+) -> dict[str, Tensor]:
     """Each layer's key and value heads mean-pooled over groups of consecutive heads, where the
     target has fewer than the source (GQA paper, Ainslie et al. 2023: MHA -> GQA/MQA before
     up-training). Query head h reads kv head h // (n_head / n_kv_head) in minitx, so group g is
@@ -166,7 +189,9 @@ def pool_kv_heads(state: dict[str, Tensor], source: ModelConfig, target: ModelCo
                 out[key] = pool_qkv(state[key], source.n_head, have, want, source.head_dim)
         pooled.append(f"{layer}: {have}->{want}")
     if pooled:
-        log(f"init_from: mean-pooled key/value heads per group (Ainslie et al. 2023) in layer(s) {', '.join(pooled)}")
+        log(
+            f"init_from: mean-pooled key/value heads per group (Ainslie et al. 2023) in layer(s) {', '.join(pooled)}"
+        )
     return out
 
 
@@ -181,13 +206,17 @@ def pool_qkv(fused: Tensor, n_head: int, have: int, want: int, head_dim: int) ->
     return torch.cat([q, pool(k), pool(v)], dim=0)
 
 
-def model_config_from_hf(hf: dict, where: str, log: Callable[[str], None], block_size: Optional[int] = None) -> ModelConfig:
+def model_config_from_hf(
+    hf: dict, where: str, log: Callable[[str], None], block_size: int | None = None
+) -> ModelConfig:
     """The minitx ModelConfig of a Llama/Mistral/Qwen2 config.json (a dict); what minitx cannot
     express is a UserError naming the field."""
     model_type = hf.get("model_type")
     if model_type not in IMPORTABLE:
         name = ", ".join(hf.get("architectures") or []) or f"model_type {model_type!r}"
-        raise UserError(f"{where}: architecture {name} cannot be imported; minitx imports {', '.join(IMPORTABLE.values())}")
+        raise UserError(
+            f"{where}: architecture {name} cannot be imported; minitx imports {', '.join(IMPORTABLE.values())}"
+        )
     n_head, d_model = hf["num_attention_heads"], hf["hidden_size"]
     n_kv = hf.get("num_key_value_heads") or n_head
     check_importable(hf, where, d_model // n_head, log)
@@ -200,10 +229,18 @@ def model_config_from_hf(hf: dict, where: str, log: Callable[[str], None], block
     if n_kv not in (1, n_head) or ("local" in kinds and n_kv != n_head):
         attention["n_kv_head"] = n_kv
     return ModelConfig(
-        vocab_size=hf["vocab_size"], block_size=block_size or hf.get("max_position_embeddings") or 2048,
-        n_layer=hf["num_hidden_layers"], n_head=n_head, d_model=d_model, mlp="swiglu",
-        mlp_hidden_size=hf["intermediate_size"], norm="rmsnorm", positions="rope",
-        bias=has_bias(hf), tie_embeddings=bool(hf.get("tie_word_embeddings", False)), attention=AttentionConfig(**attention),
+        vocab_size=hf["vocab_size"],
+        block_size=block_size or hf.get("max_position_embeddings") or 2048,
+        n_layer=hf["num_hidden_layers"],
+        n_head=n_head,
+        d_model=d_model,
+        mlp="swiglu",
+        mlp_hidden_size=hf["intermediate_size"],
+        norm="rmsnorm",
+        positions="rope",
+        bias=has_bias(hf),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        attention=AttentionConfig(**attention),
     )
 
 
@@ -225,7 +262,8 @@ def sliding_layers(hf: dict) -> list[bool]:
     if hf["model_type"] == "qwen2" and not hf.get("use_sliding_window", False):
         return [False] * n_layer
     types = hf.get("layer_types") or [  # Qwen2's older rule; Ministral always writes layer_types
-        "sliding_attention" if layer >= hf.get("max_window_layers", 28) else "full_attention" for layer in range(n_layer)
+        "sliding_attention" if layer >= hf.get("max_window_layers", 28) else "full_attention"
+        for layer in range(n_layer)
     ]
     return [kind == "sliding_attention" for kind in types]
 
@@ -233,9 +271,13 @@ def sliding_layers(hf: dict) -> list[bool]:
 def check_importable(hf: dict, where: str, head_dim: int, log: Callable[[str], None]) -> None:
     """Refuse what minitx's layers cannot compute; warn about a different RMSNorm eps."""
     if hf.get("hidden_act", "silu") != "silu":
-        raise UserError(f"{where}: hidden_act={hf['hidden_act']!r} cannot be imported; minitx's SwiGLU uses silu")
+        raise UserError(
+            f"{where}: hidden_act={hf['hidden_act']!r} cannot be imported; minitx's SwiGLU uses silu"
+        )
     if hf.get("head_dim") not in (None, head_dim):
-        raise UserError(f"{where}: head_dim={hf['head_dim']} is not hidden_size / num_attention_heads = {head_dim}; minitx cannot import it")
+        raise UserError(
+            f"{where}: head_dim={hf['head_dim']} is not hidden_size / num_attention_heads = {head_dim}; minitx cannot import it"
+        )
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     theta = rope.get("rope_theta", hf.get("rope_theta", ROPE_BASE))
     if rope.get("rope_type", rope.get("type", "default")) != "default" or float(theta) != ROPE_BASE:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -27,11 +27,15 @@ from . import convert, require
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MODELING_FILE = Path(__file__).with_name("modeling_minitx.py")
-AUTO_MAP = {"AutoConfig": "modeling_minitx.MinitxConfig", "AutoModelForCausalLM": "modeling_minitx.MinitxForCausalLM"}
+AUTO_MAP = {
+    "AutoConfig": "modeling_minitx.MinitxConfig",
+    "AutoModelForCausalLM": "modeling_minitx.MinitxForCausalLM",
+}
 
 
-def export_checkpoint(ckpt: str, out: str, dtype: str = "float32", force: bool = False,
-                      log: Callable[[str], None] = print) -> str:
+def export_checkpoint(
+    ckpt: str, out: str, dtype: str = "float32", force: bool = False, log: Callable[[str], None] = print
+) -> str:
     """Write the transformers directory `out` for checkpoint `ckpt`; returns the class name."""
     if dtype not in DTYPES:
         raise UserError(f"--dtype: {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
@@ -98,7 +102,9 @@ def custom_model(model):
 def save_model(hf_model, tokenizer, directory: Path, custom: bool) -> None:
     transformers = require("transformers")
     eos = tokenizer.eos_id
-    hf_model.generation_config = transformers.GenerationConfig(eos_token_id=eos, pad_token_id=eos, do_sample=False)
+    hf_model.generation_config = transformers.GenerationConfig(
+        eos_token_id=eos, pad_token_id=eos, do_sample=False
+    )
     level = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -118,9 +124,13 @@ def hf_tokenizer(tokenizer):
     from tokenizers import Tokenizer
 
     saved = tokenizer.to_dict()
-    raw = Tokenizer.from_str(saved["json"]) if saved["kind"] == "tokenizers" else char_tokenizer(saved["chars"])
+    raw = (
+        Tokenizer.from_str(saved["json"]) if saved["kind"] == "tokenizers" else char_tokenizer(saved["chars"])
+    )
     eos = raw.id_to_token(tokenizer.eos_id) if tokenizer.eos_id is not None else None
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=eos, clean_up_tokenization_spaces=False)
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=raw, eos_token=eos, clean_up_tokenization_spaces=False
+    )
 
 
 def char_tokenizer(chars: str):
@@ -131,5 +141,3 @@ def char_tokenizer(chars: str):
     raw.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     raw.decoder = decoders.Fuse()
     return raw
-
-

@@ -12,8 +12,6 @@ are scored block_size tokens at a time, each with up to block_size tokens of wha
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 
@@ -42,14 +40,16 @@ class MinitxLM(lm_eval_api.LM):
         self.block_size = model.config.block_size
 
     @classmethod
-    def from_checkpoint(cls, ckpt: str, device: str = "cpu") -> "MinitxLM":
+    def from_checkpoint(cls, ckpt: str, device: str = "cpu") -> MinitxLM:
         model, tokenizer, _ = load_checkpoint(ckpt, map_location=device, label="--ckpt")
         return cls(model, tokenizer, device)
 
     @classmethod
-    def create_from_arg_string(cls, arg_string: str, additional_config: Optional[dict] = None) -> "MinitxLM":
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> MinitxLM:
         args = lm_eval_utils.simple_parse_args_string(arg_string)
-        return cls.from_checkpoint(args["ckpt"], args.get("device", (additional_config or {}).get("device") or "cpu"))
+        return cls.from_checkpoint(
+            args["ckpt"], args.get("device", (additional_config or {}).get("device") or "cpu")
+        )
 
     # -- scoring -----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -121,8 +121,13 @@ class MinitxLM(lm_eval_api.LM):
                 raise StopGeneration
 
         try:
-            self.model.generate(torch.tensor([prompt], device=self._device), max_new, temperature=temperature,
-                                eos_id=self.tokenizer.eos_id, on_token=stop_at_strings)
+            self.model.generate(
+                torch.tensor([prompt], device=self._device),
+                max_new,
+                temperature=temperature,
+                eos_id=self.tokenizer.eos_id,
+                on_token=stop_at_strings,
+            )
         except StopGeneration:
             pass
         text = self.tokenizer.decode(new)
@@ -131,19 +136,29 @@ class MinitxLM(lm_eval_api.LM):
         return text
 
 
-def evaluate_tasks(ckpt: str, tasks: list[str], device: str = "cpu", limit: Optional[int] = None,
-                   include_path: Optional[str] = None, log_samples: bool = False) -> dict:
+def evaluate_tasks(
+    ckpt: str,
+    tasks: list[str],
+    device: str = "cpu",
+    limit: int | None = None,
+    include_path: str | None = None,
+    log_samples: bool = False,
+) -> dict:
     """lm-eval's results for a checkpoint on named tasks (the harness's own, or YAML files in
     `include_path`). Most harness tasks download their data on first use: this needs the network."""
     lm = MinitxLM.from_checkpoint(ckpt, device)  # a bad checkpoint fails before the task index is read
     # Indexing the harness's thousands of task files takes a while: skip it when `include_path` has them all.
-    manager = lm_eval_tasks.TaskManager(include_path=include_path, include_defaults=False) if include_path else None
+    manager = (
+        lm_eval_tasks.TaskManager(include_path=include_path, include_defaults=False) if include_path else None
+    )
     if manager is None or any(task not in manager.all_tasks for task in tasks):
         manager = lm_eval_tasks.TaskManager(include_path=include_path)
     unknown = [task for task in tasks if task not in manager.all_tasks]
     if unknown:
         raise UserError(f"--lm-eval-tasks: unknown task(s) {', '.join(unknown)}; see `lm_eval ls tasks`")
-    return lm_eval_evaluator.simple_evaluate(model=lm, tasks=tasks, limit=limit, task_manager=manager, log_samples=log_samples)
+    return lm_eval_evaluator.simple_evaluate(
+        model=lm, tasks=tasks, limit=limit, task_manager=manager, log_samples=log_samples
+    )
 
 
 def results_table(results: dict) -> str:

@@ -16,8 +16,6 @@ sequence at every step, which is exact for every kind and slow for long outputs.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -29,14 +27,44 @@ class MinitxConfig(PreTrainedConfig):
     """minitx's ModelConfig fields, with `attention` a plain dict of AttentionConfig's fields."""
 
     model_type = "minitx"
-    attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head"}
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_hidden_layers": "n_layer",
+        "num_attention_heads": "n_head",
+    }
 
-    def __init__(self, vocab_size=65, block_size=256, n_layer=4, n_head=4, d_model=128, mlp="gelu", mlp_hidden=None,
-                 norm="rmsnorm", norm_eps=1e-6, positions="rope", rope_base=10000.0, bias=False, tie_embeddings=True,
-                 attention=None, **kwargs):
-        self.vocab_size, self.block_size, self.n_layer, self.n_head, self.d_model = vocab_size, block_size, n_layer, n_head, d_model
+    def __init__(
+        self,
+        vocab_size=65,
+        block_size=256,
+        n_layer=4,
+        n_head=4,
+        d_model=128,
+        mlp="gelu",
+        mlp_hidden=None,
+        norm="rmsnorm",
+        norm_eps=1e-6,
+        positions="rope",
+        rope_base=10000.0,
+        bias=False,
+        tie_embeddings=True,
+        attention=None,
+        **kwargs,
+    ):
+        self.vocab_size, self.block_size, self.n_layer, self.n_head, self.d_model = (
+            vocab_size,
+            block_size,
+            n_layer,
+            n_head,
+            d_model,
+        )
         self.mlp, self.mlp_hidden, self.norm, self.norm_eps = mlp, mlp_hidden or 4 * d_model, norm, norm_eps
-        self.positions, self.rope_base, self.bias, self.tie_embeddings = positions, rope_base, bias, tie_embeddings
+        self.positions, self.rope_base, self.bias, self.tie_embeddings = (
+            positions,
+            rope_base,
+            bias,
+            tie_embeddings,
+        )
         self.attention = dict(attention or {"kind": "mha"})
         self.max_position_embeddings = block_size
         kwargs["tie_word_embeddings"] = tie_embeddings
@@ -69,7 +97,7 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (x.float() * cos + torch.cat([-x2, x1], dim=-1) * sin).type_as(x)
 
 
-def visible(T: int, window: Optional[int], n_global: int, device) -> Tensor:
+def visible(T: int, window: int | None, n_global: int, device) -> Tensor:
     """(T, T) bool: query i sees key j <= i, and with a window only i - window < j, or j < n_global."""
     i, j = torch.arange(T, device=device)[:, None], torch.arange(T, device=device)[None, :]
     allowed = j <= i
@@ -142,8 +170,14 @@ class MultiTokenAttention(Attention):
         group = att.get("mta_head_group") or H
         pre_group = H if att.get("mta_pre_mix_all_heads", True) else group
         head_mix = att.get("mta_head_mix", "both")
-        self.mix_pre = nn.Parameter(torch.zeros(H // pre_group, pre_group, pre_group)) if head_mix in ("pre", "both") else None
-        self.mix_post = nn.Parameter(torch.zeros(H // group, group, group)) if head_mix in ("post", "both") else None
+        self.mix_pre = (
+            nn.Parameter(torch.zeros(H // pre_group, pre_group, pre_group))
+            if head_mix in ("pre", "both")
+            else None
+        )
+        self.mix_post = (
+            nn.Parameter(torch.zeros(H // group, group, group)) if head_mix in ("post", "both") else None
+        )
         output_norm = att.get("mta_output_norm", True)
         self.norm = nn.RMSNorm(D, eps=att.get("mta_norm_eps", 1e-5)) if output_norm else None
         self.gate = nn.Linear(D, 1) if output_norm else None
@@ -169,7 +203,10 @@ class MultiTokenAttention(Attention):
         if self.norm is None:
             return out
         if self.float32 and out.dtype in (torch.float16, torch.bfloat16):
-            normed = F.rms_norm(out.float(), self.norm.normalized_shape, eps=self.norm.eps).to(out.dtype) * self.norm.weight
+            normed = (
+                F.rms_norm(out.float(), self.norm.normalized_shape, eps=self.norm.eps).to(out.dtype)
+                * self.norm.weight
+            )
         else:
             normed = self.norm(out)
         return normed * torch.sigmoid(self.gate(normed))
@@ -211,7 +248,9 @@ class MinitxForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: MinitxConfig):
         super().__init__(config)
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
-        self.pos_emb = nn.Embedding(config.block_size, config.d_model) if config.positions == "learned" else None
+        self.pos_emb = (
+            nn.Embedding(config.block_size, config.d_model) if config.positions == "learned" else None
+        )
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layer))
         self.norm = make_norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -223,25 +262,34 @@ class MinitxForCausalLM(PreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> nn.Module:
         return self.lm_head
 
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, labels: Optional[Tensor] = None,
-                **kwargs) -> CausalLMOutputWithPast:
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None, **kwargs
+    ) -> CausalLMOutputWithPast:
         if attention_mask is not None and not bool(attention_mask.all()):
-            raise ValueError("minitx models take no padding: give sequences of equal length without an attention mask")
+            raise ValueError(
+                "minitx models take no padding: give sequences of equal length without an attention mask"
+            )
         T = input_ids.shape[1]
         x = self.tok_emb(input_ids)
         rope = None
         if self.pos_emb is not None:
             if T > self.config.block_size:
-                raise ValueError(f"{T} tokens exceed block_size={self.config.block_size} of a model with learned positions")
+                raise ValueError(
+                    f"{T} tokens exceed block_size={self.config.block_size} of a model with learned positions"
+                )
             x = x + self.pos_emb(torch.arange(T, device=input_ids.device))
         else:
-            rope = rope_tables(T, self.config.d_model // self.config.n_head, self.config.rope_base, input_ids.device)
+            rope = rope_tables(
+                T, self.config.d_model // self.config.n_head, self.config.rope_base, input_ids.device
+            )
         for block in self.blocks:
             x = block(x, rope)
         logits = self.lm_head(self.norm(x))
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+            loss = F.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
+            )
         return CausalLMOutputWithPast(loss=loss, logits=logits)
 
     def prepare_inputs_for_generation(self, input_ids: Tensor, **kwargs) -> dict:

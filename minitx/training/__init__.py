@@ -19,7 +19,21 @@ from .run import AtomicCheckpointIO, RunCheckpoints, RunSettings
 from .throughput import ThroughputMeter, format_mfu, peak_flops
 
 __all__ = [
-    "AtomicCheckpointIO", "DEFAULT_CONFIG", "MinitxLM", "NonFiniteLossError", "RunCheckpoints", "RunSettings",
-    "ThroughputMeter", "TrainCLI", "check_train_args", "decays", "format_mfu", "lm_loss", "lr_at", "main",
-    "optimizer_groups", "peak_flops", "sample_text",
+    "AtomicCheckpointIO",
+    "DEFAULT_CONFIG",
+    "MinitxLM",
+    "NonFiniteLossError",
+    "RunCheckpoints",
+    "RunSettings",
+    "ThroughputMeter",
+    "TrainCLI",
+    "check_train_args",
+    "decays",
+    "format_mfu",
+    "lm_loss",
+    "lr_at",
+    "main",
+    "optimizer_groups",
+    "peak_flops",
+    "sample_text",
 ]

@@ -14,9 +14,26 @@ from typing import Any
 import torch
 
 # Where runs go and how they report may change freely; the model is compared by check_same_model.
-IGNORED = ("run.", "ckpt_path", "config", "print_config", "trainer.callbacks", "trainer.logger", "trainer.plugins",
-           "trainer.enable_progress_bar", "trainer.default_root_dir", "model.")
-COMPARED_MODEL_KEYS = ("model.lr", "model.min_lr", "model.warmup_steps", "model.weight_decay", "model.betas", "model.eps")
+IGNORED = (
+    "run.",
+    "ckpt_path",
+    "config",
+    "print_config",
+    "trainer.callbacks",
+    "trainer.logger",
+    "trainer.plugins",
+    "trainer.enable_progress_bar",
+    "trainer.default_root_dir",
+    "model.",
+)
+COMPARED_MODEL_KEYS = (
+    "model.lr",
+    "model.min_lr",
+    "model.warmup_steps",
+    "model.weight_decay",
+    "model.betas",
+    "model.eps",
+)
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
@@ -42,5 +59,8 @@ def report_resume_changes(ckpt_path: str, current: dict) -> None:
     saved = (checkpoint.get("minitx") or {}).get("train_config") or {}
     changes = changed_settings(saved, current) if saved else []
     if changes:
-        print(f"minitx: resuming {ckpt_path} with settings that differ from its run: {', '.join(changes)}; "
-              "the run continues with the new ones, so its losses will not equal an uninterrupted run's", file=sys.stderr)
+        print(
+            f"minitx: resuming {ckpt_path} with settings that differ from its run: {', '.join(changes)}; "
+            "the run continues with the new ones, so its losses will not equal an uninterrupted run's",
+            file=sys.stderr,
+        )

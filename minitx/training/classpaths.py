@@ -14,7 +14,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import yaml
 
@@ -53,7 +54,12 @@ def class_paths(value: Any, key: str) -> Iterator[tuple[str, str]]:
     elif isinstance(value, list):
         for item in value:
             yield from class_paths(item, key)
-    elif isinstance(value, str) and key.startswith("trainer.") and _DOTTED.fullmatch(value) and _names_a_module(value):
+    elif (
+        isinstance(value, str)
+        and key.startswith("trainer.")
+        and _DOTTED.fullmatch(value)
+        and _names_a_module(value)
+    ):
         yield key, value
 
 
@@ -82,7 +88,9 @@ def read_config_file(path: str) -> Any:
         with open(path, encoding="utf-8") as file:
             text = file.read()
     except UnicodeDecodeError:
-        raise UserError(f"--config: {path!r} is not UTF-8 text; give a YAML config file (configs/default.yaml is one)") from None
+        raise UserError(
+            f"--config: {path!r} is not UTF-8 text; give a YAML config file (configs/default.yaml is one)"
+        ) from None
     except OSError as err:
         raise UserError(f"--config: cannot read {path!r} ({err.strerror}); check its permissions") from None
     try:

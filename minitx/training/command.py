@@ -18,8 +18,9 @@ import logging
 import math
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import lightning as L
 import torch
@@ -33,12 +34,12 @@ from ..errors import UserError, one_line
 from ..generation import generate
 from ..hf.load import check_init_from
 from ..model import Transformer
-from .messages import config_files, find_user_error, parse_error_message
 from ..runlock import RunLock
 from .changes import report_resume_changes
 from .classpaths import check_command_line
 from .inputs import check_config
 from .interrupt import RunInterrupted, StopOnInterrupt
+from .messages import config_files, find_user_error, parse_error_message
 from .module import MinitxLM, check_model_section
 from .resume import check_resume_checkpoint, resolve_ckpt_path
 from .run import RunSettings, run_settings, settle_run_section, trainer_arguments
@@ -78,7 +79,7 @@ class TrainCLI(LightningCLI):
         parser.add_class_arguments(RunSettings, "run")
         parser.add_argument(
             "--ckpt_path",
-            type=Optional[str],
+            type=Optional[str],  # noqa: UP045 (jsonargparse reads this typing form)
             default=None,
             help="Resume from this checkpoint: a path, or 'last' / 'best' in <run.root>/<run.name>/checkpoints/.",
         )
@@ -99,7 +100,9 @@ class TrainCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         # The parsed config, before anything is built: the place for checks across sections.
-        settle_run_section(self.config["run"], self.config.get("config") or [], self.config["trainer"]["default_root_dir"])
+        settle_run_section(
+            self.config["run"], self.config.get("config") or [], self.config["trainer"]["default_root_dir"]
+        )
 
     def instantiate_classes(self) -> None:
         try:
@@ -176,7 +179,9 @@ def _with_default_config(args: list[str]) -> list[str]:
 
 def check_trainer(trainer: L.Trainer) -> None:
     if trainer.max_steps is None or trainer.max_steps < 1:
-        raise UserError("trainer.max_steps: must be set (e.g. 5000); the training data never runs out, so runs are bounded in steps")
+        raise UserError(
+            "trainer.max_steps: must be set (e.g. 5000); the training data never runs out, so runs are bounded in steps"
+        )
     accumulate = trainer.accumulate_grad_batches
     interval = trainer.val_check_interval
     if isinstance(interval, int) and interval % accumulate:
@@ -186,7 +191,7 @@ def check_trainer(trainer: L.Trainer) -> None:
         )
 
 
-def check_run(cli: TrainCLI, run: RunSettings) -> Optional[str]:
+def check_run(cli: TrainCLI, run: RunSettings) -> str | None:
     """Every check of the built run before it writes anything; returns the checkpoint to resume from."""
     check_trainer(cli.trainer)
     ckpt_path = resolve_ckpt_path(cli.config["ckpt_path"], run.checkpoint_dir)
@@ -200,7 +205,7 @@ def check_run(cli: TrainCLI, run: RunSettings) -> Optional[str]:
     return ckpt_path
 
 
-def start_run(cli: TrainCLI, run: RunSettings, ckpt_path: Optional[str]) -> None:
+def start_run(cli: TrainCLI, run: RunSettings, ckpt_path: str | None) -> None:
     """What a run writes before fit: the resolved config (run directory and loggers), and what
     its checkpoints carry besides the weights."""
     model, data, trainer = cli.model, cli.datamodule, cli.trainer
@@ -214,13 +219,17 @@ def start_run(cli: TrainCLI, run: RunSettings, ckpt_path: Optional[str]) -> None
         run.dir.mkdir(parents=True, exist_ok=True)
         (run.dir / "config.yaml").write_text(yaml.safe_dump(config_dump, sort_keys=False))
         n_params = model.model.num_params()
-        print(f"minitx: {n_params / 1e6:.2f}M parameters, layers {model.config.layer_kinds}; data: {data.summary()}")
+        print(
+            f"minitx: {n_params / 1e6:.2f}M parameters, layers {model.config.layer_kinds}; data: {data.summary()}"
+        )
         print(f"minitx: run directory {run.dir}" + (f", resuming from {ckpt_path}" if ckpt_path else ""))
         if peak_flops(trainer.strategy.root_device) is None:
-            print(f"minitx: MFU unknown (no peak FLOP/s known for {device_name(trainer.strategy.root_device)})")
+            print(
+                f"minitx: MFU unknown (no peak FLOP/s known for {device_name(trainer.strategy.root_device)})"
+            )
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """The `train` command: parse the config, fit, print the final val loss and a sample."""
     args = _with_default_config(list(sys.argv[1:] if argv is None else argv))
     _quiet_lightning()
@@ -235,7 +244,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ckpt_path = check_run(cli, run)
     if ckpt_path is not None:
         report_resume_changes(ckpt_path, yaml.safe_load(cli.parser.dump(cli.config, skip_validation=True)))
-    sample_prompt = prompt_ids(run.sample_prompt, data.tokenizer, run.sample_prompt == RunSettings.sample_prompt)
+    sample_prompt = prompt_ids(
+        run.sample_prompt, data.tokenizer, run.sample_prompt == RunSettings.sample_prompt
+    )
     # Every check of the input is done: only now does the run write anything, holding its
     # directory's lock (another process training into it is refused) until the end.
     stop = StopOnInterrupt()
@@ -260,9 +271,13 @@ def finish_run(cli: TrainCLI, run: RunSettings, sample_prompt: list[int]) -> Non
         model.last_val = (trainer.global_step, float(trainer.callback_metrics["val_loss"]))
     if trainer.is_global_zero:
         step, val_loss = model.last_val
-        print(f"final val loss {val_loss:.4f} (perplexity {math.exp(val_loss):.2f}) at step {step}; checkpoints in {run.checkpoint_dir}")
+        print(
+            f"final val loss {val_loss:.4f} (perplexity {math.exp(val_loss):.2f}) at step {step}; checkpoints in {run.checkpoint_dir}"
+        )
         if run.sample_tokens > 0:
-            text = sample_text(model.model, data.tokenizer, sample_prompt, run.sample_tokens, run.sample_temperature)
+            text = sample_text(
+                model.model, data.tokenizer, sample_prompt, run.sample_tokens, run.sample_temperature
+            )
             print("sample:\n" + text)
 
 
@@ -282,7 +297,14 @@ def prompt_ids(prompt: str, tokenizer: Any, is_default: bool) -> list[int]:
 
 
 @torch.no_grad()
-def sample_text(model: Transformer, tokenizer: Any, ids: list[int], max_new_tokens: int, temperature: float = 0.8, top_k: Optional[int] = 200) -> str:
+def sample_text(
+    model: Transformer,
+    tokenizer: Any,
+    ids: list[int],
+    max_new_tokens: int,
+    temperature: float = 0.8,
+    top_k: int | None = 200,
+) -> str:
     """A continuation of the prompt `ids` from `model`, decoded (prompt included)."""
     idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
     out = generate(model, idx, max_new_tokens, temperature=temperature, top_k=top_k)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -43,21 +43,41 @@ def _count_or_fraction(key: str, value: Any, fix: str) -> None:
 def check_trainer_section(trainer: Any) -> None:
     max_steps = trainer.get("max_steps")
     if max_steps is None or _is_int(max_steps) and max_steps < 1:
-        raise UserError("trainer.max_steps: must be set (e.g. 5000); the training data never runs out, so runs are bounded in steps")
-    _count_or_fraction("trainer.val_check_interval", trainer.get("val_check_interval"),
-                       "validate every N optimiser steps with a whole number of 1 or more (e.g. 250)")
-    _count_or_fraction("trainer.limit_val_batches", trainer.get("limit_val_batches"),
-                       "a run reports and checkpoints by its val loss, so validation cannot be off; make it smaller with data.val_batches")
-    _count_or_fraction("trainer.limit_train_batches", trainer.get("limit_train_batches"),
-                       "use a whole number of 1 or more, or leave it unset (runs are bounded by trainer.max_steps)")
-    _at_least("trainer.accumulate_grad_batches", trainer.get("accumulate_grad_batches"), 1, " (1: no accumulation)")
+        raise UserError(
+            "trainer.max_steps: must be set (e.g. 5000); the training data never runs out, so runs are bounded in steps"
+        )
+    _count_or_fraction(
+        "trainer.val_check_interval",
+        trainer.get("val_check_interval"),
+        "validate every N optimiser steps with a whole number of 1 or more (e.g. 250)",
+    )
+    _count_or_fraction(
+        "trainer.limit_val_batches",
+        trainer.get("limit_val_batches"),
+        "a run reports and checkpoints by its val loss, so validation cannot be off; make it smaller with data.val_batches",
+    )
+    _count_or_fraction(
+        "trainer.limit_train_batches",
+        trainer.get("limit_train_batches"),
+        "use a whole number of 1 or more, or leave it unset (runs are bounded by trainer.max_steps)",
+    )
+    _at_least(
+        "trainer.accumulate_grad_batches", trainer.get("accumulate_grad_batches"), 1, " (1: no accumulation)"
+    )
     _at_least("trainer.log_every_n_steps", trainer.get("log_every_n_steps"), 1)
-    _at_least("trainer.num_sanity_val_steps", trainer.get("num_sanity_val_steps"), -1, " (-1: the whole validation set)")
+    _at_least(
+        "trainer.num_sanity_val_steps",
+        trainer.get("num_sanity_val_steps"),
+        -1,
+        " (-1: the whole validation set)",
+    )
     _at_least("trainer.num_nodes", trainer.get("num_nodes"), 1)
     _at_least("trainer.check_val_every_n_epoch", trainer.get("check_val_every_n_epoch"), 1)
     max_epochs = trainer.get("max_epochs")
     if _is_int(max_epochs) and (max_epochs == 0 or max_epochs < -1):
-        raise UserError(f"trainer.max_epochs: is {max_epochs}; leave it unset (runs are bounded by trainer.max_steps) or use -1")
+        raise UserError(
+            f"trainer.max_epochs: is {max_epochs}; leave it unset (runs are bounded by trainer.max_steps) or use -1"
+        )
     clip = trainer.get("gradient_clip_val")
     if clip is not None and not (isinstance(clip, (int, float)) and clip >= 0 and math.isfinite(clip)):
         raise UserError(f"trainer.gradient_clip_val: is {clip}; use 0 or more (0 or unset: no clipping)")
@@ -65,12 +85,19 @@ def check_trainer_section(trainer: Any) -> None:
 
 def check_seed(seed: Any) -> None:
     if _is_int(seed) and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
-        raise UserError(f"seed_everything: is {seed}; use a whole number from {SEED_RANGE[0]} to {SEED_RANGE[1]}")
+        raise UserError(
+            f"seed_everything: is {seed}; use a whole number from {SEED_RANGE[0]} to {SEED_RANGE[1]}"
+        )
 
 
-def check_run_section(run: Any, default_root_dir: Optional[str]) -> None:
+def check_run_section(run: Any, default_root_dir: str | None) -> None:
     _at_least("run.sample_tokens", run.get("sample_tokens"), 0, " (0: no sample)")
-    _at_least("run.checkpoint_every_n_steps", run.get("checkpoint_every_n_steps"), 0, " (0: only at validations and at the end)")
+    _at_least(
+        "run.checkpoint_every_n_steps",
+        run.get("checkpoint_every_n_steps"),
+        0,
+        " (0: only at validations and at the end)",
+    )
     temperature = run.get("sample_temperature")
     if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
         raise UserError(f"run.sample_temperature: is {temperature}; use 0 (greedy) or more, e.g. 0.8")
@@ -80,12 +107,18 @@ def check_run_section(run: Any, default_root_dir: Optional[str]) -> None:
             check_root(key, Path(str(root)).expanduser())
 
 
-def check_run_name(name: Optional[str]) -> None:
+def check_run_name(name: str | None) -> None:
     """A run name is one directory inside run.root: no separators, no '..', not absolute."""
     if name is None:
         return
     parts = Path(name).parts
-    if not name.strip() or Path(name).is_absolute() or len(parts) != 1 or parts[0] in (".", "..") or "\\" in name:
+    if (
+        not name.strip()
+        or Path(name).is_absolute()
+        or len(parts) != 1
+        or parts[0] in (".", "..")
+        or "\\" in name
+    ):
         raise UserError(
             f"run.name: {name!r} is not a plain directory name inside run.root; use a name without '/', '..' "
             "or a leading '/', and set run.root to choose where runs go"
@@ -122,7 +155,7 @@ def check_model_memory(model: Any, trainer: Any) -> None:
         )
 
 
-def device_memory(accelerator: Any) -> tuple[Optional[int], str]:
+def device_memory(accelerator: Any) -> tuple[int | None, str]:
     """(bytes, description) of the memory one training process can use: a GPU's, or the machine's."""
     if str(accelerator) in ("gpu", "cuda", "auto") and torch.cuda.is_available():
         return torch.cuda.get_device_properties(0).total_memory, "GPU memory"

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
@@ -39,7 +40,7 @@ class StopOnInterrupt(Callback):
         self.requested = True
 
     @contextmanager
-    def installed(self) -> Iterator["StopOnInterrupt"]:
+    def installed(self) -> Iterator[StopOnInterrupt]:
         """SIGINT sets the flag while the block runs (only the main thread can take signals)."""
         if threading.current_thread() is not threading.main_thread():
             yield self
@@ -50,7 +51,9 @@ class StopOnInterrupt(Callback):
         finally:
             signal.signal(signal.SIGINT, previous)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         stop = self.requested
         if trainer.world_size > 1:
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
@@ -66,5 +69,7 @@ class StopOnInterrupt(Callback):
     def message(self, trainer: L.Trainer, checkpoint_dir: Path) -> str:
         last = checkpoint_dir / LAST
         if not last.is_file():
-            return f"at step {trainer.global_step}, before the run saved a checkpoint; start it again to train"
+            return (
+                f"at step {trainer.global_step}, before the run saved a checkpoint; start it again to train"
+            )
         return f"at step {trainer.global_step}; the last checkpoint is {last}: continue with --ckpt_path last"

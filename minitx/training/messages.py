@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..errors import UserError
 
@@ -32,14 +33,26 @@ def parse_error_message(err: BaseException, parser: Any = None, config_files: Se
     return message
 
 
-_WRONG_TYPE = re.compile(r'^Parser key "(?P<key>[\w.]+)": Expected a (?P<type>.+?)\. Got value: (?P<value>.*)$')
-_NO_UNION_TYPE = re.compile(r'^Parser key "(?P<key>[\w.]+)": Does not validate against any of the Union subtypes Subtypes: \[(?P<types>.*)\]$')
-_TYPE_WORDS = {"int": "a whole number", "float": "a number", "bool": "true or false", "str": "text", "NoneType": "null",
-               "tuple": "a list", "list": "a list", "dict": "a mapping"}
+_WRONG_TYPE = re.compile(
+    r'^Parser key "(?P<key>[\w.]+)": Expected a (?P<type>.+?)\. Got value: (?P<value>.*)$'
+)
+_NO_UNION_TYPE = re.compile(
+    r'^Parser key "(?P<key>[\w.]+)": Does not validate against any of the Union subtypes Subtypes: \[(?P<types>.*)\]$'
+)
+_TYPE_WORDS = {
+    "int": "a whole number",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "text",
+    "NoneType": "null",
+    "tuple": "a list",
+    "list": "a list",
+    "dict": "a mapping",
+}
 
 
 def _type_in_words(type_text: str) -> str:
-    """"<class 'int'>" -> "a whole number", "typing.Literal['a', 'b']" -> "one of a, b", "list[int]" -> "a list"."""
+    """ "<class 'int'>" -> "a whole number", "typing.Literal['a', 'b']" -> "one of a, b", "list[int]" -> "a list"."""
     literal = re.fullmatch(r"typing\.Literal\[(.*)\]", type_text.strip())
     if literal:
         return "one of " + ", ".join(choice.strip().strip("'\"") for choice in literal.group(1).split(","))
@@ -62,9 +75,13 @@ def _plain_type_error(message: str) -> str:
         # Split the subtypes at the commas between them, not those inside Literal[...] or list[...].
         types = [t for t in re.split(r",\s*(?![^\[]*\])", union["types"]) if t.strip()]
         words = [_type_in_words(t) for t in types]
-        choices = [choice for w in words if w.startswith("one of ") for choice in w[len("one of "):].split(", ")]
+        choices = [
+            choice for w in words if w.startswith("one of ") for choice in w[len("one of ") :].split(", ")
+        ]
         others = [w for w in words if not w.startswith("one of ")]
-        expected = " or ".join(dict.fromkeys(([f"one of {', '.join(dict.fromkeys(choices))}"] if choices else []) + others))
+        expected = " or ".join(
+            dict.fromkeys(([f"one of {', '.join(dict.fromkeys(choices))}"] if choices else []) + others)
+        )
         return f"{union['key']}: the value given is not accepted; give {expected}"
     return message
 
@@ -73,10 +90,12 @@ def config_files(args: Any) -> list[str]:
     """The values of --config / -c in a command line."""
     args = list(args) if isinstance(args, (list, tuple)) else []
     files = [value for flag, value in zip(args, args[1:]) if flag in ("--config", "-c")]
-    return files + [arg.split("=", 1)[1] for arg in args if isinstance(arg, str) and arg.startswith("--config=")]
+    return files + [
+        arg.split("=", 1)[1] for arg in args if isinstance(arg, str) and arg.startswith("--config=")
+    ]
 
 
-def _unknown_key(message: str) -> Optional[str]:
+def _unknown_key(message: str) -> str | None:
     """The key jsonargparse refused, from its three phrasings (flag, YAML key, key inside a group)."""
     flag = re.search(r"unrecognized arguments: --([\w.]+)", message, re.IGNORECASE)
     if flag:
@@ -98,7 +117,7 @@ def _known_keys(parser: Any) -> list[str]:
         return []
 
 
-def find_user_error(err: BaseException) -> Optional[UserError]:
+def find_user_error(err: BaseException) -> UserError | None:
     """The UserError in `err` or in what caused it (jsonargparse wraps what constructors raise), or None."""
     seen = set()
     while err is not None and id(err) not in seen:

@@ -14,9 +14,10 @@ or not the run was interrupted before it, whatever else drew random numbers in b
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, fields, is_dataclass
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -102,16 +103,28 @@ class MinitxLM(L.LightningModule):
             ModelConfig is their one definition, so a field added there is a model.* key here.
     """
 
-    def __init__(self, lr: float = 1e-3, min_lr: float = 1e-4, warmup_steps: int = 100, max_steps: int = -1,
-                 weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
-                 compile: bool = False, init_from: Optional[str] = None, **model: Any):
+    def __init__(
+        self,
+        lr: float = 1e-3,
+        min_lr: float = 1e-4,
+        warmup_steps: int = 100,
+        max_steps: int = -1,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        compile: bool = False,
+        init_from: str | None = None,
+        **model: Any,
+    ):
         super().__init__()
         if init_from:
             model = run_model_fields(init_from, model)
         with errors_named("model"):
             # jsonargparse reads ModelConfig's fields from this call: keep it ModelConfig(**model).
             self.config = ModelConfig(**model)
-        check_optimiser("model", lr=lr, min_lr=min_lr, warmup_steps=warmup_steps, weight_decay=weight_decay, betas=betas)
+        check_optimiser(
+            "model", lr=lr, min_lr=min_lr, warmup_steps=warmup_steps, weight_decay=weight_decay, betas=betas
+        )
         self.save_hyperparameters()
         # Checkpoints must load with weights_only=True: hyperparameters hold plain data only.
         self.hparams.update(self.config.to_dict())
@@ -122,10 +135,10 @@ class MinitxLM(L.LightningModule):
         # The decay decision is made here, on the unwrapped model, where shapes are still true.
         self.decay_names = {name for name, p in self.model.named_parameters() if decays(name, p)}
 
-        self.tokenizer_dict: Optional[dict] = None  # set by the train command; saved in checkpoints
-        self.train_config: Optional[dict] = None
-        self.last_val: Optional[tuple[int, float]] = None  # (step, val_loss) of the latest validation
-        self.throughput: Optional[ThroughputMeter] = None  # from fit start: tokens/s, MFU, tokens seen
+        self.tokenizer_dict: dict | None = None  # set by the train command; saved in checkpoints
+        self.train_config: dict | None = None
+        self.last_val: tuple[int, float] | None = None  # (step, val_loss) of the latest validation
+        self.throughput: ThroughputMeter | None = None  # from fit start: tokens/s, MFU, tokens seen
         self._val_losses: list[Tensor] = []
         self._val_exact: list[Tensor] = []  # tasks with targets only (the toy task): exact match
         self._reset_step_counters()
@@ -133,7 +146,7 @@ class MinitxLM(L.LightningModule):
     def _reset_step_counters(self) -> None:
         self._micro = 0  # micro-batch index inside the current optimiser step (grad accumulation)
         self._seen_step = -1
-        self._loss_sum: Optional[Tensor] = None
+        self._loss_sum: Tensor | None = None
 
     # -- forward and loss --------------------------------------------------------------------
     def forward(self, idx: Tensor) -> Tensor:
@@ -232,7 +245,12 @@ class MinitxLM(L.LightningModule):
         if self._val_exact:
             accuracy = torch.stack(self._val_exact).mean()
             self._val_exact.clear()
-            self.log("val_accuracy", self.trainer.strategy.reduce(accuracy, reduce_op="mean"), prog_bar=True, sync_dist=True)
+            self.log(
+                "val_accuracy",
+                self.trainer.strategy.reduce(accuracy, reduce_op="mean"),
+                prog_bar=True,
+                sync_dist=True,
+            )
         if not self.trainer.sanity_checking:
             self.last_val = (self.global_step, float(mean))
 
@@ -241,10 +259,20 @@ class MinitxLM(L.LightningModule):
         hp = self.hparams
         max_steps = hp.max_steps if hp.max_steps > 0 else (self.trainer.max_steps if self._trainer else -1)
         if max_steps < 1:
-            raise UserError("trainer.max_steps: must be set to the number of optimiser steps (the training data never runs out)")
+            raise UserError(
+                "trainer.max_steps: must be set to the number of optimiser steps (the training data never runs out)"
+            )
         groups = optimizer_groups(list(self.model.named_parameters()), hp.weight_decay, self.decay_names)
-        return adamw_with_schedule(groups, lr=hp.lr, min_lr=hp.min_lr, warmup_steps=hp.warmup_steps, max_steps=max_steps,
-                                   betas=hp.betas, eps=hp.eps, fused=self.device.type == "cuda")
+        return adamw_with_schedule(
+            groups,
+            lr=hp.lr,
+            min_lr=hp.min_lr,
+            warmup_steps=hp.warmup_steps,
+            max_steps=max_steps,
+            betas=hp.betas,
+            eps=hp.eps,
+            fused=self.device.type == "cuda",
+        )
 
     # -- checkpoints -------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -264,5 +292,7 @@ class MinitxLM(L.LightningModule):
         # called from Python.
         saved = checkpoint.get("minitx", {})
         if saved.get("format") != CHECKPOINT_FORMAT:
-            raise UserError(f"ckpt_path: checkpoint format {saved.get('format')!r} is not {CHECKPOINT_FORMAT}; it was not written by this minitx")
+            raise UserError(
+                f"ckpt_path: checkpoint format {saved.get('format')!r} is not {CHECKPOINT_FORMAT}; it was not written by this minitx"
+            )
         check_same_model(saved, self.config)

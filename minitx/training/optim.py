@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -25,7 +25,9 @@ def decays(name: str, param: Tensor) -> bool:
     return param.dim() >= 2 and name.rsplit(".", 1)[-1] not in NO_DECAY_NAMES
 
 
-def optimizer_groups(named_params: Sequence[tuple[str, Tensor]], weight_decay: float, decay_names: Optional[set[str]] = None) -> list[dict]:
+def optimizer_groups(
+    named_params: Sequence[tuple[str, Tensor]], weight_decay: float, decay_names: set[str] | None = None
+) -> list[dict]:
     """Two AdamW groups: decayed matrices and undecayed rest. `decay_names` (clean names) overrides
     the shape rule, for wrappers such as FSDP that flatten parameters after the decision was made."""
     decay, no_decay = [], []
@@ -52,8 +54,17 @@ def lr_at(step: int, lr: float, min_lr: float, warmup_steps: int, max_steps: int
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
 
 
-def adamw_with_schedule(groups: list[dict], *, lr: float, min_lr: float, warmup_steps: int, max_steps: int,
-                        betas: Sequence[float], eps: float, fused: bool) -> dict:
+def adamw_with_schedule(
+    groups: list[dict],
+    *,
+    lr: float,
+    min_lr: float,
+    warmup_steps: int,
+    max_steps: int,
+    betas: Sequence[float],
+    eps: float,
+    fused: bool,
+) -> dict:
     """AdamW over `groups` and a LambdaLR stepped every optimiser step, as configure_optimizers returns them."""
     optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
 
@@ -61,10 +72,15 @@ def adamw_with_schedule(groups: list[dict], *, lr: float, min_lr: float, warmup_
         return lr_at(step, lr, min_lr, warmup_steps, max_steps) / lr
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
+    return {
+        "optimizer": optimizer,
+        "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+    }
 
 
-def check_optimiser(prefix: str, *, lr: float, min_lr: float, warmup_steps: int, weight_decay: float, betas: Sequence[float]) -> None:
+def check_optimiser(
+    prefix: str, *, lr: float, min_lr: float, warmup_steps: int, weight_decay: float, betas: Sequence[float]
+) -> None:
     """The optimiser settings' checks; errors name `<prefix>.<setting>`."""
     if not lr > 0:
         raise UserError(f"{prefix}.lr: is {lr}; use a positive learning rate such as 1e-3")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ..checkpoint import BEST, LAST, read_checkpoint, state_mismatch
 from ..config import ModelConfig
@@ -11,17 +11,21 @@ from ..data.tokenizer import tokenizer_from_dict
 from ..errors import UserError
 
 
-def resolve_ckpt_path(value: Optional[str], checkpoint_dir: Path) -> Optional[str]:
+def resolve_ckpt_path(value: str | None, checkpoint_dir: Path) -> str | None:
     """--ckpt_path as a file: 'last' and 'best' name the files in the run's `checkpoint_dir`."""
     if value is None:
         return None
     if value in ("last", "best"):
         path = checkpoint_dir / (LAST if value == "last" else BEST)
         if not path.is_file():
-            raise UserError(f"ckpt_path: {value!r} means {str(path)!r}, which does not exist; start the run without --ckpt_path or set run.name/run.root")
+            raise UserError(
+                f"ckpt_path: {value!r} means {str(path)!r}, which does not exist; start the run without --ckpt_path or set run.name/run.root"
+            )
         return str(path)
     if Path(value).is_dir():
-        raise UserError(f"ckpt_path: {value!r} is a directory; give the .ckpt file inside it (a run keeps them in checkpoints/), 'last' or 'best'")
+        raise UserError(
+            f"ckpt_path: {value!r} is a directory; give the .ckpt file inside it (a run keeps them in checkpoints/), 'last' or 'best'"
+        )
     if not Path(value).is_file():
         raise UserError(f"ckpt_path: no checkpoint at {value!r}; give a .ckpt file, 'last' or 'best'")
     return value
@@ -38,7 +42,9 @@ def check_resume_checkpoint(path: str, config: ModelConfig, state_dict: dict, to
     where = f"ckpt_path: {path!r}"
     checkpoint = read_checkpoint(path, where, "give last.ckpt or best.ckpt of a run")
     saved = checkpoint["minitx"]
-    missing = [key for key in ("optimizer_states", "lr_schedulers", "loops", "global_step") if key not in checkpoint]
+    missing = [
+        key for key in ("optimizer_states", "lr_schedulers", "loops", "global_step") if key not in checkpoint
+    ]
     if missing:
         raise UserError(
             f"{where} holds weights but no training state ({', '.join(missing)} missing), so training cannot resume "
@@ -52,14 +58,18 @@ def check_resume_checkpoint(path: str, config: ModelConfig, state_dict: dict, to
     check_same_model(saved, config)
     mismatch = state_mismatch(state_dict, checkpoint["state_dict"])
     if mismatch:
-        raise UserError(f"{where}: its weights do not match its model config ({mismatch}); the file is damaged or was edited")
+        raise UserError(
+            f"{where}: its weights do not match its model config ({mismatch}); the file is damaged or was edited"
+        )
 
 
 def check_same_model(saved: dict, config: ModelConfig) -> None:
     """A run resumes only into the model it saved: `saved` is a checkpoint's "minitx" entry."""
     if saved.get("model_config") != config.to_dict():
         diff = dict_diff(saved.get("model_config") or {}, config.to_dict())
-        raise UserError(f"ckpt_path: the checkpoint's model differs from the configured one ({diff}); resume with the same model settings")
+        raise UserError(
+            f"ckpt_path: the checkpoint's model differs from the configured one ({diff}); resume with the same model settings"
+        )
 
 
 def dict_diff(old: dict, new: dict, prefix: str = "") -> str:
@@ -86,9 +96,13 @@ def tokenizer_difference(saved: Any, current: Any) -> str:
         dropped = sorted(set(old.chars) - set(current.chars))
         parts = [f"{len(old.chars)} characters then, {len(current.chars)} now"]
         if added:
-            parts.append("new: " + " ".join(repr(ch) for ch in added[:10]) + (" ..." if len(added) > 10 else ""))
+            parts.append(
+                "new: " + " ".join(repr(ch) for ch in added[:10]) + (" ..." if len(added) > 10 else "")
+            )
         if dropped:
-            parts.append("gone: " + " ".join(repr(ch) for ch in dropped[:10]) + (" ..." if len(dropped) > 10 else ""))
+            parts.append(
+                "gone: " + " ".join(repr(ch) for ch in dropped[:10]) + (" ..." if len(dropped) > 10 else "")
+            )
         return ", ".join(parts)
     if old.vocab_size != current.vocab_size:
         return f"vocabulary of {old.vocab_size} tokens then, {current.vocab_size} now"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import lightning as L
 import torch
@@ -45,13 +45,13 @@ class RunSettings:
     sample_temperature: softmax temperature of that sample.
     """
 
-    name: Optional[str] = None
+    name: str | None = None
     root: str = DEFAULT_ROOT
     checkpoint_every_n_steps: int = 0
     keep_every_n_steps: bool = False
     wandb: bool = False
     wandb_project: str = "minitx"
-    wandb_group: Optional[str] = None
+    wandb_group: str | None = None
     sample_tokens: int = 200
     sample_prompt: str = "\n"
     sample_temperature: float = 0.8
@@ -72,7 +72,7 @@ def run_settings(value: Any) -> RunSettings:
     return RunSettings(**(value.as_dict() if hasattr(value, "as_dict") else dict(value)))
 
 
-def settle_run_section(run: Any, config_files: list, default_root_dir: Optional[str]) -> None:
+def settle_run_section(run: Any, config_files: list, default_root_dir: str | None) -> None:
     """Fill in what the `run` section leaves to others, in place (a parsed section: item access).
 
     run.name unset: the stem of the last config file. trainer.default_root_dir, Lightning's
@@ -106,7 +106,11 @@ def trainer_arguments(run: RunSettings, config: dict[str, Any]) -> dict[str, Any
         if run.wandb:
             # WANDB_DIR, when set, wins: the user asked for W&B files to go there.
             save_dir = os.environ.get("WANDB_DIR", str(run.dir))
-            loggers.append(WandbLogger(project=run.wandb_project, name=run.name, group=run.wandb_group, save_dir=save_dir))
+            loggers.append(
+                WandbLogger(
+                    project=run.wandb_project, name=run.name, group=run.wandb_group, save_dir=save_dir
+                )
+            )
         config["logger"] = loggers
     return config
 
@@ -118,14 +122,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     a user adds) goes through the strategy's CheckpointIO, so this one plugin covers them all.
     """
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} does not take storage_options")
         write_atomically(path, lambda file: torch.save(checkpoint, file))
 
-    def load_checkpoint(self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: Optional[bool] = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None
+    ) -> dict[str, Any]:
         # weights_only is forced: a checkpoint is data, never code, whatever the caller asked for.
-        return load_file(path, f"ckpt_path: {str(path)!r}", "give last.ckpt or best.ckpt written by train.py", map_location)
+        return load_file(
+            path, f"ckpt_path: {str(path)!r}", "give last.ckpt or best.ckpt written by train.py", map_location
+        )
 
 
 class RunCheckpoints(Checkpoint):
@@ -140,14 +150,20 @@ class RunCheckpoints(Checkpoint):
     A `Checkpoint` subclass, so the Trainer adds no ModelCheckpoint of its own.
     """
 
-    def __init__(self, dirpath: str | os.PathLike, every_n_steps: int = 0, keep_every_n_steps: bool = False, monitor: str = "val_loss"):
+    def __init__(
+        self,
+        dirpath: str | os.PathLike,
+        every_n_steps: int = 0,
+        keep_every_n_steps: bool = False,
+        monitor: str = "val_loss",
+    ):
         super().__init__()
         self.dirpath = Path(dirpath)
         self.every_n_steps = every_n_steps
         self.keep_every_n_steps = keep_every_n_steps
         self.monitor = monitor
-        self.best_score: Optional[float] = None
-        self.best_step: Optional[int] = None
+        self.best_score: float | None = None
+        self.best_step: int | None = None
         self._last_saved_step = -1
 
     @property
@@ -173,7 +189,9 @@ class RunCheckpoints(Checkpoint):
         trainer.save_checkpoint(self.last_path, weights_only=False)
         self._last_saved_step = trainer.global_step
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         step = trainer.global_step
         if self.every_n_steps < 1 or step % self.every_n_steps or step == self._last_saved_step:
             return

@@ -14,7 +14,6 @@ would be unknown, 3x too high or half of what it is on exactly the GPUs people t
 from __future__ import annotations
 
 import time
-from typing import Optional
 
 import torch
 
@@ -33,7 +32,7 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 )
 
 
-def peak_flops(device: torch.device) -> Optional[float]:
+def peak_flops(device: torch.device) -> float | None:
     """Peak FLOP/s of one `device`, or None when unknown (CPUs, unlisted GPUs): never a guess."""
     if device.type != "cuda":
         return None
@@ -48,7 +47,7 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
-def format_mfu(mfu: Optional[float]) -> str:
+def format_mfu(mfu: float | None) -> str:
     return "unknown" if mfu is None else f"{100 * mfu:.1f}%"
 
 
@@ -61,7 +60,7 @@ class ThroughputMeter:
     on since this process started the run; `mean_tokens_per_sec` is over all closed windows.
     """
 
-    def __init__(self, device: torch.device, flops_per_token: Optional[float] = None, world_size: int = 1):
+    def __init__(self, device: torch.device, flops_per_token: float | None = None, world_size: int = 1):
         self.device = device
         self.peak = peak_flops(device)
         self.flops_per_token = flops_per_token
@@ -70,8 +69,8 @@ class ThroughputMeter:
         self.timed_tokens = 0
         self.timed_seconds = 0.0
         self._window_tokens = 0
-        self._window_start: Optional[float] = None
-        self._paused_at: Optional[float] = None
+        self._window_start: float | None = None
+        self._paused_at: float | None = None
 
     def _now(self) -> float:
         if self.device.type == "cuda":
@@ -85,7 +84,7 @@ class ThroughputMeter:
     def started(self) -> bool:
         return self._window_start is not None
 
-    def lap(self) -> Optional[float]:
+    def lap(self) -> float | None:
         now = self._now()
         start, tokens = self._window_start, self._window_tokens
         self._window_start, self._window_tokens = now, 0
@@ -106,10 +105,10 @@ class ThroughputMeter:
         self._paused_at = None
 
     @property
-    def mean_tokens_per_sec(self) -> Optional[float]:
+    def mean_tokens_per_sec(self) -> float | None:
         return self.timed_tokens / self.timed_seconds if self.timed_seconds > 0 else None
 
-    def mfu(self, tokens_per_sec: float) -> Optional[float]:
+    def mfu(self, tokens_per_sec: float) -> float | None:
         """Model FLOPs utilisation: achieved training FLOP/s over the devices' peak, or None."""
         if self.peak is None or self.flops_per_token is None:
             return None
