@@ -1,4 +1,4 @@
-"""Command-line entry points: train, generate, ablate, evaluate, export.
+"""Command-line entry points: train, prepare, generate, ablate, evaluate, export.
 
 The top layer: each command's work lives beside what it drives (minitx/training/command.py,
 generation.py, ablation/, evaluation/, hf/); this file only turns a user's mistake into one clear line
@@ -24,6 +24,7 @@ COMMANDS = {
     "ablate": "minitx.ablation.command",
     "evaluate": "minitx.evaluation.command",
     "export": "minitx.hf.command",
+    "prepare": "minitx.data.command",
 }
 
 
@@ -58,3 +59,7 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
 
 def export_main(argv: Sequence[str] | None = None) -> int:
     return run_command("export", argv)
+
+
+def prepare_main(argv: Sequence[str] | None = None) -> int:
+    return run_command("prepare", argv)

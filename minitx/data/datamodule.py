@@ -1,12 +1,17 @@
-"""The LightningDataModule: text source -> tokenizer -> cached token memmaps -> batches.
+"""The LightningDataModule: prepared token shards (prepare.py) -> batches.
+
+The text is prepared once (streamed, tokenised in parallel, written as shards with a manifest;
+see minitx/data/prepare.py): `setup()` prepares on first use and afterwards only opens the
+shards, which costs a stat per file whatever the corpus's size.
 
 Training batches are random windows of the training tokens, drawn forever (a run is bounded by
 `trainer.max_steps`). Batch number n is a pure function of (seed, rank, n), so:
   * a run is reproducible from its seed;
   * resuming only needs n, which the datamodule keeps in `state_dict()` and Lightning stores in
     every checkpoint; the resumed run draws exactly the batches the uninterrupted run would;
-  * each DDP rank draws different batches, and memory stays flat: no index lists, only the
-    windows of the current batch are read from the memmap.
+  * each DDP rank draws different batches from the same shards (every rank maps all of them;
+    a window is drawn from the whole training set), and memory stays flat: no index lists, only
+    the windows of the current batch are read, and the maps drop their pages as they go.
 
 Validation is a fixed set of `val_batches * batch_size` windows spread evenly over the
 validation tokens, the same every time, so validation losses are comparable across a run.
@@ -24,10 +29,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from minitx.data.cache import cached_tokens
-from minitx.data.sources import SOURCES, load_text
+from minitx.data.prepare import DataSettings, Prepared, prepare
+from minitx.data.shards import TokenArray
+from minitx.data.sources import SOURCES
 from minitx.data.tasks import LENGTH_KEYS, TASKS, task_config
-from minitx.data.tokenizer import Tokenizer, build_tokenizer
+from minitx.data.tokenizer import Tokenizer
 from minitx.data.toy import ToyTrainBatches, ToyValSet
 from minitx.errors import UserError
 
@@ -50,52 +56,45 @@ def random_window_starts(
     return rng.integers(0, num_tokens - block_size, size=batch_size)
 
 
-def windows_to_batch(tokens: np.ndarray, starts: np.ndarray, block_size: int) -> Batch:
+def windows_to_batch(tokens: TokenArray, starts: np.ndarray, block_size: int) -> Batch:
     """Windows of block_size + 1 tokens -> inputs x and targets y (x shifted left by one)."""
-    index = starts[:, None] + np.arange(block_size + 1)
-    chunk = torch.from_numpy(np.asarray(tokens[index], dtype=np.int64))
+    chunk = torch.from_numpy(np.stack([tokens.window(int(start), block_size + 1) for start in starts]))
     return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
-
-
-def _open_memmap(path: str, dtype: str) -> np.ndarray:
-    return np.memmap(path, dtype=np.dtype(dtype), mode="r")
 
 
 class RandomWindowBatches(IterableDataset):
     """Endless training batches, starting at batch number `start_batch`.
 
-    Holds the memmap's path rather than the array, so that worker processes open their own
-    view of the file instead of receiving a pickled copy of the corpus.
+    A TokenArray pickles as its shards' paths, so worker processes map the files themselves
+    instead of receiving a copy of the corpus.
     With W workers, worker w yields batches start+w, start+w+W, ...; the DataLoader takes
     from the workers in turn, so the loader's output is still batch start, start+1, ...
     """
 
     def __init__(
         self,
-        tokens_path: str,
-        dtype: str,
+        tokens: TokenArray,
         block_size: int,
         batch_size: int,
         seed: int,
         rank: int,
         start_batch: int = 0,
     ) -> None:
-        self.tokens_path = tokens_path
-        self.dtype = dtype
+        self.tokens = tokens
         self.block_size = block_size
         self.batch_size = batch_size
         self.seed = seed
         self.rank = rank
         self.start_batch = start_batch
 
-    def batch(self, tokens: np.ndarray, batch_index: int) -> Batch:
+    def batch(self, tokens: TokenArray, batch_index: int) -> Batch:
         starts = random_window_starts(
             self.seed, self.rank, batch_index, len(tokens), self.block_size, self.batch_size
         )
         return windows_to_batch(tokens, starts, self.block_size)
 
     def __iter__(self) -> Iterator[Batch]:
-        tokens = _open_memmap(self.tokens_path, self.dtype)
+        tokens = self.tokens
         worker = get_worker_info()
         worker_id, num_workers = (worker.id, worker.num_workers) if worker else (0, 1)
         batch_index = self.start_batch + worker_id
@@ -107,27 +106,18 @@ class RandomWindowBatches(IterableDataset):
 class EvenlySpacedWindows(Dataset):
     """A fixed set of `count` windows spread evenly over the tokens; item i is (x, y)."""
 
-    def __init__(self, tokens_path: str, dtype: str, num_tokens: int, block_size: int, count: int):
-        self.tokens_path = tokens_path
-        self.dtype = dtype
+    def __init__(self, tokens: TokenArray, block_size: int, count: int):
+        self.tokens = tokens
         self.block_size = block_size
-        last_start = num_tokens - block_size - 1
+        last_start = len(tokens) - block_size - 1
         self.starts = np.linspace(0, last_start, num=count).round().astype(np.int64)
-        self._tokens: np.ndarray | None = None  # opened lazily, once per process
 
     def __len__(self) -> int:
         return len(self.starts)
 
     def __getitem__(self, i: int) -> Batch:
-        if self._tokens is None:
-            self._tokens = _open_memmap(self.tokens_path, self.dtype)
-        x, y = windows_to_batch(self._tokens, self.starts[i : i + 1], self.block_size)
+        x, y = windows_to_batch(self.tokens, self.starts[i : i + 1], self.block_size)
         return x[0], y[0]
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_tokens"] = None  # never ship the memmap itself to a worker
-        return state
 
 
 def _require(condition: bool, message: str) -> None:
@@ -146,13 +136,19 @@ class TextDataModule(L.LightningDataModule):
         hf_name, hf_config: `datasets.load_dataset(hf_name, hf_config)`, for source=hf.
         hf_train_split, hf_val_split: split names; without hf_val_split, `val_fraction` applies.
         hf_data_files: `data_files` for load_dataset, e.g. for the "text" or "json" builders.
-        text_column: the dataset column that holds the text.
+        hf_revision: the Hub dataset's revision (a branch, tag or commit); pin it for data that never moves.
+        text_column: the column that holds the text, for record files (jsonl, parquet, csv, arrow) and hf.
         tokenizer: "char", "bpe", or a path to a tokenizer.json.
         vocab_size: target vocabulary size of the trained BPE (ignored otherwise).
+        tokenizer_train_bytes: BPE trains on at most this much text, drawn from across the corpus.
+        max_tokens: take only the first max_tokens training tokens of the source (e.g. of a Hub stream).
+        decode_errors: "strict" (invalid UTF-8 is an error naming the file and byte) or "replace".
+        num_proc: tokenizer threads while preparing; default every core.
+        shard_tokens: token ids per shard file (about; shards end where a batch of text ends).
         block_size: tokens of context per sample.
         batch_size: samples per batch (per device).
         num_workers: DataLoader worker processes.
-        cache_dir: where token caches live; default ~/.cache/minitx.
+        cache_dir: where prepared data lives (`prepared/<key>/`); default ~/.cache/minitx.
         seed: seeds the training batch stream.
         val_batches: number of validation batches, the same windows at every validation.
         toy_n, toy_query_len, toy_blocks, toy_min_blocks, toy_target: the toy task (source=toy):
@@ -180,9 +176,15 @@ class TextDataModule(L.LightningDataModule):
         hf_train_split: str = "train",
         hf_val_split: str | None = None,
         hf_data_files: str | list[str] | dict[str, str | list[str]] | None = None,
+        hf_revision: str | None = None,
         text_column: str = "text",
         tokenizer: str = "char",
         vocab_size: int = 512,
+        tokenizer_train_bytes: int = 200_000_000,
+        max_tokens: int | None = None,
+        decode_errors: str = "strict",
+        num_proc: int | None = None,
+        shard_tokens: int = 100_000_000,
         block_size: int = 256,
         batch_size: int = 32,
         num_workers: int = 0,
@@ -244,9 +246,31 @@ class TextDataModule(L.LightningDataModule):
         # on_before_batch_transfer, i.e. when the trainer actually consumes a batch, not when
         # the loader prefetches one.
         self.train_batches_drawn = 0
+        self.settings = DataSettings(
+            source=source,
+            train_files=train_files,
+            val_files=val_files,
+            val_fraction=val_fraction,
+            hf_name=hf_name,
+            hf_config=hf_config,
+            hf_train_split=hf_train_split,
+            hf_val_split=hf_val_split,
+            hf_data_files=hf_data_files,
+            hf_revision=hf_revision,
+            text_column=text_column,
+            tokenizer=tokenizer,
+            vocab_size=vocab_size,
+            tokenizer_train_bytes=tokenizer_train_bytes,
+            max_tokens=max_tokens,
+            decode_errors=decode_errors,
+            cache_dir=cache_dir,
+            num_proc=num_proc,
+            shard_tokens=shard_tokens,
+        )
         self._tokenizer: Tokenizer | None = None
-        self.train_tokens: np.ndarray | None = None
-        self.val_tokens: np.ndarray | None = None
+        self.prepared: Prepared | None = None
+        self.train_tokens: TokenArray | None = None
+        self.val_tokens: TokenArray | None = None
         self._checkpoint_fingerprint: str | None = None
 
     # ---------------------------------------------------------------------------- building
@@ -257,7 +281,7 @@ class TextDataModule(L.LightningDataModule):
         self.setup()
 
     def setup(self, stage: str | None = None) -> None:
-        """Load text, build the tokenizer and the token memmaps. Idempotent; needs no Trainer."""
+        """Prepare the data if it is not prepared yet, then open its shards. Idempotent; needs no Trainer."""
         if self._tokenizer is not None:
             return
         if self.task is not None:
@@ -270,32 +294,12 @@ class TextDataModule(L.LightningDataModule):
             self._tokenizer = self.task.tokenizer()
             self._check_checkpoint_tokenizer()
             return
-        train_text, val_text = load_text(
-            self.source,
-            train_files=self.train_files,
-            val_files=self.val_files,
-            val_fraction=self.val_fraction,
-            hf_name=self.hf_name,
-            hf_config=self.hf_config,
-            hf_train_split=self.hf_train_split,
-            hf_val_split=self.hf_val_split,
-            hf_data_files=self.hf_data_files,
-            text_column=self.text_column,
-        )
-        _require(
-            bool(val_text.strip()),
-            "data: the validation set is empty; set data.val_files or data.val_fraction",
-        )
-        # A character vocabulary is just an alphabet: fitting it on both splits means a
-        # validation text with a character the training text lacks still encodes.
-        fit_text = train_text + val_text if self.tokenizer_kind == "char" else train_text
-        tokenizer = build_tokenizer(self.tokenizer_kind, fit_text, self.requested_vocab_size)
-        train_tokens = cached_tokens("train", train_text, tokenizer, self.cache_dir)
-        val_tokens = cached_tokens("val", val_text, tokenizer, self.cache_dir)
+        self.prepared = prepare(self.settings)
+        train_tokens, val_tokens = self.prepared.train, self.prepared.val
         self._check_long_enough(len(train_tokens), "training", "add training text")
         self._check_long_enough(len(val_tokens), "validation", self._val_size_hint())
         self.train_tokens, self.val_tokens = train_tokens, val_tokens
-        self._tokenizer = tokenizer
+        self._tokenizer = self.prepared.tokenizer
         self._check_checkpoint_tokenizer()
 
     def _check_long_enough(self, num_tokens: int, split: str, fix: str) -> None:
@@ -366,10 +370,9 @@ class TextDataModule(L.LightningDataModule):
                 world_size,
             )
             return DataLoader(batches, batch_size=None, **self._loader_options())
-        assert isinstance(self.train_tokens, np.memmap)
+        assert self.train_tokens is not None
         dataset = RandomWindowBatches(
-            tokens_path=str(self.train_tokens.filename),
-            dtype=self.train_tokens.dtype.name,
+            tokens=self.train_tokens,
             block_size=self.block_size,
             batch_size=self.batch_size,
             seed=self.seed,
@@ -384,11 +387,9 @@ class TextDataModule(L.LightningDataModule):
         if self.task is not None:
             samples = ToyValSet(self.task, self.seed, self.toy_train_size, self.toy_val_size)
             return DataLoader(samples, batch_size=self.batch_size, shuffle=False, **self._loader_options())
-        assert isinstance(self.val_tokens, np.memmap)
+        assert self.val_tokens is not None
         dataset = EvenlySpacedWindows(
-            tokens_path=str(self.val_tokens.filename),
-            dtype=self.val_tokens.dtype.name,
-            num_tokens=len(self.val_tokens),
+            tokens=self.val_tokens,
             block_size=self.block_size,
             count=self.val_batches * self.batch_size,
         )

@@ -13,11 +13,12 @@ Kinds:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, NoReturn
 
 import numpy as np
@@ -66,8 +67,11 @@ class CharTokenizer(Tokenizer):
         self.vocab_size = len(self.chars)
         self.eos_id = None
         self._id_of = {ch: i for i, ch in enumerate(self.chars)}
-        # Sorted code points let encode_corpus map characters to ids with one searchsorted.
-        self._codepoints = np.array([ord(ch) for ch in self.chars], dtype=np.uint32)
+        # A table from code point to id (the largest value means unknown): one lookup per character.
+        dtype = np.uint16 if self.vocab_size < 2**16 else np.uint32
+        self._unknown = np.iinfo(dtype).max
+        self._lut = np.full(max(0x80, ord(self.chars[-1]) + 1), self._unknown, dtype=dtype)
+        self._lut[[ord(ch) for ch in self.chars]] = np.arange(self.vocab_size, dtype=dtype)
 
     @classmethod
     def from_text(cls, text: str) -> CharTokenizer:
@@ -88,12 +92,33 @@ class CharTokenizer(Tokenizer):
             self._raise_unknown(text)
 
     def encode_corpus(self, text: str) -> np.ndarray:
-        codepoints = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-        ids = np.searchsorted(self._codepoints, codepoints)
-        ids = np.minimum(ids, self.vocab_size - 1)
-        if not np.array_equal(self._codepoints[ids], codepoints):
-            self._raise_unknown(text)
-        return ids.astype(np.int64)
+        return self.encode_utf8(text.encode("utf-8")).astype(np.int64)
+
+    def encode_utf8(self, data: bytes | str) -> np.ndarray:
+        """Ids of UTF-8 bytes (or a str) as a table lookup: the smallest unsigned type that holds them.
+
+        ASCII bytes index a 128-entry table directly (no decoding, hundreds of MB/s per core);
+        other text goes through its code points.
+        """
+        if isinstance(data, bytes):
+            raw = np.frombuffer(data, dtype=np.uint8)
+            if raw.size == 0:
+                return np.zeros(0, dtype=self._lut.dtype)
+            if raw.max() < 0x80:
+                ids = self._lut[:0x80][raw]
+                if ids.max() == self._unknown:
+                    self._raise_unknown(data.decode("ascii"))
+                return ids
+            data = data.decode("utf-8")
+        codepoints = np.frombuffer(data.encode("utf-32-le"), dtype=np.uint32)
+        if codepoints.size == 0:
+            return np.zeros(0, dtype=self._lut.dtype)
+        if int(codepoints.max()) >= len(self._lut):
+            self._raise_unknown(data)
+        ids = self._lut[codepoints]
+        if ids.max() == self._unknown:
+            self._raise_unknown(data)
+        return ids
 
     def decode(self, ids: list[int]) -> str:
         return "".join(self.chars[i] for i in ids)
@@ -140,6 +165,10 @@ class HFTokenizer(Tokenizer):
             return np.zeros(0, dtype=np.int64)
         return np.concatenate([np.asarray(e.ids, dtype=np.int64) for e in encodings])
 
+    def encode_pieces(self, pieces: list[str]) -> list[list[int]]:
+        """Ids of each piece, in one call that spreads the pieces over the library's threads."""
+        return [e.ids for e in self._tokenizer.encode_batch(pieces, add_special_tokens=False)]
+
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=False)
 
@@ -155,8 +184,9 @@ def _find_eos_id(tokenizer: Any) -> int | None:
     return None
 
 
-def train_bpe(text: str, vocab_size: int) -> HFTokenizer:
-    """Byte-level BPE with `<|endoftext|>` as its end-of-text token, trained on `text`."""
+def train_bpe(text: str | Iterable[str], vocab_size: int) -> HFTokenizer:
+    """Byte-level BPE with `<|endoftext|>` as its end-of-text token, trained on `text` (a str, or
+    pieces of text cut where the tokenizer's splits do not change, as the streams cut them)."""
     from tokenizers import Tokenizer as RawTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -167,7 +197,9 @@ def train_bpe(text: str, vocab_size: int) -> HFTokenizer:
             f"data.vocab_size: byte-level BPE needs at least {smallest} tokens "
             f"(256 bytes + {EOS_TOKEN}), got {vocab_size}; raise it (e.g. 512)"
         )
-    if not text:
+    pieces = _chunks(text) if isinstance(text, str) else iter(text)
+    first = next(pieces, "")
+    if not first:
         raise UserError("data.tokenizer=bpe: the training text is empty; give it some text")
     tokenizer = RawTokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -178,7 +210,7 @@ def train_bpe(text: str, vocab_size: int) -> HFTokenizer:
         initial_alphabet=byte_alphabet,  # so that any text, even unseen bytes, can be encoded
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_chunks(text), trainer)
+    tokenizer.train_from_iterator(itertools.chain([first], pieces), trainer)
     return HFTokenizer(tokenizer, "bpe")
 
 

@@ -1,0 +1,47 @@
+"""The `prepare` command: prepare a config's data ahead of training (and check it with --verify).
+
+It takes the same config and flags as `train` (only the data section is used), so a CPU box can
+prepare a corpus before a GPU job, or once for an ablation's many runs:
+
+    python prepare.py --config configs/tinystories.yaml
+    python prepare.py --config configs/tinystories.yaml --verify     # read every shard's checksum
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from ..errors import UserError
+from .datamodule import TextDataModule
+from .prepare import verify_prepared
+
+
+def _split_verify(args: list[str]) -> tuple[list[str], bool]:
+    verify = "--verify" in args
+    return [a for a in args if a != "--verify"], verify
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from ..training.command import _CheckOnlyCLI, _quiet_lightning, _with_default_config
+
+    args, verify = _split_verify(list(sys.argv[1:] if argv is None else argv))
+    if "-h" in args or "--help" in args:
+        print(__doc__.strip() + "\n\nEvery --data.* flag of `python train.py --help` applies.")
+        return
+    _quiet_lightning()
+    cli = _CheckOnlyCLI(_with_default_config(args))
+    data = TextDataModule(**cli.config["data"].as_dict())
+    if data.task is not None:
+        print(
+            f"prepare: data.source={data.source} is a synthetic task, generated as it trains; nothing to prepare"
+        )
+        return
+    data.setup()
+    assert data.prepared is not None
+    print(f"prepare: {data.summary()}; in {data.prepared.directory}")
+    if verify and verify_prepared(data.prepared):
+        raise UserError(
+            f"prepare --verify: shards in {data.prepared.directory} are damaged (listed above); "
+            "delete that directory and prepare again"
+        )

@@ -1,0 +1,256 @@
+"""Token shards: the on-disk format of prepared data, and the arrays training reads from it.
+
+A shard is one file of token ids, written once and never changed:
+
+    offset  size  field
+         0     8  magic b"MINITXTK"
+         8     4  format version (uint32, little-endian), SHARD_VERSION
+        12     4  bytes per id (uint32): 2 for uint16 ids, 4 for uint32
+        16     8  number of ids (uint64)
+        24     4  CRC-32 of the ids' bytes (uint32)
+        28    36  zeros (room for later fields)
+        64     -  the ids, little-endian
+
+The header is written last (a placeholder first, then the real one once every id is on disk), and
+the file is renamed from a temporary name only after that, so a file under a shard's name always
+holds its whole header and ids; a prepare killed mid-shard leaves only a `.tmp-` file.
+
+Opening a shard checks what is cheap (magic, version, size against the count); the checksum,
+which reads every id, is checked by `verify` (`prepare.py --verify`), not at every start.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import tempfile
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from minitx.fileio import TMP_PREFIX, _fsync_directory
+
+MAGIC = b"MINITXTK"
+SHARD_VERSION = 1
+HEADER = struct.Struct("<8sIIQI36x")  # magic, version, itemsize, count, crc32; 64 bytes
+assert HEADER.size == 64
+
+
+class ShardError(ValueError):
+    """A shard file that is not what its header or its manifest says."""
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned type that holds every id: half the disk and page cache of int32."""
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
+@dataclass(frozen=True)
+class ShardHeader:
+    itemsize: int
+    count: int
+    crc32: int
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.uint16) if self.itemsize == 2 else np.dtype(np.uint32)
+
+
+def read_header(path: Path) -> ShardHeader:
+    """The header of `path`, checked against the file's size; ShardError says what is wrong."""
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(HEADER.size)
+            size = os.fstat(file.fileno()).st_size
+    except FileNotFoundError:
+        raise ShardError("it is missing") from None
+    if len(raw) < HEADER.size:
+        raise ShardError(f"it has {size} bytes, fewer than its {HEADER.size}-byte header")
+    magic, version, itemsize, count, crc = HEADER.unpack(raw)
+    if magic != MAGIC:
+        raise ShardError("it is not a minitx token shard (wrong magic bytes)")
+    if version != SHARD_VERSION:
+        raise ShardError(f"it has format version {version}; this minitx reads version {SHARD_VERSION}")
+    if itemsize not in (2, 4):
+        raise ShardError(f"its header gives {itemsize} bytes per id; expected 2 or 4")
+    if size != HEADER.size + count * itemsize:
+        raise ShardError(f"it has {size} bytes where {count} ids take {HEADER.size + count * itemsize}")
+    return ShardHeader(itemsize, count, crc)
+
+
+class ShardWriter:
+    """Appends ids to a new shard; `finish()` writes the header and renames it into place.
+
+    Used as a context manager: leaving the block by an exception removes the temporary file,
+    so nothing half-written is ever left under the shard's name (or at all).
+    """
+
+    def __init__(self, path: Path, dtype: np.dtype) -> None:
+        self.path = Path(path)
+        self.dtype = np.dtype(dtype)
+        fd, self.tmp_name = tempfile.mkstemp(dir=self.path.parent, prefix=TMP_PREFIX, suffix=".shard")
+        self.file = os.fdopen(fd, "wb")
+        self.file.write(bytes(HEADER.size))  # a placeholder; the real header goes in last
+        self.count = 0
+        self.crc = 0
+
+    def write(self, ids: np.ndarray) -> None:
+        data = np.ascontiguousarray(ids, dtype=self.dtype.newbyteorder("<"))
+        view = memoryview(data).cast("B")
+        self.crc = zlib.crc32(view, self.crc)
+        self.file.write(view)
+        self.count += data.size
+
+    def finish(self) -> ShardHeader:
+        header = ShardHeader(self.dtype.itemsize, self.count, self.crc)
+        self.file.seek(0)
+        self.file.write(HEADER.pack(MAGIC, SHARD_VERSION, header.itemsize, header.count, header.crc32))
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        os.replace(self.tmp_name, self.path)
+        _fsync_directory(self.path.parent)
+        return header
+
+    def abort(self) -> None:
+        if not self.file.closed:
+            self.file.close()
+        if os.path.exists(self.tmp_name):
+            os.remove(self.tmp_name)
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if kind is not None or not self.file.closed:
+            self.abort()
+
+
+def verify(path: Path, vocab_size: int | None = None) -> ShardHeader:
+    """Read every id of the shard: its checksum, and (given vocab_size) that every id fits it."""
+    header = read_header(path)
+    crc, largest = 0, -1
+    with open(path, "rb") as file:
+        file.seek(HEADER.size)
+        while block := file.read(1 << 24):
+            crc = zlib.crc32(block, crc)
+            if vocab_size is not None:
+                largest = max(largest, int(np.frombuffer(block, dtype=header.dtype.newbyteorder("<")).max()))
+    if crc != header.crc32:
+        raise ShardError("its checksum does not match: the ids were changed after they were written")
+    if vocab_size is not None and largest >= vocab_size:
+        raise ShardError(f"it holds id {largest}, outside the vocabulary of {vocab_size}")
+    return header
+
+
+class TokenArray:
+    """Several shards read as one array of ids, through memory maps.
+
+    `window(start, n)` copies ids start..start+n out (a window may span two shards). Pages a
+    long-lived map has touched stay in the process's resident set (and its PSS) until unmapped,
+    so that a run over a 100 GB corpus would grow to its size; every `release_every` windows the
+    maps drop their pages (MADV_DONTNEED: the next read maps them again from the page cache), and
+    memory stays flat however long the run.
+    """
+
+    def __init__(
+        self, paths: Sequence[Path], vocab_size: int | None = None, release_every: int = 4096
+    ) -> None:
+        self.paths = [Path(p) for p in paths]
+        self.vocab_size = vocab_size  # given: every window is checked against it (one max per window)
+        self.headers = [read_header(p) for p in self.paths]
+        dtypes = {h.dtype for h in self.headers}
+        if len(dtypes) > 1:
+            raise ShardError(f"shards of mixed id types {sorted(d.name for d in dtypes)}")
+        self.dtype = next(iter(dtypes)) if dtypes else np.dtype(np.uint16)
+        self.ends = np.cumsum([h.count for h in self.headers], dtype=np.int64)
+        self._maps: list[tuple[mmap.mmap, np.ndarray] | None] = [None] * len(self.paths)
+        self._release_every = release_every
+        self._reads = 0
+
+    def __len__(self) -> int:
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    def _ids(self, shard: int) -> np.ndarray:
+        opened = self._maps[shard]
+        if opened is None:
+            with open(self.paths[shard], "rb") as file:
+                handle = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            ids = np.frombuffer(
+                handle,
+                dtype=self.dtype.newbyteorder("<"),
+                count=self.headers[shard].count,
+                offset=HEADER.size,
+            )
+            opened = self._maps[shard] = (handle, ids)
+        return opened[1]
+
+    def shard_of(self, position: int) -> int:
+        return int(np.searchsorted(self.ends, position, side="right"))
+
+    def window(self, start: int, length: int) -> np.ndarray:
+        """Ids start .. start + length - 1, as a new int64 array."""
+        out = np.empty(length, dtype=np.int64)
+        filled = 0
+        while filled < length:
+            position = start + filled
+            shard = self.shard_of(position)
+            if shard >= len(self.paths):
+                raise IndexError(f"window {start}+{length} runs past the {len(self)} ids")
+            first = position - (int(self.ends[shard - 1]) if shard else 0)
+            take = min(length - filled, self.headers[shard].count - first)
+            piece = self._ids(shard)[first : first + take]
+            if self.vocab_size is not None and take and int(piece.max()) >= self.vocab_size:
+                raise ShardError(
+                    f"{self.paths[shard]}: holds id {int(piece.max())}, outside the vocabulary of "
+                    f"{self.vocab_size}; the shard was changed after it was prepared: run prepare.py --verify"
+                )
+            out[filled : filled + take] = piece
+            filled += take
+        self._reads += 1
+        if self._reads % self._release_every == 0:
+            self.release()
+        return out
+
+    def __getitem__(self, index) -> np.ndarray:
+        """Ids at an int, a slice (step 1) or an array of positions, as int64 (evaluation's windows)."""
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                raise IndexError("TokenArray slices take step 1")
+            return self.window(start, max(0, stop - start))
+        if isinstance(index, int | np.integer):
+            position = int(index) + (len(self) if index < 0 else 0)
+            return self.window(position, 1)[0]
+        positions = np.asarray(index, dtype=np.int64)
+        flat = positions.ravel()
+        out = np.empty(flat.size, dtype=np.int64)
+        shard_of = np.searchsorted(self.ends, flat, side="right")
+        if flat.size and (flat.min() < 0 or flat.max() >= len(self)):
+            raise IndexError(f"positions outside the {len(self)} ids")
+        for shard in np.unique(shard_of):
+            chosen = shard_of == shard
+            first = int(self.ends[shard - 1]) if shard else 0
+            out[chosen] = self._ids(int(shard))[flat[chosen] - first]
+        if self.vocab_size is not None and out.size and int(out.max()) >= self.vocab_size:
+            self.window(int(flat[out.argmax()]), 1)  # raises the error that names the shard
+        return out.reshape(positions.shape)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        ids = self.window(0, len(self))
+        return ids if dtype is None else ids.astype(dtype)
+
+    def release(self) -> None:
+        """Drop the pages every map has touched (they stay in the page cache for the next read)."""
+        for opened in self._maps:
+            if opened is not None and hasattr(mmap, "MADV_DONTNEED"):
+                opened[0].madvise(mmap.MADV_DONTNEED)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_maps"] = [None] * len(self.paths)  # a worker process maps the files itself
+        return state

@@ -1,0 +1,291 @@
+"""Every text source as a stream of pieces, never the whole text: what `prepare.py` tokenises.
+
+Two kinds of source:
+
+* **Texts** (plain files, the built-in Shakespeare): the parts (files, plays) are read as one byte
+  string with b"\\n" between parts, as the whole-text path joined them, in blocks cut only where
+  cutting cannot change the tokens (`next_cut`). A resume position is a byte offset in it.
+* **Records** (jsonl, json, parquet, csv and arrow files, or a Hugging Face Hub dataset streamed):
+  one document per record's text column; a resume position is the number of records read.
+
+A stream yields `Piece(split, data, end, first_of_document)`: `data` is UTF-8 bytes (texts) or a
+str (records); `end` is where to resume after it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from minitx.errors import UserError, one_line
+
+BLOCK_BYTES = 4 << 20  # a read from a text file
+PIECE_BYTES = 1 << 16  # one tokenizer input: the tokenizers library needs many pieces to use its threads
+MAX_LINE_BYTES = 16 << 20  # past this without a line end, cut between words (see next_cut)
+
+RECORD_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+
+
+@dataclass(frozen=True)
+class Piece:
+    split: str  # "train" or "val"
+    data: bytes | str
+    end: list[int]  # [segment, position]: where to resume after this piece
+    first_of_document: bool = False  # records only: the tokenizer's end-of-text goes before it
+
+
+# -------------------------------------------------------------------------------- cutting
+
+
+def _nonspace_before(buf: bytes | bytearray, i: int) -> bool:
+    """Whether the character that ends just before byte i is not whitespace."""
+    byte = buf[i - 1]
+    if byte < 0x80:
+        return 0x21 <= byte <= 0x7E
+    start = i - 1
+    while start > max(0, i - 4) and 0x80 <= buf[start] < 0xC0:
+        start -= 1
+    char = bytes(buf[start:i]).decode("utf-8", "replace")
+    return bool(char) and not char[-1].isspace()
+
+
+def _nonspace_at(buf: bytes | bytearray, i: int) -> bool:
+    byte = buf[i]
+    if byte < 0x80:
+        return 0x21 <= byte <= 0x7E
+    char = bytes(buf[i : i + 4]).decode("utf-8", "replace")
+    return bool(char) and not char[0].isspace()
+
+
+def next_cut(buf: bytes | bytearray, start: int, final: bool) -> int | None:
+    """The first place at or after `start` where `buf` can be cut, or None if more bytes are needed.
+
+    A cut goes after a newline that has a non-space character on each side: no pre-tokenizer we
+    use joins a newline to the next word, and a lone newline is split off the same way at the end
+    of a piece as in the middle, so encoding piece by piece gives exactly the ids of the whole.
+    A text with no line end for MAX_LINE_BYTES (a multi-GB single line) is cut before a space that
+    follows a non-space ASCII character, else at any character boundary. `final`: no more bytes
+    will come, so the end of `buf` is a cut.
+    """
+    position = start
+    while True:
+        newline = buf.find(b"\n", max(position, 1))
+        if newline < 0 or newline + 1 >= len(buf):
+            break
+        if _nonspace_before(buf, newline) and _nonspace_at(buf, newline + 1):
+            return newline + 1
+        position = newline + 1
+    if final:
+        return len(buf)
+    if len(buf) - start < MAX_LINE_BYTES:
+        return None
+    space = buf.find(b" ", start + 1)
+    while 0 < space < len(buf):
+        if 0x21 <= buf[space - 1] <= 0x7E:
+            return space
+        space = buf.find(b" ", space + 1)
+    cut = start + MAX_LINE_BYTES // 2
+    while 0x80 <= buf[cut] < 0xC0:  # a UTF-8 continuation byte: not a character boundary
+        cut += 1
+    return cut
+
+
+# -------------------------------------------------------------------------------- texts
+
+
+@dataclass
+class TextPart:
+    name: str  # a path, or the name of a built-in text, for messages
+    size: int
+    open_at: Callable[[int], Any]  # offset -> a binary file positioned there
+
+
+def file_part(path: Path) -> TextPart:
+    def open_at(offset: int):
+        file = open(path, "rb")  # noqa: SIM115 (closed by the reader)
+        file.seek(offset)
+        return file
+
+    return TextPart(str(path), path.stat().st_size, open_at)
+
+
+def bytes_part(name: str, data: bytes) -> TextPart:
+    import io
+
+    def open_at(offset: int):
+        stream = io.BytesIO(data)
+        stream.seek(offset)
+        return stream
+
+    return TextPart(name, len(data), open_at)
+
+
+class JoinedText:
+    """Parts read as one byte string with b"\\n" between consecutive parts."""
+
+    def __init__(self, parts: Sequence[TextPart]) -> None:
+        self.parts = list(parts)
+        self.starts: list[int] = []
+        offset = 0
+        for part in self.parts:
+            self.starts.append(offset)
+            offset += part.size + 1
+        self.size = max(0, offset - 1)
+
+    def locate(self, offset: int) -> tuple[str, int]:
+        """(part name, byte offset inside it) of an offset in the joined text."""
+        index = max(i for i, start in enumerate(self.starts) if start <= offset) if self.starts else 0
+        return self.parts[index].name, offset - self.starts[index]
+
+    def blocks(self, start: int, end: int) -> Iterator[bytes]:
+        """The bytes start .. end - 1, in blocks of at most BLOCK_BYTES."""
+        for index, part in enumerate(self.parts):
+            part_start, part_end = self.starts[index], self.starts[index] + part.size
+            if index and start < part_start <= end:
+                yield b"\n"  # the separator before this part
+            lo, hi = max(start, part_start), min(end, part_end)
+            if lo >= hi:
+                continue
+            with part.open_at(lo - part_start) as file:
+                remaining = hi - lo
+                while remaining:
+                    block = file.read(min(BLOCK_BYTES, remaining))
+                    if not block:
+                        raise UserError(f"data: {part.name!r} became shorter while it was read; run again")
+                    remaining -= len(block)
+                    yield block
+
+    def read(self, start: int, length: int) -> bytes:
+        return b"".join(self.blocks(start, min(self.size, start + length)))
+
+    def cut_at_or_after(self, offset: int) -> int:
+        """The first cut (next_cut) at or after `offset`; the end of the text if there is none."""
+        if offset <= 0:
+            return 0
+        window = 1 << 16
+        while True:
+            data = self.read(offset - 1, window)
+            final = offset - 1 + len(data) >= self.size
+            cut = next_cut(data, 1, final)
+            if cut is not None:
+                return offset - 1 + cut
+            window *= 4
+
+    def pieces(self, start: int, end: int, piece_bytes: int = PIECE_BYTES) -> Iterator[tuple[int, bytes]]:
+        """(end offset, bytes) of consecutive pieces of about piece_bytes covering start .. end."""
+        buffer = bytearray()
+        buffer_start = start
+        for block in self.blocks(start, end):
+            buffer += block
+            while len(buffer) > piece_bytes:
+                cut = next_cut(buffer, piece_bytes, final=False)
+                if cut is None:
+                    break
+                buffer_start += cut
+                yield buffer_start, bytes(buffer[:cut])
+                del buffer[:cut]
+        while buffer:
+            cut = next_cut(buffer, min(piece_bytes, len(buffer)), final=True)
+            buffer_start += cut
+            yield buffer_start, bytes(buffer[:cut])
+            del buffer[:cut]
+
+
+# -------------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class RecordSource:
+    """`datasets.load_dataset(path, name, data_files=..., split=..., revision=..., streaming=True)`."""
+
+    path: str  # a builder ("json", "parquet", ...) or a Hub dataset's name
+    name: str | None
+    data_files: Any
+    split: str
+    revision: str | None
+    text_column: str
+    field: str  # the config key a failure names
+
+    def documents(self, skip: int = 0) -> Iterator[str]:
+        """The text of every record from record `skip` on ('' for a missing or empty text)."""
+        import datasets
+
+        try:
+            dataset = datasets.load_dataset(
+                self.path,
+                self.name,
+                data_files=self.data_files,
+                split=self.split,
+                revision=self.revision,
+                streaming=True,
+            )
+            batches = iter(
+                dataset.skip(skip).iter(batch_size=1024) if skip else dataset.iter(batch_size=1024)
+            )
+            first = next(batches, None)
+        except UserError:
+            raise
+        except (ConnectionError, TimeoutError) as err:
+            raise self._offline(err) from None
+        except FileNotFoundError as err:
+            if self.data_files:
+                raise UserError(f"{self.field}: {one_line(err)}; check the path") from None
+            raise UserError(
+                f"data.hf_name: no dataset {self.path!r} found ({one_line(err)}); check the name"
+            ) from None
+        except ValueError as err:  # an unknown split or config
+            raise UserError(
+                f"{self.field}: cannot load split {self.split!r} of {self.path!r}: {one_line(err)}"
+            ) from None
+        except OSError as err:
+            raise self._offline(err) from None
+        except Exception as err:  # the Hub client's own errors (offline mode, HTTP failures)
+            if (
+                "offline" in str(err).lower()
+                or "connect" in str(err).lower()
+                or "resolve" in str(err).lower()
+            ):
+                raise self._offline(err) from None
+            raise UserError(f"{self.field}: cannot read {self.path!r}: {one_line(err, 300)}") from None
+        if first is None:
+            return
+        if self.text_column not in first:
+            raise UserError(
+                f"data.text_column: {self.where()} has no column {self.text_column!r}; its columns are {sorted(first)}"
+            )
+        batch: dict | None = first
+        while batch is not None:
+            for text in batch[self.text_column]:
+                yield text if isinstance(text, str) else ""
+            batch = next(batches, None)
+
+    def where(self) -> str:
+        return repr(self.data_files) if self.data_files else f"{self.path!r} (split {self.split!r})"
+
+    def _offline(self, err: BaseException) -> UserError:
+        return UserError(
+            f"data.hf_name: cannot stream {self.path!r} from the Hugging Face Hub ({one_line(err, 200)}); "
+            "it needs the network, or point data.train_files at a local copy (jsonl, parquet, csv or arrow)"
+        )
+
+
+def record_builder(paths: Sequence[Path], field: str) -> str | None:
+    """The `datasets` builder that reads these files, or None for plain text files."""
+    kinds = {RECORD_FORMATS.get(path.suffix.lower()) for path in paths}
+    if len(kinds) > 1:
+        raise UserError(
+            f"{field}: mixes plain text files with {sorted(k for k in kinds if k)} files; give one kind per field"
+        )
+    return kinds.pop()
+
+
+def path_fingerprint(paths: Sequence[Path]) -> list[list[Any]]:
+    """[[absolute path, size, modification time in ns], ...]: what decides that a file is unchanged."""
+    result = []
+    for path in paths:
+        stat = os.stat(path)
+        result.append([str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns])
+    return result
