@@ -110,7 +110,7 @@ class Segment:
     def pieces(self, index: int, position: int, val_fraction: float, piece_bytes: int) -> Iterator[Piece]:
         if self.text is not None:
             for end, data in self.text.pieces(max(self.start, position), self.end, piece_bytes):
-                yield Piece(self.split, data, [index, end])
+                yield Piece(self.split, data, [index, end], origin=self.text)
             return
         assert self.records is not None
         for count, document in enumerate(self.records.documents(position), start=position + 1):
@@ -135,7 +135,7 @@ class Source:
 
 
 def _text_segment(split: str, parts: list, field_name: str) -> Segment:
-    text = JoinedText(parts)
+    text = JoinedText(parts, field_name)
     if text.size == 0 or all(part.size == 0 for part in parts):
         raise UserError(f"{field_name}: the text is empty; add text")
     return Segment(split, text=text, start=0, end=text.size)
@@ -144,10 +144,19 @@ def _text_segment(split: str, parts: list, field_name: str) -> Segment:
 def _split_tail(text: JoinedText, val_fraction: float) -> list[Segment]:
     if not 0.0 < val_fraction < 1.0:
         raise UserError(f"data.val_fraction: must be between 0 and 1 (exclusive), got {val_fraction}")
-    cut = text.cut_at_or_after(int(text.size * (1.0 - val_fraction)))
-    if cut >= text.size or not text.read(cut, 1 << 16).strip():
+    # The tail from the exact fraction's point, moved to the nearest place where the text can be
+    # cut (a line end): later if there is one, else earlier.
+    point = int(text.size * (1.0 - val_fraction))
+    if text.size - point < (1 << 20) and not text.read(point, 1 << 20).strip():
         raise UserError(
             "data.val_fraction: the validation set is empty; raise data.val_fraction or add more text"
+        )
+    cut = text.cut_at_or_after(point)
+    if cut >= text.size:
+        cut = text.cut_at_or_before(point)
+    if cut == 0:
+        raise UserError(
+            "data.val_fraction: the training set is empty; lower data.val_fraction or add more text"
         )
     return [
         Segment("train", text=text, start=0, end=cut),
@@ -235,11 +244,11 @@ def files_source(settings: DataSettings) -> Source:
             segments = [Segment("mixed", records=records(train_paths, "data.train_files"))]
     else:
         for path in train_paths + val_paths:
-            if path.stat().st_size == 0:
+            if _blank(path):
                 raise UserError(
                     f"data.{'val' if path in val_paths else 'train'}_files: {str(path)!r} is empty; remove it or add text"
                 )
-        train_text = JoinedText([file_part(p) for p in train_paths])
+        train_text = JoinedText([file_part(p) for p in train_paths], "data.train_files")
         if val_paths:
             segments = [
                 Segment("train", text=train_text, start=0, end=train_text.size),
@@ -305,6 +314,17 @@ def hf_source(settings: DataSettings) -> Source:
     )
 
 
+def _blank(path: Path) -> bool:
+    """Whether a text file holds nothing but whitespace (only small files are read to tell)."""
+    try:
+        size = path.stat().st_size
+        return size == 0 or (size <= 4096 and not path.read_bytes().strip())
+    except OSError as err:
+        raise UserError(
+            f"data.train_files: cannot read {str(path)!r} ({err.strerror}); check the file"
+        ) from None
+
+
 def _local_paths(data_files: Any) -> list[Path]:
     values: list = []
     if isinstance(data_files, str):
@@ -355,10 +375,13 @@ def _count_and_replace(error: UnicodeDecodeError) -> tuple[str, int]:
 codecs.register_error("minitx-count-replace", _count_and_replace)
 
 
-def decode(data: bytes | str, errors: str) -> str:
-    if isinstance(data, str):
-        return data
-    return data.decode("utf-8", "strict" if errors == "strict" else "minitx-count-replace")
+def decode(piece: Piece, errors: str) -> str:
+    if isinstance(piece.data, str):
+        return piece.data
+    errors = "strict" if errors == "strict" else "minitx-count-replace"
+    if piece.origin is None:
+        return piece.data.decode("utf-8", errors)
+    return piece.origin.decode(piece.data, piece.end[1], errors)
 
 
 # -------------------------------------------------------------------------------- the directory
@@ -654,7 +677,7 @@ def _alphabet(settings: DataSettings, source: Source) -> str:
                 if raw.size and raw.max() < 0x80:
                     found.append(np.flatnonzero(np.bincount(raw, minlength=0x80)).astype(np.uint32))
                     continue
-            text = decode(piece.data, settings.decode_errors)
+            text = decode(piece, settings.decode_errors)
             found.append(np.unique(np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)))
         return np.unique(np.concatenate(found)) if found else np.zeros(0, np.uint32)
 
@@ -681,7 +704,7 @@ def _bpe_sample(settings: DataSettings, source: Source) -> Iterator[str]:
         if segment.records is not None:
             for piece in segment.pieces(0, 0, settings.val_fraction, PIECE_BYTES):
                 if piece.split == "train":
-                    text = decode(piece.data, settings.decode_errors)
+                    text = decode(piece, settings.decode_errors)
                     yield text
                     budget -= len(text)
                     if budget <= 0:
@@ -690,8 +713,8 @@ def _bpe_sample(settings: DataSettings, source: Source) -> Iterator[str]:
         assert segment.text is not None
         size = segment.end - segment.start
         if size <= budget:
-            for _, data in segment.text.pieces(segment.start, segment.end):
-                yield decode(data, settings.decode_errors)
+            for end, data in segment.text.pieces(segment.start, segment.end):
+                yield decode(Piece("train", data, [0, end], origin=segment.text), settings.decode_errors)
             budget -= size
             continue
         window = 1 << 20
@@ -699,8 +722,8 @@ def _bpe_sample(settings: DataSettings, source: Source) -> Iterator[str]:
         for i in range(count):
             lo = segment.text.cut_at_or_after(segment.start + i * size // count)
             hi = segment.text.cut_at_or_after(min(segment.end, lo + window))
-            for _, data in segment.text.pieces(lo, min(hi, segment.end)):
-                yield decode(data, settings.decode_errors)
+            for end, data in segment.text.pieces(lo, min(hi, segment.end)):
+                yield decode(Piece("train", data, [0, end], origin=segment.text), settings.decode_errors)
         return
 
 
@@ -780,7 +803,7 @@ def _encoder(
                 out.characters[piece.split] += len(piece.data)
                 out.bytes[piece.split] += len(piece.data)
                 continue
-            text = decode(piece.data, settings.decode_errors)
+            text = decode(piece, settings.decode_errors)
             texts.append(text)
             out.characters[piece.split] += len(text)
             out.bytes[piece.split] += (
@@ -944,7 +967,7 @@ def _encode(
     last_end = position
     try:
         batches = _batches(_pieces(source, position, settings, piece_bytes), BATCH_BYTES)
-        for encoded in _ordered_map(_located(encode, source, settings), batches, threads):
+        for encoded in _ordered_map(encode, batches, threads):
             done = False
             for split in ("train", "val"):
                 ids = np.concatenate(encoded.ids[split]) if encoded.ids[split] else None
@@ -975,32 +998,6 @@ def _encode(
         log(
             f"minitx: replaced {state['replaced_bytes']:,} bytes of invalid UTF-8 with U+FFFD (data.decode_errors=replace)"
         )
-
-
-def _located(
-    encode: Callable[[list[Piece]], Encoded], source: Source, settings: DataSettings
-) -> Callable[[list[Piece]], Encoded]:
-    """encode, with invalid UTF-8 reported as the file and byte offset it is at."""
-
-    def run(batch: list[Piece]) -> Encoded:
-        try:
-            return encode(batch)
-        except UnicodeDecodeError:
-            for piece in batch:
-                if isinstance(piece.data, bytes):
-                    try:
-                        piece.data.decode("utf-8")
-                    except UnicodeDecodeError as err:
-                        segment = source.segments[piece.end[0]]
-                        assert segment.text is not None
-                        name, offset = segment.text.locate(piece.end[1] - len(piece.data) + err.start)
-                        raise UserError(
-                            f"data: {name!r} is not valid UTF-8 at byte {offset} ({err.reason}); convert it to "
-                            "UTF-8, or set data.decode_errors replace to replace such bytes with U+FFFD"
-                        ) from None
-            raise
-
-    return run
 
 
 # -------------------------------------------------------------------------------- checking

@@ -35,6 +35,7 @@ class Piece:
     data: bytes | str
     end: list[int]  # [segment, position]: where to resume after this piece
     first_of_document: bool = False  # records only: the tokenizer's end-of-text goes before it
+    origin: JoinedText | None = None  # texts: where the bytes come from, to say where bad UTF-8 is
 
 
 # -------------------------------------------------------------------------------- cutting
@@ -126,7 +127,8 @@ def bytes_part(name: str, data: bytes) -> TextPart:
 class JoinedText:
     """Parts read as one byte string with b"\\n" between consecutive parts."""
 
-    def __init__(self, parts: Sequence[TextPart]) -> None:
+    def __init__(self, parts: Sequence[TextPart], field: str) -> None:
+        self.field = field  # the config key that names these parts, for messages
         self.parts = list(parts)
         self.starts: list[int] = []
         offset = 0
@@ -158,6 +160,17 @@ class JoinedText:
                     remaining -= len(block)
                     yield block
 
+    def decode(self, data: bytes, end: int, errors: str) -> str:
+        """The bytes that end at offset `end`, as text; invalid UTF-8 is a UserError saying where."""
+        try:
+            return data.decode("utf-8", errors)
+        except UnicodeDecodeError as err:
+            name, offset = self.locate(end - len(data) + err.start)
+            raise UserError(
+                f"{self.field}: {name!r} is not UTF-8 text at byte {offset} ({err.reason}); convert it to "
+                "UTF-8, or set data.decode_errors replace to replace such bytes with U+FFFD"
+            ) from None
+
     def read(self, start: int, length: int) -> bytes:
         return b"".join(self.blocks(start, min(self.size, start + length)))
 
@@ -172,6 +185,19 @@ class JoinedText:
             cut = next_cut(data, 1, final)
             if cut is not None:
                 return offset - 1 + cut
+            window *= 4
+
+    def cut_at_or_before(self, offset: int) -> int:
+        """The last cut (next_cut) at or before `offset`; 0 if there is none."""
+        window = 1 << 16
+        while True:
+            low = max(0, offset - window)
+            data = self.read(low, offset - low + 1)
+            last, position = 0, 1
+            while (cut := next_cut(data, position, final=False)) is not None and low + cut <= offset:
+                last, position = low + cut, cut
+            if last or low == 0:
+                return last
             window *= 4
 
     def pieces(self, start: int, end: int, piece_bytes: int = PIECE_BYTES) -> Iterator[tuple[int, bytes]]:
