@@ -34,6 +34,7 @@ from minitx.generation import (
     top_p_filter,
 )
 from minitx.kinds import registry
+from minitx.verify import cached_logits
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")
 
@@ -86,16 +87,6 @@ def make_model(
             else:
                 param.copy_(0.4 * torch.randn_like(param))
     return model.eval()
-
-
-def cached_logits(model: Transformer, seq: torch.Tensor, prompt_len: int) -> torch.Tensor:
-    """Logits at positions prompt_len - 1 .. L - 1 of seq, by prefill then one token per step."""
-    steps = CachedSteps(model, seq.shape[0], seq.shape[1])
-    with torch.no_grad():
-        logits = [steps.prefill(seq[:, :prompt_len])]
-        for t in range(prompt_len + 1, seq.shape[1] + 1):
-            logits.append(steps.step(seq[:, :t]))
-    return torch.stack(logits, dim=1)
 
 
 def cropped_logits(model: Transformer, seq: torch.Tensor, prompt_len: int) -> torch.Tensor:

@@ -1,0 +1,642 @@
+"""One command that checks and measures every GPU path, for a short slot on a GPU machine.
+
+    python benchmarks/gpu.py --out gpu-results                   # CUDA, configs/gpu.yaml's model
+    python benchmarks/gpu.py --device cpu --tiny --out /tmp/gpu   # the same code at toy sizes, seconds
+    python benchmarks/gpu.py --out DIR --only checks decode --kinds mha local
+
+Writes DIR/results.json and DIR/results.md; exit status 0 when every check passes, 1 when one
+fails (a section that raises is a failed check, and the other sections still run), 2 for bad input.
+
+Models: configs/gpu.yaml's shape (6 layers, 6 heads, width 384, context 256, dropout 0.2, char
+vocabulary of 65) with each kind's attention section from its own config file: mha, mqa, gqa
+(configs/gqa.yaml), local (configs/local.yaml), mta (configs/mta.yaml: the released setting,
+pre- and post-softmax 6 x 11 kernels, head mixing both sides, output norm), and one mix of all
+five kinds (checks only). --tiny shrinks every size, not the code path.
+
+Checks, for each kind and the mix (random weights, MTA's identity-initialised parts perturbed so
+that a wrong convolution or mix would show):
+- precision: logits of the bf16-autocast model on --device against the float32 model on the CPU
+  with the same weights (see PRECISION_TOL for the tolerance and why);
+- causal: minitx.verify.causality_violation on --device under bf16 autocast;
+- cache: greedy decoding with the KV cache equal to decoding without, on --device, float32;
+- train step: one bf16-autocast forward and backward in training mode, every gradient finite.
+Local attention takes flex attention on CUDA and the chunked path on the CPU; the check's detail
+says which path ran, counted by wrapping both functions.
+
+Measurements: training tokens/s and MFU of each kind (bare loop, bf16 autocast, AdamW), compiled
+and not; one attention layer's forward + backward in bf16 at T = 1k, 4k and 16k with the same
+tokens per step (SDPA MHA, local through flex against the same window as a dense mask, MTA), with
+peak memory (benchmarks/attention.py's helpers); decoding tokens/s with and without the cache;
+and configs/gpu.yaml end to end through train.py for a few hundred steps (val loss, wall time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import datetime
+import importlib.util
+import json
+import math
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's minitx, installed or not
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+
+from minitx import AttentionConfig, ModelConfig, Transformer, verify  # noqa: E402
+from minitx.arguments import ArgumentParser  # noqa: E402
+from minitx.attention import local, native  # noqa: E402
+from minitx.decoding import generate  # noqa: E402
+from minitx.errors import UserError, one_line  # noqa: E402
+from minitx.training import lm_loss, optimizer_groups, peak_flops  # noqa: E402
+
+
+def _load_attention_benchmark():
+    spec = importlib.util.spec_from_file_location("attention_benchmark", REPO / "benchmarks" / "attention.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+attention_bench = _load_attention_benchmark()
+
+VOCAB = 65  # the character vocabulary of the built-in Shakespeare, which gpu.yaml trains on
+KINDS = ("mha", "mqa", "gqa", "local", "mta")
+SECTIONS = ("checks", "train", "attention", "decode", "e2e")
+
+# bf16 keeps 8 significant bits: one rounding is off by up to 2^-9 (0.2%) of the value. Autocast
+# rounds the inputs of every matrix product (about ten per layer, forward only), and independent
+# roundings add in quadrature over the layers, so a correct model's logits differ from float32 by
+# about 1% of their spread (measured: 0.4-0.7% on the CPU at both sizes, for every kind). A real
+# fault (a mask one token off, a wrong kv head, a dropped convolution) moves them by tens of percent
+# of their spread with these weights. The loss is a mean over many tokens, so its rounding noise
+# averages out: 0.02 nats is 0.5% of a loss of ln 65 = 4.17, at least ten times what was measured.
+PRECISION_TOL = {"logits_rel_rms": 0.05, "loss_abs": 0.02}
+# Past logits must not move at all when future tokens change: the same kernels run on the same past
+# inputs. The bound only allows for a kernel that orders a sum differently; leaks that the tests
+# plant move logits by more than 1e-3.
+CAUSAL_TOL = 1e-5
+# Cached decoding and one forward pass compute the same sums in float32 (about 1e-6 apart, measured);
+# on CUDA the convolutions of MTA may run in TF32 (10-bit mantissa, 5e-4 per rounding). A cache that
+# drops or mis-scales attention moves the logits by 0.08-0.45 of their spread at these sizes.
+CACHE_TOL = 1e-2
+
+
+@dataclass
+class Sizes:
+    """Every size the suite uses; `tiny` shrinks them all."""
+
+    model: dict
+    train_batch: int
+    train_warmup: int
+    train_steps: int
+    seq_lens: list[int]
+    tokens_per_step: int  # attention benchmark: batch = tokens_per_step / T
+    attention_warmup: int
+    attention_repeats: int
+    new_tokens: int
+    e2e_steps: int
+    e2e_overrides: list[str] = field(default_factory=list)
+    compile_backend: str = "inductor"
+
+
+def gpu_model_fields() -> dict:
+    """ModelConfig fields of configs/gpu.yaml's model section (the optimiser's keys left out)."""
+    model = yaml.safe_load((REPO / "configs" / "gpu.yaml").read_text())["model"]
+    known = {f.name for f in fields(ModelConfig)} - {"attention"}  # each kind brings its own
+    return dict({key: value for key, value in model.items() if key in known}, vocab_size=VOCAB)
+
+
+def sizes(tiny: bool) -> Sizes:
+    model = gpu_model_fields()
+    if not tiny:
+        return Sizes(model, 64, 3, 20, [1024, 4096, 16384], 16384, 2, 5, model["block_size"] - 1, 300)
+    # Five layers, so the mix holds every kind and MTA's convolution layer (2) exists; a context of
+    # 80 crosses local attention's 64-token block and MTA's 32-query chunks.
+    model = dict(model, n_layer=5, d_model=48, block_size=80)
+    shrink = [
+        "--model.n_layer",
+        "2",
+        "--model.d_model",
+        "48",
+        "--model.block_size",
+        "64",
+        "--model.compile",
+        "false",
+    ]
+    shrink += ["--trainer.accelerator", "cpu", "--data.batch_size", "4", "--data.num_workers", "0"]
+    shrink += ["--data.val_batches", "2"]
+    # Inductor's code generation takes tens of seconds per model on a CPU; the eager backend still
+    # traces the model with dynamo (graph breaks, guards), which is what goes wrong first.
+    return Sizes(model, 2, 1, 2, [32, 64], 64, 0, 1, 12, 4, shrink, compile_backend="eager")
+
+
+def attention_sections(n_layer: int, tiny: bool) -> dict[str, dict]:
+    """Each kind's attention section, from its config file where it has one; and the mix."""
+
+    def from_config(name: str) -> dict:
+        return dict(yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())["model"]["attention"])
+
+    sections = {"mha": {"kind": "mha"}, "mqa": {"kind": "mqa"}}
+    sections.update({name: from_config(name) for name in ("gqa", "local", "mta")})
+    if tiny:
+        sections["mta"]["mta_query_chunk"] = 32  # several chunks at the tiny context
+    order = ["local", "gqa", "mta", "mha", "mqa"]
+    mix = {key: value for name in ("gqa", "local", "mta") for key, value in sections[name].items()}
+    mix.pop("kind")
+    mix["layers"] = [order[i % len(order)] for i in range(n_layer)]
+    sections["mix"] = mix
+    return sections
+
+
+def model_config(shape: dict, attention: dict, **changes) -> ModelConfig:
+    return ModelConfig(**dict(shape, **changes), attention=AttentionConfig(**attention))
+
+
+# -- results --------------------------------------------------------------------------------------
+
+
+class Results:
+    def __init__(self, device: torch.device, tiny: bool):
+        self.device = device
+        self.checks: list[dict] = []
+        self.measurements: list[dict] = []
+        self.sections: dict[str, float] = {}
+        self.tiny = tiny
+
+    def check(self, name: str, kind: str, ok: bool, detail: str, **extra) -> None:
+        self.checks.append(dict(name=name, kind=kind, ok=bool(ok), detail=detail, **extra))
+        log(f"{'ok  ' if ok else 'FAIL'} {name} [{kind}]: {detail}")
+
+    def measure(self, name: str, kind: str, value, unit: str, **extra) -> None:
+        self.measurements.append(dict(name=name, kind=kind, value=value, unit=unit, **extra))
+        shown = "n/a" if value is None else f"{value:,.4g}"
+        log(f"     {name} [{kind}] {' '.join(f'{k}={v}' for k, v in extra.items())}: {shown} {unit}")
+
+    @contextlib.contextmanager
+    def guarded(self, name: str, kind: str):
+        """A failure inside is a failed check named `name`, not the end of the suite."""
+        try:
+            yield
+        except Exception as error:  # noqa: BLE001 (reported, and the exit status says so)
+            self.check(name, kind, False, f"raised {type(error).__name__}: {one_line(error, 400)}")
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def autocast(device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+@contextlib.contextmanager
+def counting_calls(module, *names: str):
+    """Count calls of module-level functions `names` of `module` (which its code looks up at call time)."""
+    counts = dict.fromkeys(names, 0)
+    originals = {name: getattr(module, name) for name in names}
+
+    def counted(name):
+        def call(*args, **kwargs):
+            counts[name] += 1
+            return originals[name](*args, **kwargs)
+
+        return call
+
+    for name in names:
+        setattr(module, name, counted(name))
+    try:
+        yield counts
+    finally:
+        for name, original in originals.items():
+            setattr(module, name, original)
+
+
+def path_note(config: ModelConfig, device: torch.device, counts: dict | None) -> str:
+    """Which implementation the kinds in `config` took on `device`."""
+    notes = []
+    if counts is not None and "local" in config.layer_kinds:
+        notes.append(f"local: flex_local x{counts['flex_local']}, chunked_local x{counts['chunked_local']}")
+    if "mta" in config.layer_kinds:
+        c_loops = native.available(torch.empty(1, device=device))
+        notes.append(f"mta: {'C loops' if c_loops else 'torch operations'}")
+    return "; ".join(notes)
+
+
+# -- checks ---------------------------------------------------------------------------------------
+
+
+def check_precision(results: Results, kind: str, config: ModelConfig, device: torch.device) -> None:
+    reference = verify.perturb_identity_parts(Transformer(config).eval())  # float32, CPU
+    model = copy.deepcopy(reference).to(device)
+    idx = torch.randint(0, VOCAB, (2, config.block_size))
+    with torch.no_grad():
+        expected = reference(idx)
+        with autocast(device), counting_calls(local, "flex_local", "chunked_local") as counts:
+            logits = model(idx.to(device)).float().cpu()
+    loss_ref = lm_loss(expected[:, :-1], idx[:, 1:]).item()
+    loss = lm_loss(logits[:, :-1], idx[:, 1:]).item()
+    spread = (expected - expected.mean(-1, keepdim=True)).pow(2).mean().sqrt()
+    rel = ((logits - expected).pow(2).mean().sqrt() / spread).item()
+    ok = rel <= PRECISION_TOL["logits_rel_rms"] and abs(loss - loss_ref) <= PRECISION_TOL["loss_abs"]
+    flex_expected = device.type == "cuda" and "local" in config.layer_kinds
+    if flex_expected and counts["flex_local"] == 0:
+        ok = False
+    detail = (
+        f"bf16 {device.type} vs float32 cpu: loss {loss:.4f} vs {loss_ref:.4f} (|diff| {abs(loss - loss_ref):.2e} "
+        f"<= {PRECISION_TOL['loss_abs']}), logits rel. RMS error {rel:.2e} <= {PRECISION_TOL['logits_rel_rms']}"
+    )
+    note = path_note(config, device, counts)
+    results.check("precision", kind, ok, detail + (f"; {note}" if note else ""), value=rel)
+
+
+def check_causal(results: Results, kind: str, config: ModelConfig, device: torch.device) -> None:
+    model = verify.perturb_identity_parts(Transformer(config).eval()).to(device)
+    with autocast(device), counting_calls(local, "flex_local", "chunked_local") as counts:
+        changed, leak = verify.causality_violation(model, config.block_size)
+    ok = changed <= CAUSAL_TOL and leak <= CAUSAL_TOL
+    detail = f"bf16 {device.type}, T={config.block_size}: past logits moved {changed:.1e}, gradient from the future {leak:.1e} (<= {CAUSAL_TOL})"
+    note = path_note(config, device, counts)
+    results.check("causal", kind, ok, detail + (f"; {note}" if note else ""))
+
+
+def check_cache(results: Results, kind: str, config: ModelConfig, device: torch.device) -> None:
+    model = verify.perturb_identity_parts(Transformer(config).eval()).to(device)
+    prompt = torch.randint(0, VOCAB, (2, 2), device=device)
+    n = config.block_size - prompt.shape[1]
+    cached = generate(model, prompt, n, temperature=0)
+    uncached = generate(model, prompt, n, temperature=0, use_cache=False)
+    same = cached.shape == uncached.shape and torch.equal(cached, uncached)
+    # Greedy tokens alone are a weak test of random weights, whose logits lean little on attention:
+    # the cache's logits along the sequence must also equal one forward pass over all of it.
+    with torch.no_grad():
+        full = model(cached)[:, prompt.shape[1] - 1 :].float()
+    stepped = verify.cached_logits(model, cached, prompt.shape[1]).float()
+    rel = (
+        (stepped - full).pow(2).mean().sqrt() / (full - full.mean(-1, keepdim=True)).pow(2).mean().sqrt()
+    ).item()
+    ok = same and rel <= CACHE_TOL
+    if same:
+        detail = f"float32 {device.type}: {n} greedy tokens x 2 sequences equal with and without the cache"
+    else:
+        first = int((cached != uncached).any(0).nonzero()[0])
+        detail = f"float32 {device.type}: greedy tokens differ first at position {first} of {cached.shape[1]}"
+    detail += f"; cached logits vs one forward pass: rel. RMS error {rel:.1e} <= {CACHE_TOL}"
+    results.check("cache", kind, ok, detail, value=rel)
+
+
+def check_train_step(results: Results, kind: str, config: ModelConfig, device: torch.device) -> None:
+    model = verify.perturb_identity_parts(Transformer(config)).to(device).train()
+    idx = torch.randint(0, VOCAB, (2, config.block_size + 1), device=device)
+    with autocast(device), counting_calls(local, "flex_local", "chunked_local") as counts:
+        loss = lm_loss(model(idx[:, :-1]), idx[:, 1:])
+    loss.backward()
+    params = dict(model.named_parameters())
+    missing = [name for name, p in params.items() if p.grad is None]
+    bad = [name for name, p in params.items() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    ok = math.isfinite(loss.item()) and not missing and not bad
+    detail = f"bf16 {device.type}, dropout {config.dropout}: loss {loss.item():.4f}, {len(params)} gradients"
+    if missing:
+        detail += f"; no gradient: {', '.join(missing[:5])}"
+    if bad:
+        detail += f"; not finite: {', '.join(bad[:5])}"
+    note = path_note(config, device, counts)
+    results.check("train step", kind, ok, detail + (f"; {note}" if note else ""))
+
+
+def run_checks(results: Results, configs: dict[str, ModelConfig], device: torch.device) -> None:
+    for kind, config in configs.items():
+        for name, check in (
+            ("precision", check_precision),
+            ("causal", check_causal),
+            ("cache", check_cache),
+            ("train step", check_train_step),
+        ):
+            torch.manual_seed(0)
+            with results.guarded(name, kind):
+                check(results, kind, config, device)
+
+
+# -- measurements ---------------------------------------------------------------------------------
+
+
+def training_speed(config: ModelConfig, device: torch.device, size: Sizes, compiled: bool) -> float:
+    """Tokens/s of a bare training loop: bf16 autocast, AdamW, gradient clipping at 1."""
+    model = Transformer(config).to(device).train()
+    optimizer = torch.optim.AdamW(
+        optimizer_groups(list(model.named_parameters()), 0.1), lr=1e-3, fused=device.type == "cuda"
+    )
+    if compiled:
+        torch._dynamo.reset()  # each model its own graphs, far from the recompile limit
+    step_model = torch.compile(model, backend=size.compile_backend) if compiled else model
+    idx = torch.randint(0, VOCAB, (size.train_batch, config.block_size + 1), device=device)
+    x, y = idx[:, :-1], idx[:, 1:]
+    start = None
+    for step in range(size.train_warmup + size.train_steps):
+        if step == size.train_warmup:
+            sync(device)
+            start = time.perf_counter()
+        with autocast(device):
+            loss = lm_loss(step_model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    sync(device)
+    return size.train_steps * x.numel() / (time.perf_counter() - start)
+
+
+def measure_training(results: Results, configs: dict[str, ModelConfig], device: torch.device, size: Sizes):
+    peak = peak_flops(device)
+    for kind, config in configs.items():
+        flops = Transformer(config).flops_per_token(config.block_size)
+        for compiled in (False, True):
+            label = "compiled" if compiled else "eager"
+            with results.guarded(f"train {label}", kind):
+                tokens_per_sec = training_speed(config, device, size, compiled)
+                results.measure("train tokens/s", kind, tokens_per_sec, "tokens/s", compiled=compiled)
+                mfu = None if peak is None else 100 * flops * tokens_per_sec / peak
+                results.measure("train MFU", kind, mfu, "%", compiled=compiled)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+def measure_attention(results: Results, sections: dict[str, dict], device: torch.device, size: Sizes):
+    shape = size.model
+    variants = {
+        "mha (SDPA)": sections["mha"],
+        "local (flex)" if device.type == "cuda" else "local (chunked)": sections["local"],
+        "local-dense": sections["local"],
+        "mta": dict(sections["mta"], mta_conv_layers=[0]),  # the released layer, with its convolutions
+    }
+    for T in size.seq_lens:
+        args = argparse.Namespace(
+            device=device.type,
+            dtype="bfloat16",
+            batch=max(1, size.tokens_per_step // T),
+            n_head=shape["n_head"],
+            d_model=shape["d_model"],
+            warmup=size.attention_warmup,
+            repeats=size.attention_repeats,
+        )
+        layers = {}
+        for name, attention in variants.items():
+            with results.guarded(f"attention {name} T={T}", name):
+                layers[name] = attention_bench.make_layer(name.split(" ")[0], attention, T, args)
+        with results.guarded(f"attention T={T}", "all"):
+            for name, ms in attention_bench.median_ms(layers, args).items():
+                peak, _ = attention_bench.memory_mib(*layers[name], args)
+                results.measure("attention fwd+bwd", name, ms, "ms", T=T, batch=args.batch)
+                results.measure("attention peak memory", name, peak, "MiB", T=T, batch=args.batch)
+        del layers
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def decoding_speed(model: Transformer, device: torch.device, new_tokens: int, use_cache: bool) -> float:
+    prompt = torch.zeros(1, 1, dtype=torch.long, device=device)
+    generate(model, prompt, 8, temperature=0, use_cache=use_cache)  # warm-up
+    sync(device)
+    start = time.perf_counter()
+    generate(model, prompt, new_tokens, temperature=0, use_cache=use_cache)
+    sync(device)
+    return new_tokens / (time.perf_counter() - start)
+
+
+def measure_decoding(results: Results, configs: dict[str, ModelConfig], device: torch.device, size: Sizes):
+    for kind, config in configs.items():
+        with results.guarded("decode", kind):
+            model = Transformer(config).to(device).eval()
+            cached = decoding_speed(model, device, size.new_tokens, use_cache=True)
+            uncached = decoding_speed(model, device, size.new_tokens, use_cache=False)
+            extra = dict(batch=1, new_tokens=size.new_tokens, dtype="float32")
+            results.measure("decode tokens/s with cache", kind, cached, "tokens/s", **extra)
+            results.measure("decode tokens/s without cache", kind, uncached, "tokens/s", **extra)
+            results.measure("decode speed-up of the cache", kind, cached / uncached, "x", **extra)
+
+
+def measure_end_to_end(results: Results, out: Path, device: torch.device, size: Sizes) -> None:
+    root = out / "e2e"
+    shutil.rmtree(root, ignore_errors=True)  # this suite's own run from an earlier call
+    command = [sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs" / "gpu.yaml")]
+    command += [
+        "--trainer.max_steps",
+        str(size.e2e_steps),
+        "--trainer.val_check_interval",
+        str(size.e2e_steps),
+    ]
+    command += ["--run.root", str(root), "--run.name", "gpu", "--run.sample_tokens", "0"]
+    command += ["--run.checkpoint_every_n_steps", str(size.e2e_steps), *size.e2e_overrides]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    wall = time.perf_counter() - start
+    (out / "e2e.log").write_text(done.stdout + done.stderr)
+    found = re.search(r"final val loss ([\d.]+)", done.stdout)
+    ok = done.returncode == 0 and found is not None and math.isfinite(float(found.group(1)))
+    tail = one_line((done.stderr or done.stdout)[-300:])
+    detail = (
+        f"train.py --config configs/gpu.yaml, {size.e2e_steps} steps: exit status {done.returncode}"
+        + (f", final val loss {found.group(1)}" if found else f"; {tail}")
+        + f"; log in {out.name}/e2e.log"
+    )
+    results.check("end to end", "mha", ok, detail)
+    if found:
+        results.measure("e2e val loss", "mha", float(found.group(1)), "nats", steps=size.e2e_steps)
+    results.measure("e2e wall time", "mha", wall, "s", steps=size.e2e_steps)
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+
+def value_of(measurements: list[dict], name: str, kind: str, **extra):
+    for m in measurements:
+        if m["name"] == name and m["kind"] == kind and all(m.get(k) == v for k, v in extra.items()):
+            return m["value"]
+    return None
+
+
+def targets(results: Results, size: Sizes) -> list[dict]:
+    """The issue's targets on one H100, evaluated on whatever ran (meaningful on a GPU only)."""
+    m = results.measurements
+    rows = []
+
+    def add(name: str, value, goal: str, met):
+        rows.append(dict(name=name, value=value, target=goal, met=None if value is None else bool(met)))
+
+    mha = value_of(m, "train tokens/s", "mha", compiled=True)
+    add("mha training tokens/s, compiled", mha, ">= 1,000,000", mha is not None and mha >= 1e6)
+    mta = value_of(m, "train tokens/s", "mta", compiled=True)
+    ratio = None if mha is None or mta is None else mta / mha
+    add("mta / mha training tokens/s, compiled", ratio, ">= 0.333", ratio is not None and ratio >= 1 / 3)
+    local_name = "local (flex)" if results.device.type == "cuda" else "local (chunked)"
+    for T in size.seq_lens:
+        flex, dense = (value_of(m, "attention fwd+bwd", n, T=T) for n in (local_name, "local-dense"))
+        speedup = None if flex is None or dense is None else dense / flex
+        add(f"local-dense / {local_name} time, T={T}", speedup, "> 1", speedup is not None and speedup > 1)
+    for kind in KINDS:
+        speedup = value_of(m, "decode speed-up of the cache", kind)
+        add(f"decoding speed-up of the cache, {kind}", speedup, ">= 5", speedup is not None and speedup >= 5)
+    return rows
+
+
+def markdown(report: dict) -> str:
+    ok = sum(c["ok"] for c in report["checks"])
+    lines = [
+        f"# GPU suite: {report['device']}",
+        "",
+        f"torch {report['torch']} (CUDA {report['cuda']}), lightning {report['lightning']}, Python {report['python']}, "
+        f"{report['date']}{', --tiny' if report['tiny'] else ''}; {report['elapsed_s']:.0f} s.",
+        "",
+        f"## Checks: {ok} of {len(report['checks'])} pass",
+        "",
+        "| check | kind | ok | detail |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {c['name']} | {c['kind']} | {'yes' if c['ok'] else '**NO**'} | {c['detail']} |"
+        for c in report["checks"]
+    ]
+    lines += [
+        "",
+        "## Measurements",
+        "",
+        "| measurement | kind | setting | value | unit |",
+        "|---|---|---|---:|---|",
+    ]
+    for m in report["measurements"]:
+        setting = ", ".join(f"{k}={v}" for k, v in m.items() if k not in ("name", "kind", "value", "unit"))
+        value = "n/a" if m["value"] is None else f"{m['value']:,.4g}"
+        lines.append(f"| {m['name']} | {m['kind']} | {setting} | {value} | {m['unit']} |")
+    lines += ["", "## Targets (one H100, bf16)", "", "| target | value | goal | met |", "|---|---:|---|---|"]
+    for t in report["targets"]:
+        value = "not run" if t["value"] is None else f"{t['value']:,.4g}"
+        met = "n/a" if t["met"] is None else ("yes" if t["met"] else "no")
+        lines.append(f"| {t['name']} | {value} | {t['target']} | {met} |")
+    lines += [
+        "",
+        "Section times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in report["section_s"].items()),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+# -- command --------------------------------------------------------------------------------------
+
+
+def parse_args(argv) -> argparse.Namespace:
+    parser = ArgumentParser(
+        prog="benchmarks/gpu.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    parser.add_argument("--out", required=True, type=Path, help="directory for results.json and results.md")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="default cuda")
+    parser.add_argument("--tiny", action="store_true", help="toy sizes: the same code in seconds")
+    parser.add_argument(
+        "--only", nargs="+", choices=SECTIONS, metavar="SECTION", help=f"a subset of {' '.join(SECTIONS)}"
+    )
+    parser.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=[*KINDS, "mix"],
+        metavar="KIND",
+        help="a subset of mha mqa gqa local mta mix",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UserError(
+            "--device cuda: no CUDA device is visible to torch; use --device cpu (with --tiny for a quick run)"
+        )
+    if args.out.exists() and not args.out.is_dir():
+        raise UserError(f"--out: {args.out} exists and is not a directory")
+    return args
+
+
+def run(args: argparse.Namespace) -> dict:
+    device = torch.device(args.device)
+    size = sizes(args.tiny)
+    sections = attention_sections(size.model["n_layer"], args.tiny)
+    chosen = args.kinds or [*KINDS, "mix"]
+    configs = {kind: model_config(size.model, sections[kind]) for kind in chosen}
+    kind_configs = {kind: config for kind, config in configs.items() if kind != "mix"}
+    results = Results(device, args.tiny)
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    steps = {
+        "checks": lambda: run_checks(results, configs, device),
+        "train": lambda: measure_training(results, kind_configs, device, size),
+        "attention": lambda: measure_attention(results, sections, device, size),
+        "decode": lambda: measure_decoding(results, kind_configs, device, size),
+        "e2e": lambda: measure_end_to_end(results, args.out, device, size),
+    }
+    for section in args.only or SECTIONS:
+        log(f"== {section} ({time.perf_counter() - started:.0f} s)")
+        torch.manual_seed(args.seed)
+        section_start = time.perf_counter()
+        with results.guarded(section, "all"):
+            steps[section]()
+        results.sections[section] = time.perf_counter() - section_start
+    import lightning
+
+    report = dict(
+        device=machine(device),
+        device_type=device.type,
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        lightning=lightning.__version__,
+        python=platform.python_version(),
+        date=datetime.date.today().isoformat(),
+        tiny=args.tiny,
+        elapsed_s=time.perf_counter() - started,
+        section_s=results.sections,
+        tolerances=dict(precision=PRECISION_TOL, causal=CAUSAL_TOL, cache=CACHE_TOL),
+        ok=all(c["ok"] for c in results.checks),
+        checks=results.checks,
+        measurements=results.measurements,
+    )
+    report["targets"] = targets(results, size)
+    (args.out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / "results.md").write_text(markdown(report))
+    return report
+
+
+def main(argv=None) -> int:
+    try:
+        args = parse_args(argv)
+    except UserError as error:
+        print(f"benchmarks/gpu.py: {one_line(error)}", file=sys.stderr)
+        return 2
+    report = run(args)
+    failed = [c for c in report["checks"] if not c["ok"]]
+    log(
+        f"{len(report['checks']) - len(failed)} of {len(report['checks'])} checks pass; {args.out / 'results.md'}"
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""benchmarks/gpu.py: the GPU suite runs at toy size on the CPU, so it is ready whenever a GPU comes.
+
+The subprocess runs exactly what a GPU slot runs, with --device cpu --tiny; the in-process tests
+show that its checks fail on broken attention, and that bad input is one line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from minitx.attention import local
+
+REPO = Path(__file__).resolve().parents[1]
+KINDS = ("mha", "mqa", "gqa", "local", "mta")
+
+
+def run_suite(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def gpu_suite():
+    spec = importlib.util.spec_from_file_location("gpu_suite", REPO / "benchmarks" / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def test_tiny_cpu_run_passes_every_check_and_writes_the_report(tmp_path):
+    out = tmp_path / "out"
+    done = run_suite("--device", "cpu", "--tiny", "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "results.json").read_text())
+    assert {"device", "torch", "checks", "measurements"} <= set(report) and report["ok"] is True
+    assert report["torch"] == torch.__version__
+    for check in report["checks"]:
+        assert set(check) >= {"name", "kind", "ok", "detail"} and check["ok"], check
+    checked = {(c["name"], c["kind"]) for c in report["checks"]}
+    for kind in (*KINDS, "mix"):
+        assert {(name, kind) for name in ("precision", "causal", "cache", "train step")} <= checked, kind
+    assert ("end to end", "mha") in checked
+    measured = {(m["name"], m["kind"], m.get("compiled")) for m in report["measurements"]}
+    for kind in KINDS:
+        for compiled in (False, True):
+            assert ("train tokens/s", kind, compiled) in measured
+        assert ("decode speed-up of the cache", kind, None) in measured
+    for m in report["measurements"]:
+        assert set(m) >= {"name", "kind", "value", "unit"}
+        assert m["value"] is None or m["value"] > 0, m  # MFU is None on a CPU: no peak to divide by
+    times = [m for m in report["measurements"] if m["name"] == "attention fwd+bwd"]
+    assert {m["T"] for m in times} == {32, 64} and {m["kind"] for m in times} >= {"mha (SDPA)", "local-dense"}
+    markdown = (out / "results.md").read_text()
+    assert "## Checks: " in markdown and "| causal | mta | yes |" in markdown
+
+
+def tiny_config(gpu_suite, kind: str):
+    size = gpu_suite.sizes(tiny=True)
+    return gpu_suite.model_config(size.model, gpu_suite.attention_sections(size.model["n_layer"], True)[kind])
+
+
+def test_causal_check_fails_when_local_attention_sees_the_next_token(gpu_suite, monkeypatch):
+    real_block_mask = local._block_mask
+
+    def peeking_block_mask(n, C, window, n_global, device):
+        mask = real_block_mask(n, C, window, n_global, device).clone()
+        row = torch.arange(C - 1)
+        mask[:, :, row, C + row + 1] = True  # query i also sees key i + 1 within its block
+        return mask
+
+    results = gpu_suite.Results(torch.device("cpu"), tiny=True)
+    gpu_suite.check_causal(results, "local", tiny_config(gpu_suite, "local"), torch.device("cpu"))
+    assert results.checks[-1]["ok"]
+    monkeypatch.setattr(local, "_block_mask", peeking_block_mask)
+    gpu_suite.check_causal(results, "local", tiny_config(gpu_suite, "local"), torch.device("cpu"))
+    assert not results.checks[-1]["ok"], results.checks[-1]
+
+
+def test_precision_check_fails_when_the_bf16_path_differs(gpu_suite, monkeypatch):
+    real_chunked = local.chunked_local
+
+    def wrong_in_bf16(q, k, v, *args, **kwargs):
+        out = real_chunked(q, k, v, *args, **kwargs)
+        return out.roll(1, dims=2) if q.dtype == torch.bfloat16 else out  # outputs one position late
+
+    monkeypatch.setattr(local, "chunked_local", wrong_in_bf16)
+    results = gpu_suite.Results(torch.device("cpu"), tiny=True)
+    gpu_suite.check_precision(results, "local", tiny_config(gpu_suite, "local"), torch.device("cpu"))
+    assert not results.checks[-1]["ok"], results.checks[-1]
+
+
+def test_cache_check_fails_when_the_cached_path_is_wrong(gpu_suite, monkeypatch):
+    from minitx.attention.base import Attention
+
+    real = Attention.attend_cached
+    monkeypatch.setattr(
+        Attention, "attend_cached", lambda self, q, k, v, cache: real(self, q, k, v, cache) * 0.5
+    )
+    results = gpu_suite.Results(torch.device("cpu"), tiny=True)
+    gpu_suite.check_cache(results, "mha", tiny_config(gpu_suite, "mha"), torch.device("cpu"))
+    assert not results.checks[-1]["ok"], results.checks[-1]
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["--device", "cuda", "--tiny"], "--device"),
+        (["--device", "cpu", "--kinds", "mla"], "--kinds"),
+        (["--device", "cpu", "--only", "everything"], "--only"),
+        (["--device", "cpu"], "--out"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_flag(tmp_path, args, flag):
+    if flag == "--device" and torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible here")
+    extra = [] if flag == "--out" else ["--out", str(tmp_path / "out")]
+    done = run_suite(*args, *extra, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and "Traceback" not in done.stderr, done.stderr
