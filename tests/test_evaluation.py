@@ -226,7 +226,15 @@ def text() -> str:
 def test_the_api_scores_the_runs_own_validation_text(tmp_path, text):
     ckpt = write_checkpoint(tmp_path, text)
     result = evaluate_checkpoint(str(ckpt), lengths=[8, 32, 64])
-    val_text = text[int(len(text) * 0.75) :]  # data.val_fraction=0.25: the tail
+    # data.val_fraction=0.25: the tail, from the first line end at or after 75% of the text
+    # (a newline between two non-space characters: where a text can be cut without changing its tokens)
+    point = int(len(text) * 0.75)
+    cut = next(
+        i + 1
+        for i in range(max(point - 1, 1), len(text) - 1)
+        if text[i] == "\n" and not text[i - 1].isspace() and not text[i + 1].isspace()
+    )
+    val_text = text[cut:]
     assert result["tokens"] == len(val_text) - 1 and result["unit"] == "character"
     assert set(result["by_length"]) == {"8", "32", "64"} and result["task"] is None
     json.dumps(result)  # JSON-able as it is

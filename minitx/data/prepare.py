@@ -214,6 +214,31 @@ def shakespeare_source(val_plays: tuple[str, ...] = VAL_PLAYS) -> Source:
     )
 
 
+class _Deferred(list):
+    """Segments made when a prepare first uses them: opening prepared data reads no text."""
+
+    def __init__(self, make: Callable[[], list]) -> None:
+        super().__init__()
+        self._make: Callable[[], list] | None = make
+
+    def _load(self) -> None:
+        if self._make is not None:
+            make, self._make = self._make, None
+            self.extend(make())
+
+    def __iter__(self):
+        self._load()
+        return super().__iter__()
+
+    def __getitem__(self, index):
+        self._load()
+        return super().__getitem__(index)
+
+    def __len__(self) -> int:
+        self._load()
+        return super().__len__()
+
+
 def files_source(settings: DataSettings) -> Source:
     train_paths = expand_globs(settings.train_files, "data.train_files")
     val_paths = expand_globs(settings.val_files, "data.val_files") if _given(settings.val_files) else []
@@ -255,7 +280,8 @@ def files_source(settings: DataSettings) -> Source:
                 _text_segment("val", [file_part(p) for p in val_paths], "data.val_files"),
             ]
         else:
-            segments = _split_tail(train_text, settings.val_fraction)
+            _check_fraction(settings.val_fraction)
+            segments = _Deferred(lambda: _split_tail(train_text, settings.val_fraction))
     all_paths = train_paths + val_paths
     return Source(
         identity,
@@ -571,6 +597,9 @@ def _prepare_locked(
     for stale in directory.glob(TMP_PREFIX + "*"):  # left by a prepare that was killed mid-shard
         stale.unlink(missing_ok=True)
     state = _read_json(directory / "manifest.json") or _read_json(directory / "progress.json")
+    repaired = False  # a damaged shard was named: that one line also says where it goes on from
+    if state is None and any(directory.glob("*.bin")):
+        log(f"minitx: {directory} holds shards but no readable manifest.json or progress.json; preparing it again")
     if (
         state is not None
         and state.get("format") == PREPARED_FORMAT
@@ -589,6 +618,7 @@ def _prepare_locked(
                 log(
                     f"minitx: the shard {directory / bad[0][0]} cannot be used ({bad[0][1]}); preparing again from it"
                 )
+                repaired = True
                 break
             kept.append(checkpoint)
         state = {**state, "checkpoints": kept}
@@ -611,12 +641,14 @@ def _prepare_locked(
     else:
         (directory / "manifest.json").unlink(missing_ok=True)
         write_json_atomically(directory / "progress.json", state)
-        if state["checkpoints"]:
+        if state["checkpoints"] and not repaired:
             tokens = sum(s["tokens"] for c in state["checkpoints"] for s in c["shards"])
             log(f"minitx: resuming the prepare of {directory} after its finished shards ({tokens:,} tokens)")
         tokenizer = tokenizer_from_dict(state["tokenizer"])
     try:
         _encode(settings, source, directory, tokenizer, state, log, progress)
+    except _NoRoom:
+        raise
     except UserError:
         # Bad input (invalid UTF-8, a file changed under us): nothing of this attempt is kept.
         shutil.rmtree(directory, ignore_errors=True)
@@ -669,29 +701,36 @@ def _alphabet(settings: DataSettings, source: Source) -> str:
     """Every character of the whole source, train and validation: a character vocabulary is an
     alphabet, and fitting it on both splits means a validation character always encodes."""
 
-    def characters(batch: list[Piece]) -> np.ndarray:
-        found = []
-        for piece in batch:
-            if isinstance(piece.data, bytes):
-                raw = np.frombuffer(piece.data, dtype=np.uint8)
-                if raw.size and raw.max() < 0x80:
-                    found.append(np.flatnonzero(np.bincount(raw, minlength=0x80)).astype(np.uint32))
-                    continue
-            text = decode(piece, settings.decode_errors)
-            found.append(np.unique(np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)))
-        return np.unique(np.concatenate(found)) if found else np.zeros(0, np.uint32)
+    known = bytearray()  # ASCII characters found so far: deleted from each piece before looking
 
-    seen = np.zeros(0, dtype=np.uint32)
+    def characters(batch: list[Piece]) -> set[str]:
+        # bytes.translate deletes the known characters at memory speed; what is left is short once
+        # the alphabet is found, and ASCII bytes never occur inside a multi-byte UTF-8 character,
+        # so the rest still decodes.
+        found: set[str] = set()
+        for piece in batch:
+            data = piece.data if isinstance(piece.data, bytes) else piece.data.encode("utf-8")
+            rest = data.translate(None, bytes(known))
+            if not rest:
+                continue
+            try:
+                found.update(rest.decode("utf-8"))
+            except UnicodeDecodeError:
+                found.update(decode(piece, settings.decode_errors))  # says where, or replaces
+        return found
+
+    seen: set[str] = set()
     pieces = _pieces(source, [0, 0], settings, BATCH_BYTES)
     for found in _ordered_map(characters, _batches(pieces, BATCH_BYTES), settings.threads()):
-        seen = np.union1d(seen, found)
-    if seen.size == 0:
+        seen |= found
+        known[:] = bytes(sorted(ord(c) for c in seen if ord(c) < 0x80))
+    if not seen:
         raise UserError(
             f"data: {source.describe} holds no text (data.text_column={settings.text_column!r} for records)"
         )
     if any(segment.records is not None for segment in source.segments):
-        seen = np.union1d(seen, [ord("\n")])  # records are separated by a newline (no end-of-text token)
-    return "".join(chr(c) for c in seen.tolist())
+        seen.add("\n")  # records are separated by a newline (no end-of-text token)
+    return "".join(sorted(seen))
 
 
 def _bpe_sample(settings: DataSettings, source: Source) -> Iterator[str]:
@@ -791,37 +830,31 @@ def _encoder(
         out = Encoded(
             {"train": [], "val": []}, {}, {"train": 0, "val": 0}, {"train": 0, "val": 0}, 0, batch[-1].end, 0
         )
-        texts: list[str | bytes] = []
+        encoded: list[np.ndarray] = []
+        texts: list[str] = []
         for piece in batch:
             out.source_bytes += len(piece.data)
-            if (
-                isinstance(tokenizer, CharTokenizer)
-                and isinstance(piece.data, bytes)
-                and piece.data.isascii()
-            ):
-                texts.append(piece.data)
-                out.characters[piece.split] += len(piece.data)
-                out.bytes[piece.split] += len(piece.data)
+            size = len(piece.data) if isinstance(piece.data, bytes) else len(piece.data.encode("utf-8"))
+            out.bytes[piece.split] += size
+            if isinstance(tokenizer, CharTokenizer):  # one id per character: no decoding to count them
+                try:
+                    ids = tokenizer.encode_utf8(piece.data)
+                except UnicodeDecodeError:  # say where (strict), or replace and count
+                    ids = tokenizer.encode_utf8(decode(piece, settings.decode_errors))
+                encoded.append(ids)
+                out.characters[piece.split] += ids.size
                 continue
             text = decode(piece, settings.decode_errors)
             texts.append(text)
             out.characters[piece.split] += len(text)
-            out.bytes[piece.split] += (
-                len(piece.data) if isinstance(piece.data, bytes) else len(text.encode("utf-8"))
-            )
-        if isinstance(tokenizer, CharTokenizer):
-            encoded = [tokenizer.encode_utf8(text) for text in texts]
-        else:
+        if texts:
             assert isinstance(tokenizer, HFTokenizer)
-            encoded = [
-                np.asarray(ids, dtype=dtype) for ids in tokenizer.encode_pieces([str(t) for t in texts])
-            ]
+            encoded = [np.asarray(ids, dtype=dtype) for ids in tokenizer.encode_pieces(texts)]
         for piece, ids in zip(batch, encoded):
             if piece.first_of_document:
-                # Documents from records: the end-of-text token before each (a newline when the
-                # tokenizer has none, as records were joined before).
-                # A newline goes *between* records, as they were joined before: the writer drops
-                # it before a split's first record.
+                # Documents from records: the end-of-text token before each; a tokenizer without
+                # one gets a newline *between* records, as they were joined before (the writer
+                # drops it before a split's first record).
                 marker = [eos] if eos is not None else newline
                 if marker is not None:
                     out.marked.setdefault(piece.split, eos is None)
@@ -843,6 +876,7 @@ class _Progress:
         self.tty = sys.stderr.isatty()
         self.start = self.last = time.monotonic()
         self.bytes = self.tokens = 0
+        self.shown = False
 
     def update(self, source_bytes: int, tokens: int, final: bool = False) -> None:
         self.bytes += source_bytes
@@ -850,6 +884,9 @@ class _Progress:
         now = time.monotonic()
         if not self.enabled or (not final and now - self.last < (0.5 if self.tty else 15.0)):
             return
+        if final and not self.shown and now - self.start < 2.0:
+            return  # a prepare of a second or two needs no report (the quickstart's Shakespeare)
+        self.shown = True
         self.last = now
         elapsed = max(now - self.start, 1e-9)
         rate = self.bytes / elapsed
@@ -883,20 +920,28 @@ class _Shards:
             split: sum(s["tokens"] for s in done if s["split"] == split) for split in ("train", "val")
         }
 
-    def write(self, split: str, ids: np.ndarray, characters: int, size: int) -> None:
+    def write(self, split: str, ids: list[np.ndarray], characters: int, size: int) -> Callable[[], None]:
+        """Count the ids into the split's open shard now; returns the call that writes them, which
+        may run on another thread (one at a time, in order, before the next checkpoint)."""
         if split not in self.writers:
             name = f"{split}-{self.next_index[split]:05d}.bin"
             self.writers[split] = ShardWriter(self.directory / name, self.dtype)
-            self.text[split] = {"characters": 0, "bytes": 0}
+            self.text[split] = {"characters": 0, "bytes": 0, "tokens": 0}
             self.next_index[split] += 1
-        _disk_safe(self.writers[split].write, ids)
+        writer = self.writers[split]
         self.text[split]["characters"] += characters
         self.text[split]["bytes"] += size
-        self.tokens[split] += ids.size
+        self.text[split]["tokens"] += sum(a.size for a in ids)
+        self.tokens[split] += sum(a.size for a in ids)
+
+        def write() -> None:
+            for array in ids:
+                _disk_safe(writer.write, array)
+
+        return write
 
     def open_tokens(self, split: str) -> int:
-        writer = self.writers.get(split)
-        return writer.count if writer else 0
+        return self.text[split]["tokens"] if split in self.writers else 0
 
     def checkpoint(self, position: list[int], replaced: int) -> None:
         shards = []
@@ -909,7 +954,8 @@ class _Shards:
                     "file": path.name,
                     "tokens": header.count,
                     "crc32": header.crc32,
-                    **self.text[split],
+                    "characters": self.text[split]["characters"],
+                    "bytes": self.text[split]["bytes"],
                     **_stat_shard(path),
                 }
             )
@@ -924,12 +970,16 @@ class _Shards:
         self.writers.clear()
 
 
+class _NoRoom(UserError):
+    """The disk filled up: unlike bad input, the shards already finished are kept to resume from."""
+
+
 def _disk_safe(function: Callable, *args):
     try:
         return function(*args)
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            raise UserError(
+            raise _NoRoom(
                 f"data.cache_dir: no room left to write a shard ({os.strerror(err.errno)}); free space or set "
                 "data.cache_dir to a disk with room, then run again (the shards already finished are kept)"
             ) from None
@@ -961,38 +1011,52 @@ def _encode(
     # Char: many threads each look up a whole batch. BPE: the tokenizers library spreads one
     # batch's pieces over its own threads, and a second batch in flight hides the reading.
     threads = settings.threads() if isinstance(tokenizer, CharTokenizer) else 2
-    piece_bytes = BATCH_BYTES if isinstance(tokenizer, CharTokenizer) else PIECE_BYTES
+    piece_bytes = BATCH_BYTES // 4 if isinstance(tokenizer, CharTokenizer) else PIECE_BYTES
     encode = _encoder(tokenizer, settings, source)
     replaced = 0
     last_end = position
+    # Writing (and its CRC-32) runs on a thread of its own, overlapping the next batch's reading
+    # and tokenising; one write in flight, always finished before a checkpoint.
+    io = ThreadPoolExecutor(max_workers=1)
+    pending = None
     try:
         batches = _batches(_pieces(source, position, settings, piece_bytes), BATCH_BYTES)
         for encoded in _ordered_map(encode, batches, threads):
             done = False
+            writes = []
             for split in ("train", "val"):
-                ids = np.concatenate(encoded.ids[split]) if encoded.ids[split] else None
-                if ids is not None and encoded.marked.get(split) and shards.tokens[split] == 0:
-                    ids = ids[1:]
-                if ids is None or ids.size == 0:
-                    continue
+                ids = [a for a in encoded.ids[split] if a.size]
+                if ids and encoded.marked.get(split) and shards.tokens[split] == 0:
+                    ids[0] = ids[0][1:]
                 if split == "train" and settings.max_tokens is not None:
                     room = settings.max_tokens - shards.tokens["train"]
-                    if ids.size >= room:
-                        ids, done = ids[:room], True
-                shards.write(split, ids, encoded.characters[split], encoded.bytes[split])
+                    if sum(a.size for a in ids) >= room:
+                        ids, done = [np.concatenate(ids)[:room]], True
+                if sum(a.size for a in ids):
+                    writes.append(shards.write(split, ids, encoded.characters[split], encoded.bytes[split]))
+            if pending is not None:
+                pending.result()
+            pending = io.submit(lambda calls=writes: [call() for call in calls])
             replaced += encoded.replaced
             last_end = encoded.end
             bar.update(encoded.source_bytes, sum(sum(a.size for a in v) for v in encoded.ids.values()))
             if done:
                 break
             if shards.open_tokens("train") >= settings.shard_tokens:
+                pending.result()
                 shards.checkpoint(last_end, replaced)
                 replaced = 0
+        if pending is not None:
+            pending.result()
         if shards.writers:
             shards.checkpoint(last_end, replaced)
     except BaseException:
+        if pending is not None:
+            pending.cancel() or pending.exception()  # the writer must be idle before its file goes
         shards.abort()
         raise
+    finally:
+        io.shutdown(wait=True)
     bar.update(0, 0, final=True)
     if state["replaced_bytes"]:
         log(
@@ -1015,6 +1079,8 @@ def verify_prepared(prepared: Prepared, log: Callable[[str], None] = _stderr) ->
                     raise ShardError("its header does not match the manifest")
             except ShardError as error:
                 problems.append(f"{path}: {error}")
+    for problem in problems:
+        log(f"verify: {problem}")
     log(
         f"verify: {len(problems)} problem(s) in {sum(len(c['shards']) for c in prepared.manifest['checkpoints'])} shards"
     )

@@ -61,7 +61,7 @@ def _nonspace_at(buf: bytes | bytearray, i: int) -> bool:
     return bool(char) and not char[0].isspace()
 
 
-def next_cut(buf: bytes | bytearray, start: int, final: bool) -> int | None:
+def next_cut(buf: bytes | bytearray, start: int, final: bool, line_start: int | None = None) -> int | None:
     """The first place at or after `start` where `buf` can be cut, or None if more bytes are needed.
 
     A cut goes after a newline that has a non-space character on each side: no pre-tokenizer we
@@ -71,25 +71,26 @@ def next_cut(buf: bytes | bytearray, start: int, final: bool) -> int | None:
     follows a non-space ASCII character, else at any character boundary. `final`: no more bytes
     will come, so the end of `buf` is a cut.
     """
-    position = start
+    search = max(start - 1, 1)  # a cut exactly at `start` counts
     while True:
-        newline = buf.find(b"\n", max(position, 1))
+        newline = buf.find(b"\n", search)
         if newline < 0 or newline + 1 >= len(buf):
             break
         if _nonspace_before(buf, newline) and _nonspace_at(buf, newline + 1):
             return newline + 1
-        position = newline + 1
+        search = newline + 1
     if final:
         return len(buf)
-    if len(buf) - start < MAX_LINE_BYTES:
+    # No line end: cut between words only once a line has run on for MAX_LINE_BYTES.
+    if len(buf) - (start if line_start is None else line_start) < MAX_LINE_BYTES:
         return None
     space = buf.find(b" ", start + 1)
     while 0 < space < len(buf):
         if 0x21 <= buf[space - 1] <= 0x7E:
             return space
         space = buf.find(b" ", space + 1)
-    cut = start + MAX_LINE_BYTES // 2
-    while 0x80 <= buf[cut] < 0xC0:  # a UTF-8 continuation byte: not a character boundary
+    cut = start
+    while cut < len(buf) and 0x80 <= buf[cut] < 0xC0:  # a UTF-8 continuation byte: not a character boundary
         cut += 1
     return cut
 
@@ -195,29 +196,35 @@ class JoinedText:
             data = self.read(low, offset - low + 1)
             last, position = 0, 1
             while (cut := next_cut(data, position, final=False)) is not None and low + cut <= offset:
-                last, position = low + cut, cut
+                last, position = low + cut, cut + 1
             if last or low == 0:
                 return last
             window *= 4
 
     def pieces(self, start: int, end: int, piece_bytes: int = PIECE_BYTES) -> Iterator[tuple[int, bytes]]:
-        """(end offset, bytes) of consecutive pieces of about piece_bytes covering start .. end."""
-        buffer = bytearray()
-        buffer_start = start
+        """(end offset, bytes) of consecutive pieces of about piece_bytes covering start .. end.
+
+        Each block read is cut into pieces in place; only the tail after the last cut is carried
+        into the next block (a few bytes, or up to a line's length).
+        """
+        carry = b""
+        offset = start  # where `data` begins in the joined text
         for block in self.blocks(start, end):
-            buffer += block
-            while len(buffer) > piece_bytes:
-                cut = next_cut(buffer, piece_bytes, final=False)
+            data = carry + block if carry else block
+            position = 0
+            while len(data) - position > piece_bytes:
+                cut = next_cut(data, position + piece_bytes, final=False, line_start=position)
                 if cut is None:
                     break
-                buffer_start += cut
-                yield buffer_start, bytes(buffer[:cut])
-                del buffer[:cut]
-        while buffer:
-            cut = next_cut(buffer, min(piece_bytes, len(buffer)), final=True)
-            buffer_start += cut
-            yield buffer_start, bytes(buffer[:cut])
-            del buffer[:cut]
+                yield offset + cut, data[position:cut]
+                position = cut
+            carry = data[position:]
+            offset += position
+        position = 0
+        while position < len(carry):
+            cut = next_cut(carry, min(position + piece_bytes, len(carry)), final=True, line_start=position)
+            yield offset + cut, carry[position:cut]
+            position = cut
 
 
 # -------------------------------------------------------------------------------- records

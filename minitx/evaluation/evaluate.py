@@ -162,12 +162,11 @@ def evaluate_checkpoint(
         if files is None and source in TASK_SOURCES:
             result = evaluate_task(model, train_config["data"], tokenizer, lengths, task_samples, seed, bar)
         else:
-            name, text = files_text(files) if files is not None else validation_text(train_config)
-            scored = truncate(
-                tokenize(name, text, tokenizer, "--files" if files is not None else "--ckpt"),
-                max_tokens,
-                tokenizer,
-            )
+            if files is not None:
+                name, text = files_text(files)
+                scored = truncate(tokenize(name, text, tokenizer, "--files"), max_tokens, tokenizer)
+            else:
+                scored = truncate(validation_text(train_config, tokenizer), max_tokens, tokenizer)
             check_window(config, len(scored.tokens) - 1, context, stride)
             per_pass = batch_size * context if batch_size else batch_tokens(config.vocab_size)
             result = evaluate_text(model, scored, context, stride, lengths, per_pass, bar, sweep_tokens)

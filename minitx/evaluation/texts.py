@@ -7,12 +7,16 @@ BPE, tokenizer.json): a figure per unit of text, comparable between tokenizers o
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from ..data.sources import load_text, read_files, shakespeare_val_text
+from ..data.prepare import DataSettings, prepare
+from ..data.shards import TokenArray
+from ..data.sources import read_files
 from ..data.tasks import TASKS as TASK_SOURCES  # synthetic tasks, not texts: see tasks.py
 from ..data.tokenizer import CharTokenizer, Tokenizer
 from ..errors import UserError
@@ -21,7 +25,7 @@ from ..errors import UserError
 @dataclass(frozen=True)
 class ScoredText:
     name: str  # where it came from, for the report
-    tokens: Tensor  # (N,) int64 token ids
+    tokens: Tensor | ShardTokens  # (N,) int64 token ids, in memory or on disk
     characters: int  # characters of the text the N - 1 scored tokens spell
     bytes: int  # its UTF-8 bytes
     unit: str  # the unit the report leads with: "character" or "byte"
@@ -63,9 +67,25 @@ def truncate(text: ScoredText, max_tokens: int | None, tokenizer: Tokenizer) -> 
     )
 
 
-def validation_text(train_config: dict | None) -> tuple[str, str]:
-    """(name, text) of the validation text of the run a checkpoint comes from, rebuilt from its
-    data settings exactly as training built it."""
+class ShardTokens:
+    """A prepared split's ids, read from its shards window by window: indexed like a 1-D tensor,
+    so a 100 MB validation set is scored in bounded memory."""
+
+    def __init__(self, array: TokenArray) -> None:
+        self.array = array
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, index) -> Tensor:
+        if isinstance(index, slice):
+            return torch.from_numpy(self.array[index])
+        return torch.from_numpy(self.array[np.asarray(index)])
+
+
+def validation_text(train_config: dict | None, tokenizer: Tokenizer) -> ScoredText:
+    """The validation split of the run a checkpoint comes from: its data settings prepared (or,
+    when already prepared, opened) exactly as training did, read from the shards."""
     data = (train_config or {}).get("data")
     if not isinstance(data, dict):
         raise UserError(
@@ -76,27 +96,34 @@ def validation_text(train_config: dict | None) -> tuple[str, str]:
         raise UserError(
             f"--ckpt: the run trained on the synthetic task {source!r}, which has no validation text; give --files"
         )
-    settings = {
-        key: data[key]
-        for key in (
-            "train_files",
-            "val_files",
-            "val_fraction",
-            "hf_name",
-            "hf_config",
-            "hf_train_split",
-            "hf_val_split",
-            "hf_data_files",
-            "text_column",
-        )
-        if data.get(key) is not None
-    }
+    fields = {f.name for f in dataclasses.fields(DataSettings)}
+    settings = DataSettings(
+        **{key: value for key, value in data.items() if key in fields and value is not None}
+    )
     try:
-        if source == "shakespeare":
-            return "the Shakespeare validation plays", shakespeare_val_text()
-        return f"the validation text of data.source={source}", load_text(source, **settings)[1]
+        prepared = prepare(settings)
     except UserError as error:  # e.g. the run's files were moved: say whose settings these are
         raise UserError(f"--ckpt: cannot rebuild the run's validation text ({error}); give --files") from None
+    if prepared.tokenizer.fingerprint() != tokenizer.fingerprint():
+        raise UserError(
+            "--ckpt: the run's data settings now give a different tokenizer than the checkpoint's "
+            "(its files changed since training?); give --files"
+        )
+    name = (
+        "the Shakespeare validation plays"
+        if source == "shakespeare"
+        else f"the validation text of data.source={source}"
+    )
+    tokens = ShardTokens(prepared.val)
+    if len(tokens) < 2:
+        raise UserError(
+            f"--ckpt: {name} has {len(tokens)} token(s); give a text of at least two tokens to score"
+        )
+    characters, size = prepared.text_size("val")
+    unscored = tokenizer.decode([int(prepared.val[0])])  # the first token is never scored
+    return ScoredText(
+        name, tokens, characters - len(unscored), size - len(unscored.encode("utf-8")), unit_of(tokenizer)
+    )
 
 
 def files_text(patterns: str | list[str]) -> tuple[str, str]:
