@@ -21,8 +21,9 @@ Steps, each from an empty cache directory for that corpus and tokenizer:
             just before fit). The same run on the default source (Shakespeare, prepared first) is
             the reference.
   train     a longer run on the prepared corpus (char; block 64 x batch 256 by default, enough steps
-            to draw as many tokens as the corpus holds, capped by --train-steps, 2000: about 65%
-            of a 1 GB corpus's 4 KB shard pages are read): PSS over time, to show that memory
+            to draw as many tokens as the corpus holds, capped by --train-steps, 2000, and by
+            --train-seconds, 180, after which it gets SIGINT and stops at the end of its step;
+            the table says how much of the shards' 4 KB pages the random windows read): PSS over time, to show that memory
             stays flat while training reads more and more of the data (an mmap'd shard whose
             pages stay mapped would grow by every page read).
   baseline  (BPE only) a small program using the `tokenizers` library directly: the byte-level
@@ -36,9 +37,10 @@ Targets (issue 19), each checked in the table's last column:
   * char prepare at least 100 MB/s (on 2 cores);
   * BPE prepare within 1.25x of the tokenizers baseline's wall time;
   * a start on the largest prepared corpus within 1 s of the Shakespeare start, memory flat;
-  * memory flat over a long run: PSS after the first half of training no more than 64 MB (or 10%)
-    above its peak in the first half.
+  * memory flat over a long run: PSS no more than 64 MB (or 10%) above its value a tenth of the way
+    into fit (after the first steps' allocations), at any later sample.
 
+Each command's output is in <work>/logs/<step>.log, its PSS series in <step>.pss.tsv.
 Sizes are decimal (100MB = 10**8 bytes). The work directory defaults to a temporary directory
 under /tmp, deleted at the end unless --keep; with --work DIR the corpora stay there for the
 next run and only the prepared data and runs are deleted (unless --keep). Disk needed: the
@@ -56,6 +58,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -185,10 +188,11 @@ class Result:
     marker_s: float | None = None  # when a line starting with the marker was printed
     samples: list[tuple[float, int, int]] = field(default_factory=list)
     stdout_tail: list[str] = field(default_factory=list)
+    interrupted: bool = False  # stopped by us with SIGINT after its time
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0
+        return self.returncode == 0 or (self.interrupted and self.returncode == 130)
 
     @property
     def peak_mb(self) -> float:
@@ -201,9 +205,13 @@ def run_measured(
     log: Path,
     env: dict[str, str] | None = None,
     marker: str | None = None,
-    timeout: float | None = None,
+    interrupt_after: float | None = None,
 ) -> Result:
-    """Run `command`, sampling its tree's PSS; stdout and stderr go to `log` (and are scanned for `marker`)."""
+    """Run `command`, sampling its tree's PSS; stdout and stderr go to `log` (and are scanned for `marker`).
+
+    After `interrupt_after` seconds the command gets SIGINT (train.py then stops at the end of
+    its step, checkpoints and exits with status 130, which counts as success here).
+    """
     result = Result(name, command, log)
     full_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     print(f"[data bench] {name}: {' '.join(command)}", file=sys.stderr, flush=True)
@@ -232,14 +240,18 @@ def run_measured(
         reader = threading.Thread(target=read_output, daemon=True)
         reader.start()
         try:
-            result.returncode = proc.wait(timeout=timeout)
+            result.returncode = proc.wait(timeout=interrupt_after)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            result.interrupted = True
+            proc.send_signal(signal.SIGINT)
             result.returncode = proc.wait()
         result.wall_s = time.perf_counter() - start
         sampler.stop()
         reader.join()
     result.samples = sampler.samples
+    with open(log.with_suffix(".pss.tsv"), "w") as series:  # the whole series, beside the log
+        series.write("seconds\tpss_mb\tprocesses\n")
+        series.writelines(f"{t:.3f}\t{pss / 1e6:.1f}\t{n}\n" for t, pss, n in sampler.samples)
     status = "ok" if result.ok else f"FAILED (exit {result.returncode}, log {log})"
     print(
         f"[data bench] {name}: {status}, {result.wall_s:.2f} s, peak PSS {result.peak_mb:.0f} MB",
@@ -418,10 +430,18 @@ class Bench:
             command += ["--trainer.max_steps", "1", *self.run_flags()]
         return run_measured(name, command, self.log(name))
 
-    def train(self, name: str, corpus: Path | None, tokenizer: str, cache: Path, extra: list[str]) -> Result:
+    def train(
+        self,
+        name: str,
+        corpus: Path | None,
+        tokenizer: str,
+        cache: Path,
+        extra: list[str],
+        seconds: float | None = None,
+    ) -> Result:
         command = [sys.executable, str(REPO / "train.py"), *self.data_flags(corpus, tokenizer, cache)]
         command += [*COMMON_TRAIN, *extra, *self.run_flags()]
-        return run_measured(name, command, self.log(name), marker=START_MARKER)
+        return run_measured(name, command, self.log(name), marker=START_MARKER, interrupt_after=seconds)
 
     def start(self, name: str, corpus: Path | None, tokenizer: str, cache: Path, repeats: int) -> Result:
         """The fastest of `repeats` one-step runs (a shared machine only makes a run slower)."""
@@ -434,8 +454,10 @@ class Bench:
         failed = [r for r in results if not r.ok]
         return failed[0] if failed else min(results, key=lambda r: r.wall_s)
 
-    def long_run(self, name: str, corpus: Path, cache: Path, steps: int, block: int, batch: int) -> Result:
-        """`steps` steps of `batch` random windows of `block` tokens: does memory grow as more is read?"""
+    def long_run(
+        self, name: str, corpus: Path, cache: Path, steps: int, block: int, batch: int, seconds: float
+    ) -> Result:
+        """`steps` steps (or `seconds`) of `batch` random windows of `block` tokens: does memory grow as more is read?"""
         extra = [
             "--model.n_layer", "1", "--model.n_head", "2", "--model.d_model", "32",
             "--model.block_size", str(block), "--data.batch_size", str(batch),
@@ -443,7 +465,7 @@ class Bench:
             "--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(steps),
             "--run.checkpoint_every_n_steps", str(steps),
         ]  # fmt: skip
-        return self.train(name, corpus, "char", cache, extra)
+        return self.train(name, corpus, "char", cache, extra, seconds)
 
     def baseline(self, name: str, corpus: Path) -> tuple[Result, dict]:
         program = self.work / "bpe_baseline.py"
@@ -488,6 +510,15 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], right_from: int 
     return "\n".join(lines)
 
 
+def steps_done(result: Result) -> int | None:
+    """The step a train.py run ended at, from its last lines ("... at step N")."""
+    for line in reversed(result.stdout_tail):
+        match = re.search(r"at step (\d+)", line)
+        if match:
+            return int(match.group(1))
+    return None
+
+
 def pages_touched(corpus_chars: int, windows: int, block_size: int, itemsize: int = 2) -> float:
     """Expected share of the 4 KB pages of a char corpus's shards that `windows` random windows read."""
     pages = max(1.0, corpus_chars * itemsize / 4096)
@@ -503,17 +534,18 @@ def training_phase(result: Result) -> list[tuple[float, int, int]]:
 
 
 def memory_growth_mb(result: Result) -> float:
+    """How far PSS rose after the first tenth of training (warm-up: the first steps' allocations)."""
     phase = training_phase(result)
-    half = len(phase) // 2
-    if half == 0:
+    settled = phase[len(phase) // 10 :]
+    if len(settled) < 2:
         return 0.0
-    return (max(s[1] for s in phase[half:]) - max(s[1] for s in phase[:half])) / 1e6
+    return (max(s[1] for s in settled) - settled[0][1]) / 1e6
 
 
 def is_flat(result: Result) -> bool:
     phase = training_phase(result)
-    first_half_peak = max((s[1] for s in phase[: max(1, len(phase) // 2)]), default=0) / 1e6
-    return memory_growth_mb(result) <= max(FLAT_GROWTH_MB, 0.1 * first_half_peak)
+    settled_mb = phase[len(phase) // 10][1] / 1e6 if phase else 0.0
+    return memory_growth_mb(result) <= max(FLAT_GROWTH_MB, 0.1 * settled_mb)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -540,6 +572,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary, both sides")
     parser.add_argument("--start-repeats", type=int, default=2, help="start runs per corpus, fastest kept")
     parser.add_argument("--train-steps", type=int, default=2000, help="most steps of the long run")
+    parser.add_argument(
+        "--train-seconds", type=float, default=180, help="long run: stopped (SIGINT) after this long"
+    )
     parser.add_argument("--train-batch-size", type=int, default=256, help="long run: windows per step")
     parser.add_argument("--train-block-size", type=int, default=64, help="long run: tokens per window")
     args = parser.parse_args(argv)
@@ -646,7 +681,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if size in train_sizes and tokenizer == "char":
                     block, batch = args.train_block_size, args.train_batch_size
                     steps = max(1, min(args.train_steps, -(-size // (block * batch))))
-                    train = bench.long_run(f"{name} train", corpus, cache, steps, block, batch)
+                    train = bench.long_run(
+                        f"{name} train", corpus, cache, steps, block, batch, args.train_seconds
+                    )
+                    steps = steps_done(train) or steps
                     flat = train.ok and is_flat(train)
                     add_row(
                         label, tokenizer, "train", train, None, train.peak_mb <= PEAK_PSS_TARGET_MB and flat
@@ -717,7 +755,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"\nTargets: peak PSS <= {PEAK_PSS_TARGET_MB:.0f} MB everywhere; char prepare >= "
         f"{CHAR_MB_PER_S_TARGET:.0f} MB/s; bpe prepare <= {BPE_RATIO_TARGET}x the tokenizers baseline; "
-        f"train: PSS flat (growth after the first half <= {FLAT_GROWTH_MB:.0f} MB or 10%)."
+        f"train: PSS flat (its max no more than {FLAT_GROWTH_MB:.0f} MB or 10% above its value a tenth into fit)."
     )
     if bpe_rows:
         print(

@@ -87,6 +87,10 @@ def test_run_measured_records_wall_time_memory_and_marker(bench, tmp_path):
     assert "hello" in (tmp_path / "t.log").read_text()
     failed = bench.run_measured("f", [sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "f.log")
     assert failed.returncode == 3 and not failed.ok
+    slow = [sys.executable, "-c", "import time; time.sleep(60)"]
+    stopped = bench.run_measured("s", slow, tmp_path / "s.log", interrupt_after=0.5)
+    assert stopped.interrupted and stopped.returncode != 0
+    assert (tmp_path / "s.pss.tsv").read_text().startswith("seconds\tpss_mb")
 
 
 def test_sizes_and_corpus(bench, tmp_path):
