@@ -145,6 +145,26 @@ def check_variants(sweep: Sweep, sweep_path: Path, extra: Sequence[str] = ()) ->
             raise UserError(f"{sweep_path}: variant {variant.name!r}: {problem}")
 
 
+def prepare_data(runs: Sequence[Run], log: Any = print) -> None:
+    """Prepare each distinct data setting of the runs once, before any starts: the runs then only
+    open the shards (a run that prepared would make the others wait on its lock, or, run by run,
+    repeat the check of every file)."""
+    from ..data.datamodule import TextDataModule
+
+    seen: set[str] = set()
+    for run in runs:
+        data = check_train_args(run.command[len(TRAIN_COMMAND) :])
+        data.pop("seed", None)  # the batch stream's seed: not part of what is prepared
+        key = json.dumps(data, sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        module = TextDataModule(**data)
+        if module.task is None:  # synthetic tasks are generated as they train
+            module.setup()
+            log(f"ablate: data ready for the runs: {module.summary()}")
+
+
 def last_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
@@ -231,6 +251,7 @@ def run_sweep(runs: list[Run], sweep: Sweep, output: Path, parallel: int = 1, lo
     if not todo:
         return
     write_text_atomically(output / BASE_SNAPSHOT, sweep.base_text)
+    prepare_data(todo, log)
     threads = max(1, (os.cpu_count() or 1) // parallel) if parallel > 1 else None
     if parallel == 1:
         for run in todo:

@@ -154,9 +154,15 @@ def _split_tail(text: JoinedText, val_fraction: float) -> list[Segment]:
     cut = text.cut_at_or_after(point)
     if cut >= text.size:
         cut = text.cut_at_or_before(point)
+    if cut == 0:  # a text without line ends: between words (as a single long line is cut)
+        cut = text.word_cut_at_or_after(point)
     if cut == 0:
         raise UserError(
             "data.val_fraction: the training set is empty; lower data.val_fraction or add more text"
+        )
+    if cut >= text.size:
+        raise UserError(
+            "data.val_fraction: the validation set is empty; raise data.val_fraction or add more text"
         )
     return [
         Segment("train", text=text, start=0, end=cut),
@@ -599,7 +605,9 @@ def _prepare_locked(
     state = _read_json(directory / "manifest.json") or _read_json(directory / "progress.json")
     repaired = False  # a damaged shard was named: that one line also says where it goes on from
     if state is None and any(directory.glob("*.bin")):
-        log(f"minitx: {directory} holds shards but no readable manifest.json or progress.json; preparing it again")
+        log(
+            f"minitx: {directory} holds shards but no readable manifest.json or progress.json; preparing it again"
+        )
     if (
         state is not None
         and state.get("format") == PREPARED_FORMAT

@@ -201,6 +201,17 @@ class JoinedText:
                 return last
             window *= 4
 
+    def word_cut_at_or_after(self, offset: int) -> int:
+        """Before the first space at or after `offset` that follows a non-space ASCII character
+        (see next_cut); the end of the text if there is none."""
+        data = self.read(max(offset - 1, 0), MAX_LINE_BYTES)
+        space = data.find(b" ", 1)
+        while 0 < space:
+            if 0x21 <= data[space - 1] <= 0x7E:
+                return max(offset - 1, 0) + space
+            space = data.find(b" ", space + 1)
+        return self.size
+
     def pieces(self, start: int, end: int, piece_bytes: int = PIECE_BYTES) -> Iterator[tuple[int, bytes]]:
         """(end offset, bytes) of consecutive pieces of about piece_bytes covering start .. end.
 

@@ -138,12 +138,13 @@ class _CheckOnlyCLI(TrainCLI):
         check_model_section(self.config["model"].as_dict())
 
 
-def check_train_args(args: Sequence[str]) -> None:
+def check_train_args(args: Sequence[str]) -> dict[str, Any]:
     """Raise the UserError `train` would raise for a mistake in the config (unknown key, wrong
     type, bad model or optimiser value), in a second or two: `ablate` checks every variant
-    this way before any run starts. Data and checkpoints are not looked at."""
+    this way before any run starts. Data and checkpoints are not looked at. Returns the data
+    section as parsed (TextDataModule's arguments), so the caller can prepare it once."""
     _quiet_lightning()
-    _CheckOnlyCLI(list(args))
+    return _CheckOnlyCLI(list(args)).config["data"].as_dict()
 
 
 # Known noise from Lightning that says nothing about a minitx run.
