@@ -64,7 +64,10 @@ def test_tiny_cpu_run_passes_every_check_and_writes_the_report(tmp_path):
         assert ("decode speed-up of the cache", kind, None) in measured
     for m in report["measurements"]:
         assert set(m) >= {"name", "kind", "value", "unit"}
-        assert m["value"] is None or m["value"] > 0, m  # MFU is None on a CPU: no peak to divide by
+        if m["name"] == "train graph breaks":
+            assert m["value"] >= 0, m
+        else:
+            assert m["value"] is None or m["value"] > 0, m  # MFU is None on a CPU: no peak to divide by
     times = [m for m in report["measurements"] if m["name"] == "attention fwd+bwd"]
     assert {m["T"] for m in times} == {32, 64} and {m["kind"] for m in times} >= {"mha (SDPA)", "local-dense"}
     markdown = (out / "results.md").read_text()
