@@ -1,8 +1,10 @@
-"""Tests of minitx.data: sources, tokenizers, the token cache, the datamodule, the toy task."""
+"""Tests of minitx.data: sources, tokenizers, prepared data, the datamodule, the toy task."""
 
+import dataclasses
 import json
 import random
 import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,10 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from minitx.data import cache as cache_module
+from minitx.data import prepare as prepare_module
+from minitx.data import shards as shards_module
 from minitx.data import tokenizer as tokenizer_module
-from minitx.data.cache import cached_tokens, token_dtype
 from minitx.data.datamodule import TextDataModule, random_window_starts
+from minitx.data.prepare import DataSettings, prepare
+from minitx.data.shards import token_dtype
 from minitx.data.sources import (
     SHAKESPEARE_PLAY_COUNT,
     VAL_PLAYS,
@@ -23,9 +27,9 @@ from minitx.data.sources import (
     shakespeare_play_paths,
     shakespeare_text,
 )
+from minitx.data.streams import JoinedText
 from minitx.data.tokenizer import (
     EOS_TOKEN,
-    CharTokenizer,
     build_tokenizer,
     tokenizer_from_dict,
 )
@@ -313,40 +317,56 @@ def test_tokenizer_json_file(tmp_path):
         build_tokenizer("sentencepiece", "text")
 
 
-# ------------------------------------------------------------------------------- cache
+# ------------------------------------------------------------------------------- prepared data
 
 
-def test_cache_is_keyed_by_content_and_written_atomically(tmp_path, monkeypatch):
-    tokenizer = build_tokenizer("char", "abcdefgh\n")
+def test_prepared_data_is_keyed_by_settings_and_written_atomically(corpus_files, tmp_path, monkeypatch):
     cache_dir = tmp_path / "cache"
-    first = cached_tokens("train", "abcabc\n", tokenizer, cache_dir)
-    assert isinstance(first, np.memmap) and first.dtype == np.uint16
-    assert first.tolist() == tokenizer.encode("abcabc\n")
+    settings = DataSettings(
+        source="files",
+        train_files=str(corpus_files["train"]),
+        val_files=str(corpus_files["val"]),
+        cache_dir=str(cache_dir),
+        num_proc=2,
+    )
+    first = prepare(settings, progress=False)
+    assert first.train.dtype == np.uint16
+    text = corpus_files["train"].read_text()
+    assert first.tokenizer.decode(np.asarray(first.train).tolist()) == text
 
-    # Same text and tokenizer: read back, not encoded again.
-    monkeypatch.setattr(CharTokenizer, "encode_corpus", lambda self, text: pytest.fail("re-encoded"))
-    assert cached_tokens("train", "abcabc\n", tokenizer, cache_dir).tolist() == first.tolist()
+    # Same settings and files: opened, not encoded again.
+    monkeypatch.setattr(prepare_module, "_encode", lambda *args: pytest.fail("re-encoded"))
+    assert np.asarray(prepare(settings, progress=False).train).tolist() == np.asarray(first.train).tolist()
     monkeypatch.undo()
+    directories = lambda: sorted(p for p in (cache_dir / "prepared").iterdir() if p.is_dir())  # noqa: E731
+    assert directories() == [first.directory]
 
-    # Different text of the same length: a new entry.
-    second = cached_tokens("train", "cbacba\n", tokenizer, cache_dir)
-    assert second.tolist() == tokenizer.encode("cbacba\n")
-    assert len(list(cache_dir.glob("*.uint16"))) == 2
+    # Other files: a new directory.
+    other_file = tmp_path / "other.txt"
+    other_file.write_text(text[::-1].lstrip("\n") + "\n")
+    second = prepare(dataclasses.replace(settings, train_files=str(other_file)), progress=False)
+    assert second.tokenizer.decode(np.asarray(second.train).tolist()) == other_file.read_text()
+    assert len(directories()) == 2
 
-    # Another tokenizer on the same text: another entry.
-    other = build_tokenizer("char", "abcxyz\n")
-    cached_tokens("train", "abcabc\n", other, cache_dir)
-    assert len(list(cache_dir.glob("*.uint16"))) == 3
+    # Another tokenizer on the same files: another directory.
+    prepare(dataclasses.replace(settings, tokenizer="bpe", vocab_size=300), progress=False)
+    assert len(directories()) == 3
 
-    # A write that dies before the rename leaves no file behind, valid-looking or temporary.
+    # A write that dies before a shard's rename leaves no file behind, valid-looking or temporary,
+    # and no manifest.
     def crash(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cache_module.os, "replace", crash)
+    monkeypatch.setattr(shards_module.os, "replace", crash)
     with pytest.raises(KeyboardInterrupt):
-        cached_tokens("train", "abab\n", tokenizer, cache_dir)
-    assert len(list(cache_dir.iterdir())) == 6  # three entries, each with its record
-    assert not list(cache_dir.glob(TMP_PREFIX + "*"))
+        prepare(dataclasses.replace(settings, val_fraction=0.5, val_files=None), progress=False)
+    monkeypatch.undo()
+    assert len(directories()) == 4
+    for directory in directories():
+        names = {p.name for p in directory.iterdir()}
+        assert not any(name.startswith(TMP_PREFIX) for name in names), names
+        assert ("manifest.json" in names) == ({"train-00000.bin", "val-00000.bin"} <= names), names
+    assert sum((d / "manifest.json").exists() for d in directories()) == 3
 
 
 def test_token_dtype_fits_the_vocabulary():
@@ -354,31 +374,37 @@ def test_token_dtype_fits_the_vocabulary():
     assert token_dtype(65_537) == np.uint32
 
 
-def test_datamodule_rebuilds_cache_when_a_file_changes(corpus_files, tmp_path, monkeypatch):
+def test_datamodule_prepares_again_when_a_file_changes(corpus_files, tmp_path, monkeypatch, capfd):
     dm = files_module(corpus_files, tmp_path)
     dm.setup()
     cache_dir = tmp_path / "cache"
-    entries = set(cache_dir.glob("*.uint16"))
-    assert len(entries) == 2  # train and val
+    shards = {p: p.stat().st_mtime_ns for p in cache_dir.glob("prepared/*/*.bin")}
+    assert len(shards) == 2  # train and val
 
-    # Unchanged files: the cache is reused as is.
-    monkeypatch.setattr(CharTokenizer, "encode_corpus", lambda self, text: pytest.fail("re-encoded"))
+    # Unchanged files: the shards are opened as they are, nothing read or encoded.
+    monkeypatch.setattr(prepare_module, "_encode", lambda *args: pytest.fail("re-encoded"))
+    monkeypatch.setattr(JoinedText, "blocks", lambda *args: pytest.fail("text read"))
     again = files_module(corpus_files, tmp_path)
     again.setup()
-    assert set(cache_dir.glob("*.uint16")) == entries
+    assert {p: p.stat().st_mtime_ns for p in cache_dir.glob("prepared/*/*.bin")} == shards
     monkeypatch.undo()
 
-    # Same size, same characters, different content: rebuilt.
+    # Same size, same characters, different content: prepared again, with one line naming the file.
     train_file = corpus_files["train"]
     original = train_file.read_text()
     swapped = original.replace("fox", "dog").replace("lazy", "lzay")
     assert len(swapped) == len(original) and swapped != original
+    time.sleep(0.02)  # a coarse clock could give the rewrite the same mtime
     train_file.write_text(swapped)
+    capfd.readouterr()
     changed = files_module(corpus_files, tmp_path)
     changed.setup()
-    assert len(set(cache_dir.glob("*.uint16")) - entries) == 1  # a new train entry, same val
+    notices = [line for line in capfd.readouterr().err.splitlines() if line.startswith("minitx: ")]
+    assert len(notices) == 1 and str(train_file) in notices[0] and "changed" in notices[0], notices
+    assert set(cache_dir.glob("prepared/*/*.bin")) == set(shards)  # the same directory, prepared again
+    assert {p: p.stat().st_mtime_ns for p in shards} != shards
     assert changed.tokenizer.decode(np.asarray(changed.train_tokens[: len(swapped)]).tolist()) == swapped
-    assert not list(cache_dir.glob(TMP_PREFIX + "*"))
+    assert not list(cache_dir.rglob(TMP_PREFIX + "*"))
 
 
 # ------------------------------------------------------------------------------- batches

@@ -1,8 +1,8 @@
-"""Reliability of what is read back from disk: the token cache and checkpoints are checked
+"""Reliability of what is read back from disk: prepared token shards and checkpoints are checked
 before they are used, and a run directory is locked by the one process training into it.
 
-A damaged token cache file (truncated, overwritten, of an odd size, replaced by other ids, its
-record lost) is rebuilt with one line on stderr naming it, and never trained on. A damaged
+A damaged token shard (truncated, overwritten, of an odd size, replaced by other ids, its
+manifest lost) is prepared again with one line on stderr naming it, and never trained on. A damaged
 checkpoint (bytes flipped inside a tensor, another tensor's bytes put in its place) is refused by
 generate and by train --ckpt_path with one line, exit 2, the run left as it was. Checkpoints
 without CRCs (torch's legacy format, or CRCs turned off) still load, unchecked.
@@ -19,6 +19,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -39,69 +40,92 @@ from test_reliability import (  # noqa: F401 (fixtures)
 
 from minitx.checkpoint import LAST
 from minitx.cli import generate_main, train_main
-from minitx.data.cache import cached_tokens, damage, record_path, token_dtype
-from minitx.data.tokenizer import build_tokenizer
+from minitx.data import prepare as prepare_module
+from minitx.data.prepare import DataSettings, prepare
+from minitx.data.shards import HEADER, read_header, verify
 from minitx.errors import UserError
 from minitx.runlock import LOCK_NAME, RunLock
 
-# ------------------------------------------------------------------------------- the token cache
+# ------------------------------------------------------------------------------- prepared token shards
 
-TEXT = "the quick brown fox jumps over a lazy dog.\n" * 40
+TEXT = "the quick brown fox jumps over a lazy dog.\n" * 400
 
 
-def damaged_cache_files(path: Path, vocab_size: int) -> dict[str, Callable[[], object]]:
-    """Ways a cache file (and its record) get damaged after they were written."""
+def damaged_shards(path: Path, manifest: Path, vocab_size: int) -> dict[str, Callable[[], object]]:
+    """Ways a shard (and the manifest that records it) get damaged after they were written."""
     good = path.read_bytes()
-    other_ids = np.random.default_rng(0).integers(0, vocab_size, len(good) // 2).astype(np.uint16).tobytes()
+    header, body = good[: HEADER.size], good[HEADER.size :]
+    other_ids = np.random.default_rng(0).integers(0, vocab_size, len(body) // 2).astype("<u2").tobytes()
     return {
         "truncated": lambda: path.write_bytes(good[: len(good) // 3]),
         "overwritten with 0xFF": lambda: path.write_bytes(b"\xff" * len(good)),
         "odd size": lambda: path.write_bytes(good + b"\x00"),
-        "other ids of the same size": lambda: path.write_bytes(other_ids),
+        "other ids of the same size": lambda: path.write_bytes(header + other_ids),
         "one id changed": lambda: path.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:]),
-        "record missing": lambda: record_path(path).unlink(),
-        "record garbage": lambda: record_path(path).write_text("{not json"),
+        "manifest missing": lambda: manifest.unlink(),
+        "manifest garbage": lambda: manifest.write_text("{not json"),
         "emptied": lambda: path.write_bytes(b""),
     }
 
 
-CACHE_DAMAGE = [
+SHARD_DAMAGE = [
     "truncated",
     "overwritten with 0xFF",
     "odd size",
     "other ids of the same size",
     "one id changed",
-    "record missing",
-    "record garbage",
+    "manifest missing",
+    "manifest garbage",
     "emptied",
 ]
 
 
-@pytest.mark.parametrize("case", CACHE_DAMAGE)
-def test_a_damaged_token_cache_file_is_rebuilt_with_one_line(case, tmp_path, capfd):
-    tokenizer = build_tokenizer("char", TEXT)
-    expected = tokenizer.encode(TEXT)
-    path = Path(cached_tokens("train", TEXT, tokenizer, tmp_path).filename)
-    damaged_cache_files(path, tokenizer.vocab_size)[case]()
-    assert damage(path, token_dtype(tokenizer.vocab_size), tokenizer.vocab_size) is not None
+@pytest.mark.parametrize("case", SHARD_DAMAGE)
+def test_a_damaged_shard_is_prepared_again_with_one_line(case, tmp_path, capfd, monkeypatch):
+    (tmp_path / "text.txt").write_text(TEXT)
+    settings = DataSettings(
+        source="files", train_files=str(tmp_path / "text.txt"), cache_dir=str(tmp_path / "cache"), num_proc=2
+    )
+    prepared = prepare(settings, progress=False)
+    expected = np.asarray(prepared.train).tolist()
+    assert (
+        prepared.tokenizer.decode(expected) + prepared.tokenizer.decode(np.asarray(prepared.val).tolist())
+        == TEXT
+    )
+    path = prepared.directory / "train-00000.bin"
+    time.sleep(0.02)  # the damage comes after the write (a coarse clock could give the same mtime)
+    damaged_shards(path, prepared.directory / "manifest.json", prepared.tokenizer.vocab_size)[case]()
+    capfd.readouterr()
 
-    tokens = cached_tokens("train", TEXT, tokenizer, tmp_path)
-    assert tokens.tolist() == expected  # the ids of the text, not what was on disk
+    tokens = prepare(settings, progress=False)
+    assert np.asarray(tokens.train).tolist() == expected  # the ids of the text, not what was on disk
     out, err = capfd.readouterr()
     lines = err.strip().splitlines()
     assert (
-        len(lines) == 1 and str(path) in lines[0] and "damaged" in lines[0] and "rebuilding it" in lines[0]
+        len(lines) == 1
+        and str(prepared.directory) in lines[0]
+        and "preparing" in lines[0]
+        and "again" in lines[0]
     ), err
+    if not case.startswith("manifest"):
+        assert str(path) in lines[0] and "cannot be used" in lines[0], err
     with capfd.disabled():
         print(lines[0])
-    # The file on disk is whole again: the next open is silent and encodes nothing.
-    assert damage(path, token_dtype(tokenizer.vocab_size), tokenizer.vocab_size) is None
-    cached_tokens("train", TEXT, tokenizer, tmp_path)
+    # The shard on disk is whole again: the next open is silent and encodes nothing.
+    assert verify(path, tokens.tokenizer.vocab_size).count == len(expected)
+    monkeypatch.setattr(prepare_module, "_encode", lambda *args: pytest.fail("encoded again"))
+    prepare(settings, progress=False)
     assert capfd.readouterr().err == ""
-    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name, record_path(path).name]  # no temporaries
+    assert sorted(p.name for p in prepared.directory.iterdir()) == [
+        "manifest.json",
+        "train-00000.bin",
+        "val-00000.bin",
+    ]  # no temporaries
 
 
-def test_a_training_run_on_a_cache_overwritten_with_0xff_rebuilds_it_and_trains(tmp_path, corpus, capfd):
+def test_a_training_run_on_a_shard_overwritten_with_0xff_prepares_it_again_and_trains(
+    tmp_path, corpus, capfd
+):
     """The issue's case: 0xFF ids (>= vocab) once ended a run mid-way with IndexError."""
     config = tiny_config(
         corpus,
@@ -111,15 +135,16 @@ def test_a_training_run_on_a_cache_overwritten_with_0xff_rebuilds_it_and_trains(
     )
     config_path = write_config(tmp_path / "tiny.yaml", config)
     assert train_main(["--config", str(config_path)]) == 0
-    train_file = next((tmp_path / "cache").glob("train-*.uint16"))
+    train_file = next((tmp_path / "cache").glob("prepared/*/train-*.bin"))
     size = train_file.stat().st_size
     train_file.write_bytes(b"\xff" * size)
     capfd.readouterr()
     assert train_main(["--config", str(config_path), "--run.name", "again"]) == 0
     err = capfd.readouterr().err
-    assert sum("token cache" in line for line in err.splitlines()) == 1 and f"{train_file} is damaged" in err
+    assert sum(line.startswith("minitx: ") for line in err.splitlines()) == 1
+    assert f"the shard {train_file} cannot be used" in err
     assert "Traceback" not in err
-    assert train_file.stat().st_size == size and b"\xff\xff" not in train_file.read_bytes()[:64]
+    assert train_file.stat().st_size == size and read_header(train_file).count == (size - HEADER.size) // 2
 
 
 # ------------------------------------------------------------------------------- checkpoints
