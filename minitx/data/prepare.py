@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from minitx.allocator import return_freed_memory
 from minitx.data.shards import ShardError, ShardWriter, TokenArray, read_header, token_dtype, verify
 from minitx.data.sources import VAL_PLAYS, expand_globs, play_markdown_to_text, shakespeare_play_paths
 from minitx.data.streams import (
@@ -63,6 +64,7 @@ SHARD_TOKENS = 100_000_000
 BATCH_BYTES = (
     4 << 20
 )  # text per tokenizer call: big enough to amortise the call, small enough to bound memory
+SAMPLE_WINDOW_BYTES = 1 << 20  # BPE's sample of a large text: windows this long, spread evenly
 DECODE_ERRORS = ("strict", "replace")
 
 
@@ -558,7 +560,7 @@ def prepare(settings: DataSettings, log: Callable[[str], None] = _stderr, progre
         raise UserError(
             f"data.cache_dir: cannot create {str(directory)!r} ({err.strerror}); set data.cache_dir to a writable directory"
         ) from None
-    with _locked(directory, log):
+    with _locked(directory, log), return_freed_memory():
         opened = _open_current(directory, fingerprint, log)  # another process may have just finished it
         if opened is not None:
             return opened
@@ -764,7 +766,7 @@ def _bpe_sample(settings: DataSettings, source: Source) -> Iterator[str]:
                 yield decode(Piece("train", data, [0, end], origin=segment.text), settings.decode_errors)
             budget -= size
             continue
-        window = 1 << 20
+        window = SAMPLE_WINDOW_BYTES
         count = max(1, budget // window)
         for i in range(count):
             lo = segment.text.cut_at_or_after(segment.start + i * size // count)
