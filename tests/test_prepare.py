@@ -411,3 +411,33 @@ def test_the_tinystories_config_trains_offline_on_a_local_copy(tmp_path, capsys)
     assert "bpe tokenizer (vocab 300)" in capsys.readouterr().out
     assert train_main(args) == 0
     assert "final val loss" in capsys.readouterr().out
+
+
+def mapped_kb(path: Path) -> int:
+    """Resident KB of this process's mappings of `path` (Linux's /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isdigit() or line[:1] in "abcdef" and "-" in line.split()[0]:
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+def test_random_windows_keep_no_pages_mapped(tmp_path):
+    """nanoGPT's issue 287: a long-lived memory map's touched pages count in the process's memory;
+    here they are dropped as each window is read, however many windows a run draws."""
+    rng = random.Random(14)
+    (tmp_path / "corpus.txt").write_text("".join(rng.choice("abcdefgh \n") for _ in range(3_000_000)))
+    prepared = prepare(
+        DataSettings(source="files", train_files=str(tmp_path / "corpus.txt"), cache_dir=str(tmp_path))
+    )
+    array = prepared.train
+    starts = np.random.default_rng(0).integers(0, len(array) - 300, 3000)
+    for start in starts[:10]:
+        array.window(int(start), 257)
+    assert mapped_kb(array.paths[0]) < 1024
+    for start in starts:
+        array.window(int(start), 257)
+    assert mapped_kb(array.paths[0]) < 1024  # 3,000 windows would otherwise map most of the 6 MB
