@@ -1030,7 +1030,9 @@ def _encode(
     io = ThreadPoolExecutor(max_workers=1)
     pending = None
     try:
-        batches = _batches(_pieces(source, position, settings, piece_bytes), BATCH_BYTES)
+        # BPE's batches are smaller: the library's encodings of a batch take ~100 bytes a token.
+        batch_bytes = BATCH_BYTES if isinstance(tokenizer, CharTokenizer) else BATCH_BYTES // 4
+        batches = _batches(_pieces(source, position, settings, piece_bytes), batch_bytes)
         for encoded in _ordered_map(encode, batches, threads):
             done = False
             writes = []
