@@ -1,10 +1,10 @@
-"""What checking files read back from disk costs: the token cache record and checkpoint CRCs.
+"""What checking files read back from disk costs: prepared token shards and checkpoint CRCs.
 
-    python benchmarks/integrity.py                 # Shakespeare's token cache, default and gpu-sized checkpoints
+    python benchmarks/integrity.py                 # Shakespeare's shards, default and gpu-sized checkpoints
     python benchmarks/integrity.py --repeats 3 --configs default.yaml
 
-Token cache: on a hit, a train start computes the cache key (SHA-256 of the text) and now also
-checks the file (size, largest id, CRC-32). Checkpoints: `read_checkpoint` now reads every zip
+Prepared data: a start stats the source files and the shards and reads the shard headers; the
+checksum of every id is read only by `prepare.py --verify`. Checkpoints: `read_checkpoint` now reads every zip
 entry once to compare it with its CRC-32 before torch.load; generation's `load_checkpoint`
 (read, build the model, load the weights) is what a generate start spends on its checkpoint.
 The checkpoints hold what training writes: weights, AdamW's two moments, the minitx entry.
@@ -27,8 +27,8 @@ import yaml
 
 import minitx.checkpoint as checkpoint_module
 from minitx import ModelConfig, Transformer
-from minitx.data.cache import _open_tokens, cached_tokens, damage, text_digest, token_dtype
-from minitx.data.sources import load_text
+from minitx.data.prepare import DataSettings, prepare
+from minitx.data.shards import verify
 from minitx.data.tokenizer import build_tokenizer
 from minitx.generation import load_checkpoint
 
@@ -44,23 +44,27 @@ def best_ms(function: Callable[[], object], repeats: int) -> float:
     return 1000 * min(times)
 
 
-def cache_table(directory: Path, repeats: int) -> str:
-    text, _ = load_text("shakespeare", val_fraction=0.1)
-    tokenizer = build_tokenizer("char", text)
-    tokens = cached_tokens("train", text, tokenizer, directory)  # a miss: written once
-    path, dtype = Path(tokens.filename), token_dtype(tokenizer.vocab_size)
-    key = best_ms(lambda: text_digest(text), repeats)
-    check = best_ms(lambda: damage(path, dtype, tokenizer.vocab_size), repeats)
-    open_only = best_ms(lambda: _open_tokens(path, dtype), repeats)
-    encode = best_ms(lambda: tokenizer.encode_corpus(text), 1)
+def shard_table(directory: Path, repeats: int) -> str:
+    """What a start on prepared data costs (stats and headers), against a checksum of every shard
+    (prepare.py --verify) and preparing from scratch."""
+    import shutil
+
+    settings = DataSettings(cache_dir=str(directory))
+    prepare_ms = best_ms(
+        lambda: (shutil.rmtree(directory, ignore_errors=True), prepare(settings, progress=False)), 1
+    )
+    prepared = prepare(settings)
+    paths = prepared.train.paths + prepared.val.paths
+    start = best_ms(lambda: prepare(settings), repeats)
+    check = best_ms(lambda: [verify(path, prepared.tokenizer.vocab_size) for path in paths], repeats)
+    size = sum(path.stat().st_size for path in paths)
     rows = [
-        "| token cache (Shakespeare, char) | ms |",
+        "| prepared data (Shakespeare, char) | ms |",
         "|---|---:|",
-        f"| file: {tokens.size:,} tokens, {path.stat().st_size / 1e6:.1f} MB | |",
-        f"| cache key: SHA-256 of the text (every start, before and after) | {key:.1f} |",
-        f"| open the memmap (a hit, before) | {open_only:.2f} |",
-        f"| check: size, largest id, CRC-32 (a hit, added) | {check:.1f} |",
-        f"| encode the text (a miss or a rebuild) | {encode:.0f} |",
+        f"| shards: {len(prepared.train) + len(prepared.val):,} tokens, {size / 1e6:.1f} MB in {len(paths)} files | |",
+        f"| start on prepared data: fingerprint (stats), manifest, shard headers | {start:.1f} |",
+        f"| prepare.py --verify: CRC-32 and largest id of every shard | {check:.1f} |",
+        f"| prepare from the text (first start, or after a change) | {prepare_ms:.0f} |",
     ]
     return "\n".join(rows)
 
@@ -120,7 +124,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--configs", nargs="+", default=["default.yaml", "gpu.yaml"])
-    parser.add_argument("--skip-cache", action="store_true", help="only the checkpoint table")
+    parser.add_argument("--skip-shards", action="store_true", help="only the checkpoint table")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(
@@ -128,8 +132,8 @@ def main() -> None:
         f"best of {args.repeats}, load average {os.getloadavg()[0]:.1f}\n"
     )
     with tempfile.TemporaryDirectory() as directory:
-        if not args.skip_cache:
-            print(cache_table(Path(directory), args.repeats) + "\n")
+        if not args.skip_shards:
+            print(shard_table(Path(directory), args.repeats) + "\n")
         print(
             "| checkpoint | MB | CRC check (ms) | torch.load (ms) | load_checkpoint before (ms) | after (ms) | change |"
         )

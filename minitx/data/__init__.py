@@ -1,6 +1,6 @@
-"""Data: text sources -> tokenizer -> cached token memmaps -> batches (TextDataModule)."""
+"""Data: text sources -> tokenizer -> token shards on disk (prepare) -> batches (TextDataModule)."""
 
-from minitx.data.cache import cached_tokens, default_cache_dir
+from minitx.data.prepare import DataSettings, Prepared, cache_root, prepare
 from minitx.data.sources import VAL_PLAYS, files_text, hf_text, load_text, shakespeare_text
 from minitx.data.tokenizer import (
     CharTokenizer,
@@ -17,11 +17,13 @@ __all__ = [
     "Tokenizer",
     "VAL_PLAYS",
     "build_tokenizer",
-    "cached_tokens",
-    "default_cache_dir",
+    "DataSettings",
+    "Prepared",
+    "cache_root",
     "files_text",
     "hf_text",
     "load_text",
+    "prepare",
     "shakespeare_text",
     "tokenizer_from_dict",
 ]
