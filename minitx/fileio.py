@@ -1,7 +1,7 @@
 """Files written atomically: a reader, or a process killed mid-write, sees the old file or the whole
 new one under the final name, never half of one.
 
-Every file minitx writes that another process or a later run reads (checkpoints, the token cache,
+Every file minitx writes that another process or a later run reads (checkpoints, prepared data,
 sweep results) goes through `write_atomically`: a temporary file beside the target, flushed and
 fsynced, then renamed over it (atomic on POSIX and Windows), then the directory fsynced so the
 rename itself survives a crash.

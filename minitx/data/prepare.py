@@ -172,56 +172,6 @@ def _split_tail(text: JoinedText, val_fraction: float) -> list[Segment]:
     ]
 
 
-def shakespeare_source(val_plays: tuple[str, ...] = VAL_PLAYS) -> Source:
-    plays = shakespeare_play_paths()
-    unknown = sorted(set(val_plays) - set(plays))
-    if unknown:
-        raise UserError(f"unknown validation play(s) {unknown}; choose from {sorted(plays)}")
-
-    def parts(stems: list[str]) -> list:
-        return [
-            bytes_part(stem, play_markdown_to_text(plays[stem].read_text(encoding="utf-8")).encode("utf-8"))
-            for stem in stems
-        ]
-
-    class LazySegments(list):  # the plays are converted to text only when a prepare needs them
-        def __init__(self) -> None:
-            super().__init__()
-            self.loaded = False
-
-        def _load(self) -> None:
-            if not self.loaded:
-                self.loaded = True
-                train = [stem for stem in plays if stem not in val_plays]
-                val = [stem for stem in plays if stem in val_plays]
-                self.extend(
-                    [
-                        _text_segment("train", parts(train), "shakespeare"),
-                        _text_segment("val", parts(val), "shakespeare"),
-                    ]
-                )
-
-        def __iter__(self):
-            self._load()
-            return super().__iter__()
-
-        def __getitem__(self, index):
-            self._load()
-            return super().__getitem__(index)
-
-        def __len__(self) -> int:
-            self._load()
-            return super().__len__()
-
-    paths = list(plays.values())
-    return Source(
-        {"source": "shakespeare", "val_plays": list(val_plays)},
-        LazySegments(),
-        lambda: [[Path(p).name, size, mtime] for p, size, mtime in path_fingerprint(paths)],
-        "the built-in Shakespeare",
-    )
-
-
 class _Deferred(list):
     """Segments made when a prepare first uses them: opening prepared data reads no text."""
 
@@ -245,6 +195,35 @@ class _Deferred(list):
     def __len__(self) -> int:
         self._load()
         return super().__len__()
+
+
+def shakespeare_source(val_plays: tuple[str, ...] = VAL_PLAYS) -> Source:
+    plays = shakespeare_play_paths()
+    unknown = sorted(set(val_plays) - set(plays))
+    if unknown:
+        raise UserError(f"unknown validation play(s) {unknown}; choose from {sorted(plays)}")
+
+    def parts(stems: list[str]) -> list:
+        return [
+            bytes_part(stem, play_markdown_to_text(plays[stem].read_text(encoding="utf-8")).encode("utf-8"))
+            for stem in stems
+        ]
+
+    def segments() -> list[Segment]:  # the plays are converted to text only when a prepare needs them
+        train = [stem for stem in plays if stem not in val_plays]
+        val = [stem for stem in plays if stem in val_plays]
+        return [
+            _text_segment("train", parts(train), "shakespeare"),
+            _text_segment("val", parts(val), "shakespeare"),
+        ]
+
+    paths = list(plays.values())
+    return Source(
+        {"source": "shakespeare", "val_plays": list(val_plays)},
+        _Deferred(segments),
+        lambda: [[Path(p).name, size, mtime] for p, size, mtime in path_fingerprint(paths)],
+        "the built-in Shakespeare",
+    )
 
 
 def files_source(settings: DataSettings) -> Source:
@@ -704,7 +683,6 @@ def _fit_tokenizer(settings: DataSettings, source: Source, log) -> Tokenizer:
 def _set_threads(threads: int) -> None:
     # The tokenizers library sizes its thread pool once, from this variable, at first use.
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 
 
 def _alphabet(settings: DataSettings, source: Source) -> str:
