@@ -1,6 +1,6 @@
 """Data: text sources -> tokenizer -> token shards on disk (prepare) -> batches (TextDataModule)."""
 
-from minitx.data.prepare import DataSettings, Prepared, cache_root, prepare
+from minitx.data.prepare import DataSettings, Prepared, cache_root
 from minitx.data.sources import VAL_PLAYS, files_text, hf_text, load_text, shakespeare_text
 from minitx.data.tokenizer import (
     CharTokenizer,
@@ -23,7 +23,6 @@ __all__ = [
     "files_text",
     "hf_text",
     "load_text",
-    "prepare",
     "shakespeare_text",
     "tokenizer_from_dict",
 ]
