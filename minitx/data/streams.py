@@ -275,8 +275,9 @@ class RecordSource:
         except (ConnectionError, TimeoutError) as err:
             raise self._offline(err) from None
         except FileNotFoundError as err:
-            if self.data_files:
-                raise UserError(f"{self.field}: {one_line(err)}; check the path") from None
+            if self.data_files:  # a local file is missing: the field that names the files
+                field = self.field if self.field.endswith("_files") else "data.hf_data_files"
+                raise UserError(f"{field}: {one_line(err)}; check the path") from None
             raise UserError(
                 f"data.hf_name: no dataset {self.path!r} found ({one_line(err)}); check the name"
             ) from None
