@@ -109,9 +109,10 @@ def no_temporaries(cache: Path) -> None:
     assert not [p for p in cache.rglob("*") if p.name.startswith(TMP_PREFIX)]
 
 
-def check_progress_file(directory: Path, vocab_size: int | None = None) -> list[str]:
+def check_progress_file(directory: Path, vocab_size: int | None = None, killed: bool = False) -> list[str]:
     """progress.json names only finished shards (each whole, matching its record), and no other
-    shard file exists; no manifest. Returns the shard names."""
+    shard file exists (`killed`: but for whole shards renamed into place just before a SIGKILL,
+    which progress.json had not recorded yet); no manifest. Returns the shard names."""
     assert not (directory / "manifest.json").exists()
     state = json.loads((directory / "progress.json").read_text())
     names = []
@@ -120,7 +121,8 @@ def check_progress_file(directory: Path, vocab_size: int | None = None) -> list[
             header = verify(directory / shard["file"], vocab_size)
             assert (header.count, header.crc32) == (shard["tokens"], shard["crc32"])
             names.append(shard["file"])
-    assert sorted(p.name for p in directory.glob("*.bin")) == sorted(names)
+    extra = sorted({p.name for p in directory.glob("*.bin")} - set(names))
+    assert not extra or (killed and all(verify(directory / name) for name in extra)), extra
     return names
 
 
@@ -222,12 +224,42 @@ def test_a_prepare_killed_with_sigkill_resumes_and_gives_the_same_ids(corpus, tm
     )
 
     directory = dataset_dir(cache)
-    assert len(check_progress_file(directory)) >= 2
+    assert len(check_progress_file(directory, killed=True)) >= 2
     capfd.readouterr()
     prepared = quiet(settings(corpus, cache))
     one_notice(capfd, "resuming", str(directory))
     assert ids(prepared) == expected
     no_temporaries(cache)  # the killed writer's temporary file is gone too
+    named = {s["file"] for c in prepared.manifest["checkpoints"] for s in c["shards"]}
+    assert {p.name for p in directory.glob("*.bin")} == named  # and no shard outside the manifest
+
+
+def test_a_kill_between_a_shards_rename_and_its_record_leaves_no_stray_shard(
+    corpus, tmp_path, monkeypatch, capfd
+):
+    """The narrowest window of a kill: shards renamed into place, progress.json not yet written."""
+    expected = ids(quiet(settings(corpus, tmp_path / "clean")))
+    writes = []
+    real = P.write_json_atomically
+
+    def write(path, data):
+        if Path(path).name == "progress.json" and len(data["checkpoints"]) == 3:
+            writes.append(path)
+            raise KeyboardInterrupt  # the shards of checkpoint 3 are already under their names
+        real(path, data)
+
+    monkeypatch.setattr(P, "write_json_atomically", write)
+    cache = tmp_path / "cache"
+    with pytest.raises(KeyboardInterrupt):
+        quiet(settings(corpus, cache))
+    monkeypatch.undo()
+    directory = dataset_dir(cache)
+    assert writes and len(check_progress_file(directory, killed=True)) < len(list(directory.glob("*.bin")))
+    capfd.readouterr()
+    prepared = quiet(settings(corpus, cache))
+    assert ids(prepared) == expected
+    named = {s["file"] for c in prepared.manifest["checkpoints"] for s in c["shards"]}
+    assert {p.name for p in directory.glob("*.bin")} == named
 
 
 # ------------------------------------------------------------------- 2. changed while prepared

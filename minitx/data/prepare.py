@@ -611,6 +611,12 @@ def _prepare_locked(
                 break
             kept.append(checkpoint)
         state = {**state, "checkpoints": kept}
+        # Shards no checkpoint names: finished and renamed just before a kill, or after a damaged
+        # one. The resumed prepare writes them again.
+        named = {shard["file"] for checkpoint in kept for shard in checkpoint["shards"]}
+        for orphan in directory.glob("*.bin"):
+            if orphan.name not in named:
+                orphan.unlink()
     else:
         state = None
     if state is None:
