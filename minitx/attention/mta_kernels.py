@@ -16,7 +16,8 @@
 - on CPU in float32/float64, the same through the C loops of mta_conv.c (native.py):
   `NativeKeyQueryConv` (the convolution, masked by each row's interval of visible keys,
   `VisibleKeys`), `MixedSoftmax` (pre mix, mask, softmax and post mix in one pass), `NativeMix`;
-  `run` calls their forward alone where nothing needs a gradient.
+  `run` calls their forward alone where nothing needs a gradient; their `apply` is one of the
+  operators of mta_ops (torch.ops.minitx.*), with its gradient, which torch.compile traces.
 
 The kernel is stored as cross-correlation weights theta[h, 0, u, w]: row u = c_q - 1 looks at the
 current query, u = 0 at the query c_q - 1 rows back; column w = c_k // 2 is the same key.
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import native
+from . import mta_ops, native  # noqa: F401 (mta_ops: registers torch.ops.minitx)
 
 
 def identity_kernel(n_head: int, c_q: int, c_k: int) -> Tensor:
@@ -99,8 +100,9 @@ class VisibleKeys:
         self._hidden: Tensor | None = None
         self.lo = self.hi = None
         if consecutive and len(k_pos):
-            start = int(k_pos[0])
-            self.lo = torch.full((len(q_pos),), max(self.first_key - start, 0), device=q_pos.device)
+            # As tensors, not Python ints: reading k_pos[0] back would stop torch.compile's graph.
+            start = k_pos[:1]
+            self.lo = (self.first_key - start).clamp_(min=0).expand(len(q_pos)).contiguous()
             self.hi = (q_pos - start).clamp_(-1, len(k_pos) - 1)
 
     @classmethod
@@ -135,10 +137,14 @@ class NoContext:
         pass
 
 
-def run(function: type[torch.autograd.Function], *args):
+def run(function, *args):
     """function.apply(*args), or its forward alone where nothing needs a gradient: in a decoding
-    step autograd's bookkeeping would cost as much as the arithmetic (measured)."""
-    if torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args):
+    step autograd's bookkeeping would cost as much as the arithmetic (measured). Under
+    torch.compile always apply: the native classes' apply is an operator (mta_ops) the compiler
+    can trace, their forward a ctypes call it cannot."""
+    if torch.compiler.is_compiling() or (
+        torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args)
+    ):
         return function.apply(*args)
     return function.forward(NoContext(), *args)
 
@@ -172,62 +178,46 @@ def full_rows(maps: Tensor) -> tuple[Tensor, Tensor]:
     return torch.zeros(R, dtype=torch.long, device=maps.device), torch.full((R,), T - 1, device=maps.device)
 
 
-class NativeKeyQueryConv(torch.autograd.Function):
+class NativeKeyQueryConv:
     """The convolution by the C loops of mta_conv.c (see native.py): maps (B, H, R, T) read as zero
     outside each row's visible keys lo..hi, the result computed only at out_lo..out_hi (zero
-    elsewhere). Its input gradient is the same loop with the kernel flipped, reading rows upwards."""
+    elsewhere). Its input gradient is the same loop with the kernel flipped, reading rows upwards.
+
+    `apply` is the operator torch.ops.minitx.kq_conv (mta_ops: gradients, torch.compile); `forward`
+    the bare C call, for `run` where nothing needs a gradient."""
+
+    @staticmethod
+    def apply(maps: Tensor, kernel: Tensor, lo: Tensor, hi: Tensor, out_lo: Tensor, out_hi: Tensor) -> Tensor:
+        return torch.ops.minitx.kq_conv(maps, kernel, lo, hi, out_lo, out_hi)
 
     @staticmethod
     def forward(
         ctx, maps: Tensor, kernel: Tensor, lo: Tensor, hi: Tensor, out_lo: Tensor, out_hi: Tensor
     ) -> Tensor:
-        ctx.save_for_backward(maps, kernel, lo, hi, out_lo, out_hi)
         return native.conv(maps, kernel[:, 0], 0, len(out_lo), (lo, hi), (out_lo, out_hi))
 
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        maps, kernel, lo, hi, out_lo, out_hi = ctx.saved_tensors
-        c_q, c_k = kernel.shape[-2:]
-        grad_maps = grad_kernel = None
-        if ctx.needs_input_grad[0]:
-            flipped = kernel[:, 0].flip(-1, -2)
-            grad_maps = native.conv(
-                grad.to(maps.dtype), flipped, -(c_q - 1), maps.shape[2], (out_lo, out_hi), (lo, hi)
-            )
-        if ctx.needs_input_grad[1]:
-            per_map = native.kernel_grad(maps, grad, c_q, c_k, (lo, hi), (out_lo, out_hi))
-            grad_kernel = per_map.view(maps.shape[0], -1, c_q, c_k).sum(0).to(kernel.dtype).view_as(kernel)
-        return grad_maps, grad_kernel, None, None, None, None
 
-
-def _cast_like(grad: Tensor | None, like: Tensor) -> Tensor | None:
-    return None if grad is None else grad.to(like.dtype)
-
-
-class MixedSoftmax(torch.autograd.Function):
+class MixedSoftmax:
     """weights = mix_heads(softmax(mix_heads(scores, pre) with each row's hidden keys at -inf), post),
     rows that see nothing 0, in one pass of the C loops (native.py) instead of five passes over
-    the maps; pre or post None: no mix there; lo and hi None: every row sees every key."""
+    the maps; pre or post None: no mix there; lo and hi None: every row sees every key.
+
+    `apply`: the operator torch.ops.minitx.mixed_softmax (mta_ops), keeping what its gradient
+    needs where something needs one; `forward`: the bare C call, for `run` without gradients."""
+
+    @staticmethod
+    def apply(
+        scores: Tensor, pre: Tensor | None, post: Tensor | None, lo: Tensor | None, hi: Tensor | None
+    ) -> Tensor:
+        keep = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (scores, pre, post))
+        return torch.ops.minitx.mixed_softmax(scores, pre, post, lo, hi, keep)[0]
 
     @staticmethod
     def forward(
         ctx, scores: Tensor, pre: Tensor | None, post: Tensor | None, lo: Tensor | None, hi: Tensor | None
     ) -> Tensor:
-        keep = isinstance(ctx, torch.autograd.function.FunctionCtx)  # not under `run` without gradients
-        out, probs = native.mixed_softmax(
-            scores, pre, post, None if lo is None else (lo, hi), keep_probs=keep
-        )
-        if keep:
-            ctx.save_for_backward(scores, probs, pre, post, lo, hi)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        scores, probs, pre, post, lo, hi = ctx.saved_tensors
-        grad_scores, grad_pre, grad_post = native.mixed_softmax_grad(
-            scores, probs, grad, pre, post, None if lo is None else (lo, hi)
-        )
-        return grad_scores, _cast_like(grad_pre, pre), _cast_like(grad_post, post), None, None
+        rows = None if lo is None else (lo, hi)
+        return native.mixed_softmax(scores, pre, post, rows, keep_probs=False)[0]
 
 
 def convolve_one_row(maps: Tensor, kernel: Tensor) -> Tensor:
@@ -257,19 +247,17 @@ def mix_heads(maps: Tensor, mix: Tensor) -> Tensor:
     return mixed.view(B, H, R, T)
 
 
-class NativeMix(torch.autograd.Function):
-    """mix_heads by the C loops, and its gradients (the matrix's summed in double per thread)."""
+class NativeMix:
+    """mix_heads by the C loops, and its gradients (the matrix's summed in double per thread):
+    `apply` the operator torch.ops.minitx.mix (mta_ops), `forward` the bare C call."""
+
+    @staticmethod
+    def apply(maps: Tensor, mix: Tensor) -> Tensor:
+        return torch.ops.minitx.mix(maps, mix)
 
     @staticmethod
     def forward(ctx, maps: Tensor, mix: Tensor) -> Tensor:
-        ctx.save_for_backward(maps, mix)
         return native.mix(maps, mix)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        maps, mix = ctx.saved_tensors
-        grad_maps, grad_mix = native.mix_grad(maps, mix, grad)
-        return grad_maps, grad_mix.to(mix.dtype)
 
 
 # -- the factorised pre-softmax convolution ---------------------------------------------------------

@@ -248,8 +248,10 @@ class MultiTokenAttention(Attention):
         if native.available(out) and not (
             torch.is_grad_enabled() and (out.requires_grad or self.gate.weight.requires_grad)
         ):
-            # Decoding: five small operations are one call (each costs more than its arithmetic).
-            return native.gated_norm(out, self.norm.weight, self.gate.weight, self.gate.bias, self.norm.eps)
+            # Decoding: five small operations are one call (each costs more than its arithmetic);
+            # under torch.compile the same call as an operator (mta_ops), which it can trace.
+            gated_norm = torch.ops.minitx.gated_norm if torch.compiler.is_compiling() else native.gated_norm
+            return gated_norm(out, self.norm.weight, self.gate.weight, self.gate.bias, self.norm.eps)
         if self.float32 and out.dtype in (
             torch.float16,
             torch.bfloat16,

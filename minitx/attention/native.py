@@ -101,7 +101,14 @@ def cpu_model() -> str:
 
 
 def available(maps: Tensor) -> bool:
-    return maps.device.type == "cpu" and maps.dtype in SUFFIX and library() is not None
+    return maps.device.type == "cpu" and maps.dtype in SUFFIX and loaded()
+
+
+@torch.compiler.assume_constant_result
+def loaded() -> bool:
+    """Whether the library is there: a constant to torch.compile, which would stop its graph at
+    the file checks of a first `library()` call (mta_ops' operators call the library itself)."""
+    return library() is not None
 
 
 @lru_cache(maxsize=1)

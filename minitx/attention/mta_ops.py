@@ -1,0 +1,244 @@
+"""MTA's C loops (native.py) as torch operators, `torch.ops.minitx.*`, so that torch.compile traces
+an MTA model whole (fullgraph) on CPU: to the compiler each is one opaque call with a shape rule
+(its fake implementation) and a registered gradient, itself an operator where it calls C.
+
+- `kq_conv(maps, kernel, lo, hi, out_lo, out_hi)`: the key-query convolution of (B, H, R, N)
+  maps read as zero outside each row's visible keys lo..hi, computed at out_lo..out_hi of its
+  len(out_lo) output rows (zero elsewhere); kernel (H, 1, c_q, c_k). Gradient: `kq_conv_backward`.
+- `mixed_softmax(scores, pre, post, lo, hi, keep_probs)`: (out, probs), the pre mix, mask, softmax
+  and post mix in one pass (lo, hi None: every key visible); probs is the softmax before the post
+  mix where the gradient needs it (keep_probs and post given), else empty. Gradient:
+  `mixed_softmax_backward`.
+- `mix(maps, matrix)`: head mixing within groups. Gradient: `mix_backward`.
+- `gated_norm(x, weight, gate_weight, gate_bias, eps)`: the output norm and gate, no gradient
+  (decoding and inference only).
+
+Each CPU implementation is the native.py call the eager path makes, so results are the same bits;
+the eager path calls native.py directly where nothing needs a gradient (a dispatch costs ~10 us).
+Gradients the loops return per map or in float64 are summed and cast inside the operators. A
+"nothing" output (an unneeded gradient, probs not kept) is an empty tensor: operators return
+tensors, never None. Everything here needs the C library: callers check native.available first.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import native
+
+NOTHING = (0,)  # the shape of an output that is not computed
+
+
+def _nothing(like: Tensor) -> Tensor:
+    return like.new_empty(NOTHING)
+
+
+def _rows(lo: Tensor | None, hi: Tensor | None):
+    return None if lo is None else (lo.contiguous(), hi.contiguous())
+
+
+# -- the key-query convolution --------------------------------------------------------------------
+
+
+@torch.library.custom_op("minitx::kq_conv", mutates_args=(), device_types="cpu")
+def kq_conv(maps: Tensor, kernel: Tensor, lo: Tensor, hi: Tensor, out_lo: Tensor, out_hi: Tensor) -> Tensor:
+    return native.conv(maps, kernel[:, 0], 0, out_lo.shape[0], _rows(lo, hi), _rows(out_lo, out_hi))
+
+
+@kq_conv.register_fake
+def _(maps, kernel, lo, hi, out_lo, out_hi):
+    B, H, _, N = maps.shape
+    return maps.new_empty(B, H, out_lo.shape[0], N)
+
+
+@torch.library.custom_op("minitx::kq_conv_backward", mutates_args=(), device_types="cpu")
+def kq_conv_backward(
+    grad: Tensor,
+    maps: Tensor,
+    kernel: Tensor,
+    lo: Tensor,
+    hi: Tensor,
+    out_lo: Tensor,
+    out_hi: Tensor,
+    need_maps: bool,
+    need_kernel: bool,
+) -> tuple[Tensor, Tensor]:
+    """(d maps, d kernel) of kq_conv; empty where not needed. The input gradient is the same loop
+    with the kernel flipped, reading rows upwards; the kernel's is summed per map in float64."""
+    c_q, c_k = kernel.shape[-2:]
+    rows, out_rows = _rows(lo, hi), _rows(out_lo, out_hi)
+    grad_maps = grad_kernel = None
+    if need_maps:
+        flipped = kernel[:, 0].flip(-1, -2)
+        grad_maps = native.conv(grad.to(maps.dtype), flipped, -(c_q - 1), maps.shape[2], out_rows, rows)
+    if need_kernel:
+        per_map = native.kernel_grad(maps, grad, c_q, c_k, rows, out_rows)
+        grad_kernel = per_map.view(maps.shape[0], -1, c_q, c_k).sum(0).to(kernel.dtype).view_as(kernel)
+    return (
+        _nothing(maps) if grad_maps is None else grad_maps,
+        _nothing(kernel) if grad_kernel is None else grad_kernel,
+    )
+
+
+@kq_conv_backward.register_fake
+def _(grad, maps, kernel, lo, hi, out_lo, out_hi, need_maps, need_kernel):
+    return (
+        maps.new_empty(maps.shape if need_maps else NOTHING),
+        kernel.new_empty(kernel.shape if need_kernel else NOTHING),
+    )
+
+
+def _kq_conv_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _kq_conv_grad(ctx, grad: Tensor):
+    maps, kernel, lo, hi, out_lo, out_hi = ctx.saved_tensors
+    need_maps, need_kernel = ctx.needs_input_grad[:2]
+    grad_maps, grad_kernel = torch.ops.minitx.kq_conv_backward(
+        grad, maps, kernel, lo, hi, out_lo, out_hi, need_maps, need_kernel
+    )
+    return (
+        grad_maps if need_maps else None,
+        grad_kernel if need_kernel else None,
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+kq_conv.register_autograd(_kq_conv_grad, setup_context=_kq_conv_setup)
+
+
+# -- pre mix, mask, softmax, post mix ---------------------------------------------------------------
+
+
+@torch.library.custom_op("minitx::mixed_softmax", mutates_args=(), device_types="cpu")
+def mixed_softmax(
+    scores: Tensor,
+    pre: Tensor | None,
+    post: Tensor | None,
+    lo: Tensor | None,
+    hi: Tensor | None,
+    keep_probs: bool,
+) -> tuple[Tensor, Tensor]:
+    keep = keep_probs and post is not None
+    out, probs = native.mixed_softmax(scores, pre, post, _rows(lo, hi), keep_probs=keep)
+    return out, probs if keep else _nothing(out)
+
+
+@mixed_softmax.register_fake
+def _(scores, pre, post, lo, hi, keep_probs):
+    keep = keep_probs and post is not None
+    return scores.new_empty(scores.shape), scores.new_empty(scores.shape if keep else NOTHING)
+
+
+@torch.library.custom_op("minitx::mixed_softmax_backward", mutates_args=(), device_types="cpu")
+def mixed_softmax_backward(
+    scores: Tensor,
+    probs: Tensor,
+    grad: Tensor,
+    pre: Tensor | None,
+    post: Tensor | None,
+    lo: Tensor | None,
+    hi: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(d scores, d pre, d post) of mixed_softmax's out for its gradient grad; probs: the softmax
+    before the post mix (with no post mix: out itself). d pre, d post empty where pre, post are None."""
+    grad_scores, grad_pre, grad_post = native.mixed_softmax_grad(
+        scores, probs, grad, pre, post, _rows(lo, hi)
+    )
+    return (
+        grad_scores,
+        _nothing(scores) if grad_pre is None else grad_pre.to(pre.dtype),
+        _nothing(scores) if grad_post is None else grad_post.to(post.dtype),
+    )
+
+
+@mixed_softmax_backward.register_fake
+def _(scores, probs, grad, pre, post, lo, hi):
+    return (
+        scores.new_empty(scores.shape),
+        scores.new_empty(NOTHING) if pre is None else pre.new_empty(pre.shape),
+        scores.new_empty(NOTHING) if post is None else post.new_empty(post.shape),
+    )
+
+
+def _mixed_softmax_setup(ctx, inputs, output) -> None:
+    scores, pre, post, lo, hi, keep_probs = inputs
+    out, probs = output
+    ctx.has_pre, ctx.has_post, ctx.keep = pre is not None, post is not None, keep_probs
+    ctx.mark_non_differentiable(probs)
+    ctx.save_for_backward(scores, probs if post is not None else out, pre, post, lo, hi)
+
+
+def _mixed_softmax_grad(ctx, grad: Tensor, _grad_probs):
+    if not ctx.keep:
+        raise RuntimeError("minitx::mixed_softmax ran with keep_probs=False: it has no gradient")
+    scores, probs, pre, post, lo, hi = ctx.saved_tensors
+    grad_scores, grad_pre, grad_post = torch.ops.minitx.mixed_softmax_backward(
+        scores, probs, grad, pre, post, lo, hi
+    )
+    return (
+        grad_scores,
+        grad_pre if ctx.has_pre else None,
+        grad_post if ctx.has_post else None,
+        None,
+        None,
+        None,
+    )
+
+
+mixed_softmax.register_autograd(_mixed_softmax_grad, setup_context=_mixed_softmax_setup)
+
+
+# -- head mixing ----------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("minitx::mix", mutates_args=(), device_types="cpu")
+def mix(maps: Tensor, matrix: Tensor) -> Tensor:
+    return native.mix(maps, matrix)
+
+
+@mix.register_fake
+def _(maps, matrix):
+    return maps.new_empty(maps.shape)
+
+
+@torch.library.custom_op("minitx::mix_backward", mutates_args=(), device_types="cpu")
+def mix_backward(maps: Tensor, matrix: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
+    """(d maps, d matrix) of mix(maps, matrix) for its output gradient grad."""
+    grad_maps, grad_matrix = native.mix_grad(maps, matrix, grad)
+    return grad_maps, grad_matrix.to(matrix.dtype)
+
+
+@mix_backward.register_fake
+def _(maps, matrix, grad):
+    return maps.new_empty(maps.shape), matrix.new_empty(matrix.shape)
+
+
+def _mix_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _mix_grad(ctx, grad: Tensor):
+    maps, matrix = ctx.saved_tensors
+    return tuple(torch.ops.minitx.mix_backward(maps, matrix, grad))
+
+
+mix.register_autograd(_mix_grad, setup_context=_mix_setup)
+
+
+# -- the output norm and gate (no gradient) -----------------------------------------------------------
+
+
+@torch.library.custom_op("minitx::gated_norm", mutates_args=(), device_types="cpu")
+def gated_norm(x: Tensor, weight: Tensor, gate_weight: Tensor, gate_bias: Tensor, eps: float) -> Tensor:
+    return native.gated_norm(x, weight, gate_weight, gate_bias, eps)
+
+
+@gated_norm.register_fake
+def _(x, weight, gate_weight, gate_bias, eps):
+    return x.new_empty(x.shape)

@@ -1,0 +1,180 @@
+"""MTA's C loops as torch operators (minitx/attention/mta_ops.py): each passes torch.library.opcheck
+(schema, fake shapes, autograd registration, AOT dispatch with dynamic shapes) at awkward sizes, and
+an MTA model traces without a graph break, compiles with fullgraph=True and equals eager.
+
+One torch.compile in this file (tens of seconds on a small CPU): the `compiled` fixture, shared by
+the comparison with eager and the training step. tests/test_mta.py holds the ops' values and
+gradients to a float64 oracle.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from minitx import AttentionConfig, ModelConfig, Transformer
+from minitx.attention import mta_ops, native  # noqa: F401 (mta_ops: registers torch.ops.minitx)
+from minitx.attention.mta_kernels import VisibleKeys
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="the C loops could not be built here")
+
+ops = torch.ops.minitx
+DTYPES = [torch.float32, torch.float64]
+
+
+def rows(R: int, N: int, n_hist: int, first_key: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lo, hi) of R rows, the first n_hist without a position, ending at key N - 1."""
+    q_pos = torch.cat([torch.full((n_hist,), -1), torch.arange(N - (R - n_hist), N)])
+    visible = VisibleKeys(q_pos, torch.arange(N), first_key, consecutive=True)
+    return visible.lo, visible.hi
+
+
+def randn(*shape, dtype, grad: bool = True) -> torch.Tensor:
+    return torch.randn(*shape, dtype=dtype).requires_grad_(grad)
+
+
+def gradcheck(fn, *args) -> None:
+    """The registered gradient against finite differences, in float64 (opcheck compares the
+    operator with itself under AOT dispatch, so a wrong backward would pass it)."""
+    if args[0].dtype == torch.float64:
+        assert torch.autograd.gradcheck(fn, args)
+
+
+# -- opcheck, operator by operator ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("c_q, c_k", [(3, 5), (1, 1), (2, 3)])
+def test_kq_conv_opcheck(dtype, c_q, c_k):
+    B, H, R, N = 2, 3, 7, 6
+    lo, hi = rows(R, N, n_hist=2, first_key=1)
+    maps, kernel = randn(B, H, R, N, dtype=dtype), randn(H, 1, c_q, c_k, dtype=dtype)
+    torch.library.opcheck(ops.kq_conv, (maps, kernel, lo, hi, lo[c_q - 1 :], hi[c_q - 1 :]))
+    gradcheck(lambda m, k: ops.kq_conv(m, k, lo, hi, lo[c_q - 1 :], hi[c_q - 1 :]), maps, kernel)
+    grad = torch.randn(B, H, R - c_q + 1, N, dtype=dtype)
+    for need in [(True, True), (True, False), (False, True)]:
+        args = (grad, maps.detach(), kernel.detach(), lo, hi, lo[c_q - 1 :], hi[c_q - 1 :], *need)
+        torch.library.opcheck(ops.kq_conv_backward, args)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "pre_groups, post_groups, masked",
+    [(1, 3, True), (6, None, True), (None, 2, False), (None, None, True)],
+)
+def test_mixed_softmax_opcheck(dtype, pre_groups, post_groups, masked):
+    B, H, R, N = 2, 6, 5, 7
+    lo, hi = rows(R, N, n_hist=1) if masked else (None, None)
+    scores = randn(B, H, R, N, dtype=dtype)
+    pre, post = [
+        None if g is None else randn(g, H // g, H // g, dtype=dtype) for g in (pre_groups, post_groups)
+    ]
+    torch.library.opcheck(ops.mixed_softmax, (scores, pre, post, lo, hi, True))
+    gradcheck(lambda s, a, b: ops.mixed_softmax(s, a, b, lo, hi, True)[0], scores, pre, post)
+    detached = [None if m is None else m.detach() for m in (scores, pre, post)]
+    torch.library.opcheck(ops.mixed_softmax, (*detached, lo, hi, False))  # no gradient: nothing kept
+    out, probs = ops.mixed_softmax(*detached, lo, hi, True)
+    saved = out if post is None else probs  # what the gradient reads: the softmax before the post mix
+    grad = torch.randn_like(out)
+    torch.library.opcheck(ops.mixed_softmax_backward, (detached[0], saved, grad, *detached[1:], lo, hi))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mix_opcheck(dtype):
+    maps, matrix = randn(3, 6, 5, 7, dtype=dtype), randn(2, 3, 3, dtype=dtype)
+    torch.library.opcheck(ops.mix, (maps, matrix))
+    gradcheck(ops.mix, maps, matrix)
+    torch.library.opcheck(ops.mix_backward, (maps.detach(), matrix.detach(), torch.randn_like(maps)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gated_norm_opcheck(dtype):
+    x = torch.randn(2, 3, 5, 4, dtype=dtype)
+    params = (torch.randn(4, dtype=dtype), torch.randn(1, 4, dtype=dtype), torch.randn(1, dtype=dtype))
+    torch.library.opcheck(ops.gated_norm, (x, *params, 1e-5))
+
+
+# -- a model: no graph break, fullgraph compile equal to eager -------------------------------------------
+
+
+def mta_model(n_layer: int = 2, d_model: int = 32, seed: int = 0) -> Transformer:
+    """The released setting (configs/mta.yaml's attention) on a tiny model: the convolutions on its
+    last layer, every learned MTA part moved off its identity init."""
+    path = Path(__file__).parents[1] / "configs" / "mta.yaml"
+    attention = yaml.safe_load(path.read_text())["model"]["attention"]
+    attention["mta_conv_layers"] = [n_layer - 1]
+    config = ModelConfig(
+        vocab_size=23,
+        block_size=32,
+        n_layer=n_layer,
+        n_head=4,
+        d_model=d_model,
+        attention=AttentionConfig(**attention),
+    )
+    torch.manual_seed(seed)
+    model = Transformer(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if any(part in name for part in ("kq_conv", "mix_", "gate")):
+                param.add_(0.3 * torch.randn_like(param))
+    return model
+
+
+def test_mta_model_traces_without_a_graph_break():
+    model = mta_model()
+    x = torch.randint(0, 23, (2, 19))
+    assert torch._dynamo.explain(model)(x).graph_break_count == 0  # training: the ops with gradients
+    with torch.no_grad():  # inference: the bare forwards become the ops too
+        assert torch._dynamo.explain(model.eval())(x).graph_break_count == 0
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    torch._dynamo.reset()
+    model = mta_model()
+    yield model, torch.compile(model, fullgraph=True)
+    torch._dynamo.reset()
+
+
+def loss_and_grads(model, forward, x, y):
+    """The loss of forward(x) (model's eager or compiled forward) and model's gradients."""
+    model.zero_grad(set_to_none=True)
+    logits = forward(x)
+    loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def test_fullgraph_compile_equals_eager(compiled):
+    model, fast = compiled
+    x, y = torch.randint(0, 23, (2, 19)), torch.randint(0, 23, (2, 19))
+    loss, grads = loss_and_grads(model, model, x, y)
+    fast_loss, fast_grads = loss_and_grads(model, fast, x, y)
+    torch.testing.assert_close(fast_loss, loss, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == fast_grads.keys()
+    assert any("kq_conv" in name for name in grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(fast_grads[name], grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_compiled_model_trains_a_step(compiled):
+    model, fast = compiled
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randint(0, 23, (2, 20))
+    inputs, targets = x[:, :-1].contiguous(), x[:, 1:]  # (2, 19) contiguous, as compiled: no recompile
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    losses = []
+    for _ in range(3):
+        optimizer.zero_grad(set_to_none=True)
+        logits = fast(inputs)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+    changed = [name for name, p in model.named_parameters() if not torch.equal(p, before[name])]
+    assert any("kq_conv_post" in name for name in changed) and any("mix_pre" in name for name in changed)
