@@ -14,6 +14,7 @@ JoinedText.pieces, bound when the module was imported).
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -595,16 +596,8 @@ def test_out_of_vocabulary_ids_with_the_stat_restored_fail_a_batch_naming_the_sh
         stat = shard.stat()
         shard.write_bytes(shard.read_bytes()[: HEADER.size] + b"\xff" * (stat.st_size - HEADER.size))
         restore_stat(shard, stat)
-    module = TextDataModule(
-        source="files",
-        train_files=str(corpus / "[ab].txt"),
-        val_files=str(corpus / "val.txt"),
-        cache_dir=str(cache),
-        num_proc=2,
-        shard_tokens=200,
-        block_size=16,
-        batch_size=4,
-    )
+    data = {k: v for k, v in dataclasses.asdict(settings(corpus, cache)).items() if k != "vocab_size"}
+    module = TextDataModule(**data, block_size=16, batch_size=4)
     module.setup()  # opens the shards (nothing at start-up can tell)
     with pytest.raises(ShardError) as info:
         next(iter(module.train_dataloader()))

@@ -292,7 +292,11 @@ class MultiTokenAttention(Attention):
             for start in range(0, T, self.query_chunk)
         ]
         parts = [*row_parts, *key_parts]
-        if not torch.is_grad_enabled() or T <= self.query_chunk:
+        # Compiled with dropout: no recomputation. torch's checkpoint, traced around the MTA
+        # operators, replays a different sequence of casts in the backward and fails ("not found
+        # in storage"), and ChunkedRows would draw new dropout masks; the chunks' maps are kept.
+        compiled_dropout = self.dropout_p and torch.compiler.is_compiling()
+        if not torch.is_grad_enabled() or T <= self.query_chunk or compiled_dropout:
             return torch.cat(
                 [
                     chunk_fn(*chunk_parts(parts, len(row_parts), s), *chunk_positions((q_pos, positions), s))[
