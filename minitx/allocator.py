@@ -15,11 +15,9 @@ nothing is changed then either.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import sys
-from collections.abc import Iterator
 
 M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
 M_MMAP_THRESHOLD = -3
@@ -41,27 +39,4 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # a C library without mallopt
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    global _mallopt
-    kept = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
-    _mallopt = mallopt if kept else None
-    return kept
-
-
-_mallopt = None  # glibc's mallopt, once keep_freed_memory has changed its settings
-
-
-@contextlib.contextmanager
-def return_freed_memory() -> Iterator[None]:
-    """Undo keep_freed_memory for a while: preparing data frees a few MB per batch on several
-    threads, each with its own heap, and 1 GiB kept per heap would break the data path's bound on
-    memory. Blocks from 1 MiB go back to the kernel when freed, heaps are trimmed past 8 MiB."""
-    if _mallopt is None:
-        yield
-        return
-    _mallopt(M_MMAP_THRESHOLD, 2**20)
-    _mallopt(M_TRIM_THRESHOLD, 8 * 2**20)
-    try:
-        yield
-    finally:
-        _mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-        _mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
