@@ -457,3 +457,29 @@ def test_evaluation_is_cached_per_run_and_a_failure_is_a_note(tmp_path, monkeypa
 def test_bad_eval_settings_are_user_errors(tmp_path, value, message):
     with pytest.raises(UserError, match=message):
         ablation.load_sweep(write_sweep(tmp_path, [{"name": "a"}], eval=value))
+
+
+def test_data_is_prepared_once_per_setting_before_the_runs_and_a_missing_file_fails_only_its_runs(tmp_path):
+    from minitx.ablation.runner import BASE_SNAPSHOT, plan_runs, prepare_data
+    from minitx.ablation.sweep import load_sweep
+
+    variants = [
+        {"name": "mha", "overrides": {"model.attention.kind": "mha"}},
+        {"name": "mqa", "overrides": {"model.attention": {"kind": "mqa"}}},
+        {
+            "name": "lost",
+            "overrides": {"data.train_files": str(tmp_path / "missing.txt")},
+            "allow_budget_change": True,
+        },
+    ]
+    sweep = load_sweep(write_sweep(tmp_path, variants))
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / BASE_SNAPSHOT).write_text(sweep.base_text)  # as run_sweep writes it
+    runs = plan_runs(sweep, output, seeds=2)
+    lines: list[str] = []
+    prepare_data(runs, lines.append)
+    ready = [line for line in lines if "data ready" in line]
+    assert len(ready) == 1 and "files, char tokenizer" in ready[0], lines  # mha and mqa share it
+    assert any("lost" in line and "missing.txt" in line for line in lines), lines
+    assert len(list((tmp_path / "cache" / "prepared").glob("*/manifest.json"))) == 1

@@ -351,17 +351,6 @@ def test_workers_map_the_shards_themselves(tmp_path, tiny_pieces):
         assert x.equal(x2)
 
 
-def test_memory_maps_drop_their_pages_as_a_run_goes(tmp_path, monkeypatch):
-    (tmp_path / "corpus.txt").write_text(random_text(12, 400))
-    module = data_module(tmp_path, "cache")
-    module.setup()
-    released = []
-    monkeypatch.setattr(TokenArray, "release", lambda self: released.append(True))
-    module.train_tokens._release_every = 10
-    batches(module, 5)  # 20 windows
-    assert len(released) == 2
-
-
 # ------------------------------------------------------------------------------- commands and configs
 
 
@@ -441,3 +430,47 @@ def test_random_windows_keep_no_pages_mapped(tmp_path):
     for start in starts:
         array.window(int(start), 257)
     assert mapped_kb(array.paths[0]) < 1024  # 3,000 windows would otherwise map most of the 6 MB
+    # Evaluation's reads (positions of a batch of windows, through __getitem__) drop theirs too;
+    # and so do a training run's batches, drawn by the data loader.
+    windows = np.arange(0, 8 * 257, 257)[:, None] + np.arange(257)[None, :]  # 8 windows side by side
+    for start in starts[::30] % (len(array) - windows.max() - 1):
+        array[start + windows]
+    assert mapped_kb(array.paths[0]) < 1024
+    module = TextDataModule(
+        source="files",
+        train_files=str(tmp_path / "corpus.txt"),
+        block_size=256,
+        batch_size=32,
+        cache_dir=str(tmp_path),
+    )
+    loader = iter(module.train_dataloader())
+    for _ in range(100):
+        next(loader)
+    assert mapped_kb(module.train_tokens.paths[0]) < 1024
+
+
+def test_an_edited_tokenizer_json_prepares_the_data_again(tmp_path, capfd):
+    text = random_text(15, 200)
+    (tmp_path / "corpus.txt").write_text(text)
+    tokenizer_file = tmp_path / "tokenizer.json"
+    original = build_tokenizer("bpe", text, 300)
+    original._tokenizer.save(str(tokenizer_file))
+    settings = DataSettings(
+        source="files",
+        train_files=str(tmp_path / "corpus.txt"),
+        val_fraction=0.1,
+        tokenizer=str(tokenizer_file),
+        cache_dir=str(tmp_path / "cache"),
+    )
+    first = prepare(settings)
+    assert first.tokenizer.fingerprint() == original.fingerprint()
+    other = build_tokenizer("bpe", text[:3000], 280)
+    assert other.fingerprint() != original.fingerprint()
+    other._tokenizer.save(str(tokenizer_file))
+    capfd.readouterr()
+    second = prepare(settings)
+    err = capfd.readouterr().err
+    assert str(tokenizer_file) in err and "preparing it again" in err and err.count("\n") == 1, err
+    assert second.tokenizer.fingerprint() == other.fingerprint()
+    both = np.concatenate([ids(second.train), ids(second.val)])
+    assert np.array_equal(both, other.encode_corpus(text))

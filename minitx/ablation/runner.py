@@ -152,7 +152,11 @@ def prepare_data(runs: Sequence[Run], log: Any = print) -> None:
     from ..data.datamodule import TextDataModule
 
     seen: set[str] = set()
+    variants: set[str] = set()
     for run in runs:
+        if run.variant.name in variants:  # a variant's seeds differ in data.seed alone
+            continue
+        variants.add(run.variant.name)
         data = check_train_args(run.command[len(TRAIN_COMMAND) :])
         data.pop("seed", None)  # the batch stream's seed: not part of what is prepared
         key = json.dumps(data, sort_keys=True, default=str)
@@ -160,9 +164,14 @@ def prepare_data(runs: Sequence[Run], log: Any = print) -> None:
             continue
         seen.add(key)
         module = TextDataModule(**data)
-        if module.task is None:  # synthetic tasks are generated as they train
+        if module.task is not None:  # synthetic tasks are generated as they train
+            continue
+        try:
             module.setup()
-            log(f"ablate: data ready for the runs: {module.summary()}")
+        except UserError as error:  # e.g. a missing data file: as before, it fails just its runs
+            log(f"ablate: data of {run.variant.name} not prepared ({error}); its runs will say why")
+            continue
+        log(f"ablate: data ready for the runs: {module.summary()}")
 
 
 def last_line(text: str) -> str:

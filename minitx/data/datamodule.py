@@ -180,11 +180,11 @@ class TextDataModule(L.LightningDataModule):
         text_column: str = "text",
         tokenizer: str = "char",
         vocab_size: int = 512,
-        tokenizer_train_bytes: int = 200_000_000,
+        tokenizer_train_bytes: int = DataSettings.tokenizer_train_bytes,
         max_tokens: int | None = None,
         decode_errors: str = "strict",
         num_proc: int | None = None,
-        shard_tokens: int = 100_000_000,
+        shard_tokens: int = DataSettings.shard_tokens,
         block_size: int = 256,
         batch_size: int = 32,
         num_workers: int = 0,
@@ -218,21 +218,9 @@ class TextDataModule(L.LightningDataModule):
         _require(seed >= 0, f"data.seed: must be 0 or more, got {seed}")
         self.save_hyperparameters()
         self.source = source
-        self.train_files = train_files
-        self.val_files = val_files
-        self.val_fraction = val_fraction
-        self.hf_name = hf_name
-        self.hf_config = hf_config
-        self.hf_train_split = hf_train_split
-        self.hf_val_split = hf_val_split
-        self.hf_data_files = hf_data_files
-        self.text_column = text_column
-        self.tokenizer_kind = tokenizer
-        self.requested_vocab_size = vocab_size
         self.block_size = block_size
         self.batch_size = batch_size
         self.num_workers = num_workers
-        self.cache_dir = cache_dir
         self.seed = seed
         self.val_batches = val_batches
         self.task = None  # the synthetic task's config, for source in TASKS
@@ -311,7 +299,7 @@ class TextDataModule(L.LightningDataModule):
         )
 
     def _val_size_hint(self) -> str:
-        if self.val_files or self.hf_val_split:
+        if self.settings.val_files or self.settings.hf_val_split:
             return "add validation text"
         return "raise data.val_fraction"
 
@@ -335,7 +323,7 @@ class TextDataModule(L.LightningDataModule):
             return f"{self.source} task {self.task} (vocab {self.vocab_size}): {self.toy_train_size} train, {self.toy_val_size} val samples"
         assert self.train_tokens is not None and self.val_tokens is not None
         return (
-            f"{self.source}, {self.tokenizer_kind} tokenizer (vocab {self.vocab_size}): "
+            f"{self.source}, {self.settings.tokenizer} tokenizer (vocab {self.vocab_size}): "
             f"{len(self.train_tokens) / 1e6:.2f}M train tokens, "
             f"{len(self.val_tokens) / 1e6:.2f}M val tokens"
         )

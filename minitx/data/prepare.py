@@ -60,9 +60,8 @@ from minitx.fileio import TMP_PREFIX, write_json_atomically
 
 PREPARED_FORMAT = 1  # bump when the ids a setting gives, or the files, change: old directories are not reused
 SHARD_TOKENS = 100_000_000
-BATCH_BYTES = (
-    4 << 20
-)  # text per tokenizer call: big enough to amortise the call, small enough to bound memory
+# Text per tokenizer call: big enough to amortise the call, small enough to bound memory.
+BATCH_BYTES = 4 << 20
 SAMPLE_WINDOW_BYTES = 1 << 20  # BPE's sample of a large text: windows this long, spread evenly
 DECODE_ERRORS = ("strict", "replace")
 
@@ -143,8 +142,7 @@ def _text_segment(split: str, parts: list, field_name: str) -> Segment:
 
 
 def _split_tail(text: JoinedText, val_fraction: float) -> list[Segment]:
-    if not 0.0 < val_fraction < 1.0:
-        raise UserError(f"data.val_fraction: must be between 0 and 1 (exclusive), got {val_fraction}")
+    _check_fraction(val_fraction)
     # The tail from the exact fraction's point, moved to the nearest place where the text can be
     # cut (a line end): later if there is one, else earlier.
     point = int(text.size * (1.0 - val_fraction))
@@ -255,10 +253,9 @@ def files_source(settings: DataSettings) -> Source:
             segments = [Segment("mixed", records=records(train_paths, "data.train_files"))]
     else:
         for path in train_paths + val_paths:
-            if _blank(path):
-                raise UserError(
-                    f"data.{'val' if path in val_paths else 'train'}_files: {str(path)!r} is empty; remove it or add text"
-                )
+            field_name = "data.val_files" if path in val_paths else "data.train_files"
+            if _blank(path, field_name):
+                raise UserError(f"{field_name}: {str(path)!r} is empty; remove it or add text")
         train_text = JoinedText([file_part(p) for p in train_paths], "data.train_files")
         if val_paths:
             segments = [
@@ -326,15 +323,13 @@ def hf_source(settings: DataSettings) -> Source:
     )
 
 
-def _blank(path: Path) -> bool:
+def _blank(path: Path, field_name: str) -> bool:
     """Whether a text file holds nothing but whitespace (only small files are read to tell)."""
     try:
         size = path.stat().st_size
         return size == 0 or (size <= 4096 and not path.read_bytes().strip())
     except OSError as err:
-        raise UserError(
-            f"data.train_files: cannot read {str(path)!r} ({err.strerror}); check the file"
-        ) from None
+        raise UserError(f"{field_name}: cannot read {str(path)!r} ({err.strerror}); check the file") from None
 
 
 def _local_paths(data_files: Any) -> list[Path]:
@@ -417,6 +412,17 @@ def _tokenizer_identity(settings: DataSettings) -> dict:
         }
     path = Path(os.path.expanduser(kind))
     return {"kind": "file", "path": str(path.resolve()), "decode_errors": settings.decode_errors}
+
+
+def _fingerprint(source: Source, settings: DataSettings) -> Any:
+    """The source's fingerprint, with a tokenizer.json's when the tokenizer is one (editing the file
+    prepares the data again, as editing the text does)."""
+    found = source.fingerprint()
+    tokenizer = _tokenizer_identity(settings)
+    if tokenizer["kind"] != "file" or not os.path.isfile(tokenizer["path"]):
+        return found  # a missing tokenizer.json is named when it is loaded
+    stats = path_fingerprint([Path(tokenizer["path"])])
+    return found + stats if isinstance(found, list) else {**found, "tokenizer_file": stats}
 
 
 def cache_root(cache_dir: str | os.PathLike | None) -> Path:
@@ -528,7 +534,7 @@ def prepare(settings: DataSettings, log: Callable[[str], None] = _stderr, progre
         / "prepared"
         / _key({**source.identity, "max_tokens": settings.max_tokens}, _tokenizer_identity(settings))
     )
-    fingerprint = source.fingerprint()
+    fingerprint = _fingerprint(source, settings)
     opened = _open_current(directory, fingerprint)  # the fast path: no lock, nothing read but stats
     if opened is not None:
         return opened
@@ -650,10 +656,11 @@ def _prepare_locked(
         # Bad input (invalid UTF-8, a file changed under us): nothing of this attempt is kept.
         shutil.rmtree(directory, ignore_errors=True)
         raise
-    if source.fingerprint() != fingerprint:
+    now = _fingerprint(source, settings)
+    if now != fingerprint:
         shutil.rmtree(directory, ignore_errors=True)
         raise UserError(
-            f"{source.describe}: {_changed(fingerprint, source.fingerprint())} while it was being prepared; "
+            f"{source.describe}: {_changed(fingerprint, now)} while it was being prepared; "
             "run again once it is complete"
         )
     manifest = _finish_manifest(state, source)
@@ -670,7 +677,7 @@ def _finish_manifest(state: dict, source: Source) -> dict:
         splits[split]["shards"] = len(shards)
     if splits["val"]["tokens"] == 0:
         raise UserError(f"data: the validation set is empty; {source.val_hint}")
-    return {**state, "splits": splits, "complete": True}
+    return {**state, "splits": splits}
 
 
 # -------------------------------------------------------------------------------- the tokenizer
@@ -812,9 +819,7 @@ class Encoded:
     source_bytes: int
 
 
-def _encoder(
-    tokenizer: Tokenizer, settings: DataSettings, source: Source
-) -> Callable[[list[Piece]], Encoded]:
+def _encoder(tokenizer: Tokenizer, settings: DataSettings) -> Callable[[list[Piece]], Encoded]:
     eos = tokenizer.eos_id
     newline = (
         tokenizer.encode("\n") if isinstance(tokenizer, CharTokenizer) and "\n" in tokenizer.chars else None
@@ -829,8 +834,8 @@ def _encoder(
         encoded: list[np.ndarray] = []
         texts: list[str] = []
         for piece in batch:
-            out.source_bytes += len(piece.data)
             size = len(piece.data) if isinstance(piece.data, bytes) else len(piece.data.encode("utf-8"))
+            out.source_bytes += size
             out.bytes[piece.split] += size
             if isinstance(tokenizer, CharTokenizer):  # one id per character: no decoding to count them
                 try:
@@ -1008,7 +1013,7 @@ def _encode(
     # batch's pieces over its own threads, and a second batch in flight hides the reading.
     threads = settings.threads() if isinstance(tokenizer, CharTokenizer) else 2
     piece_bytes = BATCH_BYTES // 4 if isinstance(tokenizer, CharTokenizer) else PIECE_BYTES
-    encode = _encoder(tokenizer, settings, source)
+    encode = _encoder(tokenizer, settings)
     replaced = 0
     last_end = position
     # Writing (and its CRC-32) runs on a thread of its own, overlapping the next batch's reading

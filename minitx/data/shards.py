@@ -83,11 +83,8 @@ def read_header(path: Path) -> ShardHeader:
 
 
 class ShardWriter:
-    """Appends ids to a new shard; `finish()` writes the header and renames it into place.
-
-    Used as a context manager: leaving the block by an exception removes the temporary file,
-    so nothing half-written is ever left under the shard's name (or at all).
-    """
+    """Appends ids to a new shard; `finish()` writes the header and renames it into place, `abort()`
+    removes the temporary file."""
 
     def __init__(self, path: Path, dtype: np.dtype) -> None:
         self.path = Path(path)
@@ -117,17 +114,11 @@ class ShardWriter:
         return header
 
     def abort(self) -> None:
+        """Remove the temporary file: nothing half-written is ever left under the shard's name (or at all)."""
         if not self.file.closed:
             self.file.close()
         if os.path.exists(self.tmp_name):
             os.remove(self.tmp_name)
-
-    def __enter__(self) -> ShardWriter:
-        return self
-
-    def __exit__(self, kind, error, traceback) -> None:
-        if kind is not None or not self.file.closed:
-            self.abort()
 
 
 def verify(path: Path, vocab_size: int | None = None) -> ShardHeader:
@@ -147,9 +138,9 @@ def verify(path: Path, vocab_size: int | None = None) -> ShardHeader:
     return header
 
 
-FAULT_AROUND = (
-    1 << 21
-)  # what a fault may map besides its page: fault-around (64 KB) or a large folio (up to 2 MB)
+# What a page fault may map besides its page: the kernel's fault-around (64 KB), or a whole large
+# folio of the page cache (measured up to 1.8 MB for ten windows with a 128 KB margin).
+FAULT_AROUND = 1 << 21
 
 
 class TokenArray:
@@ -158,14 +149,12 @@ class TokenArray:
     `window(start, n)` copies ids start..start+n out (a window may span two shards). Pages a
     long-lived map has touched stay in the process's resident set (and its PSS) until unmapped,
     so that a run over a 100 GB corpus would grow to its size (nanoGPT's issue 287; measured here:
-    about 50 KB per random window, with fault-around). Each window's pages are unmapped once it is
-    copied (MADV_DONTNEED: the next read maps them again from the page cache, about 16 us a
-    window), and every `release_every` windows the whole maps, so memory stays flat.
+    about 50 KB per random window, with fault-around). Whatever is read (a window, or evaluation's
+    positions) has its pages unmapped once copied (MADV_DONTNEED: the next read maps them again
+    from the page cache, about 16 us a window), so memory stays flat.
     """
 
-    def __init__(
-        self, paths: Sequence[Path], vocab_size: int | None = None, release_every: int = 1024
-    ) -> None:
+    def __init__(self, paths: Sequence[Path], vocab_size: int | None = None) -> None:
         self.paths = [Path(p) for p in paths]
         self.vocab_size = vocab_size  # given: every window is checked against it (one max per window)
         self.headers = [read_header(p) for p in self.paths]
@@ -175,8 +164,6 @@ class TokenArray:
         self.dtype = next(iter(dtypes)) if dtypes else np.dtype(np.uint16)
         self.ends = np.cumsum([h.count for h in self.headers], dtype=np.int64)
         self._maps: list[tuple[mmap.mmap, np.ndarray] | None] = [None] * len(self.paths)
-        self._release_every = release_every
-        self._reads = 0
 
     def __len__(self) -> int:
         return int(self.ends[-1]) if len(self.ends) else 0
@@ -186,7 +173,7 @@ class TokenArray:
         if opened is None:
             with open(self.paths[shard], "rb") as file:
                 handle = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-            if hasattr(mmap, "MADV_RANDOM"):  # a window's fault maps its own pages, not 128 KB around them
+            if hasattr(mmap, "MADV_RANDOM"):  # random windows: no read-ahead from disk around each
                 handle.madvise(mmap.MADV_RANDOM)
             ids = np.frombuffer(
                 handle,
@@ -220,9 +207,6 @@ class TokenArray:
             out[filled : filled + take] = piece
             self._drop(shard, first, take)
             filled += take
-        self._reads += 1
-        if self._reads % self._release_every == 0:
-            self.release()
         return out
 
     def __getitem__(self, index) -> np.ndarray:
@@ -243,8 +227,9 @@ class TokenArray:
             raise IndexError(f"positions outside the {len(self)} ids")
         for shard in np.unique(shard_of):
             chosen = shard_of == shard
-            first = int(self.ends[shard - 1]) if shard else 0
-            out[chosen] = self._ids(int(shard))[flat[chosen] - first]
+            local = flat[chosen] - (int(self.ends[shard - 1]) if shard else 0)
+            out[chosen] = self._ids(int(shard))[local]
+            self._drop(int(shard), int(local.min()), int(local.max() - local.min()) + 1)
         if self.vocab_size is not None and out.size and int(out.max()) >= self.vocab_size:
             self.window(int(flat[out.argmax()]), 1)  # raises the error that names the shard
         return out.reshape(positions.shape)
@@ -254,10 +239,8 @@ class TokenArray:
         return ids if dtype is None else ids.astype(dtype)
 
     def _drop(self, shard: int, first: int, count: int) -> None:
-        """Unmap the pages a window was read from, and the neighbours a fault maps with them (the
-        kernel's fault-around, or a whole large folio of the page cache: measured up to 1.8 MB
-        for ten windows with a 128 KB margin): one call per window keeps a process's mapped pages
-        to the window it is reading, whatever the run's length."""
+        """Unmap the pages ids first .. first + count - 1 of a shard were read from, and what a fault
+        maps around them (FAULT_AROUND)."""
         if not hasattr(mmap, "MADV_DONTNEED"):
             return
         handle = self._maps[shard][0]
@@ -266,12 +249,6 @@ class TokenArray:
         high = min(len(handle), begin + count * self.dtype.itemsize + FAULT_AROUND)
         if high > low:
             handle.madvise(mmap.MADV_DONTNEED, low, high - low)
-
-    def release(self) -> None:
-        """Drop the pages every map has touched (they stay in the page cache for the next read)."""
-        for opened in self._maps:
-            if opened is not None and hasattr(mmap, "MADV_DONTNEED"):
-                opened[0].madvise(mmap.MADV_DONTNEED)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

@@ -14,6 +14,7 @@ str (records); `end` is where to resume after it.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -107,7 +108,7 @@ class TextPart:
 
 def file_part(path: Path) -> TextPart:
     def open_at(offset: int):
-        file = open(path, "rb")  # noqa: SIM115 (closed by the reader)
+        file = open(path, "rb")  # closed by the reader's with-block
         file.seek(offset)
         return file
 
@@ -115,8 +116,6 @@ def file_part(path: Path) -> TextPart:
 
 
 def bytes_part(name: str, data: bytes) -> TextPart:
-    import io
-
     def open_at(offset: int):
         stream = io.BytesIO(data)
         stream.seek(offset)
@@ -321,9 +320,8 @@ def record_builder(paths: Sequence[Path], field: str) -> str | None:
     """The `datasets` builder that reads these files, or None for plain text files."""
     kinds = {RECORD_FORMATS.get(path.suffix.lower()) for path in paths}
     if len(kinds) > 1:
-        raise UserError(
-            f"{field}: mixes plain text files with {sorted(k for k in kinds if k)} files; give one kind per field"
-        )
+        named = sorted(kind or "plain text" for kind in kinds)
+        raise UserError(f"{field}: mixes kinds of files ({', '.join(named)}); give one kind per field")
     return kinds.pop()
 
 
