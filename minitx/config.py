@@ -44,10 +44,11 @@ class AttentionConfig:
     mta_head_mix: Literal["none", "pre", "post", "both"] = "both"
     mta_output_norm: bool = True  # per-head RMSNorm and sigmoid gate before the output projection
     mta_query_chunk: int = 256  # queries per chunk: bounds memory at O(chunk * T) instead of O(T^2)
-    # Fast path of the pre-softmax convolution: "factorised" (far keys as one wide matrix product,
-    # the band near the diagonal exact), "conv" (the plain chunked convolution), or "auto" (conv up
-    # to 512 tokens, factorised above: the measured crossover on CPU lies between 256 and 1024).
-    mta_backend: Literal["auto", "factorised", "conv"] = "auto"
+    # Fast path: "factorised" (far keys as one wide matrix product, the band near the diagonal
+    # exact), "conv" (the plain chunked convolution), "triton" (tiled kernels, no T x T map; CUDA,
+    # or Triton's interpreter on CPU for tests) or "auto" (triton on CUDA without attention dropout;
+    # elsewhere conv up to 512 tokens, factorised above: the measured CPU crossover).
+    mta_backend: Literal["auto", "factorised", "conv", "triton"] = "auto"
     # As released: RMSNorm eps, float32 softmax and norm statistics under bf16/fp16, the gate's init,
     # the pre-softmax head mix over all heads (only the post-softmax mix uses groups of c_h).
     mta_norm_eps: float = 1e-5

@@ -31,7 +31,7 @@ from torch.utils.checkpoint import checkpoint
 from ..cache import KVCache
 from ..config import AttentionConfig, ModelConfig
 from ..kinds import KindSpec, check_choice, fail
-from . import native
+from . import mta_triton, native
 from .base import Attention
 from .mta_kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
     ChunkedRows,
@@ -269,6 +269,8 @@ class MultiTokenAttention(Attention):
         """Chunks of queries; each needs its rows plus the n_hist rows above it, against the keys
         up to its last query. With a pre-softmax convolution and the factorised backend, the
         chunk's scores come from one matrix product plus the exact band (see mta_kernels)."""
+        if self.fused(q):
+            return self.triton_rows(q, k, v)
         T = q.shape[2]
         factorised = self.backend == "factorised" or (
             self.backend == "auto" and T > FACTORISED_FROM and not native.available(q)
@@ -328,6 +330,31 @@ class MultiTokenAttention(Attention):
         return ChunkedRows.apply(
             chunk_fn, spans, (q_pos, positions), len(row_parts), len(params), *parts, *params
         )
+
+    def fused(self, q: Tensor) -> bool:
+        """Whether the Triton kernels do this layer's work: asked for, or `auto` on CUDA where they
+        can (they have no attention dropout)."""
+        if self.backend == "triton":
+            return True
+        return self.backend == "auto" and q.is_cuda and mta_triton.available() and not self.dropout_p
+
+    def triton_rows(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The whole sequence through the Triton kernels (mta_triton): torch builds the factorised
+        pre-softmax convolution's parts (O(T) memory, its own autograd), the kernels the rest."""
+        if self.dropout_p:
+            raise RuntimeError(
+                "attention.mta_backend 'triton' has no attention dropout: set dropout: 0.0, or use 'auto'"
+            )
+        q = q * self.scale
+        if self.kq_conv is not None:
+            qc, kc = shifted_queries(q, self.c_q), convolved_keys(k, self.kq_conv)
+            band = band_scores(q, k, self.kq_conv)
+        else:
+            qc, kc, band = q, k, q.new_zeros(*q.shape[:3], 0)
+        post = None if self.kq_conv_post is None else self.kq_conv_post[:, 0].float()
+        mixes = [None if m is None else mta_triton.full_mix(m.float()) for m in (self.mix_pre, self.mix_post)]
+        out, _ = torch.ops.minitx.mta_fused(qc, kc, band.to(qc.dtype), v, post, *mixes)
+        return self.normalise(out)
 
     def factorised_parts(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(Qcat, K'cat, band) of the whole sequence: what the chunks of `far_and_band` slice."""
@@ -440,7 +467,9 @@ def check_mta(att: AttentionConfig) -> None:
             f"use {max(1, att.mta_key_kernel + 1)}",
         )
     check_choice("attention.mta_conv_placement", att.mta_conv_placement, ("pre", "post", "both"))
-    check_choice("attention.mta_backend", att.mta_backend, ("auto", "factorised", "conv"))
+    check_choice("attention.mta_backend", att.mta_backend, ("auto", "factorised", "conv", "triton"))
+    if att.mta_backend == "triton" and not mta_triton.available():
+        fail("attention.mta_backend", "is 'triton', but triton is not installed", mta_triton.INSTALL_HINT)
     check_choice("attention.mta_gate_init", att.mta_gate_init, ("normal", "zero"))
     if not att.mta_norm_eps > 0:
         fail("attention.mta_norm_eps", f"is {att.mta_norm_eps}", "use a small positive number such as 1e-5")
@@ -465,6 +494,12 @@ def check_mta_model(config: ModelConfig) -> None:
             "attention.mta_head_group",
             f"n_head={config.n_head} is not divisible by {group}",
             "use a divisor of n_head",
+        )
+    if config.attention.mta_backend == "triton" and config.dropout:
+        fail(
+            "attention.mta_backend",
+            f"is 'triton', whose kernels have no attention dropout, but dropout is {config.dropout}",
+            "set dropout: 0.0, or use mta_backend: auto (triton on CUDA where dropout is 0)",
         )
 
 
