@@ -67,23 +67,16 @@ if triton is not None:
         return InterpretedFunction(fn) if INTERPRET else triton.jit(fn)
 
     # Device functions are inlined into the kernels; under the interpreter they run as Python.
-    # Triton's own tl.zeros, tl.sum and tl.max are themselves jit functions, fixed as compiled or
-    # interpreted when triton is imported (by torch.compile, say); these are ours, in our mode.
-    @_jit
-    def _add(a, b):
-        return a + b
-
-    @_jit
-    def _larger(a, b):
-        return tl.maximum(a, b)
-
+    # Triton's own tl.zeros, tl.sum and tl.max are jit functions themselves, compiled or interpreted
+    # as triton was imported (by torch.compile, say, before us). These are ours, in our mode; the
+    # interpreter turns a reduction by triton's own combine functions into one numpy call.
     @_jit
     def _sum(x, axis: tl.constexpr):
-        return tl.reduce(x, axis, _add)
+        return tl.reduce(x, axis, tl.standard._sum_combine)
 
     @_jit
     def _max(x, axis: tl.constexpr):
-        return tl.reduce(x, axis, _larger)
+        return tl.reduce(x, axis, tl.standard._elementwise_max)
 
     @_jit
     def _mix(
@@ -259,7 +252,7 @@ if triton is not None:
             m_i = m_new
         h2 = tl.arange(0, HP)[:, None]
         rows2 = r0 + tl.arange(0, BM)[None, :]
-        tl.store(lse_ptr + (b * H + h2) * T + rows2, m_i + tl.log(l_i), mask=(h2 < H) & (rows2 < T))
+        tl.store(lse_ptr + (b * H + h2) * T + rows2, m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)), mask=(h2 < H) & (rows2 < T))
 
     @_jit
     def _forward(
