@@ -108,12 +108,17 @@ CACHE_TOL = 1e-2
 # convolutions of the conv path would otherwise round their inputs to 10 bits, 5e-4; the kernels
 # use IEEE float32 products in float32). The two then differ only in summation order: tiles of keys
 # with the row statistics of a first pass against whole rows, atomic adds of the key-side gradients.
-# Float32 rounds by 6e-8; sums of hundreds to thousands of terms through six layers and their
-# backward leave about 1e-6 of the value (measured in Triton's interpreter at --tiny sizes: at most
-# 1e-6 on logits, 4e-6 on any gradient). A real fault (a post-kernel tap, a mask one key off, a
-# transposed head mix) moves logits or some gradient by 1e-2 or more. Relative RMS error of the
-# logits (over their spread) and relative L2 error of each parameter's gradient.
+# Float32 rounds by 6e-8 and sums of hundreds of terms through the layers leave about 1e-6 of a
+# value: measured in Triton's interpreter at --tiny sizes (T = 12 and 40), logits 3e-7 apart and
+# most gradients 1e-6. The gradients of the post-softmax head mix cancel (they sum over rows of
+# weights that sum to one): there conv's own float32 result is up to 1.2e-5 from float64 and
+# triton's 2.5e-5 from conv. So the bound of each gradient is TRITON_TOL or, where float32 itself
+# does worse, TRITON_NOISE_FACTOR times conv's own error against a float64 copy on the CPU (the
+# tiny runs: triton-vs-conv at most 5.5x conv's own error). Errors are relative to the float64
+# gradient's L2 norm; the logits' is the RMS error over their spread. A real fault (a transposed
+# head mix, a post-kernel tap, a mask one key off) moves logits or some gradient by 1e-2 or more.
 TRITON_TOL = 1e-4
+TRITON_NOISE_FACTOR = 10
 # The issue's goal for the Triton kernels: forward + backward of the layer within this factor of
 # SDPA MHA's at these lengths (one H100, bf16).
 ATTENTION_GOAL = 2.0
@@ -384,40 +389,54 @@ def check_triton(
     from minitx.attention.multi_token import MultiTokenAttention
 
     T = T or max(1, config.block_size - 5)
-    conv = verify.perturb_identity_parts(Transformer(with_mta(config, mta_backend="conv"))).to(device).eval()
+    base = verify.perturb_identity_parts(Transformer(with_mta(config, mta_backend="conv"))).eval()
+    oracle = copy.deepcopy(base).double()  # float64 on the CPU: how far float32 itself gets
+    conv = base.to(device)
     fused = Transformer(with_mta(config, mta_backend="triton")).to(device).eval()
     fused.load_state_dict(conv.state_dict())
-    idx = torch.randint(0, VOCAB, (2, T + 1), device=device)
+    idx = torch.randint(0, VOCAB, (2, T + 1))
     logits, grads, calls = {}, {}, {}
     with ieee_float32():
-        for name, model in (("conv", conv), ("triton", fused)):
+        for name, model, at in (
+            ("float64", oracle, "cpu"),
+            ("conv", conv, device),
+            ("triton", fused, device),
+        ):
+            tokens = idx.to(at)
             with counting_calls(MultiTokenAttention, "triton_rows") as counts:
-                out = model(idx[:, :-1])
-            lm_loss(out, idx[:, 1:]).backward()
-            logits[name] = out.detach().float()
-            grads[name] = {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
+                out = model(tokens[:, :-1])
+            lm_loss(out, tokens[:, 1:]).backward()
+            logits[name] = out.detach().double().cpu()
+            grads[name] = {
+                n: p.grad.double().cpu() for n, p in model.named_parameters() if p.grad is not None
+            }
             calls[name] = counts["triton_rows"]
     reference = logits["conv"]
     spread = (reference - reference.mean(-1, keepdim=True)).pow(2).mean().sqrt()
     rel = ((logits["triton"] - reference).pow(2).mean().sqrt() / spread).item()
     missing = sorted(set(grads["conv"]) ^ set(grads["triton"]))
-    errors = {
-        n: ((grads["triton"][n] - g).norm() / g.norm().clamp_min(1e-30)).item()
-        for n, g in grads["conv"].items()
-        if n in grads["triton"]
-    }
-    worst = max(errors, key=errors.get)
+    worst, worst_excess, bounds, errors = None, -1.0, {}, {}
+    for n, g in grads["conv"].items():
+        if n not in grads["triton"]:
+            continue
+        scale = grads["float64"][n].norm().clamp_min(1e-30)
+        errors[n] = ((grads["triton"][n] - g).norm() / scale).item()
+        own = ((g - grads["float64"][n]).norm() / scale).item()  # conv's own float32 error
+        bounds[n] = max(TRITON_TOL, TRITON_NOISE_FACTOR * own)
+        if errors[n] / bounds[n] > worst_excess:
+            worst, worst_excess = n, errors[n] / bounds[n]
     n_mta = config.layer_kinds.count("mta")
-    ok = rel <= TRITON_TOL and errors[worst] <= TRITON_TOL and not missing
+    ok = rel <= TRITON_TOL and worst_excess <= 1 and not missing
     ok = ok and calls["conv"] == 0 and calls["triton"] == n_mta  # each model took the path it names
     detail = (
         f"float32 {device.type} (TF32 off), T={T}, {config.attention.mta_conv_placement} convolution: "
-        f"logits rel. RMS error {rel:.1e}, worst gradient ({worst}) rel. error {errors[worst]:.1e} "
-        f"(<= {TRITON_TOL}); Triton kernels ran in {calls['triton']} of {n_mta} layers (conv model: {calls['conv']})"
+        f"logits rel. RMS error {rel:.1e} (<= {TRITON_TOL}); closest gradient to its bound: {worst} "
+        f"rel. error {errors[worst]:.1e} (<= {bounds[worst]:.1e}), largest {max(errors.values()):.1e}; "
+        f"Triton kernels ran in {calls['triton']} of {n_mta} layers (conv model: {calls['conv']})"
     )
     if missing:
         detail += f"; gradient in one model only: {', '.join(missing[:5])}"
-    results.check("triton vs conv", kind, ok, detail, value=max(rel, errors[worst]))
+    results.check("triton vs conv", kind, ok, detail, value=max(rel, *errors.values()))
 
 
 def run_checks(results: Results, configs: dict[str, ModelConfig], device: torch.device) -> None:

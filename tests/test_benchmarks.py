@@ -71,6 +71,33 @@ def test_attention_benchmark_times_every_variant(tmp_path):
     assert table_rows(out, "dense-mask local / chunked local time")
 
 
+def test_attention_benchmark_adds_the_triton_rows_on_cuda_only():
+    import argparse
+    import importlib.util
+
+    from minitx.attention import mta_triton
+
+    spec = importlib.util.spec_from_file_location("attention_benchmark", REPO / "benchmarks" / "attention.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for device in ("cpu", "cuda"):
+        args = argparse.Namespace(device=device, window=4, n_head=2, seq_lens=[8, 1024])
+        all_variants = bench.variants(args)
+        assert set(bench.TRITON_VARIANTS) <= set(all_variants)  # --variants may always name them
+        defaults = bench.default_variants(args, all_variants)
+        assert (set(bench.TRITON_VARIANTS) <= set(defaults)) == (device == "cuda" and mta_triton.available())
+        assert set(defaults) - set(bench.TRITON_VARIANTS) == set(all_variants) - set(bench.TRITON_VARIANTS)
+        # mta and mta-both: auto on the CPU; on CUDA (where auto takes triton) the torch path auto took before
+        for name in ("mta", "mta-both"):
+            backends = [bench.resolved(all_variants[name], T).get("mta_backend", "auto") for T in (8, 1024)]
+            assert backends == (["auto", "auto"] if device == "cpu" else ["conv", "factorised"]), (
+                device,
+                name,
+            )
+        for name in bench.TRITON_VARIANTS:
+            assert all_variants[name]["mta_backend"] == "triton"
+
+
 def test_generate_benchmark_prints_speed_and_memory(tmp_path):
     out = run_script(
         "generate.py",

@@ -72,11 +72,56 @@ def test_tiny_cpu_run_passes_every_check_and_writes_the_report(tmp_path):
     assert {m["T"] for m in times} == {32, 64} and {m["kind"] for m in times} >= {"mha (SDPA)", "local-dense"}
     markdown = (out / "results.md").read_text()
     assert "## Checks: " in markdown and "| causal | mta | yes |" in markdown
+    # The Triton work is CUDA only (on the CPU it would run in Triton's interpreter): listed, not run.
+    skipped = {(s["name"], s["kind"]) for s in report["skipped"]}
+    assert {("triton vs conv", "mta"), ("triton vs conv", "mta (pre only)")} <= skipped
+    assert all(s["detail"].startswith("skipped: CUDA only") for s in report["skipped"])
+    assert not {"mta-triton", "mta-both-triton"} & {m["kind"] for m in report["measurements"]}
+    assert "Not run on this device" in markdown
 
 
 def tiny_config(gpu_suite, kind: str):
     size = gpu_suite.sizes(tiny=True)
     return gpu_suite.model_config(size.model, gpu_suite.attention_sections(size.model["n_layer"], True)[kind])
+
+
+def test_cuda_attention_rows_keep_the_torch_path_and_add_the_triton_kernels(gpu_suite):
+    from minitx import AttentionConfig
+
+    size = gpu_suite.sizes(tiny=False)
+    sections = gpu_suite.attention_sections(size.model["n_layer"], False)
+    cpu = gpu_suite.attention_variants(sections, torch.device("cpu"))
+    assert "mta" in cpu and not set(gpu_suite.TRITON_ROWS) & set(cpu)
+    cuda = gpu_suite.attention_variants(sections, torch.device("cuda"))
+    backends = {
+        name: {T: AttentionConfig(**gpu_suite.attention_bench.resolved(att, T)) for T in size.seq_lens}
+        for name, att in cuda.items()
+        if name.startswith("mta")
+    }
+    assert {a.mta_backend for a in backends["mta (torch)"].values()} == {"factorised"}  # T > 512
+    for name, placement in (("mta-triton", "pre"), ("mta-both-triton", "both")):
+        assert {(a.mta_backend, a.mta_conv_placement) for a in backends[name].values()} == {
+            ("triton", placement)
+        }
+
+
+def test_attention_goal_missed_or_not_measured_is_a_failed_check(gpu_suite):
+    results = gpu_suite.Results(torch.device("cuda"), tiny=False)
+    ms = {"mha (SDPA)": 10.0, "mta-triton": 15.0, "mta-both-triton": 25.0}
+    peak = {"mha (SDPA)": 100.0, "mta-triton": 150.0, "mta-both-triton": 180.0}
+    gpu_suite.attention_ratios(results, 1024, 16, ms, peak)
+    assert not results.checks  # no goal at 1k, ratios only
+    gpu_suite.attention_ratios(results, 4096, 4, ms, peak)
+    gpu_suite.attention_ratios(results, 16384, 1, {"mha (SDPA)": 10.0}, {"mha (SDPA)": 100.0})
+    goals = {(c["kind"], c["detail"].split(",")[0]): c["ok"] for c in results.checks}
+    assert goals == {
+        ("mta-triton", "T=4096"): True,
+        ("mta-both-triton", "T=4096"): False,  # 2.5x
+        ("mta-triton", "T=16384"): False,  # not measured
+        ("mta-both-triton", "T=16384"): False,
+    }
+    ratio = gpu_suite.value_of(results.measurements, "attention fwd+bwd / mha", "mta-both-triton", T=4096)
+    assert ratio == 2.5
 
 
 def test_causal_check_fails_when_local_attention_sees_the_next_token(gpu_suite, monkeypatch):
