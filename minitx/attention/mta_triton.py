@@ -35,6 +35,7 @@ implementation and its gradient, so torch.compile traces a model through them.
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 from torch import Tensor
@@ -59,9 +60,10 @@ INSTALL_HINT = "install triton (pip install triton; CUDA builds of torch bring i
 
 if triton is not None:
     # Compiled for CUDA; interpreted (CPU tensors, exact and slow: the tests' path) where there is
-    # no CUDA or TRITON_INTERPRET=1. One mode per process: an interpreted kernel calls its helpers
+    # no CUDA or TRITON_INTERPRET=1 (TRITON_INTERPRET=0: compiled even so, to build GPU code here). One mode per process: an interpreted kernel calls its helpers
     # as Python, a compiled one inlines them.
-    INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available()
+    _asked = os.environ.get("TRITON_INTERPRET")
+    INTERPRET = _asked == "1" or (_asked != "0" and not torch.cuda.is_available())
 
     def _jit(fn):
         return InterpretedFunction(fn) if INTERPRET else triton.jit(fn)
@@ -252,7 +254,11 @@ if triton is not None:
             m_i = m_new
         h2 = tl.arange(0, HP)[:, None]
         rows2 = r0 + tl.arange(0, BM)[None, :]
-        tl.store(lse_ptr + (b * H + h2) * T + rows2, m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)), mask=(h2 < H) & (rows2 < T))
+        tl.store(
+            lse_ptr + (b * H + h2) * T + rows2,
+            m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)),
+            mask=(h2 < H) & (rows2 < T),
+        )
 
     @_jit
     def _forward(
@@ -870,6 +876,50 @@ def _gradient(ctx, grad: Tensor, _grad_lse):
 
 
 mta_fused.register_autograd(_gradient, setup_context=_setup)
+
+
+_usable: dict[tuple, bool] = {}
+
+
+def usable(qc: Tensor, kc: Tensor, band: Tensor, v: Tensor, post, mix_pre, mix_post) -> bool:
+    """For `mta_backend: auto`: whether the kernels build and run here for this configuration
+    (heads, widths, kernel shape, dtype). Each new configuration runs forward and backward once on
+    a few random tiles first; if either fails (an unsupported GPU, a tile that does not fit its
+    shared memory), warn once and say False, so that auto takes the torch path instead of stopping a
+    run that it would have finished. `mta_backend: triton` skips this and raises."""
+    key = (
+        qc.device,
+        qc.dtype,
+        *qc.shape[1:2],
+        qc.shape[-1],
+        kc.shape[1],
+        v.shape[1],
+        v.shape[-1],
+        band.shape[-1],
+        None if post is None else tuple(post.shape),
+        mix_pre is None,
+        mix_post is None,
+    )
+    if key not in _usable:
+        try:
+            T = 40
+            fresh = [
+                None
+                if t is None
+                else torch.randn(*t.shape[:-2], T, t.shape[-1], dtype=t.dtype, device=t.device)
+                for t in (qc, kc, band, v)
+            ]
+            out, lse = forward(*fresh, post, mix_pre, mix_post)
+            backward(torch.ones_like(out), *fresh, post, mix_pre, mix_post, lse)
+            _usable[key] = True
+        except Exception as error:  # any failure: auto falls back, once, loudly
+            warnings.warn(
+                f"MTA's Triton kernels failed here ({type(error).__name__}: {error}); mta_backend auto "
+                "uses the torch path for this configuration instead (mta_backend: triton raises)",
+                stacklevel=2,
+            )
+            _usable[key] = False
+    return _usable[key]
 
 
 def full_mix(mix: Tensor | None) -> Tensor | None:

@@ -270,7 +270,13 @@ class MultiTokenAttention(Attention):
         up to its last query. With a pre-softmax convolution and the factorised backend, the
         chunk's scores come from one matrix product plus the exact band (see mta_kernels)."""
         if self.fused(q):
-            return self.triton_rows(q, k, v)
+            parts = self.triton_parts(q, k)
+            if (
+                self.backend == "triton"
+                or torch.compiler.is_compiling()
+                or mta_triton.usable(*parts[:3], v, *parts[3:])
+            ):
+                return self.normalise(torch.ops.minitx.mta_fused(*parts[:3], v, *parts[3:])[0])
         T = q.shape[2]
         factorised = self.backend == "factorised" or (
             self.backend == "auto" and T > FACTORISED_FROM and not native.available(q)
@@ -338,9 +344,10 @@ class MultiTokenAttention(Attention):
             return True
         return self.backend == "auto" and q.is_cuda and mta_triton.available() and not self.dropout_p
 
-    def triton_rows(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """The whole sequence through the Triton kernels (mta_triton): torch builds the factorised
-        pre-softmax convolution's parts (O(T) memory, its own autograd), the kernels the rest."""
+    def triton_parts(self, q: Tensor, k: Tensor) -> tuple:
+        """(qc, kc, band, post kernel, pre mix, post mix) for torch.ops.minitx.mta_fused (mta_triton):
+        torch builds the factorised pre-softmax convolution's parts, O(T) memory, with its own
+        autograd; the kernels do the rest."""
         if self.dropout_p:
             raise RuntimeError(
                 "attention.mta_backend 'triton' has no attention dropout: set dropout: 0.0, or use 'auto'"
@@ -348,13 +355,12 @@ class MultiTokenAttention(Attention):
         q = q * self.scale
         if self.kq_conv is not None:
             qc, kc = shifted_queries(q, self.c_q), convolved_keys(k, self.kq_conv)
-            band = band_scores(q, k, self.kq_conv)
+            band = band_scores(q, k, self.kq_conv).to(qc.dtype)
         else:
             qc, kc, band = q, k, q.new_zeros(*q.shape[:3], 0)
         post = None if self.kq_conv_post is None else self.kq_conv_post[:, 0].float()
         mixes = [None if m is None else mta_triton.full_mix(m.float()) for m in (self.mix_pre, self.mix_post)]
-        out, _ = torch.ops.minitx.mta_fused(qc, kc, band.to(qc.dtype), v, post, *mixes)
-        return self.normalise(out)
+        return qc, kc, band, post, *mixes
 
     def factorised_parts(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(Qcat, K'cat, band) of the whole sequence: what the chunks of `far_and_band` slice."""
