@@ -186,11 +186,12 @@ if triton is not None:
         """out[i, j] = sum_{u, w} theta[u, w] P[i + u, j + w] over the halo tile P in scratch:
         the post-softmax convolution at the output tile (halo offset c_q - 1 rows, c_k // 2 keys)."""
         out = tl.full([HP, BM, BN], 0.0, tl.float32)
-        for u in tl.static_range(CQP):
-            for w in tl.static_range(CKP):
-                theta = tl.load(w_ptr + (h * CQP + u) * CKP + w, mask=h < H, other=0.0)
-                inside = (i + u < BM) & (j + w < BN)
-                out += theta * tl.load(scr_p + (h * BM + i + u) * BN + j + w, mask=inside, other=0.0)
+        for uw in range(CQP * CKP):  # a loop, not unrolled: 66 copies took minutes to build
+            u = uw // CKP
+            w = uw % CKP
+            theta = tl.load(w_ptr + (h * CQP + u) * CKP + w, mask=h < H, other=0.0)
+            inside = (i + u < BM) & (j + w < BN)
+            out += theta * tl.load(scr_p + (h * BM + i + u) * BN + j + w, mask=inside, other=0.0)
         return out
 
     @_jit
@@ -480,14 +481,15 @@ if triton is not None:
                 tl.debug_barrier()
                 # dP[i, j] = sum theta[u, w] dconv[i + c_q - 1 - u, j + 2 RK - w]; P at (i + c_q - 1, j + RK)
                 dp = tl.full([HP, BM, BN], 0.0, tl.float32)
-                for u in tl.static_range(CQP):
-                    for w in tl.static_range(CKP):
-                        theta = tl.load(wpost_ptr + (h * CQP + u) * CKP + w, mask=h < H, other=0.0)
-                        ii = i + (CQP - 1 - u)
-                        jj = j + 2 * RK - w
-                        dp += theta * tl.load(
-                            scr_x + (h * BM + ii) * BN + jj, mask=(ii < BM) & (jj < BN), other=0.0
-                        )
+                for uw in range(CQP * CKP):  # a loop, not unrolled: 66 copies took minutes to build
+                    u = uw // CKP
+                    w = uw % CKP
+                    theta = tl.load(wpost_ptr + (h * CQP + u) * CKP + w, mask=h < H, other=0.0)
+                    ii = i + (CQP - 1 - u)
+                    jj = j + 2 * RK - w
+                    dp += theta * tl.load(
+                        scr_x + (h * BM + ii) * BN + jj, mask=(ii < BM) & (jj < BN), other=0.0
+                    )
                 inside = (i + CQP - 1 < BM) & (j + RK < BN)
                 p = tl.load(scr_p + (h * BM + i + CQP - 1) * BN + j + RK, mask=inside, other=0.0)
             else:
@@ -500,15 +502,16 @@ if triton is not None:
                 if HAS_POST_CONV:
                     # d theta'[u, w] = sum over the tile of dconv[i, j + RK] * P[i + u, j + w]
                     dconv_u = tl.load(scr_x + (h * BM + i) * BN + j + RK, mask=in_tile, other=0.0)
-                    for u in tl.static_range(CQP):
-                        for w in tl.static_range(CKP):
-                            shifted = tl.load(
-                                scr_p + (h * BM + i + u) * BN + j + w,
-                                mask=in_tile & (i + u < BM) & (j + w < BN),
-                                other=0.0,
-                            )
-                            part = _sum(_sum(dconv_u * shifted, axis=2), axis=1)  # [HP]
-                            dw_acc += tl.where(k_2 == u * CKP + w, part[:, None], 0.0)
+                    for uw in range(CQP * CKP):  # a loop, not unrolled: 66 copies took minutes to build
+                        u = uw // CKP
+                        w = uw % CKP
+                        shifted = tl.load(
+                            scr_p + (h * BM + i + u) * BN + j + w,
+                            mask=in_tile & (i + u < BM) & (j + w < BN),
+                            other=0.0,
+                        )
+                        part = _sum(_sum(dconv_u * shifted, axis=2), axis=1)  # [HP]
+                        dw_acc += tl.where(k_2 == uw, part[:, None], 0.0)
                     post = _post_conv(scr_p, wpost_ptr, H, h, i, j, HP, BM, BN, CQP, CKP)
                     post = tl.where(visible, post, 0.0)
                 else:
@@ -606,15 +609,28 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+# A tile's [heads, rows, keys] float32 maps at most this big: the kernels keep a few of them and
+# their dot operands in shared memory. Built for sm_90 (scripts/build_mta_kernels.py), the
+# released 6 x 11 setting's backward needs 96-112 KB at 8192 (16 heads x 16 x 32, D = 64), 288 KB
+# (more than an H100 has) at 16384 with 64-wide feature blocks.
+TILE_ELEMENTS = 8192
+FEATURE_BLOCK = 32  # features per step of the score products (qc . kc)
+
+
 def blocks(n_head: int, c_q: int, c_k: int, block: tuple[int, int] | None = None) -> tuple[int, int]:
-    """(BM, BN): rows and keys of a tile, halo included. Not tuned on a GPU yet: all heads of a tile
-    live in one program, so the tile shrinks as heads grow; at least 16 (tensor cores) and with room
-    for some output besides the halo."""
+    """(BM, BN): rows and keys of a tile, halo included; powers of two, at least 16 (tensor cores),
+    with room for some output besides the halo. All heads of a tile live in one program, so the
+    tile shrinks as heads grow. Not tuned on a GPU yet."""
     if block is None:
         if INTERPRET:  # small tiles: the tests cross tile edges at small T
             block = (16, 16)
         else:
-            block = (32 if n_head <= 8 else 16, 64 if c_k > 5 else 32)
+            HP, BM, BN = max(2, _pow2(n_head)), 32, 64 if c_k > 5 else 32
+            while HP * BM * BN > TILE_ELEMENTS and BM > 16:
+                BM //= 2
+            while HP * BM * BN > TILE_ELEMENTS and BN > 32:
+                BN //= 2
+            block = (BM, BN)
     BM, BN = block
     BM = max(BM, _pow2(2 * (c_q - 1) + 1))
     BN = max(BN, _pow2(4 * (c_k // 2) + 1))
@@ -626,27 +642,34 @@ def _flat(t: Tensor | None, like: Tensor) -> Tensor:
     return like.new_zeros(1, dtype=torch.float32) if t is None else t.float().contiguous()
 
 
-def _geometry(qc: Tensor, kc: Tensor, band: Tensor, v: Tensor, post: Tensor | None, block):
+def _geometry(qc: Tensor, kc: Tensor, band: Tensor, v: Tensor, post: Tensor | None, block) -> dict:
     B, H, T, E = qc.shape
-    HK, G, D, OFF = kc.shape[1], v.shape[1], v.shape[-1], band.shape[-1]
     CQP, CKP = (1, 1) if post is None else tuple(post.shape[-2:])
+    return dict(
+        B=B, T=T, **geometry(H, kc.shape[1], v.shape[1], v.shape[-1], E, band.shape[-1], CQP, CKP, block)
+    )
+
+
+def geometry(H: int, HK: int, G: int, D: int, E: int, OFF: int, CQP: int, CKP: int, block=None) -> dict:
+    """Sizes and tiles of one configuration: heads H (HK of kc, G of v), widths D (v) and E (qc,
+    kc), band width OFF, post kernel CQP x CKP (1 x 1: none)."""
     BM, BN = blocks(H, CQP, CKP, block)
     return dict(
-        B=B,
-        H=H,
-        T=T,
-        E=E,
-        HK=HK,
-        G=G,
-        D=D,
-        OFF=OFF,
-        CQP=CQP,
-        CKP=CKP,
-        BM=BM,
-        BN=BN,
-        HP=max(2, _pow2(H)),
-        BE=min(_pow2(E), 64),
-        BD=max(16, _pow2(D)),
+        H=H, HK=HK, G=G, D=D, E=E, OFF=OFF, CQP=CQP, CKP=CKP, BM=BM, BN=BN, HP=max(2, _pow2(H)),
+        BE=min(max(16, _pow2(E)), FEATURE_BLOCK), BD=max(16, _pow2(D)),
+    )  # fmt: skip
+
+
+def constants(g: dict, post: bool, mix_pre: bool, mix_post: bool, precision: str) -> dict[str, dict]:
+    """Each kernel's compile-time constants, as launched (and as scripts/build_mta_kernels.py builds them)."""
+    stats = dict(HP=g["HP"], BM=g["BM"], BN=g["BN"], BE=g["BE"], HAS_PRE_MIX=mix_pre, PRECISION=precision)
+    forward = dict(stats, BD=g["BD"], CQP=g["CQP"], CKP=g["CKP"], HAS_POST_CONV=post, HAS_POST_MIX=mix_post)
+    backward = dict(forward, KP=_pow2(g["CQP"] * g["CKP"]))
+    return dict(
+        stats=stats,
+        forward=forward,
+        backward_delta=dict(backward, DELTA=True),
+        backward=dict(backward, DELTA=False),
     )
 
 
@@ -684,8 +707,8 @@ def forward(
     pre, mix_post_f, post_f = _flat(mix_pre, qc), _flat(mix_post, qc), _flat(post, qc)
     n = triton.cdiv(T, BM)
     scratch = qc.new_empty(B * n * HP * BM * BN, dtype=torch.float32)
-    common = dict(HP=HP, BM=BM, BN=BN, BE=g["BE"], HAS_PRE_MIX=mix_pre is not None, PRECISION=_precision(qc))
-    _stats[(n, B)](qc, kc, band, pre, lse, scratch, T, H, g["HK"], g["E"], g["OFF"], n, **common)
+    consts = constants(g, post is not None, mix_pre is not None, mix_post is not None, _precision(qc))
+    _stats[(n, B)](qc, kc, band, pre, lse, scratch, T, H, g["HK"], g["E"], g["OFF"], n, **consts["stats"])
     UM = BM - (g["CQP"] - 1)
     n = triton.cdiv(T, UM)
     scratch = qc.new_empty(B * n * 3 * HP * BM * BN, dtype=torch.float32)
@@ -708,12 +731,7 @@ def forward(
         g["OFF"],
         g["D"],
         n,
-        BD=g["BD"],
-        CQP=g["CQP"],
-        CKP=g["CKP"],
-        HAS_POST_CONV=post is not None,
-        HAS_POST_MIX=mix_post is not None,
-        **common,
+        **consts["forward"],
     )
     return out.to(v.dtype), lse
 
@@ -782,22 +800,9 @@ def backward(
         D,
         n,
     )
-    constants = dict(
-        HP=HP,
-        BM=BM,
-        BN=BN,
-        BE=g["BE"],
-        BD=g["BD"],
-        CQP=CQP,
-        CKP=CKP,
-        KP=_pow2(CQP * CKP),
-        HAS_PRE_MIX=mix_pre is not None,
-        HAS_POST_CONV=post is not None,
-        HAS_POST_MIX=mix_post is not None,
-        PRECISION=_precision(qc),
-    )
-    _backward[(n, B)](*args, DELTA=True, **constants)
-    _backward[(n, B)](*args, DELTA=False, **constants)
+    consts = constants(g, post is not None, mix_pre is not None, mix_post is not None, _precision(qc))
+    _backward[(n, B)](*args, **consts["backward_delta"])
+    _backward[(n, B)](*args, **consts["backward"])
     if HK < H:
         dkc = dkc.view(B, HK, H // HK, T, E).sum(2)
     return (
