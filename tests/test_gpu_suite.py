@@ -183,3 +183,21 @@ def test_bad_input_is_one_line_naming_the_flag(tmp_path, args, flag):
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and flag in lines[0] and "Traceback" not in done.stderr, done.stderr
+
+
+def test_triton_check_passes_on_the_kernels_and_fails_on_a_broken_one(gpu_suite, monkeypatch):
+    """check_triton (CUDA only in the suite) run here through Triton's interpreter at toy size: it
+    passes on the kernels, and fails when they mix heads the wrong way round."""
+    pytest.importorskip("triton")
+    from minitx.attention import mta_triton
+
+    if not mta_triton.INTERPRET:
+        pytest.skip("CUDA is here: the suite runs this check itself")
+    config = tiny_config(gpu_suite, "mta")
+    results = gpu_suite.Results(torch.device("cpu"), tiny=True)
+    gpu_suite.check_triton(results, "mta", config, torch.device("cpu"), T=12)
+    assert results.checks[-1]["ok"], results.checks[-1]["detail"]
+    real_full_mix = mta_triton.full_mix
+    monkeypatch.setattr(mta_triton, "full_mix", lambda mix: None if mix is None else real_full_mix(mix).T)
+    gpu_suite.check_triton(results, "mta", config, torch.device("cpu"), T=12)
+    assert not results.checks[-1]["ok"]
