@@ -53,15 +53,16 @@ def available() -> bool:
 
 
 INTERPRET = False  # set below where triton is installed
-
-
 INSTALL_HINT = "install triton (pip install triton; CUDA builds of torch bring it)"
 
 
+# fmt: off
+# (the kernels' argument lists packed: a kernel reads better on one screen)
 if triton is not None:
     # Compiled for CUDA; interpreted (CPU tensors, exact and slow: the tests' path) where there is
-    # no CUDA or TRITON_INTERPRET=1 (TRITON_INTERPRET=0: compiled even so, to build GPU code here). One mode per process: an interpreted kernel calls its helpers
-    # as Python, a compiled one inlines them.
+    # no CUDA or TRITON_INTERPRET=1 (TRITON_INTERPRET=0: compiled even so, to build GPU code here).
+    # One mode per process: an interpreted kernel calls its helpers as Python, a compiled one
+    # inlines them.
     _asked = os.environ.get("TRITON_INTERPRET")
     INTERPRET = _asked == "1" or (_asked != "0" and not torch.cuda.is_available())
 
@@ -82,16 +83,7 @@ if triton is not None:
 
     @_jit
     def _mix(
-        x,
-        scr,
-        m_ptr,
-        H,
-        h,
-        i,
-        j,
-        HP: tl.constexpr,
-        BM: tl.constexpr,
-        BN: tl.constexpr,
+        x, scr, m_ptr, H, h, i, j, HP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
         TRANSPOSE: tl.constexpr,
     ):
         """y[h] = sum_h' M[h', h] x[h'] (TRANSPOSE: sum_h' M[h, h'] x[h']), through scratch."""
@@ -109,24 +101,8 @@ if triton is not None:
 
     @_jit
     def _scores(
-        qc_ptr,
-        kc_ptr,
-        band_ptr,
-        mpre_ptr,
-        scr_s,
-        b,
-        r0,
-        c0,
-        T,
-        H,
-        HK,
-        E,
-        OFF,
-        HP: tl.constexpr,
-        BM: tl.constexpr,
-        BN: tl.constexpr,
-        BE: tl.constexpr,
-        HAS_PRE_MIX: tl.constexpr,
+        qc_ptr, kc_ptr, band_ptr, mpre_ptr, scr_s, b, r0, c0, T, H, HK, E, OFF, HP: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, BE: tl.constexpr, HAS_PRE_MIX: tl.constexpr,
         PRECISION: tl.constexpr,
     ):
         """(pre-mix scores, mixed scores), [HP, BM, BN] float32, rows r0.., keys c0.. (any values
@@ -171,16 +147,7 @@ if triton is not None:
 
     @_jit
     def _post_conv(
-        scr_p,
-        w_ptr,
-        H,
-        h,
-        i,
-        j,
-        HP: tl.constexpr,
-        BM: tl.constexpr,
-        BN: tl.constexpr,
-        CQP: tl.constexpr,
+        scr_p, w_ptr, H, h, i, j, HP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CQP: tl.constexpr,
         CKP: tl.constexpr,
     ):
         """out[i, j] = sum_{u, w} theta[u, w] P[i + u, j + w] over the halo tile P in scratch:
@@ -196,23 +163,8 @@ if triton is not None:
 
     @_jit
     def _stats(
-        qc_ptr,
-        kc_ptr,
-        band_ptr,
-        mpre_ptr,
-        lse_ptr,
-        scr,
-        T,
-        H,
-        HK,
-        E,
-        OFF,
-        n_blocks,
-        HP: tl.constexpr,
-        BM: tl.constexpr,
-        BN: tl.constexpr,
-        BE: tl.constexpr,
-        HAS_PRE_MIX: tl.constexpr,
+        qc_ptr, kc_ptr, band_ptr, mpre_ptr, lse_ptr, scr, T, H, HK, E, OFF, n_blocks, HP: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, BE: tl.constexpr, HAS_PRE_MIX: tl.constexpr,
         PRECISION: tl.constexpr,
     ):
         """Each row's log-sum-exp of its mixed scores over the keys it sees (online, by key tiles)."""
@@ -227,25 +179,8 @@ if triton is not None:
         for c0 in range(0, tl.minimum(r0 + BM, T), BN):
             keys = c0 + tl.arange(0, BN)[None, None, :]
             _, y = _scores(
-                qc_ptr,
-                kc_ptr,
-                band_ptr,
-                mpre_ptr,
-                scr_s,
-                b,
-                r0,
-                c0,
-                T,
-                H,
-                HK,
-                E,
-                OFF,
-                HP,
-                BM,
-                BN,
-                BE,
-                HAS_PRE_MIX,
-                PRECISION,
+                qc_ptr, kc_ptr, band_ptr, mpre_ptr, scr_s, b, r0, c0, T, H, HK, E, OFF, HP, BM, BN, BE,
+                HAS_PRE_MIX, PRECISION,
             )
             visible = (h < H) & (rows < T) & (keys <= rows)
             y = tl.where(visible, y, float("-inf"))
@@ -263,35 +198,10 @@ if triton is not None:
 
     @_jit
     def _forward(
-        qc_ptr,
-        kc_ptr,
-        band_ptr,
-        v_ptr,
-        wpost_ptr,
-        mpre_ptr,
-        mpost_ptr,
-        lse_ptr,
-        out_ptr,
-        scr,
-        T,
-        H,
-        HK,
-        G,
-        E,
-        OFF,
-        D,
-        n_blocks,
-        HP: tl.constexpr,
-        BM: tl.constexpr,
-        BN: tl.constexpr,
-        BE: tl.constexpr,
-        BD: tl.constexpr,
-        CQP: tl.constexpr,
-        CKP: tl.constexpr,
-        HAS_PRE_MIX: tl.constexpr,
-        HAS_POST_CONV: tl.constexpr,
-        HAS_POST_MIX: tl.constexpr,
-        PRECISION: tl.constexpr,
+        qc_ptr, kc_ptr, band_ptr, v_ptr, wpost_ptr, mpre_ptr, mpost_ptr, lse_ptr, out_ptr, scr, T, H, HK, G,
+        E, OFF, D, n_blocks, HP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BE: tl.constexpr,
+        BD: tl.constexpr, CQP: tl.constexpr, CKP: tl.constexpr, HAS_PRE_MIX: tl.constexpr,
+        HAS_POST_CONV: tl.constexpr, HAS_POST_MIX: tl.constexpr, PRECISION: tl.constexpr,
     ):
         """Output rows i0 .. i0 + UM - 1: sum over key tiles of mix(conv(P)) @ V."""
         UM: tl.constexpr = BM - (CQP - 1)
@@ -314,25 +224,8 @@ if triton is not None:
             r0 = i0 - (CQP - 1)
             c0 = j0 - CKP // 2
             _, y = _scores(
-                qc_ptr,
-                kc_ptr,
-                band_ptr,
-                mpre_ptr,
-                scr_s,
-                b,
-                r0,
-                c0,
-                T,
-                H,
-                HK,
-                E,
-                OFF,
-                HP,
-                BM,
-                BN,
-                BE,
-                HAS_PRE_MIX,
-                PRECISION,
+                qc_ptr, kc_ptr, band_ptr, mpre_ptr, scr_s, b, r0, c0, T, H, HK, E, OFF, HP, BM, BN, BE,
+                HAS_PRE_MIX, PRECISION,
             )
             p = _probs(y, lse_ptr, b, r0, c0, T, H, HP, BM, BN)
             keys = j0 + j
@@ -358,44 +251,11 @@ if triton is not None:
 
     @_jit
     def _backward(
-        qc_ptr,
-        kc_ptr,
-        band_ptr,
-        v_ptr,
-        wpost_ptr,
-        mpre_ptr,
-        mpost_ptr,
-        lse_ptr,
-        dout_ptr,
-        delta_ptr,
-        dqc_ptr,
-        dkc_ptr,
-        dband_ptr,
-        dv_ptr,
-        dwpost_ptr,
-        dmpre_ptr,
-        dmpost_ptr,
-        scr,
-        T,
-        H,
-        HK,
-        G,
-        E,
-        OFF,
-        D,
-        n_blocks,
-        HP: tl.constexpr,
-        BM: tl.constexpr,
-        BN: tl.constexpr,
-        BE: tl.constexpr,
-        BD: tl.constexpr,
-        CQP: tl.constexpr,
-        CKP: tl.constexpr,
-        KP: tl.constexpr,
-        HAS_PRE_MIX: tl.constexpr,
-        HAS_POST_CONV: tl.constexpr,
-        HAS_POST_MIX: tl.constexpr,
-        DELTA: tl.constexpr,
+        qc_ptr, kc_ptr, band_ptr, v_ptr, wpost_ptr, mpre_ptr, mpost_ptr, lse_ptr, dout_ptr, delta_ptr,
+        dqc_ptr, dkc_ptr, dband_ptr, dv_ptr, dwpost_ptr, dmpre_ptr, dmpost_ptr, scr, T, H, HK, G, E, OFF, D,
+        n_blocks, HP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BE: tl.constexpr, BD: tl.constexpr,
+        CQP: tl.constexpr, CKP: tl.constexpr, KP: tl.constexpr, HAS_PRE_MIX: tl.constexpr,
+        HAS_POST_CONV: tl.constexpr, HAS_POST_MIX: tl.constexpr, DELTA: tl.constexpr,
         PRECISION: tl.constexpr,
     ):
         """Gradients for the probabilities of rows r0 .. r0 + UM - 1 (tile coordinates below: U,
@@ -438,25 +298,8 @@ if triton is not None:
             keys = c0 + j
             # P on the halo tile: rows from c_q - 1 above, keys from c_k // 2 left
             s, y = _scores(
-                qc_ptr,
-                kc_ptr,
-                band_ptr,
-                mpre_ptr,
-                scr_s,
-                b,
-                r0 - (CQP - 1),
-                c0 - RK,
-                T,
-                H,
-                HK,
-                E,
-                OFF,
-                HP,
-                BM,
-                BN,
-                BE,
-                HAS_PRE_MIX,
-                PRECISION,
+                qc_ptr, kc_ptr, band_ptr, mpre_ptr, scr_s, b, r0 - (CQP - 1), c0 - RK, T, H, HK, E, OFF,
+                HP, BM, BN, BE, HAS_PRE_MIX, PRECISION,
             )
             p_halo = _probs(y, lse_ptr, b, r0 - (CQP - 1), c0 - RK, T, H, HP, BM, BN)
             # dP'' = dO . v on the tile of rows r0.., keys from c_k // 2 left (the post conv's halo)
@@ -603,6 +446,7 @@ if triton is not None:
                 tl.atomic_add(dmpre_ptr + h_2 * H + col_2, dmpre_acc, mask=(h_2 < H) & (col_2 < H))
             if HAS_POST_MIX:
                 tl.atomic_add(dmpost_ptr + h_2 * H + col_2, dmpost_acc, mask=(h_2 < H) & (col_2 < H))
+# fmt: on
 
 
 def _pow2(n: int) -> int:
