@@ -178,3 +178,45 @@ def test_compiled_model_trains_a_step(compiled):
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
     changed = [name for name, p in model.named_parameters() if not torch.equal(p, before[name])]
     assert any("kq_conv_post" in name for name in changed) and any("mix_pre" in name for name in changed)
+
+
+def chunked_model() -> Transformer:
+    """mta_model with chunks of 8 queries, so that 19 tokens take the recomputed-chunks path."""
+    model = mta_model()
+    for block in model.blocks:
+        block.attn.query_chunk = 8
+    return model
+
+
+def test_long_sequences_and_cached_decoding_trace_without_a_graph_break():
+    model = chunked_model()
+    x = torch.randint(0, 23, (2, 19))
+    assert torch._dynamo.explain(model)(x).graph_break_count == 0  # compiled: torch's checkpoint per chunk
+    model.eval()
+    cache = model.new_cache(1, 32)
+    with torch.no_grad():
+        model(x[:1, :8], cache)
+        # compiled: the operators of the torch path instead of the one C call of a decoding step
+        assert torch._dynamo.explain(model)(x[:1, 8:9], cache).graph_break_count == 0
+
+
+def test_fullgraph_compile_of_long_sequences_and_of_decoding_equals_eager():
+    torch._dynamo.reset()
+    model = chunked_model()
+    fast = torch.compile(model, fullgraph=True)
+    x, y = torch.randint(0, 23, (2, 19)), torch.randint(0, 23, (2, 19))
+    loss, grads = loss_and_grads(model, model, x, y)
+    fast_loss, fast_grads = loss_and_grads(model, fast, x, y)
+    torch.testing.assert_close(fast_loss, loss, rtol=1e-5, atol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(fast_grads[name], grad, rtol=1e-5, atol=1e-5, msg=name)
+    model.eval()
+
+    def decode(forward):
+        cache = model.new_cache(1, 32)
+        steps = [forward(x[:1, :8], cache)] + [forward(x[:1, t : t + 1], cache) for t in range(8, 13)]
+        return torch.cat(steps, dim=1)
+
+    with torch.no_grad():
+        torch.testing.assert_close(decode(fast), decode(model), rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()

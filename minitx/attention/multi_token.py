@@ -317,7 +317,9 @@ class MultiTokenAttention(Attention):
         # Training would keep every chunk's (rows x keys) maps for the backward pass, O(T^2) again;
         # recomputing a chunk's maps in the backward keeps only its inputs and output (measured at
         # T=4096: 6x less peak memory, 15-20% more time). mta_query_chunk >= T skips it.
-        if self.dropout_p:  # dropout draws random numbers: torch's checkpoint replays them
+        # Dropout draws random numbers: torch's checkpoint replays them. Compiled, checkpoint is also
+        # what the compiler can trace (ChunkedRows takes a Python function: a graph break).
+        if self.dropout_p or torch.compiler.is_compiling():
             outs = [
                 checkpoint(
                     chunk_fn,
@@ -390,7 +392,7 @@ class MultiTokenAttention(Attention):
             # No convolution on this layer: the new queries' rows alone, masked as the cache says
             # (for one new token usually not at all), as for plain attention.
             keys, values, mask = cache.update(k, v)
-            if mask is None and native.available(q) and not self.dropout_p and not torch.is_grad_enabled():
+            if mask is None and self.one_call(q):
                 # The usual decoding step: one C call for the scores, softmax, mixes, @ V and the norm.
                 return native.attend_rows(
                     q,
@@ -422,13 +424,7 @@ class MultiTokenAttention(Attention):
             self.c_k > 1 or cache.n_seen <= cache.capacity
         )  # before it wraps, slot order is position order
         keys, values = keys.to(q.dtype), values.to(q.dtype)
-        if (
-            self.kq_conv_post is None
-            and in_order
-            and native.available(q)
-            and not self.dropout_p
-            and not torch.is_grad_enabled()
-        ):
+        if self.kq_conv_post is None and in_order and self.one_call(q):
             # The usual decoding step: one C call for the scores, convolution, softmax, mixes, @ V and norm.
             visible = VisibleKeys(rows_pos, k_pos, first_key, consecutive=True)
             return native.attend_rows(
@@ -444,6 +440,17 @@ class MultiTokenAttention(Attention):
             )
         out, _ = self.rows(rows, keys, values, rows_pos, k_pos, first_key, consecutive=in_order)
         return out
+
+    def one_call(self, q: Tensor) -> bool:
+        """Whether a decoding step can be one call of the C loops (native.attend_rows): inference
+        without dropout, and not under torch.compile, which cannot trace a ctypes call (the
+        operators of the torch path below it can)."""
+        return (
+            native.available(q)
+            and not self.dropout_p
+            and not torch.is_grad_enabled()
+            and not torch.compiler.is_compiling()
+        )
 
     def norm_parts(self) -> tuple | None:
         """(norm weight, gate weight, gate bias, eps) for the C loops, None without the output norm."""
