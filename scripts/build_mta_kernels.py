@@ -53,7 +53,9 @@ def main(argv=None) -> int:
     post = args.placement in ("post", "both") and c_q * c_k > 1
     E, off = (c_q * D, c_q - 1 + c_k // 2) if pre else (D, 0)
     G = args.n_kv_head or H
-    g = mta_triton.geometry(H, H if pre else G, G, D, E, off, *((c_q, c_k) if post else (1, 1)))
+    element_bytes = {"bf16": 2, "fp16": 2, "fp32": 4}[args.dtype]
+    kernel = (c_q, c_k) if post else (1, 1)
+    g = mta_triton.geometry(H, H if pre else G, G, D, E, off, *kernel, element_bytes=element_bytes)
     mixes = (args.head_mix in ("pre", "both"), args.head_mix in ("post", "both"))
     precision = "ieee" if args.dtype == "fp32" else "tf32"
     every = mta_triton.constants(g, post, *mixes, precision)

@@ -461,7 +461,9 @@ TILE_ELEMENTS = 8192
 FEATURE_BLOCK = 32  # features per step of the score products (qc . kc)
 
 
-def blocks(n_head: int, c_q: int, c_k: int, block: tuple[int, int] | None = None) -> tuple[int, int]:
+def blocks(
+    n_head: int, c_q: int, c_k: int, block: tuple[int, int] | None = None, element_bytes: int = 2
+) -> tuple[int, int]:
     """(BM, BN): rows and keys of a tile, halo included; powers of two, at least 16 (tensor cores),
     with room for some output besides the halo. All heads of a tile live in one program, so the
     tile shrinks as heads grow. Not tuned on a GPU yet."""
@@ -470,9 +472,10 @@ def blocks(n_head: int, c_q: int, c_k: int, block: tuple[int, int] | None = None
             block = (16, 16)
         else:
             HP, BM, BN = max(2, _pow2(n_head)), 32, 64 if c_k > 5 else 32
-            while HP * BM * BN > TILE_ELEMENTS and BM > 16:
+            budget = TILE_ELEMENTS * 2 // element_bytes  # float32 inputs: operands twice as large
+            while HP * BM * BN > budget and BM > 16:
                 BM //= 2
-            while HP * BM * BN > TILE_ELEMENTS and BN > 32:
+            while HP * BM * BN > budget and BN > 32:
                 BN //= 2
             block = (BM, BN)
     BM, BN = block
@@ -490,17 +493,23 @@ def _geometry(qc: Tensor, kc: Tensor, band: Tensor, v: Tensor, post: Tensor | No
     B, H, T, E = qc.shape
     CQP, CKP = (1, 1) if post is None else tuple(post.shape[-2:])
     return dict(
-        B=B, T=T, **geometry(H, kc.shape[1], v.shape[1], v.shape[-1], E, band.shape[-1], CQP, CKP, block)
+        B=B,
+        T=T,
+        **geometry(
+            H, kc.shape[1], v.shape[1], v.shape[-1], E, band.shape[-1], CQP, CKP, block, qc.element_size()
+        ),
     )
 
 
-def geometry(H: int, HK: int, G: int, D: int, E: int, OFF: int, CQP: int, CKP: int, block=None) -> dict:
+def geometry(
+    H: int, HK: int, G: int, D: int, E: int, OFF: int, CQP: int, CKP: int, block=None, element_bytes: int = 2
+) -> dict:
     """Sizes and tiles of one configuration: heads H (HK of kc, G of v), widths D (v) and E (qc,
-    kc), band width OFF, post kernel CQP x CKP (1 x 1: none)."""
-    BM, BN = blocks(H, CQP, CKP, block)
+    kc), band width OFF, post kernel CQP x CKP (1 x 1: none), inputs of element_bytes each."""
+    BM, BN = blocks(H, CQP, CKP, block, element_bytes)
     return dict(
         H=H, HK=HK, G=G, D=D, E=E, OFF=OFF, CQP=CQP, CKP=CKP, BM=BM, BN=BN, HP=max(2, _pow2(H)),
-        BE=min(max(16, _pow2(E)), FEATURE_BLOCK), BD=max(16, _pow2(D)),
+        BE=min(max(16, _pow2(E)), FEATURE_BLOCK * 2 // element_bytes), BD=max(16, _pow2(D)),
     )  # fmt: skip
 
 
