@@ -19,20 +19,10 @@ SCRIPT = Path(__file__).parents[1] / "scripts" / "build_mta_kernels.py"
     "options",
     [
         [],  # the released setting: 16 heads of 64, 6 x 11 before and after the softmax, both mixes, bf16
-        [
-            "--n-head",
-            "4",
-            "--n-kv-head",
-            "2",
-            "--head-dim",
-            "128",
-            "--placement",
-            "pre",
-            "--head-mix",
-            "post",
-        ],
+        "--n-head 4 --n-kv-head 2 --head-dim 128 --placement pre --head-mix post".split(),
+        "--n-head 6 --dtype fp32".split(),  # the GPU suite's float32 check of triton against conv
     ],
-    ids=["released", "gqa-d128-pre"],
+    ids=["released", "gqa-d128-pre", "gpu-suite-fp32"],
 )
 def test_kernels_build_for_an_h100_and_fit_its_shared_memory(options):
     run = subprocess.run([sys.executable, str(SCRIPT), *options], capture_output=True, text=True, timeout=600)
