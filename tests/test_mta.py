@@ -526,3 +526,18 @@ def test_without_a_compiler_mta_falls_back_to_torch(monkeypatch, tmp_path, caplo
         assert native.library() is None and not (tmp_path / "untouched").exists()
     finally:
         native.library.cache_clear()  # later tests build (or load) the real one again
+
+
+def test_triton_backend_without_triton_is_refused_when_the_model_is_built(monkeypatch):
+    """A GPU job's config validates on a machine without triton (prepare.py on a CPU box); building
+    the model there is a one-line error naming the field and the fix."""
+    from minitx.attention import mta_triton
+
+    monkeypatch.setattr(mta_triton, "available", lambda: False)
+    config = ModelConfig(
+        n_layer=1, n_head=2, d_model=16, attention=AttentionConfig(kind="mta", mta_backend="triton")
+    )
+    with pytest.raises(
+        UserError, match="attention.mta_backend: is 'triton', but triton is not installed; install"
+    ):
+        Transformer(config)

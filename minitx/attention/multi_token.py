@@ -111,6 +111,9 @@ class MultiTokenAttention(Attention):
         H, D = self.n_head, self.head_dim
         self.query_chunk = att.mta_query_chunk
         self.backend = att.mta_backend
+        if self.backend == "triton" and not mta_triton.available():
+            # Here, not in the config's checks: a GPU job's config may be checked (prepare.py) elsewhere.
+            fail("attention.mta_backend", "is 'triton', but triton is not installed", mta_triton.INSTALL_HINT)
         self.float32 = att.mta_float32
         self.gate_init = att.mta_gate_init
         self.has_conv = layer in att.mta_conv_layer_set(config.n_layer)
@@ -481,8 +484,6 @@ def check_mta(att: AttentionConfig) -> None:
         )
     check_choice("attention.mta_conv_placement", att.mta_conv_placement, ("pre", "post", "both"))
     check_choice("attention.mta_backend", att.mta_backend, ("auto", "factorised", "conv", "triton"))
-    if att.mta_backend == "triton" and not mta_triton.available():
-        fail("attention.mta_backend", "is 'triton', but triton is not installed", mta_triton.INSTALL_HINT)
     check_choice("attention.mta_gate_init", att.mta_gate_init, ("normal", "zero"))
     if not att.mta_norm_eps > 0:
         fail("attention.mta_norm_eps", f"is {att.mta_norm_eps}", "use a small positive number such as 1e-5")
