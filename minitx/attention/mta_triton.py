@@ -27,8 +27,8 @@ atomics); keys are shared between programs (dkc, dv and the small parameters add
 A tile is BM x BN (powers of two); with a post-softmax convolution only its first
 BM - (c_q - 1) rows and BN - 2 (c_k // 2) keys are output, the rest being halo.
 
-On CUDA tensors the kernels are compiled; on CPU tensors they run in Triton's interpreter (slow,
-exact: the tests' path). The operator `torch.ops.minitx.mta_fused` wraps them with a fake
+Where there is CUDA the kernels are compiled; without it (or with TRITON_INTERPRET=1) they run in
+Triton's interpreter on CPU tensors (slow, exact: the tests' path). The operator `torch.ops.minitx.mta_fused` wraps them with a fake
 implementation and its gradient, so torch.compile traces a model through them.
 """
 
