@@ -403,14 +403,14 @@ def check_triton(
             ("triton", fused, device),
         ):
             tokens = idx.to(at)
-            with counting_calls(MultiTokenAttention, "triton_parts") as counts:
+            with counting_calls(MultiTokenAttention, "triton_inputs") as counts:
                 out = model(tokens[:, :-1])
             lm_loss(out, tokens[:, 1:]).backward()
             logits[name] = out.detach().double().cpu()
             grads[name] = {
                 n: p.grad.double().cpu() for n, p in model.named_parameters() if p.grad is not None
             }
-            calls[name] = counts["triton_parts"]
+            calls[name] = counts["triton_inputs"]
     reference = logits["conv"]
     spread = (reference - reference.mean(-1, keepdim=True)).pow(2).mean().sqrt()
     rel = ((logits["triton"] - reference).pow(2).mean().sqrt() / spread).item()

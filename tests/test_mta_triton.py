@@ -199,29 +199,40 @@ def test_model_with_triton_compiles_whole_and_equals_eager():
         assert relative_error(param.grad, want_grads[name].double()) < 1e-4, name
 
 
+def broken(*_args, **_kwargs):
+    raise RuntimeError("out of resource: shared memory")
+
+
 def test_auto_falls_back_once_with_a_warning_where_the_kernels_fail(monkeypatch):
-    exact = inputs(1, 2, 2, 5, 8, 2, 3, True, True, False, True)
-    args = [None if t is None else t.float() for t in exact.values()]
-    monkeypatch.setattr(mta_triton, "_usable", {})
-    assert mta_triton.usable(*args)  # runs here
-
-    def broken(*_args, **_kwargs):
-        raise RuntimeError("out of resource: shared memory")
+    def trial_inputs(T):
+        exact = inputs(1, 2, 2, T, 8, 2, 3, True, True, False, True)
+        return tuple(None if t is None else t.float() for t in exact.values())
 
     monkeypatch.setattr(mta_triton, "_usable", {})
+    assert mta_triton.usable("a configuration", trial_inputs)  # runs here
     monkeypatch.setattr(mta_triton, "forward", broken)
+    assert mta_triton.usable("a configuration", trial_inputs)  # tried once per configuration only
     with pytest.warns(UserWarning, match="out of resource.*torch path"):
-        assert not mta_triton.usable(*args)
-    assert not mta_triton.usable(*args)  # asked once per configuration: no second warning, no retry
+        assert not mta_triton.usable("another", trial_inputs)
+    assert not mta_triton.usable("another", trial_inputs)  # no second warning, no retry
 
 
 def test_auto_takes_the_torch_path_where_the_kernels_fail(monkeypatch):
-    """A model with mta_backend auto on a machine where the kernels fail trains on as conv would."""
+    """A model with mta_backend auto where the kernels fail (as on CUDA: wants_triton) warns once
+    and runs as conv would; where they work it runs them."""
     from minitx.attention.multi_token import MultiTokenAttention
 
-    monkeypatch.setattr(MultiTokenAttention, "fused", lambda self, q: True)  # as on CUDA
-    monkeypatch.setattr(mta_triton, "usable", lambda *args: False)
+    monkeypatch.setattr(MultiTokenAttention, "wants_triton", lambda self, q: self.backend == "auto")
+    monkeypatch.setattr(mta_triton, "_usable", {})
     seed = torch.seed()
     x = torch.randint(0, 31, (2, 13))
     want = model("conv", seed, mta_conv_placement="both")(x)
-    assert torch.equal(model("auto", seed, mta_conv_placement="both")(x), want)
+    calls = []
+    real_forward = mta_triton.forward
+    monkeypatch.setattr(mta_triton, "forward", lambda *a, **k: calls.append(1) or real_forward(*a, **k))
+    assert relative_error(model("auto", seed, mta_conv_placement="both")(x), want.double()) < 1e-5
+    assert len(calls) == 2 * 2  # per layer (one with convolutions, one without): its trial, its run
+    monkeypatch.setattr(mta_triton, "_usable", {})
+    monkeypatch.setattr(mta_triton, "forward", broken)
+    with pytest.warns(UserWarning, match="torch path"):
+        assert torch.equal(model("auto", seed, mta_conv_placement="both")(x), want)

@@ -8,6 +8,7 @@ Faults (killed prepares, bad UTF-8, a full disk, damaged shards, ...) are in tes
 from __future__ import annotations
 
 import json
+import pickle
 import random
 from pathlib import Path
 
@@ -349,6 +350,14 @@ def test_workers_map_the_shards_themselves(tmp_path, tiny_pieces):
     with_workers.setup()
     for (x, _), (x2, _) in zip(expected, batches(with_workers, 4), strict=True):
         assert x.equal(x2)
+
+    # Linux forks its workers (nothing pickled): pickling, as a spawned worker's start does, is
+    # checked here. The copy holds no map of its parent's and maps the shards when it reads.
+    tokens = module.train_tokens
+    window = tokens.window(350, 100)  # across the first shard's end: both shards mapped
+    copy = pickle.loads(pickle.dumps(tokens))
+    assert all(handle is None for handle in copy._maps)
+    assert np.array_equal(copy.window(350, 100), window)
 
 
 # ------------------------------------------------------------------------------- commands and configs

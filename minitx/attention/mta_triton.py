@@ -28,8 +28,9 @@ A tile is BM x BN (powers of two); with a post-softmax convolution only its firs
 BM - (c_q - 1) rows and BN - 2 (c_k // 2) keys are output, the rest being halo.
 
 Where there is CUDA the kernels are compiled; without it (or with TRITON_INTERPRET=1) they run in
-Triton's interpreter on CPU tensors (slow, exact: the tests' path). The operator `torch.ops.minitx.mta_fused` wraps them with a fake
-implementation and its gradient, so torch.compile traces a model through them.
+Triton's interpreter on CPU tensors (slow, exact: the tests' path). The operator
+`torch.ops.minitx.mta_fused` wraps them with a fake implementation and its gradient, so
+torch.compile traces a model through them.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ import warnings
 
 import torch
 from torch import Tensor
+
+from .mta_ops import _nothing
 
 try:
     import triton
@@ -275,7 +278,7 @@ if triton is not None:
         h = tl.arange(0, HP)[:, None, None]
         i = tl.arange(0, BM)[None, :, None]
         j = tl.arange(0, BN)[None, None, :]
-        i_col = tl.arange(0, BM)[None, :, None]
+        j_col = tl.arange(0, BN)[None, :, None]  # keys as the rows of a transposed tile
         d_row = tl.arange(0, BD)[None, None, :]
         d_col = tl.arange(0, BD)[None, :, None]
         e_row = tl.arange(0, BE)[None, None, :]
@@ -361,14 +364,16 @@ if triton is not None:
                     post = tl.where(visible, p, 0.0)
                 if HAS_POST_MIX:
                     # dP'' on the tile itself (keys c0..), and d M_post[h', h] = sum P'[h'] dP''[h]
-                    vt_u = tl.load(
-                        v_ptr + ((b * G + kv) * T + keys) * D + d_col,
-                        mask=(h < H) & (keys < T) & (d_col < D),
-                        other=0.0,
-                    )
-                    dpp_u = tl.where(
-                        visible, tl.dot(dout.to(vt_u.dtype), vt_u, input_precision=PRECISION), 0.0
-                    )
+                    if HAS_POST_CONV:  # dpp above starts c_k // 2 keys left: the tile's own, again
+                        vt_u = tl.load(
+                            v_ptr + ((b * G + kv) * T + keys) * D + d_col,
+                            mask=(h < H) & (keys < T) & (d_col < D),
+                            other=0.0,
+                        )
+                        dpp_u = tl.dot(dout.to(vt_u.dtype), vt_u, input_precision=PRECISION)
+                    else:
+                        dpp_u = dpp
+                    dpp_u = tl.where(visible, dpp_u, 0.0)
                     tl.debug_barrier()
                     tl.store(scr_y + (h * BM + i) * BN + j, post)
                     tl.debug_barrier()
@@ -379,11 +384,11 @@ if triton is not None:
                     post = _mix(post, scr_y, mpost_ptr, H, h, i, j, HP, BM, BN, False)
                 # dv[key] += sum_i P''[i, key] dO[i] (per query head; summed over groups outside)
                 dv_part = tl.dot(tl.trans(post, 0, 2, 1).to(dout.dtype), dout, input_precision=PRECISION)
-                v_keys = c0 + tl.arange(0, BN)[None, :, None]
+                keys_col = c0 + j_col
                 tl.atomic_add(
-                    dv_ptr + ((b * H + h) * T + v_keys) * D + d_row,
+                    dv_ptr + ((b * H + h) * T + keys_col) * D + d_row,
                     dv_part,
-                    mask=(h < H) & (v_keys < T) & (tl.arange(0, BN)[None, :, None] < UN) & (d_row < D),
+                    mask=(h < H) & (keys_col < T) & (j_col < UN) & (d_row < D),
                 )
                 # softmax, then the pre mix backwards
                 dcp = tl.where(visible, p * (dp - delta), 0.0)
@@ -405,7 +410,6 @@ if triton is not None:
                 tl.store(dband_ptr + ((b * H + h) * T + rows) * OFF + d, dc, mask=in_band)
                 far = tl.where(visible & (d >= OFF), dc, 0.0)
                 far_t = tl.trans(far, 0, 2, 1)
-                keys_col = c0 + tl.arange(0, BN)[None, :, None]
                 for e0 in range(0, E, BE):
                     e_ok = e0 + e_row < E
                     kt = tl.load(
@@ -413,14 +417,14 @@ if triton is not None:
                         mask=(h < H) & (keys_col < T) & e_ok,
                         other=0.0,
                     )
-                    dq_ptrs = dqc_ptr + ((b * H + h) * T + r0 + i_col) * E + e0 + e_row
-                    dq_ok = (h < H) & (r0 + i_col < T) & (i_col < UM) & e_ok
+                    dq_ptrs = dqc_ptr + ((b * H + h) * T + r0 + i) * E + e0 + e_row
+                    dq_ok = (h < H) & (r0 + i < T) & (i < UM) & e_ok
                     dq = tl.load(dq_ptrs, mask=dq_ok, other=0.0)
                     dq += tl.dot(far.to(kt.dtype), kt, input_precision=PRECISION)
                     tl.store(dq_ptrs, dq, mask=dq_ok)
                     qt = tl.load(
-                        qc_ptr + ((b * H + h) * T + r0 + i_col) * E + e0 + e_row,
-                        mask=(h < H) & (r0 + i_col < T) & e_ok,
+                        qc_ptr + ((b * H + h) * T + r0 + i) * E + e0 + e_row,
+                        mask=(h < H) & (r0 + i < T) & e_ok,
                         other=0.0,
                     )
                     dk_part = tl.dot(far_t.to(qt.dtype), qt, input_precision=PRECISION)
@@ -538,6 +542,29 @@ def _precision(t: Tensor) -> str:
     return "ieee" if t.dtype == torch.float32 else "tf32"
 
 
+def _launch_setup(qc, kc, band, v, post, mix_pre, mix_post, block):
+    """What both launchers start from: the geometry, the compile-time constants, and the inputs as
+    the kernels read them (contiguous; the parameters float32; stand-ins for what is absent)."""
+    g = _geometry(qc, kc, band, v, post, block)
+    consts = constants(g, post is not None, mix_pre is not None, mix_post is not None, _precision(qc))
+    band = band.contiguous() if g["OFF"] else qc.new_zeros(1)
+    tensors = (
+        qc.contiguous(),
+        kc.contiguous(),
+        band,
+        v.contiguous(),
+        *(_flat(t, qc) for t in (post, mix_pre, mix_post)),
+    )
+    return g, consts, tensors
+
+
+def _scratch(g: dict, tiles: int, like: Tensor) -> tuple[Tensor, int]:
+    """(per-program scratch of `tiles` [HP, BM, BN] float32 maps, programs per batch element): one
+    program for each BM - (c_q - 1) output rows (the rest of its tile is the halo above)."""
+    n = triton.cdiv(g["T"], g["BM"] - (g["CQP"] - 1))
+    return like.new_empty(g["B"] * n * tiles * g["HP"] * g["BM"] * g["BN"], dtype=torch.float32), n
+
+
 def forward(
     qc: Tensor,
     kc: Tensor,
@@ -551,41 +578,21 @@ def forward(
     """(out (B, H, T, D) in v's dtype, lse (B, H, T) float32). post (H, c_q, c_k) or None; mixes
     (H, H) as M[h', h] (head h' into head h) or None."""
     _check_device(qc)
-    g = _geometry(qc, kc, band, v, post, block)
-    B, H, T, HP, BM, BN = g["B"], g["H"], g["T"], g["HP"], g["BM"], g["BN"]
-    qc, kc, v = qc.contiguous(), kc.contiguous(), v.contiguous()
-    band = band.contiguous() if g["OFF"] else qc.new_zeros(1)
+    g, consts, (qc, kc, band, v, post_f, pre_f, mix_post_f) = _launch_setup(
+        qc, kc, band, v, post, mix_pre, mix_post, block
+    )
+    B, H, T = g["B"], g["H"], g["T"]
     lse = qc.new_empty(B, H, T, dtype=torch.float32)
     out = qc.new_empty(B, H, T, g["D"], dtype=torch.float32)
-    pre, mix_post_f, post_f = _flat(mix_pre, qc), _flat(mix_post, qc), _flat(post, qc)
-    n = triton.cdiv(T, BM)
-    scratch = qc.new_empty(B * n * HP * BM * BN, dtype=torch.float32)
-    consts = constants(g, post is not None, mix_pre is not None, mix_post is not None, _precision(qc))
-    _stats[(n, B)](qc, kc, band, pre, lse, scratch, T, H, g["HK"], g["E"], g["OFF"], n, **consts["stats"])
-    UM = BM - (g["CQP"] - 1)
-    n = triton.cdiv(T, UM)
-    scratch = qc.new_empty(B * n * 3 * HP * BM * BN, dtype=torch.float32)
-    _forward[(n, B)](
-        qc,
-        kc,
-        band,
-        v,
-        post_f,
-        pre,
-        mix_post_f,
-        lse,
-        out,
-        scratch,
-        T,
-        H,
-        g["HK"],
-        g["G"],
-        g["E"],
-        g["OFF"],
-        g["D"],
-        n,
-        **consts["forward"],
+    scratch, n = _scratch(g, 3, qc)  # the statistics pass uses fewer programs and one tile of it
+    n_stats = triton.cdiv(T, g["BM"])
+    _stats[(n_stats, B)](
+        qc, kc, band, pre_f, lse, scratch, T, H, g["HK"], g["E"], g["OFF"], n_stats, **consts["stats"]
     )
+    _forward[(n, B)](
+        qc, kc, band, v, post_f, pre_f, mix_post_f, lse, out, scratch,
+        T, H, g["HK"], g["G"], g["E"], g["OFF"], g["D"], n, **consts["forward"],
+    )  # fmt: skip
     return out.to(v.dtype), lse
 
 
@@ -603,17 +610,10 @@ def backward(
 ):
     """Gradients (float32) of forward's out: (dqc, dkc, dband, dv, dpost, dmix_pre, dmix_post), None
     for an input that is None."""
-    g = _geometry(qc, kc, band, v, post, block)
-    B, H, T, E, D, HP, BM, BN = g["B"], g["H"], g["T"], g["E"], g["D"], g["HP"], g["BM"], g["BN"]
-    HK, G, OFF, CQP, CKP = g["HK"], g["G"], g["OFF"], g["CQP"], g["CKP"]
-    qc, kc, v, dout, lse = (
-        qc.contiguous(),
-        kc.contiguous(),
-        v.contiguous(),
-        dout.contiguous(),
-        lse.contiguous(),
+    g, consts, inputs = _launch_setup(qc, kc, band, v, post, mix_pre, mix_post, block)
+    B, H, T, E, D, HK, G, OFF, CQP, CKP = (
+        g[name] for name in ("B", "H", "T", "E", "D", "HK", "G", "OFF", "CQP", "CKP")
     )
-    band = band.contiguous() if OFF else qc.new_zeros(1)
     f32 = dict(dtype=torch.float32)
     delta = qc.new_empty(B, H, T, **f32)
     dqc = qc.new_zeros(B, H, T, E, **f32)
@@ -622,38 +622,11 @@ def backward(
     dv = qc.new_zeros(B, H, T, D, **f32)
     dpost = qc.new_zeros(H, CQP * CKP, **f32)
     dpre, dmpost = qc.new_zeros(H, H, **f32), qc.new_zeros(H, H, **f32)
-    UM = BM - (CQP - 1)
-    n = triton.cdiv(T, UM)
-    scratch = qc.new_empty(B * n * 4 * HP * BM * BN, **f32)
+    scratch, n = _scratch(g, 4, qc)
     args = (
-        qc,
-        kc,
-        band,
-        v,
-        _flat(post, qc),
-        _flat(mix_pre, qc),
-        _flat(mix_post, qc),
-        lse,
-        dout,
-        delta,
-        dqc,
-        dkc,
-        dband,
-        dv,
-        dpost,
-        dpre,
-        dmpost,
-        scratch,
-        T,
-        H,
-        HK,
-        G,
-        E,
-        OFF,
-        D,
-        n,
-    )
-    consts = constants(g, post is not None, mix_pre is not None, mix_post is not None, _precision(qc))
+        *inputs, lse.contiguous(), dout.contiguous(), delta, dqc, dkc, dband, dv, dpost, dpre, dmpost,
+        scratch, T, H, HK, G, E, OFF, D, n,
+    )  # fmt: skip
     _backward[(n, B)](*args, **consts["backward_delta"])
     _backward[(n, B)](*args, **consts["backward"])
     if HK < H:
@@ -670,10 +643,6 @@ def backward(
 
 
 # -- the operator ------------------------------------------------------------------------------------
-
-
-def _nothing(like: Tensor) -> Tensor:
-    return like.new_empty(0)
 
 
 @torch.library.custom_op("minitx::mta_fused", mutates_args=(), device_types=("cpu", "cuda"))
@@ -739,36 +708,18 @@ mta_fused.register_autograd(_gradient, setup_context=_setup)
 _usable: dict[tuple, bool] = {}
 
 
-def usable(qc: Tensor, kc: Tensor, band: Tensor, v: Tensor, post, mix_pre, mix_post) -> bool:
-    """For `mta_backend: auto`: whether the kernels build and run here for this configuration
-    (heads, widths, kernel shape, dtype). Each new configuration runs forward and backward once on
-    a few random tiles first; if either fails (an unsupported GPU, a tile that does not fit its
-    shared memory), warn once and say False, so that auto takes the torch path instead of stopping a
-    run that it would have finished. `mta_backend: triton` skips this and raises."""
-    key = (
-        qc.device,
-        qc.dtype,
-        *qc.shape[1:2],
-        qc.shape[-1],
-        kc.shape[1],
-        v.shape[1],
-        v.shape[-1],
-        band.shape[-1],
-        None if post is None else tuple(post.shape),
-        mix_pre is None,
-        mix_post is None,
-    )
+def usable(key: tuple, trial_inputs) -> bool:
+    """For `mta_backend: auto`: whether the kernels build and run here for the configuration `key`
+    names (heads, widths, kernel shapes, dtype, device). The first time, forward and backward run
+    on trial_inputs(T) (mta_fused's inputs for T tokens of random data, a few tiles); if either fails
+    (an unsupported GPU, a tile that does not fit its shared memory), warn once and say False, so
+    that auto takes the torch path instead of stopping a run that it would have finished.
+    `mta_backend: triton` skips this and raises."""
     if key not in _usable:
         try:
-            T = 40
-            fresh = [
-                None
-                if t is None
-                else torch.randn(*t.shape[:-2], T, t.shape[-1], dtype=t.dtype, device=t.device)
-                for t in (qc, kc, band, v)
-            ]
-            out, lse = forward(*fresh, post, mix_pre, mix_post)
-            backward(torch.ones_like(out), *fresh, post, mix_pre, mix_post, lse)
+            *inputs, v, post, mix_pre, mix_post = trial_inputs(40)
+            out, lse = forward(*inputs, v, post, mix_pre, mix_post)
+            backward(torch.ones_like(out), *inputs, v, post, mix_pre, mix_post, lse)
             _usable[key] = True
         except Exception as error:  # any failure: auto falls back, once, loudly
             warnings.warn(
@@ -782,8 +733,4 @@ def usable(qc: Tensor, kc: Tensor, band: Tensor, v: Tensor, post, mix_pre, mix_p
 
 def full_mix(mix: Tensor | None) -> Tensor | None:
     """(groups, c_h, c_h) head-mixing blocks as one (H, H) matrix M[h', h], zero between groups."""
-    if mix is None:
-        return None
-    groups, c_h, _ = mix.shape
-    eye = torch.eye(groups, dtype=mix.dtype, device=mix.device)
-    return torch.einsum("gij,gk->gikj", mix, eye).reshape(groups * c_h, groups * c_h)
+    return None if mix is None else torch.block_diag(*mix)

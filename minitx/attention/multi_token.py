@@ -272,14 +272,8 @@ class MultiTokenAttention(Attention):
         """Chunks of queries; each needs its rows plus the n_hist rows above it, against the keys
         up to its last query. With a pre-softmax convolution and the factorised backend, the
         chunk's scores come from one matrix product plus the exact band (see mta_kernels)."""
-        if self.fused(q):
-            parts = self.triton_parts(q, k)
-            if (
-                self.backend == "triton"
-                or torch.compiler.is_compiling()
-                or mta_triton.usable(*parts[:3], v, *parts[3:])
-            ):
-                return self.normalise(torch.ops.minitx.mta_fused(*parts[:3], v, *parts[3:])[0])
+        if self.fused(q, k, v):
+            return self.normalise(torch.ops.minitx.mta_fused(*self.triton_inputs(q, k, v))[0])
         T = q.shape[2]
         factorised = self.backend == "factorised" or (
             self.backend == "auto" and T > FACTORISED_FROM and not native.available(q)
@@ -342,30 +336,41 @@ class MultiTokenAttention(Attention):
             chunk_fn, spans, (q_pos, positions), len(row_parts), len(params), *parts, *params
         )
 
-    def fused(self, q: Tensor) -> bool:
+    def fused(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
         """Whether the Triton kernels do this layer's work: asked for, or `auto` on CUDA where they
-        can (they have no attention dropout)."""
+        can (they have no attention dropout) and, tried once per configuration, do run here."""
         if self.backend == "triton":
             return True
-        return self.backend == "auto" and q.is_cuda and mta_triton.available() and not self.dropout_p
+        if not (self.wants_triton(q) and mta_triton.available() and not self.dropout_p):
+            return False
+        if torch.compiler.is_compiling():  # the one-time trial would be traced: trust the kernels
+            return True
+        key = (q.device, q.dtype, *q.shape[1::2], *k.shape[1::2], self.c_q, self.c_k)
+        key += tuple(part is None for part in (self.kq_conv, self.kq_conv_post, self.mix_pre, self.mix_post))
 
-    def triton_parts(self, q: Tensor, k: Tensor) -> tuple:
-        """(qc, kc, band, post kernel, pre mix, post mix) for torch.ops.minitx.mta_fused (mta_triton):
-        torch builds the factorised pre-softmax convolution's parts, O(T) memory, with its own
-        autograd; the kernels do the rest."""
-        if self.dropout_p:
-            raise RuntimeError(
-                "attention.mta_backend 'triton' has no attention dropout: set dropout: 0.0, or use 'auto'"
-            )
-        q = q * self.scale
+        def trial_inputs(T: int) -> tuple:
+            B, _, _, D = q.shape
+            fresh = [torch.randn(B, x.shape[1], T, D, dtype=x.dtype, device=x.device) for x in (q, k, v)]
+            with torch.no_grad():
+                return self.triton_inputs(*fresh)
+
+        return mta_triton.usable(key, trial_inputs)
+
+    def wants_triton(self, q: Tensor) -> bool:
+        """`auto`'s first condition: CUDA (a method, so that tests can say yes on a CPU)."""
+        return self.backend == "auto" and q.is_cuda
+
+    def triton_inputs(self, q: Tensor, k: Tensor, v: Tensor) -> tuple:
+        """(qc, kc, band, v, post kernel, pre mix, post mix) for torch.ops.minitx.mta_fused
+        (mta_triton): with a pre-softmax convolution its factorised parts, built by torch with its
+        own autograd in O(T) memory; the kernels do the rest."""
         if self.kq_conv is not None:
-            qc, kc = shifted_queries(q, self.c_q), convolved_keys(k, self.kq_conv)
-            band = band_scores(q, k, self.kq_conv).to(qc.dtype)
+            qc, kc, band = self.factorised_parts(q, k)
         else:
-            qc, kc, band = q, k, q.new_zeros(*q.shape[:3], 0)
+            qc, kc, band = q * self.scale, k, q.new_zeros(*q.shape[:3], 0)
         post = None if self.kq_conv_post is None else self.kq_conv_post[:, 0].float()
         mixes = [None if m is None else mta_triton.full_mix(m.float()) for m in (self.mix_pre, self.mix_post)]
-        return qc, kc, band, post, *mixes
+        return qc, kc, band.to(qc.dtype), v, post, *mixes
 
     def factorised_parts(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(Qcat, K'cat, band) of the whole sequence: what the chunks of `far_and_band` slice."""

@@ -87,19 +87,18 @@ class RandomWindowBatches(IterableDataset):
         self.rank = rank
         self.start_batch = start_batch
 
-    def batch(self, tokens: TokenArray, batch_index: int) -> Batch:
+    def batch(self, batch_index: int) -> Batch:
         starts = random_window_starts(
-            self.seed, self.rank, batch_index, len(tokens), self.block_size, self.batch_size
+            self.seed, self.rank, batch_index, len(self.tokens), self.block_size, self.batch_size
         )
-        return windows_to_batch(tokens, starts, self.block_size)
+        return windows_to_batch(self.tokens, starts, self.block_size)
 
     def __iter__(self) -> Iterator[Batch]:
-        tokens = self.tokens
         worker = get_worker_info()
         worker_id, num_workers = (worker.id, worker.num_workers) if worker else (0, 1)
         batch_index = self.start_batch + worker_id
         while True:
-            yield self.batch(tokens, batch_index)
+            yield self.batch(batch_index)
             batch_index += num_workers
 
 

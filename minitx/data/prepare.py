@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from minitx.data.shards import ShardError, ShardWriter, TokenArray, read_header, token_dtype, verify
-from minitx.data.sources import VAL_PLAYS, expand_globs, play_markdown_to_text, shakespeare_play_paths
+from minitx.data.sources import VAL_PLAYS, expand_globs, play_markdown_to_text, shakespeare_plays
 from minitx.data.streams import (
     PIECE_BYTES,
     JoinedText,
@@ -195,10 +195,7 @@ class _Deferred(list):
 
 
 def shakespeare_source(val_plays: tuple[str, ...] = VAL_PLAYS) -> Source:
-    plays = shakespeare_play_paths()
-    unknown = sorted(set(val_plays) - set(plays))
-    if unknown:
-        raise UserError(f"unknown validation play(s) {unknown}; choose from {sorted(plays)}")
+    plays = shakespeare_plays(val_plays)
 
     def parts(stems: list[str]) -> list:
         return [
@@ -225,7 +222,7 @@ def shakespeare_source(val_plays: tuple[str, ...] = VAL_PLAYS) -> Source:
 
 def files_source(settings: DataSettings) -> Source:
     train_paths = expand_globs(settings.train_files, "data.train_files")
-    val_paths = expand_globs(settings.val_files, "data.val_files") if _given(settings.val_files) else []
+    val_paths = expand_globs(settings.val_files, "data.val_files") if settings.val_files else []
     builder = record_builder(train_paths, "data.train_files")
     if val_paths and record_builder(val_paths, "data.val_files") != builder:
         raise UserError("data.val_files: is not the same kind of file as data.train_files; give one kind")
@@ -343,10 +340,6 @@ def _local_paths(data_files: Any) -> list[Path]:
             values.extend([value] if isinstance(value, str) else value)
     paths = [Path(os.path.expanduser(v)) for v in values]
     return paths if paths and all(p.is_file() for p in paths) else []
-
-
-def _given(patterns: Any) -> bool:
-    return bool(patterns) and (isinstance(patterns, str) or len(patterns) > 0)
 
 
 def _check_fraction(val_fraction: float) -> None:

@@ -100,17 +100,18 @@ def play_markdown_to_text(markdown: str) -> str:
 
 def shakespeare_text(val_plays: Sequence[str] = VAL_PLAYS) -> tuple[str, str]:
     """The 38 plays as plain text; the plays in `val_plays` are the validation set."""
-    plays = _plays_with(val_plays)
+    plays = shakespeare_plays(val_plays)
     train_plays = [stem for stem in plays if stem not in val_plays]
     return _plays_text(plays, train_plays), _plays_text(plays, val_plays)
 
 
 def shakespeare_val_text(val_plays: Sequence[str] = VAL_PLAYS) -> str:
     """`shakespeare_text(val_plays)[1]` without reading the training plays (evaluation needs only these)."""
-    return _plays_text(_plays_with(val_plays), val_plays)
+    return _plays_text(shakespeare_plays(val_plays), val_plays)
 
 
-def _plays_with(val_plays: Sequence[str]) -> dict[str, Path]:
+def shakespeare_plays(val_plays: Sequence[str]) -> dict[str, Path]:
+    """The built-in plays by stem, once the validation plays named are known to be among them."""
     plays = shakespeare_play_paths()
     unknown = sorted(set(val_plays) - set(plays))
     if unknown:
