@@ -25,6 +25,9 @@ up to float rounding while the sequence fits in block_size. Past it:
   once generation reaches block_size each step runs the model on the last block_size tokens, as
   without the cache (equal to the crop).
 
+A compiled model (`torch.compile(model)`, or `generate.py --compile`) decodes through the same
+loop; see COMPILED_DECODING for how it keeps to a handful of graphs.
+
 This module sits below the model (the model's `generate` delegates here) and takes the model as
 an argument; it imports nothing from minitx.model.
 """
@@ -37,6 +40,23 @@ import torch
 from torch import Tensor
 
 from .errors import UserError
+
+# torch.compile settings while decoding. The caches count tokens in plain ints on their modules
+# (the cheapest bookkeeping in eager, where a step is about a millisecond of Python), and dynamo
+# takes an int attribute of a module for a constant: it would compile a graph for every position
+# until its recompile limit, then run eager. Made a symbol, the count serves every step from one
+# graph; the prefill's boolean indexing (which prompt tokens fit the ring) then traces too. Each
+# cache still specialises a few ways (before and after its ring fills; under inductor, whether the
+# slot written is the ring's first), a product over a mix of kinds: 10 graphs for three kinds
+# (tests/test_generation.py), past the default limit of 8, hence 32. Read only while a compiled
+# model is called; an older torch that lacks a setting goes without it.
+COMPILED_DECODING = {
+    name: value
+    for name, value in dict(
+        allow_unspec_int_on_nn_module=True, capture_dynamic_output_shape_ops=True, recompile_limit=32
+    ).items()
+    if hasattr(torch._dynamo.config, name)
+}
 
 # -- sampling ---------------------------------------------------------------------------------------
 
@@ -187,21 +207,22 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        steps = CachedSteps(model, B, T + max_new_tokens) if use_cache else CroppedSteps(model)
-        logits = steps.prefill(idx)
-        length = T
-        while True:
-            token = pick_next(logits, temperature, top_k, top_p, generator)
-            if eos_id is not None:
-                token = torch.where(finished, eos_id, token)  # finished rows only pad
-                finished |= token == eos_id
-            out[:, length] = token
-            length += 1
-            if on_token is not None:
-                on_token(token)
-            if length == T + max_new_tokens or (eos_id is not None and bool(finished.all())):
-                break
-            logits = steps.step(out[:, :length])
+        with torch._dynamo.config.patch(**COMPILED_DECODING):
+            steps = CachedSteps(model, B, T + max_new_tokens) if use_cache else CroppedSteps(model)
+            logits = steps.prefill(out[:, :T])  # an inference tensor, as every later step's input
+            length = T
+            while True:
+                token = pick_next(logits, temperature, top_k, top_p, generator)
+                if eos_id is not None:
+                    token = torch.where(finished, eos_id, token)  # finished rows only pad
+                    finished |= token == eos_id
+                out[:, length] = token
+                length += 1
+                if on_token is not None:
+                    on_token(token)
+                if length == T + max_new_tokens or (eos_id is not None and bool(finished.all())):
+                    break
+                logits = steps.step(out[:, :length])
     finally:
         model.train(was_training)
     return out[:, :length]

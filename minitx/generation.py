@@ -159,6 +159,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-cache", action="store_true", help="recompute the whole context each step (slow; for checking)"
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="decode with torch.compile: the first token waits for the compile (tens of seconds), "
+        "every later one is faster (see benchmarks/RESULTS.md)",
+    )
     return parser.parse_args(argv)
 
 
@@ -215,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise UserError(f"--num-samples: is {args.num_samples}; use 1 or more")
     device = _device(args.device)
     model, tokenizer, _ = load_checkpoint(args.ckpt, map_location=device, label="--ckpt")
+    if args.compile:
+        model = torch.compile(model)  # generate's loop calls it; its caches stay the model's
     prompt_text, prompt_ids = _read_prompt(args, tokenizer)
     if not args.no_cache:
         check_prompt_fits(model.config, len(prompt_ids))

@@ -77,7 +77,10 @@ def chunked_local(
 
     keys, values = with_previous_block(k), with_previous_block(v)
     queries = q.reshape(B, H, n, C, D).transpose(1, 2).reshape(B * n, H, C, D)
-    mask = _block_mask(n, C, window, n_global, q.device)  # (n, 1, C, keys)
+    # Compiled, the mask is built into the graph once; dynamo would trace past the lru_cache anyway
+    # (and warn that it does).
+    block_mask = _block_mask.__wrapped__ if torch.compiler.is_compiling() else _block_mask
+    mask = block_mask(n, C, window, n_global, q.device)  # (n, 1, C, keys)
     mask = mask.expand(B, n, 1, C, mask.shape[-1]).reshape(B * n, 1, C, -1)
     out = F.scaled_dot_product_attention(
         queries, keys, values, attn_mask=mask, dropout_p=dropout_p, enable_gqa=True
