@@ -5,6 +5,7 @@ Every file minitx writes that another process or a later run reads (checkpoints,
 sweep results) goes through `write_atomically`: a temporary file beside the target, flushed and
 fsynced, then renamed over it (atomic on POSIX and Windows), then the directory fsynced so the
 rename itself survives a crash.
+`read_json` reads such a file back.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from .errors import UserError
 
 TMP_PREFIX = ".tmp-"  # stale temporaries of killed writers carry it, so they can be found and removed
 
@@ -63,3 +66,26 @@ def write_json_atomically(path: str | os.PathLike, data: Any) -> None:
 def copy_atomically(source: str | os.PathLike, target: str | os.PathLike) -> None:
     with open(source, "rb") as src:
         write_atomically(target, lambda dst: shutil.copyfileobj(src, dst))
+
+
+def read_json(path: str | os.PathLike) -> dict | None:
+    """The JSON object in `path`, or None where there is none to use.
+
+    Every file read back this way is a record minitx writes and can rebuild (a manifest, a run's
+    summary), so a missing or damaged one (not UTF-8 JSON, or not an object) counts as absent. A
+    file that is there but cannot be read is not rebuilt over: that is the user's to fix.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise UserError(
+            f"{path}: cannot read it ({err.strerror or err}); make it readable, or delete it to have it rebuilt"
+        ) from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError is one too
+        return None
+    return data if isinstance(data, dict) else None

@@ -37,7 +37,7 @@ from minitx.data.datamodule import TextDataModule
 from minitx.data.shards import HEADER, ShardError, ShardWriter, read_header, verify
 from minitx.data.streams import JoinedText
 from minitx.errors import UserError
-from minitx.fileio import TMP_PREFIX
+from minitx.fileio import TMP_PREFIX, read_json
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = "the quick brown fox jumps over a lazy dog while seven kings sing of old stars".split()
@@ -215,7 +215,7 @@ def test_a_prepare_killed_with_sigkill_resumes_and_gives_the_same_ids(corpus, tm
     while checkpoints < 2 and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.01)
         progress = list((cache / "prepared").glob("*/progress.json")) if (cache / "prepared").exists() else []
-        state = P._read_json(progress[0]) if progress else None
+        state = read_json(progress[0]) if progress else None
         checkpoints = len(state["checkpoints"]) if state else 0
     time.sleep(random.Random().uniform(0, 0.02))  # anywhere: mid-shard, mid-checkpoint, ...
     process.send_signal(signal.SIGKILL)
@@ -643,12 +643,30 @@ def test_a_changed_file_is_prepared_again_and_an_unchanged_one_reads_nothing(
     no_temporaries(cache)
 
 
-def test_a_directory_of_shards_without_its_manifest_is_prepared_again_with_one_line(corpus, tmp_path, capfd):
+@pytest.mark.parametrize(
+    "damage", [b"{not json", b"[1, 2]", b'{"format": "\xff"}'], ids=["json", "list", "utf8"]
+)
+def test_a_directory_of_shards_without_its_manifest_is_prepared_again_with_one_line(
+    corpus, tmp_path, capfd, damage
+):
     cache = tmp_path / "cache"
     prepared = quiet(settings(corpus, cache))
     expected = ids(prepared)
-    (prepared.directory / "manifest.json").write_text("{not json")
+    (prepared.directory / "manifest.json").write_bytes(damage)
     capfd.readouterr()
     assert ids(quiet(settings(corpus, cache))) == expected
     one_notice(capfd, str(prepared.directory), "no readable manifest.json", "preparing it again")
     assert read_header(prepared.directory / "train-00000.bin").count > 0
+
+
+def test_a_manifest_that_is_there_but_cannot_be_read_is_one_line_not_prepared_over(corpus, tmp_path):
+    """Damaged is prepared again (above); unreadable is the user's to fix. A directory in its place
+    stands for unreadable: file modes do not stop root, and the tests may run as root."""
+    cache = tmp_path / "cache"
+    manifest = quiet(settings(corpus, cache)).directory / "manifest.json"
+    manifest.unlink()
+    manifest.mkdir()
+    with pytest.raises(UserError, match=re.escape(f"{manifest}: cannot read it")) as error:
+        quiet(settings(corpus, cache))
+    assert "\n" not in str(error.value) and "delete it" in str(error.value)
+    assert manifest.is_dir()

@@ -15,8 +15,8 @@ from typing import Any
 from ..checkpoint import BEST, LAST
 from ..errors import one_line
 from ..evaluation import evaluate_checkpoint
-from ..fileio import write_json_atomically
-from .runner import Run, is_finished, read_json
+from ..fileio import read_json, write_json_atomically
+from .runner import Run, is_finished
 from .summary import SUMMARY_FILE
 from .sweep import EvalSettings
 

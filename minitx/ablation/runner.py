@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..fileio import write_json_atomically, write_text_atomically
+from ..fileio import read_json, write_json_atomically, write_text_atomically
 from ..training import check_train_args
 from .summary import SUMMARY_FILE
 from .sweep import Sweep, Variant
@@ -50,14 +50,6 @@ LOG_FILE = "train.log"
 def format_value(value: Any) -> str:
     """A command-line value the training CLI parses back to the same thing (JSON is YAML)."""
     return value if isinstance(value, str) else json.dumps(value)
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
 
 
 @dataclass

@@ -7,8 +7,9 @@ import json
 import math
 from typing import Any
 
+from ..fileio import read_json
 from .eval_runs import evaluate_run
-from .runner import RUN_FILE, Run, read_json
+from .runner import RUN_FILE, Run
 from .summary import SUMMARY_FILE
 from .sweep import EvalSettings
 

@@ -56,7 +56,7 @@ from minitx.data.streams import (
 )
 from minitx.data.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, build_tokenizer, tokenizer_from_dict
 from minitx.errors import UserError
-from minitx.fileio import TMP_PREFIX, write_json_atomically
+from minitx.fileio import TMP_PREFIX, read_json, write_json_atomically
 
 PREPARED_FORMAT = 1  # bump when the ids a setting gives, or the files, change: old directories are not reused
 SHARD_TOKENS = 100_000_000
@@ -462,14 +462,6 @@ def _shard_problem(directory: Path, shard: dict) -> str | None:
     return None
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _open(directory: Path, manifest: dict) -> Prepared:
     tokenizer = tokenizer_from_dict(manifest["tokenizer"])
     arrays = {}
@@ -550,7 +542,7 @@ def prepare(settings: DataSettings, log: Callable[[str], None] = _stderr, progre
 def _open_current(
     directory: Path, fingerprint: Any, log: Callable[[str], None] | None = None
 ) -> Prepared | None:
-    manifest = _read_json(directory / "manifest.json")
+    manifest = read_json(directory / "manifest.json")
     if (
         manifest is None
         or manifest.get("format") != PREPARED_FORMAT
@@ -584,7 +576,7 @@ def _prepare_locked(
 ) -> Prepared:
     for stale in directory.glob(TMP_PREFIX + "*"):  # left by a prepare that was killed mid-shard
         stale.unlink(missing_ok=True)
-    state = _read_json(directory / "manifest.json") or _read_json(directory / "progress.json")
+    state = read_json(directory / "manifest.json") or read_json(directory / "progress.json")
     repaired = False  # a damaged shard was named: that one line also says where it goes on from
     if state is None and any(directory.glob("*.bin")):
         log(
