@@ -2,6 +2,7 @@
 
     python benchmarks/generate.py                  # 512 new tokens, every kind, Markdown tables
     python benchmarks/generate.py --kinds mha --new-tokens 256
+    python benchmarks/generate.py --compile        # also cached decoding compiled (torch.compile)
 
 The model has the shape of configs/default.yaml (vocab 65 = the character vocabulary of the
 built-in Shakespeare) with random weights: speed does not depend on what the weights are. Batch 1,
@@ -92,6 +93,35 @@ def speed_table(rows_to_time: list[tuple[str, dict]], new_tokens: int, repeats: 
     return "\n".join(rows)
 
 
+def compiled_table(rows_to_time: list[tuple[str, dict]], new_tokens: int, repeats: int) -> str:
+    """Cached decoding of torch.compile(model) (inductor) against the eager model: tokens/s by the
+    wall clock, best of `repeats` interleaved runs after a first compiled generation of the same
+    length (which compiles every graph decoding needs: the prefill, the step, each ring's states),
+    whose seconds are shown too."""
+    rows = [
+        "| model | eager (tok/s) | compiled (tok/s) | speed-up | first compiled generation (s) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    print("\n".join(rows), flush=True)
+    for label, config in rows_to_time:
+        torch.manual_seed(0)
+        model = Transformer(ModelConfig(**config)).eval()
+        torch._dynamo.reset()  # each model its own graphs, far from the recompile limit
+        compiled = torch.compile(model)
+        first, _ = timed_generation(compiled, new_tokens, True, 0)
+        timed_generation(model, 8, True, 0)  # warm up the eager path alike
+        best = {"eager": float("inf"), "compiled": float("inf")}
+        for repeat in range(repeats):
+            for name, runner in (("eager", model), ("compiled", compiled)):
+                best[name] = min(best[name], timed_generation(runner, new_tokens, True, repeat)[0])
+        rows.append(
+            f"| {label} | {new_tokens / best['eager']:,.0f} | {new_tokens / best['compiled']:,.0f} "
+            f"| {best['eager'] / best['compiled']:.2f}x | {first:.1f} |"
+        )
+        print(rows[-1], flush=True)
+    return "\n".join(rows)
+
+
 def step_table(shape: dict, kinds: list[str], repeats: int, steps: int = 300) -> str:
     """Milliseconds of one cached model step (batch 1, 60 tokens in the cache; best of `repeats`
     runs of `steps` steps), under no_grad and under inference_mode, for each kind at the default
@@ -157,6 +187,9 @@ def main() -> None:
     # One thread by default: batch-1 decoding of a model this small is a chain of tiny ops, where a
     # second thread only adds synchronisation (and on a busy machine, waiting for a core).
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument(
+        "--compile", action="store_true", help="also time cached decoding of torch.compile(model)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     shape, source = default_shape()
@@ -173,6 +206,9 @@ def main() -> None:
     ]
     speed_table(rows, args.new_tokens, args.repeats)
     print(f"(load average {os.getloadavg()[0]:.1f} at the end)")
+    if args.compile:
+        print(f"\n### Cached decoding compiled, {args.new_tokens} new tokens (best of {args.repeats})\n")
+        compiled_table(rows[: len(args.kinds)], args.new_tokens, args.repeats)
     print(f"\n### One cached model step, without the sampling loop (best of {args.repeats})\n")
     print(step_table(shape, args.kinds, args.repeats))
     lengths = [128, 512, 2048, 8192]

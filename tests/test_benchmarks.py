@@ -110,10 +110,17 @@ def test_generate_benchmark_prints_speed_and_memory(tmp_path):
         "local (window 64)",
         "--contexts",
         "16",
+        "--compile",
         cwd=tmp_path,
     )
     speed_text, memory_text = out.split("### KV cache memory")
     speed_text, step_text = speed_text.split("### One cached model step")
+    speed_text, compiled_text = speed_text.split("### Cached decoding compiled")
+    compiled = {row[0]: row for row in table_rows(compiled_text, "")[2:]}
+    assert set(compiled) == {"mha", "local (window 64)"}  # the kinds, not the extra contexts
+    assert all(
+        float(row[1].replace(",", "")) > 0 and re.fullmatch(r"[\d.]+x", row[3]) for row in compiled.values()
+    )
     steps = {row[0]: row for row in table_rows(step_text, "")[2:]}
     assert set(steps) == {"mha, d_model 128", "local (window 64), d_model 128", "mha, d_model 8"}
     assert all(float(ms) > 0 for row in steps.values() for ms in row[1:])

@@ -62,6 +62,13 @@ def test_tiny_cpu_run_passes_every_check_and_writes_the_report(tmp_path):
         for compiled in (False, True):
             assert ("train tokens/s", kind, compiled) in measured
         assert ("decode speed-up of the cache", kind, None) in measured
+        assert ("decode tokens/s with cache, compiled", kind, None) in measured
+    goals = {t["name"]: t for t in report["targets"]}
+    for name in (
+        "mta / mha decoding tokens/s with cache",
+        "mta / mha decoding tokens/s with cache, compiled",
+    ):
+        assert goals[name]["value"] > 0 and goals[name]["target"] == ">= 0.8", goals[name]
     for m in report["measurements"]:
         assert set(m) >= {"name", "kind", "value", "unit"}
         if m["name"] == "train graph breaks":
