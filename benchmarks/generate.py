@@ -65,6 +65,17 @@ def timed_generation(model: Transformer, new_tokens: int, use_cache: bool, seed:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
+def best_times(runs: dict[str, tuple], new_tokens: int, repeats: int) -> dict[str, tuple[float, float]]:
+    """Best (wall, CPU) seconds of each named run, (model, use_cache), over `repeats` rounds that
+    interleave the runs, so that a busy spell hits them alike."""
+    best = {name: (float("inf"), float("inf")) for name in runs}
+    for repeat in range(repeats):
+        for name, (model, use_cache) in runs.items():
+            times = timed_generation(model, new_tokens, use_cache, repeat)
+            best[name] = tuple(min(a, b) for a, b in zip(best[name], times))
+    return best
+
+
 def speed_table(rows_to_time: list[tuple[str, dict]], new_tokens: int, repeats: int) -> str:
     """Tokens/s by the wall clock and per CPU-second of this process (one thread: the same on an
     idle machine, but the CPU clock does not count time spent waiting for a core on a busy one).
@@ -77,14 +88,10 @@ def speed_table(rows_to_time: list[tuple[str, dict]], new_tokens: int, repeats: 
     for label, config in rows_to_time:
         torch.manual_seed(0)
         model = Transformer(ModelConfig(**config)).eval()
-        best = {True: [float("inf")] * 2, False: [float("inf")] * 2}
         for use_cache in (True, False):
             timed_generation(model, 8, use_cache, 0)  # warm up allocator and kernels
-        for repeat in range(repeats):  # interleaved, so a busy spell hits both alike
-            for use_cache in (True, False):
-                times = timed_generation(model, new_tokens, use_cache, repeat)
-                best[use_cache] = [min(a, b) for a, b in zip(best[use_cache], times)]
-        (wall_c, cpu_c), (wall_n, cpu_n) = best[True], best[False]
+        best = best_times({"cache": (model, True), "none": (model, False)}, new_tokens, repeats)
+        (wall_c, cpu_c), (wall_n, cpu_n) = best["cache"], best["none"]
         rows.append(
             f"| {label} | {new_tokens / wall_c:,.0f} | {new_tokens / wall_n:,.0f} | {wall_n / wall_c:.1f}x "
             f"| {new_tokens / cpu_c:,.0f} | {new_tokens / cpu_n:,.0f} | {cpu_n / cpu_c:.1f}x |"
@@ -110,13 +117,10 @@ def compiled_table(rows_to_time: list[tuple[str, dict]], new_tokens: int, repeat
         compiled = torch.compile(model)
         first, _ = timed_generation(compiled, new_tokens, True, 0)
         timed_generation(model, 8, True, 0)  # warm up the eager path alike
-        best = {"eager": float("inf"), "compiled": float("inf")}
-        for repeat in range(repeats):
-            for name, runner in (("eager", model), ("compiled", compiled)):
-                best[name] = min(best[name], timed_generation(runner, new_tokens, True, repeat)[0])
+        best = best_times({"eager": (model, True), "compiled": (compiled, True)}, new_tokens, repeats)
+        eager, fast = best["eager"][0], best["compiled"][0]
         rows.append(
-            f"| {label} | {new_tokens / best['eager']:,.0f} | {new_tokens / best['compiled']:,.0f} "
-            f"| {best['eager'] / best['compiled']:.2f}x | {first:.1f} |"
+            f"| {label} | {new_tokens / eager:,.0f} | {new_tokens / fast:,.0f} | {eager / fast:.2f}x | {first:.1f} |"
         )
         print(rows[-1], flush=True)
     return "\n".join(rows)
