@@ -2,10 +2,10 @@
 new one under the final name, never half of one.
 
 Every file minitx writes that another process or a later run reads (checkpoints, prepared data,
-sweep results) goes through `write_atomically`: a temporary file beside the target, flushed and
-fsynced, then renamed over it (atomic on POSIX and Windows), then the directory fsynced so the
-rename itself survives a crash.
-`read_json` reads such a file back.
+sweep results) goes through `AtomicFile` (`write_atomically` for a file written in one call): a
+temporary file beside the target, flushed and fsynced, then renamed over it (atomic on POSIX and
+Windows), then the directory fsynced so the rename itself survives a crash. `read_json` reads such
+a file back.
 """
 
 from __future__ import annotations
@@ -37,22 +37,54 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+class AtomicFile:
+    """A new binary file that appears under `path` whole or not at all.
+
+    `file` is open on a temporary name beside `path`; `commit()` makes it durable and renames it
+    over `path`, `discard()` removes it. A failed commit discards too, so no temporary is left.
+    As a context manager it commits on success and discards on an exception. Writers that keep a
+    file open across calls (a shard filled batch by batch) call commit/discard themselves.
+    """
+
+    def __init__(self, path: str | os.PathLike, suffix: str | None = None) -> None:
+        self.path = Path(path)
+        suffix = self.path.suffix if suffix is None else suffix
+        fd, self.tmp_name = tempfile.mkstemp(dir=self.path.parent, prefix=TMP_PREFIX, suffix=suffix)
+        self.file = os.fdopen(fd, "wb")
+
+    def commit(self) -> None:
+        try:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+            os.replace(self.tmp_name, self.path)
+        except BaseException:
+            self.discard()
+            raise
+        _fsync_directory(self.path.parent)
+
+    def discard(self) -> None:
+        try:
+            self.file.close()  # a no-op once closed; may fail flushing what a full disk refused
+        finally:
+            if os.path.exists(self.tmp_name):
+                os.remove(self.tmp_name)
+
+    def __enter__(self) -> Any:
+        return self.file
+
+    def __exit__(self, error_type, error, traceback) -> None:
+        if error_type is None:
+            self.commit()
+        else:
+            self.discard()
+
+
 def write_atomically(path: str | os.PathLike, write: Callable[[Any], None]) -> None:
     """Call write(file) on a temporary binary file beside `path`, make it durable, rename it over `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        if os.path.exists(tmp_name):
-            os.remove(tmp_name)
-        raise
-    _fsync_directory(path.parent)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with AtomicFile(path) as file:
+        write(file)
 
 
 def write_text_atomically(path: str | os.PathLike, text: str) -> None:

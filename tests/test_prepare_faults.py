@@ -37,7 +37,7 @@ from minitx.data.datamodule import TextDataModule
 from minitx.data.shards import HEADER, ShardError, ShardWriter, read_header, verify
 from minitx.data.streams import JoinedText
 from minitx.errors import UserError
-from minitx.fileio import TMP_PREFIX, read_json
+from minitx.fileio import TMP_PREFIX, read_json, write_json_atomically
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = "the quick brown fox jumps over a lazy dog while seven kings sing of old stars".split()
@@ -361,6 +361,31 @@ def test_a_full_disk_while_a_shard_is_written_keeps_the_finished_shards(corpus, 
     prepared = quiet(settings(corpus, cache))
     one_notice(capfd, "resuming")
     assert ids(prepared) == expected
+
+
+@pytest.mark.parametrize("writer", ["shard", "json"])
+def test_a_write_refused_at_its_fsync_leaves_the_old_file_and_no_temporary(writer, tmp_path, monkeypatch):
+    """Some filesystems report a full disk only when the data is made durable. The temporary goes
+    at once, with no abort() needed, and the final name keeps what it had."""
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    if writer == "shard":
+        target = tmp_path / "train-00000.bin"
+        shard = ShardWriter(target, np.uint16)
+        shard.write(np.arange(10))
+        monkeypatch.setattr(os, "fsync", full)
+        with pytest.raises(OSError, match="No space left"):
+            shard.finish()
+        assert list(tmp_path.iterdir()) == []
+    else:
+        target = tmp_path / "progress.json"
+        write_json_atomically(target, {"checkpoints": [1]})
+        monkeypatch.setattr(os, "fsync", full)
+        with pytest.raises(OSError, match="No space left"):
+            write_json_atomically(target, {"checkpoints": [1, 2]})
+        assert list(tmp_path.iterdir()) == [target] and read_json(target) == {"checkpoints": [1]}
 
 
 EFBIG = """

@@ -24,7 +24,6 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-import tempfile
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minitx.fileio import TMP_PREFIX, _fsync_directory
+from minitx.fileio import AtomicFile
 
 MAGIC = b"MINITXTK"
 SHARD_VERSION = 1
@@ -89,8 +88,9 @@ class ShardWriter:
     def __init__(self, path: Path, dtype: np.dtype) -> None:
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
-        fd, self.tmp_name = tempfile.mkstemp(dir=self.path.parent, prefix=TMP_PREFIX, suffix=".shard")
-        self.file = os.fdopen(fd, "wb")
+        # Not .bin: a temporary must not look like a shard to the globs that find shards.
+        self.atomic = AtomicFile(self.path, suffix=".shard")
+        self.file = self.atomic.file
         self.file.write(bytes(HEADER.size))  # a placeholder; the real header goes in last
         self.count = 0
         self.crc = 0
@@ -106,19 +106,12 @@ class ShardWriter:
         header = ShardHeader(self.dtype.itemsize, self.count, self.crc)
         self.file.seek(0)
         self.file.write(HEADER.pack(MAGIC, SHARD_VERSION, header.itemsize, header.count, header.crc32))
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-        os.replace(self.tmp_name, self.path)
-        _fsync_directory(self.path.parent)
+        self.atomic.commit()
         return header
 
     def abort(self) -> None:
         """Remove the temporary file: nothing half-written is ever left under the shard's name (or at all)."""
-        if not self.file.closed:
-            self.file.close()
-        if os.path.exists(self.tmp_name):
-            os.remove(self.tmp_name)
+        self.atomic.discard()
 
 
 def verify(path: Path, vocab_size: int | None = None) -> ShardHeader:
