@@ -300,7 +300,7 @@ def test_bpe_round_trip_and_plain_data(bpe, shakespeare, tmp_path, monkeypatch):
         rng.choice(["a", "b", "é", " ", "  ", "\n", "\n\n", " \n", "\n ", "!"]) for _ in range(5000)
     )
     whitespace_bpe = build_tokenizer("bpe", tricky, vocab_size=300)  # learns whitespace merges
-    monkeypatch.setattr(tokenizer_module, "_CHUNK_CHARS", 7)
+    monkeypatch.setattr(tokenizer_module, "_CHUNK_BYTES", 7)
     assert len(list(tokenizer_module._chunks(tricky))) > 50
     assert np.array_equal(whitespace_bpe.encode_corpus(tricky), whitespace_bpe.encode(tricky))
 

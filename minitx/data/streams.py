@@ -70,7 +70,8 @@ def next_cut(buf: bytes | bytearray, start: int, final: bool, line_start: int | 
     of a piece as in the middle, so encoding piece by piece gives exactly the ids of the whole.
     A text with no line end for MAX_LINE_BYTES (a multi-GB single line) is cut before a space that
     follows a non-space ASCII character, else at any character boundary. `final`: no more bytes
-    will come, so the end of `buf` is a cut.
+    will come, so the end of `buf` is a cut. The tokenizer cuts a text it encodes whole into
+    chunks here too (tokenizer._chunks).
     """
     search = max(start - 1, 1)  # a cut exactly at `start` counts
     while True:

@@ -16,13 +16,13 @@ import hashlib
 import itertools
 import json
 import os
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from typing import Any, NoReturn
 
 import numpy as np
 
+from minitx.data.streams import next_cut
 from minitx.errors import UserError
 
 EOS_TOKEN = "<|endoftext|>"
@@ -142,21 +142,18 @@ class CharTokenizer(Tokenizer):
         return {"kind": "char", "chars": self.chars}
 
 
-# A place where any text can be cut without changing how the `tokenizers` library splits it:
-# one newline between two non-space characters. No pre-tokenizer we use joins a newline to
-# the next word, and a lone newline is split off the same way at the end of a chunk as in
-# the middle of the text, so encoding chunk by chunk gives exactly the ids of the whole.
-_SAFE_CUT = re.compile(r"(?<=\S\n)(?=\S)")
-_CHUNK_CHARS = 1 << 16
+_CHUNK_BYTES = 1 << 16
 
 
 def _chunks(text: str) -> Iterator[str]:
-    target = _CHUNK_CHARS  # read at call time, so tests can make chunks tiny
+    """`text` in pieces of about _CHUNK_BYTES of UTF-8, cut where the streams cut a text file
+    (streams.next_cut), so that encoding piece by piece gives exactly the ids of the whole."""
+    data = text.encode("utf-8")
+    target = _CHUNK_BYTES  # read at call time, so tests can make chunks tiny
     start = 0
-    while start < len(text):
-        cut = _SAFE_CUT.search(text, start + target) if start + target < len(text) else None
-        end = cut.start() if cut else len(text)
-        yield text[start:end]
+    while start < len(data):
+        end = next_cut(data, start + target, final=True)  # after a newline: a character boundary
+        yield data[start:end].decode("utf-8")
         start = end
 
 
