@@ -10,6 +10,8 @@ fresh random numbers each run. Sizes are small: the interpreter runs every progr
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -179,6 +181,30 @@ def test_model_with_triton_is_causal():
     assert changed == 0.0 and from_future == 0.0
 
 
+def test_compiled_auto_tries_the_kernels_while_tracing(monkeypatch):
+    """Compiled with fullgraph=True, auto runs its one-time trial while the model is traced (its
+    answer a constant of the graph): where the kernels fail it warns and the graph takes the torch
+    path, equal to conv; where they run, the graph runs them."""
+    from minitx.attention.multi_token import MultiTokenAttention
+
+    monkeypatch.setattr(MultiTokenAttention, "wants_triton", lambda self, q: self.backend == "auto")
+    seed = torch.seed()
+    x = torch.randint(0, 31, (2, 13))
+    want = model("conv", seed, mta_conv_placement="both")(x)
+    calls = []
+    real_forward = mta_triton.forward
+    for forward, warns in ((broken, True), (real_forward, False)):
+        monkeypatch.setattr(mta_triton, "_usable", {})
+        monkeypatch.setattr(mta_triton, "forward", lambda *a, f=forward, **k: calls.append(1) or f(*a, **k))
+        torch._dynamo.reset()
+        calls.clear()
+        with pytest.warns(UserWarning, match="torch path") if warns else contextlib.nullcontext():
+            got = torch.compile(model("auto", seed, mta_conv_placement="both"), fullgraph=True)(x)
+        torch._dynamo.reset()
+        assert relative_error(got, want.double()) < 1e-5
+        assert len(calls) == (2 if warns else 2 * 2)  # per layer: its trial (and where it ran, its run)
+
+
 def test_triton_backend_refuses_attention_dropout():
     with pytest.raises(UserError, match="mta_backend"):
         Transformer(
@@ -216,17 +242,32 @@ def broken(*_args, **_kwargs):
 
 
 def test_auto_falls_back_once_with_a_warning_where_the_kernels_fail(monkeypatch):
-    def trial_inputs(T):
-        exact = inputs(1, 2, 2, T, 8, 2, 3, True, True, False, True)
-        return tuple(None if t is None else t.float() for t in exact.values())
-
+    # Two heads, pre conv 2 x 3 (qc 2 D wide, a band of 2), post conv 2 x 3, post mix: the trial
+    # builds its own random inputs from these values.
+    config = ("cpu", "float32", 2, 2, 2, 16, 8, 2, (2, 3), False, True)
     monkeypatch.setattr(mta_triton, "_usable", {})
-    assert mta_triton.usable("a configuration", trial_inputs)  # runs here
+    assert mta_triton.usable(config)  # runs here
     monkeypatch.setattr(mta_triton, "forward", broken)
-    assert mta_triton.usable("a configuration", trial_inputs)  # tried once per configuration only
+    assert mta_triton.usable(config)  # tried once per configuration only
+    other = (*config[:-1], False)
     with pytest.warns(UserWarning, match="out of resource.*torch path"):
-        assert not mta_triton.usable("another", trial_inputs)
-    assert not mta_triton.usable("another", trial_inputs)  # no second warning, no retry
+        assert not mta_triton.usable(other)
+    assert not mta_triton.usable(other)  # no second warning, no retry
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [*SETTINGS, "gqa keys, no conv"],
+)
+def test_a_layers_kernel_config_is_that_of_its_kernel_inputs(setting):
+    """auto decides from the layer's shapes before building the inputs: the configuration it asks
+    about is the one its inputs have (else the trial would try other kernels than the run)."""
+    attention = SETTINGS.get(setting, dict(mta_conv_layers=[]))
+    net = model("conv", torch.seed(), **attention)
+    for block in net.blocks:
+        layer = block.attn
+        q, k, v = torch.randn(2, 4, 9, 8), torch.randn(2, 2, 9, 8), torch.randn(2, 2, 9, 8)
+        assert layer.kernel_config(q, k) == mta_triton.trial_config(*layer.triton_inputs(q, k, v))
 
 
 def test_auto_takes_the_torch_path_where_the_kernels_fail(monkeypatch):

@@ -708,27 +708,54 @@ mta_fused.register_autograd(_gradient, setup_context=_setup)
 _usable: dict[tuple, bool] = {}
 
 
-def usable(key: tuple, trial_inputs) -> bool:
-    """For `mta_backend: auto`: whether the kernels build and run here for the configuration `key`
-    names (heads, widths, kernel shapes, dtype, device). The first time, forward and backward run
-    on trial_inputs(T) (mta_fused's inputs for T tokens of random data, a few tiles); if either fails
-    (an unsupported GPU, a tile that does not fit its shared memory), warn once and say False, so
-    that auto takes the torch path instead of stopping a run that it would have finished.
-    `mta_backend: triton` skips this and raises."""
-    if key not in _usable:
+def trial_config(qc: Tensor, kc: Tensor, band: Tensor, v: Tensor, post, mix_pre, mix_post) -> tuple:
+    """What the kernels' build depends on, in plain Python values: device, dtype, head counts,
+    widths, the post kernel's shape, which mixes. (Shapes of mta_fused's inputs; see `usable`.)"""
+    B, H, T, E = qc.shape
+    post_shape = () if post is None else tuple(post.shape[-2:])
+    return (
+        str(qc.device), str(qc.dtype).removeprefix("torch."),
+        H, kc.shape[1], v.shape[1], E, v.shape[-1], band.shape[-1], post_shape,
+        mix_pre is not None, mix_post is not None,
+    )  # fmt: skip
+
+
+def trial_inputs(config: tuple, T: int) -> tuple:
+    """Random mta_fused inputs of T tokens for a `trial_config`."""
+    device, dtype, H, HK, G, E, D, OFF, post_shape, mix_pre, mix_post = config
+    tokens = dict(device=device, dtype=getattr(torch, dtype))
+    weights = dict(device=device, dtype=torch.float32)  # the layer hands its kernel and mixes over as float32
+    return (
+        torch.randn(1, H, T, E, **tokens), torch.randn(1, HK, T, E, **tokens),
+        torch.randn(1, H, T, OFF, **tokens), torch.randn(1, G, T, D, **tokens),
+        torch.randn(H, *post_shape, **weights) if post_shape else None,
+        torch.randn(H, H, **weights) if mix_pre else None,
+        torch.randn(H, H, **weights) if mix_post else None,
+    )  # fmt: skip
+
+
+@torch.compiler.assume_constant_result
+def usable(config: tuple) -> bool:
+    """For `mta_backend: auto`: whether the kernels build and run here for `config` (a
+    `trial_config`). The first time, forward and backward run on random inputs of a few tiles; if
+    either fails (an unsupported GPU, a tile that does not fit its shared memory), warn once and say
+    False, so that auto takes the torch path instead of stopping a run that it would have finished.
+    `mta_backend: triton` skips this and raises. Under torch.compile the trial runs while the model
+    is traced (config is plain values) and its answer is a constant of the graph."""
+    if config not in _usable:
         try:
-            *inputs, v, post, mix_pre, mix_post = trial_inputs(40)
+            *inputs, v, post, mix_pre, mix_post = trial_inputs(config, 40)
             out, lse = forward(*inputs, v, post, mix_pre, mix_post)
             backward(torch.ones_like(out), *inputs, v, post, mix_pre, mix_post, lse)
-            _usable[key] = True
+            _usable[config] = True
         except Exception as error:  # any failure: auto falls back, once, loudly
             warnings.warn(
                 f"MTA's Triton kernels failed here ({type(error).__name__}: {error}); mta_backend auto "
                 "uses the torch path for this configuration instead (mta_backend: triton raises)",
                 stacklevel=2,
             )
-            _usable[key] = False
-    return _usable[key]
+            _usable[config] = False
+    return _usable[config]
 
 
 def full_mix(mix: Tensor | None) -> Tensor | None:

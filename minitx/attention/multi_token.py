@@ -39,6 +39,7 @@ from .mta_kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
     MixedSoftmax,
     VisibleKeys,
     band_scores,
+    band_width,
     chunk_parts,
     chunk_positions,
     convolve,
@@ -338,23 +339,39 @@ class MultiTokenAttention(Attention):
 
     def fused(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
         """Whether the Triton kernels do this layer's work: asked for, or `auto` on CUDA where they
-        can (they have no attention dropout) and, tried once per configuration, do run here."""
+        can (they have no attention dropout) and, tried once per configuration, do run here
+        (compiled too: the trial runs while the model is traced)."""
         if self.backend == "triton":
             return True
         if not (self.wants_triton(q) and mta_triton.available() and not self.dropout_p):
             return False
-        if torch.compiler.is_compiling():  # the one-time trial would be traced: trust the kernels
-            return True
-        key = (q.device, q.dtype, *q.shape[1::2], *k.shape[1::2], self.c_q, self.c_k)
-        key += tuple(part is None for part in (self.kq_conv, self.kq_conv_post, self.mix_pre, self.mix_post))
+        return mta_triton.usable(self.kernel_config(q, k))
 
-        def trial_inputs(T: int) -> tuple:
-            B, _, _, D = q.shape
-            fresh = [torch.randn(B, x.shape[1], T, D, dtype=x.dtype, device=x.device) for x in (q, k, v)]
-            with torch.no_grad():
-                return self.triton_inputs(*fresh)
-
-        return mta_triton.usable(key, trial_inputs)
+    def kernel_config(self, q: Tensor, k: Tensor) -> tuple:
+        """mta_triton.trial_config of this layer's triton_inputs, from shapes alone: auto decides
+        before building them."""
+        _, H, _, D = q.shape
+        G = k.shape[1]
+        if self.kq_conv is not None:
+            c_q, c_k = self.kq_conv.shape[-2:]
+            E, HK, OFF = c_q * D, H, band_width(c_q, c_k)
+        else:
+            E, HK, OFF = D, G, 0
+        post = () if self.kq_conv_post is None else tuple(self.kq_conv_post.shape[-2:])
+        dtype = str(q.dtype).removeprefix("torch.")
+        return (
+            str(q.device),
+            dtype,
+            H,
+            HK,
+            G,
+            E,
+            D,
+            OFF,
+            post,
+            self.mix_pre is not None,
+            self.mix_post is not None,
+        )
 
     def wants_triton(self, q: Tensor) -> bool:
         """`auto`'s first condition: CUDA (a method, so that tests can say yes on a CPU)."""
