@@ -76,28 +76,35 @@ def best_times(runs: dict[str, tuple], new_tokens: int, repeats: int) -> dict[st
     return best
 
 
-def speed_table(rows_to_time: list[tuple[str, dict]], new_tokens: int, repeats: int) -> str:
-    """Tokens/s by the wall clock and per CPU-second of this process (one thread: the same on an
-    idle machine, but the CPU clock does not count time spent waiting for a core on a busy one).
-    rows_to_time: (label, ModelConfig fields) for each row."""
-    rows = [
-        "| model | with cache (tok/s) | without cache (tok/s) | speed-up | with cache (tok/CPU-s) | without (tok/CPU-s) | speed-up (CPU) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
+def timed_table(header: list[str], rows_to_time: list[tuple[str, dict]], cells) -> str:
+    """A Markdown table, printed row by row as it is timed: for each (label, ModelConfig fields), a
+    fresh model (seed 0) and `cells(model)`, the row's cells after its label."""
+    rows = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     print("\n".join(rows), flush=True)
     for label, config in rows_to_time:
         torch.manual_seed(0)
-        model = Transformer(ModelConfig(**config)).eval()
+        rows.append(f"| {label} | {' | '.join(cells(Transformer(ModelConfig(**config)).eval()))} |")
+        print(rows[-1], flush=True)
+    return "\n".join(rows)
+
+
+def speed_table(rows_to_time: list[tuple[str, dict]], new_tokens: int, repeats: int) -> str:
+    """Tokens/s by the wall clock and per CPU-second of this process (one thread: the same on an
+    idle machine, but the CPU clock does not count time spent waiting for a core on a busy one)."""
+
+    def cells(model: Transformer) -> list[str]:
         for use_cache in (True, False):
             timed_generation(model, 8, use_cache, 0)  # warm up allocator and kernels
         best = best_times({"cache": (model, True), "none": (model, False)}, new_tokens, repeats)
         (wall_c, cpu_c), (wall_n, cpu_n) = best["cache"], best["none"]
-        rows.append(
-            f"| {label} | {new_tokens / wall_c:,.0f} | {new_tokens / wall_n:,.0f} | {wall_n / wall_c:.1f}x "
-            f"| {new_tokens / cpu_c:,.0f} | {new_tokens / cpu_n:,.0f} | {cpu_n / cpu_c:.1f}x |"
-        )
-        print(rows[-1], flush=True)
-    return "\n".join(rows)
+        return [
+            f"{new_tokens / wall_c:,.0f}", f"{new_tokens / wall_n:,.0f}", f"{wall_n / wall_c:.1f}x",
+            f"{new_tokens / cpu_c:,.0f}", f"{new_tokens / cpu_n:,.0f}", f"{cpu_n / cpu_c:.1f}x",
+        ]  # fmt: skip
+
+    header = ["model", "with cache (tok/s)", "without cache (tok/s)", "speed-up", "with cache (tok/CPU-s)"]
+    header += ["without (tok/CPU-s)", "speed-up (CPU)"]
+    return timed_table(header, rows_to_time, cells)
 
 
 def compiled_table(rows_to_time: list[tuple[str, dict]], new_tokens: int, repeats: int) -> str:
@@ -105,25 +112,23 @@ def compiled_table(rows_to_time: list[tuple[str, dict]], new_tokens: int, repeat
     wall clock, best of `repeats` interleaved runs after a first compiled generation of the same
     length (which compiles every graph decoding needs: the prefill, the step, each ring's states),
     whose seconds are shown too."""
-    rows = [
-        "| model | eager (tok/s) | compiled (tok/s) | speed-up | first compiled generation (s) |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    print("\n".join(rows), flush=True)
-    for label, config in rows_to_time:
-        torch.manual_seed(0)
-        model = Transformer(ModelConfig(**config)).eval()
+
+    def cells(model: Transformer) -> list[str]:
         torch._dynamo.reset()  # each model its own graphs, far from the recompile limit
         compiled = torch.compile(model)
         first, _ = timed_generation(compiled, new_tokens, True, 0)
         timed_generation(model, 8, True, 0)  # warm up the eager path alike
         best = best_times({"eager": (model, True), "compiled": (compiled, True)}, new_tokens, repeats)
         eager, fast = best["eager"][0], best["compiled"][0]
-        rows.append(
-            f"| {label} | {new_tokens / eager:,.0f} | {new_tokens / fast:,.0f} | {eager / fast:.2f}x | {first:.1f} |"
-        )
-        print(rows[-1], flush=True)
-    return "\n".join(rows)
+        return [
+            f"{new_tokens / eager:,.0f}",
+            f"{new_tokens / fast:,.0f}",
+            f"{eager / fast:.2f}x",
+            f"{first:.1f}",
+        ]
+
+    header = ["model", "eager (tok/s)", "compiled (tok/s)", "speed-up", "first compiled generation (s)"]
+    return timed_table(header, rows_to_time, cells)
 
 
 def step_table(shape: dict, kinds: list[str], repeats: int, steps: int = 300) -> str:
