@@ -23,7 +23,7 @@ from minitx.cli import eval_main, train_main
 from minitx.data.tokenizer import CharTokenizer
 from minitx.evaluation import evaluate_checkpoint
 from minitx.evaluation.lengths import default_lengths, length_sweep
-from minitx.evaluation.perplexity import score_tokens, window_plan
+from minitx.evaluation.perplexity import WindowPlan, score_tokens
 from minitx.evaluation.texts import tokenize
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -72,7 +72,7 @@ def test_window_plan_scores_every_target_exactly_once_with_the_promised_context(
         for context in range(1, min(num_tokens - 1, 12) + 1):
             for stride in range(1, context + 1):
                 scored = []
-                for k, window in enumerate(window_plan(num_tokens, context, stride)):
+                for k, window in enumerate(WindowPlan(num_tokens, context, stride)):
                     assert 0 <= window.begin <= num_tokens - 1 - context
                     for offset in range(window.first_scored, context):
                         scored.append(window.begin + 1 + offset)
@@ -81,12 +81,26 @@ def test_window_plan_scores_every_target_exactly_once_with_the_promised_context(
                 assert sorted(scored) == scored == list(range(1, num_tokens)), (num_tokens, context, stride)
 
 
+def test_window_plan_slices_like_a_list_and_costs_nothing_at_any_size():
+    plan = WindowPlan(1000, 64, 24)
+    windows = list(plan)
+    assert len(windows) == len(plan) and plan[-1] == windows[-1] and plan[-1].begin == 1000 - 1 - 64
+    for done in range(0, len(plan), 7):
+        assert plan[done : done + 7] == windows[done : done + 7]
+    with pytest.raises(IndexError):
+        plan[len(plan)]
+    # 10^9 tokens at stride 1: a billion windows, none of them held.
+    huge = WindowPlan(10**9, 256, 1)
+    assert len(huge) == 10**9 - 256 and huge[-1].begin == 10**9 - 257 and huge[-1].first_scored == 255
+    assert huge[1].first_scored == 255 and huge[0].first_scored == 0
+
+
 def test_window_plan_refuses_a_text_shorter_than_one_window_and_a_bad_stride():
     with pytest.raises(ValueError):
-        window_plan(8, 8, 8)  # 8 tokens are 7 targets
+        WindowPlan(8, 8, 8)  # 8 tokens are 7 targets
     for stride in (0, 9):
         with pytest.raises(ValueError):
-            window_plan(100, 8, stride)
+            WindowPlan(100, 8, stride)
 
 
 # ------------------------------------------------------------------- figures against naive sums

@@ -16,7 +16,7 @@ The figures are token-weighted: total negative log-likelihood (nats) / number of
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,23 +31,36 @@ class Window:
     first_scored: int  # offset inside the window of the first target it scores
 
 
-def window_plan(num_tokens: int, context: int, stride: int) -> list[Window]:
-    """The windows that score each of the num_tokens - 1 targets exactly once (see the top)."""
-    last_begin = num_tokens - 1 - context  # the window ending at the last token
-    if last_begin < 0:
-        raise ValueError(f"{num_tokens} tokens cannot fill a window of {context} inputs plus one target")
-    if not 1 <= stride <= context:
-        raise ValueError(f"stride {stride} must be in 1 .. context ({context})")
-    windows = []
-    scored_until = 0  # index of the last target scored so far
-    begin = 0
-    while scored_until < num_tokens - 1:
-        begin = min(begin, last_begin)
-        # The window's targets are t_{begin+1} .. t_{begin+context}; offset j holds t_{begin+1+j}.
-        windows.append(Window(begin, scored_until - begin))
-        scored_until = begin + context
-        begin += stride
-    return windows
+class WindowPlan(Sequence[Window]):
+    """The windows that score each of the num_tokens - 1 targets exactly once (see the top), worked
+    out by index instead of listed: window i begins at min(i * stride, last) and scores from where
+    window i - 1 stopped, so a plan costs nothing however many windows it has (a validation set of
+    100M tokens at stride 1 has 100M)."""
+
+    def __init__(self, num_tokens: int, context: int, stride: int):
+        self.last_begin = num_tokens - 1 - context  # the window ending at the last token
+        if self.last_begin < 0:
+            raise ValueError(f"{num_tokens} tokens cannot fill a window of {context} inputs plus one target")
+        if not 1 <= stride <= context:
+            raise ValueError(f"stride {stride} must be in 1 .. context ({context})")
+        self.context, self.stride = context, stride
+        # The first window whose begin reaches last_begin is the last: ceil(last_begin / stride) + 1.
+        self.count = -(-self.last_begin // stride) + 1
+
+    def __len__(self) -> int:
+        return self.count
+
+    def begin(self, i: int) -> int:
+        return min(i * self.stride, self.last_begin)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.count))]
+        i = index + self.count if index < 0 else index
+        if not 0 <= i < self.count:
+            raise IndexError(f"window {index} of {self.count}")
+        scored_until = 0 if i == 0 else self.begin(i - 1) + self.context  # the last target scored before
+        return Window(self.begin(i), scored_until - self.begin(i))
 
 
 def batch_tokens(vocab_size: int) -> int:
@@ -94,7 +107,7 @@ def score_tokens(
     `on_batch(done, total)` is called after each batch of windows (for a progress bar).
     """
     stride = context if stride is None else stride
-    windows = window_plan(len(tokens), context, stride)
+    windows = WindowPlan(len(tokens), context, stride)
     device = next(model.parameters()).device
     offsets = torch.arange(context + 1)
     position_nats = torch.zeros(context, dtype=torch.float64)
