@@ -233,27 +233,7 @@ class TextDataModule(L.LightningDataModule):
         # on_before_batch_transfer, i.e. when the trainer actually consumes a batch, not when
         # the loader prefetches one.
         self.train_batches_drawn = 0
-        self.settings = DataSettings(
-            source=source,
-            train_files=train_files,
-            val_files=val_files,
-            val_fraction=val_fraction,
-            hf_name=hf_name,
-            hf_config=hf_config,
-            hf_train_split=hf_train_split,
-            hf_val_split=hf_val_split,
-            hf_data_files=hf_data_files,
-            hf_revision=hf_revision,
-            text_column=text_column,
-            tokenizer=tokenizer,
-            vocab_size=vocab_size,
-            tokenizer_train_bytes=tokenizer_train_bytes,
-            max_tokens=max_tokens,
-            decode_errors=decode_errors,
-            cache_dir=cache_dir,
-            num_proc=num_proc,
-            shard_tokens=shard_tokens,
-        )
+        self.settings = DataSettings.from_config(self.hparams)  # every argument: the data section
         self._tokenizer: Tokenizer | None = None
         self.prepared: Prepared | None = None
         self.train_tokens: TokenArray | None = None

@@ -34,9 +34,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,14 @@ class DataSettings:
     cache_dir: str | None = None
     num_proc: int | None = None
     shard_tokens: int = SHARD_TOKENS
+
+    @classmethod
+    def from_config(cls, data: Mapping[str, Any]) -> DataSettings:
+        """The settings among a config's data section (which also holds batch sizes and the like);
+        a key it lacks takes the default. The data module and evaluation (rebuilding a run's data
+        from its checkpoint's config) both build them this way, so the two prepare the same data."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in names})
 
     def threads(self) -> int:
         return self.num_proc or len(os.sched_getaffinity(0))

@@ -7,7 +7,6 @@ BPE, tokenizer.json): a figure per unit of text, comparable between tokenizers o
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,10 +95,7 @@ def validation_text(train_config: dict | None, tokenizer: Tokenizer) -> ScoredTe
         raise UserError(
             f"--ckpt: the run trained on the synthetic task {source!r}, which has no validation text; give --files"
         )
-    fields = {f.name for f in dataclasses.fields(DataSettings)}
-    settings = DataSettings(
-        **{key: value for key, value in data.items() if key in fields and value is not None}
-    )
+    settings = DataSettings.from_config(data)
     try:
         prepared = prepare(settings)
     except UserError as error:  # e.g. the run's files were moved: say whose settings these are
