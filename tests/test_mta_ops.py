@@ -98,6 +98,25 @@ def test_gated_norm_opcheck(dtype):
     torch.library.opcheck(ops.gated_norm, (x, *params, 1e-5))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "c_q, c_k, mixes, norm", [(3, 5, True, True), (1, 1, False, False), (2, 3, False, True)]
+)
+def test_attend_rows_opcheck(dtype, c_q, c_k, mixes, norm):
+    """A whole decoding step: the newest query and its c_q - 1 history rows against N cached keys
+    (GQA), with or without the convolution, the mixes and the norm."""
+    B, H, G, D, N = 2, 4, 2, 8, 9
+    q, k, v = torch.randn(B, H, c_q, D, dtype=dtype), *torch.randn(2, B, G, N, D, dtype=dtype)
+    kernel = torch.randn(H, c_q, c_k, dtype=dtype) if c_q * c_k > 1 else None
+    lo, hi = rows(c_q, N, n_hist=0, first_key=1) if kernel is not None else (None, None)
+    pre, post = torch.randn(2, 2, 2, 2, dtype=dtype) if mixes else (None, None)
+    norm_parts = (torch.randn(D, dtype=dtype), torch.randn(1, D, dtype=dtype), torch.randn(1, dtype=dtype))
+    weight, gate, bias = norm_parts if norm else (None, None, None)
+    args = (q, k, v, 0.3, pre, post, weight, gate, bias, 1e-5, kernel, lo, hi)
+    torch.library.opcheck(ops.attend_rows, args)
+    assert ops.attend_rows(*args).shape == (B, H, 1, D)
+
+
 # -- a model: no graph break, fullgraph compile equal to eager -------------------------------------------
 
 

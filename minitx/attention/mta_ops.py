@@ -12,6 +12,9 @@ an MTA model whole (fullgraph) on CPU: to the compiler each is one opaque call w
 - `mix(maps, matrix)`: head mixing within groups. Gradient: `mix_backward`.
 - `gated_norm(x, weight, gate_weight, gate_bias, eps)`: the output norm and gate, no gradient
   (decoding and inference only).
+- `attend_rows(q, k, v, scale, pre, post, norm_weight, gate_weight, gate_bias, eps, kernel, lo, hi)`:
+  a whole decoding step of a layer (native.attend_rows: scores, pre-softmax convolution, mixes,
+  softmax, @ V, norm), no gradient: compiled decoding makes one call per layer, as eager does.
 
 Each CPU implementation is the native.py call the eager path makes, so results are the same bits;
 the eager path calls native.py directly where nothing needs a gradient (a dispatch costs ~10 us).
@@ -242,3 +245,32 @@ def gated_norm(x: Tensor, weight: Tensor, gate_weight: Tensor, gate_bias: Tensor
 @gated_norm.register_fake
 def _(x, weight, gate_weight, gate_bias, eps):
     return x.new_empty(x.shape)
+
+
+# -- a whole decoding step (no gradient) ------------------------------------------------------------
+
+
+@torch.library.custom_op("minitx::attend_rows", mutates_args=(), device_types="cpu")
+def attend_rows(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    pre: Tensor | None,
+    post: Tensor | None,
+    norm_weight: Tensor | None,
+    gate_weight: Tensor | None,
+    gate_bias: Tensor | None,
+    eps: float,
+    kernel: Tensor | None,
+    lo: Tensor | None,
+    hi: Tensor | None,
+) -> Tensor:
+    norm = None if norm_weight is None else (norm_weight, gate_weight, gate_bias, eps)
+    return native.attend_rows(q, k, v, scale, pre, post, norm, kernel, _rows(lo, hi))
+
+
+@attend_rows.register_fake
+def _(q, k, v, scale, pre, post, norm_weight, gate_weight, gate_bias, eps, kernel, lo, hi):
+    B, H, R, D = q.shape
+    return q.new_empty(B, H, R - (1 if kernel is None else kernel.shape[-2]) + 1, D)

@@ -419,15 +419,7 @@ class MultiTokenAttention(Attention):
             keys, values, mask = cache.update(k, v)
             if mask is None and self.one_call(q):
                 # The usual decoding step: one C call for the scores, softmax, mixes, @ V and the norm.
-                return native.attend_rows(
-                    q,
-                    keys.to(q.dtype),
-                    values.to(q.dtype),
-                    self.scale,
-                    self.mix_pre,
-                    self.mix_post,
-                    self.norm_parts(),
-                )
+                return self.attend_rows(q, keys.to(q.dtype), values.to(q.dtype))
             B, H, T, D = q.shape
             G, Tk = keys.shape[1], keys.shape[2]
             scores = (
@@ -452,35 +444,42 @@ class MultiTokenAttention(Attention):
         if self.kq_conv_post is None and in_order and self.one_call(q):
             # The usual decoding step: one C call for the scores, convolution, softmax, mixes, @ V and norm.
             visible = VisibleKeys(rows_pos, k_pos, first_key, consecutive=True)
-            return native.attend_rows(
-                rows,
+            return self.attend_rows(rows, keys, values, self.kq_conv[:, 0], visible.lo, visible.hi)
+        out, _ = self.rows(rows, keys, values, rows_pos, k_pos, first_key, consecutive=in_order)
+        return out
+
+    def one_call(self, q: Tensor) -> bool:
+        """Whether a decoding step can be one call of the C loops (`attend_rows`): inference without
+        dropout."""
+        return native.available(q) and not self.dropout_p and not torch.is_grad_enabled()
+
+    def attend_rows(self, q, keys, values, kernel=None, lo=None, hi=None) -> Tensor:
+        """A decoding step in one C call (native.attend_rows; lo, hi: the keys each row sees, None:
+        all); compiled, the same call as an operator (mta_ops), which torch.compile can trace where
+        it cannot trace a ctypes call."""
+        norm = (
+            None if self.norm is None else (self.norm.weight, self.gate.weight, self.gate.bias, self.norm.eps)
+        )
+        if torch.compiler.is_compiling():
+            weight, gate, bias, eps = norm or (None, None, None, 0.0)
+            return torch.ops.minitx.attend_rows(
+                q,
                 keys,
                 values,
                 self.scale,
                 self.mix_pre,
                 self.mix_post,
-                self.norm_parts(),
-                kernel=self.kq_conv[:, 0],
-                rows=(visible.lo, visible.hi),
+                weight,
+                gate,
+                bias,
+                eps,
+                kernel,
+                lo,
+                hi,
             )
-        out, _ = self.rows(rows, keys, values, rows_pos, k_pos, first_key, consecutive=in_order)
-        return out
-
-    def one_call(self, q: Tensor) -> bool:
-        """Whether a decoding step can be one call of the C loops (native.attend_rows): inference
-        without dropout, and not under torch.compile, which cannot trace a ctypes call (the
-        operators of the torch path below it can)."""
-        return (
-            native.available(q)
-            and not self.dropout_p
-            and not torch.is_grad_enabled()
-            and not torch.compiler.is_compiling()
-        )
-
-    def norm_parts(self) -> tuple | None:
-        """(norm weight, gate weight, gate bias, eps) for the C loops, None without the output norm."""
-        return (
-            None if self.norm is None else (self.norm.weight, self.gate.weight, self.gate.bias, self.norm.eps)
+        rows = None if lo is None else (lo, hi)
+        return native.attend_rows(
+            q, keys, values, self.scale, self.mix_pre, self.mix_post, norm, kernel, rows
         )
 
     def on_prefill(self, q: Tensor, cache: MTACache) -> None:
