@@ -18,6 +18,7 @@ import yaml
 
 from minitx.cli import prepare_main, train_main
 from minitx.data import prepare as prepare_module
+from minitx.data import shards as shards_module
 from minitx.data import streams
 from minitx.data.datamodule import TextDataModule
 from minitx.data.prepare import DataSettings, prepare
@@ -358,6 +359,28 @@ def test_workers_map_the_shards_themselves(tmp_path, tiny_pieces):
     copy = pickle.loads(pickle.dumps(tokens))
     assert all(handle is None for handle in copy._maps)
     assert np.array_equal(copy.window(350, 100), window)
+
+
+def test_a_start_reads_each_shard_header_once(tmp_path, tiny_pieces, monkeypatch):
+    """Opening prepared data checks each header against the manifest and hands it to the arrays."""
+    (tmp_path / "corpus.txt").write_text(random_text(11, 400))
+    data_module(tmp_path, "cache", shard_tokens=400).setup()
+    read = []
+    original = shards_module.read_header
+
+    def counted(path):
+        read.append(Path(path).name)
+        return original(path)
+
+    monkeypatch.setattr(shards_module, "read_header", counted)
+    monkeypatch.setattr(prepare_module, "read_header", counted)
+    module = data_module(tmp_path, "cache", shard_tokens=400)
+    module.setup()
+    shards = [s for c in module.prepared.manifest["checkpoints"] for s in c["shards"]]
+    assert len(shards) > 2 and sorted(read) == sorted(s["file"] for s in shards)
+    # and each array got its own shards' headers, in order
+    train = [s["tokens"] for s in shards if s["split"] == "train"]
+    assert len(train) > 1 and [h.count for h in module.train_tokens.headers] == train
 
 
 # ------------------------------------------------------------------------------- commands and configs

@@ -614,6 +614,24 @@ def test_verify_names_a_shard_changed_with_its_size_and_mtime_restored(corpus, t
     assert "Traceback" not in "\n".join(lines)
 
 
+def test_a_header_unlike_the_manifest_with_the_stat_restored_is_prepared_again(corpus, tmp_path, capfd):
+    """The start-up check compares the header with the manifest, not only the stat: here the
+    checksum field alone differs (the file still opens as a shard of the right size and count)."""
+    cache = tmp_path / "cache"
+    prepared = quiet(settings(corpus, cache))
+    expected = ids(prepared)
+    shard = prepared.directory / "train-00002.bin"
+    stat = shard.stat()
+    raw = bytearray(shard.read_bytes())
+    raw[24] ^= 0xFF  # the CRC-32 field (shards.py's header layout)
+    shard.write_bytes(bytes(raw))
+    restore_stat(shard, stat)
+    capfd.readouterr()
+    again = quiet(settings(corpus, cache))
+    one_notice(capfd, f"the shard {shard} cannot be used", "its header does not match the manifest")
+    assert ids(again) == expected and P.verify_prepared(again, log=lambda line: None) == []
+
+
 def test_out_of_vocabulary_ids_with_the_stat_restored_fail_a_batch_naming_the_shard(corpus, tmp_path):
     cache = tmp_path / "cache"
     prepared = quiet(settings(corpus, cache))

@@ -42,7 +42,15 @@ from typing import Any
 
 import numpy as np
 
-from minitx.data.shards import ShardError, ShardWriter, TokenArray, read_header, token_dtype, verify
+from minitx.data.shards import (
+    ShardError,
+    ShardHeader,
+    ShardWriter,
+    TokenArray,
+    read_header,
+    token_dtype,
+    verify,
+)
 from minitx.data.sources import VAL_PLAYS, expand_globs, play_markdown_to_text, shakespeare_plays
 from minitx.data.streams import (
     PIECE_BYTES,
@@ -454,33 +462,47 @@ def _stat_shard(path: Path) -> dict:
     return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
-def _shard_problem(directory: Path, shard: dict) -> str | None:
-    """Why a shard the manifest names cannot be used as it is (cheap: a stat and the header)."""
+def _checked_header(directory: Path, shard: dict) -> ShardHeader:
+    """The header of a shard the manifest names, checked against it (cheap: a stat and the header);
+    ShardError says why the shard cannot be used as it is."""
     path = directory / shard["file"]
     try:
         if _stat_shard(path) != {"size": shard["size"], "mtime_ns": shard["mtime_ns"]}:
-            return "its size or modification time is not the one recorded when it was written"
-        header = read_header(path)
+            raise ShardError("its size or modification time is not the one recorded when it was written")
     except FileNotFoundError:
-        return "it is missing"
+        raise ShardError("it is missing") from None
+    header = read_header(path)
+    if header.count != shard["tokens"] or header.crc32 != shard["crc32"]:
+        raise ShardError("its header does not match the manifest")
+    return header
+
+
+def _shard_problem(directory: Path, shard: dict) -> str | None:
+    """Why a shard the manifest names cannot be used as it is, or None."""
+    try:
+        _checked_header(directory, shard)
     except ShardError as error:
         return str(error)
-    if header.count != shard["tokens"] or header.crc32 != shard["crc32"]:
-        return "its header does not match the manifest"
     return None
 
 
-def _open(directory: Path, manifest: dict) -> Prepared:
+def _open(directory: Path, manifest: dict, headers: dict[str, ShardHeader] | None = None) -> Prepared:
+    """The prepared data of a manifest; `headers` (by file name), when given, are its shards'
+    headers already read and checked, so that opening does not read them again."""
     tokenizer = tokenizer_from_dict(manifest["tokenizer"])
     arrays = {}
     for split in ("train", "val"):
-        paths = [
-            directory / shard["file"]
+        names = [
+            shard["file"]
             for checkpoint in manifest["checkpoints"]
             for shard in checkpoint["shards"]
             if shard["split"] == split
         ]
-        arrays[split] = TokenArray(paths, vocab_size=tokenizer.vocab_size)
+        arrays[split] = TokenArray(
+            [directory / name for name in names],
+            vocab_size=tokenizer.vocab_size,
+            headers=None if headers is None else [headers[name] for name in names],
+        )
     return Prepared(directory, tokenizer, arrays["train"], arrays["val"], manifest)
 
 
@@ -557,11 +579,14 @@ def _open_current(
         or manifest.get("fingerprint") != fingerprint
     ):
         return None
+    headers = {}
     for checkpoint in manifest["checkpoints"]:
         for shard in checkpoint["shards"]:
-            if _shard_problem(directory, shard) is not None:
+            try:
+                headers[shard["file"]] = _checked_header(directory, shard)
+            except ShardError:
                 return None  # the locked pass below says what and prepares again from that shard
-    return _open(directory, manifest)
+    return _open(directory, manifest, headers)
 
 
 def _changed(old: Any, new: Any) -> str:

@@ -147,10 +147,18 @@ class TokenArray:
     from the page cache, about 16 us a window), so memory stays flat.
     """
 
-    def __init__(self, paths: Sequence[Path], vocab_size: int | None = None) -> None:
+    def __init__(
+        self,
+        paths: Sequence[Path],
+        vocab_size: int | None = None,
+        headers: Sequence[ShardHeader] | None = None,
+    ) -> None:
         self.paths = [Path(p) for p in paths]
         self.vocab_size = vocab_size  # given: every window is checked against it (one max per window)
-        self.headers = [read_header(p) for p in self.paths]
+        # `headers`: the shards' headers, when the caller has just read them (the manifest check).
+        self.headers = [read_header(p) for p in self.paths] if headers is None else list(headers)
+        if len(self.headers) != len(self.paths):
+            raise ValueError(f"{len(self.headers)} headers for {len(self.paths)} shards")
         dtypes = {h.dtype for h in self.headers}
         if len(dtypes) > 1:
             raise ShardError(f"shards of mixed id types {sorted(d.name for d in dtypes)}")
