@@ -21,6 +21,7 @@ from torch._dynamo.utils import counters
 
 import minitx
 from minitx import AttentionConfig, ModelConfig, Transformer, functional
+from minitx.attention import native
 from minitx.attention.multi_token import MultiTokenAttention
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import UserError
@@ -154,6 +155,15 @@ def test_compiled_decoding_equals_eager_from_a_few_graphs(kind, positions):
     positions crop): the same tokens from a handful of graphs (prefill, step, crop), not one per
     position (3 * BLOCK here). Dynamo's own backend: recompiles and breaks are dynamo's doing."""
     model = make_model(KINDS[kind], positions=positions)
+    assert compiled_greedy(model, torch.compile(model, backend="eager"), 3 * BLOCK) <= 6
+
+
+def test_compiled_mta_decoding_without_the_c_loops(monkeypatch):
+    """MTA's torch path, which a GPU decodes with (the C loops are CPU only), compiled: the same
+    tokens, no graph break, a handful of graphs."""
+    monkeypatch.setattr(native, "available", lambda *_: False)
+    monkeypatch.setattr(native, "library", lambda: pytest.fail("the C loops were called"))
+    model = make_model(KINDS["mixed_mta_local_gqa"])
     assert compiled_greedy(model, torch.compile(model, backend="eager"), 3 * BLOCK) <= 6
 
 
