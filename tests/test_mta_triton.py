@@ -244,12 +244,12 @@ def broken(*_args, **_kwargs):
 def test_auto_falls_back_once_with_a_warning_where_the_kernels_fail(monkeypatch):
     # Two heads, pre conv 2 x 3 (qc 2 D wide, a band of 2), post conv 2 x 3, post mix: the trial
     # builds its own random inputs from these values.
-    config = ("cpu", "float32", 2, 2, 2, 16, 8, 2, (2, 3), False, True)
+    config = mta_triton.KernelConfig("cpu", "float32", 2, 2, 2, 16, 8, 2, (2, 3), False, True)
     monkeypatch.setattr(mta_triton, "_usable", {})
     assert mta_triton.usable(config)  # runs here
     monkeypatch.setattr(mta_triton, "forward", broken)
     assert mta_triton.usable(config)  # tried once per configuration only
-    other = (*config[:-1], False)
+    other = config._replace(mix_post=False)
     with pytest.warns(UserWarning, match="out of resource.*torch path"):
         assert not mta_triton.usable(other)
     assert not mta_triton.usable(other)  # no second warning, no retry
@@ -267,7 +267,7 @@ def test_a_layers_kernel_config_is_that_of_its_kernel_inputs(setting):
     for block in net.blocks:
         layer = block.attn
         q, k, v = torch.randn(2, 4, 9, 8), torch.randn(2, 2, 9, 8), torch.randn(2, 2, 9, 8)
-        assert layer.kernel_config(q, k) == mta_triton.trial_config(*layer.triton_inputs(q, k, v))
+        assert layer.kernel_config(q, k) == mta_triton.KernelConfig.of(*layer.triton_inputs(q, k, v))
 
 
 def test_auto_takes_the_torch_path_where_the_kernels_fail(monkeypatch):

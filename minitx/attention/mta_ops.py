@@ -266,8 +266,10 @@ def attend_rows(
     lo: Tensor | None,
     hi: Tensor | None,
 ) -> Tensor:
-    norm = None if norm_weight is None else (norm_weight, gate_weight, gate_bias, eps)
-    return native.attend_rows(q, k, v, scale, pre, post, norm, kernel, _rows(lo, hi))
+    lo, hi = _rows(lo, hi) or (None, None)
+    return native.attend_rows(
+        q, k, v, scale, pre, post, norm_weight, gate_weight, gate_bias, eps, kernel, lo, hi
+    )
 
 
 @attend_rows.register_fake

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -705,43 +706,63 @@ def _gradient(ctx, grad: Tensor, _grad_lse):
 mta_fused.register_autograd(_gradient, setup_context=_setup)
 
 
-_usable: dict[tuple, bool] = {}
+_usable: dict[tuple, bool] = {}  # KernelConfig -> whether the kernels run here
 
 
-def trial_config(qc: Tensor, kc: Tensor, band: Tensor, v: Tensor, post, mix_pre, mix_post) -> tuple:
-    """What the kernels' build depends on, in plain Python values: device, dtype, head counts,
-    widths, the post kernel's shape, which mixes. (Shapes of mta_fused's inputs; see `usable`.)"""
-    B, H, T, E = qc.shape
-    post_shape = () if post is None else tuple(post.shape[-2:])
+class KernelConfig(NamedTuple):
+    """What the kernels' build depends on, in plain Python values (torch.compile can take them for a
+    constant): the shapes of mta_fused's inputs but B and T, their device and dtype."""
+
+    device: str
+    dtype: str  # the torch dtype's name, "bfloat16"
+    n_head: int  # qc's heads
+    n_key_head: int  # kc's: n_head with a pre-softmax convolution (keys per query head), else G
+    n_value_head: int  # G
+    width: int  # qc's and kc's last dimension: c_q * head_dim with a pre-softmax convolution
+    head_dim: int
+    band: int  # the band's width (0 without a pre-softmax convolution)
+    post: tuple[int, ...]  # the post kernel's (c_q, c_k); () without
+    mix_pre: bool
+    mix_post: bool
+
+    @classmethod
+    def of(cls, qc: Tensor, kc: Tensor, band: Tensor, v: Tensor, post, mix_pre, mix_post) -> KernelConfig:
+        """The configuration of these mta_fused inputs."""
+        return cls(
+            str(qc.device), dtype_name(qc.dtype), qc.shape[1], kc.shape[1], v.shape[1], qc.shape[-1], v.shape[-1],
+            band.shape[-1], () if post is None else tuple(post.shape[-2:]), mix_pre is not None, mix_post is not None,
+        )  # fmt: skip
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def trial_inputs(config: KernelConfig, T: int) -> tuple:
+    """Random mta_fused inputs of T tokens for a configuration."""
+    c = config
+    tokens = dict(device=c.device, dtype=getattr(torch, c.dtype))
+    # The layer hands its post kernel and mixes over as float32.
+    weights = dict(device=c.device, dtype=torch.float32)
     return (
-        str(qc.device), str(qc.dtype).removeprefix("torch."),
-        H, kc.shape[1], v.shape[1], E, v.shape[-1], band.shape[-1], post_shape,
-        mix_pre is not None, mix_post is not None,
-    )  # fmt: skip
-
-
-def trial_inputs(config: tuple, T: int) -> tuple:
-    """Random mta_fused inputs of T tokens for a `trial_config`."""
-    device, dtype, H, HK, G, E, D, OFF, post_shape, mix_pre, mix_post = config
-    tokens = dict(device=device, dtype=getattr(torch, dtype))
-    weights = dict(device=device, dtype=torch.float32)  # the layer hands its kernel and mixes over as float32
-    return (
-        torch.randn(1, H, T, E, **tokens), torch.randn(1, HK, T, E, **tokens),
-        torch.randn(1, H, T, OFF, **tokens), torch.randn(1, G, T, D, **tokens),
-        torch.randn(H, *post_shape, **weights) if post_shape else None,
-        torch.randn(H, H, **weights) if mix_pre else None,
-        torch.randn(H, H, **weights) if mix_post else None,
+        torch.randn(1, c.n_head, T, c.width, **tokens), torch.randn(1, c.n_key_head, T, c.width, **tokens),
+        torch.randn(1, c.n_head, T, c.band, **tokens), torch.randn(1, c.n_value_head, T, c.head_dim, **tokens),
+        torch.randn(c.n_head, *c.post, **weights) if c.post else None,
+        torch.randn(c.n_head, c.n_head, **weights) if c.mix_pre else None,
+        torch.randn(c.n_head, c.n_head, **weights) if c.mix_post else None,
     )  # fmt: skip
 
 
 @torch.compiler.assume_constant_result
 def usable(config: tuple) -> bool:
-    """For `mta_backend: auto`: whether the kernels build and run here for `config` (a
-    `trial_config`). The first time, forward and backward run on random inputs of a few tiles; if
-    either fails (an unsupported GPU, a tile that does not fit its shared memory), warn once and say
-    False, so that auto takes the torch path instead of stopping a run that it would have finished.
+    """For `mta_backend: auto`: whether the kernels build and run here for `config` (a KernelConfig's
+    values as a plain tuple: torch.compile hands a NamedTuple over to such a function empty). The
+    first time, forward and backward run on random inputs of a few tiles; if either fails (an
+    unsupported GPU, a tile that does not fit its shared memory), warn once and say False, so that
+    auto takes the torch path instead of stopping a run that it would have finished.
     `mta_backend: triton` skips this and raises. Under torch.compile the trial runs while the model
     is traced (config is plain values) and its answer is a constant of the graph."""
+    config = KernelConfig(*config)
     if config not in _usable:
         try:
             *inputs, v, post, mix_pre, mix_post = trial_inputs(config, 40)

@@ -345,32 +345,27 @@ class MultiTokenAttention(Attention):
             return True
         if not (self.wants_triton(q) and mta_triton.available() and not self.dropout_p):
             return False
-        return mta_triton.usable(self.kernel_config(q, k))
+        return mta_triton.usable(tuple(self.kernel_config(q, k)))
 
-    def kernel_config(self, q: Tensor, k: Tensor) -> tuple:
-        """mta_triton.trial_config of this layer's triton_inputs, from shapes alone: auto decides
-        before building them."""
+    def kernel_config(self, q: Tensor, k: Tensor) -> mta_triton.KernelConfig:
+        """The KernelConfig of this layer's triton_inputs, from shapes alone: auto decides before
+        building them."""
         _, H, _, D = q.shape
         G = k.shape[1]
-        if self.kq_conv is not None:
-            c_q, c_k = self.kq_conv.shape[-2:]
-            E, HK, OFF = c_q * D, H, band_width(c_q, c_k)
-        else:
-            E, HK, OFF = D, G, 0
-        post = () if self.kq_conv_post is None else tuple(self.kq_conv_post.shape[-2:])
-        dtype = str(q.dtype).removeprefix("torch.")
-        return (
-            str(q.device),
-            dtype,
-            H,
-            HK,
-            G,
-            E,
-            D,
-            OFF,
-            post,
-            self.mix_pre is not None,
-            self.mix_post is not None,
+        pre = self.kq_conv is not None
+        c_q, c_k = self.kq_conv.shape[-2:] if pre else (1, 1)
+        return mta_triton.KernelConfig(
+            device=str(q.device),
+            dtype=mta_triton.dtype_name(q.dtype),
+            n_head=H,
+            n_key_head=H if pre else G,
+            n_value_head=G,
+            width=c_q * D,
+            head_dim=D,
+            band=band_width(c_q, c_k),
+            post=() if self.kq_conv_post is None else tuple(self.kq_conv_post.shape[-2:]),
+            mix_pre=self.mix_pre is not None,
+            mix_post=self.mix_post is not None,
         )
 
     def wants_triton(self, q: Tensor) -> bool:
@@ -458,29 +453,12 @@ class MultiTokenAttention(Attention):
         all); compiled, the same call as an operator (mta_ops), which torch.compile can trace where
         it cannot trace a ctypes call."""
         norm = (
-            None if self.norm is None else (self.norm.weight, self.gate.weight, self.gate.bias, self.norm.eps)
+            (None, None, None, 0.0)
+            if self.norm is None
+            else (self.norm.weight, self.gate.weight, self.gate.bias, self.norm.eps)
         )
-        if torch.compiler.is_compiling():
-            weight, gate, bias, eps = norm or (None, None, None, 0.0)
-            return torch.ops.minitx.attend_rows(
-                q,
-                keys,
-                values,
-                self.scale,
-                self.mix_pre,
-                self.mix_post,
-                weight,
-                gate,
-                bias,
-                eps,
-                kernel,
-                lo,
-                hi,
-            )
-        rows = None if lo is None else (lo, hi)
-        return native.attend_rows(
-            q, keys, values, self.scale, self.mix_pre, self.mix_post, norm, kernel, rows
-        )
+        call = torch.ops.minitx.attend_rows if torch.compiler.is_compiling() else native.attend_rows
+        return call(q, keys, values, self.scale, self.mix_pre, self.mix_post, *norm, kernel, lo, hi)
 
     def on_prefill(self, q: Tensor, cache: MTACache) -> None:
         cache.remember_queries(q)  # the convolution of the next steps looks back on these

@@ -342,15 +342,20 @@ def attend_rows(
     scale: float,
     pre: Tensor | None,
     post: Tensor | None,
-    norm,
+    weight: Tensor | None,
+    gate: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
     kernel: Tensor | None = None,
-    rows: tuple[Tensor, Tensor] | None = None,
+    lo: Tensor | None = None,
+    hi: Tensor | None = None,
 ) -> Tensor:
     """A decoding step of a layer without gradients: post-mix(softmax(pre-mix(C))) V per head, C the
     scores scale q K^T (with `kernel` (H, c_q, c_k): their pre-softmax convolution, q's first c_q - 1
-    rows being its history), then the gated norm if norm = (weight, gate weight, gate bias, eps).
-    q (B, H, R, D); k, v (B, G, Tk, D); rows (lo, hi): the keys each of q's R rows sees (None:
-    every key). Returns (B, H, R - c_q + 1, D)."""
+    rows being its history), then the gated norm if `weight` is given (gate weight, gate bias, eps).
+    q (B, H, R, D); k, v (B, G, Tk, D); lo, hi (contiguous): the keys each of q's R rows sees (None:
+    every key). Returns (B, H, R - c_q + 1, D). The signature is mta_ops.attend_rows', flat, so that
+    a layer hands the same arguments to either."""
     B, H, R, D = q.shape
     G, N = k.shape[1], k.shape[2]
     c_q, c_k = (1, 1) if kernel is None else kernel.shape[-2:]
@@ -359,12 +364,11 @@ def attend_rows(
         k, v = k.contiguous(), v.contiguous()
     q = q.contiguous()
     out = q.new_empty(B, H, R - c_q + 1, D)
-    weight, gate, bias, eps = norm if norm is not None else (None, None, None, 0.0)
     params = [as_dtype(t, q.dtype) for t in (kernel, pre, post, weight, gate, bias)]
     fn = getattr(library(), f"attend_rows_{SUFFIX[q.dtype]}")
     sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
     pointers = [address(t) for t in (q, k, v, out)]
-    bounds = [None, None] if rows is None else [t.data_ptr() for t in rows]
+    bounds = [address(t) for t in (lo, hi)]
     split(
         B,
         lambda b0, b1, _: fn(
