@@ -50,6 +50,7 @@ from minitx.allocator import keep_freed_memory
 from minitx.attention import build, mta_triton
 from minitx.attention.local import LocalAttention
 from minitx.attention.multi_token import FACTORISED_FROM
+from minitx.configfiles import merged
 from minitx.model import RotaryEmbedding
 
 MiB = 2**20
@@ -72,27 +73,28 @@ TRITON_VARIANTS = ("mta-triton", "mta-both-triton")
 
 
 def variants(args) -> dict[str, dict]:
-    window = dict(kind="local", window=args.window, local_backend="chunked")
-    mta = dict(kind="mta", mta_conv_layers=[0])  # layer 0 of 1: the module with the convolution
+    window = dict(kind="local", options={"local": {"window": args.window, "backend": "chunked"}})
+
+    def mta(**options) -> dict:  # layer 0 of 1: the module with the convolution
+        return dict(kind="mta", options={"mta": {"conv_layers": [0], **options}})
+
     # CPU: the default backend (auto). CUDA: auto would take the Triton kernels (the triton rows).
-    torch_path = dict(mta_backend=TORCH_AUTO) if args.device == "cuda" else {}
+    torch_path = dict(backend=TORCH_AUTO) if args.device == "cuda" else {}
     return {
         "mha": dict(kind="mha"),
         "mqa": dict(kind="mqa"),
         "gqa": dict(kind="gqa", n_kv_head=max(1, args.n_head // 2)),
         "local": window,
         "local-dense": window,  # same config, DenseMaskedLocal module
-        "mta": dict(mta, **torch_path),  # pre-softmax 6 x 11 convolution, the torch path
-        "mta-fact": dict(mta, mta_backend="factorised"),  # the same, always the factorised path
-        "mta-conv": dict(mta, mta_backend="conv"),  # the same, always the plain chunked convolution
+        "mta": mta(**torch_path),  # pre-softmax 6 x 11 convolution, the torch path
+        "mta-fact": mta(backend="factorised"),  # the same, always the factorised path
+        "mta-conv": mta(backend="conv"),  # the same, always the plain chunked convolution
         # as released: pre- and post-softmax convolutions
-        "mta-both": dict(mta, mta_conv_placement="both", **torch_path),
-        "mta-full": dict(
-            mta, mta_backend="conv", mta_query_chunk=max(args.seq_lens)
-        ),  # one chunk: (B, H, T, T) at once
-        "mta-triton": dict(mta, mta_backend="triton"),  # mta through the Triton kernels
+        "mta-both": mta(conv_placement="both", **torch_path),
+        "mta-full": mta(backend="conv", query_chunk=max(args.seq_lens)),  # one chunk: (B, H, T, T) at once
+        "mta-triton": mta(backend="triton"),  # mta through the Triton kernels
         # the released layer through the Triton kernels
-        "mta-both-triton": dict(mta, mta_conv_placement="both", mta_backend="triton"),
+        "mta-both-triton": mta(conv_placement="both", backend="triton"),
     }
 
 
@@ -104,9 +106,9 @@ def default_variants(args, all_variants: dict) -> list[str]:
 
 def resolved(attention: dict, T: int) -> dict:
     """The attention section with TORCH_AUTO replaced by the backend it stands for at T."""
-    if attention.get("mta_backend") != TORCH_AUTO:
+    if (attention.get("options") or {}).get("mta", {}).get("backend") != TORCH_AUTO:
         return attention
-    return dict(attention, mta_backend="factorised" if T > FACTORISED_FROM else "conv")
+    return merged(attention, options={"mta": {"backend": "factorised" if T > FACTORISED_FROM else "conv"}})
 
 
 def make_layer(name: str, attention: dict, T: int, args):

@@ -33,8 +33,8 @@ KINDS = {
     "mha": dict(kind="mha"),
     "mqa": dict(kind="mqa"),
     "gqa (2 kv heads)": dict(kind="gqa", n_kv_head=2),
-    "local (window 64)": dict(kind="local", window=64),
-    "local (window 64, 4 global)": dict(kind="local", window=64, n_global=4),
+    "local (window 64)": dict(kind="local", options={"local": {"window": 64}}),
+    "local (window 64, 4 global)": dict(kind="local", options={"local": {"window": 64, "n_global": 4}}),
     "mta (paper defaults)": dict(kind="mta"),
 }
 

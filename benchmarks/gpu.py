@@ -23,7 +23,7 @@ that a wrong convolution or mix would show):
 Local attention takes flex attention on CUDA and the chunked path on the CPU; the check's detail
 says which path ran, counted by wrapping both functions.
 - triton vs conv (CUDA only): the mta model (released setting) and the same with the pre-softmax
-  convolution only, without dropout, through mta_backend triton against the same weights through
+  convolution only, without dropout, through the MTA backend triton against the same weights through
   conv, on --device in float32 with TF32 off: logits and every parameter's gradient (TRITON_TOL).
 
 Measurements: training tokens/s and MFU of each kind (bare loop, bf16 autocast, AdamW), compiled
@@ -70,6 +70,7 @@ import yaml  # noqa: E402
 from minitx import AttentionConfig, ModelConfig, Transformer, verify  # noqa: E402
 from minitx.arguments import ArgumentParser  # noqa: E402
 from minitx.attention import local, native  # noqa: E402
+from minitx.configfiles import merged  # noqa: E402
 from minitx.decoding import generate  # noqa: E402
 from minitx.errors import UserError, one_line  # noqa: E402
 from minitx.training import lm_loss, optimizer_groups, peak_flops  # noqa: E402
@@ -105,7 +106,7 @@ CAUSAL_TOL = 1e-5
 # on CUDA the convolutions of MTA may run in TF32 (10-bit mantissa, 5e-4 per rounding). A cache that
 # drops or mis-scales attention moves the logits by 0.08-0.45 of their spread at these sizes.
 CACHE_TOL = 1e-2
-# mta_backend triton against conv, same weights, same device, float32 with TF32 off (cuDNN's
+# the MTA backend triton against conv, same weights, same device, float32 with TF32 off (cuDNN's
 # convolutions of the conv path would otherwise round their inputs to 10 bits, 5e-4; the kernels
 # use IEEE float32 products in float32). The two then differ only in summation order: tiles of keys
 # with the row statistics of a first pass against whole rows, atomic adds of the key-side gradients.
@@ -381,25 +382,23 @@ def ieee_float32():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
-def with_mta(config: ModelConfig, **attention) -> ModelConfig:
-    """config without dropout (the kernels have none) and with these attention fields changed."""
-    return dataclasses.replace(
-        config, dropout=0.0, attention=dataclasses.replace(config.attention, **attention)
-    )
+def with_mta(config: ModelConfig, **options) -> ModelConfig:
+    """config without dropout (the kernels have none) and with these MTA options changed."""
+    return dataclasses.replace(config, dropout=0.0, attention=config.attention.with_options("mta", **options))
 
 
 def check_triton(
     results: Results, kind: str, config: ModelConfig, device: torch.device, T: int | None = None
 ) -> None:
-    """config's MTA through mta_backend triton against conv: same weights, same device, float32.
+    """config's MTA through the MTA backend triton against conv: same weights, same device, float32.
     T: the sequence length (default a little short of block_size, so the last tiles are ragged)."""
     from minitx.attention.multi_token import MultiTokenAttention
 
     T = T or max(1, config.block_size - 5)
-    base = verify.perturb_identity_parts(Transformer(with_mta(config, mta_backend="conv"))).eval()
+    base = verify.perturb_identity_parts(Transformer(with_mta(config, backend="conv"))).eval()
     oracle = copy.deepcopy(base).double()  # float64 on the CPU: how far float32 itself gets
     conv = base.to(device)
-    fused = Transformer(with_mta(config, mta_backend="triton")).to(device).eval()
+    fused = Transformer(with_mta(config, backend="triton")).to(device).eval()
     fused.load_state_dict(conv.state_dict())
     idx = torch.randint(0, VOCAB, (2, T + 1))
     logits, grads, calls = {}, {}, {}
@@ -436,7 +435,7 @@ def check_triton(
     ok = rel <= TRITON_TOL and worst_excess <= 1 and not missing
     ok = ok and calls["conv"] == 0 and calls["triton"] == n_mta  # each model took the path it names
     detail = (
-        f"float32 {device.type} (TF32 off), T={T}, {config.attention.mta_conv_placement} convolution: "
+        f"float32 {device.type} (TF32 off), T={T}, {config.attention.options_of('mta').conv_placement} convolution: "
         f"logits rel. RMS error {rel:.1e} (<= {TRITON_TOL}); closest gradient to its bound: {worst} "
         f"rel. error {errors[worst]:.1e} (<= {bounds[worst]:.1e}), largest {max(errors.values()):.1e}; "
         f"Triton kernels ran in {calls['triton']} of {n_mta} layers (conv model: {calls['conv']})"
@@ -463,7 +462,7 @@ def run_checks(results: Results, configs: dict[str, ModelConfig], device: torch.
     # convolution alone: the kernels' two shapes (with and without the post-softmax halo).
     for kind, config in (
         ("mta", configs["mta"]),
-        ("mta (pre only)", with_mta(configs["mta"], mta_conv_placement="pre")),
+        ("mta (pre only)", with_mta(configs["mta"], conv_placement="pre")),
     ):
         if device.type != "cuda":
             results.skip("triton vs conv", kind, CUDA_ONLY)
@@ -528,7 +527,9 @@ def attention_variants(sections: dict[str, dict], device: torch.device) -> dict[
     """The attention section's rows: name -> attention settings. On CUDA auto would take the Triton
     kernels for MTA, so `mta (torch)` keeps the torch path it took before them (benchmarks/attention.py's
     TORCH_AUTO) and the kernels have their own rows."""
-    released = dict(sections["mta"], mta_conv_layers=[0])  # the released layer, with its convolutions
+    released = dict(
+        sections["mta"], options={"mta": {"conv_layers": [0]}}
+    )  # the released layer, with its convolutions
     cuda = device.type == "cuda"
     variants = {
         "mha (SDPA)": sections["mha"],
@@ -538,9 +539,9 @@ def attention_variants(sections: dict[str, dict], device: torch.device) -> dict[
     if not cuda:
         variants["mta"] = released  # auto: the C loops or torch
         return variants
-    variants["mta (torch)"] = dict(released, mta_backend=attention_bench.TORCH_AUTO)
-    variants["mta-triton"] = dict(released, mta_conv_placement="pre", mta_backend="triton")
-    variants["mta-both-triton"] = dict(released, mta_backend="triton")
+    variants["mta (torch)"] = merged(released, options={"mta": {"backend": attention_bench.TORCH_AUTO}})
+    variants["mta-triton"] = merged(released, options={"mta": {"conv_placement": "pre", "backend": "triton"}})
+    variants["mta-both-triton"] = merged(released, options={"mta": {"backend": "triton"}})
     return variants
 
 

@@ -18,7 +18,11 @@ import torch
 
 from minitx import AttentionConfig, ModelConfig, Transformer
 
-KINDS = {"mha": {"kind": "mha"}, "local": {"kind": "local", "window": 64}, "mta": {"kind": "mta"}}
+KINDS = {
+    "mha": {"kind": "mha"},
+    "local": {"kind": "local", "options": {"local": {"window": 64}}},
+    "mta": {"kind": "mta"},
+}
 
 
 def best_cpu_seconds(model: Transformer, prompt: torch.Tensor, use_cache: bool, repeats: int) -> float:

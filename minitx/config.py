@@ -7,84 +7,86 @@ change. Configs are plain dataclasses of plain values, so they travel inside che
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, field, fields
+import dataclasses
+import functools
+import warnings
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-from . import kinds
+from . import kinds, legacy
 from .errors import UserError
 from .kinds import check_choice as _check_choice
 from .kinds import fail as _fail
 
-# Fields every kind reads; any other field is an option of the kinds whose spec lists it.
-SHARED_FIELDS = ("kind", "layers")
-
 
 @dataclass
 class AttentionConfig:
-    """How each layer attends. See docs in the README for every field.
+    """How each layer attends: which kind, and each kind's own options.
 
-    A kind's options are the fields its registry entry (minitx.kinds.KindSpec) lists; a field set
-    away from its default must be read by at least one layer's kind, or the config is refused.
+    The options of a kind are defined beside its layer (e.g. LocalOptions in attention/local.py)
+    and written under its name: `options: {local: {window: 64}}`, `--model.attention.options.local.window 64`.
+    After checking, `options` holds every option of every kind the layers use (defaults filled in),
+    so a saved config says exactly what the model computed.
     """
 
-    kind: str = "mha"  # a registered kind: mha, mqa, gqa, local, mta (see minitx/attention/__init__.py)
-    # Key/value heads for gqa, local and mta (None: as many as query heads). MQA is 1, MHA n_head.
-    n_kv_head: int | None = None
-    # Local: query i sees keys i - window < j <= i, plus the first n_global positions.
-    window: int = 128
-    n_global: int = 0
+    kind: str = "mha"  # a registered kind: mha, mqa, gqa, local, mta, or one of kind_modules'
     # Per-layer kinds, repeated to cover n_layer, e.g. ["local", "local", "local", "mha"].
     layers: list[str] | None = None
-    # Multi-token attention (Golovneva et al. 2025), defaults from the paper's language-model setting.
-    mta_query_kernel: int = 6  # c_q: rows looked back along the query axis (current one included)
-    mta_key_kernel: int = 11  # c_k: odd, centred along the key axis
-    mta_conv_placement: Literal["pre", "post", "both"] = "pre"  # conv on scores, on softmax weights, or both
-    mta_conv_layers: list[int] | None = None  # None: every 4th layer, 0-based 2, 6, 10, ...
-    mta_head_group: int | None = None  # c_h: heads mixed together (None: all heads)
-    mta_head_mix: Literal["none", "pre", "post", "both"] = "both"
-    mta_output_norm: bool = True  # per-head RMSNorm and sigmoid gate before the output projection
-    mta_query_chunk: int = 256  # queries per chunk: bounds memory at O(chunk * T) instead of O(T^2)
-    # Fast path: "factorised" (far keys as one wide matrix product, the band near the diagonal
-    # exact), "conv" (the plain chunked convolution), "triton" (tiled kernels, no T x T map; CUDA,
-    # or Triton's interpreter on CPU for tests) or "auto" (triton on CUDA without attention dropout;
-    # elsewhere conv up to 512 tokens, factorised above: the measured CPU crossover).
-    mta_backend: Literal["auto", "factorised", "conv", "triton"] = "auto"
-    # As released: RMSNorm eps, float32 softmax and norm statistics under bf16/fp16, the gate's init,
-    # the pre-softmax head mix over all heads (only the post-softmax mix uses groups of c_h).
-    mta_norm_eps: float = 1e-5
-    mta_float32: bool = True
-    mta_gate_init: Literal["normal", "zero"] = "normal"
-    mta_pre_mix_all_heads: bool = True
-    # Local fast path: "auto" (compiled flex attention on CUDA, chunked elsewhere), "chunked", "flex".
-    local_backend: Literal["auto", "chunked", "flex"] = "auto"
+    # Key/value heads of the kinds that group heads (gqa, local, mta; None: as many as query
+    # heads). Shared, not a kind's option: a mix of kinds uses one n_kv_head. MQA is 1, MHA n_head.
+    n_kv_head: int | None = None
+    # Each used kind's options by kind name, e.g. {"mta": {"query_kernel": 6, "conv_layers": [2]}}.
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Modules that register kinds of your own, imported first: module names or .py file paths.
+    kind_modules: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        kinds.import_kind_modules(self.kind_modules)
         kinds.spec_of("attention.kind", self.kind)
         if self.layers is not None:
             if len(self.layers) == 0:
                 _fail("attention.layers", "is empty", "give at least one kind or leave it unset")
             for i, kind in enumerate(self.layers):
                 kinds.spec_of(f"attention.layers[{i}]", kind)
-        specs = [kinds.registry[kind] for kind in dict.fromkeys(self.layers or [self.kind])]
-        self._refuse_unused_options(specs)
-        if self.n_kv_head is not None and self.n_kv_head < 1:
-            _fail("attention.n_kv_head", f"is {self.n_kv_head}", "use a positive divisor of n_head")
-        for spec in specs:
-            if spec.check is not None:
-                spec.check(self)
+        used = list(dict.fromkeys(self.layers or [self.kind]))
+        if self.n_kv_head is not None:
+            if not any(kinds.registry[kind].reads_n_kv_head for kind in used):
+                _fail(
+                    "attention.n_kv_head",
+                    f"is set to {self.n_kv_head} but kind {'/'.join(used)} has a fixed number of key/value heads",
+                    "remove it, or use a kind that reads it (gqa, local, mta)",
+                )
+            if self.n_kv_head < 1:
+                _fail("attention.n_kv_head", f"is {self.n_kv_head}", "use a positive divisor of n_head")
+        given = dict(self.options or {})
+        for kind, section in given.items():
+            if kind not in used and not _is_default(kind, section):
+                known = kind in kinds.registry
+                _fail(
+                    f"attention.options.{kind}",
+                    f"sets options of kind {kind}, but the layers are of kind {'/'.join(used)}"
+                    if known
+                    else f"there is no kind {kind!r}{kinds.nearest(kind, used)}",
+                    f"remove it, or add {kind} to attention.kind or attention.layers"
+                    if known
+                    else f"write the options of a kind the layers use ({', '.join(used)})",
+                )
+        typed = {kind: kinds.build_options(kind, given.get(kind) or {}) for kind in used}
+        # Plain values, every option filled in: what asdict, checkpoints and run configs hold.
+        self.options = {
+            kind: kinds.option_values(value) for kind, value in typed.items() if value is not None
+        }
 
-    def _refuse_unused_options(self, specs: list) -> None:
-        """A field that differs from its default but that no layer's kind reads is a mistake."""
-        used = {option for spec in specs for option in spec.options}
-        for f in fields(self):
-            if f.name in SHARED_FIELDS or f.name in used or getattr(self, f.name) == _default(f):
-                continue
-            readers = [spec.name for spec in kinds.registry.values() if f.name in spec.options]
-            _fail(
-                f"attention.{f.name}",
-                f"is set to {getattr(self, f.name)!r} but does not apply to kind {'/'.join(s.name for s in specs)}",
-                f"remove it, or use a kind that reads it ({', '.join(readers) or 'none'})",
-            )
+    def options_of(self, kind: str) -> Any:
+        """The options object of a kind the layers use (None for a kind without options)."""
+        if kind not in self.options:
+            return None
+        return kinds.registry[kind].options(**self.options[kind])
+
+    def with_options(self, kind: str, **changes: Any) -> AttentionConfig:
+        """A copy with some of one kind's options changed, e.g. with_options("mta", backend="conv")."""
+        options = {**self.options, kind: {**self.options.get(kind, {}), **changes}}
+        return dataclasses.replace(self, options=options)
 
     def layer_kinds(self, n_layer: int) -> list[str]:
         pattern = self.layers or [self.kind]
@@ -93,10 +95,38 @@ class AttentionConfig:
     def kv_heads(self, kind: str, n_head: int) -> int:
         return kinds.registry[kind].kv_heads(self, n_head)
 
-    def mta_conv_layer_set(self, n_layer: int) -> set[int]:
-        if self.mta_conv_layers is None:
-            return set(range(2, n_layer, 4))
-        return set(self.mta_conv_layers)
+
+def _is_default(kind: str, section: Any) -> bool:
+    """An options section that changes nothing (all defaults) may name a kind no layer uses."""
+    spec = kinds.registry.get(kind)
+    if spec is None or spec.options is None:
+        return not section
+    try:
+        return kinds.build_options(kind, section or {}) == spec.options()
+    except ValueError:
+        return False
+
+
+_dataclass_init = AttentionConfig.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init_with_old_keywords(self, *args, **kwargs) -> None:
+    # Keywords of minitx before per-kind options (AttentionConfig(kind="local", window=64)) still
+    # work: minitx.legacy moves each to its kind's section, with a warning naming the new spelling.
+    old = {name: kwargs.pop(name) for name in list(kwargs) if name in legacy.ATTENTION_FIELDS}
+    if old:
+        warnings.warn(
+            "AttentionConfig: "
+            + "; ".join(f"{name} is now {legacy.attention_spelling(name)}" for name in old),
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        kwargs["options"] = legacy.options_with(kwargs.get("options") or {}, old)
+    _dataclass_init(self, *args, **kwargs)
+
+
+AttentionConfig.__init__ = _init_with_old_keywords
 
 
 @dataclass
@@ -180,38 +210,26 @@ class ModelConfig:
             return 64 * ((8 * self.d_model // 3 + 63) // 64)
         return 4 * self.d_model
 
+    def options_at(self, layer: int) -> Any:
+        """The options of layer's kind (None for a kind without options)."""
+        return self.attention.options_of(self.layer_kinds[layer])
+
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelConfig:
+        """A config saved by minitx (a checkpoint's, a run's), older spellings included."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise UserError(f"model config: unknown field(s) {', '.join(unknown)}; remove them")
         data = dict(data)
         if isinstance(data.get("attention"), dict):
+            section = legacy.attention_section(data["attention"])
             att_known = {f.name for f in fields(AttentionConfig)}
-            bad = sorted(set(data["attention"]) - att_known)
+            bad = sorted(set(section) - att_known)
             if bad:
                 raise UserError(f"attention config: unknown field(s) {', '.join(bad)}; remove them")
-            data["attention"] = AttentionConfig(**_options_read(data["attention"]))
+            data["attention"] = AttentionConfig(**section)
         return cls(**data)
-
-
-def _options_read(attention: dict) -> dict:
-    """A stored attention config without the options none of its kinds reads.
-
-    Such options change nothing in the model; a checkpoint may carry them with values that were
-    the defaults of the version that saved it. Refusing them is for what a user writes, so a stored
-    config drops them instead (unknown kinds are left for validation to name).
-    """
-    layer_kinds = attention.get("layers") or [attention.get("kind", AttentionConfig.kind)]
-    if any(kind not in kinds.registry for kind in layer_kinds):
-        return attention
-    read = {option for kind in layer_kinds for option in kinds.registry[kind].options}
-    return {key: value for key, value in attention.items() if key in SHARED_FIELDS or key in read}
-
-
-def _default(f) -> Any:
-    return f.default_factory() if f.default_factory is not MISSING else f.default

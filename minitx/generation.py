@@ -29,6 +29,7 @@ from .decoding import (  # noqa: F401 (re-exported: the decode loop's home befor
 )
 from .errors import UserError, one_line
 from .generate_inputs import check_generate_args
+from .kinds import KindModuleError
 from .model import Transformer
 
 # -- checkpoints ------------------------------------------------------------------------------------
@@ -46,6 +47,8 @@ def load_checkpoint(path: str, map_location="cpu", label: str = "checkpoint"):
     meta = raw["minitx"]
     try:
         config = ModelConfig.from_dict(meta["model_config"])
+    except KindModuleError as error:  # a kind of the user's own: its file must be found again
+        raise UserError(f"{where}: its attention kind comes from outside minitx: {error}") from None
     except (KeyError, TypeError, ValueError) as error:
         raise UserError(
             f"{where}: its model config is invalid ({one_line(error, 200)}); the file is damaged or from another version"

@@ -267,7 +267,10 @@ MATCH_VARIANTS = [
     {"name": "mha", "overrides": {"model.attention.kind": "mha"}},
     {"name": "mqa", "overrides": {"model.attention.kind": "mqa"}},
     {"name": "gqa", "overrides": {"model.attention": {"kind": "gqa", "n_kv_head": 2}}},
-    {"name": "mta", "overrides": {"model.attention": {"kind": "mta", "mta_conv_layers": [1]}}},
+    {
+        "name": "mta",
+        "overrides": {"model.attention": {"kind": "mta", "options": {"mta": {"conv_layers": [1]}}}},
+    },
 ]
 MATCH_SHAPE = {"model.n_layer": 2, "model.n_head": 4, "model.d_model": 32}
 
@@ -330,7 +333,7 @@ def test_match_refuses_what_no_mlp_width_can_reach(tmp_path, capsys):
     )
     assert ablate_main(["--config", str(path), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "variant 'b': model.attention.kind: unknown value 'flash'" in err
+    assert len(err.splitlines()) == 1 and "variant 'b': model.attention.kind: unknown kind 'flash'" in err
 
 
 # ------------------------------------------------------------------------------ seeds

@@ -117,7 +117,8 @@ def test_chunked_local_gradients_match_oracle():
     grad_out = torch.randn(1, 4, T, 8)
     fast = torch.autograd.grad((chunked_local(*inputs, window, n_global) * grad_out).sum(), inputs)
     slow = torch.autograd.grad(
-        (functional.attention(*inputs, window=window, n_global=n_global) * grad_out).sum(), inputs
+        (functional.attention(*inputs, window=window, n_global=n_global) * grad_out).sum(),
+        inputs,
     )
     for a, b in zip(fast, slow):
         assert max_diff(a, b) < TOL

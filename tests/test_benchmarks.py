@@ -89,13 +89,16 @@ def test_attention_benchmark_adds_the_triton_rows_on_cuda_only():
         assert set(defaults) - set(bench.TRITON_VARIANTS) == set(all_variants) - set(bench.TRITON_VARIANTS)
         # mta and mta-both: auto on the CPU; on CUDA (where auto takes triton) the torch path auto took before
         for name in ("mta", "mta-both"):
-            backends = [bench.resolved(all_variants[name], T).get("mta_backend", "auto") for T in (8, 1024)]
+            backends = [
+                bench.resolved(all_variants[name], T)["options"]["mta"].get("backend", "auto")
+                for T in (8, 1024)
+            ]
             assert backends == (["auto", "auto"] if device == "cpu" else ["conv", "factorised"]), (
                 device,
                 name,
             )
         for name in bench.TRITON_VARIANTS:
-            assert all_variants[name]["mta_backend"] == "triton"
+            assert all_variants[name]["options"]["mta"]["backend"] == "triton"
 
 
 def test_generate_benchmark_prints_speed_and_memory(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -23,20 +25,53 @@ BAD_CONFIGS = {
     "n_kv_head with mha": (dict(kind="mha", n_kv_head=2), "attention.n_kv_head"),
     "n_kv_head with mqa": (dict(kind="mqa", n_kv_head=1), "attention.n_kv_head"),
     "local kv heads per layer": (dict(layers=["local", "mha"], n_kv_head=3), "attention.n_kv_head"),
-    "window below 1": (dict(kind="local", window=0), "attention.window"),
-    "negative globals": (dict(kind="local", n_global=-1), "attention.n_global"),
-    "even mta key kernel": (dict(kind="mta", mta_key_kernel=10), "attention.mta_key_kernel"),
-    "mta query kernel below 1": (dict(kind="mta", mta_query_kernel=0), "attention.mta_query_kernel"),
-    "mta conv layer out of range": (dict(kind="mta", mta_conv_layers=[1, 4]), "attention.mta_conv_layers"),
-    "mta conv layer negative": (dict(kind="mta", mta_conv_layers=[-1]), "attention.mta_conv_layers"),
-    "mta head group not dividing heads": (dict(kind="mta", mta_head_group=3), "attention.mta_head_group"),
-    "mta query chunk below 1": (dict(kind="mta", mta_query_chunk=0), "attention.mta_query_chunk"),
-    "unknown conv placement": (dict(kind="mta", mta_conv_placement="middle"), "attention.mta_conv_placement"),
-    "unknown head mix": (dict(kind="mta", mta_head_mix="all"), "attention.mta_head_mix"),
+    "window below 1": (
+        dict(kind="local", options={"local": {"window": 0}}),
+        "attention.options.local.window",
+    ),
+    "negative globals": (
+        dict(kind="local", options={"local": {"n_global": -1}}),
+        "attention.options.local.n_global",
+    ),
+    "even mta key kernel": (
+        dict(kind="mta", options={"mta": {"key_kernel": 10}}),
+        "attention.options.mta.key_kernel",
+    ),
+    "mta query kernel below 1": (
+        dict(kind="mta", options={"mta": {"query_kernel": 0}}),
+        "attention.options.mta.query_kernel",
+    ),
+    "mta conv layer out of range": (
+        dict(kind="mta", options={"mta": {"conv_layers": [1, 4]}}),
+        "attention.options.mta.conv_layers",
+    ),
+    "mta conv layer negative": (
+        dict(kind="mta", options={"mta": {"conv_layers": [-1]}}),
+        "attention.options.mta.conv_layers",
+    ),
+    "mta head group not dividing heads": (
+        dict(kind="mta", options={"mta": {"head_group": 3}}),
+        "attention.options.mta.head_group",
+    ),
+    "mta query chunk below 1": (
+        dict(kind="mta", options={"mta": {"query_chunk": 0}}),
+        "attention.options.mta.query_chunk",
+    ),
+    "unknown conv placement": (
+        dict(kind="mta", options={"mta": {"conv_placement": "middle"}}),
+        "attention.options.mta.conv_placement",
+    ),
+    "unknown head mix": (
+        dict(kind="mta", options={"mta": {"head_mix": "all"}}),
+        "attention.options.mta.head_mix",
+    ),
     "unknown kind": (dict(kind="sparse"), "attention.kind"),
     "unknown layers entry": (dict(layers=["mha", "linear"]), r"attention.layers\[1\]"),
     "empty layers": (dict(layers=[]), "attention.layers"),
-    "unknown local backend": (dict(kind="local", local_backend="triton"), "attention.local_backend"),
+    "unknown local backend": (
+        dict(kind="local", options={"local": {"backend": "triton"}}),
+        "attention.options.local.backend",
+    ),
 }
 
 
@@ -69,16 +104,18 @@ def test_message_is_one_line_with_a_fix():
 
 
 def test_good_configs_pass_and_derive_per_layer_values():
-    config = model(n_layer=5, layers=["local", "local", "gqa"], n_kv_head=2, window=16)
+    config = model(
+        n_layer=5, layers=["local", "local", "gqa"], n_kv_head=2, options={"local": {"window": 16}}
+    )
     assert config.layer_kinds == ["local", "local", "gqa", "local", "local"]
     assert [config.n_kv_head_at(layer) for layer in range(5)] == [2] * 5
     mixed = model(n_layer=2, layers=["mha", "mqa"])
     assert [mixed.n_kv_head_at(layer) for layer in range(2)] == [4, 1]
-    assert model(n_layer=12, kind="mta").attention.mta_conv_layer_set(12) == {2, 6, 10}
+    assert model(n_layer=12, kind="mta").attention.options_of("mta").conv_layer_set(12) == {2, 6, 10}
 
 
 def test_round_trip_through_dict():
-    config = model(kind="mta", mta_conv_layers=[0, 3], mta_head_group=2, n_kv_head=2)
+    config = model(kind="mta", options={"mta": {"conv_layers": [0, 3], "head_group": 2}}, n_kv_head=2)
     assert ModelConfig.from_dict(config.to_dict()) == config
     with pytest.raises(ValueError, match="unknown field"):
         ModelConfig.from_dict({**config.to_dict(), "n_heads": 4})
@@ -92,17 +129,29 @@ def test_registry_holds_the_five_kinds_and_config_reads_it():
 # -- options belong to kinds ---------------------------------------------------------------------------
 
 REFUSED = {
-    "window on mha": (dict(kind="mha", window=64), "attention.window", "mha"),
-    "n_global on gqa": (dict(kind="gqa", n_global=2), "attention.n_global", "gqa"),
-    "mta kernel on gqa": (dict(kind="gqa", mta_query_kernel=3), "attention.mta_query_kernel", "gqa"),
+    "window on mha": (
+        dict(kind="mha", options={"local": {"window": 64}}),
+        "attention.options.local",
+        "mha",
+    ),
+    "n_global on gqa": (
+        dict(kind="gqa", options={"local": {"n_global": 2}}),
+        "attention.options.local",
+        "gqa",
+    ),
+    "mta kernel on gqa": (
+        dict(kind="gqa", options={"mta": {"query_kernel": 3}}),
+        "attention.options.mta",
+        "gqa",
+    ),
     "mta output norm on local": (
-        dict(kind="local", mta_output_norm=False),
-        "attention.mta_output_norm",
+        dict(kind="local", options={"mta": {"output_norm": False}}),
+        "attention.options.mta",
         "local",
     ),
     "local backend on mixed mta+mha": (
-        dict(layers=["mta", "mha"], local_backend="chunked"),
-        "attention.local_backend",
+        dict(layers=["mta", "mha"], options={"local": {"backend": "chunked"}}),
+        "attention.options.local",
         "mta/mha",
     ),
 }
@@ -114,18 +163,18 @@ def test_option_no_layer_reads_is_refused_naming_option_and_kind(case):
     with pytest.raises(ValueError) as error:
         model(**attention)
     message = str(error.value)
-    assert message.startswith(f"{field}: ") and f"kind {kinds};" in message and "\n" not in message
+    assert message.startswith(f"{field}: ") and f"of kind {kinds};" in message and "\n" not in message
 
 
 def test_option_read_by_some_layer_of_a_mixed_model_is_accepted():
-    config = model(layers=["local", "mha"], window=8, n_global=1)
+    config = model(layers=["local", "mha"], options={"local": {"window": 8, "n_global": 1}})
     assert config.layer_kinds == ["local", "mha", "local", "mha"]
-    model(layers=["mta", "gqa"], n_kv_head=2, mta_query_kernel=2)
+    model(layers=["mta", "gqa"], n_kv_head=2, options={"mta": {"query_kernel": 2}})
 
 
 def test_options_at_their_defaults_are_accepted_for_any_kind():
     # jsonargparse and checkpoints hand over every field, defaults included.
-    defaults = AttentionConfig().__dict__
+    defaults = dataclasses.asdict(AttentionConfig())
     for kind in registry:
         model(**dict(defaults, kind=kind))
 
@@ -140,13 +189,15 @@ def yaml_attention_sections():
         base = dict((data.get("model") or {}).get("attention") or {})
         yield path.name, base
         for variant in data.get("variants") or []:
-            prefix = "model.attention."
-            overrides = {
-                key[len(prefix) :]: value
-                for key, value in (variant.get("overrides") or {}).items()
-                if key.startswith(prefix)
-            }
-            yield f"{path.name}:{variant['name']}", dict(base, **overrides)
+            attention = copy.deepcopy(base)
+            for key, value in (variant.get("overrides") or {}).items():
+                if key.startswith("model.attention."):  # dotted: model.attention.options.local.window
+                    *sections, last = key.split(".")[2:]
+                    inner = attention
+                    for section in sections:
+                        inner = inner.setdefault(section, {})
+                    inner[last] = value
+            yield f"{path.name}:{variant['name']}", attention
 
 
 def test_every_shipped_config_still_loads():
@@ -166,8 +217,10 @@ def test_stored_config_drops_options_its_kinds_do_not_read():
     stored["attention"]["mta_backend"] = "factorised"
     stored["attention"]["window"] = 7
     assert ModelConfig.from_dict(stored).attention == AttentionConfig(kind="mha")
-    with pytest.raises(ValueError, match="attention.mta_backend: .*does not apply to kind mha"):
-        AttentionConfig(kind="mha", mta_backend="factorised")
+    with pytest.raises(
+        ValueError, match="attention.options.mta: sets options of kind mta, but the layers are of kind mha"
+    ):
+        AttentionConfig(kind="mha", options={"mta": {"backend": "factorised"}})
     # Options a layer does read are kept.
     stored["attention"].update(kind="local", layers=["local", "mha"])
-    assert ModelConfig.from_dict(stored).attention.window == 7
+    assert ModelConfig.from_dict(stored).attention.options_of("local").window == 7

@@ -32,8 +32,8 @@ WORDS = "to be or not to be that is the question whether tis nobler in the mind 
 KINDS = {
     "mha": dict(kind="mha"),
     "gqa": dict(kind="gqa", n_kv_head=1),
-    "local": dict(kind="local", window=3),
-    "mta": dict(kind="mta", mta_query_kernel=2, mta_key_kernel=3, mta_conv_layers=[0]),
+    "local": dict(kind="local", options={"local": {"window": 3}}),
+    "mta": dict(kind="mta", options={"mta": {"query_kernel": 2, "key_kernel": 3, "conv_layers": [0]}}),
 }
 
 

@@ -23,6 +23,7 @@ import minitx
 from minitx import AttentionConfig, ModelConfig, Transformer, functional
 from minitx.attention import native
 from minitx.attention.multi_token import MultiTokenAttention
+from minitx.configfiles import merged
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import UserError
 from minitx.generation import (
@@ -47,20 +48,26 @@ REPO = Path(__file__).resolve().parents[1]
 
 # -- tiny models ------------------------------------------------------------------------------------
 
-MTA = dict(kind="mta", mta_query_kernel=3, mta_key_kernel=3, mta_query_chunk=4, mta_head_group=2)
+MTA = dict(
+    kind="mta", options={"mta": {"query_kernel": 3, "key_kernel": 3, "query_chunk": 4, "head_group": 2}}
+)
 KINDS = {
     "mha": dict(kind="mha"),
     "mqa": dict(kind="mqa"),
     "gqa": dict(kind="gqa", n_kv_head=2),
-    "local": dict(kind="local", window=WINDOW),
-    "local_global": dict(kind="local", window=WINDOW, n_global=2),
-    "local_gqa": dict(kind="local", window=WINDOW, n_kv_head=2),
-    "mta_pre_gqa": dict(MTA, mta_conv_placement="pre", n_kv_head=2),
-    "mta_post": dict(MTA, mta_conv_placement="post"),
+    "local": dict(kind="local", options={"local": {"window": WINDOW}}),
+    "local_global": dict(kind="local", options={"local": {"window": WINDOW, "n_global": 2}}),
+    "local_gqa": dict(kind="local", options={"local": {"window": WINDOW}}, n_kv_head=2),
+    "mta_pre_gqa": merged(MTA, options={"mta": {"conv_placement": "pre"}}, n_kv_head=2),
+    "mta_post": merged(MTA, options={"mta": {"conv_placement": "post"}}),
     # Layer 0 without convolution, layer 1 convolving along queries only: keys need no order.
-    "mta_query_conv_one_layer": dict(MTA, mta_key_kernel=1, mta_conv_layers=[1], mta_head_mix="pre"),
-    "mixed_local_mha": dict(kind="local", window=WINDOW, layers=["local", "mha"]),
-    "mixed_mta_local_gqa": dict(MTA, window=WINDOW, n_kv_head=2, layers=["mta", "local", "gqa"]),
+    "mta_query_conv_one_layer": merged(
+        MTA, options={"mta": {"key_kernel": 1, "conv_layers": [1], "head_mix": "pre"}}
+    ),
+    "mixed_local_mha": dict(kind="local", options={"local": {"window": WINDOW}}, layers=["local", "mha"]),
+    "mixed_mta_local_gqa": merged(
+        MTA, options={"local": {"window": WINDOW}}, n_kv_head=2, layers=["mta", "local", "gqa"]
+    ),
 }
 
 
@@ -185,11 +192,12 @@ def test_one_layer_rope_model_slides_exactly_like_the_crop(kind):
     # One layer of the first kind, with only the options that kind reads.
     attention = dict(KINDS[kind])
     first = attention.pop("layers", [attention["kind"]])[0]
-    options = registry[first].options
-    attention = {
-        key: value for key, value in attention.items() if key in options and key != "mta_conv_layers"
-    }
-    model = make_model(dict(attention, kind=first), n_layer=1)
+    options = dict((attention.get("options") or {}).get(first) or {})
+    options.pop("conv_layers", None)  # the one layer is layer 0: MTA's default convolves it
+    one = {"kind": first, "options": {first: options}}
+    if registry[first].reads_n_kv_head:
+        one["n_kv_head"] = attention.get("n_kv_head")
+    model = make_model(one, n_layer=1)
     seq = torch.randint(0, VOCAB, (1, BLOCK + 12))
     for prompt_len in (3, BLOCK + 4):  # generating past block_size, and a prompt longer than it
         assert (
@@ -260,7 +268,10 @@ def test_deep_rope_model_past_the_context_is_sliding_window_attention(kind):
     with torch.no_grad():
         assert max_diff(expected[:, :BLOCK], model(seq[:, :BLOCK])) < TOL
     crop_diff = max_diff(cropped_logits(model, seq, BLOCK + 5), expected[:, BLOCK + 4 :])
-    if set(model.config.layer_kinds) == {"local"} and model.config.attention.n_global == 0:
+    if (
+        set(model.config.layer_kinds) == {"local"}
+        and model.config.attention.options_of("local").n_global == 0
+    ):
         assert crop_diff < TOL
     else:
         assert crop_diff > 1e-3
@@ -344,9 +355,11 @@ def test_cache_bytes_shrink_with_kv_heads_and_stay_flat_for_local():
         dict(kind="mha"), 64
     )  # past block_size it slides
     # MTA also keeps its last c_q - 1 = 2 queries (4 heads) per layer.
-    assert cache_bytes(dict(MTA, mta_conv_layers=[0, 1]), 40) == mha + 2 * 3 * 4 * 2 * 4 * 4
+    assert (
+        cache_bytes(merged(MTA, options={"mta": {"conv_layers": [0, 1]}}), 40) == mha + 2 * 3 * 4 * 2 * 4 * 4
+    )
     # Local: memory grows up to window + n_global tokens, then not at all, for 10x the window.
-    local = dict(kind="local", window=8, n_global=2)
+    local = dict(kind="local", options={"local": {"window": 8, "n_global": 2}})
     assert cache_bytes(local, 5) < cache_bytes(local, 10) == cache_bytes(local, 80)
     assert cache_bytes(local, 80) == 2 * 2 * 3 * 4 * 10 * 4 * 4
 
@@ -535,7 +548,9 @@ def test_command_streams_token_by_token(tmp_path, monkeypatch):
 
 
 def test_command_greedy_is_deterministic_and_matches_no_cache(tmp_path, capsys):
-    path = write_checkpoint(tmp_path / "a.ckpt", attention=dict(kind="local", window=4, n_kv_head=1))
+    path = write_checkpoint(
+        tmp_path / "a.ckpt", attention=dict(kind="local", options={"local": {"window": 4}}, n_kv_head=1)
+    )
     args = ["--ckpt", str(path), "--prompt", "or not", "--max-new-tokens", "40", "--temperature", "0"]
     outputs = []
     for extra in ([], [], ["--no-cache"]):
@@ -548,7 +563,9 @@ def test_command_greedy_is_deterministic_and_matches_no_cache(tmp_path, capsys):
 def test_command_compile_decodes_through_torch_compile(tmp_path, capsys, monkeypatch):
     """--compile hands generate a torch.compile'd model (dynamo's own backend here, to keep the test
     short; inductor is tested above) and prints the text the eager model does."""
-    path = write_checkpoint(tmp_path / "a.ckpt", attention=dict(kind="mta", mta_conv_layers=[0, 1]))
+    path = write_checkpoint(
+        tmp_path / "a.ckpt", attention=dict(kind="mta", options={"mta": {"conv_layers": [0, 1]}})
+    )
     args = ["--ckpt", str(path), "--prompt", "or not", "--max-new-tokens", "40", "--temperature", "0"]
     compiled = []
 

@@ -34,18 +34,36 @@ CASES = [
     ("mha", dict(SWIGLU, attention=dict(kind="mha")), "LlamaForCausalLM"),
     ("mqa", dict(SWIGLU, attention=dict(kind="mqa")), "LlamaForCausalLM"),
     ("gqa", dict(SWIGLU, attention=dict(kind="gqa", n_kv_head=2)), "LlamaForCausalLM"),
-    ("local", dict(SWIGLU, attention=dict(kind="local", window=WINDOW, n_kv_head=2)), "MistralForCausalLM"),
+    (
+        "local",
+        dict(SWIGLU, attention=dict(kind="local", options={"local": {"window": WINDOW}}, n_kv_head=2)),
+        "MistralForCausalLM",
+    ),
     (
         "mix",
-        dict(SWIGLU, attention=dict(kind="local", window=WINDOW, layers=["local", "mha", "local"])),
+        dict(
+            SWIGLU,
+            attention=dict(
+                kind="local", options={"local": {"window": WINDOW}}, layers=["local", "mha", "local"]
+            ),
+        ),
         "MinistralForCausalLM",
     ),
     (
         "mix_mqa",
-        dict(SWIGLU, attention=dict(kind="local", window=WINDOW, n_kv_head=1, layers=["mqa", "local"])),
+        dict(
+            SWIGLU,
+            attention=dict(
+                kind="local", options={"local": {"window": WINDOW}}, n_kv_head=1, layers=["mqa", "local"]
+            ),
+        ),
         "MinistralForCausalLM",
     ),
-    ("global", dict(SWIGLU, attention=dict(kind="local", window=WINDOW, n_global=2)), "MinitxForCausalLM"),
+    (
+        "global",
+        dict(SWIGLU, attention=dict(kind="local", options={"local": {"window": WINDOW, "n_global": 2}})),
+        "MinitxForCausalLM",
+    ),
     (
         "gelu_layernorm_learned_bias",
         dict(norm="layernorm", positions="learned", bias=True, tie_embeddings=False),
@@ -58,7 +76,11 @@ CASES = [
     ),
     (
         "mta_pre",
-        dict(attention=dict(kind="mta", mta_conv_layers=[0, 2], mta_query_kernel=3, mta_key_kernel=3)),
+        dict(
+            attention=dict(
+                kind="mta", options={"mta": {"conv_layers": [0, 2], "query_kernel": 3, "key_kernel": 3}}
+            )
+        ),
         "MinitxForCausalLM",
     ),
     (
@@ -66,10 +88,14 @@ CASES = [
         dict(
             attention=dict(
                 kind="mta",
-                mta_conv_layers=[1],
-                mta_conv_placement="post",
-                mta_head_group=2,
-                mta_pre_mix_all_heads=False,
+                options={
+                    "mta": {
+                        "conv_layers": [1],
+                        "conv_placement": "post",
+                        "head_group": 2,
+                        "pre_mix_all_heads": False,
+                    }
+                },
                 n_kv_head=2,
             )
         ),
@@ -80,11 +106,15 @@ CASES = [
         dict(
             attention=dict(
                 kind="mta",
-                mta_conv_layers=[1],
-                mta_conv_placement="both",
-                mta_query_kernel=3,
-                mta_key_kernel=5,
-                mta_head_mix="post",
+                options={
+                    "mta": {
+                        "conv_layers": [1],
+                        "conv_placement": "both",
+                        "query_kernel": 3,
+                        "key_kernel": 5,
+                        "head_mix": "post",
+                    }
+                },
             )
         ),
         "MinitxForCausalLM",
@@ -92,7 +122,7 @@ CASES = [
     # configs/mta.yaml's released setting: 6 x 11 kernels before and after the softmax
     (
         "mta_released",
-        dict(attention=dict(kind="mta", mta_conv_placement="both", mta_conv_layers=[2])),
+        dict(attention=dict(kind="mta", options={"mta": {"conv_placement": "both", "conv_layers": [2]}})),
         "MinitxForCausalLM",
     ),
     (
@@ -100,11 +130,11 @@ CASES = [
         dict(
             attention=dict(
                 kind="mta",
-                window=WINDOW,
+                options={
+                    "local": {"window": WINDOW},
+                    "mta": {"conv_layers": [0], "output_norm": False, "head_mix": "none"},
+                },
                 layers=["mta", "local"],
-                mta_conv_layers=[0],
-                mta_output_norm=False,
-                mta_head_mix="none",
             )
         ),
         "MinitxForCausalLM",
@@ -219,7 +249,10 @@ def test_sliding_window_off_by_one_agrees_with_transformers(one_thread):
     """A Mistral model with sliding_window=W and minitx's local attention with window=W see the same
     keys: changing the token W positions back changes nothing, W - 1 back changes the output."""
     tokenizer = CharTokenizer(TEXT)
-    model = make_model(dict(SWIGLU, n_layer=1, attention=dict(kind="local", window=WINDOW)), tokenizer)
+    model = make_model(
+        dict(SWIGLU, n_layer=1, attention=dict(kind="local", options={"local": {"window": WINDOW}})),
+        tokenizer,
+    )
     hf_model = convert_in_memory(model)
     tokens = torch.randint(0, tokenizer.vocab_size, (1, 2 * WINDOW + 1))
     last = tokens.shape[1] - 1
@@ -321,7 +354,8 @@ def test_import_of_models_made_by_transformers_gives_their_logits(tmp_path, one_
     assert model.config.bias and model.config.mlp_hidden == 72
     if model_type == "qwen2":
         assert (
-            model.config.layer_kinds == ["local", "gqa", "local"] and model.config.attention.window == WINDOW
+            model.config.layer_kinds == ["local", "gqa", "local"]
+            and model.config.attention.options_of("local").window == WINDOW
         )
     tokens = torch.randint(0, 40, (2, 3 * WINDOW + 2))
     with torch.no_grad():

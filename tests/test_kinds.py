@@ -1,11 +1,13 @@
-"""A sixth attention kind, added from this file alone: one module and one registry line.
+"""A sixth attention kind, added from this file alone: a layer, its options and one registry line.
 
 QK-norm (queries and keys RMS-normalised per head before the scores, as in OLMo 2 and Gemma 3)
 is grouped-query attention with a different projection, so it reuses everything else: the fast
-path, the reference, the cache. The README's "How to add an attention kind" shows this code.
+path, the reference, the cache. Its one option (the norm's eps) is checked by its own dataclass.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -17,22 +19,33 @@ from minitx import AttentionConfig, ModelConfig, Transformer
 from minitx.attention import KindSpec, register, registry
 from minitx.attention.grouped import GroupedQueryAttention
 from minitx.decoding import generate
+from minitx.kinds import OptionError
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")
+
+
+@dataclass
+class QKNormOptions:
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        if not self.eps > 0:
+            raise OptionError("eps", f"is {self.eps}", "use a small positive number")
 
 
 class QKNormAttention(GroupedQueryAttention):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__(config, layer)
-        self.q_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
-        self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
+        eps = config.options_at(layer).eps
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=eps)
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=eps)
 
     def project(self, x, rope):
         q, k, v = super().project(x, rope)
         return self.q_norm(q), self.k_norm(k), v
 
 
-QKNORM = KindSpec("qknorm", QKNormAttention, options=("n_kv_head",))
+QKNORM = KindSpec("qknorm", QKNormAttention, options=QKNormOptions)
 
 
 @pytest.fixture
@@ -65,7 +78,7 @@ def test_new_kind_trains_a_step_through_the_transformer(qknorm):
 
 
 def test_new_kind_decodes_with_the_cache_it_inherits(qknorm):
-    model = Transformer(config(layers=["qknorm", "local"], window=4)).eval()
+    model = Transformer(config(layers=["qknorm", "local"], options={"local": {"window": 4}})).eval()
     seq = torch.randint(0, 32, (2, 16))
     expected = model(seq)
     model.setup_caches(batch=2, max_len=16)  # each layer makes its own cache
@@ -77,9 +90,16 @@ def test_new_kind_decodes_with_the_cache_it_inherits(qknorm):
     assert generate(model, prompt, 20, temperature=0).shape == (2, 23)
 
 
-def test_new_kind_refuses_options_it_does_not_read(qknorm):
-    with pytest.raises(ValueError, match=r"^attention\.window: .*kind qknorm; .*\(local\)"):
-        config(kind="qknorm", window=8)
+def test_new_kind_reads_and_checks_its_own_options(qknorm):
+    model = Transformer(config(kind="qknorm", options={"qknorm": {"eps": 1e-3}}))
+    assert model.blocks[1].attn.q_norm.eps == 1e-3
+    assert Transformer(config(kind="qknorm")).blocks[0].attn.k_norm.eps == 1e-6  # the default
+    with pytest.raises(ValueError, match=r"^attention\.options\.qknorm\.eps: is -1.0; use a small positive"):
+        config(kind="qknorm", options={"qknorm": {"eps": -1}})
+    with pytest.raises(ValueError, match=r"^attention\.options\.qknorm\.esp: .*did you mean eps"):
+        config(kind="qknorm", options={"qknorm": {"esp": 1e-3}})
+    with pytest.raises(ValueError, match=r"^attention\.options\.local: .*layers are of kind qknorm"):
+        config(kind="qknorm", options={"local": {"window": 8}})
 
 
 def test_new_kind_trains_a_step_in_the_lightning_module(qknorm):
@@ -95,6 +115,6 @@ def test_new_kind_trains_a_step_in_the_lightning_module(qknorm):
 
 def test_unregistered_kind_is_refused_with_the_registered_ones():
     with pytest.raises(
-        ValueError, match=r"^attention\.kind: unknown value 'qknorm'; choose one of mha, mqa, gqa, local, mta"
+        ValueError, match=r"^attention\.kind: unknown kind 'qknorm'; choose one of mha, mqa, gqa, local, mta"
     ):
         config(kind="qknorm")

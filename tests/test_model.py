@@ -66,24 +66,37 @@ KIND_CASES = {
     "mha": dict(kind="mha"),
     "mqa": dict(kind="mqa"),
     "gqa": dict(kind="gqa", n_kv_head=2),
-    "local": dict(kind="local", window=5),
-    "local-window1": dict(kind="local", window=1),
-    "local-global-gqa": dict(kind="local", window=7, n_global=3, n_kv_head=2),
-    "local-mqa": dict(kind="local", window=20, n_kv_head=1),
-    "mta-pre": dict(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5),
-    "mta-post": dict(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, mta_conv_placement="post"),
-    "mta-both": dict(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, mta_conv_placement="both"),
-    "mta-mix-none": dict(kind="mta", mta_conv_layers=[0], mta_query_chunk=5, mta_head_mix="none"),
-    "mta-mix-pre": dict(kind="mta", mta_conv_layers=[0], mta_query_chunk=5, mta_head_mix="pre"),
+    "local": dict(kind="local", options={"local": {"window": 5}}),
+    "local-window1": dict(kind="local", options={"local": {"window": 1}}),
+    "local-global-gqa": dict(kind="local", options={"local": {"window": 7, "n_global": 3}}, n_kv_head=2),
+    "local-mqa": dict(kind="local", options={"local": {"window": 20}}, n_kv_head=1),
+    "mta-pre": dict(kind="mta", options={"mta": {"conv_layers": [0, 1], "query_chunk": 5}}),
+    "mta-post": dict(
+        kind="mta", options={"mta": {"conv_layers": [0, 1], "query_chunk": 5, "conv_placement": "post"}}
+    ),
+    "mta-both": dict(
+        kind="mta", options={"mta": {"conv_layers": [0, 1], "query_chunk": 5, "conv_placement": "both"}}
+    ),
+    "mta-mix-none": dict(
+        kind="mta", options={"mta": {"conv_layers": [0], "query_chunk": 5, "head_mix": "none"}}
+    ),
+    "mta-mix-pre": dict(
+        kind="mta", options={"mta": {"conv_layers": [0], "query_chunk": 5, "head_mix": "pre"}}
+    ),
     "mta-mix-post-group2": dict(
-        kind="mta", mta_conv_layers=[1], mta_query_chunk=5, mta_head_mix="post", mta_head_group=2
+        kind="mta",
+        options={"mta": {"conv_layers": [1], "query_chunk": 5, "head_mix": "post", "head_group": 2}},
     ),
-    "mta-gqa": dict(kind="mta", mta_conv_layers=[0, 1], mta_query_chunk=5, n_kv_head=2),
+    "mta-gqa": dict(kind="mta", options={"mta": {"conv_layers": [0, 1], "query_chunk": 5}}, n_kv_head=2),
     "mta-post-mqa-one-chunk": dict(
-        kind="mta", mta_conv_layers=[0, 1], mta_conv_placement="post", n_kv_head=1
+        kind="mta", options={"mta": {"conv_layers": [0, 1], "conv_placement": "post"}}, n_kv_head=1
     ),
-    "mixed-local-mha": dict(layers=["local", "local", "local", "mha"], window=5, n_layer=4),
-    "mixed-mta-gqa": dict(layers=["mta", "gqa"], n_kv_head=2, mta_conv_layers=[0], mta_query_chunk=5),
+    "mixed-local-mha": dict(
+        layers=["local", "local", "local", "mha"], options={"local": {"window": 5}}, n_layer=4
+    ),
+    "mixed-mta-gqa": dict(
+        layers=["mta", "gqa"], n_kv_head=2, options={"mta": {"conv_layers": [0], "query_chunk": 5}}
+    ),
 }
 
 
@@ -145,10 +158,14 @@ def test_checker_catches_mta_padded_symmetrically(monkeypatch, placement):
     model = build(
         tiny(
             kind="mta",
-            mta_conv_layers=[0, 1],
-            mta_query_chunk=5,
-            mta_conv_placement=placement,
-            mta_backend="conv",
+            options={
+                "mta": {
+                    "conv_layers": [0, 1],
+                    "query_chunk": 5,
+                    "conv_placement": placement,
+                    "backend": "conv",
+                }
+            },
         )
     )
     assert isinstance(model.blocks[0].attn, SymmetricQueryPaddingMTA)
@@ -185,7 +202,7 @@ def test_mqa_is_gqa_with_one_kv_head():
 @pytest.mark.parametrize("window", [T, T + 40])
 def test_local_with_window_covering_the_sequence_is_causal_attention(window):
     mha = Transformer(tiny(kind="mha")).eval()
-    same_logits(mha, copy_of(tiny(kind="local", window=window), mha))
+    same_logits(mha, copy_of(tiny(kind="local", options={"local": {"window": window}}), mha))
 
 
 def test_chunked_local_with_window_covering_the_sequence_is_causal_attention():
@@ -198,7 +215,9 @@ def test_chunked_local_with_window_covering_the_sequence_is_causal_attention():
 @pytest.mark.parametrize("n_kv_head", [4, 2])
 def test_untrained_mta_is_plain_attention(n_kv_head):
     # The output norm stays off: RMSNorm and the sigmoid gate are not the identity at init.
-    att = dict(n_kv_head=n_kv_head, mta_conv_layers=[0, 1], mta_output_norm=False, mta_query_chunk=5)
+    att = dict(
+        n_kv_head=n_kv_head, options={"mta": {"conv_layers": [0, 1], "output_norm": False, "query_chunk": 5}}
+    )
     plain = Transformer(tiny(kind="gqa", n_kv_head=n_kv_head)).eval()
     mta = Transformer(tiny(kind="mta", **att)).eval()
     result = mta.load_state_dict(plain.state_dict(), strict=False)
@@ -264,7 +283,11 @@ def test_kv_projections_shrink_by_kv_heads_over_heads(kind, n_kv_head):
 def test_mta_extra_parameters_match_formula(head_mix, group):
     n_layer, H, D, c_q, c_k = 8, 4, 8, 6, 11
     config = tiny(
-        n_layer=n_layer, n_head=H, d_model=H * D, kind="mta", mta_head_mix=head_mix, mta_head_group=group
+        n_layer=n_layer,
+        n_head=H,
+        d_model=H * D,
+        kind="mta",
+        options={"mta": {"head_mix": head_mix, "head_group": group}},
     )
     c_h = group or H
     n_conv_layers = len(range(2, n_layer, 4))  # every 4th layer from layer 2: 2 and 6
@@ -300,7 +323,7 @@ def test_attention_maps(name):
         assert torch.allclose(weights.sum(-1), torch.ones(2, config.n_head, T_maps), atol=1e-5)
         assert (weights[..., j > i] == 0).all()
         if config.layer_kinds[layer] == "local":
-            att = config.attention
+            att = config.attention.options_of("local")
             outside = (i - j >= att.window) & (j >= att.n_global)
             assert (weights[..., outside & (j <= i)] == 0).all()
 
@@ -318,12 +341,11 @@ def test_layers_make_reset_and_remove_their_own_caches():
         tiny(
             n_layer=3,
             layers=["mta", "local", "gqa"],
-            window=5,
+            options={
+                "local": {"window": 5},
+                "mta": {"conv_layers": [0], "query_kernel": 3, "key_kernel": 3, "query_chunk": 4},
+            },
             n_kv_head=2,
-            mta_conv_layers=[0],
-            mta_query_kernel=3,
-            mta_key_kernel=3,
-            mta_query_chunk=4,
         )
     )
     seq = torch.randint(0, VOCAB, (2, 14))

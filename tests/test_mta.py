@@ -47,16 +47,11 @@ def kernels(request, monkeypatch):
     return request.param
 
 
-def mta_module(n_head: int = 4, n_kv_head: int = 4, dtype=torch.float64, **attention) -> MultiTokenAttention:
+def mta_module(n_head: int = 4, n_kv_head: int = 4, dtype=torch.float64, **options) -> MultiTokenAttention:
     """One MTA layer with the convolution, every learned part moved far from its identity init.
     The factorised path unless told otherwise ("auto" would pick the plain one at these lengths)."""
-    attention = {
-        "kind": "mta",
-        "n_kv_head": n_kv_head,
-        "mta_conv_layers": [0],
-        "mta_backend": "factorised",
-        **attention,
-    }
+    options = {"conv_layers": [0], "backend": "factorised", **options}
+    attention = {"kind": "mta", "n_kv_head": n_kv_head, "options": {"mta": options}}
     config = ModelConfig(
         block_size=64, n_layer=1, n_head=n_head, d_model=8 * n_head, attention=AttentionConfig(**attention)
     )
@@ -159,9 +154,15 @@ def test_oracle_convolution_is_the_formula_entry_by_entry():
 
 CASES = [
     dict(),  # the LM setting: 6 x 11 kernels, head mixing both (pre over all heads), output norm
-    dict(n_kv_head=2, mta_head_group=2),  # grouped post mix; the pre mix stays H x H, as released
-    dict(n_kv_head=1, mta_head_group=2, mta_pre_mix_all_heads=False, mta_query_kernel=3, mta_key_kernel=5),
-    dict(mta_head_mix="none", mta_output_norm=False, mta_query_kernel=2, mta_key_kernel=1),
+    dict(n_kv_head=2, head_group=2),  # grouped post mix; the pre mix stays H x H, as released
+    dict(
+        n_kv_head=1,
+        head_group=2,
+        pre_mix_all_heads=False,
+        query_kernel=3,
+        key_kernel=5,
+    ),
+    dict(head_mix="none", output_norm=False, query_kernel=2, key_kernel=1),
 ]
 
 
@@ -170,7 +171,7 @@ CASES = [
 @pytest.mark.parametrize("backend", ["factorised", "conv"])
 def test_attend_and_reference_match_the_formula(placement, case, backend, kernels):
     for T, chunk in [(1, 5), (3, 5), (23, 5), (23, 256)]:  # 3: shorter than the 10-key band
-        module = mta_module(mta_conv_placement=placement, mta_backend=backend, mta_query_chunk=chunk, **case)
+        module = mta_module(conv_placement=placement, backend=backend, query_chunk=chunk, **case)
         q, k, v = qkv(module, T)
         expected, expected_weights = oracle(
             module, q, k, v, module.norm.eps if module.norm is not None else 0
@@ -192,10 +193,10 @@ def test_fast_paths_are_exact_for_every_kernel_shape(c_q, backend, kernels):
         module = mta_module(
             n_head=2,
             n_kv_head=1,
-            mta_query_kernel=c_q,
-            mta_key_kernel=c_k,
-            mta_query_chunk=6,
-            mta_backend=backend,
+            query_kernel=c_q,
+            key_kernel=c_k,
+            query_chunk=6,
+            backend=backend,
         )
         for T in (1, 2, 9, 17):
             q, k, v = qkv(module, T, B=1)
@@ -210,7 +211,10 @@ def test_fast_paths_are_exact_for_every_kernel_shape(c_q, backend, kernels):
 @pytest.mark.parametrize("backend", ["factorised", "conv"])
 def test_gradients_match_the_formula(placement, backend, kernels):
     module = mta_module(
-        n_kv_head=2, mta_conv_placement=placement, mta_query_chunk=4, mta_backend=backend
+        n_kv_head=2,
+        conv_placement=placement,
+        query_chunk=4,
+        backend=backend,
     )  # chunks recompute
     inputs = [t.requires_grad_() for t in qkv(module, 19)]
     names, params = zip(*[(n, p) for n, p in module.named_parameters() if "proj" not in n])  # MTA's own
@@ -229,7 +233,7 @@ def test_gradients_match_the_formula(placement, backend, kernels):
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("backend", ["factorised", "conv"])
 def test_no_future_token_reaches_the_past(placement, backend, kernels):
-    module = mta_module(mta_conv_placement=placement, mta_query_chunk=7, mta_backend=backend)
+    module = mta_module(conv_placement=placement, query_chunk=7, backend=backend)
     q, k, v = qkv(module, 30)
     with torch.no_grad():
         base = module.attend(q, k, v)
@@ -240,15 +244,15 @@ def test_no_future_token_reaches_the_past(placement, backend, kernels):
             assert (module.attend(*changed)[:, :, :cut] - base[:, :, :cut]).abs().max().item() < 1e-12, cut
 
 
-def model_with(**attention) -> Transformer:
-    attention = {"mta_backend": "factorised", "mta_conv_layers": [0, 1], **attention}
+def model_with(n_kv_head: int | None = None, **options) -> Transformer:
+    options = {"backend": "factorised", "conv_layers": [0, 1], "query_chunk": 5, **options}
     config = ModelConfig(
         vocab_size=17,
         block_size=24,
         n_layer=2,
         n_head=4,
         d_model=32,
-        attention=AttentionConfig(kind="mta", mta_query_chunk=5, **attention),
+        attention=AttentionConfig(kind="mta", n_kv_head=n_kv_head, options={"mta": options}),
     )
     model = Transformer(config).eval()
     with torch.no_grad():
@@ -262,7 +266,10 @@ def model_with(**attention) -> Transformer:
 @pytest.mark.parametrize("backend", ["factorised", "conv"])
 def test_cached_decoding_equals_the_uncached_model(placement, backend, kernels):
     model = model_with(
-        mta_conv_placement=placement, mta_query_kernel=3, mta_key_kernel=5, mta_backend=backend
+        conv_placement=placement,
+        query_kernel=3,
+        key_kernel=5,
+        backend=backend,
     )
     idx = torch.randint(0, 17, (2, 20))
     with torch.no_grad():
@@ -280,7 +287,12 @@ def test_cached_decoding_of_layers_without_convolution(n_kv_head, group, c_k, ke
     # mixes, @ V, norm and gate). Up to block_size (24) against the uncached model; past it (the
     # cache slides, and earlier tokens' states came from other windows) against torch's steps.
     # c_k = 1: layer 1 reads its wrapped cache in slot order, keys out of position order.
-    model = model_with(mta_conv_layers=[1], n_kv_head=n_kv_head, mta_head_group=group, mta_key_kernel=c_k)
+    model = model_with(
+        conv_layers=[1],
+        head_group=group,
+        key_kernel=c_k,
+        n_kv_head=n_kv_head,
+    )
     assert model.blocks[0].attn.n_hist == 0
     idx = torch.randint(0, 17, (2, 30))
 
@@ -303,7 +315,7 @@ def test_cached_decoding_of_layers_without_convolution(n_kv_head, group, c_k, ke
 
 
 def test_released_defaults_and_old_checkpoint_keys():
-    module = mta_module(mta_conv_placement="both", dtype=torch.float32)
+    module = mta_module(conv_placement="both", dtype=torch.float32)
     assert module.norm.eps == 1e-5 and module.mix_pre.shape == (1, 4, 4) and module.n_hist == 10
     fresh = MultiTokenAttention(module.config, 0)
     assert (
@@ -318,7 +330,7 @@ def test_released_defaults_and_old_checkpoint_keys():
 
 
 def test_softmax_and_norm_statistics_in_float32_under_bf16():
-    module = mta_module(mta_conv_placement="both", dtype=torch.float32)
+    module = mta_module(conv_placement="both", dtype=torch.float32)
     scores = 30 * torch.randn(2, 4, 3, 200).bfloat16()
     assert torch.equal(module.softmax(scores), torch.softmax(scores.float(), dim=-1).bfloat16())
     q, k, v = qkv(module, 21, dtype=torch.float32)
@@ -330,15 +342,15 @@ def test_softmax_and_norm_statistics_in_float32_under_bf16():
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("mta_conv_placement", "around"),
-        ("mta_backend", "flash"),
-        ("mta_norm_eps", 0.0),
-        ("mta_gate_init", "ones"),
+        ("conv_placement", "around"),
+        ("backend", "flash"),
+        ("norm_eps", 0.0),
+        ("gate_init", "ones"),
     ],
 )
 def test_bad_options_are_refused_by_name(field, value):
-    with pytest.raises(UserError, match=f"attention.{field}"):
-        AttentionConfig(kind="mta", **{field: value})
+    with pytest.raises(UserError, match=rf"^attention\.options\.mta\.{field}: "):
+        AttentionConfig(kind="mta", options={"mta": {field: value}})
 
 
 # -- the pieces (moved here from test_attention.py) ---------------------------------------------------
@@ -367,7 +379,7 @@ def test_decoding_step_convolution_is_the_conv2d(c_q, c_k, keys, kernels):
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_trains_under_cpu_autocast(placement):
-    module = mta_module(mta_conv_placement=placement, mta_query_chunk=8, dtype=torch.float32)
+    module = mta_module(conv_placement=placement, query_chunk=8, dtype=torch.float32)
     kernel = module.kq_conv if module.kq_conv is not None else module.kq_conv_post
     inputs = [t.requires_grad_() for t in qkv(module, 21, dtype=torch.float32)]
     expected = torch.autograd.grad(module.attend(*inputs).sum(), kernel)[0]
@@ -379,7 +391,7 @@ def test_trains_under_cpu_autocast(placement):
 
 
 def test_layer_without_convolution_has_no_kernel_and_matches_the_formula():
-    module = mta_module(mta_conv_layers=[], mta_conv_placement="both")  # head mixing and output norm only
+    module = mta_module(conv_layers=[], conv_placement="both")  # head mixing and output norm only
     assert module.kq_conv is None and module.kq_conv_post is None and module.n_hist == 0
     q, k, v = qkv(module, 21)
     with torch.no_grad():
@@ -390,7 +402,8 @@ def test_layer_without_convolution_has_no_kernel_and_matches_the_formula():
 def test_identity_init_is_plain_attention(placement):
     # RMSNorm and the sigmoid gate are not the identity, so the output norm is off here.
     attention = AttentionConfig(
-        kind="mta", mta_conv_layers=[0], mta_output_norm=False, mta_conv_placement=placement
+        kind="mta",
+        options={"mta": {"conv_layers": [0], "output_norm": False, "conv_placement": placement}},
     )
     module = MultiTokenAttention(ModelConfig(n_layer=1, n_head=4, d_model=32, attention=attention), 0).eval()
     q, k, v = qkv(module, 29, dtype=torch.float32)
@@ -486,7 +499,7 @@ def test_c_head_mix_and_gated_norm_are_torch_s(c_loops):
     mix = torch.randn(2, 2, 2, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(NativeMix.apply, (maps, mix))
     assert error(NativeMix.apply(maps, mix), mix_formula(maps, mix)) < 1e-12
-    module = mta_module(mta_conv_placement="pre")
+    module = mta_module(conv_placement="pre")
     out = torch.randn(2, 4, 3, module.head_dim, dtype=torch.float64)
     with torch.no_grad():
         expected = module.norm(out) * torch.sigmoid(module.gate(module.norm(out)))
@@ -495,7 +508,7 @@ def test_c_head_mix_and_gated_norm_are_torch_s(c_loops):
 
 def test_c_loops_give_the_same_on_two_threads(c_loops):
     # Work is split over maps or rows between threads, the mixes' gradients summed per thread.
-    module = mta_module(mta_backend="conv", mta_query_chunk=8)
+    module = mta_module(backend="conv", query_chunk=8)
     inputs = [t.requires_grad_() for t in qkv(module, 29)]
     params = [p for n, p in module.named_parameters() if "proj" not in n]
 
@@ -515,7 +528,7 @@ def test_without_a_compiler_mta_falls_back_to_torch(monkeypatch, tmp_path, caplo
     try:
         assert native.library() is None and not native.available(torch.zeros(1))
         assert "could not be built" in caplog.text
-        module = mta_module(mta_backend="conv")
+        module = mta_module(backend="conv")
         q, k, v = qkv(module, 9)
         with torch.no_grad():
             assert error(module.attend(q, k, v), oracle(module, q, k, v, module.norm.eps)[0]) < 1e-10
@@ -535,9 +548,12 @@ def test_triton_backend_without_triton_is_refused_when_the_model_is_built(monkey
 
     monkeypatch.setattr(mta_triton, "available", lambda: False)
     config = ModelConfig(
-        n_layer=1, n_head=2, d_model=16, attention=AttentionConfig(kind="mta", mta_backend="triton")
+        n_layer=1,
+        n_head=2,
+        d_model=16,
+        attention=AttentionConfig(kind="mta", options={"mta": {"backend": "triton"}}),
     )
     with pytest.raises(
-        UserError, match="attention.mta_backend: is 'triton', but triton is not installed; install"
+        UserError, match="attention.options.mta.backend: is 'triton', but triton is not installed; install"
     ):
         Transformer(config)

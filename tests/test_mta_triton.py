@@ -1,6 +1,6 @@
 """MTA's Triton kernels (minitx/attention/mta_triton.py), on the CPU through Triton's interpreter:
 forward and every gradient against a materialised float64 oracle at awkward sizes, the operator
-through torch.library.opcheck, and whole models with mta_backend: triton against conv (equal
+through torch.library.opcheck, and whole models with the backend triton against conv (equal
 logits and gradients, causal with every learned part off its identity).
 
 Everything runs in float32 (the interpreter's bf16 arithmetic is not the GPU's); the kernels
@@ -131,31 +131,24 @@ def test_operator_passes_opcheck():
 # -- whole models -------------------------------------------------------------------------------------
 
 
-def model(backend: str, seed: int, **attention) -> Transformer:
-    settings = dict(
-        kind="mta",
-        n_kv_head=2,
-        mta_backend=backend,
-        mta_conv_layers=[1],
-        mta_query_kernel=3,
-        mta_key_kernel=5,
-    )
+def model(backend: str, seed: int, **options) -> Transformer:
+    options = {"backend": backend, "conv_layers": [1], "query_kernel": 3, "key_kernel": 5, **options}
     config = ModelConfig(
         vocab_size=31,
         block_size=32,
         n_layer=2,
         n_head=4,
         d_model=32,
-        attention=AttentionConfig(**{**settings, **attention}),
+        attention=AttentionConfig(kind="mta", n_kv_head=2, options={"mta": options}),
     )
     torch.manual_seed(seed)
     return perturb_identity_parts(Transformer(config))
 
 
 SETTINGS = {
-    "released order, both placements": dict(mta_conv_placement="both"),
-    "pre conv, pre mix only": dict(mta_conv_placement="pre", mta_head_mix="pre"),
-    "post conv, grouped post mix": dict(mta_conv_placement="post", mta_head_group=2, mta_head_mix="post"),
+    "released order, both placements": dict(conv_placement="both"),
+    "pre conv, pre mix only": dict(conv_placement="pre", head_mix="pre"),
+    "post conv, grouped post mix": dict(conv_placement="post", head_group=2, head_mix="post"),
 }
 
 
@@ -176,7 +169,7 @@ def test_model_with_triton_equals_conv(setting):
 
 
 def test_model_with_triton_is_causal():
-    net = model("triton", torch.seed(), mta_conv_placement="both")
+    net = model("triton", torch.seed(), conv_placement="both")
     changed, from_future = causality_violation(net, T=19, batch=1)
     assert changed == 0.0 and from_future == 0.0
 
@@ -190,7 +183,7 @@ def test_compiled_auto_tries_the_kernels_while_tracing(monkeypatch):
     monkeypatch.setattr(MultiTokenAttention, "wants_triton", lambda self, q: self.backend == "auto")
     seed = torch.seed()
     x = torch.randint(0, 31, (2, 13))
-    want = model("conv", seed, mta_conv_placement="both")(x)
+    want = model("conv", seed, conv_placement="both")(x)
     calls = []
     real_forward = mta_triton.forward
     for forward, warns in ((broken, True), (real_forward, False)):
@@ -199,21 +192,24 @@ def test_compiled_auto_tries_the_kernels_while_tracing(monkeypatch):
         torch._dynamo.reset()
         calls.clear()
         with pytest.warns(UserWarning, match="torch path") if warns else contextlib.nullcontext():
-            got = torch.compile(model("auto", seed, mta_conv_placement="both"), fullgraph=True)(x)
+            got = torch.compile(model("auto", seed, conv_placement="both"), fullgraph=True)(x)
         torch._dynamo.reset()
         assert relative_error(got, want.double()) < 1e-5
         assert len(calls) == (2 if warns else 2 * 2)  # per layer: its trial (and where it ran, its run)
 
 
 def test_triton_backend_refuses_attention_dropout():
-    with pytest.raises(UserError, match="mta_backend"):
+    with pytest.raises(
+        UserError,
+        match=r"attention\.options\.mta\.backend: is .triton., whose kernels have no attention dropout",
+    ):
         Transformer(
             ModelConfig(
                 n_layer=1,
                 n_head=2,
                 d_model=16,
                 dropout=0.1,
-                attention=AttentionConfig(kind="mta", mta_backend="triton"),
+                attention=AttentionConfig(kind="mta", options={"mta": {"backend": "triton"}}),
             )
         )
 
@@ -222,7 +218,7 @@ def test_model_with_triton_compiles_whole_and_equals_eager():
     """The operator and the torch code that builds its inputs trace with no graph break; compiled
     with fullgraph=True the model trains a step equal to eager (logits and gradients)."""
     torch._dynamo.reset()
-    net = model("triton", torch.seed(), mta_conv_placement="both")
+    net = model("triton", torch.seed(), conv_placement="both")
     x = torch.randint(0, 31, (2, 21))
     assert torch._dynamo.explain(net)(x).graph_break_count == 0
     want = net(x)
@@ -262,7 +258,7 @@ def test_auto_falls_back_once_with_a_warning_where_the_kernels_fail(monkeypatch)
 def test_a_layers_kernel_config_is_that_of_its_kernel_inputs(setting):
     """auto decides from the layer's shapes before building the inputs: the configuration it asks
     about is the one its inputs have (else the trial would try other kernels than the run)."""
-    attention = SETTINGS.get(setting, dict(mta_conv_layers=[]))
+    attention = SETTINGS.get(setting, dict(conv_layers=[]))
     net = model("conv", torch.seed(), **attention)
     for block in net.blocks:
         layer = block.attn
@@ -271,7 +267,7 @@ def test_a_layers_kernel_config_is_that_of_its_kernel_inputs(setting):
 
 
 def test_auto_takes_the_torch_path_where_the_kernels_fail(monkeypatch):
-    """A model with mta_backend auto where the kernels fail (as on CUDA: wants_triton) warns once
+    """A model with backend auto where the kernels fail (as on CUDA: wants_triton) warns once
     and runs as conv would; where they work it runs them."""
     from minitx.attention.multi_token import MultiTokenAttention
 
@@ -279,13 +275,13 @@ def test_auto_takes_the_torch_path_where_the_kernels_fail(monkeypatch):
     monkeypatch.setattr(mta_triton, "_usable", {})
     seed = torch.seed()
     x = torch.randint(0, 31, (2, 13))
-    want = model("conv", seed, mta_conv_placement="both")(x)
+    want = model("conv", seed, conv_placement="both")(x)
     calls = []
     real_forward = mta_triton.forward
     monkeypatch.setattr(mta_triton, "forward", lambda *a, **k: calls.append(1) or real_forward(*a, **k))
-    assert relative_error(model("auto", seed, mta_conv_placement="both")(x), want.double()) < 1e-5
+    assert relative_error(model("auto", seed, conv_placement="both")(x), want.double()) < 1e-5
     assert len(calls) == 2 * 2  # per layer (one with convolutions, one without): its trial, its run
     monkeypatch.setattr(mta_triton, "_usable", {})
     monkeypatch.setattr(mta_triton, "forward", broken)
     with pytest.warns(UserWarning, match="torch path"):
-        assert torch.equal(model("auto", seed, mta_conv_placement="both")(x), want)
+        assert torch.equal(model("auto", seed, conv_placement="both")(x), want)

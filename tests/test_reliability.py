@@ -398,16 +398,16 @@ BAD_CONFIGS = {
         ["model.d_model", "not divisible by n_head=4"],
     ),
     "window below 1": (
-        {"model.attention.kind": "local", "model.attention.window": 0},
-        ["model.attention.window", "is 0"],
+        {"model.attention.kind": "local", "model.attention.options.local.window": 0},
+        ["model.attention.options.local.window", "is 0"],
     ),
     "even MTA key kernel": (
-        {"model.attention.kind": "mta", "model.attention.mta_key_kernel": 4},
-        ["model.attention.mta_key_kernel", "odd"],
+        {"model.attention.kind": "mta", "model.attention.options.mta.key_kernel": 4},
+        ["model.attention.options.mta.key_kernel", "odd"],
     ),
     "MTA layer out of range": (
-        {"model.attention.kind": "mta", "model.attention.mta_conv_layers": [3]},
-        ["model.attention.mta_conv_layers", "layer 3 is out of range for n_layer=1"],
+        {"model.attention.kind": "mta", "model.attention.options.mta.conv_layers": [3]},
+        ["model.attention.options.mta.conv_layers", "layer 3 is out of range for n_layer=1"],
     ),
     "unknown key": ({"model.n_layers": 2}, ["model.n_layers", "did you mean 'model.n_layer'"]),
     "wrong type": ({"model.n_layer": "two"}, ["model.n_layer", "two"]),

@@ -386,7 +386,7 @@ def test_module_defaults_are_model_config_defaults():
 def test_weight_decay_only_on_matrices():
     config = ModelConfig(
         n_layer=3,
-        attention=AttentionConfig(kind="mta", n_kv_head=2, mta_conv_layers=[1]),
+        attention=AttentionConfig(kind="mta", n_kv_head=2, options={"mta": {"conv_layers": [1]}}),
         bias=True,
         norm="layernorm",
     )

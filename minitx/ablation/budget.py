@@ -69,10 +69,13 @@ def model_section(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> 
             dotted[key] = value if "=" in arg else (extra[i + 1] if i + 1 < len(extra) else None)
     for key, value in dotted.items():
         parts = key.split(".")
-        if parts[0] == "model" and len(parts) == 2:
-            section[parts[1]] = _parsed(value)
-        elif parts[:2] == ["model", "attention"] and len(parts) == 3:
-            section["attention"][parts[2]] = _parsed(value)
+        if parts[0] != "model" or len(parts) < 2:
+            continue
+        inner = section
+        for part in parts[1:-1]:  # model.attention.options.local.window: nested sections
+            inner[part] = dict(inner.get(part) or {})
+            inner = inner[part]
+        inner[parts[-1]] = _parsed(value)
     return section
 
 

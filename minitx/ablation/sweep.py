@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from ..configfiles import base_of, merged_config
 from ..errors import UserError
 
 # Keys a variant may not change on its own: they decide the data, the seed or the token budget,
@@ -165,7 +166,9 @@ def _base_text(base: Any, path: Path) -> str:
             raise UserError(
                 f"{path}: base config {base!r} not found next to the sweep file or in the current directory"
             )
-        return found.read_text(encoding="utf-8")
+        text = found.read_text(encoding="utf-8")
+        # An overlay (a config with its own base) is written out whole: the runs read one file.
+        return yaml.safe_dump(merged_config(found), sort_keys=False) if base_of(found) else text
     if isinstance(base, dict):
         return yaml.safe_dump(base, sort_keys=False)
     raise UserError(f"{path}: 'base' must be a training config path or an inline mapping")

@@ -23,6 +23,6 @@ class GroupedQueryAttention(Attention):
         return functional.attention(q, k, v, causal=True, return_weights=True)
 
 
-MHA = KindSpec("mha", GroupedQueryAttention, kv_heads=lambda attention, n_head: n_head)
-MQA = KindSpec("mqa", GroupedQueryAttention, kv_heads=lambda attention, n_head: 1)
-GQA = KindSpec("gqa", GroupedQueryAttention, options=("n_kv_head",))  # 1 < n_kv_head < n_head
+MHA = KindSpec("mha", GroupedQueryAttention, kv_heads=lambda attention, n_head: n_head, reads_n_kv_head=False)
+MQA = KindSpec("mqa", GroupedQueryAttention, kv_heads=lambda attention, n_head: 1, reads_n_kv_head=False)
+GQA = KindSpec("gqa", GroupedQueryAttention)  # attention.n_kv_head: 1 < n_kv_head < n_head

@@ -9,31 +9,49 @@ global ones). On CUDA, compiled flex attention does the same block-sparse work i
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from .. import functional
-from ..config import AttentionConfig, ModelConfig
-from ..kinds import KindSpec, check_choice, fail
+from ..config import ModelConfig
+from ..kinds import KindSpec, OptionError
 from .base import Attention
 
 MIN_BLOCK = 64  # tiny windows still get blocks of this size: fewer, larger matmuls
 
 
+@dataclass
+class LocalOptions:
+    """attention.options.local"""
+
+    window: int = 128  # query i sees keys i - window < j <= i ...
+    n_global: int = 0  # ... plus the first n_global positions (attention sinks)
+    # "auto": compiled flex attention on CUDA, chunked elsewhere.
+    backend: Literal["auto", "chunked", "flex"] = "auto"
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise OptionError("window", f"is {self.window}", "use a window of at least 1 token")
+        if self.n_global < 0:
+            raise OptionError("n_global", f"is {self.n_global}", "use 0 or more global tokens")
+
+
 class LocalAttention(Attention):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__(config, layer)
-        self.window = config.attention.window
-        self.n_global = config.attention.n_global
-        self.backend = config.attention.local_backend
+        options: LocalOptions = config.options_at(layer)
+        self.window, self.n_global, self.backend = options.window, options.n_global, options.backend
 
     @classmethod
     def cache_layout(cls, config: ModelConfig, layer: int) -> dict:
         # Past block_size the context slides as for full attention, so the window never exceeds it.
-        window = min(config.attention.window, config.block_size)
-        n_sink = min(config.attention.n_global, config.block_size)
+        options: LocalOptions = config.options_at(layer)
+        window = min(options.window, config.block_size)
+        n_sink = min(options.n_global, config.block_size)
         return dict(capacity=window + n_sink, window=window, n_sink=n_sink)
 
     def mean_keys(self, T: int) -> float:
@@ -128,14 +146,4 @@ def flex_local(q: Tensor, k: Tensor, v: Tensor, window: int, n_global: int = 0) 
     return _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=True)
 
 
-def check_local(attention: AttentionConfig) -> None:
-    if attention.window < 1:
-        fail("attention.window", f"is {attention.window}", "use a window of at least 1 token")
-    if attention.n_global < 0:
-        fail("attention.n_global", f"is {attention.n_global}", "use 0 or more global tokens")
-    check_choice("attention.local_backend", attention.local_backend, ("auto", "chunked", "flex"))
-
-
-LOCAL = KindSpec(
-    "local", LocalAttention, options=("n_kv_head", "window", "n_global", "local_backend"), check=check_local
-)
+LOCAL = KindSpec("local", LocalAttention, options=LocalOptions)

@@ -10,7 +10,7 @@ Neighbouring queries, keys and heads shape each attention weight:
     A  = mix heads within groups of c_h                       (post-softmax head mixing)
     O  = A V, then RMSNorm over D (eps 1e-5) and a sigmoid gate, per head
 
-`mta_conv_placement` picks pre, post or both (the released LM setting). Work goes in chunks of
+`conv_placement` picks pre, post or both (the released LM setting). Work goes in chunks of
 queries: a chunk needs its own rows plus the c_q - 1 rows above it per convolution, against the
 keys up to its last query, so memory is O(chunk * T) rather than O(T^2); each chunk's maps are
 recomputed in the backward pass. The pre-softmax convolution of keys far from the diagonal is one
@@ -29,8 +29,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..cache import KVCache
-from ..config import AttentionConfig, ModelConfig
-from ..kinds import KindSpec, check_choice, fail
+from ..config import ModelConfig
+from ..kinds import KindSpec, fail
 from . import mta_triton, native
 from .base import Attention
 from .mta_kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
@@ -51,6 +51,7 @@ from .mta_kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
     shifted_queries,
     write_band,
 )
+from .mta_options import MTAOptions, check_mta_model
 
 
 class MTACache(KVCache):
@@ -94,7 +95,7 @@ class MTACache(KVCache):
         return super().nbytes() + (self.queries.nbytes if self.queries is not None else 0)
 
 
-# mta_backend "auto": with the C loops (native.py) the plain chunked convolution at every T (the
+# backend "auto": with the C loops (native.py) the plain chunked convolution at every T (the
 # factorised path took 2.2x its time at T = 256 and 1.7-1.8x at 1024 and 4096, benchmarks/RESULTS.md);
 # without them, the factorised path from this many tokens on (torch's convolution 20-30% faster at
 # T = 256, the factorised path 20-25% faster at 1024 and 40-70% at 4096).
@@ -108,19 +109,23 @@ class MultiTokenAttention(Attention):
 
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__(config, layer)
-        att = config.attention
+        att: MTAOptions = config.options_at(layer)
         H, D = self.n_head, self.head_dim
-        self.query_chunk = att.mta_query_chunk
-        self.backend = att.mta_backend
+        self.query_chunk = att.query_chunk
+        self.backend = att.backend
         if self.backend == "triton" and not mta_triton.available():
             # Here, not in the config's checks: a GPU job's config may be checked (prepare.py) elsewhere.
-            fail("attention.mta_backend", "is 'triton', but triton is not installed", mta_triton.INSTALL_HINT)
-        self.float32 = att.mta_float32
-        self.gate_init = att.mta_gate_init
-        self.has_conv = layer in att.mta_conv_layer_set(config.n_layer)
-        placement = att.mta_conv_placement if self.has_conv else "none"
-        self.c_q = att.mta_query_kernel if self.has_conv else 1
-        self.c_k = att.mta_key_kernel if self.has_conv else 1
+            fail(
+                "attention.options.mta.backend",
+                "is 'triton', but triton is not installed",
+                mta_triton.INSTALL_HINT,
+            )
+        self.float32 = att.float32
+        self.gate_init = att.gate_init
+        self.has_conv = layer in att.conv_layer_set(config.n_layer)
+        placement = att.conv_placement if self.has_conv else "none"
+        self.c_q = att.query_kernel if self.has_conv else 1
+        self.c_k = att.key_kernel if self.has_conv else 1
         self.n_hist = history_rows(config, layer)  # earlier query rows one output row depends on
         # Each part is a parameter or None (absent); each starts as the identity.
         kernel = identity_kernel(H, self.c_q, self.c_k)
@@ -130,18 +135,18 @@ class MultiTokenAttention(Attention):
         self.register_parameter(
             "kq_conv_post", nn.Parameter(kernel.clone()) if placement in ("post", "both") else None
         )
-        group = att.mta_head_group or H
-        pre_group = H if att.mta_pre_mix_all_heads else group  # as released: one H x H map before softmax
+        group = att.head_group or H
+        pre_group = H if att.pre_mix_all_heads else group  # as released: one H x H map before softmax
         self.register_parameter(
             "mix_pre",
-            nn.Parameter(identity_mix(H, pre_group)) if att.mta_head_mix in ("pre", "both") else None,
+            nn.Parameter(identity_mix(H, pre_group)) if att.head_mix in ("pre", "both") else None,
         )
         self.register_parameter(
-            "mix_post", nn.Parameter(identity_mix(H, group)) if att.mta_head_mix in ("post", "both") else None
+            "mix_post", nn.Parameter(identity_mix(H, group)) if att.head_mix in ("post", "both") else None
         )
         # Output norm: RMSNorm over D (one weight shared by the heads), then a sigmoid gate per head.
-        self.add_module("norm", nn.RMSNorm(D, eps=att.mta_norm_eps) if att.mta_output_norm else None)
-        self.add_module("gate", nn.Linear(D, 1) if att.mta_output_norm else None)
+        self.add_module("norm", nn.RMSNorm(D, eps=att.norm_eps) if att.output_norm else None)
+        self.add_module("gate", nn.Linear(D, 1) if att.output_norm else None)
         self._register_load_state_dict_pre_hook(self._rename_old_keys)
         self.init_extra()
 
@@ -314,7 +319,7 @@ class MultiTokenAttention(Attention):
             )
         # Training would keep every chunk's (rows x keys) maps for the backward pass, O(T^2) again;
         # recomputing a chunk's maps in the backward keeps only its inputs and output (measured at
-        # T=4096: 6x less peak memory, 15-20% more time). mta_query_chunk >= T skips it.
+        # T=4096: 6x less peak memory, 15-20% more time). query_chunk >= T skips it.
         # Dropout draws random numbers: torch's checkpoint replays them. Compiled, checkpoint is also
         # what the compiler can trace (ChunkedRows takes a Python function: a graph break).
         if self.dropout_p or torch.compiler.is_compiling():
@@ -466,61 +471,10 @@ class MultiTokenAttention(Attention):
 
 def history_rows(config: ModelConfig, layer: int) -> int:
     """Earlier query rows one output row depends on: c_q - 1 per convolution (pre, post or both)."""
-    att = config.attention
-    if layer not in att.mta_conv_layer_set(config.n_layer):
+    att: MTAOptions = config.options_at(layer)
+    if layer not in att.conv_layer_set(config.n_layer):
         return 0
-    return (att.mta_query_kernel - 1) * (2 if att.mta_conv_placement == "both" else 1)
+    return (att.query_kernel - 1) * (2 if att.conv_placement == "both" else 1)
 
 
-def check_mta(att: AttentionConfig) -> None:
-    if att.mta_query_kernel < 1:
-        fail("attention.mta_query_kernel", f"is {att.mta_query_kernel}", "use 1 or more")
-    if att.mta_key_kernel < 1 or att.mta_key_kernel % 2 == 0:
-        fail(
-            "attention.mta_key_kernel",
-            f"is {att.mta_key_kernel}, but the key axis is centred so it must be odd",
-            f"use {max(1, att.mta_key_kernel + 1)}",
-        )
-    check_choice("attention.mta_conv_placement", att.mta_conv_placement, ("pre", "post", "both"))
-    check_choice("attention.mta_backend", att.mta_backend, ("auto", "factorised", "conv", "triton"))
-    check_choice("attention.mta_gate_init", att.mta_gate_init, ("normal", "zero"))
-    if not att.mta_norm_eps > 0:
-        fail("attention.mta_norm_eps", f"is {att.mta_norm_eps}", "use a small positive number such as 1e-5")
-    check_choice("attention.mta_head_mix", att.mta_head_mix, ("none", "pre", "post", "both"))
-    if att.mta_query_chunk < 1:
-        fail("attention.mta_query_chunk", f"is {att.mta_query_chunk}", "use 1 or more")
-    if att.mta_head_group is not None and att.mta_head_group < 1:
-        fail("attention.mta_head_group", f"is {att.mta_head_group}", "use 1 or more, or leave it unset")
-
-
-def check_mta_model(config: ModelConfig) -> None:
-    for layer in config.attention.mta_conv_layers or []:
-        if not 0 <= layer < config.n_layer:
-            fail(
-                "attention.mta_conv_layers",
-                f"layer {layer} is out of range for n_layer={config.n_layer}",
-                f"use layer indices 0..{config.n_layer - 1}",
-            )
-    group = config.attention.mta_head_group or config.n_head
-    if config.n_head % group:
-        fail(
-            "attention.mta_head_group",
-            f"n_head={config.n_head} is not divisible by {group}",
-            "use a divisor of n_head",
-        )
-    if config.attention.mta_backend == "triton" and config.dropout:
-        fail(
-            "attention.mta_backend",
-            f"is 'triton', whose kernels have no attention dropout, but dropout is {config.dropout}",
-            "set dropout: 0.0, or use mta_backend: auto (triton on CUDA where dropout is 0)",
-        )
-
-
-MTA_OPTIONS = tuple(name for name in AttentionConfig.__dataclass_fields__ if name.startswith("mta_"))
-MTA = KindSpec(
-    "mta",
-    MultiTokenAttention,
-    options=("n_kv_head",) + MTA_OPTIONS,
-    check=check_mta,
-    check_model=check_mta_model,
-)
+MTA = KindSpec("mta", MultiTokenAttention, options=MTAOptions, check_model=check_mta_model)

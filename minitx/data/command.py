@@ -23,13 +23,14 @@ def _split_verify(args: list[str]) -> tuple[list[str], bool]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from ..training.command import _with_default_config, check_train_args
+    from ..configfiles import with_config_files
+    from ..training.command import check_train_args
 
     args, verify = _split_verify(list(sys.argv[1:] if argv is None else argv))
     if "-h" in args or "--help" in args:
         print(__doc__.strip() + "\n\nEvery --data.* flag of `python train.py --help` applies.")
         return
-    data = TextDataModule(**check_train_args(_with_default_config(args)))
+    data = TextDataModule(**check_train_args(with_config_files(args)))
     if data.task is not None:
         print(
             f"prepare: data.source={data.source} is a synthetic task, generated as it trains; nothing to prepare"

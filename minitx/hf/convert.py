@@ -45,6 +45,9 @@ LAYER_NAMES = {
 TOP_NAMES = {"tok_emb": "model.embed_tokens", "norm": "model.norm", "lm_head": "lm_head"}
 
 
+# The kinds an export can carry: natively (Llama, Mistral, Ministral) or in modeling_minitx.py.
+EXPORTABLE_KINDS = {"mha", "mqa", "gqa", "local", "mta"}
+
 def native_class(config: ModelConfig) -> tuple[str | None, str]:
     """(transformers class name or None, why) for a minitx config."""
     kinds = set(config.layer_kinds)
@@ -55,7 +58,7 @@ def native_class(config: ModelConfig) -> tuple[str | None, str]:
         (config.positions != "rope", f"positions={config.positions}"),
         (config.bias, "bias=true"),
         ("mta" in kinds, "multi-token attention"),
-        ("local" in kinds and config.attention.n_global > 0, "global tokens"),
+        ("local" in kinds and config.attention.options_of("local").n_global > 0, "global tokens"),
         (len(kv_heads) > 1, "layers with different key/value head counts"),
     ]
     found = [why for bad, why in reasons if bad]
@@ -88,12 +91,16 @@ def native_config(config: ModelConfig, architecture: str) -> dict:
     if architecture == "LlamaForCausalLM":
         hf.update(model_type="llama", attention_bias=False, mlp_bias=False)
     elif architecture == "MistralForCausalLM":
-        hf.update(model_type="mistral", sliding_window=config.attention.window)
+        hf.update(model_type="mistral", sliding_window=config.attention.options_of("local").window)
     else:
         layer_types = [
             "sliding_attention" if kind == "local" else "full_attention" for kind in config.layer_kinds
         ]
-        hf.update(model_type="ministral", sliding_window=config.attention.window, layer_types=layer_types)
+        hf.update(
+            model_type="ministral",
+            sliding_window=config.attention.options_of("local").window,
+            layer_types=layer_types,
+        )
     return hf
 
 
@@ -225,7 +232,7 @@ def model_config_from_hf(
     kinds = ["local" if sliding else full_kind for sliding in layer_types]
     attention: dict = {"kind": kinds[0]} if len(set(kinds)) == 1 else {"kind": kinds[0], "layers": kinds}
     if "local" in kinds:
-        attention["window"] = hf["sliding_window"]
+        attention["options"] = {"local": {"window": hf["sliding_window"]}}
     if n_kv not in (1, n_head) or ("local" in kinds and n_kv != n_head):
         attention["n_kv_head"] = n_kv
     return ModelConfig(

@@ -43,6 +43,13 @@ def export_checkpoint(
     require("transformers")
     require("safetensors")
     model, tokenizer, _ = load_checkpoint(ckpt, label="--ckpt")
+    outside = sorted(set(model.config.layer_kinds) - convert.EXPORTABLE_KINDS)
+    if outside:
+        raise UserError(
+            f"--ckpt: {ckpt} uses attention kind {', '.join(outside)}, defined outside minitx, which neither "
+            "transformers nor minitx's exported code knows; export works for "
+            + ", ".join(sorted(convert.EXPORTABLE_KINDS))
+        )
     architecture, why = convert.native_class(model.config)
     hf_model = native_model(model, architecture) if architecture else custom_model(model)
     hf_model.to(DTYPES[dtype])

@@ -80,8 +80,12 @@ class MinitxConfig(PreTrainedConfig):
             return self.n_head
         return 1 if kind == "mqa" else (self.attention.get("n_kv_head") or self.n_head)
 
+    def option(self, kind: str, name: str, default):
+        """An option of one attention kind, from minitx's `options: {kind: {name: value}}`."""
+        return (self.attention.get("options") or {}).get(kind, {}).get(name, default)
+
     def has_mta_conv(self, layer: int) -> bool:
-        layers = self.attention.get("mta_conv_layers")
+        layers = self.option("mta", "conv_layers", None)
         return layer in (range(2, self.n_layer, 4) if layers is None else layers)
 
 
@@ -132,8 +136,8 @@ class Attention(nn.Module):
         self.n_head, self.n_kv_head = config.n_head, config.kv_heads(layer)
         self.head_dim = config.d_model // config.n_head
         local = config.layer_kind(layer) == "local"
-        self.window = config.attention.get("window", 128) if local else None
-        self.n_global = config.attention.get("n_global", 0) if local else 0
+        self.window = config.option("local", "window", 128) if local else None
+        self.n_global = config.option("local", "n_global", 0) if local else 0
         inner, kv_inner = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
         self.qkv_proj = nn.Linear(config.d_model, inner + 2 * kv_inner, bias=config.bias)
         self.out_proj = nn.Linear(inner, config.d_model, bias=config.bias)
@@ -161,15 +165,19 @@ class MultiTokenAttention(Attention):
 
     def __init__(self, config: MinitxConfig, layer: int):
         super().__init__(config, layer)
-        att, H, D = config.attention, self.n_head, self.head_dim
-        placement = att.get("mta_conv_placement", "pre") if config.has_mta_conv(layer) else "none"
-        c_q, c_k = att.get("mta_query_kernel", 6), att.get("mta_key_kernel", 11)
+        H, D = self.n_head, self.head_dim
+
+        def att(name, default):
+            return config.option("mta", name, default)
+
+        placement = att("conv_placement", "pre") if config.has_mta_conv(layer) else "none"
+        c_q, c_k = att("query_kernel", 6), att("key_kernel", 11)
         kernel = lambda: nn.Parameter(torch.zeros(H, 1, c_q, c_k))  # noqa: E731 (values come from the weights)
         self.kq_conv = kernel() if placement in ("pre", "both") else None
         self.kq_conv_post = kernel() if placement in ("post", "both") else None
-        group = att.get("mta_head_group") or H
-        pre_group = H if att.get("mta_pre_mix_all_heads", True) else group
-        head_mix = att.get("mta_head_mix", "both")
+        group = att("head_group", None) or H
+        pre_group = H if att("pre_mix_all_heads", True) else group
+        head_mix = att("head_mix", "both")
         self.mix_pre = (
             nn.Parameter(torch.zeros(H // pre_group, pre_group, pre_group))
             if head_mix in ("pre", "both")
@@ -178,10 +186,10 @@ class MultiTokenAttention(Attention):
         self.mix_post = (
             nn.Parameter(torch.zeros(H // group, group, group)) if head_mix in ("post", "both") else None
         )
-        output_norm = att.get("mta_output_norm", True)
-        self.norm = nn.RMSNorm(D, eps=att.get("mta_norm_eps", 1e-5)) if output_norm else None
+        output_norm = att("output_norm", True)
+        self.norm = nn.RMSNorm(D, eps=att("norm_eps", 1e-5)) if output_norm else None
         self.gate = nn.Linear(D, 1) if output_norm else None
-        self.float32 = att.get("mta_float32", True)
+        self.float32 = att("float32", True)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         hidden = ~visible(q.shape[2], None, 0, q.device)

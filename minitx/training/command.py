@@ -19,7 +19,6 @@ import math
 import sys
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Optional
 
 import lightning as L
@@ -29,6 +28,7 @@ from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from ..configfiles import DEFAULT_CONFIG, config_arguments, with_config_files  # noqa: F401 (DEFAULT_CONFIG: re-exported)
 from ..data.datamodule import TextDataModule
 from ..errors import UserError, one_line
 from ..generation import generate
@@ -45,14 +45,12 @@ from .resume import check_resume_checkpoint, resolve_ckpt_path
 from .run import RunSettings, run_settings, settle_run_section, trainer_arguments
 from .throughput import device_name, peak_flops
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
-
 
 class TrainCLI(LightningCLI):
     """LightningCLI without subcommands: parse, build, and let `main` call fit."""
 
     def __init__(self, args: Sequence[str]):
+        args = config_arguments(args)  # bases read first; attention options merged option by option
         check_command_line(args)  # before jsonargparse imports what a class_path names
         super().__init__(
             MinitxLM,
@@ -77,6 +75,12 @@ class TrainCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RunSettings, "run")
+        parser.add_argument(
+            "--base",
+            type=Optional[str],  # noqa: UP045 (jsonargparse reads this typing form)
+            default=None,
+            help="In a config file: the file it overlays, read before it (see minitx/configfiles.py).",
+        )
         parser.add_argument(
             "--ckpt_path",
             type=Optional[str],  # noqa: UP045 (jsonargparse reads this typing form)
@@ -143,8 +147,14 @@ def check_train_args(args: Sequence[str]) -> dict[str, Any]:
     type, bad model or optimiser value), in a second or two: `ablate` checks every variant
     this way before any run starts. Data and checkpoints are not looked at. Returns the data
     section as parsed (TextDataModule's arguments), so the caller can prepare it once."""
+    return checked_config(args)["data"]
+
+
+def checked_config(args: Sequence[str]) -> dict[str, Any]:
+    """The whole config `train` would run with (every section as plain data), checked as
+    check_train_args checks it; nothing is built or written."""
     _quiet_lightning()
-    return _CheckOnlyCLI(list(args)).config["data"].as_dict()
+    return _CheckOnlyCLI(list(args)).config.as_dict()
 
 
 # Known noise from Lightning that says nothing about a minitx run.
@@ -170,12 +180,11 @@ def _quiet_lightning() -> None:
             handler.addFilter(_DropLightningTips())
 
 
-def _with_default_config(args: list[str]) -> list[str]:
-    """No --config given: train configs/default.yaml (flags still override it)."""
-    has_config = any(a in ("-c", "--config") or a.startswith("--config=") for a in args)
-    if has_config or not DEFAULT_CONFIG.is_file():
-        return args
-    return ["--config", str(DEFAULT_CONFIG)] + args
+def resolved_config(cli: TrainCLI) -> dict:
+    """The whole parsed config as plain data; complete, so it names no base file."""
+    config = yaml.safe_load(cli.parser.dump(cli.config, skip_validation=True))
+    config.pop("base", None)
+    return config
 
 
 def check_trainer(trainer: L.Trainer) -> None:
@@ -210,7 +219,7 @@ def start_run(cli: TrainCLI, run: RunSettings, ckpt_path: str | None) -> None:
     """What a run writes before fit: the resolved config (run directory and loggers), and what
     its checkpoints carry besides the weights."""
     model, data, trainer = cli.model, cli.datamodule, cli.trainer
-    config_dump = yaml.safe_load(cli.parser.dump(cli.config, skip_validation=True))
+    config_dump = resolved_config(cli)
     config_dump["ckpt_path"] = None  # the saved config starts a run; resuming is a flag
     model.train_config = config_dump
     model.tokenizer_dict = data.tokenizer.to_dict()
@@ -232,7 +241,7 @@ def start_run(cli: TrainCLI, run: RunSettings, ckpt_path: str | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The `train` command: parse the config, fit, print the final val loss and a sample."""
-    args = _with_default_config(list(sys.argv[1:] if argv is None else argv))
+    args = with_config_files(sys.argv[1:] if argv is None else argv)
     _quiet_lightning()
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision("high")  # TF32 for the fp32 matmuls that remain
@@ -244,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     RunLock(run.dir).refuse_if_held()  # a directory another process trains into is named as busy
     ckpt_path = check_run(cli, run)
     if ckpt_path is not None:
-        report_resume_changes(ckpt_path, yaml.safe_load(cli.parser.dump(cli.config, skip_validation=True)))
+        report_resume_changes(ckpt_path, resolved_config(cli))
     sample_prompt = prompt_ids(
         run.sample_prompt, data.tokenizer, run.sample_prompt == RunSettings.sample_prompt
     )

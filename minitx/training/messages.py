@@ -7,6 +7,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from .. import legacy
 from ..errors import UserError
 
 
@@ -26,6 +27,9 @@ def parse_error_message(err: BaseException, parser: Any = None, config_files: Se
         message = f"--config: {files} is not a mapping of sections (model:, data:, trainer:, run:); see configs/default.yaml"
     message = _plain_type_error(message)
     unknown = _unknown_key(message)
+    renamed = legacy.renamed_key(unknown) if unknown else None
+    if renamed:  # a key of an older minitx: say what it is called now, and nothing else
+        return f"{unknown}: this setting is now {renamed}; write that instead (the value is the same)"
     if unknown and parser is not None:
         close = difflib.get_close_matches(unknown, _known_keys(parser), n=1, cutoff=0.6)
         if close:

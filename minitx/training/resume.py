@@ -65,8 +65,13 @@ def check_resume_checkpoint(path: str, config: ModelConfig, state_dict: dict, to
 
 def check_same_model(saved: dict, config: ModelConfig) -> None:
     """A run resumes only into the model it saved: `saved` is a checkpoint's "minitx" entry."""
-    if saved.get("model_config") != config.to_dict():
-        diff = dict_diff(saved.get("model_config") or {}, config.to_dict())
+    stored = saved.get("model_config") or {}
+    try:  # a checkpoint of an older minitx spells some settings differently: compare in today's
+        stored = ModelConfig.from_dict(stored).to_dict()
+    except (TypeError, ValueError):
+        pass  # compared as it is: the difference names the field
+    if stored != config.to_dict():
+        diff = dict_diff(stored, config.to_dict())
         raise UserError(
             f"ckpt_path: the checkpoint's model differs from the configured one ({diff}); resume with the same model settings"
         )

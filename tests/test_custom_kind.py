@@ -1,0 +1,168 @@
+"""An attention kind defined outside minitx (examples/custom_attention.py), with an option of its own.
+
+Without any edit to minitx it must be exact (fast path = materialised reference, at awkward
+lengths), causal, decode with its cache exactly as without (past the context too), train through
+train.py from examples/custom_attention.yaml with its option overridden on the command line,
+generate, evaluate and ablate beside MHA through the commands.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+
+from minitx import AttentionConfig, ModelConfig, Transformer
+from minitx.cli import ablate_main, eval_main, generate_main, train_main
+from minitx.configfiles import REPO_ROOT
+from minitx.decoding import generate
+from minitx.errors import UserError
+from minitx.kinds import registry
+from minitx.verify import cached_logits, causality_violation
+
+EXAMPLE = "examples/custom_attention.py"  # as the example's YAML names it: relative to the repo root
+
+
+@pytest.fixture(autouse=True)
+def in_repo_root(monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)
+
+
+def config(layers=None, n_kv_head=None, block_size=24, n_layer=3, **options) -> ModelConfig:
+    attention = AttentionConfig(
+        kind="ssmax",
+        layers=layers,
+        n_kv_head=n_kv_head,
+        options={"ssmax": options} if options else {},
+        kind_modules=[EXAMPLE],
+    )
+    return ModelConfig(
+        vocab_size=29, block_size=block_size, n_layer=n_layer, n_head=4, d_model=32, attention=attention
+    )
+
+
+def perturbed(model: Transformer) -> Transformer:
+    """Each layer's learned scales moved apart, so a mix-up of heads or positions shows."""
+    with torch.no_grad():
+        for block in model.blocks:
+            if hasattr(block.attn, "s"):
+                block.attn.s.copy_(0.5 + torch.rand_like(block.attn.s))
+    return model.eval()
+
+
+def test_the_kind_comes_from_its_own_file_with_its_own_options():
+    model = Transformer(config(scale_init=0.75, per_head=False))
+    layer = model.blocks[0].attn
+    assert type(layer).__name__ == "SSMaxAttention" and registry["ssmax"].module is type(layer)
+    assert layer.s.shape == (1,) and torch.all(layer.s == 0.75)  # init_extra kept the option's value
+    assert model.config.attention.options == {"ssmax": {"scale_init": 0.75, "per_head": False}}
+    assert Transformer(config()).blocks[1].attn.s.shape == (4,)  # the default: one s per head
+    with pytest.raises(UserError, match=r"^attention\.options\.ssmax\.scale_init: is -1\.0; use a positive"):
+        config(scale_init=-1)
+    with pytest.raises(UserError, match=r"^attention\.options\.ssmax\.scale: .*did you mean scale_init"):
+        config(scale=2.0)
+    with pytest.raises(
+        UserError, match=r"^attention\.kind_modules: 'examples/nothing\.py' cannot be imported"
+    ):
+        AttentionConfig(kind="mha", kind_modules=["examples/nothing.py"])
+
+
+@pytest.mark.parametrize("T", [1, 7, 23])  # 1 and lengths that are no multiple of anything
+def test_fast_path_equals_the_materialised_reference(T):
+    layer = perturbed(Transformer(config(n_kv_head=2))).blocks[0].attn.double()
+    q, k, v = (
+        torch.randn(2, 4, T, 8).double(),
+        torch.randn(2, 2, T, 8).double(),
+        torch.randn(2, 2, T, 8).double(),
+    )
+    out, weights = layer.reference(q, k, v)
+    assert (layer.attend(q, k, v) - out).abs().max() < 1e-12
+    # The reference is the formula: softmax(s_h log(i + 1) q_i k_j / sqrt(D)) over j <= i.
+    i = T - 1
+    scores = (q[0, 3, i] @ k[0, 1, : i + 1].T) * layer.s[3] * math.log(i + 1) / math.sqrt(8)
+    assert (weights[0, 3, i, : i + 1] - scores.softmax(-1)).abs().max() < 1e-12
+
+
+def test_causal_alone_and_mixed_with_built_in_kinds():
+    for layers in (None, ["ssmax", "local", "mta"]):
+        model = perturbed(Transformer(config(layers=layers, n_kv_head=2)))
+        assert causality_violation(model, T=19) == (0.0, 0.0), layers
+
+
+def test_cached_decoding_equals_the_full_forward_and_slides_past_the_context():
+    model = perturbed(Transformer(config(layers=["ssmax", "gqa"], n_kv_head=2, block_size=16)))
+    seq = torch.randint(0, 29, (2, 16))
+    with torch.no_grad():
+        full = model(seq)[:, 4:]
+    assert (cached_logits(model, seq, prompt_len=5) - full).abs().max() < 1e-5
+    # Past the context: a prompt longer than block_size goes through the cached path several tokens
+    # at a time, where the cache's mask says how many keys each query sees; then one at a time.
+    # One layer with RoPE slides exactly like a fresh pass over the last block_size tokens (deeper,
+    # the cached keys of earlier layers remember more than the crop).
+    one = perturbed(Transformer(config(n_kv_head=2, block_size=16, n_layer=1)))
+    long = torch.randint(0, 29, (2, 30))
+    with torch.no_grad():
+        cropped = torch.stack([one(long[:, t - 15 : t + 1])[:, -1] for t in range(20, 30)], dim=1)
+    assert (cached_logits(one, long, prompt_len=21) - cropped).abs().max() < 1e-5
+    prompt = seq[:, :3]  # and through the decoding loop, 3 x block_size
+    with torch.no_grad():
+        cached = generate(model, prompt, 45, temperature=0)
+        uncached = generate(model, prompt, 45, temperature=0, use_cache=False)
+    assert torch.equal(cached, uncached)
+
+
+TINY = [
+    "--trainer.max_steps", "6", "--trainer.val_check_interval", "3", "--data.val_batches", "1",
+    "--data.batch_size", "2", "--model.block_size", "32", "--model.n_layer", "2", "--model.d_model", "32",
+    "--run.sample_tokens", "8", "--trainer.accelerator", "cpu",
+]  # fmt: skip
+
+
+def test_trains_generates_and_evaluates_through_the_commands(tmp_path, capsys):
+    args = ["--config", "examples/custom_attention.yaml", "--model.attention.options.ssmax.scale_init", "0.5"]
+    assert train_main([*args, *TINY, "--run.root", str(tmp_path)]) == 0
+    checkpoint = tmp_path / "custom_attention" / "checkpoints" / "last.ckpt"
+    saved = torch.load(checkpoint, weights_only=True)["minitx"]["model_config"]["attention"]
+    assert saved["kind"] == "ssmax" and saved["options"] == {"ssmax": {"scale_init": 0.5, "per_head": True}}
+    assert saved["kind_modules"] == [EXAMPLE]
+
+    capsys.readouterr()
+    texts = []
+    for extra in ([], ["--no-cache"]):
+        assert (
+            generate_main(["--ckpt", str(checkpoint), "--temperature", "0", "--max-new-tokens", "70", *extra])
+            == 0
+        )
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] and len(texts[0]) > 70  # past the context of 32, cache or not
+
+    report = tmp_path / "evaluation.json"
+    assert eval_main(
+        ["--ckpt", str(checkpoint), "--max-tokens", "600", "--json", str(report), "--no-progress"]
+    )
+    assert math.isfinite(json.loads(report.read_text())["loss"])
+
+
+def test_ablates_beside_mha(tmp_path):
+    output = tmp_path / "sweep"
+    code = ablate_main(
+        [
+            "--config",
+            "examples/custom_attention_ablation.yaml",
+            "--output",
+            str(output),
+            "--only",
+            "mha,ssmax",
+        ]
+        + ["--parallel", "2", "--", *TINY, "--run.sample_tokens", "0"]
+    )
+    assert code == 0
+    with open(output / "results.csv", newline="", encoding="utf-8") as handle:
+        rows = {row["variant"]: row for row in csv.DictReader(handle)}
+    assert set(rows) == {"mha", "ssmax"}
+    assert all(row["status"] == "ok" and math.isfinite(float(row["final_val_loss"])) for row in rows.values())
+    # The same shape but for ssmax's 4 scales in each of its 2 layers: the budget is equal.
+    assert int(rows["ssmax"]["params"]) - int(rows["mha"]["params"]) == 2 * 4
