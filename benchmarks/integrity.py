@@ -27,10 +27,10 @@ import yaml
 
 import minitx.checkpoint as checkpoint_module
 from minitx import ModelConfig, Transformer
+from minitx.checkpoint import load_checkpoint
 from minitx.data.prepare import DataSettings, prepare
 from minitx.data.shards import verify
 from minitx.data.tokenizer import build_tokenizer
-from minitx.generation import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 

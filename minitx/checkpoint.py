@@ -23,7 +23,8 @@ so a checkpoint whose tensors were changed on disk would load: `load_file` check
 checksums and load unchecked (minitx has never written that format), as do files saved with
 torch.serialization.set_crc32_options(False), whose CRCs are all 0.
 
-This file reads and writes checkpoint files and needs no Lightning (generation imports it);
+This file reads and writes checkpoint files, and loads a model from one (`load_checkpoint`, for
+generation, evaluation and export); it needs no Lightning.
 minitx/training/run.py has the Lightning side: when a run saves, and through what.
 """
 
@@ -40,8 +41,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .config import ModelConfig
+from .data.tokenizer import tokenizer_from_dict
 from .errors import UserError, one_line
 from .fileio import TMP_PREFIX, copy_atomically, write_atomically  # noqa: F401 (re-exported)
+from .kinds import KindModuleError
+from .model import Transformer
 
 CHECKPOINT_FORMAT = 1
 LAST = "last.ckpt"
@@ -157,6 +162,47 @@ def state_mismatch(expected: dict, found: dict) -> str:
         if keys:
             problems.append(f"{what}: {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}")
     return "; ".join(problems)
+
+
+def load_checkpoint(path: str, map_location="cpu", label: str = "checkpoint"):
+    """(model, tokenizer, raw) from a checkpoint saved by training; the model is in eval mode.
+
+    The file is read by minitx.checkpoint.read_checkpoint (torch.load with weights_only=True):
+    "state_dict" holds the weights, "minitx" the model config and the tokenizer as plain data.
+    Every problem is a UserError starting with `label` and the path.
+    """
+    where = f"{label} {path}"
+    raw = read_checkpoint(path, where, "give a checkpoint saved by train.py", map_location)
+    meta = raw["minitx"]
+    try:
+        config = ModelConfig.from_dict(meta["model_config"])
+    except KindModuleError as error:  # a kind of the user's own: its file must be found again
+        raise UserError(f"{where}: its attention kind comes from outside minitx: {error}") from None
+    except (KeyError, TypeError, ValueError) as error:
+        raise UserError(
+            f"{where}: its model config is invalid ({one_line(error, 200)}); the file is damaged or from another version"
+        ) from None
+    try:
+        tokenizer = tokenizer_from_dict(meta["tokenizer"])
+    except Exception as error:
+        raise UserError(
+            f"{where}: its tokenizer cannot be rebuilt ({one_line(error, 200)}); the file is damaged or from another version"
+        ) from None
+    if tokenizer.vocab_size > config.vocab_size:
+        raise UserError(
+            f"{where}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}; the file is damaged"
+        )
+
+    weights = model_weights(raw)
+    model = Transformer(config)
+    mismatch = state_mismatch(model.state_dict(), weights)
+    if mismatch:
+        raise UserError(
+            f"{where}: its weights do not match its model config ({mismatch}); the file is damaged or was edited"
+        )
+    model.load_state_dict(weights)
+    model.to(map_location).eval()
+    return model, tokenizer, raw
 
 
 def remove_stale_temporaries(directory: Path) -> None:

@@ -1,4 +1,4 @@
-"""The `generate` command: checkpoint loading, the prompt, and text streamed as it is made.
+"""The `generate` command: the prompt, and text streamed as it is made (checkpoints: checkpoint.py).
 
 The decode loop and the sampling filters live in minitx/decoding.py (`Transformer.generate`
 uses them); they are re-exported here for callers of the command's module.
@@ -14,9 +14,7 @@ import torch
 from torch import Tensor
 
 from .arguments import ArgumentParser
-from .checkpoint import model_weights, read_checkpoint, state_mismatch
-from .config import ModelConfig
-from .data.tokenizer import tokenizer_from_dict
+from .checkpoint import load_checkpoint
 from .decoding import (  # noqa: F401 (re-exported: the decode loop's home before it moved)
     CachedSteps,
     CroppedSteps,
@@ -29,52 +27,6 @@ from .decoding import (  # noqa: F401 (re-exported: the decode loop's home befor
 )
 from .errors import UserError, one_line
 from .generate_inputs import check_generate_args
-from .kinds import KindModuleError
-from .model import Transformer
-
-# -- checkpoints ------------------------------------------------------------------------------------
-
-
-def load_checkpoint(path: str, map_location="cpu", label: str = "checkpoint"):
-    """(model, tokenizer, raw) from a checkpoint saved by training; the model is in eval mode.
-
-    The file is read by minitx.checkpoint.read_checkpoint (torch.load with weights_only=True):
-    "state_dict" holds the weights, "minitx" the model config and the tokenizer as plain data.
-    Every problem is a UserError starting with `label` and the path.
-    """
-    where = f"{label} {path}"
-    raw = read_checkpoint(path, where, "give a checkpoint saved by train.py", map_location)
-    meta = raw["minitx"]
-    try:
-        config = ModelConfig.from_dict(meta["model_config"])
-    except KindModuleError as error:  # a kind of the user's own: its file must be found again
-        raise UserError(f"{where}: its attention kind comes from outside minitx: {error}") from None
-    except (KeyError, TypeError, ValueError) as error:
-        raise UserError(
-            f"{where}: its model config is invalid ({one_line(error, 200)}); the file is damaged or from another version"
-        ) from None
-    try:
-        tokenizer = tokenizer_from_dict(meta["tokenizer"])
-    except Exception as error:
-        raise UserError(
-            f"{where}: its tokenizer cannot be rebuilt ({one_line(error, 200)}); the file is damaged or from another version"
-        ) from None
-    if tokenizer.vocab_size > config.vocab_size:
-        raise UserError(
-            f"{where}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}; the file is damaged"
-        )
-
-    weights = model_weights(raw)
-    model = Transformer(config)
-    mismatch = state_mismatch(model.state_dict(), weights)
-    if mismatch:
-        raise UserError(
-            f"{where}: its weights do not match its model config ({mismatch}); the file is damaged or was edited"
-        )
-    model.load_state_dict(weights)
-    model.to(map_location).eval()
-    return model, tokenizer, raw
-
 
 # -- the command ------------------------------------------------------------------------------------
 

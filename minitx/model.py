@@ -208,27 +208,10 @@ class Transformer(nn.Module):
             x = block(x, rope)
         return maps
 
-    def generate(
-        self,
-        idx: Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        use_cache: bool = True,
-        **kwargs,
-    ) -> Tensor:
-        """Extend idx (B, T) by up to max_new_tokens tokens: see minitx.decoding.generate."""
-        return decoding.generate(
-            self,
-            idx,
-            max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            use_cache=use_cache,
-            **kwargs,
-        )
+    def generate(self, idx: Tensor, max_new_tokens: int, **options) -> Tensor:
+        """Extend idx (B, T) by up to max_new_tokens tokens; options and their defaults (temperature,
+        top_k, top_p, use_cache, ...) are those of minitx.decoding.generate."""
+        return decoding.generate(self, idx, max_new_tokens, **options)
 
     def num_params(self, non_embedding: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from minitx import AttentionConfig, ModelConfig, Transformer
-from minitx.cli import ablate_main, eval_main, generate_main, train_main
+from minitx.cli import ablate_main, eval_main, export_main, generate_main, train_main
 from minitx.configfiles import REPO_ROOT
 from minitx.decoding import generate
 from minitx.errors import UserError
@@ -140,10 +140,17 @@ def test_trains_generates_and_evaluates_through_the_commands(tmp_path, capsys):
     assert texts[0] == texts[1] and len(texts[0]) > 70  # past the context of 32, cache or not
 
     report = tmp_path / "evaluation.json"
-    assert eval_main(
-        ["--ckpt", str(checkpoint), "--max-tokens", "600", "--json", str(report), "--no-progress"]
+    assert (
+        eval_main(["--ckpt", str(checkpoint), "--max-tokens", "600", "--json", str(report), "--no-progress"])
+        == 0
     )
     assert math.isfinite(json.loads(report.read_text())["loss"])
+
+    capsys.readouterr()  # export is refused in one line: no exported code knows the kind
+    assert export_main(["--ckpt", str(checkpoint), "--out", str(tmp_path / "hf")]) == 2
+    refusal = capsys.readouterr().err.strip()
+    assert "\n" not in refusal and "uses attention kind ssmax, defined outside minitx" in refusal
+    assert not (tmp_path / "hf").exists()
 
 
 def test_ablates_beside_mha(tmp_path):

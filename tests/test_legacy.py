@@ -16,10 +16,10 @@ import torch
 import yaml
 
 from minitx import AttentionConfig, ModelConfig
+from minitx.checkpoint import load_checkpoint
 from minitx.cli import generate_main, train_main
 from minitx.configfiles import REPO_ROOT, with_config_files
 from minitx.errors import UserError
-from minitx.generation import load_checkpoint
 from minitx.legacy import ATTENTION_FIELDS, renamed_key
 from minitx.training.command import checked_config
 

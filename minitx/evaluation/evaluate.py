@@ -13,9 +13,9 @@ import math
 import time
 from collections.abc import Sequence
 
+from ..checkpoint import load_checkpoint
 from ..errors import UserError
 from ..generation import _device as usable_device
-from ..generation import load_checkpoint
 from .lengths import default_lengths, length_refusal, length_sweep, position_buckets
 from .perplexity import batch_tokens, score_tokens
 from .progress import Progress

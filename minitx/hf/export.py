@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint import load_checkpoint
 from ..errors import UserError
-from ..generation import load_checkpoint
 from . import convert, require
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -46,7 +46,7 @@ def export_checkpoint(
     outside = sorted(set(model.config.layer_kinds) - convert.EXPORTABLE_KINDS)
     if outside:
         raise UserError(
-            f"--ckpt: {ckpt} uses attention kind {', '.join(outside)}, defined outside minitx, which neither "
+            f"--ckpt {ckpt}: uses attention kind {', '.join(outside)}, defined outside minitx, which neither "
             "transformers nor minitx's exported code knows; export works for "
             + ", ".join(sorted(convert.EXPORTABLE_KINDS))
         )

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..checkpoint import load_checkpoint
 from ..errors import UserError
-from ..generation import load_checkpoint
 from . import require
 
 lm_eval_api = require("lm_eval.api.model")
