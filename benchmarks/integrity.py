@@ -23,11 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import yaml
 
 import minitx.checkpoint as checkpoint_module
 from minitx import ModelConfig, Transformer
 from minitx.checkpoint import load_checkpoint
+from minitx.configfiles import merged_config
 from minitx.data.prepare import DataSettings, prepare
 from minitx.data.shards import verify
 from minitx.data.tokenizer import build_tokenizer
@@ -71,7 +71,7 @@ def shard_table(directory: Path, repeats: int) -> str:
 
 def training_checkpoint(config_name: str, path: Path) -> tuple[str, int]:
     """A checkpoint shaped like train.py's for configs/<config_name>: weights, AdamW state, minitx entry."""
-    model_fields = yaml.safe_load((REPO / "configs" / config_name).read_text())["model"]
+    model_fields = merged_config(REPO / "configs" / config_name)["model"]
     shape = {
         k: v for k, v in model_fields.items() if k in ModelConfig.__dataclass_fields__ and k != "attention"
     }

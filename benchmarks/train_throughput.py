@@ -21,11 +21,11 @@ from pathlib import Path
 
 import lightning as L
 import torch
-import yaml
 from lightning.pytorch.loggers import CSVLogger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from minitx.configfiles import merged_config  # noqa: E402
 from minitx.data.datamodule import TextDataModule  # noqa: E402
 from minitx.training import DEFAULT_CONFIG, MinitxLM, lm_loss, lr_at, optimizer_groups  # noqa: E402
 
@@ -128,7 +128,7 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=5, help="first steps of each measurement left untimed")
     args = parser.parse_args()
 
-    config = yaml.safe_load(Path(args.config).read_text())
+    config = merged_config(args.config)  # a kind's config is an overlay on default.yaml
     clip = float(config.get("trainer", {}).get("gradient_clip_val") or 1.0)
     print(
         f"torch {torch.__version__}, lightning {L.__version__}, threads {torch.get_num_threads()}, config {args.config}"
