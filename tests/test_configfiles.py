@@ -1,0 +1,117 @@
+"""Config files as the train command reads them: overlays on a base, attention options merged."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from minitx.configfiles import (
+    DEFAULT_CONFIG,
+    REPO_ROOT,
+    config_arguments,
+    merged,
+    merged_config,
+    with_config_files,
+)
+from minitx.errors import UserError
+from minitx.training.command import checked_config
+
+KIND_FILES = ["mha", "mqa", "gqa", "local", "mta"]
+
+
+def options_flag(args: list[str]) -> dict | None:
+    """The merged options flag config_arguments appends (None when nothing set options)."""
+    if "--model.attention.options" not in args:
+        return None
+    return json.loads(args[args.index("--model.attention.options") + 1])
+
+
+def test_no_config_trains_the_default_and_a_base_is_read_first(tmp_path):
+    assert with_config_files(["--trainer.max_steps", "5"])[:2] == ["--config", str(DEFAULT_CONFIG)]
+    base = tmp_path / "base.yaml"
+    base.write_text("model: {n_layer: 2}\n")
+    middle = tmp_path / "sub" / "middle.yaml"
+    middle.parent.mkdir()
+    middle.write_text("base: ../base.yaml\nmodel: {n_head: 2}\n")
+    top = tmp_path / "top.yaml"
+    top.write_text("base: sub/middle.yaml\nmodel: {d_model: 32}\n")
+    args = with_config_files(["--config", str(top), "--model.n_layer", "3"])
+    files = [args[i + 1] for i, a in enumerate(args) if a == "--config"]
+    assert [p.split("/")[-1] for p in files] == ["base.yaml", "middle.yaml", "top.yaml"]
+    assert args[-2:] == ["--model.n_layer", "3"]  # flags keep their place after the files
+    assert merged_config(top) == {"model": {"n_layer": 2, "n_head": 2, "d_model": 32}}
+
+
+def test_base_mistakes_are_one_line(tmp_path):
+    loop = tmp_path / "a.yaml"
+    loop.write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(UserError, match="leads back to a file already read"):
+        with_config_files(["--config", str(loop)])
+    missing = tmp_path / "c.yaml"
+    missing.write_text("base: nowhere.yaml\n")
+    with pytest.raises(UserError, match="base 'nowhere.yaml' is not a file .*relative to the file naming it"):
+        with_config_files(["--config", str(missing)])
+    with pytest.raises(UserError, match="^--base: only a config file names its base"):
+        with_config_files(["--base", "configs/default.yaml"])
+
+
+@pytest.mark.parametrize("name", KIND_FILES)
+def test_each_kind_file_is_the_default_run_with_its_attention(name):
+    """configs/<kind>.yaml states only its attention section; everything else is default.yaml's."""
+    overlay = yaml.safe_load((REPO_ROOT / "configs" / f"{name}.yaml").read_text())
+    assert overlay["base"] == "default.yaml" and set(overlay) == {"base", "model"}
+    assert set(overlay["model"]) == {"attention"}
+    parsed = checked_config(with_config_files(["--config", f"configs/{name}.yaml"]))
+    default = checked_config(with_config_files([]))
+    for section in ("data", "trainer"):
+        assert parsed[section] == default[section], section
+    assert {k: v for k, v in parsed["model"].items() if k != "attention"} == {
+        k: v for k, v in default["model"].items() if k != "attention"
+    }
+    assert parsed["model"]["attention"]["kind"] == name
+
+
+def test_an_option_flag_changes_one_option_and_keeps_the_others():
+    # LightningCLI alone would replace all of options.mta with {query_kernel: 3}.
+    args = with_config_files(
+        ["--config", "configs/mta.yaml", "--model.attention.options.mta.query_kernel", "3"]
+    )
+    released = yaml.safe_load((REPO_ROOT / "configs" / "mta.yaml").read_text())["model"]["attention"][
+        "options"
+    ]
+    assert options_flag(args) == {"mta": dict(released["mta"], query_kernel=3)}
+    parsed = checked_config(args)["model"]["attention"]["options"]["mta"]
+    assert parsed["query_kernel"] == 3 and parsed["conv_layers"] == [2] and parsed["conv_placement"] == "both"
+
+
+def test_options_merge_in_the_order_given(tmp_path):
+    later = tmp_path / "later.yaml"
+    later.write_text("model: {attention: {options: {mta: {key_kernel: 5, head_mix: pre}}}}\n")
+    args = config_arguments(
+        ["--config", "configs/mta.yaml", "--model.attention.options.mta.key_kernel=7", "--config", str(later)]
+        + [
+            "--model.attention.options.mta",
+            "{head_mix: none}",
+            "--model.attention.options={local: {window: 4}}",
+        ]
+    )
+    options = options_flag(args)
+    assert options["mta"]["key_kernel"] == 5  # the later file wins over the earlier flag
+    assert options["mta"]["head_mix"] == "none" and options["mta"]["query_kernel"] == 6
+    assert options["local"] == {"window": 4}
+    assert options_flag(config_arguments(["--config", "configs/default.yaml"])) is None  # untouched
+    assert options_flag(config_arguments(args)) == options  # read again (TrainCLI does): the same
+
+
+def test_merged_keeps_what_the_change_does_not_name():
+    base = {"kind": "mta", "options": {"mta": {"query_kernel": 3, "key_kernel": 5}}}
+    changed = merged(base, options={"mta": {"key_kernel": 7}}, n_kv_head=2)
+    assert changed == {
+        "kind": "mta",
+        "n_kv_head": 2,
+        "options": {"mta": {"query_kernel": 3, "key_kernel": 7}},
+    }
+    assert base["options"]["mta"]["key_kernel"] == 5  # a copy
