@@ -193,9 +193,11 @@ def attention_sections(n_layer: int, tiny: bool) -> dict[str, dict]:
     sections = {"mha": {"kind": "mha"}, "mqa": {"kind": "mqa"}}
     sections.update({name: from_config(name) for name in ("gqa", "local", "mta")})
     if tiny:
-        sections["mta"]["mta_query_chunk"] = 32  # several chunks at the tiny context
+        sections["mta"]["options"]["mta"]["query_chunk"] = 32  # several chunks at the tiny context
     order = ["local", "gqa", "mta", "mha", "mqa"]
-    mix = {key: value for name in ("gqa", "local", "mta") for key, value in sections[name].items()}
+    mix: dict = {}
+    for name in ("gqa", "local", "mta"):  # each kind's settings, its options beside the others'
+        mix = merged(mix, **sections[name])
     mix.pop("kind")
     mix["layers"] = [order[i % len(order)] for i in range(n_layer)]
     sections["mix"] = mix
@@ -527,9 +529,9 @@ def attention_variants(sections: dict[str, dict], device: torch.device) -> dict[
     """The attention section's rows: name -> attention settings. On CUDA auto would take the Triton
     kernels for MTA, so `mta (torch)` keeps the torch path it took before them (benchmarks/attention.py's
     TORCH_AUTO) and the kernels have their own rows."""
-    released = dict(
+    released = merged(
         sections["mta"], options={"mta": {"conv_layers": [0]}}
-    )  # the released layer, with its convolutions
+    )  # the released layer, convolving
     cuda = device.type == "cuda"
     variants = {
         "mha (SDPA)": sections["mha"],

@@ -55,6 +55,7 @@ def read_rows(output: Path) -> list[dict]:
         return list(csv.DictReader(handle))
 
 
+@pytest.mark.slow
 def test_sweep_end_to_end_with_a_failing_variant_then_a_rerun_that_skips_finished_runs(tmp_path, capsys):
     variants = [
         {"name": "mha", "overrides": {"model.attention.kind": "mha"}},

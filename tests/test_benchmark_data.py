@@ -114,6 +114,7 @@ def test_sizes_and_corpus(bench, tmp_path):
     assert bench.make_corpus(path, 10_000, lines=lines).read_text() == "reused"
 
 
+@pytest.mark.slow
 def test_tiny_benchmark_prints_every_table(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     result = subprocess.run(

@@ -101,6 +101,7 @@ def test_attention_benchmark_adds_the_triton_rows_on_cuda_only():
             assert all_variants[name]["options"]["mta"]["backend"] == "triton"
 
 
+@pytest.mark.slow
 def test_generate_benchmark_prints_speed_and_memory(tmp_path):
     out = run_script(
         "generate.py",
@@ -148,6 +149,7 @@ def test_mta_kernels_benchmark_times_the_c_loops_against_torch(tmp_path):
     assert all(float(row[2]) > 0 and float(row[3]) > 0 for row in rows) and all(row[5] for row in rows[::3])
 
 
+@pytest.mark.slow
 def test_train_throughput_benchmark_compares_the_loops(tmp_path):
     rng = random.Random(0)
     for name, lines in (("train.txt", 400), ("val.txt", 80)):

@@ -8,6 +8,7 @@ replay one.
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.util
 import os
@@ -74,9 +75,11 @@ KINDS = {
 def make_model(
     attention: dict, n_layer: int = 2, positions: str = "rope", block_size: int = BLOCK
 ) -> Transformer:
-    attention = dict(attention)
-    if "mta" in attention.get("layers", [attention["kind"]]):
-        attention.setdefault("mta_conv_layers", list(range(n_layer)))  # by default on every layer
+    attention = copy.deepcopy(attention)
+    if "mta" in attention.get("layers", [attention["kind"]]):  # by default convolving on every layer
+        attention.setdefault("options", {}).setdefault("mta", {}).setdefault(
+            "conv_layers", list(range(n_layer))
+        )
     config = ModelConfig(
         vocab_size=VOCAB,
         block_size=block_size,
@@ -156,6 +159,7 @@ def compiled_greedy(model, compiled, new_tokens: int) -> int:
     return graphs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, positions", COMPILED, ids=[f"{k}-{p}" for k, p in COMPILED])
 def test_compiled_decoding_equals_eager_from_a_few_graphs(kind, positions):
     """torch.compile(model) through generate, past the context (the rings wrap, RoPE slides, learned
@@ -165,6 +169,7 @@ def test_compiled_decoding_equals_eager_from_a_few_graphs(kind, positions):
     assert compiled_greedy(model, torch.compile(model, backend="eager"), 3 * BLOCK) <= 6
 
 
+@pytest.mark.slow
 def test_compiled_mta_decoding_without_the_c_loops(monkeypatch):
     """MTA's torch path, which a GPU decodes with (the C loops are CPU only), compiled: the same
     tokens, no graph break, a handful of graphs."""
@@ -174,6 +179,7 @@ def test_compiled_mta_decoding_without_the_c_loops(monkeypatch):
     assert compiled_greedy(model, torch.compile(model, backend="eager"), 3 * BLOCK) <= 6
 
 
+@pytest.mark.slow
 def test_compiled_decoding_through_inductor_equals_eager():
     """The code inductor generates (a dynamic position, a growing cache) decodes the same tokens;
     inductor specialises each ring a little more (whether the slot written is its first): a mix of
@@ -193,7 +199,7 @@ def test_one_layer_rope_model_slides_exactly_like_the_crop(kind):
     attention = dict(KINDS[kind])
     first = attention.pop("layers", [attention["kind"]])[0]
     options = dict((attention.get("options") or {}).get(first) or {})
-    options.pop("conv_layers", None)  # the one layer is layer 0: MTA's default convolves it
+    options.pop("conv_layers", None)  # the one layer is layer 0: make_model convolves it
     one = {"kind": first, "options": {first: options}}
     if registry[first].reads_n_kv_head:
         one["n_kv_head"] = attention.get("n_kv_head")

@@ -44,6 +44,7 @@ def gpu_suite():
     sys.modules.pop(spec.name, None)
 
 
+@pytest.mark.slow
 def test_tiny_cpu_run_passes_every_check_and_writes_the_report(tmp_path):
     out = tmp_path / "out"
     done = run_suite("--device", "cpu", "--tiny", "--out", str(out), cwd=tmp_path)
@@ -106,11 +107,12 @@ def test_cuda_attention_rows_keep_the_torch_path_and_add_the_triton_kernels(gpu_
         for name, att in cuda.items()
         if name.startswith("mta")
     }
-    assert {a.mta_backend for a in backends["mta (torch)"].values()} == {"factorised"}  # T > 512
+    assert {a.options_of("mta").backend for a in backends["mta (torch)"].values()} == {
+        "factorised"
+    }  # T > 512
     for name, placement in (("mta-triton", "pre"), ("mta-both-triton", "both")):
-        assert {(a.mta_backend, a.mta_conv_placement) for a in backends[name].values()} == {
-            ("triton", placement)
-        }
+        mta = [a.options_of("mta") for a in backends[name].values()]
+        assert {(a.backend, a.conv_placement) for a in mta} == {("triton", placement)}
 
 
 def test_attention_goal_missed_or_not_measured_is_a_failed_check(gpu_suite):
@@ -174,6 +176,7 @@ def test_cache_check_fails_when_the_cached_path_is_wrong(gpu_suite, monkeypatch)
     assert not results.checks[-1]["ok"], results.checks[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, flag",
     [
@@ -193,6 +196,7 @@ def test_bad_input_is_one_line_naming_the_flag(tmp_path, args, flag):
     assert len(lines) == 1 and flag in lines[0] and "Traceback" not in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 def test_triton_check_passes_on_the_kernels_and_fails_on_a_broken_one(gpu_suite, monkeypatch):
     """check_triton (CUDA only in the suite) run here through Triton's interpreter at toy size: it
     passes on the kernels, and fails when they mix heads the wrong way round."""

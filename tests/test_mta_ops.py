@@ -125,7 +125,7 @@ def mta_model(n_layer: int = 2, d_model: int = 32, seed: int = 0) -> Transformer
     last layer, every learned MTA part moved off its identity init."""
     path = Path(__file__).parents[1] / "configs" / "mta.yaml"
     attention = yaml.safe_load(path.read_text())["model"]["attention"]
-    attention["mta_conv_layers"] = [n_layer - 1]
+    attention["options"]["mta"]["conv_layers"] = [n_layer - 1]
     config = ModelConfig(
         vocab_size=23,
         block_size=32,
@@ -168,6 +168,7 @@ def loss_and_grads(model, forward, x, y):
     return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
+@pytest.mark.slow
 def test_fullgraph_compile_equals_eager(compiled):
     model, fast = compiled
     x, y = torch.randint(0, 23, (2, 19)), torch.randint(0, 23, (2, 19))
@@ -180,6 +181,7 @@ def test_fullgraph_compile_equals_eager(compiled):
         torch.testing.assert_close(fast_grads[name], grad, rtol=1e-5, atol=1e-5, msg=name)
 
 
+@pytest.mark.slow
 def test_compiled_model_trains_a_step(compiled):
     model, fast = compiled
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -219,6 +221,7 @@ def test_long_sequences_and_cached_decoding_trace_without_a_graph_break():
         assert torch._dynamo.explain(model)(x[:1, 8:9], cache).graph_break_count == 0
 
 
+@pytest.mark.slow
 def test_fullgraph_compile_of_long_sequences_and_of_decoding_equals_eager():
     torch._dynamo.reset()
     model = chunked_model()

@@ -23,6 +23,8 @@ from minitx.attention import mta_triton  # noqa: E402
 from minitx.errors import UserError  # noqa: E402
 from minitx.verify import causality_violation, perturb_identity_parts  # noqa: E402
 
+pytestmark = pytest.mark.slow  # Triton's interpreter runs each kernel in Python: seconds a test
+
 if not mta_triton.INTERPRET:
     pytest.skip(
         "CUDA is here: the kernels run compiled (benchmarks/gpu.py checks them)", allow_module_level=True

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # Triton compiles each kernel for a GPU target: 10-30 s a test
+
 pytest.importorskip("triton")
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "build_mta_kernels.py"

@@ -278,6 +278,7 @@ def assert_resumed_losses_equal(uninterrupted: Path, resumed_run: Path, from_ste
 # ------------------------------------------------------------------------------- kill and resume
 
 
+@pytest.mark.slow
 def test_sigkill_at_a_random_step_then_resume_gives_the_uninterrupted_losses(
     tmp_path, corpus, killer_dir, uninterrupted, seed
 ):
@@ -302,6 +303,7 @@ def test_sigkill_at_a_random_step_then_resume_gives_the_uninterrupted_losses(
     assert_resumed_losses_equal(uninterrupted, run, saved_before)
 
 
+@pytest.mark.slow
 def test_sigkill_while_a_checkpoint_is_written_keeps_the_previous_one_and_resumes_exactly(
     tmp_path, corpus, killer_dir, uninterrupted, seed
 ):

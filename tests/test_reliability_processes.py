@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from test_reliability import (  # noqa: F401 (fixtures)
     LAST,
     TMP_PREFIX,
@@ -29,6 +30,7 @@ from test_reliability import (  # noqa: F401 (fixtures)
 )
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_the_step_under_way_exits_130_and_resumes_exactly(
     tmp_path, corpus, killer_dir, uninterrupted, seed
 ):
@@ -55,6 +57,7 @@ def test_ctrl_c_saves_the_step_under_way_exits_130_and_resumes_exactly(
     assert_resumed_losses_equal(uninterrupted, checkpoints.parent, step)
 
 
+@pytest.mark.slow
 def test_a_second_run_into_a_running_runs_directory_is_refused(tmp_path, corpus, killer_dir):
     config = write_config(tmp_path / "tiny.yaml", tiny_config(corpus, tmp_path / "runs"))
     run = tmp_path / "runs" / "tiny"

@@ -483,6 +483,7 @@ def test_wandb_offline_writes_its_run_directory(tmp_path, cache_dir, monkeypatch
     assert len(runs) == 1 and any(runs[0].rglob("*.wandb"))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ddp_on_cpu_with_two_processes(tmp_path, cache_dir):
     config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
