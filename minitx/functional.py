@@ -90,7 +90,7 @@ def multihead_attention(
     positions, as when decoding after a prompt, so causal needs Tq <= Tk; cross-attention between
     two unrelated sequences wants causal=False. mask: boolean, True = may attend, broadcastable to
     (B, num_heads, Tq, Tk). Returns (B, Tq, num_heads * D), and the weights (B, num_heads, Tq, Tk)
-    with return_weights. The projections before and after are the caller's (see the README).
+    with return_weights. The projections before and after are the caller's (see docs/attention.md).
     """
     B, Tq, width = q.shape
     Tk = k.shape[1]

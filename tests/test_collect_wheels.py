@@ -1,6 +1,6 @@
 """scripts/collect_wheels.py: what it keeps from the target's package list and what it collects.
 
-The collection itself needs an index (it was checked by hand: README, "Install without internet");
+The collection itself needs an index (it was checked by hand: docs/install.md, "Install without internet");
 these tests cover the decisions around it, which need none.
 """
 

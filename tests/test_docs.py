@@ -1,0 +1,142 @@
+"""The docs say only what exists: every relative link and anchor in README.md and docs/ resolves,
+and every --flag they show a command with is a flag of that command."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from minitx.cli import run_command
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+COMMAND = re.compile(r"python (?:-m )?((?:benchmarks/|scripts/)?\w+\.py)\b(.*)")
+FLAG = re.compile(r"(?<![\w-])(--[A-Za-z][\w.\-]*)")
+COMMANDS = {"train.py": "train", "prepare.py": "train", "generate.py": "generate"} | {
+    f"{name}.py": name for name in ("evaluate", "ablate", "export")
+}
+
+
+def prose_and_code(path: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """(line number, text) of the lines outside code blocks, and of those inside."""
+    prose, code, fenced = [], [], False
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced or line.startswith("    "):
+            code.append((number, line))
+        else:
+            prose.append((number, line))
+    return prose, code
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"`|\*|\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip().lower())  # markup, not text
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+@cache
+def anchors(path: Path) -> set[str]:
+    found, seen = set(), {}
+    for _, line in prose_and_code(path)[0]:
+        if line.startswith("#"):
+            base = slug(line.lstrip("#"))
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def test_every_relative_link_and_anchor_resolves():
+    broken = []
+    for page in PAGES:
+        for number, line in prose_and_code(page)[0]:
+            for target in LINK.findall(line):
+                if re.match(r"[a-z]+:", target):  # https:, mailto:
+                    continue
+                path, _, anchor = target.partition("#")
+                resolved = (page.parent / path).resolve() if path else page
+                where = f"{page.relative_to(ROOT)}:{number}: ({target})"
+                if not resolved.exists():
+                    broken.append(f"{where} no such file {resolved.relative_to(ROOT)}")
+                elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+                    broken.append(f"{where} no heading #{anchor} in {resolved.relative_to(ROOT)}")
+    assert not broken, "\n".join(broken)
+
+
+@cache
+def command_flags(command: str) -> frozenset[str]:
+    """The flags a command's --help lists (the train command: every dotted key LightningCLI knows)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.suppress(SystemExit):
+            run_command(command, ["--help"])
+    flags = set(FLAG.findall(out.getvalue()))
+    if command == "train":
+        flags.add("--verify")  # prepare.py: train's flags plus --verify
+    return frozenset(flags)
+
+
+def script_flags(script: str) -> frozenset[str]:
+    """The flags a benchmark or script declares: its add_argument("--...") strings."""
+    source = (ROOT / script).read_text(encoding="utf-8")
+    return frozenset(re.findall(r"[\"'](--[A-Za-z][\w\-]*)[\"']", source)) | {"--help"}
+
+
+def known(flag: str, allowed: frozenset[str]) -> bool:
+    if flag in allowed:
+        return True
+    # An attention kind's option: model.attention.options.<kind>.<option> (checked by the kind).
+    return flag.startswith("--model.attention.options.") and "--model.attention.options" in allowed
+
+
+def shown_commands():
+    """(page:line, script, the text after it) of every command the docs show."""
+    for page in PAGES:
+        prose, code = prose_and_code(page)
+        lines = dict(code)
+        for number, line in code:
+            if line.rstrip().endswith("\\"):  # a command continued on the next line
+                continue
+            while lines.get(number - 1, "").rstrip().endswith("\\"):
+                number -= 1
+                line = lines[number].rstrip()[:-1] + " " + line
+            for match in COMMAND.finditer(line.split("#")[0]):
+                yield f"{page.relative_to(ROOT)}:{number}", match.group(1), match.group(2)
+        for number, line in prose:
+            for inline in re.findall(r"`([^`]*)`", line):
+                for match in COMMAND.finditer(inline):
+                    yield f"{page.relative_to(ROOT)}:{number}", match.group(1), match.group(2)
+
+
+def test_every_flag_the_docs_show_exists_in_its_command():
+    unknown = []
+    for where, script, rest in shown_commands():
+        if script in COMMANDS:
+            allowed = command_flags(COMMANDS[script])
+        elif (ROOT / script).is_file():
+            allowed = script_flags(script)
+        else:
+            unknown.append(f"{where}: no script {script}")
+            continue
+        head, separator, tail = rest.partition(" -- ")  # ablate: training flags after --
+        for flag in FLAG.findall(head):
+            flag = flag.split("=")[0]
+            if not known(flag, allowed):
+                unknown.append(f"{where}: {script} has no flag {flag}")
+        for flag in FLAG.findall(tail) if separator else []:
+            if not known(flag.split("=")[0], command_flags("train")):
+                unknown.append(f"{where}: train.py (after --) has no flag {flag}")
+    assert not unknown, "\n".join(unknown)
+
+
+@pytest.mark.parametrize("heading, anchor", [("## Data: `prepare.py` and more", "data-preparepy-and-more")])
+def test_slugs_follow_github(heading, anchor):
+    assert slug(heading.lstrip("#")) == anchor
