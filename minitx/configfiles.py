@@ -43,7 +43,9 @@ def config_arguments(args: Sequence[str]) -> list[str]:
     `--model.attention.options...` flags are merged here, in the order given, into one last flag.
     """
     if any(a == "--base" or a.startswith("--base=") for a in args):
-        raise UserError("--base: only a config file names its base; give both files: --config BASE --config FILE")
+        raise UserError(
+            "--base: only a config file names its base; give both files: --config BASE --config FILE"
+        )
     out: list[str] = []
     options: dict = {}
     touched = False
@@ -60,7 +62,9 @@ def config_arguments(args: Sequence[str]) -> list[str]:
             for part in reversed(path):
                 update = {part: update}
             if not isinstance(update, dict):
-                raise UserError(f"{flag}: give a mapping of kinds to their options, e.g. '{{local: {{window: 64}}}}'")
+                raise UserError(
+                    f"{flag}: give a mapping of kinds to their options, e.g. '{{local: {{window: 64}}}}'"
+                )
             _merge(options, update)
             touched = True
         else:

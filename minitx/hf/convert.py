@@ -48,6 +48,7 @@ TOP_NAMES = {"tok_emb": "model.embed_tokens", "norm": "model.norm", "lm_head": "
 # The kinds an export can carry: natively (Llama, Mistral, Ministral) or in modeling_minitx.py.
 EXPORTABLE_KINDS = {"mha", "mqa", "gqa", "local", "mta"}
 
+
 def native_class(config: ModelConfig) -> tuple[str | None, str]:
     """(transformers class name or None, why) for a minitx config."""
     kinds = set(config.layer_kinds)
