@@ -11,7 +11,7 @@ key-query convolution, head mixing, output norm) in query chunks through the tor
 always factorised (mta-fact) and always plain (mta-conv), the released setting with
 pre- and post-softmax convolutions (mta-both), mta materialised in one chunk (mta-full, the
 memory baseline), and mta and mta-both through the Triton kernels (mta-triton, mta-both-triton:
-minitx/attention/mta_triton.py, no T x T map).
+minitx/attention/mta/triton_launch.py, no T x T map).
 
 Which path mta and mta-both take: on the CPU the default backend (auto: the C loops' chunked
 convolution where they are built, else the factorised path above 512 tokens and the plain chunked
@@ -47,9 +47,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from minitx import AttentionConfig, ModelConfig, functional
 from minitx.allocator import keep_freed_memory
-from minitx.attention import build, mta_triton
+from minitx.attention import build
 from minitx.attention.local import LocalAttention
-from minitx.attention.multi_token import FACTORISED_FROM
+from minitx.attention.mta import triton_launch as mta_triton
+from minitx.attention.mta.layer import FACTORISED_FROM
 from minitx.configfiles import merged
 from minitx.model import RotaryEmbedding
 

@@ -69,7 +69,8 @@ import yaml  # noqa: E402
 
 from minitx import AttentionConfig, ModelConfig, Transformer, verify  # noqa: E402
 from minitx.arguments import ArgumentParser  # noqa: E402
-from minitx.attention import local, native  # noqa: E402
+from minitx.attention import local  # noqa: E402
+from minitx.attention.mta import native  # noqa: E402
 from minitx.configfiles import merged  # noqa: E402
 from minitx.decoding import generate  # noqa: E402
 from minitx.errors import UserError, one_line  # noqa: E402
@@ -394,7 +395,7 @@ def check_triton(
 ) -> None:
     """config's MTA through the MTA backend triton against conv: same weights, same device, float32.
     T: the sequence length (default a little short of block_size, so the last tiles are ragged)."""
-    from minitx.attention.multi_token import MultiTokenAttention
+    from minitx.attention.mta.layer import MultiTokenAttention
 
     T = T or max(1, config.block_size - 5)
     base = verify.perturb_identity_parts(Transformer(with_mta(config, backend="conv"))).eval()

@@ -1,4 +1,4 @@
-"""MTA's C loops (minitx/attention/mta_conv.c) against torch's operations on one query chunk's maps.
+"""MTA's C loops (minitx/attention/mta/conv.c) against torch's operations on one query chunk's maps.
 
     python benchmarks/mta_kernels.py                 # 261 rows (256 + 5 history) x 256 / 1024 / 4096 keys, 4 heads
 
@@ -21,8 +21,8 @@ import time
 import torch
 
 from minitx.allocator import keep_freed_memory
-from minitx.attention import native
-from minitx.attention.mta_kernels import KeyQueryConv, MixedSoftmax, NativeKeyQueryConv, VisibleKeys
+from minitx.attention.mta import native
+from minitx.attention.mta.kernels import KeyQueryConv, MixedSoftmax, NativeKeyQueryConv, VisibleKeys
 
 
 def torch_mixed_softmax(scores, pre, post, hidden):

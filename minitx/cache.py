@@ -9,7 +9,7 @@ A layer's cache holds keys and values with the layer's own number of key/value h
   RoPE equals re-running the model on the last block_size tokens (only relative offsets matter);
 - local attention gets a ring of `window` slots: memory stays flat however long the generation;
 - multi-token attention also keeps its last (query kernel - 1) queries, which its convolution
-  along the query axis needs: its own cache type, a subclass (see attention/multi_token.py).
+  along the query axis needs: its own cache type, a subclass (see attention/mta/layer.py).
 
 A layer makes its cache (`Attention.setup_cache` / `new_cache`, sized by the layer's kind); the
 cache stores new keys and values and says what new queries may see (`update`). Caches are

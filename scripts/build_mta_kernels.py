@@ -20,7 +20,7 @@ from pathlib import Path
 os.environ["TRITON_INTERPRET"] = "0"  # compiled kernels even without CUDA, before triton is imported
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from minitx.attention import mta_triton  # noqa: E402
+from minitx.attention.mta import triton_launch as mta_triton  # noqa: E402
 
 KERNELS = {"stats": "_stats", "forward": "_forward", "backward_delta": "_backward", "backward": "_backward"}
 INTEGERS = {"T", "H", "HK", "G", "E", "OFF", "D", "n_blocks"}

@@ -75,7 +75,7 @@ def test_attention_benchmark_adds_the_triton_rows_on_cuda_only():
     import argparse
     import importlib.util
 
-    from minitx.attention import mta_triton
+    from minitx.attention.mta import triton_launch as mta_triton
 
     spec = importlib.util.spec_from_file_location("attention_benchmark", REPO / "benchmarks" / "attention.py")
     bench = importlib.util.module_from_spec(spec)
@@ -139,7 +139,7 @@ def test_generate_benchmark_prints_speed_and_memory(tmp_path):
 
 
 def test_mta_kernels_benchmark_times_the_c_loops_against_torch(tmp_path):
-    from minitx.attention import native
+    from minitx.attention.mta import native
 
     if native.library() is None:
         pytest.skip("the C loops could not be built here")

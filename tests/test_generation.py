@@ -22,8 +22,8 @@ from torch._dynamo.utils import counters
 
 import minitx
 from minitx import AttentionConfig, ModelConfig, Transformer, functional
-from minitx.attention import native
-from minitx.attention.multi_token import MultiTokenAttention
+from minitx.attention.mta import native
+from minitx.attention.mta.layer import MultiTokenAttention
 from minitx.configfiles import merged
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import UserError

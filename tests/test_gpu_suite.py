@@ -201,7 +201,7 @@ def test_triton_check_passes_on_the_kernels_and_fails_on_a_broken_one(gpu_suite,
     """check_triton (CUDA only in the suite) run here through Triton's interpreter at toy size: it
     passes on the kernels, and fails when they mix heads the wrong way round."""
     pytest.importorskip("triton")
-    from minitx.attention import mta_triton
+    from minitx.attention.mta import triton_launch as mta_triton
 
     if not mta_triton.INTERPRET:
         pytest.skip("CUDA is here: the suite runs this check itself")

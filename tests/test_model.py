@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from minitx import AttentionConfig, ModelConfig, Transformer, attention, verify
 from minitx.attention import apply_rope, local
-from minitx.attention.multi_token import MTACache, MultiTokenAttention
+from minitx.attention.mta.layer import MTACache, MultiTokenAttention
 from minitx.cache import KVCache
 from minitx.model import RotaryEmbedding
 from minitx.verify import perturb_identity_parts

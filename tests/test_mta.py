@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from minitx import AttentionConfig, ModelConfig, Transformer
-from minitx.attention import mta_kernels, native
-from minitx.attention.mta_kernels import (
+from minitx.attention.mta import kernels as mta_kernels
+from minitx.attention.mta import native
+from minitx.attention.mta.kernels import (
     KeyQueryConv,
     MixedSoftmax,
     NativeKeyQueryConv,
@@ -29,7 +30,7 @@ from minitx.attention.mta_kernels import (
     convolve,
     run,
 )
-from minitx.attention.multi_token import MultiTokenAttention
+from minitx.attention.mta.layer import MultiTokenAttention
 from minitx.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")
@@ -544,7 +545,7 @@ def test_without_a_compiler_mta_falls_back_to_torch(monkeypatch, tmp_path, caplo
 def test_triton_backend_without_triton_is_refused_when_the_model_is_built(monkeypatch):
     """A GPU job's config validates on a machine without triton (prepare.py on a CPU box); building
     the model there is a one-line error naming the field and the fix."""
-    from minitx.attention import mta_triton
+    from minitx.attention.mta import triton_launch as mta_triton
 
     monkeypatch.setattr(mta_triton, "available", lambda: False)
     config = ModelConfig(

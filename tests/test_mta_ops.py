@@ -1,4 +1,4 @@
-"""MTA's C loops as torch operators (minitx/attention/mta_ops.py): each passes torch.library.opcheck
+"""MTA's C loops as torch operators (minitx/attention/mta/ops.py): each passes torch.library.opcheck
 (schema, fake shapes, autograd registration, AOT dispatch with dynamic shapes) at awkward sizes, and
 an MTA model traces without a graph break, compiles with fullgraph=True and equals eager.
 
@@ -17,8 +17,8 @@ import torch.nn.functional as F
 import yaml
 
 from minitx import AttentionConfig, ModelConfig, Transformer
-from minitx.attention import mta_ops, native  # noqa: F401 (mta_ops: registers torch.ops.minitx)
-from minitx.attention.mta_kernels import VisibleKeys
+from minitx.attention.mta import native
+from minitx.attention.mta.kernels import VisibleKeys
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="the C loops could not be built here")
 

@@ -1,4 +1,4 @@
-"""MTA's Triton kernels (minitx/attention/mta_triton.py), on the CPU through Triton's interpreter:
+"""MTA's Triton kernels (minitx/attention/mta/triton_launch.py), on the CPU through Triton's interpreter:
 forward and every gradient against a materialised float64 oracle at awkward sizes, the operator
 through torch.library.opcheck, and whole models with the backend triton against conv (equal
 logits and gradients, causal with every learned part off its identity).
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from minitx import AttentionConfig, ModelConfig, Transformer  # noqa: E402
-from minitx.attention import mta_triton  # noqa: E402
+from minitx.attention.mta import triton_launch as mta_triton  # noqa: E402
 from minitx.errors import UserError  # noqa: E402
 from minitx.verify import causality_violation, perturb_identity_parts  # noqa: E402
 
@@ -180,7 +180,7 @@ def test_compiled_auto_tries_the_kernels_while_tracing(monkeypatch):
     """Compiled with fullgraph=True, auto runs its one-time trial while the model is traced (its
     answer a constant of the graph): where the kernels fail it warns and the graph takes the torch
     path, equal to conv; where they run, the graph runs them."""
-    from minitx.attention.multi_token import MultiTokenAttention
+    from minitx.attention.mta.layer import MultiTokenAttention
 
     monkeypatch.setattr(MultiTokenAttention, "wants_triton", lambda self, q: self.backend == "auto")
     seed = torch.seed()
@@ -271,7 +271,7 @@ def test_a_layers_kernel_config_is_that_of_its_kernel_inputs(setting):
 def test_auto_takes_the_torch_path_where_the_kernels_fail(monkeypatch):
     """A model with backend auto where the kernels fail (as on CUDA: wants_triton) warns once
     and runs as conv would; where they work it runs them."""
-    from minitx.attention.multi_token import MultiTokenAttention
+    from minitx.attention.mta.layer import MultiTokenAttention
 
     monkeypatch.setattr(MultiTokenAttention, "wants_triton", lambda self, q: self.backend == "auto")
     monkeypatch.setattr(mta_triton, "_usable", {})

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from ..kinds import KindSpec, register, registry
-from . import grouped, local, multi_token
+from . import grouped, local, mta
 from .base import Attention, apply_rope
 
 register(grouped.MHA)  # n_kv_head = n_head
 register(grouped.MQA)  # n_kv_head = 1
 register(grouped.GQA)  # 1 < n_kv_head < n_head
 register(local.LOCAL)
-register(multi_token.MTA)
+register(mta.MTA)
 
 
 def build(config: ModelConfig, layer: int) -> Attention:

@@ -1,4 +1,4 @@
-"""MTA's C loops (mta_conv.c), compiled on first use with the machine's C compiler, called by ctypes.
+"""MTA's C loops (conv.c), compiled on first use with the machine's C compiler, called by ctypes.
 
 They cover the work MTA does on (rows x keys) maps that torch has no fused kernel for: the
 key-query convolution and its two gradients, the pre-softmax head mix + mask + softmax + post-
@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("mta_conv.c")
+SOURCE = Path(__file__).with_name("conv.c")
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC"]
 SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 
@@ -107,7 +107,7 @@ def available(maps: Tensor) -> bool:
 @torch.compiler.assume_constant_result
 def loaded() -> bool:
     """Whether the library is there: a constant to torch.compile, which would stop its graph at
-    the file checks of a first `library()` call (mta_ops' operators call the library itself)."""
+    the file checks of a first `library()` call (ops.py's operators call the library itself)."""
     return library() is not None
 
 
@@ -354,7 +354,7 @@ def attend_rows(
     scores scale q K^T (with `kernel` (H, c_q, c_k): their pre-softmax convolution, q's first c_q - 1
     rows being its history), then the gated norm if `weight` is given (gate weight, gate bias, eps).
     q (B, H, R, D); k, v (B, G, Tk, D); lo, hi (contiguous): the keys each of q's R rows sees (None:
-    every key). Returns (B, H, R - c_q + 1, D). The signature is mta_ops.attend_rows', flat, so that
+    every key). Returns (B, H, R - c_q + 1, D). The signature is ops.attend_rows', flat, so that
     a layer hands the same arguments to either."""
     B, H, R, D = q.shape
     G, N = k.shape[1], k.shape[2]

@@ -17,7 +17,7 @@
   `NativeKeyQueryConv` (the convolution, masked by each row's interval of visible keys,
   `VisibleKeys`), `MixedSoftmax` (pre mix, mask, softmax and post mix in one pass), `NativeMix`;
   `run` calls their forward alone where nothing needs a gradient; their `apply` is one of the
-  operators of mta_ops (torch.ops.minitx.*), with its gradient, which torch.compile traces.
+  operators of ops.py (torch.ops.minitx.*), with its gradient, which torch.compile traces.
 
 The kernel is stored as cross-correlation weights theta[h, 0, u, w]: row u = c_q - 1 looks at the
 current query, u = 0 at the query c_q - 1 rows back; column w = c_k // 2 is the same key.
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import mta_ops, native  # noqa: F401 (mta_ops: registers torch.ops.minitx)
+from . import native, ops  # noqa: F401 (ops: registers torch.ops.minitx)
 
 
 def identity_kernel(n_head: int, c_q: int, c_k: int) -> Tensor:
@@ -140,7 +140,7 @@ class NoContext:
 def run(function, *args):
     """function.apply(*args), or its forward alone where nothing needs a gradient: in a decoding
     step autograd's bookkeeping would cost as much as the arithmetic (measured). Under
-    torch.compile always apply: the native classes' apply is an operator (mta_ops) the compiler
+    torch.compile always apply: the native classes' apply is an operator (ops.py) the compiler
     can trace, their forward a ctypes call it cannot."""
     if torch.compiler.is_compiling() or (
         torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args)
@@ -183,7 +183,7 @@ class NativeKeyQueryConv:
     outside each row's visible keys lo..hi, the result computed only at out_lo..out_hi (zero
     elsewhere). Its input gradient is the same loop with the kernel flipped, reading rows upwards.
 
-    `apply` is the operator torch.ops.minitx.kq_conv (mta_ops: gradients, torch.compile); `forward`
+    `apply` is the operator torch.ops.minitx.kq_conv (ops.py: gradients, torch.compile); `forward`
     the bare C call, for `run` where nothing needs a gradient."""
 
     @staticmethod
@@ -202,7 +202,7 @@ class MixedSoftmax:
     rows that see nothing 0, in one pass of the C loops (native.py) instead of five passes over
     the maps; pre or post None: no mix there; lo and hi None: every row sees every key.
 
-    `apply`: the operator torch.ops.minitx.mixed_softmax (mta_ops), keeping what its gradient
+    `apply`: the operator torch.ops.minitx.mixed_softmax (ops.py), keeping what its gradient
     needs where something needs one; `forward`: the bare C call, for `run` without gradients."""
 
     @staticmethod
@@ -249,7 +249,7 @@ def mix_heads(maps: Tensor, mix: Tensor) -> Tensor:
 
 class NativeMix:
     """mix_heads by the C loops, and its gradients (the matrix's summed in double per thread):
-    `apply` the operator torch.ops.minitx.mix (mta_ops), `forward` the bare C call."""
+    `apply` the operator torch.ops.minitx.mix (ops.py), `forward` the bare C call."""
 
     @staticmethod
     def apply(maps: Tensor, mix: Tensor) -> Tensor:

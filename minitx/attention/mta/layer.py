@@ -14,7 +14,7 @@ Neighbouring queries, keys and heads shape each attention weight:
 queries: a chunk needs its own rows plus the c_q - 1 rows above it per convolution, against the
 keys up to its last query, so memory is O(chunk * T) rather than O(T^2); each chunk's maps are
 recomputed in the backward pass. The pre-softmax convolution of keys far from the diagonal is one
-matrix product (see mta_kernels). Decoding is the same computation with a chunk of one query
+matrix product (see kernels.py). Decoding is the same computation with a chunk of one query
 whose earlier queries come from the cache (MTACache).
 
 All learned parts start as the identity, so an untrained MTA layer without the output norm equals
@@ -28,12 +28,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..cache import KVCache
-from ..config import ModelConfig
-from ..kinds import KindSpec, fail
-from . import mta_triton, native
-from .base import Attention
-from .mta_kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
+from ...config import ModelConfig
+from ...kinds import KindSpec, fail
+from ..base import Attention
+from . import native
+from . import triton_launch as mta_triton
+from .cache import MTACache
+from .kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
     ChunkedRows,
     KeyQueryConv,
     MixedSoftmax,
@@ -51,49 +52,7 @@ from .mta_kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
     shifted_queries,
     write_band,
 )
-from .mta_options import MTAOptions, check_mta_model
-
-
-class MTACache(KVCache):
-    """A KV cache that also keeps the latest `n_query` queries (B, H, n_query, D), oldest first,
-    with their positions (-1: none yet): the rows the query-axis convolution looks back on."""
-
-    def __init__(
-        self, batch: int, n_kv_head: int, head_dim: int, capacity: int, *, n_head: int, n_query: int, **kwargs
-    ):
-        super().__init__(batch, n_kv_head, head_dim, capacity, **kwargs)
-        shape = (batch, n_head, n_query, head_dim)
-        queries = torch.zeros(shape, dtype=self.k.dtype, device=self.k.device) if n_query else None
-        self.register_buffer("queries", queries, persistent=False)
-        self.register_buffer(
-            "query_pos", torch.full((n_query,), -1, dtype=torch.long, device=self.k.device), persistent=False
-        )
-
-    def reset(self) -> None:
-        super().reset()
-        if self.queries is not None:
-            self.queries.zero_()
-        self.query_pos.fill_(-1)
-
-    def remember_queries(self, q: Tensor) -> None:
-        """Keep the last n_query queries (B, H, T, D) of the tokens just appended."""
-        if self.queries is None:
-            return
-        positions = torch.arange(self.n_seen - q.shape[2], self.n_seen, device=self.pos.device)
-        self.keep_rows(
-            torch.cat([self.queries, q.to(self.queries.dtype)], dim=2), torch.cat([self.query_pos, positions])
-        )
-
-    def keep_rows(self, rows: Tensor, rows_pos: Tensor) -> None:
-        """Keep the last n_query of these query rows, oldest first, and their positions. In place:
-        assigning a module's buffer goes through nn.Module.__setattr__, slow Python in every step."""
-        n = self.queries.shape[2]
-        self.queries.copy_(rows[:, :, -n:])
-        self.query_pos.copy_(rows_pos[-n:])
-
-    def nbytes(self) -> int:
-        return super().nbytes() + (self.queries.nbytes if self.queries is not None else 0)
-
+from .options import MTAOptions, check_mta_model
 
 # backend "auto": with the C loops (native.py) the plain chunked convolution at every T (the
 # factorised path took 2.2x its time at T = 256 and 1.7-1.8x at 1024 and 4096, benchmarks/RESULTS.md);
@@ -258,7 +217,7 @@ class MultiTokenAttention(Attention):
             torch.is_grad_enabled() and (out.requires_grad or self.gate.weight.requires_grad)
         ):
             # Decoding: five small operations are one call (each costs more than its arithmetic);
-            # under torch.compile the same call as an operator (mta_ops), which it can trace.
+            # under torch.compile the same call as an operator (ops.py), which it can trace.
             gated_norm = torch.ops.minitx.gated_norm if torch.compiler.is_compiling() else native.gated_norm
             return gated_norm(out, self.norm.weight, self.gate.weight, self.gate.bias, self.norm.eps)
         if self.float32 and out.dtype in (
@@ -277,7 +236,7 @@ class MultiTokenAttention(Attention):
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Chunks of queries; each needs its rows plus the n_hist rows above it, against the keys
         up to its last query. With a pre-softmax convolution and the factorised backend, the
-        chunk's scores come from one matrix product plus the exact band (see mta_kernels)."""
+        chunk's scores come from one matrix product plus the exact band (see kernels.py)."""
         if self.fused(q, k, v):
             return self.normalise(torch.ops.minitx.mta_fused(*self.triton_inputs(q, k, v))[0])
         T = q.shape[2]
@@ -379,7 +338,7 @@ class MultiTokenAttention(Attention):
 
     def triton_inputs(self, q: Tensor, k: Tensor, v: Tensor) -> tuple:
         """(qc, kc, band, v, post kernel, pre mix, post mix) for torch.ops.minitx.mta_fused
-        (mta_triton): with a pre-softmax convolution its factorised parts, built by torch with its
+        (triton_launch.py): with a pre-softmax convolution its factorised parts, built by torch with its
         own autograd in O(T) memory; the kernels do the rest."""
         if self.kq_conv is not None:
             qc, kc, band = self.factorised_parts(q, k)
@@ -455,7 +414,7 @@ class MultiTokenAttention(Attention):
 
     def attend_rows(self, q, keys, values, kernel=None, lo=None, hi=None) -> Tensor:
         """A decoding step in one C call (native.attend_rows; lo, hi: the keys each row sees, None:
-        all); compiled, the same call as an operator (mta_ops), which torch.compile can trace where
+        all); compiled, the same call as an operator (ops.py), which torch.compile can trace where
         it cannot trace a ctypes call."""
         norm = (
             (None, None, None, 0.0)

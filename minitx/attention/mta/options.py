@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..kinds import OptionError, fail
+from ...kinds import OptionError, fail
 
 
 @dataclass
