@@ -90,11 +90,49 @@ def script_flags(script: str) -> frozenset[str]:
     return frozenset(re.findall(r"[\"'](--[A-Za-z][\w\-]*)[\"']", source)) | {"--help"}
 
 
+@cache
+def kind_options() -> dict[str, set[str]]:
+    """Each attention kind's option names: the registry's, and those of the kinds that examples/
+    define in their own files (read from the source, so that nothing is registered here)."""
+    import ast
+    from dataclasses import fields
+
+    from minitx.kinds import registry
+
+    found = {
+        name: {f.name for f in fields(spec.options)} if spec.options else set()
+        for name, spec in registry.items()
+    }
+    for path in (ROOT / "examples").glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        classes = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+        for call in ast.walk(tree):
+            if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "KindSpec" and call.args:
+                options = next((k.value for k in call.keywords if k.arg == "options"), None)
+                body = (
+                    classes[options.id].body
+                    if isinstance(options, ast.Name) and options.id in classes
+                    else []
+                )
+                fields_ = {
+                    n.target.id
+                    for n in body
+                    if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+                }
+                found[call.args[0].value] = fields_
+    return found
+
+
 def known(flag: str, allowed: frozenset[str]) -> bool:
     if flag in allowed:
         return True
-    # An attention kind's option: model.attention.options.<kind>.<option> (checked by the kind).
-    return flag.startswith("--model.attention.options.") and "--model.attention.options" in allowed
+    # An attention kind's option, --model.attention.options.<kind>.<option>: the parser takes a
+    # dict there, so the option is checked against the kind's own options.
+    prefix = "--model.attention.options."
+    if flag.startswith(prefix) and "--model.attention.options" in allowed:
+        kind, _, option = flag[len(prefix) :].partition(".")
+        return option in kind_options().get(kind, ()) or (not option and kind in kind_options())
+    return False
 
 
 def shown_commands():
