@@ -199,6 +199,10 @@ class Result:
         return max((s[1] for s in self.samples), default=0) / 1e6
 
 
+def default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_measured(
     name: str,
     command: list[str],
@@ -226,6 +230,9 @@ def run_measured(
             cwd=REPO,
             text=True,
             errors="replace",
+            # A job started in the background (nohup ... &) ignores SIGINT, and so would its
+            # children: the command gets the default handler back, or our SIGINT would not stop it.
+            preexec_fn=default_sigint,
         )
         sampler = TreeMemorySampler(proc.pid).start()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -91,6 +92,18 @@ def test_run_measured_records_wall_time_memory_and_marker(bench, tmp_path):
     stopped = bench.run_measured("s", slow, tmp_path / "s.log", interrupt_after=0.5)
     assert stopped.interrupted and stopped.returncode != 0
     assert (tmp_path / "s.pss.tsv").read_text().startswith("seconds\tpss_mb")
+
+
+def test_interrupt_stops_a_command_started_with_sigint_ignored(bench, tmp_path):
+    """A test run in the background (nohup python -m pytest &) starts with SIGINT ignored, which
+    its children inherit: the benchmark's SIGINT must still stop the command it measures."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        slow = [sys.executable, "-c", "import time; time.sleep(60)"]
+        stopped = bench.run_measured("s", slow, tmp_path / "s.log", interrupt_after=0.5)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert stopped.interrupted and stopped.returncode == -signal.SIGINT and stopped.wall_s < 30
 
 
 def test_sizes_and_corpus(bench, tmp_path):

@@ -31,10 +31,10 @@ import numpy as np
 import pytest
 
 import minitx.data.prepare as P
-from minitx.cli import prepare_main
+from minitx.cli import prepare_main, train_main
 from minitx.data import streams
 from minitx.data.datamodule import TextDataModule
-from minitx.data.shards import HEADER, ShardError, ShardWriter, read_header, verify
+from minitx.data.shards import HEADER, DamagedShard, ShardWriter, read_header, verify
 from minitx.data.streams import JoinedText
 from minitx.errors import UserError
 from minitx.fileio import TMP_PREFIX, read_json, write_json_atomically
@@ -632,7 +632,7 @@ def test_a_header_unlike_the_manifest_with_the_stat_restored_is_prepared_again(c
     assert ids(again) == expected and P.verify_prepared(again, log=lambda line: None) == []
 
 
-def test_out_of_vocabulary_ids_with_the_stat_restored_fail_a_batch_naming_the_shard(corpus, tmp_path):
+def test_out_of_vocabulary_ids_with_the_stat_restored_fail_a_batch_naming_the_shard(corpus, tmp_path, capfd):
     cache = tmp_path / "cache"
     prepared = quiet(settings(corpus, cache))
     for shard in sorted(prepared.directory.glob("train-*.bin")):
@@ -642,11 +642,23 @@ def test_out_of_vocabulary_ids_with_the_stat_restored_fail_a_batch_naming_the_sh
     data = {k: v for k, v in dataclasses.asdict(settings(corpus, cache)).items() if k != "vocab_size"}
     module = TextDataModule(**data, block_size=16, batch_size=4)
     module.setup()  # opens the shards (nothing at start-up can tell)
-    with pytest.raises(ShardError) as info:
+    with pytest.raises(DamagedShard) as info:
         next(iter(module.train_dataloader()))
     message = str(info.value)
     assert str(prepared.directory / "train-") in message and "outside the vocabulary" in message, message
     assert "prepare.py --verify" in message
+    # The train command: the batch that reads it ends the run in one line, exit status 2.
+    flags = ["--data.source", "files", "--data.train_files", str(corpus / "[ab].txt")]
+    flags += ["--data.val_files", str(corpus / "val.txt"), "--data.cache_dir", str(cache)]
+    flags += ["--data.shard_tokens", "200", "--model.block_size", "16", "--model.n_layer", "1"]
+    flags += ["--model.d_model", "16", "--trainer.max_steps", "2", "--trainer.accelerator", "cpu"]
+    flags += ["--run.root", str(tmp_path / "runs"), "--run.sample_tokens", "0", "--data.val_batches", "1"]
+    capfd.readouterr()
+    assert train_main(flags) == 2
+    lines = stderr_lines(capfd)
+    errors = [line for line in lines if line.startswith("train: error: ")]
+    assert errors == [lines[-1]] and "Traceback" not in "\n".join(lines), lines
+    assert str(prepared.directory / "train-") in errors[0] and "prepare.py --verify" in errors[0]
 
 
 # ------------------------------------------------------------------- 9. a changed source

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from minitx.errors import UserError
 from minitx.fileio import AtomicFile
 
 MAGIC = b"MINITXTK"
@@ -41,6 +42,11 @@ assert HEADER.size == 64
 
 class ShardError(ValueError):
     """A shard file that is not what its header or its manifest says."""
+
+
+class DamagedShard(UserError):
+    """A shard found damaged by the batch that reads it (ids past the vocabulary): a training or
+    evaluation run stops with one line naming the shard and `prepare.py --verify`."""
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -201,7 +207,7 @@ class TokenArray:
             take = min(length - filled, self.headers[shard].count - first)
             piece = self._ids(shard)[first : first + take]
             if self.vocab_size is not None and take and int(piece.max()) >= self.vocab_size:
-                raise ShardError(
+                raise DamagedShard(
                     f"{self.paths[shard]}: holds id {int(piece.max())}, outside the vocabulary of "
                     f"{self.vocab_size}; the shard was changed after it was prepared: run prepare.py --verify"
                 )
