@@ -24,7 +24,7 @@ COMMANDS = {
     "ablate": "minitx.ablation.command",
     "evaluate": "minitx.evaluation.command",
     "export": "minitx.hf.command",
-    "prepare": "minitx.data.command",
+    "prepare": "minitx.training.prepare_command",
 }
 
 

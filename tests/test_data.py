@@ -363,7 +363,7 @@ def test_prepared_data_is_keyed_by_settings_and_written_atomically(corpus_files,
     assert first.tokenizer.decode(np.asarray(first.train).tolist()) == text
 
     # Same settings and files: opened, not encoded again.
-    monkeypatch.setattr(prepare_module, "_encode", lambda *args: pytest.fail("re-encoded"))
+    monkeypatch.setattr(prepare_module.manifest, "_encode", lambda *args: pytest.fail("re-encoded"))
     assert np.asarray(prepare(settings, progress=False).train).tolist() == np.asarray(first.train).tolist()
     monkeypatch.undo()
     directories = lambda: sorted(p for p in (cache_dir / "prepared").iterdir() if p.is_dir())  # noqa: E731
@@ -410,7 +410,7 @@ def test_datamodule_prepares_again_when_a_file_changes(corpus_files, tmp_path, m
     assert len(shards) == 2  # train and val
 
     # Unchanged files: the shards are opened as they are, nothing read or encoded.
-    monkeypatch.setattr(prepare_module, "_encode", lambda *args: pytest.fail("re-encoded"))
+    monkeypatch.setattr(prepare_module.manifest, "_encode", lambda *args: pytest.fail("re-encoded"))
     monkeypatch.setattr(JoinedText, "blocks", lambda *args: pytest.fail("text read"))
     again = files_module(corpus_files, tmp_path)
     again.setup()

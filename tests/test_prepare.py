@@ -1,4 +1,4 @@
-"""The streaming data pipeline (minitx/data/prepare.py, streams.py, shards.py): the ids it writes
+"""The streaming data pipeline (minitx/data/prepare/, streams.py, shards.py): the ids it writes
 equal the whole-text encoding, at any piece size; record files; many shards read as one; batches a
 pure function of (seed, rank, n); the prepare command; the TinyStories config offline.
 
@@ -49,8 +49,8 @@ def random_text(seed: int, lines: int, alphabet: str = "the quick brown fox Ã©â‚
 @pytest.fixture
 def tiny_pieces(monkeypatch):
     """Pieces, batches and reads of a few hundred bytes: every text is cut many times."""
-    monkeypatch.setattr(prepare_module, "PIECE_BYTES", 97)
-    monkeypatch.setattr(prepare_module, "BATCH_BYTES", 500)
+    monkeypatch.setattr(prepare_module.tuning, "PIECE_BYTES", 97)
+    monkeypatch.setattr(prepare_module.tuning, "BATCH_BYTES", 500)
     monkeypatch.setattr(streams, "BLOCK_BYTES", 211)
 
 
@@ -134,15 +134,15 @@ def test_bpe_trains_on_a_sample_drawn_from_across_the_corpus(tmp_path, monkeypat
     head, tail = "alpha beta gamma\n" * 4000, "omega psi chi\n" * 4000
     (tmp_path / "corpus.txt").write_text(head + tail)
     seen: list[str] = []
-    real = prepare_module._bpe_sample
+    real = prepare_module.tokenise._bpe_sample
 
     def spy(settings, source):
         for piece in real(settings, source):
             seen.append(piece)
             yield piece
 
-    monkeypatch.setattr(prepare_module, "_bpe_sample", spy)
-    monkeypatch.setattr(prepare_module, "SAMPLE_WINDOW_BYTES", 4096)
+    monkeypatch.setattr(prepare_module.tokenise, "_bpe_sample", spy)
+    monkeypatch.setattr(prepare_module.tuning, "SAMPLE_WINDOW_BYTES", 4096)
     prepare(
         DataSettings(
             source="files",
@@ -163,7 +163,7 @@ def test_bpe_trains_on_a_sample_drawn_from_across_the_corpus(tmp_path, monkeypat
 def test_a_single_line_longer_than_any_piece_is_cut_between_words(tmp_path, monkeypatch, tokenizer):
     monkeypatch.setattr(streams, "MAX_LINE_BYTES", 300)
     monkeypatch.setattr(streams, "BLOCK_BYTES", 128)
-    monkeypatch.setattr(prepare_module, "PIECE_BYTES", 64)
+    monkeypatch.setattr(prepare_module.tuning, "PIECE_BYTES", 64)
     rng = random.Random(6)
     line = " ".join(rng.choice(["lorem", "ipsum", "dolor", "sit", "amet,"]) for _ in range(2000))
     (tmp_path / "line.txt").write_text(line)
@@ -373,7 +373,7 @@ def test_a_start_reads_each_shard_header_once(tmp_path, tiny_pieces, monkeypatch
         return original(path)
 
     monkeypatch.setattr(shards_module, "read_header", counted)
-    monkeypatch.setattr(prepare_module, "read_header", counted)
+    monkeypatch.setattr(prepare_module.manifest, "read_header", counted)
     module = data_module(tmp_path, "cache", shard_tokens=400)
     module.setup()
     shards = [s for c in module.prepared.manifest["checkpoints"] for s in c["shards"]]

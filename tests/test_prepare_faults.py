@@ -1,4 +1,4 @@
-"""Faults of the streaming data pipeline (minitx/data/prepare.py, streams.py, shards.py).
+"""Faults of the streaming data pipeline (minitx/data/prepare/, streams.py, shards.py).
 
 Each fault gives either ONE line naming the file or config key and the fix (a UserError: the CLI
 prints it as one line, exit status 2, no traceback, nothing half-written left behind), or a
@@ -53,7 +53,7 @@ def synthetic_text(seed: int, lines: int) -> str:
 @pytest.fixture(autouse=True)
 def small_batches(monkeypatch):
     for name, value in SMALL.items():
-        monkeypatch.setattr(P, name, value)
+        monkeypatch.setattr(P.tuning, name, value)
 
 
 @pytest.fixture
@@ -150,7 +150,7 @@ def test_an_interrupted_prepare_resumes_from_its_finished_shards(
     expected = ids(quiet(settings(corpus, tmp_path / "clean", tokenizer=tokenizer)))
     cache = tmp_path / "cache"
     calls = {"checkpoint": 0}
-    original_checkpoint, original_write = P._Shards.checkpoint, ShardWriter.write
+    original_checkpoint, original_write = P.writing._Shards.checkpoint, ShardWriter.write
 
     def checkpoint(self, *args):
         original_checkpoint(self, *args)
@@ -163,13 +163,13 @@ def test_an_interrupted_prepare_resumes_from_its_finished_shards(
         if where == "mid-shard" and calls["checkpoint"] >= 4:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(P._Shards, "checkpoint", checkpoint)
+    monkeypatch.setattr(P.writing._Shards, "checkpoint", checkpoint)
     monkeypatch.setattr(ShardWriter, "write", write)
     with pytest.raises(KeyboardInterrupt):
         quiet(settings(corpus, cache, tokenizer=tokenizer))
     monkeypatch.undo()
     for name, value in SMALL.items():
-        monkeypatch.setattr(P, name, value)
+        monkeypatch.setattr(P.tuning, name, value)
 
     directory = dataset_dir(cache)
     finished = check_progress_file(directory)
@@ -178,7 +178,7 @@ def test_an_interrupted_prepare_resumes_from_its_finished_shards(
     kept = {name: (directory / name).stat().st_mtime_ns for name in finished}
     capfd.readouterr()
 
-    forbid(monkeypatch, P, "_fit_tokenizer", "the tokenizer's training")  # resumed, not restarted
+    forbid(monkeypatch, P.manifest, "_fit_tokenizer", "the tokenizer's training")  # resumed, not restarted
     prepared = quiet(settings(corpus, cache, tokenizer=tokenizer))
     one_notice(capfd, "resuming", str(directory))
     assert ids(prepared) == expected
@@ -191,7 +191,7 @@ KILLED = """
 import sys, time
 import minitx.data.prepare as P
 from minitx.data.shards import ShardWriter
-P.BATCH_BYTES, P.PIECE_BYTES = 2000, 500
+P.tuning.BATCH_BYTES, P.tuning.PIECE_BYTES = 2000, 500
 original = ShardWriter.write
 def write(self, *args):  # slow enough for the test to kill it mid-way, anywhere
     original(self, *args)
@@ -241,7 +241,7 @@ def test_a_kill_between_a_shards_rename_and_its_record_leaves_no_stray_shard(
     """The narrowest window of a kill: shards renamed into place, progress.json not yet written."""
     expected = ids(quiet(settings(corpus, tmp_path / "clean")))
     writes = []
-    real = P.write_json_atomically
+    real = P.writing.write_json_atomically
 
     def write(path, data):
         if Path(path).name == "progress.json" and len(data["checkpoints"]) == 3:
@@ -249,7 +249,7 @@ def test_a_kill_between_a_shards_rename_and_its_record_leaves_no_stray_shard(
             raise KeyboardInterrupt  # the shards of checkpoint 3 are already under their names
         real(path, data)
 
-    monkeypatch.setattr(P, "write_json_atomically", write)
+    monkeypatch.setattr(P.writing, "write_json_atomically", write)
     cache = tmp_path / "cache"
     with pytest.raises(KeyboardInterrupt):
         quiet(settings(corpus, cache))
@@ -269,7 +269,7 @@ def test_a_kill_between_a_shards_rename_and_its_record_leaves_no_stray_shard(
 @pytest.mark.parametrize("change", ["appended to", "shortened"])
 def test_a_source_file_changed_while_it_is_prepared_is_a_user_error(change, corpus, tmp_path, monkeypatch):
     victim = corpus / "b.txt"  # read after a.txt: still ahead of the reader
-    original = P._Shards.checkpoint
+    original = P.writing._Shards.checkpoint
 
     def checkpoint(self, *args):
         original(self, *args)
@@ -280,7 +280,7 @@ def test_a_source_file_changed_while_it_is_prepared_is_a_user_error(change, corp
             else:
                 victim.write_bytes(victim.read_bytes()[:1000])
 
-    monkeypatch.setattr(P._Shards, "checkpoint", checkpoint)
+    monkeypatch.setattr(P.writing._Shards, "checkpoint", checkpoint)
     monkeypatch.setattr(streams, "BLOCK_BYTES", 1000)  # read as it goes, not the whole file at once
     cache = tmp_path / "cache"
     with pytest.raises(UserError) as info:
@@ -394,7 +394,7 @@ import minitx.data.prepare as P
 from minitx.errors import UserError
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))  # no file may grow past 20 KB
-P.BATCH_BYTES = 16_000
+P.tuning.BATCH_BYTES = 16_000
 try:
     P.prepare(P.DataSettings(source="files", train_files=sys.argv[1], val_files=sys.argv[2],
         cache_dir=sys.argv[3], num_proc=2, shard_tokens=20_000), progress=False)
@@ -426,11 +426,11 @@ def test_a_real_file_size_limit_is_a_one_line_error_with_nothing_half_written(co
 SLOW = """
 import sys, time
 import minitx.data.prepare as P
-original = P._fit_tokenizer
+original = P.manifest._fit_tokenizer
 def slow(*args):
     time.sleep(2.0)
     return original(*args)
-P._fit_tokenizer = slow
+P.manifest._fit_tokenizer = slow
 P.prepare(P.DataSettings(source="files", train_files=sys.argv[1], val_files=sys.argv[2],
     cache_dir=sys.argv[3], num_proc=2, shard_tokens=200), progress=False)
 """
@@ -450,8 +450,8 @@ def test_a_second_prepare_waits_for_the_first_and_uses_its_result(corpus, tmp_pa
                 break
             assert process.poll() is None
             time.sleep(0.01)
-        forbid(monkeypatch, P, "_fit_tokenizer", "the tokenizer's training")
-        forbid(monkeypatch, P, "_encode", "encoding")
+        forbid(monkeypatch, P.manifest, "_fit_tokenizer", "the tokenizer's training")
+        forbid(monkeypatch, P.manifest, "_encode", "encoding")
         capfd.readouterr()
         prepared = quiet(settings(corpus, cache))
         one_notice(capfd, f"is being prepared by process {process.pid}; waiting", str(dataset_dir(cache)))
@@ -462,7 +462,7 @@ def test_a_second_prepare_waits_for_the_first_and_uses_its_result(corpus, tmp_pa
             process.wait()
     monkeypatch.undo()
     for name, value in SMALL.items():
-        monkeypatch.setattr(P, name, value)
+        monkeypatch.setattr(P.tuning, name, value)
     assert ids(prepared) == ids(quiet(settings(corpus, tmp_path / "clean")))
 
 
@@ -574,7 +574,7 @@ def test_a_damaged_shard_is_prepared_again_from_it_with_one_line(case, corpus, t
     damages(shard, prepared.tokenizer.vocab_size)[case]()
     capfd.readouterr()
 
-    forbid(monkeypatch, P, "_fit_tokenizer", "the tokenizer's training")
+    forbid(monkeypatch, P.manifest, "_fit_tokenizer", "the tokenizer's training")
     again = quiet(settings(corpus, cache))
     one_notice(capfd, f"the shard {shard} cannot be used", "preparing again from it")
     assert ids(again) == expected  # the ids of the text, never what was on disk
@@ -582,7 +582,7 @@ def test_a_damaged_shard_is_prepared_again_from_it_with_one_line(case, corpus, t
     assert P.verify_prepared(again, log=lambda line: None) == []
     no_temporaries(cache)
     # Whole again: the next start is silent and encodes nothing.
-    forbid(monkeypatch, P, "_encode", "encoding")
+    forbid(monkeypatch, P.manifest, "_encode", "encoding")
     assert ids(quiet(settings(corpus, cache))) == expected
     assert stderr_lines(capfd) == []
 
@@ -675,14 +675,14 @@ def test_a_changed_file_is_prepared_again_and_an_unchanged_one_reads_nothing(
 
     # Unchanged: no text read, no tokenizer trained, nothing encoded, nothing said.
     forbid(monkeypatch, JoinedText, "blocks", "reading the text")
-    forbid(monkeypatch, P, "_fit_tokenizer", "the tokenizer's training")
-    forbid(monkeypatch, P, "_encode", "encoding")
+    forbid(monkeypatch, P.manifest, "_fit_tokenizer", "the tokenizer's training")
+    forbid(monkeypatch, P.manifest, "_encode", "encoding")
     capfd.readouterr()
     again = quiet(settings(corpus, cache, **overrides))
     assert stderr_lines(capfd) == [] and ids(again) == ids(first)
     monkeypatch.undo()
     for name, value in SMALL.items():
-        monkeypatch.setattr(P, name, value)
+        monkeypatch.setattr(P.tuning, name, value)
 
     # Same size, different content: prepared again, with one line naming the file.
     victim = corpus / "b.txt"

@@ -113,7 +113,7 @@ def test_a_damaged_shard_is_prepared_again_with_one_line(case, tmp_path, capfd, 
         print(lines[0])
     # The shard on disk is whole again: the next open is silent and encodes nothing.
     assert verify(path, tokens.tokenizer.vocab_size).count == len(expected)
-    monkeypatch.setattr(prepare_module, "_encode", lambda *args: pytest.fail("encoded again"))
+    monkeypatch.setattr(prepare_module.manifest, "_encode", lambda *args: pytest.fail("encoded again"))
     prepare(settings, progress=False)
     assert capfd.readouterr().err == ""
     assert sorted(p.name for p in prepared.directory.iterdir()) == [

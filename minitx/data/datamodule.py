@@ -1,7 +1,7 @@
 """The LightningDataModule: prepared token shards (prepare.py) -> batches.
 
 The text is prepared once (streamed, tokenised in parallel, written as shards with a manifest;
-see minitx/data/prepare.py): `setup()` prepares on first use and afterwards only opens the
+see minitx/data/prepare/): `setup()` prepares on first use and afterwards only opens the
 shards, which costs a stat per file whatever the corpus's size.
 
 Training batches are random windows of the training tokens, drawn forever (a run is bounded by

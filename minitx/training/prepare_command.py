@@ -12,9 +12,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+# Beside the train command, whose parser reads the config: data/ knows nothing of commands.
+from ..configfiles import with_config_files
+from ..data.datamodule import TextDataModule
+from ..data.prepare import verify_prepared
 from ..errors import UserError
-from .datamodule import TextDataModule
-from .prepare import verify_prepared
+from .command import check_train_args
 
 
 def _split_verify(args: list[str]) -> tuple[list[str], bool]:
@@ -23,9 +26,6 @@ def _split_verify(args: list[str]) -> tuple[list[str], bool]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from ..configfiles import with_config_files
-    from ..training.command import check_train_args
-
     args, verify = _split_verify(list(sys.argv[1:] if argv is None else argv))
     if "-h" in args or "--help" in args:
         print(__doc__.strip() + "\n\nEvery --data.* flag of `python train.py --help` applies.")
