@@ -48,7 +48,7 @@ from .errors import UserError
 # graph; the prefill's boolean indexing (which prompt tokens fit the ring) then traces too. Each
 # cache still specialises a few ways (before and after its ring fills; under inductor, whether the
 # slot written is the ring's first), a product over a mix of kinds: 10 graphs for three kinds
-# (tests/test_generation.py), past the default limit of 8, hence 32. Read only while a compiled
+# (tests/generation/test_generation.py), past the default limit of 8, hence 32. Read only while a compiled
 # model is called; an older torch that lacks a setting goes without it.
 COMPILED_DECODING = {
     name: value

@@ -1,4 +1,4 @@
-"""Helpers shared by the test modules that train (test_training.py, test_reliability.py)."""
+"""Helpers shared by test modules in several folders (training runs, tokenizers)."""
 
 from __future__ import annotations
 
@@ -13,3 +13,10 @@ def metrics(run: Path, version: int = 0) -> tuple[dict[int, float], dict[int, fl
     train_loss = {int(r["step"]): float(r["train_loss"]) for r in rows if r.get("train_loss")}
     val_loss = {int(r["step"]): float(r["val_loss"]) for r in rows if r.get("val_loss")}
     return train_loss, val_loss
+
+
+def bpe_tokenizer():
+    """A small byte-level BPE over accented text: tokens that end inside a character."""
+    from minitx.data.tokenizer import train_bpe
+
+    return train_bpe("héllo wörld, ça va? ✓ naïve café " * 20, vocab_size=270)

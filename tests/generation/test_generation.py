@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import bpe_tokenizer
 from torch._dynamo.utils import counters
 
 import minitx
@@ -44,7 +45,7 @@ pytestmark = pytest.mark.usefixtures("seed", "one_thread")
 
 TOL = 1e-4
 VOCAB, BLOCK, WINDOW = 13, 16, 5
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # -- tiny models ------------------------------------------------------------------------------------
@@ -591,12 +592,6 @@ def test_command_compile_decodes_through_torch_compile(tmp_path, capsys, monkeyp
 
 
 @functools.lru_cache(maxsize=1)
-def bpe_tokenizer():
-    from minitx.data.tokenizer import train_bpe
-
-    return train_bpe("héllo wörld, ça va? ✓ naïve café " * 20, vocab_size=270)
-
-
 def test_text_stream_holds_back_a_character_split_across_tokens():
     tokenizer = bpe_tokenizer()
     ids = tokenizer.encode("a€b")  # "€" is unseen in training: three one-byte tokens

@@ -8,7 +8,7 @@ import io
 import random
 
 import pytest
-from test_generation import bpe_tokenizer
+from helpers import bpe_tokenizer
 
 from minitx.data.tokenizer import CharTokenizer
 from minitx.generation import TextStream

@@ -3,7 +3,7 @@
 an MTA model traces without a graph break, compiles with fullgraph=True and equals eager.
 
 One torch.compile in this file (tens of seconds on a small CPU): the `compiled` fixture, shared by
-the comparison with eager and the training step. tests/test_mta.py holds the ops' values and
+the comparison with eager and the training step. tests/attention/test_mta.py holds the ops' values and
 gradients to a float64 oracle.
 """
 
@@ -123,7 +123,7 @@ def test_attend_rows_opcheck(dtype, c_q, c_k, mixes, norm):
 def mta_model(n_layer: int = 2, d_model: int = 32, seed: int = 0) -> Transformer:
     """The released setting (configs/mta.yaml's attention) on a tiny model: the convolutions on its
     last layer, every learned MTA part moved off its identity init."""
-    path = Path(__file__).parents[1] / "configs" / "mta.yaml"
+    path = Path(__file__).parents[2] / "configs" / "mta.yaml"
     attention = yaml.safe_load(path.read_text())["model"]["attention"]
     attention["options"]["mta"]["conv_layers"] = [n_layer - 1]
     config = ModelConfig(

@@ -27,7 +27,7 @@ from minitx.data.sources import shakespeare_text
 from minitx.data.streams import JoinedText, bytes_part
 from minitx.data.tokenizer import CharTokenizer, build_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def random_text(seed: int, lines: int, alphabet: str = "the quick brown fox é€ jumps") -> str:

@@ -39,7 +39,7 @@ from minitx.data.streams import JoinedText
 from minitx.errors import UserError
 from minitx.fileio import TMP_PREFIX, read_json, write_json_atomically
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORDS = "the quick brown fox jumps over a lazy dog while seven kings sing of old stars".split()
 SMALL = {"BATCH_BYTES": 2000, "PIECE_BYTES": 500}
 PROGRESS = re.compile(r"prepare: [\d.,]+ MB")  # the progress line the CLI prints as it prepares

@@ -354,7 +354,7 @@ def test_bad_options_are_refused_by_name(field, value):
         AttentionConfig(kind="mta", options={"mta": {field: value}})
 
 
-# -- the pieces (moved here from test_attention.py) ---------------------------------------------------
+# -- the pieces: convolution, head mixing, visible keys -------------------------------------------------
 
 
 def test_key_query_conv_gradients_are_exact():

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORDS = "the quick brown fox jumps over a lazy dog while seven kings sing of old stars".split()
 
 

@@ -183,7 +183,7 @@ def yaml_attention_sections():
     """(where, attention dict) of each config file's model.attention and of each ablation variant."""
     import yaml
 
-    root = Path(__file__).resolve().parent.parent / "configs"
+    root = Path(__file__).resolve().parents[2] / "configs"
     for path in sorted(root.glob("*.yaml")):
         data = yaml.safe_load(path.read_text())
         base = dict((data.get("model") or {}).get("attention") or {})

@@ -24,7 +24,7 @@ from minitx.hf import convert  # noqa: E402
 from minitx.hf.export import export_checkpoint  # noqa: E402
 from minitx.hf.load import init_model, read_hf_directory  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEXT = "to be or not to be, that is the question.\nwhether 'tis nobler in the mind to suffer\n"
 WINDOW = 5  # every test sequence is longer, so the window's off-by-one shows
 SWIGLU = dict(mlp="swiglu")

@@ -18,7 +18,7 @@ import torch
 
 from minitx.attention import local
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KINDS = ("mha", "mqa", "gqa", "local", "mta")
 
 

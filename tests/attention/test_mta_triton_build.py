@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow  # Triton compiles each kernel for a GPU target: 1
 
 pytest.importorskip("triton")
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "build_mta_kernels.py"
+SCRIPT = Path(__file__).parents[2] / "scripts" / "build_mta_kernels.py"
 
 
 @pytest.mark.parametrize(

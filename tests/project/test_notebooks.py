@@ -9,7 +9,7 @@ from nbclient import NotebookClient
 
 from minitx import ablation
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 def run_notebook(name: str, monkeypatch, **env: str) -> nbformat.NotebookNode:

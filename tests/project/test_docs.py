@@ -13,7 +13,7 @@ import pytest
 
 from minitx.cli import run_command
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 COMMAND = re.compile(r"python (?:-m )?((?:benchmarks/|scripts/)?\w+\.py)\b(.*)")

@@ -61,7 +61,7 @@ def test_sweep_end_to_end_with_a_failing_variant_then_a_rerun_that_skips_finishe
         {"name": "mha", "overrides": {"model.attention.kind": "mha"}},
         {"name": "gqa", "overrides": {"model.attention": {"kind": "gqa", "n_kv_head": 1}}},
         # Fails when it runs: the corpus has no "p". (A config mistake, such as an unknown attention
-        # kind, stops the whole sweep before any run: tests/test_reliability.py.)
+        # kind, stops the whole sweep before any run: tests/training/test_failures.py.)
         {"name": "broken", "overrides": {"run.sample_prompt": "nope"}},
     ]
     sweep = write_sweep(tmp_path, variants)

@@ -17,7 +17,7 @@ from minitx.data.tasks import task_config
 from minitx.data.toy import IGNORE_INDEX, ToyTrainBatches, ToyValSet
 from minitx.errors import UserError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FILLER_TEXT = "".join(
     f"Line {i}: what light through yonder window breaks; it is the east.\n" for i in range(300)
 )

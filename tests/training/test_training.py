@@ -31,7 +31,7 @@ from minitx.training import (
     peak_flops,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORDS = "the quick brown fox jumps over a lazy dog while seven kings sing of old stars".split()
 
 

@@ -1,9 +1,9 @@
-"""Reliability, round two: every input mistake of issue 14 (and its siblings: each integer option
-at 0 and -1) ends the command with exit 2, one line naming the option or file and the fix, no
-traceback, and nothing written: no run directory, no token cache, no output directory.
+"""Bad input to the commands: every input mistake (and each integer option at 0 and -1) ends the
+command with exit 2, one line naming the option or file and the fix, no traceback, and nothing
+written: no run directory, no token cache, no output directory.
 
-All in-process (train_main, generate_main, ablate_main), with the helpers and fixtures of
-tests/test_reliability.py. The checks of train's config run right after parsing, so a refused
+All in-process (train_main, generate_main, ablate_main), with the helpers of runs.py and the
+fixtures of conftest.py beside this file. The checks of train's config run right after parsing, so a refused
 start has not even tokenised its data: the test gives each start its own cache directory and
 checks that it was never created.
 """
@@ -15,14 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_reliability import (  # noqa: F401
-    checkpoints,
-    corpus,
+from runs import (
     flags,
     one_line_error,
     tiny_config,
-    uninterrupted,
     write_config,
+    write_sweep,
 )
 
 from minitx.cli import generate_main, train_main
@@ -223,7 +221,6 @@ def test_bad_generate_option(case, checkpoints, capfd):
 
 def ablate_case(tmp_path: Path, corpus: dict, case: str) -> tuple[list[str], list[str]]:
     """(ablate arguments, fragments of the line) for one case; the sweep file is written first."""
-    from test_reliability import write_sweep
 
     base = tiny_config(corpus, tmp_path / "unused")
     sweep = write_sweep(
@@ -283,7 +280,6 @@ def test_ablate_dry_run_writes_nothing(tmp_path, corpus, capfd):
 def test_bad_train_option_in_an_ablate_variant(case, tmp_path, corpus, capfd):
     """ablate checks every variant before any run: as train would, or earlier by the sweep's own rules
     (a variant may not change the seed, the budget or run.name alone): one line naming the variant and the key."""
-    from test_reliability import write_sweep
 
     from minitx.cli import ablate_main
 

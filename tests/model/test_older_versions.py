@@ -23,7 +23,7 @@ from minitx.errors import UserError
 from minitx.legacy import ATTENTION_FIELDS, renamed_key
 from minitx.training.command import checked_config
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "legacy"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "legacy"
 NAMES = ["mha", "mqa", "gqa", "local", "mta", "mix_bpe"]
 PROMPT = "ROMEO: What say"
 

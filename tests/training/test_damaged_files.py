@@ -27,14 +27,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_reliability import (  # noqa: F401 (fixtures)
+from runs import (
     REPO,
-    checkpoints,
-    corpus,
     files_under,
     one_line_error,
     tiny_config,
-    uninterrupted,
     write_config,
 )
 

@@ -4,8 +4,8 @@ Ctrl-C: the process finishes the step under way, writes last.ckpt of that step, 
 one line naming the checkpoint; resuming from it gives the losses of an uninterrupted run, as
 after a SIGKILL. Two runs with one run name: the second is refused with one line naming the run
 directory and the first's pid, and changes nothing there; the first finishes. (A lock left by a
-SIGKILLed run is not obeyed: test_reliability.py's kill tests resume in the killed run's
-directory, and test_reliability_disk.py kills a lock holder directly.)
+SIGKILLed run is not obeyed: test_failures.py's kill tests resume in the killed run's
+directory, and test_damaged_files.py kills a lock holder directly.)
 """
 
 from __future__ import annotations
@@ -13,21 +13,19 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_reliability import (  # noqa: F401 (fixtures)
-    LAST,
-    TMP_PREFIX,
+from runs import (
     assert_resumed_losses_equal,
     checkpoint_step,
-    corpus,
     files_under,
     finish,
-    killer_dir,
     tiny_config,
     train_process,
-    uninterrupted,
     with_callback,
     write_config,
 )
+
+from minitx.checkpoint import LAST
+from minitx.fileio import TMP_PREFIX
 
 
 @pytest.mark.slow
