@@ -19,6 +19,7 @@ import math
 import sys
 import warnings
 from collections.abc import Sequence
+from dataclasses import asdict, is_dataclass
 from typing import Any, Optional
 
 import lightning as L
@@ -28,11 +29,12 @@ from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from ..config import ModelConfig
 from ..configfiles import DEFAULT_CONFIG, config_arguments, with_config_files  # noqa: F401 (DEFAULT_CONFIG: re-exported)
 from ..data.datamodule import TextDataModule
 from ..errors import UserError, one_line
 from ..generation import generate
-from ..hf.load import check_init_from
+from ..hf.load import check_init_from, init_model, run_model_fields
 from ..model import Transformer
 from ..runlock import RunLock
 from .changes import report_resume_changes
@@ -89,7 +91,10 @@ class TrainCLI(LightningCLI):
         )
         parser.link_arguments("model.block_size", "data.block_size")
         parser.link_arguments("trainer.max_steps", "model.max_steps")
-        parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
+        # The tokenizer's size, known once the data is built; a model imported with init_from keeps its own.
+        parser.link_arguments(
+            "data.vocab_size", "model.vocab_size", compute_fn=self._model_vocab, apply_on="instantiate"
+        )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         try:
@@ -99,8 +104,31 @@ class TrainCLI(LightningCLI):
         # Before the seed is set or anything is built (the data module reads and tokenises its text).
         check_config(self.config)
         check_model_section(self.config["model"].as_dict())
-        if self.config["model"].get("init_from"):  # checked now; imported weights need their own tokenizer
-            self.config["data"]["tokenizer"] = check_init_from(self.config["model"]["init_from"])
+        self._imported_vocab: int | None = None
+        init_from = self.config["model"].get("init_from")
+        if init_from:  # checked now; imported weights need their own tokenizer, and give the shape
+            self.config["data"]["tokenizer"] = check_init_from(init_from)
+            self._take_imported_shape(init_from)
+
+    def _take_imported_shape(self, init_from: str) -> None:
+        """The model section with the shape of the model in init_from (minitx/hf/load.py), before the
+        model is built: the LightningModule gets the fields it builds, and knows nothing of imports."""
+        section = self.config["model"]
+        fields = {name: section[name] for name in ModelConfig.__dataclass_fields__ if name in section}
+        fields.pop("vocab_size", None)  # linked from the data at instantiation: see _model_vocab
+        for name, value in run_model_fields(init_from, fields).items():
+            section[name] = asdict(value) if is_dataclass(value) else value
+        self._imported_vocab = section["vocab_size"]
+
+    def _model_vocab(self, tokens: int) -> int:
+        if self._imported_vocab is None:
+            return tokens
+        if tokens > self._imported_vocab:
+            raise UserError(
+                f"data.tokenizer: has {tokens} tokens but the model in {self.config['model']['init_from']} only "
+                f"{self._imported_vocab}; use its tokenizer.json"
+            )
+        return self._imported_vocab
 
     def before_instantiate_classes(self) -> None:
         # The parsed config, before anything is built: the place for checks across sections.
@@ -120,6 +148,11 @@ class TrainCLI(LightningCLI):
                 # jsonargparse built model.attention (an AttentionConfig) itself: name the config key.
                 raise UserError(f"model.{inner}") from None
             raise inner from None
+        self._load_imported_weights()
+
+    def _load_imported_weights(self) -> None:
+        if self.config["model"].get("init_from"):
+            init_model(self.model.model, self.config["model"]["init_from"])
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> L.Trainer:
         config = trainer_arguments(run_settings(self.config_init["run"]), config)

@@ -29,7 +29,6 @@ from ..checkpoint import CHECKPOINT_FORMAT
 from ..config import ModelConfig
 from ..data.toy import IGNORE_INDEX, exact_match
 from ..errors import UserError
-from ..hf.load import init_model, run_model_fields
 from ..model import Transformer
 from .optim import adamw_with_schedule, check_optimiser, decays, optimizer_groups
 from .resume import check_same_model
@@ -96,9 +95,10 @@ class MinitxLM(L.LightningModule):
         eps: AdamW's eps.
         compile: torch.compile the Transformer for training and validation steps (sampling and
             generation use the eager module; checkpoint keys stay "model.*").
-        init_from: a local transformers directory (Llama, Mistral, Ministral, Qwen2) to start
-            from: its weights, and the model's shape (the run keeps block_size, dropout and a
-            non-default attention, whose fewer key/value heads are mean-pooled); see minitx/hf/load.py.
+        init_from: a local transformers directory (Llama, Mistral, Ministral, Qwen2) the run starts
+            from, recorded here: the train command gives the model its shape before building it
+            and loads its weights after (the run keeps block_size, dropout and a non-default
+            attention, whose fewer key/value heads are mean-pooled); see minitx/hf/load.py.
         **model: the fields of minitx.config.ModelConfig (vocab_size, d_model, attention, ...):
             ModelConfig is their one definition, so a field added there is a model.* key here.
     """
@@ -117,8 +117,6 @@ class MinitxLM(L.LightningModule):
         **model: Any,
     ):
         super().__init__()
-        if init_from:
-            model = run_model_fields(init_from, model)
         with errors_named("model"):
             # jsonargparse reads ModelConfig's fields from this call: keep it ModelConfig(**model).
             self.config = ModelConfig(**model)
@@ -130,8 +128,6 @@ class MinitxLM(L.LightningModule):
         self.hparams.update(self.config.to_dict())
         self.hparams["betas"] = [float(b) for b in betas]
         self.model = Transformer(self.config)
-        if init_from:
-            init_model(self.model, init_from)
         # The decay decision is made here, on the unwrapped model, where shapes are still true.
         self.decay_names = {name for name, p in self.model.named_parameters() if decays(name, p)}
 
