@@ -412,7 +412,13 @@ class Bench:
             ]
             flags += ["--data.tokenizer", tokenizer]
             if tokenizer == "bpe":
-                flags += ["--data.vocab_size", str(self.vocab_size)]
+                # the BPE target; minitx before 0.2 called it data.vocab_size
+                key = (
+                    "--data.bpe_vocab_size"
+                    if "--data.bpe_vocab_size" in self.train_flags
+                    else "--data.vocab_size"
+                )
+                flags += [key, str(self.vocab_size)]
                 if "--data.tokenizer_train_bytes" in self.train_flags:  # the baseline trains on all of it
                     flags += ["--data.tokenizer_train_bytes", str(corpus.stat().st_size)]
         if "--data.num_proc" in self.train_flags:

@@ -8,10 +8,13 @@ in the old spelling (a YAML key, a flag) is refused in one line that names the n
 Spellings that changed:
 - attention options were fields of `attention` itself (`window`, `mta_query_kernel`, ...); each
   kind now owns its options under `attention.options.<kind>` (ATTENTION_FIELDS below).
+- `data.vocab_size` was the target size of a trained BPE, while the data module's `vocab_size`
+  is the tokenizer's real size: the setting is `data.bpe_vocab_size` (DATA_FIELDS).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 # Old attention field -> (the kind that owns it now, its option name there).
@@ -76,10 +79,21 @@ def attention_section(section: dict) -> dict:
     return section
 
 
+# Old data setting -> its name now.
+DATA_FIELDS = {"vocab_size": "bpe_vocab_size"}
+
+
+def data_section(section: Mapping[str, Any]) -> dict:
+    """A saved data section (a run's config.yaml, a checkpoint's train_config) in today's names."""
+    return {DATA_FIELDS.get(key, key): value for key, value in section.items()}
+
+
 def renamed_key(key: str) -> str | None:
     """The new spelling of a dotted config key that was renamed, e.g. model.attention.window ->
     model.attention.options.local.window; None for any other key."""
     head, _, last = key.rpartition(".")
     if last in ATTENTION_FIELDS and head.endswith("attention"):
         return f"{head}.{attention_spelling(last)}"
+    if last in DATA_FIELDS and head == "data":
+        return f"data.{DATA_FIELDS[last]}"
     return None

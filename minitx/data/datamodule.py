@@ -138,7 +138,8 @@ class TextDataModule(L.LightningDataModule):
         hf_revision: the Hub dataset's revision (a branch, tag or commit); pin it for data that never moves.
         text_column: the column that holds the text, for record files (jsonl, parquet, csv, arrow) and hf.
         tokenizer: "char", "bpe", or a path to a tokenizer.json.
-        vocab_size: target vocabulary size of the trained BPE (ignored otherwise).
+        bpe_vocab_size: vocabulary size of the trained BPE (ignored otherwise); the tokenizer's real
+            size, what the model is built with, is the `vocab_size` property.
         tokenizer_train_bytes: BPE trains on at most this much text, drawn from across the corpus.
         max_tokens: take only the first max_tokens training tokens of the source (e.g. of a Hub stream).
         decode_errors: "strict" (invalid UTF-8 is an error naming the file and byte) or "replace".
@@ -178,7 +179,7 @@ class TextDataModule(L.LightningDataModule):
         hf_revision: str | None = None,
         text_column: str = "text",
         tokenizer: str = "char",
-        vocab_size: int = 512,
+        bpe_vocab_size: int = 512,
         tokenizer_train_bytes: int = DataSettings.tokenizer_train_bytes,
         max_tokens: int | None = None,
         decode_errors: str = "strict",

@@ -208,7 +208,7 @@ def train_bpe(text: str | Iterable[str], vocab_size: int) -> HFTokenizer:
     smallest = len(byte_alphabet) + 1  # every byte plus the end-of-text token
     if vocab_size < smallest:
         raise UserError(
-            f"data.vocab_size: byte-level BPE needs at least {smallest} tokens "
+            f"data.bpe_vocab_size: byte-level BPE needs at least {smallest} tokens "
             f"(256 bytes + {EOS_TOKEN}), got {vocab_size}; raise it (e.g. 512)"
         )
     pieces = _chunks(text) if isinstance(text, str) else iter(text)
@@ -256,7 +256,7 @@ def build_tokenizer(
         return CharTokenizer.from_text(train_text)
     if kind == "bpe":
         if vocab_size is None:
-            raise UserError("data.vocab_size: required for data.tokenizer=bpe, e.g. 512")
+            raise UserError("data.bpe_vocab_size: required for data.tokenizer=bpe, e.g. 512")
         return train_bpe(train_text, vocab_size)
     if kind == "file" or kind.endswith(".json"):
         file_path = path if kind == "file" else kind

@@ -69,8 +69,8 @@ class TrainCLI(LightningCLI):
                 "val_check_interval": 250,
                 "max_steps": 5000,
                 "log_every_n_steps": 10,
-                # Lightning would merge the module's and datamodule's hparams and trip over the two
-                # meanings of vocab_size; main() logs the whole resolved config instead.
+                # main() logs the whole resolved config, one record of the run, instead of
+                # Lightning's merge of the module's and the data module's arguments.
                 "enable_autolog_hparams": False,
             },
         )

@@ -316,7 +316,7 @@ def test_bpe_round_trip_and_plain_data(bpe, shakespeare, tmp_path, monkeypatch):
 def test_bpe_training_is_deterministic_and_checks_vocab_size(bpe, shakespeare):
     again = build_tokenizer("bpe", shakespeare[0][:300_000], vocab_size=320)
     assert again.fingerprint() == bpe.fingerprint()
-    with raises_user_error("data.vocab_size", "257"):
+    with raises_user_error("data.bpe_vocab_size", "257"):
         build_tokenizer("bpe", "some text", vocab_size=100)
 
 
@@ -377,7 +377,7 @@ def test_prepared_data_is_keyed_by_settings_and_written_atomically(corpus_files,
     assert len(directories()) == 2
 
     # Another tokenizer on the same files: another directory.
-    prepare(dataclasses.replace(settings, tokenizer="bpe", vocab_size=300), progress=False)
+    prepare(dataclasses.replace(settings, tokenizer="bpe", bpe_vocab_size=300), progress=False)
     assert len(directories()) == 3
 
     # A write that dies before a shard's rename leaves no file behind, valid-looking or temporary,
@@ -566,7 +566,7 @@ def test_resume_refuses_a_different_tokenizer(corpus_files, tmp_path):
     dm = files_module(corpus_files, tmp_path)
     dm.setup()
     state = dm.state_dict()
-    other = files_module(corpus_files, tmp_path, tokenizer="bpe", vocab_size=300)
+    other = files_module(corpus_files, tmp_path, tokenizer="bpe", bpe_vocab_size=300)
     other.setup()
     with raises_user_error("data.tokenizer", "different tokenizer"):
         other.load_state_dict(state)
@@ -611,7 +611,7 @@ def test_shakespeare_datamodule_default(tmp_path):
         ({"block_size": 100_000}, "data.block_size", "training text has"),
         ({"val_files": None, "val_fraction": 0.001, "block_size": 64}, "data.block_size", "validation"),
         ({"tokenizer": "wordpiece"}, "data.tokenizer", "unknown tokenizer 'wordpiece'"),
-        ({"tokenizer": "bpe", "vocab_size": 10}, "data.vocab_size", "at least 257"),
+        ({"tokenizer": "bpe", "bpe_vocab_size": 10}, "data.bpe_vocab_size", "at least 257"),
         ({"source": "web"}, "data.source", "unknown source 'web'"),
         ({"block_size": 0}, "data.block_size", "at least 1"),
         ({"batch_size": 0}, "data.batch_size", "at least 1"),

@@ -119,7 +119,7 @@ def test_bpe_ids_and_tokenizer_equal_the_whole_text_path(tmp_path, tiny_pieces):
             train_files=str(tmp_path / "train.txt"),
             val_files=str(tmp_path / "val.txt"),
             tokenizer="bpe",
-            vocab_size=300,
+            bpe_vocab_size=300,
             cache_dir=str(tmp_path / "cache"),
             shard_tokens=500,
         )
@@ -149,7 +149,7 @@ def test_bpe_trains_on_a_sample_drawn_from_across_the_corpus(tmp_path, monkeypat
             train_files=str(tmp_path / "corpus.txt"),
             val_fraction=0.05,
             tokenizer="bpe",
-            vocab_size=300,
+            bpe_vocab_size=300,
             tokenizer_train_bytes=40_000,
             cache_dir=str(tmp_path / "cache"),
         )
@@ -173,7 +173,7 @@ def test_a_single_line_longer_than_any_piece_is_cut_between_words(tmp_path, monk
         train_files=str(tmp_path / "line.txt"),
         val_files=str(tmp_path / "val.txt"),
         tokenizer=tokenizer,
-        vocab_size=280,
+        bpe_vocab_size=280,
         cache_dir=str(tmp_path / "cache"),
     )
     prepared = prepare(settings)
@@ -240,7 +240,7 @@ def test_record_files_are_documents_separated_by_end_of_text(tmp_path, suffix):
             train_files=str(tmp_path / f"docs{suffix}"),
             val_fraction=0.25,
             tokenizer="bpe",
-            vocab_size=300,
+            bpe_vocab_size=300,
             cache_dir=str(tmp_path / "cache"),
         )
     )
@@ -278,7 +278,7 @@ def test_max_tokens_takes_a_prefix(tmp_path):
         train_files=str(tmp_path / "docs.jsonl"),
         val_fraction=0.1,
         tokenizer="bpe",
-        vocab_size=300,
+        bpe_vocab_size=300,
     )
     full = prepare(DataSettings(**settings, cache_dir=str(tmp_path / "full")))
     part = prepare(DataSettings(**settings, cache_dir=str(tmp_path / "part"), max_tokens=500))
@@ -417,7 +417,7 @@ def test_the_tinystories_config_trains_offline_on_a_local_copy(tmp_path, capsys)
         "--config", str(REPO / "configs" / "tinystories.yaml"),
         "--data.hf_name", "parquet",
         "--data.hf_data_files", json.dumps({"train": str(tmp_path / "train.parquet"), "validation": str(tmp_path / "validation.parquet")}),
-        "--data.vocab_size", "300",
+        "--data.bpe_vocab_size", "300",
         "--data.cache_dir", str(tmp_path / "cache"),
         "--data.batch_size", "2",
         "--data.val_batches", "1",

@@ -75,7 +75,7 @@ def settings(corpus: Path, cache: Path, **overrides) -> P.DataSettings:
         cache_dir=str(cache),
         num_proc=2,
         shard_tokens=200,
-        vocab_size=300,
+        bpe_vocab_size=300,
     )
     values.update(overrides)
     return P.DataSettings(**values)
@@ -639,7 +639,7 @@ def test_out_of_vocabulary_ids_with_the_stat_restored_fail_a_batch_naming_the_sh
         stat = shard.stat()
         shard.write_bytes(shard.read_bytes()[: HEADER.size] + b"\xff" * (stat.st_size - HEADER.size))
         restore_stat(shard, stat)
-    data = {k: v for k, v in dataclasses.asdict(settings(corpus, cache)).items() if k != "vocab_size"}
+    data = {k: v for k, v in dataclasses.asdict(settings(corpus, cache)).items()}
     module = TextDataModule(**data, block_size=16, batch_size=4)
     module.setup()  # opens the shards (nothing at start-up can tell)
     with pytest.raises(DamagedShard) as info:

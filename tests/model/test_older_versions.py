@@ -8,6 +8,7 @@ released setting, a three-kind mix with learned positions and a trained BPE toke
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -17,10 +18,11 @@ import yaml
 
 from minitx import AttentionConfig, ModelConfig
 from minitx.checkpoint import load_checkpoint
-from minitx.cli import generate_main, train_main
+from minitx.cli import eval_main, generate_main, train_main
 from minitx.configfiles import REPO_ROOT, with_config_files
+from minitx.data.prepare import DataSettings
 from minitx.errors import UserError
-from minitx.legacy import ATTENTION_FIELDS, renamed_key
+from minitx.legacy import ATTENTION_FIELDS, DATA_FIELDS, renamed_key
 from minitx.training.command import checked_config
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "legacy"
@@ -125,12 +127,14 @@ def test_every_old_config_file_works_the_same_or_names_the_new_spelling(path, ca
                 and renamed_key(f"model.attention.{key}") + ":" in today
             )
         return
-    old_attention = (yaml.safe_load(path.read_text()).get("model") or {}).get("attention") or {}
-    if set(old_attention) & set(ATTENTION_FIELDS):
+    old = yaml.safe_load(path.read_text())
+    old_attention = (old.get("model") or {}).get("attention") or {}
+    if set(old_attention) & set(ATTENTION_FIELDS) or set(old.get("data") or {}) & set(DATA_FIELDS):
         with pytest.raises(UserError) as refused:
             checked_config(with_config_files(["--config", str(path)]))
-        assert "\n" not in str(refused.value) and "this setting is now model.attention.options." in str(
-            refused.value
+        message = str(refused.value)
+        assert "\n" not in message and re.search(
+            r"this setting is now (model\.attention\.options|data\.bpe_)", message
         )
         return
     old = checked_config(with_config_files(["--config", str(path)]))
@@ -142,3 +146,35 @@ def test_every_old_config_file_works_the_same_or_names_the_new_spelling(path, ca
 def model_config(parsed: dict) -> ModelConfig:
     fields = set(ModelConfig.__dataclass_fields__)
     return ModelConfig.from_dict({key: value for key, value in parsed["model"].items() if key in fields})
+
+
+def test_old_data_key_is_refused_naming_the_new_one_and_read_from_saved_runs(tmp_path, capsys):
+    assert train_main(["--data.vocab_size", "300", "--print_config"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "train: error: data.vocab_size: this setting is now data.bpe_vocab_size; write that instead (the value is the same)"
+    )
+    saved = yaml.safe_load((FIXTURES / "mix_bpe.yaml").read_text())[
+        "data"
+    ]  # a run's config.yaml, as saved then
+    assert (
+        "vocab_size" in saved and DataSettings.from_config(saved).bpe_vocab_size == saved["vocab_size"] == 300
+    )
+
+
+def test_old_bpe_checkpoint_evaluates_on_its_own_validation_text(tmp_path, monkeypatch):
+    """Evaluation rebuilds a run's validation text from the data settings its checkpoint carries:
+    saved with the old key for the BPE size, they give the same tokenizer settings as then."""
+    monkeypatch.chdir(REPO_ROOT)
+    report = tmp_path / "evaluation.json"
+    args = [
+        "--ckpt",
+        str(FIXTURES / "mix_bpe.ckpt"),
+        "--max-tokens",
+        "300",
+        "--json",
+        str(report),
+        "--no-progress",
+    ]
+    assert eval_main([*args, "--lengths", "16", "32"]) == 0
+    figures = json.loads(report.read_text())
+    assert figures["loss"] > 0 and figures["tokens"] > 0

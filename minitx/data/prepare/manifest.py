@@ -48,7 +48,7 @@ def _tokenizer_identity(settings: DataSettings) -> dict:
     if kind == "bpe":
         return {
             "kind": "bpe",
-            "vocab_size": settings.vocab_size,
+            "vocab_size": settings.bpe_vocab_size,  # the key as it was named: prepared data stays found
             "train_bytes": settings.tokenizer_train_bytes,
             "decode_errors": settings.decode_errors,
         }

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from minitx import legacy
 from minitx.data.streams import (
     PIECE_BYTES,
 )
@@ -38,7 +39,9 @@ class DataSettings:
     hf_revision: str | None = None
     text_column: str = "text"
     tokenizer: str = "char"
-    vocab_size: int = 512
+    bpe_vocab_size: int = (
+        512  # the trained BPE's vocabulary (the tokenizer's real size: TextDataModule.vocab_size)
+    )
     tokenizer_train_bytes: int = 200_000_000
     max_tokens: int | None = None
     decode_errors: str = "strict"
@@ -51,6 +54,7 @@ class DataSettings:
         """The settings among a config's data section (which also holds batch sizes and the like);
         a key it lacks takes the default. The data module and evaluation (rebuilding a run's data
         from its checkpoint's config) both build them this way, so the two prepare the same data."""
+        data = legacy.data_section(data)  # a run saved by an older minitx
         names = {f.name for f in fields(cls)}
         return cls(**{key: value for key, value in data.items() if key in names})
 

@@ -35,8 +35,8 @@ def _fit_tokenizer(settings: DataSettings, source: Source, log) -> Tokenizer:
         from minitx.data.tokenizer import train_bpe
 
         _set_threads(settings.threads())
-        return train_bpe(_bpe_sample(settings, source), settings.vocab_size)
-    return build_tokenizer(kind, "", settings.vocab_size)
+        return train_bpe(_bpe_sample(settings, source), settings.bpe_vocab_size)
+    return build_tokenizer(kind, "", settings.bpe_vocab_size)
 
 
 def _set_threads(threads: int) -> None:
