@@ -160,25 +160,8 @@ def conv(
     out = maps.new_empty(B, H, n_out, N)
     fn = getattr(library(), f"conv_{SUFFIX[maps.dtype]}")
     c_q, c_k = kernel.shape[-2:]
-    pointers = [t.data_ptr() for t in (*in_rows, *out_rows)]
-    split(
-        B * H,
-        lambda m0, m1, _: fn(
-            maps.data_ptr(),
-            out.data_ptr(),
-            kernel.data_ptr(),
-            m0,
-            m1,
-            H,
-            R_in,
-            n_out,
-            N,
-            c_q,
-            c_k,
-            offset,
-            *pointers,
-        ),
-    )
+    sizes = (H, R_in, n_out, N, c_q, c_k, offset, *[t.data_ptr() for t in (*in_rows, *out_rows)])
+    split(B * H, lambda m0, m1, _: fn(maps.data_ptr(), out.data_ptr(), kernel.data_ptr(), m0, m1, *sizes))
     return out
 
 
@@ -188,23 +171,8 @@ def kernel_grad(maps: Tensor, grad: Tensor, c_q: int, c_k: int, in_rows, out_row
     maps, grad = maps.contiguous(), grad.to(maps.dtype).contiguous()
     out = torch.empty(B * H, c_q, c_k, dtype=torch.float64)
     fn = getattr(library(), f"kernel_grad_{SUFFIX[maps.dtype]}")
-    pointers = [t.data_ptr() for t in (*in_rows, *out_rows)]
-    split(
-        B * H,
-        lambda m0, m1, _: fn(
-            maps.data_ptr(),
-            grad.data_ptr(),
-            out.data_ptr(),
-            m0,
-            m1,
-            R_in,
-            grad.shape[2],
-            N,
-            c_q,
-            c_k,
-            *pointers,
-        ),
-    )
+    sizes = (R_in, grad.shape[2], N, c_q, c_k, *[t.data_ptr() for t in (*in_rows, *out_rows)])
+    split(B * H, lambda m0, m1, _: fn(maps.data_ptr(), grad.data_ptr(), out.data_ptr(), m0, m1, *sizes))
     return out
 
 
@@ -254,72 +222,46 @@ def mixed_softmax_grad(
     return grad_scores, *[None if g is None else g.sum(0) for g in (grad_pre, grad_post)]
 
 
+def _mixer(maps: Tensor, matrix: Tensor):
+    """The C head mix for maps' dtype and shape (B, H, R, N), matrix (groups, c_h, c_h) as the
+    loops read it: call(src, dst, transposed, grad, grad_matrix, u0, u1) on rows u0:u1 of B * R,
+    pointers or None. It mixes src into dst (transposed: by the matrix's transpose, which is the
+    gradient of the mix) and, given grad, adds d matrix (float64) into grad_matrix."""
+    _, H, R, N = maps.shape
+    weights = as_dtype(matrix, maps.dtype)
+    fn = getattr(library(), f"mix_{SUFFIX[maps.dtype]}")
+
+    def call(src, dst, transposed, grad, grad_matrix, u0, u1):
+        fn(src, dst, weights.data_ptr(), transposed, grad, grad_matrix, u0, u1, H, R, N, matrix.shape[-1])
+
+    return call
+
+
 def mix(maps: Tensor, matrix: Tensor) -> Tensor:
     """out_h = sum_k matrix[g, k, h] maps_k within groups of c_h heads; matrix (groups, c_h, c_h)."""
-    B, H, R, N = maps.shape
-    maps, weights = maps.contiguous(), as_dtype(matrix, maps.dtype)
+    B, _, R, _ = maps.shape
+    maps = maps.contiguous()
     out = torch.empty_like(maps)
-    fn = getattr(library(), f"mix_{SUFFIX[maps.dtype]}")
-    split(
-        B * R,
-        lambda u0, u1, _: fn(
-            maps.data_ptr(),
-            out.data_ptr(),
-            weights.data_ptr(),
-            0,
-            None,
-            None,
-            u0,
-            u1,
-            H,
-            R,
-            N,
-            matrix.shape[-1],
-        ),
-    )
+    call = _mixer(maps, matrix)
+    split(B * R, lambda u0, u1, _: call(maps.data_ptr(), out.data_ptr(), 0, None, None, u0, u1))
     return out
 
 
 def mix_grad(maps: Tensor, matrix: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
     """(d maps, d matrix in float64) of `mix(maps, matrix)` for the output gradient grad."""
-    B, H, R, N = maps.shape
-    maps, weights, grad = maps.contiguous(), as_dtype(matrix, maps.dtype), grad.to(maps.dtype).contiguous()
+    B, _, R, _ = maps.shape
+    maps = maps.contiguous()
+    grad = grad.to(maps.dtype).contiguous()
     grad_maps = torch.empty_like(maps)
     grad_matrix = torch.zeros(workers(B * R), *matrix.shape, dtype=torch.float64)
-    fn = getattr(library(), f"mix_{SUFFIX[maps.dtype]}")
+    call = _mixer(maps, matrix)
 
-    def call(u0, u1, worker):
+    def each(u0, u1, worker):
         # d maps is the transposed mix of grad; d matrix needs maps and grad, row by row alike.
-        fn(
-            grad.data_ptr(),
-            grad_maps.data_ptr(),
-            weights.data_ptr(),
-            1,
-            None,
-            None,
-            u0,
-            u1,
-            H,
-            R,
-            N,
-            matrix.shape[-1],
-        )
-        fn(
-            maps.data_ptr(),
-            None,
-            weights.data_ptr(),
-            0,
-            grad.data_ptr(),
-            grad_matrix[worker].data_ptr(),
-            u0,
-            u1,
-            H,
-            R,
-            N,
-            matrix.shape[-1],
-        )
+        call(grad.data_ptr(), grad_maps.data_ptr(), 1, None, None, u0, u1)
+        call(maps.data_ptr(), None, 0, grad.data_ptr(), grad_matrix[worker].data_ptr(), u0, u1)
 
-    split(B * R, call)
+    split(B * R, each)
     return grad_maps, grad_matrix.sum(0)
 
 
@@ -369,26 +311,7 @@ def attend_rows(
     sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
     pointers = [address(t) for t in (q, k, v, out)]
     bounds = [address(t) for t in (lo, hi)]
-    split(
-        B,
-        lambda b0, b1, _: fn(
-            *pointers,
-            k.stride(0),
-            k.stride(1),
-            *[address(t) for t in params],
-            eps,
-            scale,
-            b0,
-            b1,
-            H,
-            G,
-            R,
-            N,
-            D,
-            c_q,
-            c_k,
-            *sizes,
-            *bounds,
-        ),
-    )
+    before = (*pointers, k.stride(0), k.stride(1), *[address(t) for t in params], eps, scale)
+    after = (H, G, R, N, D, c_q, c_k, *sizes, *bounds)
+    split(B, lambda b0, b1, _: fn(*before, b0, b1, *after))
     return out

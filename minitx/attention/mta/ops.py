@@ -250,22 +250,15 @@ def _(x, weight, gate_weight, gate_bias, eps):
 # -- a whole decoding step (no gradient) ------------------------------------------------------------
 
 
-@torch.library.custom_op("minitx::attend_rows", mutates_args=(), device_types="cpu")
-def attend_rows(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    scale: float,
-    pre: Tensor | None,
-    post: Tensor | None,
-    norm_weight: Tensor | None,
-    gate_weight: Tensor | None,
-    gate_bias: Tensor | None,
-    eps: float,
-    kernel: Tensor | None,
-    lo: Tensor | None,
-    hi: Tensor | None,
-) -> Tensor:
+# native.attend_rows' signature, spelt as the operator's schema (the operator passes its arguments on).
+_ATTEND_ROWS = (
+    "(Tensor q, Tensor k, Tensor v, float scale, Tensor? pre, Tensor? post, Tensor? norm_weight, "
+    "Tensor? gate_weight, Tensor? gate_bias, float eps, Tensor? kernel, Tensor? lo, Tensor? hi) -> Tensor"
+)
+
+
+@torch.library.custom_op("minitx::attend_rows", mutates_args=(), device_types="cpu", schema=_ATTEND_ROWS)
+def attend_rows(q, k, v, scale, pre, post, norm_weight, gate_weight, gate_bias, eps, kernel, lo, hi):
     lo, hi = _rows(lo, hi) or (None, None)
     return native.attend_rows(
         q, k, v, scale, pre, post, norm_weight, gate_weight, gate_bias, eps, kernel, lo, hi

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from .triton_forward import _jit, _mix, _post_conv, _probs, _scores, _sum
+from .triton_forward import _jit, _mix, _post_conv, _probs, _program, _scores, _sum
 
 
 # fmt: off
@@ -25,14 +25,9 @@ def _backward(
     UM: tl.constexpr = BM - (CQP - 1)
     UN: tl.constexpr = BN - 2 * (CKP // 2)
     RK: tl.constexpr = CKP // 2
-    pid = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    r0 = pid * UM
+    b, r0, scr_s = _program(scr, n_blocks, 4, UM, HP, BM, BN)
     tile = HP * BM * BN
-    scr_s = scr + ((b * n_blocks + pid) * 4) * tile
-    scr_p = scr_s + tile
-    scr_x = scr_p + tile
-    scr_y = scr_x + tile
+    scr_p, scr_x, scr_y = scr_s + tile, scr_s + 2 * tile, scr_s + 3 * tile
     h = tl.arange(0, HP)[:, None, None]
     i = tl.arange(0, BM)[None, :, None]
     j = tl.arange(0, BN)[None, None, :]

@@ -103,6 +103,16 @@ def _probs(y, lse_ptr, b, r0, c0, T, H, HP: tl.constexpr, BM: tl.constexpr, BN: 
     return tl.where(visible, tl.exp(tl.where(visible, y, 0.0) - lse), 0.0)
 
 @_jit
+def _program(
+    scr, n_blocks, tiles: tl.constexpr, rows: tl.constexpr, HP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+):
+    """(b, first row, its scratch): program (pid, b) takes `rows` rows of batch element b and owns
+    `tiles` [HP, BM, BN] float32 maps of the scratch (see triton_launch._scratch)."""
+    pid = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    return b, pid * rows, scr + ((b * n_blocks + pid) * tiles) * (HP * BM * BN)
+
+@_jit
 def _post_conv(
     scr_p, w_ptr, H, h, i, j, HP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CQP: tl.constexpr,
     CKP: tl.constexpr,
@@ -125,10 +135,7 @@ def _stats(
     PRECISION: tl.constexpr,
 ):
     """Each row's log-sum-exp of its mixed scores over the keys it sees (online, by key tiles)."""
-    pid = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    r0 = pid * BM
-    scr_s = scr + (b * n_blocks + pid) * HP * BM * BN
+    b, r0, scr_s = _program(scr, n_blocks, 1, BM, HP, BM, BN)
     h = tl.arange(0, HP)[:, None, None]
     rows = r0 + tl.arange(0, BM)[None, :, None]
     m_i = tl.full([HP, BM], float("-inf"), dtype=tl.float32)
@@ -163,13 +170,9 @@ def _forward(
     """Output rows i0 .. i0 + UM - 1: sum over key tiles of mix(conv(P)) @ V."""
     UM: tl.constexpr = BM - (CQP - 1)
     UN: tl.constexpr = BN - 2 * (CKP // 2)
-    pid = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    i0 = pid * UM
+    b, i0, scr_s = _program(scr, n_blocks, 3, UM, HP, BM, BN)
     tile = HP * BM * BN
-    scr_s = scr + ((b * n_blocks + pid) * 3) * tile
-    scr_p = scr_s + tile
-    scr_x = scr_p + tile
+    scr_p, scr_x = scr_s + tile, scr_s + 2 * tile
     h = tl.arange(0, HP)[:, None, None]
     i = tl.arange(0, BM)[None, :, None]
     j = tl.arange(0, BN)[None, None, :]

@@ -172,18 +172,9 @@ def _scratch(g: dict, tiles: int, like: Tensor) -> tuple[Tensor, int]:
     return like.new_empty(g["B"] * n * tiles * g["HP"] * g["BM"] * g["BN"], dtype=torch.float32), n
 
 
-def forward(
-    qc: Tensor,
-    kc: Tensor,
-    band: Tensor,
-    v: Tensor,
-    post: Tensor | None,
-    mix_pre: Tensor | None,
-    mix_post: Tensor | None,
-    block: tuple[int, int] | None = None,
-) -> tuple[Tensor, Tensor]:
-    """(out (B, H, T, D) in v's dtype, lse (B, H, T) float32). post (H, c_q, c_k) or None; mixes
-    (H, H) as M[h', h] (head h' into head h) or None."""
+def forward(qc: Tensor, kc: Tensor, band: Tensor, v: Tensor, post, mix_pre, mix_post, block=None):
+    """(out (B, H, T, D) in v's dtype, lse (B, H, T) float32) for mta_fused's inputs (see
+    `INPUTS`); block: the tile (BM, BN), None for `blocks`' choice."""
     _check_device(qc)
     g, consts, (qc, kc, band, v, post_f, pre_f, mix_post_f) = _launch_setup(
         qc, kc, band, v, post, mix_pre, mix_post, block
@@ -204,19 +195,10 @@ def forward(
 
 
 def backward(
-    dout: Tensor,
-    qc: Tensor,
-    kc: Tensor,
-    band: Tensor,
-    v: Tensor,
-    post: Tensor | None,
-    mix_pre: Tensor | None,
-    mix_post: Tensor | None,
-    lse: Tensor,
-    block: tuple[int, int] | None = None,
+    dout: Tensor, qc: Tensor, kc: Tensor, band: Tensor, v: Tensor, post, mix_pre, mix_post, lse, block=None
 ):
     """Gradients (float32) of forward's out: (dqc, dkc, dband, dv, dpost, dmix_pre, dmix_post), None
-    for an input that is None."""
+    for an input that is None; lse is forward's."""
     g, consts, inputs = _launch_setup(qc, kc, band, v, post, mix_pre, mix_post, block)
     B, H, T, E, D, HK, G, OFF, CQP, CKP = (
         g[name] for name in ("B", "H", "T", "E", "D", "HK", "G", "OFF", "CQP", "CKP")
@@ -252,16 +234,16 @@ def backward(
 # -- the operator ------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("minitx::mta_fused", mutates_args=(), device_types=("cpu", "cuda"))
-def mta_fused(
-    qc: Tensor,
-    kc: Tensor,
-    band: Tensor,
-    v: Tensor,
-    post: Tensor | None,
-    mix_pre: Tensor | None,
-    mix_post: Tensor | None,
-) -> tuple[Tensor, Tensor]:
+# mta_fused's inputs: qc, kc, band and v as the module's docstring says; post (H, c_q, c_k), the
+# post-softmax kernel, and the mixes (H, H) as M[h', h] (head h' into head h), each None if absent.
+INPUTS = "Tensor qc, Tensor kc, Tensor band, Tensor v, Tensor? post, Tensor? mix_pre, Tensor? mix_post"
+_DEVICES = ("cpu", "cuda")
+
+
+@torch.library.custom_op(
+    "minitx::mta_fused", mutates_args=(), device_types=_DEVICES, schema=f"({INPUTS}) -> (Tensor, Tensor)"
+)
+def mta_fused(qc, kc, band, v, post, mix_pre, mix_post):
     """(out, lse): MTA after the pre-softmax convolution's factorised parts; see `forward`."""
     return forward(qc, kc, band, v, post, mix_pre, mix_post)
 
@@ -272,18 +254,13 @@ def _(qc, kc, band, v, post, mix_pre, mix_post):
     return v.new_empty(B, H, T, v.shape[-1]), qc.new_empty(B, H, T, dtype=torch.float32)
 
 
-@torch.library.custom_op("minitx::mta_fused_backward", mutates_args=(), device_types=("cpu", "cuda"))
-def mta_fused_backward(
-    grad: Tensor,
-    qc: Tensor,
-    kc: Tensor,
-    band: Tensor,
-    v: Tensor,
-    post: Tensor | None,
-    mix_pre: Tensor | None,
-    mix_post: Tensor | None,
-    lse: Tensor,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+@torch.library.custom_op(
+    "minitx::mta_fused_backward",
+    mutates_args=(),
+    device_types=_DEVICES,
+    schema=f"(Tensor grad, {INPUTS}, Tensor lse) -> ({', '.join(['Tensor'] * 7)})",
+)
+def mta_fused_backward(grad, qc, kc, band, v, post, mix_pre, mix_post, lse):
     """The gradients of mta_fused's out for its inputs, each in its input's dtype (empty for None)."""
     grads = backward(grad, qc, kc, band, v, post, mix_pre, mix_post, lse)
     inputs = (qc, kc, band, v, post, mix_pre, mix_post)
