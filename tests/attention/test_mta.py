@@ -6,7 +6,7 @@ S0[i - a, j - b]), head mixing as a full H x H matrix, the output norm written o
 fast paths (the factorised one: far keys as one wide matrix product plus an exact band; and the
 plain chunked convolution) and its materialised `reference` are all checked against it, at
 awkward sizes: T = 1, T shorter than the band, T not a multiple of the chunk, each both with the
-C loops of mta_conv.c (native.py) and with torch's operations alone (the `kernels` fixture).
+C loops of attention/mta/conv.c (native.py) and with torch's operations alone (the `kernels` fixture).
 
 Each test draws a fresh seed (printed on failure; MINITX_TEST_SEED replays it).
 """
@@ -415,7 +415,7 @@ def test_identity_init_is_plain_attention(placement):
         )
 
 
-# -- the C loops (mta_conv.c), piece by piece, against torch ------------------------------------------
+# -- the C loops (attention/mta/conv.c), piece by piece, against torch --------------------------------
 
 
 @pytest.fixture

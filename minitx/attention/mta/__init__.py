@@ -1,7 +1,8 @@
 """Multi-token attention (Golovneva et al. 2025): the layer and everything that makes it fast.
 
 options.py       MTAOptions: the kind's options and their checks
-layer.py         the layer: parameters, placement, backend choice, its cache (MTACache)
+layer.py         the layer: parameters, placement, backend choice, the decoding step
+cache.py         MTACache: keys, values and the latest queries, for decoding
 kernels.py       the arithmetic on torch: convolution, head mixing, the factorised form
 conv.c native.py the same as C loops on CPU, compiled on first use and called by ctypes
 ops.py           the C loops as torch operators (torch.ops.minitx.*), for torch.compile

@@ -20,7 +20,7 @@
  * decoding step made of small torch operations costs more in dispatch than in arithmetic (all
  * measured: benchmarks/RESULTS.md). The convolution keeps several vector sums in registers and
  * streams c_q padded input rows past them (kept in a ring: each row is padded and masked once).
- * Compiled at first use by minitx/attention/native.py; this file includes itself once for float
+ * Compiled at first use by minitx/attention/mta/native.py; this file includes itself once for float
  * and once for double.
  */
 #ifndef T

@@ -13,7 +13,7 @@
   matrix product instead of a convolution of the whole score map; `band_scores` computes the
   `off` band entries of each row exactly, from the scores of each query with its nearest keys.
 
-- on CPU in float32/float64, the same through the C loops of mta_conv.c (native.py):
+- on CPU in float32/float64, the same through the C loops of conv.c (native.py):
   `NativeKeyQueryConv` (the convolution, masked by each row's interval of visible keys,
   `VisibleKeys`), `MixedSoftmax` (pre mix, mask, softmax and post mix in one pass), `NativeMix`;
   `run` calls their forward alone where nothing needs a gradient; their `apply` is one of the
@@ -179,7 +179,7 @@ def full_rows(maps: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class NativeKeyQueryConv:
-    """The convolution by the C loops of mta_conv.c (see native.py): maps (B, H, R, T) read as zero
+    """The convolution by the C loops of conv.c (see native.py): maps (B, H, R, T) read as zero
     outside each row's visible keys lo..hi, the result computed only at out_lo..out_hi (zero
     elsewhere). Its input gradient is the same loop with the kernel flipped, reading rows upwards.
 
