@@ -21,6 +21,7 @@ Because the train loader never ends, validation must be scheduled in steps:
 `trainer.fit(model, datamodule=dm)` (not its loaders) so that its state reaches checkpoints.
 """
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,17 +30,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from minitx.data.prepare import DataSettings, Prepared, prepare
+from minitx.data.config import DATA_SOURCES, LENGTH_KEYS, TASKS, DataConfig
+from minitx.data.prepare import Prepared, prepare
 from minitx.data.shards import TokenArray
-from minitx.data.sources import SOURCES
-from minitx.data.tasks import LENGTH_KEYS, TASKS, task_config
 from minitx.data.tokenizer import Tokenizer
 from minitx.data.toy import ToyTrainBatches, ToyValSet
-from minitx.errors import UserError
+from minitx.errors import UserError, require
 
-# The synthetic tasks (minitx/data/tasks.py), not texts: "toy" (the Multi-Token Attention
-# paper's), "mqar" (multi-query associative recall), "needle" (needle in a haystack).
-DATA_SOURCES = (*SOURCES, *TASKS)
+__all__ = ["DATA_SOURCES", "TASKS", "TextDataModule"]  # DATA_SOURCES, TASKS: re-exported
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -119,122 +117,34 @@ class EvenlySpacedWindows(Dataset):
         return x[0], y[0]
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise UserError(message)
-
-
 class TextDataModule(L.LightningDataModule):
     """Text in, (x, y) batches of token ids out. See the module docstring for the design.
 
-    Args:
-        source: where the text comes from: "shakespeare" (built in, offline), "files" or "hf".
-        train_files: glob(s) of UTF-8 text files, for source=files.
-        val_files: glob(s) for validation; if unset, the last `val_fraction` of the train text.
-        val_fraction: share of the training text held out when there is no explicit val set.
-        hf_name, hf_config: `datasets.load_dataset(hf_name, hf_config)`, for source=hf.
-        hf_train_split, hf_val_split: split names; without hf_val_split, `val_fraction` applies.
-        hf_data_files: `data_files` for load_dataset, e.g. for the "text" or "json" builders.
-        hf_revision: the Hub dataset's revision (a branch, tag or commit); pin it for data that never moves.
-        text_column: the column that holds the text, for record files (jsonl, parquet, csv, arrow) and hf.
-        tokenizer: "char", "bpe", or a path to a tokenizer.json.
-        bpe_vocab_size: vocabulary size of the trained BPE (ignored otherwise); the tokenizer's real
-            size, what the model is built with, is the `vocab_size` property.
-        tokenizer_train_bytes: BPE trains on at most this much text, drawn from across the corpus.
-        max_tokens: take only the first max_tokens training tokens of the source (e.g. of a Hub stream).
-        decode_errors: "strict" (invalid UTF-8 is an error naming the file and byte) or "replace".
-        num_proc: tokenizer threads while preparing; default every core.
-        shard_tokens: token ids per shard file (about; shards end where a batch of text ends).
-        block_size: tokens of context per sample.
-        batch_size: samples per batch (per device).
-        num_workers: DataLoader worker processes.
-        cache_dir: where prepared data lives (`prepared/<key>/`); default ~/.cache/minitx.
-        seed: seeds the training batch stream.
-        val_batches: number of validation batches, the same windows at every validation.
-        toy_n, toy_query_len, toy_blocks, toy_min_blocks, toy_target: the toy task (source=toy):
-            blocks of toy_n letters, toy_min_blocks..toy_blocks of them (min unset: exactly
-            toy_blocks), toy_query_len query letters; target "block", "first" or "last".
-        toy_train_size, toy_val_size: samples in the training set (cycled) and validation set of
-            any synthetic task (toy, mqar, needle); both are fixed by `seed`, and never overlap.
-            Targets only carry the loss (y is -100, cross-entropy's ignore_index, elsewhere).
-        mqar_vocab, mqar_pairs, mqar_queries, mqar_seq_len: MQAR (source=mqar): mqar_pairs
-            key-value pairs from mqar_vocab symbols, then mqar_queries keys asked, in samples of
-            mqar_seq_len tokens (minitx/data/mqar.py).
-        needle_length, needle_min_length, needle_filler: needle in a haystack (source=needle):
-            samples of needle_min_length..needle_length characters of filler text
-            ("shakespeare" or a glob) with one planted fact (minitx/data/needle.py).
+    Takes the data section as keywords: every setting, its default and its check are defined once
+    in minitx/data/config.py (DataConfig: the text source and tokenizer, the loader, each
+    synthetic task), whose fields LightningCLI reads from the call below.
     """
 
-    def __init__(
-        self,
-        source: str = "shakespeare",
-        train_files: str | list[str] | None = None,
-        val_files: str | list[str] | None = None,
-        val_fraction: float = 0.1,
-        hf_name: str | None = None,
-        hf_config: str | None = None,
-        hf_train_split: str = "train",
-        hf_val_split: str | None = None,
-        hf_data_files: str | list[str] | dict[str, str | list[str]] | None = None,
-        hf_revision: str | None = None,
-        text_column: str = "text",
-        tokenizer: str = "char",
-        bpe_vocab_size: int = 512,
-        tokenizer_train_bytes: int = DataSettings.tokenizer_train_bytes,
-        max_tokens: int | None = None,
-        decode_errors: str = "strict",
-        num_proc: int | None = None,
-        shard_tokens: int = DataSettings.shard_tokens,
-        block_size: int = 256,
-        batch_size: int = 32,
-        num_workers: int = 0,
-        cache_dir: str | None = None,
-        seed: int = 1337,
-        val_batches: int = 20,
-        toy_n: int = 5,
-        toy_query_len: int = 2,
-        toy_blocks: int = 10,
-        toy_min_blocks: int | None = None,
-        toy_target: str = "block",
-        toy_train_size: int = 100_000,
-        toy_val_size: int = 512,
-        mqar_vocab: int = 64,
-        mqar_pairs: int = 8,
-        mqar_queries: int = 8,
-        mqar_seq_len: int = 64,
-        needle_length: int = 256,
-        needle_min_length: int | None = None,
-        needle_filler: str = "shakespeare",
-    ) -> None:
+    def __init__(self, **settings: Any) -> None:
         super().__init__()
-        _require(
-            source in DATA_SOURCES,
-            f"data.source: unknown source {source!r}; choose one of {', '.join(DATA_SOURCES)}",
-        )
-        _require(block_size >= 1, f"data.block_size: must be at least 1, got {block_size}")
-        _require(batch_size >= 1, f"data.batch_size: must be at least 1, got {batch_size}")
-        _require(val_batches >= 1, f"data.val_batches: must be at least 1, got {val_batches}")
-        _require(num_workers >= 0, f"data.num_workers: must be 0 or more, got {num_workers}")
-        _require(seed >= 0, f"data.seed: must be 0 or more, got {seed}")
-        self.save_hyperparameters()
-        self.source = source
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.seed = seed
-        self.val_batches = val_batches
-        self.task = None  # the synthetic task's config, for source in TASKS
-        if source in TASKS:
-            _require(toy_train_size >= 1, f"data.toy_train_size: must be at least 1, got {toy_train_size}")
-            _require(toy_val_size >= 1, f"data.toy_val_size: must be at least 1, got {toy_val_size}")
-            self.task = task_config(source, dict(self.hparams))
-            self.toy_train_size, self.toy_val_size = toy_train_size, toy_val_size
+        # jsonargparse reads the data section's keys from this call: keep it DataConfig(**settings).
+        self.config = DataConfig(**settings)
+        config = self.config
+        self.save_hyperparameters(dataclasses.asdict(config))
+        self.source = config.source
+        self.block_size = config.block_size
+        self.batch_size = config.batch_size
+        self.num_workers = config.num_workers
+        self.seed = config.seed
+        self.val_batches = config.val_batches
+        self.task = config.task()  # the synthetic task's config, for source in TASKS
+        self.toy_train_size, self.toy_val_size = config.toy_train_size, config.toy_val_size
+        self.settings = config.prepare_settings()  # what prepare() reads
 
         # Training batches handed to the model so far; the resume point. Counted in
         # on_before_batch_transfer, i.e. when the trainer actually consumes a batch, not when
         # the loader prefetches one.
         self.train_batches_drawn = 0
-        self.settings = DataSettings.from_config(self.hparams)  # every argument: the data section
         self._tokenizer: Tokenizer | None = None
         self.prepared: Prepared | None = None
         self.train_tokens: TokenArray | None = None
@@ -254,7 +164,7 @@ class TextDataModule(L.LightningDataModule):
             return
         if self.task is not None:
             needed = self.task.max_length() - 1
-            _require(
+            require(
                 self.block_size >= needed,
                 f"data.block_size: the {self.source} task's longest input has {needed} tokens, more than "
                 f"block_size={self.block_size}; raise model.block_size to {needed} or lower {LENGTH_KEYS[self.source]}",
@@ -272,7 +182,7 @@ class TextDataModule(L.LightningDataModule):
 
     def _check_long_enough(self, num_tokens: int, split: str, fix: str) -> None:
         needed = self.block_size + 1
-        _require(
+        require(
             num_tokens >= needed,
             f"data.block_size: the {split} text has {num_tokens} tokens, fewer than "
             f"block_size + 1 = {needed}; {fix} or lower data.block_size",

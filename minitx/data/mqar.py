@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minitx.data.tokenizer import CharTokenizer
-from minitx.errors import UserError
+from minitx.errors import UserError, require
 
 FILLER = "."
 _READABLE = string.ascii_lowercase + string.ascii_uppercase + string.digits
@@ -36,6 +36,21 @@ def symbol(i: int) -> str:
 
 
 @dataclass(frozen=True)
+class MQARSettings:
+    """MQAR's settings (data.source=mqar), as a config writes them: data.mqar_*."""
+
+    mqar_vocab: int = 64
+    mqar_pairs: int = 8
+    mqar_queries: int = 8
+    mqar_seq_len: int = 64
+
+    def task(self) -> MQARConfig:
+        return MQARConfig(
+            vocab=self.mqar_vocab, pairs=self.mqar_pairs, queries=self.mqar_queries, seq_len=self.mqar_seq_len
+        )
+
+
+@dataclass(frozen=True)
 class MQARConfig:
     # Set through the data module: data.mqar_vocab, data.mqar_pairs, data.mqar_queries, data.mqar_seq_len.
     vocab: int = 64  # symbols for keys (the first half) and values (the second half)
@@ -44,19 +59,19 @@ class MQARConfig:
     seq_len: int = 64  # tokens per sample
 
     def __post_init__(self) -> None:
-        if not 2 <= self.vocab <= MAX_VOCAB:
-            raise UserError(
-                f"data.mqar_vocab: must be 2..{MAX_VOCAB} symbols (half keys, half values), got {self.vocab}"
-            )
-        if not 1 <= self.pairs <= self.num_keys:
-            raise UserError(
-                f"data.mqar_pairs: must be 1..{self.num_keys}: a sample's keys are distinct and "
-                f"data.mqar_vocab={self.vocab} gives {self.num_keys} keys; got {self.pairs}"
-            )
-        if not 1 <= self.queries <= self.pairs:
-            raise UserError(
-                f"data.mqar_queries: must be 1..data.mqar_pairs ({self.pairs}) distinct keys to ask for, got {self.queries}"
-            )
+        require(
+            2 <= self.vocab <= MAX_VOCAB,
+            f"data.mqar_vocab: must be 2..{MAX_VOCAB} symbols (half keys, half values), got {self.vocab}",
+        )
+        require(
+            1 <= self.pairs <= self.num_keys,
+            f"data.mqar_pairs: must be 1..{self.num_keys}: a sample's keys are distinct and "
+            f"data.mqar_vocab={self.vocab} gives {self.num_keys} keys; got {self.pairs}",
+        )
+        require(
+            1 <= self.queries <= self.pairs,
+            f"data.mqar_queries: must be 1..data.mqar_pairs ({self.pairs}) distinct keys to ask for, got {self.queries}",
+        )
         needed = 2 * (self.pairs + self.queries)
         if self.seq_len < needed:
             raise UserError(

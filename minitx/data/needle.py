@@ -21,13 +21,29 @@ import numpy as np
 
 from minitx.data.sources import read_files, shakespeare_text, shakespeare_val_text, split_tail
 from minitx.data.tokenizer import CharTokenizer
-from minitx.errors import UserError
+from minitx.errors import UserError, require
 
 MARK, ASK = "#", "="
 KEY_LEN, VALUE_LEN = 3, 3  # letters of the key, digits of the value
 ALPHABET = "\n" + "".join(chr(c) for c in range(32, 127))  # newline and printable ASCII: a fixed vocabulary
 SHORTEST = 2 * (1 + KEY_LEN + 1) + 1 + 2 * VALUE_LEN  # fact + question + answer, no filler at all
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the depths the evaluation sweeps
+
+
+@dataclass(frozen=True)
+class NeedleSettings:
+    """The needle task's settings (data.source=needle), as a config writes them: data.needle_*."""
+
+    needle_length: int = 256
+    needle_min_length: int | None = None
+    needle_filler: str = "shakespeare"
+
+    def task(self) -> NeedleConfig:
+        return NeedleConfig(
+            length=self.needle_length,
+            min_length=self.needle_min_length,
+            filler=self.needle_filler if self.needle_filler is not None else NeedleConfig.filler,
+        )
 
 
 @dataclass(frozen=True)
@@ -45,10 +61,10 @@ class NeedleConfig:
                 f"data.needle_length: a sample needs at least {SHORTEST} characters for the fact, the "
                 f"question and the answer; got {self.length}"
             )
-        if not SHORTEST <= self.shortest <= self.length:
-            raise UserError(
-                f"data.needle_min_length: must be {SHORTEST}..data.needle_length ({self.length}), got {self.min_length}"
-            )
+        require(
+            SHORTEST <= self.shortest <= self.length,
+            f"data.needle_min_length: must be {SHORTEST}..data.needle_length ({self.length}), got {self.min_length}",
+        )
 
     @property
     def shortest(self) -> int:

@@ -11,6 +11,8 @@ Finding the block needs two letters matched at once, which a single attention qu
 to express and MTA's key-query convolution handles directly.
 """
 
+from __future__ import annotations
+
 import string
 from dataclasses import dataclass
 
@@ -18,13 +20,33 @@ import numpy as np
 import torch
 
 from minitx.data.tokenizer import CharTokenizer
-from minitx.errors import UserError
+from minitx.errors import UserError, require
 
 LETTERS = string.ascii_lowercase
 BLOCK_SEP = "."
 QUERY_SEP = "#"
 TOY_ALPHABET = BLOCK_SEP + QUERY_SEP + LETTERS
 TARGETS = ("block", "first", "last")
+
+
+@dataclass(frozen=True)
+class ToySettings:
+    """The toy task's settings (data.source=toy), as a config writes them: data.toy_*."""
+
+    toy_n: int = 5  # letters per block
+    toy_query_len: int = 2  # query letters
+    toy_blocks: int = 10  # blocks per sample (the most, with toy_min_blocks)
+    toy_min_blocks: int | None = None  # the fewest blocks per sample (unset: exactly toy_blocks)
+    toy_target: str = "block"  # "block", "first" or "last"
+
+    def task(self) -> ToyTaskConfig:
+        return ToyTaskConfig(
+            block_len=self.toy_n,
+            query_len=self.toy_query_len,
+            min_blocks=self.toy_min_blocks or self.toy_blocks,
+            max_blocks=self.toy_blocks,
+            target=self.toy_target,
+        )
 
 
 @dataclass(frozen=True)
@@ -38,17 +60,19 @@ class ToyTaskConfig:
     target: str = "block"  # "block", "first" or "last"
 
     def __post_init__(self) -> None:
-        if not 1 <= self.block_len <= len(LETTERS):
-            raise UserError(f"data.toy_n: must be 1..{len(LETTERS)} letters per block, got {self.block_len}")
-        if not 1 <= self.query_len <= self.block_len:
-            raise UserError(
-                f"data.toy_query_len: must be 1..data.toy_n ({self.block_len}), got {self.query_len}"
-            )
-        if not 1 <= self.min_blocks <= self.max_blocks:
-            raise UserError(
-                f"data.toy_min_blocks: need 1 <= data.toy_min_blocks <= data.toy_blocks, "
-                f"got {self.min_blocks} and {self.max_blocks}"
-            )
+        require(
+            1 <= self.block_len <= len(LETTERS),
+            f"data.toy_n: must be 1..{len(LETTERS)} letters per block, got {self.block_len}",
+        )
+        require(
+            1 <= self.query_len <= self.block_len,
+            f"data.toy_query_len: must be 1..data.toy_n ({self.block_len}), got {self.query_len}",
+        )
+        require(
+            1 <= self.min_blocks <= self.max_blocks,
+            f"data.toy_min_blocks: need 1 <= data.toy_min_blocks <= data.toy_blocks, "
+            f"got {self.min_blocks} and {self.max_blocks}",
+        )
         if self.target not in TARGETS:
             raise UserError(
                 f"data.toy_target: unknown target {self.target!r}; choose one of {', '.join(TARGETS)}"
@@ -56,7 +80,7 @@ class ToyTaskConfig:
 
     # What every synthetic task's config offers (toy here, mqar.py, needle.py): the batch classes
     # below, the data module and the evaluation use only these.
-    def sample(self, seed: int, index: int) -> "ToySample":
+    def sample(self, seed: int, index: int) -> ToySample:
         return toy_sample(self, seed, index)
 
     def max_length(self) -> int:

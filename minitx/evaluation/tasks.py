@@ -14,8 +14,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..data.config import DataConfig
 from ..data.needle import DEPTHS, SHORTEST, needle_sample
-from ..data.tasks import task_config
 from ..data.toy import IGNORE_INDEX, exact_match, toy_batch
 from ..errors import UserError
 from .lengths import length_refusal
@@ -110,7 +110,7 @@ def evaluate_task(
 ) -> dict:
     """The figures of a checkpoint trained on data.source in TASKS, on a fresh test set."""
     source = data["source"]
-    task = task_config(source, data)
+    task = DataConfig.from_section(data).task()
     if task.tokenizer().fingerprint() != tokenizer.fingerprint():
         raise UserError(
             f"--ckpt: its tokenizer is not the {source} task's; the file is damaged or from another version"

@@ -13,10 +13,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..data.config import TASKS as TASK_SOURCES  # synthetic tasks, not texts
 from ..data.prepare import DataSettings, prepare
 from ..data.shards import TokenArray
 from ..data.sources import read_files
-from ..data.tasks import TASKS as TASK_SOURCES  # synthetic tasks, not texts: see tasks.py
 from ..data.tokenizer import CharTokenizer, Tokenizer
 from ..errors import UserError
 

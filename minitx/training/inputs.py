@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..data.tasks import TASKS, task_config
+from ..data.config import TASKS, DataConfig
 from ..errors import UserError
 from ..generate_inputs import machine_memory
 
@@ -179,4 +179,4 @@ def check_task_settings(data: Any) -> None:
     task's config: before the seed is set, whose log line would come before the error otherwise."""
     source = data.get("source")
     if source in TASKS:
-        task_config(source, dict(data.items()))
+        DataConfig.from_section(dict(data.items())).task()

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from minitx.cli import eval_main, train_main
+from minitx.data.config import DataConfig
 from minitx.data.mqar import FILLER, MQARConfig, mqar_sample, symbol
 from minitx.data.needle import ASK, DEPTHS, MARK, SHORTEST, VALUE_LEN, NeedleConfig, needle_sample
-from minitx.data.tasks import task_config
 from minitx.data.toy import IGNORE_INDEX, ToyTrainBatches, ToyValSet
 from minitx.errors import UserError
 
@@ -23,6 +23,11 @@ FILLER_TEXT = "".join(
 )
 
 # ----------------------------------------------------------------------------------------- MQAR
+
+
+def task_of(source: str, settings: dict):
+    """The task a data section with these settings builds (its checks name the data.* keys)."""
+    return DataConfig(source=source, **settings).task()
 
 
 @pytest.mark.parametrize(
@@ -80,12 +85,12 @@ def test_mqar_is_deterministic_by_seed_and_index():
 )
 def test_mqar_refuses_settings_without_a_valid_answer(settings, key):
     with pytest.raises(UserError) as error:
-        task_config("mqar", settings)
+        task_of("mqar", settings)
     assert str(error.value).startswith(key) and "\n" not in str(error.value)
 
 
 def test_mqar_batches_carry_the_loss_on_the_answers_only():
-    config = task_config("mqar", {"mqar_vocab": 16, "mqar_pairs": 4, "mqar_queries": 3, "mqar_seq_len": 20})
+    config = task_of("mqar", {"mqar_vocab": 16, "mqar_pairs": 4, "mqar_queries": 3, "mqar_seq_len": 20})
     x, y = ToyTrainBatches(config, seed=0, train_size=100, batch_size=5).batch(0)
     assert x.shape == y.shape == (5, 19)
     assert ((y != IGNORE_INDEX).sum(-1) == 3).all()
@@ -138,7 +143,7 @@ def test_needle_is_deterministic_and_training_lengths_stay_in_range(filler):
 )
 def test_needle_refuses_settings_without_room_for_the_answer(settings, key):
     with pytest.raises(UserError) as error:
-        task_config("needle", settings)
+        task_of("needle", settings)
     assert str(error.value).startswith(key)
 
 
