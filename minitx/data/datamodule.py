@@ -22,6 +22,7 @@ Because the train loader never ends, validation must be scheduled in steps:
 """
 
 import dataclasses
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+from minitx import legacy
 from minitx.data.config import DATA_SOURCES, LENGTH_KEYS, TASKS, DataConfig
 from minitx.data.prepare import Prepared, prepare
 from minitx.data.shards import TokenArray
@@ -127,6 +129,14 @@ class TextDataModule(L.LightningDataModule):
 
     def __init__(self, **settings: Any) -> None:
         super().__init__()
+        old = sorted(set(settings) & set(legacy.DATA_FIELDS))
+        if old:  # a keyword of an older minitx (from Python: the command line refuses it)
+            warnings.warn(
+                "; ".join(f"TextDataModule: {key} is now {legacy.DATA_FIELDS[key]}" for key in old),
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            settings = legacy.data_section(settings)
         # jsonargparse reads the data section's keys from this call: keep it DataConfig(**settings).
         self.config = DataConfig(**settings)
         config = self.config

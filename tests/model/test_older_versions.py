@@ -178,3 +178,11 @@ def test_old_bpe_checkpoint_evaluates_on_its_own_validation_text(tmp_path, monke
     assert eval_main([*args, "--lengths", "16", "32"]) == 0
     figures = json.loads(report.read_text())
     assert figures["loss"] > 0 and figures["tokens"] > 0
+
+
+def test_old_data_keyword_in_python_still_works_with_a_warning():
+    from minitx.data.datamodule import TextDataModule
+
+    with pytest.warns(DeprecationWarning, match="vocab_size is now bpe_vocab_size"):
+        module = TextDataModule(tokenizer="bpe", vocab_size=300)
+    assert module.settings.bpe_vocab_size == 300
