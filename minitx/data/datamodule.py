@@ -129,14 +129,11 @@ class TextDataModule(L.LightningDataModule):
 
     def __init__(self, **settings: Any) -> None:
         super().__init__()
-        old = sorted(set(settings) & set(legacy.DATA_FIELDS))
-        if old:  # a keyword of an older minitx (from Python: the command line refuses it)
+        for key in sorted(set(settings) & set(legacy.DATA_FIELDS)):  # an older keyword, from Python
             warnings.warn(
-                "; ".join(f"TextDataModule: {key} is now {legacy.DATA_FIELDS[key]}" for key in old),
-                DeprecationWarning,
-                stacklevel=2,
+                f"TextDataModule: {key} is now {legacy.DATA_FIELDS[key]}", DeprecationWarning, stacklevel=2
             )
-            settings = legacy.data_section(settings)
+            settings[legacy.DATA_FIELDS[key]] = settings.pop(key)  # in place: the call below stays as it is
         # jsonargparse reads the data section's keys from this call: keep it DataConfig(**settings).
         self.config = DataConfig(**settings)
         config = self.config
