@@ -42,16 +42,23 @@ def config_arguments(args: Sequence[str]) -> list[str]:
     the kind's other options back to their defaults. So the options sections of the files and the
     `--model.attention.options...` flags are merged here, in the order given, into one last flag.
     """
-    if any(a == "--base" or a.startswith("--base=") for a in args):
-        raise UserError(
-            "--base: only a config file names its base; give both files: --config BASE --config FILE"
-        )
+    args = list(args)
+    for i, arg in enumerate(args):  # `--base null` is ours (below); a base is a file's to name
+        given = arg.partition("=")[2] if arg.startswith("--base=") else None
+        if arg == "--base":
+            given = args[i + 1] if i + 1 < len(args) else ""
+        if given is not None and given != "null":
+            raise UserError(
+                "--base: only a config file names its base; give both files: --config BASE --config FILE"
+            )
     out: list[str] = []
     options: dict = {}
-    touched = False
-    for flag, value in _pairs(list(args)):
+    touched = overlaid = False
+    for flag, value in _pairs(args):
         if flag in CONFIG_FLAGS:
-            for file in base_chain(value):
+            chain = base_chain(value)
+            overlaid |= len(chain) > 1
+            for file in chain:
                 out += ["--config", file]
                 found = _attention_options(file)
                 touched |= found is not None
@@ -69,6 +76,8 @@ def config_arguments(args: Sequence[str]) -> list[str]:
             touched = True
         else:
             out.append(flag)
+    if overlaid:  # every base is read now: the resolved config (--print_config) names none
+        out += ["--base", "null"]
     return out + ["--model.attention.options", json.dumps(options)] if touched else out
 
 

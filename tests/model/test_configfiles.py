@@ -7,6 +7,7 @@ import json
 import pytest
 import yaml
 
+from minitx.cli import train_main
 from minitx.configfiles import (
     DEFAULT_CONFIG,
     REPO_ROOT,
@@ -40,7 +41,8 @@ def test_no_config_trains_the_default_and_a_base_is_read_first(tmp_path):
     args = with_config_files(["--config", str(top), "--model.n_layer", "3"])
     files = [args[i + 1] for i, a in enumerate(args) if a == "--config"]
     assert [p.split("/")[-1] for p in files] == ["base.yaml", "middle.yaml", "top.yaml"]
-    assert args[-2:] == ["--model.n_layer", "3"]  # flags keep their place after the files
+    assert args[-4:-2] == ["--model.n_layer", "3"]  # flags keep their place after the files
+    assert args[-2:] == ["--base", "null"]  # the bases are read: the resolved config names none
     assert merged_config(top) == {"model": {"n_layer": 2, "n_head": 2, "d_model": 32}}
 
 
@@ -115,3 +117,22 @@ def test_merged_keeps_what_the_change_does_not_name():
         "options": {"mta": {"query_kernel": 3, "key_kernel": 7}},
     }
     assert base["options"]["mta"]["key_kernel"] == 5  # a copy
+
+
+def test_a_printed_config_of_an_overlay_trains_from_anywhere(tmp_path, capsys, monkeypatch):
+    """--print_config of configs/mta.yaml is the whole resolved config: saved elsewhere and given
+    back as --config, it must not look for the overlay's base next to itself."""
+    with pytest.raises(SystemExit) as done:
+        train_main(["--config", "configs/mta.yaml", "--print_config"])
+    assert not done.value.code
+    printed = capsys.readouterr().out
+    assert yaml.safe_load(printed)["base"] is None
+    (tmp_path / "mta.yaml").write_text(printed)
+    monkeypatch.chdir(tmp_path)
+    again = checked_config(with_config_files(["--config", str(tmp_path / "mta.yaml")]))
+    assert (
+        again["model"]["attention"]
+        == checked_config(with_config_files(["--config", str(REPO_ROOT / "configs" / "mta.yaml")]))["model"][
+            "attention"
+        ]
+    )
