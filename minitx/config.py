@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import typing
 import warnings
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from . import kinds, legacy
 from .errors import UserError
-from .kinds import check_choice as _check_choice
 from .kinds import fail as _fail
 
 
@@ -54,7 +54,7 @@ class AttentionConfig:
                 _fail(
                     "attention.n_kv_head",
                     f"is set to {self.n_kv_head} but kind {'/'.join(used)} has a fixed number of key/value heads",
-                    "remove it, or use a kind that reads it (gqa, local, mta)",
+                    f"remove it, or use a kind that reads it ({', '.join(kinds.kinds_reading_n_kv_head())})",
                 )
             if self.n_kv_head < 1:
                 _fail("attention.n_kv_head", f"is {self.n_kv_head}", "use a positive divisor of n_head")
@@ -73,9 +73,7 @@ class AttentionConfig:
                 )
         typed = {kind: kinds.build_options(kind, given.get(kind) or {}) for kind in used}
         # Plain values, every option filled in: what asdict, checkpoints and run configs hold.
-        self.options = {
-            kind: kinds.option_values(value) for kind, value in typed.items() if value is not None
-        }
+        self.options = {kind: asdict(value) for kind, value in typed.items() if value is not None}
 
     def options_of(self, kind: str) -> Any:
         """The options object of a kind the layers use (None for a kind without options)."""
@@ -161,9 +159,9 @@ class ModelConfig:
                 f"is {width!r}",
                 "use a positive whole number, or leave it unset (derived from d_model)",
             )
-        _check_choice("mlp", self.mlp, ("gelu", "swiglu"))
-        _check_choice("norm", self.norm, ("rmsnorm", "layernorm"))
-        _check_choice("positions", self.positions, ("rope", "learned"))
+        hints = typing.get_type_hints(ModelConfig)
+        for name in ("mlp", "norm", "positions"):  # each choice is stated once, as its Literal
+            kinds.check_type(name, getattr(self, name), hints[name])
         if not 0.0 <= self.dropout < 1.0:
             _fail("dropout", f"is {self.dropout}", "use a probability in [0, 1)")
         if self.d_model % self.n_head:

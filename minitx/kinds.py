@@ -20,7 +20,7 @@ import types
 import typing
 import zlib
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, fields, is_dataclass
+from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,10 @@ def unregister(name: str) -> None:
     registry.pop(name, None)
 
 
+def kinds_reading_n_kv_head() -> list[str]:
+    return [name for name, spec in registry.items() if spec.reads_n_kv_head]
+
+
 def spec_of(field_name: str, kind: str) -> KindSpec:
     if kind not in registry:
         fail(
@@ -124,7 +128,7 @@ def build_options(kind: str, given: Any) -> Any:
             fail(where, f"kind {kind} has no options", "remove this section")
         return None
     if isinstance(given, spec.options):
-        given = {f.name: getattr(given, f.name) for f in fields(given)}
+        given = asdict(given)
     if not isinstance(given, dict):
         fail(where, f"is {given!r}, not a mapping of option names to values", "write option: value pairs")
     known = [f.name for f in fields(spec.options)]
@@ -141,11 +145,6 @@ def build_options(kind: str, given: Any) -> Any:
         return spec.options(**values)
     except OptionError as err:
         fail(f"{where}.{err.option}", err.problem, err.fix)
-
-
-def option_values(options: Any) -> dict:
-    """Plain values of an options object (what configs and checkpoints store)."""
-    return {f.name: getattr(options, f.name) for f in fields(options)}
 
 
 def check_type(name: str, value: Any, hint: Any) -> Any:

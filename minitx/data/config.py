@@ -9,16 +9,15 @@ and checks the whole section and a setting has one definition, its default and i
     TaskSizes (here)                     a synthetic task's training and validation set sizes
 
 The data module takes the section as keywords (`TextDataModule(**section)`, LightningCLI reads
-its fields from here); evaluation rebuilds a run's from its saved config with `from_section`.
+its fields from here); evaluation rebuilds a run's from its saved config with `from_config`
+(DataSettings', inherited: older names read as today's, keys of other sections left out).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from minitx import legacy
 from minitx.data.mqar import MQARSettings
 from minitx.data.needle import NeedleSettings
 from minitx.data.prepare import DataSettings
@@ -81,14 +80,6 @@ class DataConfig(TaskSizes, NeedleSettings, MQARSettings, ToySettings, LoaderSet
                     getattr(self, name) >= 1, f"data.{name}: must be at least 1, got {getattr(self, name)}"
                 )
             self.task()  # a task's own checks, now: they name their data.* keys
-
-    @classmethod
-    def from_section(cls, section: Mapping[str, Any]) -> DataConfig:
-        """The config of a data section saved by a run (older names read as today's); keys that
-        are not data settings (a config's extras) are left out."""
-        section = legacy.data_section(section)
-        names = {f.name for f in fields(cls)}
-        return cls(**{key: value for key, value in section.items() if key in names})
 
     def task(self) -> Any:
         """The synthetic task's config (sample, tokenizer, max_length), or None for a text source."""

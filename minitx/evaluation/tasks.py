@@ -110,7 +110,7 @@ def evaluate_task(
 ) -> dict:
     """The figures of a checkpoint trained on data.source in TASKS, on a fresh test set."""
     source = data["source"]
-    task = DataConfig.from_section(data).task()
+    task = DataConfig.from_config(data).task()
     if task.tokenizer().fingerprint() != tokenizer.fingerprint():
         raise UserError(
             f"--ckpt: its tokenizer is not the {source} task's; the file is damaged or from another version"

@@ -179,4 +179,4 @@ def check_task_settings(data: Any) -> None:
     task's config: before the seed is set, whose log line would come before the error otherwise."""
     source = data.get("source")
     if source in TASKS:
-        DataConfig.from_section(dict(data.items())).task()
+        DataConfig.from_config(data).task()

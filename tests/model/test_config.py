@@ -224,3 +224,16 @@ def test_stored_config_drops_options_its_kinds_do_not_read():
     # Options a layer does read are kept.
     stored["attention"].update(kind="local", layers=["local", "mha"])
     assert ModelConfig.from_dict(stored).attention.options_of("local").window == 7
+
+
+@pytest.mark.parametrize(
+    "name, value, choices",
+    [
+        ("mlp", "relu", "gelu, swiglu"),
+        ("norm", "batchnorm", "rmsnorm, layernorm"),
+        ("positions", "alibi", "rope, learned"),
+    ],
+)
+def test_a_choice_not_in_its_literal_is_refused_naming_the_choices(name, value, choices):
+    with pytest.raises(ValueError, match=f"^{name}: unknown value '{value}'; choose one of {choices}$"):
+        ModelConfig(**{name: value})

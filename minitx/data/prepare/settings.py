@@ -51,8 +51,8 @@ class DataSettings:
 
     @classmethod
     def from_config(cls, data: Mapping[str, Any]) -> DataSettings:
-        """The settings among a config's data section (which also holds batch sizes and the like);
-        a key it lacks takes the default. The data module and evaluation (rebuilding a run's data
+        """The settings among a config's data section (DataConfig: all of it); a key it lacks
+        takes the default, an older name is read as today's. The data module and evaluation (rebuilding a run's data
         from its checkpoint's config) both build them this way, so the two prepare the same data."""
         data = legacy.data_section(data)  # a run saved by an older minitx
         names = {f.name for f in fields(cls)}
