@@ -26,7 +26,7 @@ from ..errors import UserError
 
 ROPE_BASE = 10000.0  # minitx's RoPE base
 NORM_EPS = 1e-6  # minitx's RMSNorm eps
-IMPORTABLE = {
+MODEL_TYPES = {  # what this family imports
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "ministral": "MinistralForCausalLM",
@@ -45,8 +45,13 @@ LAYER_NAMES = {
 TOP_NAMES = {"tok_emb": "model.embed_tokens", "norm": "model.norm", "lm_head": "lm_head"}
 
 
-# The kinds an export can carry: natively (Llama, Mistral, Ministral) or in modeling_minitx.py.
+# The kinds an export can carry: natively (see native.py) or in modeling_minitx.py.
 EXPORTABLE_KINDS = {"mha", "mqa", "gqa", "local", "mta"}
+FAMILY_KINDS = {"mha", "mqa", "gqa", "local"}  # the kinds of this family's layers
+
+
+def claims(config: ModelConfig) -> bool:
+    return set(config.layer_kinds) <= FAMILY_KINDS
 
 
 def native_class(config: ModelConfig) -> tuple[str | None, str]:
@@ -58,7 +63,6 @@ def native_class(config: ModelConfig) -> tuple[str | None, str]:
         (config.norm != "rmsnorm", f"norm={config.norm}"),
         (config.positions != "rope", f"positions={config.positions}"),
         (config.bias, "bias=true"),
-        ("mta" in kinds, "multi-token attention"),
         ("local" in kinds and config.attention.options_of("local").n_global > 0, "global tokens"),
         (len(kv_heads) > 1, "layers with different key/value head counts"),
     ]
@@ -124,7 +128,7 @@ def to_hf_weights(state: dict[str, Tensor], config: ModelConfig) -> dict[str, Te
     return out
 
 
-def from_hf_weights(hf: dict[str, Tensor], n_layer: int, where: str = "weights") -> dict[str, Tensor]:
+def from_hf_weights(hf: dict[str, Tensor], config: ModelConfig, where: str = "weights") -> dict[str, Tensor]:
     """transformers Llama-family state dict -> minitx names (q/k/v stacked into qkv_proj). Biases
     stay as they are; `complete_biases` adds the ones minitx has and the import lacks."""
     inverse = {value: key for key, value in LAYER_NAMES.items()}
@@ -144,7 +148,7 @@ def from_hf_weights(hf: dict[str, Tensor], n_layer: int, where: str = "weights")
             raise UserError(
                 f"{where}: unexpected tensor {key!r}; only plain Llama-family layers can be imported"
             )
-    for layer in range(n_layer):
+    for layer in range(config.n_layer):
         prefix = f"model.layers.{layer}.self_attn."
         for param in ("weight", "bias"):
             parts = [hf.get(f"{prefix}{part}_proj.{param}") for part in "qkv"]
@@ -219,12 +223,6 @@ def model_config_from_hf(
 ) -> ModelConfig:
     """The minitx ModelConfig of a Llama/Mistral/Qwen2 config.json (a dict); what minitx cannot
     express is a UserError naming the field."""
-    model_type = hf.get("model_type")
-    if model_type not in IMPORTABLE:
-        name = ", ".join(hf.get("architectures") or []) or f"model_type {model_type!r}"
-        raise UserError(
-            f"{where}: architecture {name} cannot be imported; minitx imports {', '.join(IMPORTABLE.values())}"
-        )
     n_head, d_model = hf["num_attention_heads"], hf["hidden_size"]
     n_kv = hf.get("num_key_value_heads") or n_head
     check_importable(hf, where, d_model // n_head, log)

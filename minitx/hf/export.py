@@ -23,7 +23,7 @@ import torch
 
 from ..checkpoint import load_checkpoint
 from ..errors import UserError
-from . import convert, require
+from . import convert, native, require
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MODELING_FILE = Path(__file__).with_name("modeling_minitx.py")
@@ -50,7 +50,7 @@ def export_checkpoint(
             "transformers nor minitx's exported code knows; export works for "
             + ", ".join(sorted(convert.EXPORTABLE_KINDS))
         )
-    architecture, why = convert.native_class(model.config)
+    architecture, why = native.native_class(model.config)
     hf_model = native_model(model, architecture) if architecture else custom_model(model)
     hf_model.to(DTYPES[dtype])
     target = Path(out).resolve()
@@ -82,11 +82,12 @@ def check_output_dir(out: str, force: bool, ckpt: str) -> None:
 def native_model(model, architecture: str):
     """The transformers model of `architecture` holding the minitx model's weights."""
     transformers = require("transformers")
-    hf_config = convert.native_config(model.config, architecture)
+    family = native.family_of(model.config)
+    hf_config = family.native_config(model.config, architecture)
     config = transformers.AutoConfig.for_model(**hf_config)
     hf_model = getattr(transformers, architecture)(config)
     expected = hf_model.state_dict()
-    weights = convert.complete_biases(convert.to_hf_weights(model.state_dict(), model.config), expected)
+    weights = convert.complete_biases(family.to_hf_weights(model.state_dict(), model.config), expected)
     hf_model.load_state_dict(weights, strict=True)
     return hf_model.eval()
 

@@ -22,7 +22,7 @@ from ..checkpoint import state_mismatch
 from ..config import AttentionConfig, ModelConfig
 from ..errors import UserError, one_line
 from ..model import Transformer
-from . import convert, require
+from . import convert, native, require
 
 # Fields that must agree between the imported model and the run's config (attention may differ:
 # fewer key/value heads are mean-pooled; the window and kinds are the run's choice).
@@ -63,7 +63,8 @@ def read_config(
     try:
         if hf_config.get("model_type") == "minitx":  # exported with custom code: minitx's own fields
             return minitx_config(hf_config, block_size), True
-        return convert.model_config_from_hf(hf_config, where, log, block_size), False
+        family = native.family_of_hf(hf_config, where)
+        return family.model_config_from_hf(hf_config, where, log, block_size), False
     except (KeyError, TypeError) as error:
         raise UserError(
             f"{where}: config.json lacks or mangles {one_line(error, 80)}; repair or re-download it"
@@ -84,7 +85,8 @@ def read_hf_directory(
     with torch.device("meta"):  # the expected names and shapes, without memory
         expected = Transformer(config).state_dict()
     if not exported_by_minitx:
-        state = convert.complete_biases(convert.from_hf_weights(state, config.n_layer, where), expected)
+        family = native.family_of(config) or convert
+        state = convert.complete_biases(family.from_hf_weights(state, config, where), expected)
     if config.tie_embeddings and "lm_head.weight" not in state and "tok_emb.weight" in state:
         state["lm_head.weight"] = state["tok_emb.weight"]
     mismatch = state_mismatch(expected, state)
