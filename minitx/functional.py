@@ -41,6 +41,7 @@ def attention(
     window: int | None = None,
     n_global: int = 0,
     mask: Tensor | None = None,
+    sinks: Tensor | None = None,
     return_weights: bool = False,
 ):
     """softmax(Q K^T / sqrt(D) + mask) V, materialised.
@@ -48,6 +49,8 @@ def attention(
     q: (B, H, Tq, D); k, v: (B, G, Tk, D) with H % G == 0 (query head h reads kv head h // (H/G)).
     When Tq < Tk the queries are the last Tq positions (as when decoding after a prompt).
     mask: optional boolean, True = may attend, broadcastable to (B, H, Tq, Tk).
+    sinks: optional (H,) logits, one extra column per row that no value reads (gpt-oss): the
+    weights of a row then sum to less than one.
     Rows with nothing to attend to give zeros, not NaN.
     """
     B, H, Tq, D = q.shape
@@ -64,7 +67,11 @@ def attention(
     if mask is not None:
         allowed = allowed & mask
     scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
+    if sinks is not None:
+        sink_column = sinks.to(scores.dtype).view(1, H, 1, 1).expand(B, H, Tq, 1)
+        weights = torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :-1]
+    else:
+        weights = torch.softmax(scores, dim=-1)
     weights = torch.nan_to_num(weights, nan=0.0)  # a fully masked row is all -inf -> NaN -> 0
     out = weights @ v
     return (out, weights) if return_weights else out

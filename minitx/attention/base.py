@@ -7,6 +7,10 @@ A kind is a subclass that fills in two methods:
 It may also override `cache_layout` (how many cache slots it needs), `cache_type` (a KVCache
 subclass, when it keeps more than keys and values), `on_prefill` and `attend_cached`.
 
+Three additions of 2024-25 are options of every softmax kind whose options derive from
+`SoftmaxOptions` (mha, mqa, gqa, local): QK-norm and the output gate live here, in the shared
+projections; learned sinks change the softmax, so each kind's `attend` calls `with_sink`.
+
 A layer owns its decoding cache: `setup_cache` makes one (`self.kv_cache`), `reset_cache` empties
 it. A cache may also be made apart (`new_cache`) and passed to `forward`, as `Transformer.new_cache`
 does for several sequences at once.
@@ -15,6 +19,8 @@ does for several sequences at once.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +28,21 @@ from torch import Tensor, nn
 
 from ..cache import KVCache
 from ..config import ModelConfig
+
+
+@dataclass
+class SoftmaxOptions:
+    """Options of every softmax kind (attention.options.<kind>.*; LocalOptions adds its window)."""
+
+    # RMSNorm over each head's queries and keys (learned weight of head_dim, eps 1e-6) before RoPE,
+    # as Qwen3, OLMo2 and Gemma 3: logits stay bounded however large the projections grow.
+    qk_norm: bool = False
+    # One learned logit per head joins every softmax row as a column no value reads (gpt-oss):
+    # a head may attend to nothing, p_ij = exp(z_ij) / (exp(s_h) + sum_j exp(z_ij)).
+    sinks: bool = False
+    # The output times sigmoid(W_g x) before the output projection ("Gated Attention for LLMs",
+    # Qwen3-Next): one gate per channel (elementwise) or one per head.
+    gate: Literal["none", "elementwise", "head"] = "none"
 
 
 def apply_rope(x: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
@@ -59,6 +80,14 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.d_model, inner + 2 * kv_inner, bias=config.bias)
         self.out_proj = nn.Linear(inner, config.d_model, bias=config.bias)
         self.kv_cache: KVCache | None = None
+        options = config.options_at(layer)
+        shared = options if isinstance(options, SoftmaxOptions) else SoftmaxOptions()
+        norm = lambda: nn.RMSNorm(self.head_dim, eps=1e-6) if shared.qk_norm else None  # noqa: E731
+        self.q_norm, self.k_norm = norm(), norm()
+        # Zero: each row starts with an extra exp(0) in its denominator, as a null token would.
+        self.sinks = nn.Parameter(torch.zeros(self.n_head)) if shared.sinks else None
+        gates = {"none": 0, "elementwise": inner, "head": self.n_head}[shared.gate]
+        self.gate_proj = nn.Linear(config.d_model, gates, bias=config.bias) if gates else None
 
     # -- to be filled in by each kind -------------------------------------------------------
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -89,12 +118,54 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         H, G = self.n_head, self.n_kv_head
         qkv = self.qkv_proj(x).view(B, T, H + 2 * G, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k, v = qkv.split([H, G, G], dim=1)
+            return apply_rope(self.q_norm(q), rope), apply_rope(self.k_norm(k), rope), v
         q, k = apply_rope(qkv[:, : H + G], rope).split([H, G], dim=1)  # q and k turn by the same angles
         return q, k, qkv[:, H + G :]
 
-    def merge(self, y: Tensor) -> Tensor:
+    def merge(self, y: Tensor, x: Tensor | None = None) -> Tensor:
+        """The heads y (B, H, T, D) side by side through the output projection; with a gate, each
+        head's output first times sigmoid(W_g x) of the layer's input x."""
         B, H, T, D = y.shape
+        if self.gate_proj is not None:
+            gate = torch.sigmoid(self.gate_proj(x)).view(B, T, H, -1).transpose(1, 2)
+            y = y * gate.to(y.dtype)  # (B, H, T, D or 1)
         return self.out_proj(y.transpose(1, 2).reshape(B, T, H * D))
+
+    def with_sink(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v with the sinks as one token before the sequence, for any causal attention.
+
+        The sink's key [0, ..., 0, 1] meets each query [q, s_h / scale], so its score is exactly
+        s_h, while every real score q.k is unchanged (the real keys get a 0 there); its value is 0,
+        so it only adds exp(s_h) to each row's denominator. A query one place later sees one key
+        more, exactly the sink: causal attention over the result, with `scale=self.scale` and the
+        first output dropped, is attention with sinks. The extra feature is padded to 8 so fused
+        kernels that want aligned widths still run.
+        """
+        B, H, T, D = q.shape
+        G = k.shape[1]
+        extra = 8
+        sink_feature = (self.sinks / self.scale).to(q.dtype).view(1, H, 1, 1).expand(B, H, T, 1)
+        q = F.pad(torch.cat([q, sink_feature], dim=-1), (0, extra - 1, 1, 0))
+        k = F.pad(k, (0, extra, 1, 0))
+        k[:, :, 0, D] = 1.0
+        v = F.pad(v, (0, 0, 1, 0))
+        return q, k, v
+
+    def sink_attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+        """Attention with sinks of a few new queries against a cache's keys (mask: (T, keys) or
+        None), materialised: decoding's scores are one row per query anyway."""
+        B, H, T, D = q.shape
+        G, S = keys.shape[1], keys.shape[2]
+        r = H // G  # query heads per key/value head: grouped, never copied
+        scores = (q.reshape(B, G, r * T, D) @ keys.to(q.dtype).transpose(-1, -2)) * self.scale
+        if mask is not None:
+            scores = scores.masked_fill(~mask.repeat(r, 1), float("-inf"))
+        sink = self.sinks.to(scores.dtype).view(1, G, r, 1, 1).expand(B, G, r, T, 1).reshape(B, G, r * T, 1)
+        norm = torch.logsumexp(torch.cat([scores, sink], dim=-1), dim=-1, keepdim=True)
+        out = torch.exp(scores - norm) @ values.to(q.dtype)
+        return out.view(B, H, T, D)
 
     def forward(self, x: Tensor, rope=None, cache: KVCache | None = None) -> Tensor:
         q, k, v = self.project(x, rope)
@@ -107,11 +178,13 @@ class Attention(nn.Module):
             self.on_prefill(q, cache)
         else:
             y = self.attend_cached(q, k, v, cache)
-        return self.merge(y)
+        return self.merge(y, x)
 
     def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
         """New tokens against the cache, which says which of its keys each new query may see."""
         keys, values, mask = cache.update(k, v)
+        if self.sinks is not None:
+            return self.sink_attention(q, keys, values, mask)
         return F.scaled_dot_product_attention(
             q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, enable_gqa=True
         )

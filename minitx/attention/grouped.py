@@ -10,19 +10,38 @@ from torch import Tensor
 
 from .. import functional
 from ..kinds import KindSpec
-from .base import Attention
+from .base import Attention, SoftmaxOptions
 
 
 class GroupedQueryAttention(Attention):
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if self.sinks is not None:
+            q, k, v = self.with_sink(q, k, v)
+            out = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=self.dropout_p, is_causal=True, scale=self.scale, enable_gqa=True
+            )
+            return out[:, :, 1:]
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout_p, is_causal=True, enable_gqa=True
         )
 
     def reference(self, q: Tensor, k: Tensor, v: Tensor):
-        return functional.attention(q, k, v, causal=True, return_weights=True)
+        return functional.attention(q, k, v, causal=True, sinks=self.sinks, return_weights=True)
 
 
-MHA = KindSpec("mha", GroupedQueryAttention, kv_heads=lambda attention, n_head: n_head, reads_n_kv_head=False)
-MQA = KindSpec("mqa", GroupedQueryAttention, kv_heads=lambda attention, n_head: 1, reads_n_kv_head=False)
-GQA = KindSpec("gqa", GroupedQueryAttention)  # attention.n_kv_head: 1 < n_kv_head < n_head
+# Their options (qk_norm, sinks, gate) are those every softmax kind shares.
+MHA = KindSpec(
+    "mha",
+    GroupedQueryAttention,
+    options=SoftmaxOptions,
+    kv_heads=lambda attention, n_head: n_head,
+    reads_n_kv_head=False,
+)
+MQA = KindSpec(
+    "mqa",
+    GroupedQueryAttention,
+    options=SoftmaxOptions,
+    kv_heads=lambda attention, n_head: 1,
+    reads_n_kv_head=False,
+)
+GQA = KindSpec("gqa", GroupedQueryAttention, options=SoftmaxOptions)  # 1 < n_kv_head < n_head

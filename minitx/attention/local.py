@@ -19,14 +19,14 @@ from torch import Tensor
 from .. import functional
 from ..config import ModelConfig
 from ..kinds import KindSpec, OptionError
-from .base import Attention
+from .base import Attention, SoftmaxOptions
 
 MIN_BLOCK = 64  # tiny windows still get blocks of this size: fewer, larger matmuls
 
 
 @dataclass
-class LocalOptions:
-    """attention.options.local"""
+class LocalOptions(SoftmaxOptions):
+    """attention.options.local: the window, and the options every softmax kind has."""
 
     window: int = 128  # query i sees keys i - window < j <= i ...
     n_global: int = 0  # ... plus the first n_global positions (attention sinks)
@@ -59,26 +59,42 @@ class LocalAttention(Attention):
         return (W * (W + 1) / 2 + (T - W) * W) / T  # ramp up to the window, then flat
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if self.sinks is None:
+            return self.attend_window(q, k, v, self.n_global)
+        # The sink goes in as a token before the sequence (see with_sink), always in view: one
+        # global token more. The window is unchanged: every real token moved by one place.
+        q, k, v = self.with_sink(q, k, v)
+        return self.attend_window(q, k, v, self.n_global + 1, scale=self.scale)[:, :, 1:]
+
+    def attend_window(self, q: Tensor, k: Tensor, v: Tensor, n_global: int, scale=None) -> Tensor:
         T = q.shape[2]
         if self.window >= T:  # the window covers every earlier token: plain causal attention
             return F.scaled_dot_product_attention(
-                q, k, v, dropout_p=self.dropout_p, is_causal=True, enable_gqa=True
+                q, k, v, dropout_p=self.dropout_p, is_causal=True, scale=scale, enable_gqa=True
             )
         use_flex = self.backend == "flex" or (self.backend == "auto" and q.is_cuda)
         if use_flex and self.dropout_p == 0.0:  # flex attention has no dropout
-            return flex_local(q, k, v, self.window, self.n_global)
-        return chunked_local(q, k, v, self.window, self.n_global, self.dropout_p)
+            return flex_local(q, k, v, self.window, n_global, scale)
+        return chunked_local(q, k, v, self.window, n_global, self.dropout_p, scale)
 
     def reference(self, q: Tensor, k: Tensor, v: Tensor):
-        return functional.attention(q, k, v, window=self.window, n_global=self.n_global, return_weights=True)
+        return functional.attention(
+            q, k, v, window=self.window, n_global=self.n_global, sinks=self.sinks, return_weights=True
+        )
 
 
 def chunked_local(
-    q: Tensor, k: Tensor, v: Tensor, window: int, n_global: int = 0, dropout_p: float = 0.0
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    window: int,
+    n_global: int = 0,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
 ) -> Tensor:
     """Sliding-window attention in blocks: O(T * window) time and memory."""
     B, H, T, D = q.shape
-    G = k.shape[1]
+    G, Dv = k.shape[1], v.shape[-1]
     C = min(max(window, MIN_BLOCK), T)  # block size; C >= window keeps each window in two blocks
     n = -(-T // C)
     pad = n * C - T
@@ -86,12 +102,13 @@ def chunked_local(
         q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
 
     def with_previous_block(t: Tensor) -> Tensor:  # (B, G, n*C, D) -> (B*n, G, 2C [+ globals], D)
-        blocks = t.reshape(B, G, n, C, D)  # q, k, v may be strided views of one projection
+        width = t.shape[-1]
+        blocks = t.reshape(B, G, n, C, width)  # q, k, v may be strided views of one projection
         previous = F.pad(blocks, (0, 0, 0, 0, 1, 0))[:, :, :-1]  # block -1 is zeros, masked out below
         parts = [previous, blocks]
         if n_global:
-            parts.append(t[:, :, None, :n_global].expand(B, G, n, n_global, D))
-        return torch.cat(parts, dim=3).transpose(1, 2).reshape(B * n, G, -1, D)
+            parts.append(t[:, :, None, :n_global].expand(B, G, n, n_global, width))
+        return torch.cat(parts, dim=3).transpose(1, 2).reshape(B * n, G, -1, width)
 
     keys, values = with_previous_block(k), with_previous_block(v)
     queries = q.reshape(B, H, n, C, D).transpose(1, 2).reshape(B * n, H, C, D)
@@ -101,9 +118,9 @@ def chunked_local(
     mask = block_mask(n, C, window, n_global, q.device)  # (n, 1, C, keys)
     mask = mask.expand(B, n, 1, C, mask.shape[-1]).reshape(B * n, 1, C, -1)
     out = F.scaled_dot_product_attention(
-        queries, keys, values, attn_mask=mask, dropout_p=dropout_p, enable_gqa=True
+        queries, keys, values, attn_mask=mask, dropout_p=dropout_p, scale=scale, enable_gqa=True
     )
-    return out.view(B, n, H, C, D).transpose(1, 2).reshape(B, H, n * C, D)[:, :, :T]
+    return out.view(B, n, H, C, Dv).transpose(1, 2).reshape(B, H, n * C, Dv)[:, :, :T]
 
 
 @functools.lru_cache(maxsize=32)
@@ -140,10 +157,12 @@ def _flex_block_mask(T: int, window: int, n_global: int, device):
     return create_block_mask(sliding_window, None, None, T, T, device=device)
 
 
-def flex_local(q: Tensor, k: Tensor, v: Tensor, window: int, n_global: int = 0) -> Tensor:
+def flex_local(
+    q: Tensor, k: Tensor, v: Tensor, window: int, n_global: int = 0, scale: float | None = None
+) -> Tensor:
     """Block-sparse sliding window through compiled flex attention (CUDA, or CPU for testing)."""
     block_mask = _flex_block_mask(q.shape[2], window, n_global, q.device)
-    return _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=True)
+    return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
 
 
 LOCAL = KindSpec("local", LocalAttention, options=LocalOptions)

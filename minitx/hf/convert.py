@@ -1,16 +1,18 @@
-"""minitx <-> transformers' Llama family (Llama, Mistral, Ministral, Qwen2): configs and weights, both ways.
+"""minitx <-> transformers' Llama family (Llama, Mistral, Ministral, Qwen2, Qwen3): configs and weights.
 
-A minitx model is exactly one of these classes when it has SwiGLU, RMSNorm, RoPE, no bias and the
-same number of key/value heads in every layer:
+A minitx model is exactly one of these classes when it has SwiGLU, RMSNorm, RoPE, no bias, the
+same number of key/value heads in every layer, no sinks and no output gate:
 
     only full attention (MHA, MQA, GQA)              -> LlamaForCausalLM
     only local attention without global tokens       -> MistralForCausalLM (sliding_window)
     local and full layers                            -> MinistralForCausalLM (layer_types)
+    QK-norm in every layer (full, local or both)     -> Qwen3ForCausalLM (q_norm, k_norm)
 
 Import reads these and Qwen2 (whose q/k/v biases become minitx biases, the others zero).
 The window rules agree: minitx's query i sees keys i - window < j <= i, transformers' sliding
 window keeps kv_idx > q_idx - sliding_window. RoPE agrees too: minitx rotates the pairs
-(x[i], x[i + D/2]), which is transformers' rotate_half. Only the fused q/k/v projection differs:
+(x[i], x[i + D/2]), which is transformers' rotate_half. Qwen3's q_norm and k_norm are minitx's: an
+RMSNorm of head_dim over each head before RoPE. Only the fused q/k/v projection differs:
 minitx's `qkv_proj` is q, k and v stacked along the output axis.
 """
 
@@ -31,12 +33,15 @@ MODEL_TYPES = {  # what this family imports
     "mistral": "MistralForCausalLM",
     "ministral": "MinistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
 }
 
 # minitx name inside blocks.{i}. -> transformers name inside model.layers.{i}. (q/k/v apart)
 LAYER_NAMES = {
     "norm1": "input_layernorm",
     "attn.out_proj": "self_attn.o_proj",
+    "attn.q_norm": "self_attn.q_norm",
+    "attn.k_norm": "self_attn.k_norm",
     "norm2": "post_attention_layernorm",
     "mlp.gate": "mlp.gate_proj",
     "mlp.up": "mlp.up_proj",
@@ -58,6 +63,8 @@ def native_class(config: ModelConfig) -> tuple[str | None, str]:
     """(transformers class name or None, why) for a minitx config."""
     kinds = set(config.layer_kinds)
     kv_heads = {config.n_kv_head_at(layer) for layer in range(config.n_layer)}
+    shared = [config.options_at(layer) for layer in range(config.n_layer)]
+    qk_norm = {options.qk_norm for options in shared}
     reasons = [
         (config.mlp != "swiglu", f"mlp={config.mlp}"),
         (config.norm != "rmsnorm", f"norm={config.norm}"),
@@ -65,10 +72,15 @@ def native_class(config: ModelConfig) -> tuple[str | None, str]:
         (config.bias, "bias=true"),
         ("local" in kinds and config.attention.options_of("local").n_global > 0, "global tokens"),
         (len(kv_heads) > 1, "layers with different key/value head counts"),
+        (any(options.sinks for options in shared), "learned sinks"),
+        (any(options.gate != "none" for options in shared), "an output gate"),
+        (len(qk_norm) > 1, "QK-norm in some layers only"),
     ]
     found = [why for bad, why in reasons if bad]
     if found:
         return None, ", ".join(found)
+    if qk_norm == {True}:
+        return "Qwen3ForCausalLM", "QK-norm in every layer: Qwen3's q_norm and k_norm"
     if kinds == {"local"}:
         return "MistralForCausalLM", "local attention in every layer: a sliding window"
     if "local" in kinds:
@@ -98,14 +110,15 @@ def native_config(config: ModelConfig, architecture: str) -> dict:
     elif architecture == "MistralForCausalLM":
         hf.update(model_type="mistral", sliding_window=config.attention.options_of("local").window)
     else:
+        local = config.attention.options_of("local")
         layer_types = [
             "sliding_attention" if kind == "local" else "full_attention" for kind in config.layer_kinds
         ]
-        hf.update(
-            model_type="ministral",
-            sliding_window=config.attention.options_of("local").window,
-            layer_types=layer_types,
-        )
+        if architecture == "Qwen3ForCausalLM":
+            hf.update(model_type="qwen3", attention_bias=False, use_sliding_window=local is not None)
+        else:
+            hf.update(model_type="ministral")
+        hf.update(sliding_window=local.window if local else None, layer_types=layer_types)
     return hf
 
 
@@ -230,8 +243,13 @@ def model_config_from_hf(
     layer_types = sliding_layers(hf)
     kinds = ["local" if sliding else full_kind for sliding in layer_types]
     attention: dict = {"kind": kinds[0]} if len(set(kinds)) == 1 else {"kind": kinds[0], "layers": kinds}
+    options: dict = {kind: {} for kind in kinds}
     if "local" in kinds:
-        attention["options"] = {"local": {"window": hf["sliding_window"]}}
+        options["local"]["window"] = hf["sliding_window"]
+    if hf["model_type"] == "qwen3":  # q_norm and k_norm in every layer
+        for kind in options:
+            options[kind]["qk_norm"] = True
+    attention["options"] = options
     if n_kv not in (1, n_head) or ("local" in kinds and n_kv != n_head):
         attention["n_kv_head"] = n_kv
     return ModelConfig(
@@ -253,7 +271,7 @@ def model_config_from_hf(
 def has_bias(hf: dict) -> bool:
     """Llama's biases are optional, Qwen2 always has q/k/v biases, Mistral has none. minitx has
     all or none: the ones the import lacks are zeros (`complete_biases`)."""
-    if hf["model_type"] == "llama":
+    if hf["model_type"] in ("llama", "qwen3"):
         return bool(hf.get("attention_bias") or hf.get("mlp_bias"))
     return hf["model_type"] == "qwen2"
 
@@ -265,7 +283,7 @@ def sliding_layers(hf: dict) -> list[bool]:
         return [False] * n_layer
     if hf["model_type"] == "mistral":
         return [True] * n_layer
-    if hf["model_type"] == "qwen2" and not hf.get("use_sliding_window", False):
+    if hf["model_type"] in ("qwen2", "qwen3") and not hf.get("use_sliding_window", False):
         return [False] * n_layer
     types = hf.get("layer_types") or [  # Qwen2's older rule; Ministral always writes layer_types
         "sliding_attention" if layer >= hf.get("max_window_layers", 28) else "full_attention"

@@ -129,32 +129,51 @@ class MLP(nn.Module):
 
 
 class Attention(nn.Module):
-    """MHA, MQA, GQA and local attention: one fused q/k/v projection, RoPE, a materialised mask."""
+    """MHA, MQA, GQA and local attention: one fused q/k/v projection, RoPE, a materialised mask;
+    with the options every softmax kind has: QK-norm, learned sinks, an output gate."""
 
     def __init__(self, config: MinitxConfig, layer: int):
         super().__init__()
         self.n_head, self.n_kv_head = config.n_head, config.kv_heads(layer)
         self.head_dim = config.d_model // config.n_head
-        local = config.layer_kind(layer) == "local"
+        kind = config.layer_kind(layer)
+        local = kind == "local"
         self.window = config.option("local", "window", 128) if local else None
         self.n_global = config.option("local", "n_global", 0) if local else 0
         inner, kv_inner = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
         self.qkv_proj = nn.Linear(config.d_model, inner + 2 * kv_inner, bias=config.bias)
         self.out_proj = nn.Linear(inner, config.d_model, bias=config.bias)
+        qk_norm = config.option(kind, "qk_norm", False)  # RMSNorm of each head's q and k before RoPE
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if qk_norm else None
+        # one logit per head in every softmax row's denominator, read by no value
+        self.sinks = nn.Parameter(torch.zeros(self.n_head)) if config.option(kind, "sinks", False) else None
+        gates = {"elementwise": inner, "head": self.n_head}.get(config.option(kind, "gate", "none"), 0)
+        self.gate_proj = nn.Linear(config.d_model, gates, bias=config.bias) if gates else None
 
     def forward(self, x: Tensor, rope) -> Tensor:
         B, T, _ = x.shape
         H, G, D = self.n_head, self.n_kv_head, self.head_dim
         q, k, v = self.qkv_proj(x).view(B, T, H + 2 * G, D).transpose(1, 2).split([H, G, G], dim=1)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = rotate(q, *rope), rotate(k, *rope)
         k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)
         y = self.attend(q, k, v)
+        if self.gate_proj is not None:  # y times sigmoid(W_g x), per channel or per head
+            y = y * torch.sigmoid(self.gate_proj(x)).view(B, T, H, -1).transpose(1, 2)
         return self.out_proj(y.transpose(1, 2).reshape(B, T, H * D))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         mask = visible(q.shape[2], self.window, self.n_global, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if self.sinks is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        scores = (q @ k.transpose(-2, -1)) * self.head_dim**-0.5
+        scores = scores.masked_fill(~mask, float("-inf"))
+        sink = self.sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        return weights @ v
 
 
 class MultiTokenAttention(Attention):

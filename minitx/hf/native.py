@@ -24,7 +24,7 @@ from ..config import ModelConfig
 from ..errors import UserError
 from . import convert, deepseek_v3, diffllama
 
-FAMILIES: tuple[ModuleType, ...] = (deepseek_v3, diffllama, convert)  # the Llama family last: the rest
+FAMILIES: tuple[ModuleType, ...] = (convert, deepseek_v3, diffllama)  # each claims kinds of its own
 
 
 def family_of(config: ModelConfig) -> ModuleType | None:

@@ -66,6 +66,10 @@ KINDS = {
     "mta_query_conv_one_layer": merged(
         MTA, options={"mta": {"key_kernel": 1, "conv_layers": [1], "head_mix": "pre"}}
     ),
+    "mha_sinks_qknorm_gate": dict(
+        kind="mha", options={"mha": {"sinks": True, "qk_norm": True, "gate": "head"}}
+    ),
+    "local_sinks_gqa": dict(kind="local", options={"local": {"window": WINDOW, "sinks": True}}, n_kv_head=2),
     "mixed_local_mha": dict(kind="local", options={"local": {"window": WINDOW}}, layers=["local", "mha"]),
     "mixed_mta_local_gqa": merged(
         MTA, options={"local": {"window": WINDOW}}, n_kv_head=2, layers=["mta", "local", "gqa"]
@@ -235,8 +239,8 @@ def sliding_reference(model: Transformer, seq: torch.Tensor) -> torch.Tensor:
         if isinstance(attn, MultiTokenAttention):
             attn.attend = lambda q, k, v, attn=attn: mta_sliding(attn, q, k, v, block)
         else:
-            attn.attend = lambda q, k, v, w=window, g=n_global: functional.attention(
-                q, k, v, window=w, n_global=g
+            attn.attend = lambda q, k, v, w=window, g=n_global, s=getattr(attn, "sinks", None): (
+                functional.attention(q, k, v, window=w, n_global=g, sinks=s)
             )
     with torch.no_grad():
         return reference(seq)

@@ -119,6 +119,49 @@ CASES = [
         ),
         "MinitxForCausalLM",
     ),
+    # the options every softmax kind has: QK-norm is Qwen3's; sinks and the gate need custom code
+    (
+        "qknorm",
+        dict(SWIGLU, attention=dict(kind="mha", options={"mha": {"qk_norm": True}})),
+        "Qwen3ForCausalLM",
+    ),
+    (
+        "qknorm_local_gqa_mix",
+        dict(
+            SWIGLU,
+            attention=dict(
+                kind="local",
+                layers=["local", "gqa"],
+                n_kv_head=2,
+                options={"local": {"window": WINDOW, "qk_norm": True}, "gqa": {"qk_norm": True}},
+            ),
+        ),
+        "Qwen3ForCausalLM",
+    ),
+    (
+        "sinks_local_mha",
+        dict(
+            SWIGLU,
+            attention=dict(
+                kind="local",
+                layers=["local", "mha"],
+                options={"local": {"window": WINDOW, "sinks": True}, "mha": {"sinks": True}},
+            ),
+        ),
+        "MinitxForCausalLM",
+    ),
+    (
+        "gated_elementwise_qknorm",
+        dict(
+            attention=dict(kind="gqa", n_kv_head=2, options={"gqa": {"gate": "elementwise", "qk_norm": True}})
+        ),
+        "MinitxForCausalLM",
+    ),
+    (
+        "gated_head",
+        dict(SWIGLU, attention=dict(kind="mqa", options={"mqa": {"gate": "head"}})),
+        "MinitxForCausalLM",
+    ),
     # configs/mta.yaml's released setting: 6 x 11 kernels before and after the softmax
     (
         "mta_released",
@@ -316,10 +359,11 @@ def test_gqa_conversion_mean_pools_each_group_and_trains(tmp_path, one_thread):
     assert losses[-1] < losses[0]
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
 def test_import_of_models_made_by_transformers_gives_their_logits(tmp_path, one_thread, seed, model_type):
     """Directories transformers wrote itself: Llama with q/k/v/o biases and GQA, Qwen2 with its
-    q/k/v biases and sliding-window layers (window shorter than the input)."""
+    q/k/v biases and sliding-window layers (window shorter than the input), Qwen3 with its q_norm
+    and k_norm and sliding-window layers."""
     from minitx.hf.load import load_hf_model
 
     common = dict(
@@ -341,8 +385,11 @@ def test_import_of_models_made_by_transformers_gives_their_logits(tmp_path, one_
             use_sliding_window=True,
             sliding_window=WINDOW,
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            attention_bias=True,  # Qwen2 always has q/k/v biases; Qwen3 has them all when asked
         )
     )
+    if model_type == "qwen3":
+        extra["head_dim"] = 8  # Qwen3 states it (default 128)
     config = transformers.AutoConfig.for_model(model_type, **common, **extra)
     torch.manual_seed(seed)
     hf_model = transformers.AutoModelForCausalLM.from_config(config).eval()
@@ -352,11 +399,13 @@ def test_import_of_models_made_by_transformers_gives_their_logits(tmp_path, one_
     hf_model.save_pretrained(tmp_path / model_type)
     model = load_hf_model(str(tmp_path / model_type), log=lambda _: None)
     assert model.config.bias and model.config.mlp_hidden == 72
-    if model_type == "qwen2":
+    if model_type != "llama":
         assert (
             model.config.layer_kinds == ["local", "gqa", "local"]
             and model.config.attention.options_of("local").window == WINDOW
         )
+    if model_type == "qwen3":
+        assert model.config.options_at(0).qk_norm and model.config.options_at(1).qk_norm
     tokens = torch.randint(0, 40, (2, 3 * WINDOW + 2))
     with torch.no_grad():
         assert (model(tokens) - hf_model(tokens).logits).abs().max() < 1e-5

@@ -94,6 +94,15 @@ KIND_CASES = {
     "mixed-local-mha": dict(
         layers=["local", "local", "local", "mha"], options={"local": {"window": 5}}, n_layer=4
     ),
+    "mha-sinks-qknorm-gate": dict(
+        kind="mha", options={"mha": {"sinks": True, "qk_norm": True, "gate": "head"}}
+    ),
+    "local-sinks-gqa": dict(kind="local", options={"local": {"window": 5, "sinks": True}}, n_kv_head=2),
+    "mixed-local-sinks-gated-gqa": dict(
+        layers=["local", "gqa"],
+        n_kv_head=2,
+        options={"local": {"window": 7, "sinks": True, "n_global": 2}, "gqa": {"gate": "elementwise"}},
+    ),
     "mixed-mta-gqa": dict(
         layers=["mta", "gqa"], n_kv_head=2, options={"mta": {"conv_layers": [0], "query_chunk": 5}}
     ),
