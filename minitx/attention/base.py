@@ -144,7 +144,6 @@ class Attention(nn.Module):
         kernels that want aligned widths still run.
         """
         B, H, T, D = q.shape
-        G = k.shape[1]
         extra = 8
         sink_feature = (self.sinks / self.scale).to(q.dtype).view(1, H, 1, 1).expand(B, H, T, 1)
         q = F.pad(torch.cat([q, sink_feature], dim=-1), (0, extra - 1, 1, 0))
@@ -157,7 +156,7 @@ class Attention(nn.Module):
         """Attention with sinks of a few new queries against a cache's keys (mask: (T, keys) or
         None), materialised: decoding's scores are one row per query anyway."""
         B, H, T, D = q.shape
-        G, S = keys.shape[1], keys.shape[2]
+        G = keys.shape[1]
         r = H // G  # query heads per key/value head: grouped, never copied
         scores = (q.reshape(B, G, r * T, D) @ keys.to(q.dtype).transpose(-1, -2)) * self.scale
         if mask is not None:

@@ -239,8 +239,8 @@ def sliding_reference(model: Transformer, seq: torch.Tensor) -> torch.Tensor:
         if isinstance(attn, MultiTokenAttention):
             attn.attend = lambda q, k, v, attn=attn: mta_sliding(attn, q, k, v, block)
         else:
-            attn.attend = lambda q, k, v, w=window, g=n_global, s=getattr(attn, "sinks", None): (
-                functional.attention(q, k, v, window=w, n_global=g, sinks=s)
+            attn.attend = lambda q, k, v, w=window, g=n_global, attn=attn: functional.attention(
+                q, k, v, window=w, n_global=g, sinks=getattr(attn, "sinks", None)
             )
     with torch.no_grad():
         return reference(seq)
