@@ -33,6 +33,8 @@ KINDS = {
     "mha": dict(kind="mha"),
     "gqa": dict(kind="gqa", n_kv_head=1),
     "local": dict(kind="local", options={"local": {"window": 3}}),
+    "local_sinks_gated": dict(kind="local", options={"local": {"window": 3, "sinks": True, "gate": "head"}}),
+    "mha_qknorm": dict(kind="mha", options={"mha": {"qk_norm": True}}),
     "mta": dict(kind="mta", options={"mta": {"query_kernel": 2, "key_kernel": 3, "conv_layers": [0]}}),
 }
 
