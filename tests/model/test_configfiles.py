@@ -76,6 +76,32 @@ def test_each_kind_file_is_the_default_run_with_its_attention(name):
     assert parsed["model"]["attention"]["kind"] == name
 
 
+# The variant files: the default run with one variant; those exported natively also take the MLP
+# of their reference architecture (SwiGLU), so their checkpoints export without custom code.
+VARIANT_FILES = {
+    "qknorm": ("mha", {"qk_norm": True}, "swiglu"),
+    "sinks": ("mha", {"sinks": True}, None),
+    "gated": ("mha", {"gate": "elementwise"}, None),
+}
+
+
+@pytest.mark.parametrize("name", VARIANT_FILES)
+def test_each_variant_file_is_the_default_run_with_its_variant(name):
+    kind, options, mlp = VARIANT_FILES[name]
+    overlay = yaml.safe_load((REPO_ROOT / "configs" / f"{name}.yaml").read_text())
+    assert overlay["base"] == "default.yaml" and set(overlay) == {"base", "model"}
+    parsed = checked_config(with_config_files(["--config", f"configs/{name}.yaml"]))
+    default = checked_config(with_config_files([]))
+    for section in ("data", "trainer"):
+        assert parsed[section] == default[section], section
+    changed = {k for k, v in parsed["model"].items() if v != default["model"][k]}
+    assert changed == {"attention"} | ({"mlp"} if mlp else set())
+    assert parsed["model"]["mlp"] == (mlp or default["model"]["mlp"])
+    attention = parsed["model"]["attention"]
+    assert attention["kind"] == kind
+    assert options.items() <= attention["options"][kind].items()
+
+
 def test_an_option_flag_changes_one_option_and_keeps_the_others():
     # LightningCLI alone would replace all of options.mta with {query_kernel: 3}.
     args = with_config_files(
