@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from helpers import bpe_tokenizer
 from torch._dynamo.utils import counters
 
@@ -558,10 +559,29 @@ def test_command_streams_token_by_token(tmp_path, monkeypatch):
     assert [len(w) for w in writes[1:8]] == [1] * 7  # one character per token, as each is made
 
 
-def test_command_greedy_is_deterministic_and_matches_no_cache(tmp_path, capsys):
-    path = write_checkpoint(
-        tmp_path / "a.ckpt", attention=dict(kind="local", options={"local": {"window": 4}}, n_kv_head=1)
-    )
+def config_attention(name: str) -> dict:
+    return yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())["model"]["attention"]
+
+
+# Each variant's config file's attention: the text runs past the 32-token context.
+COMMAND_CASES = {
+    "local_mqa": lambda: dict(kind="local", options={"local": {"window": 4}}, n_kv_head=1),
+    "local_sinks_gated": lambda: dict(
+        kind="local", options={"local": {"window": 4, "sinks": True, "gate": "head"}}
+    ),
+    **{name: functools.partial(config_attention, name) for name in ("qknorm", "sinks", "gated")},
+}
+
+
+@pytest.mark.parametrize("case", COMMAND_CASES)
+def test_command_greedy_is_deterministic_and_matches_no_cache(tmp_path, capsys, case):
+    path = write_checkpoint(tmp_path / "a.ckpt", attention=COMMAND_CASES[case]())
+    if "sinks" in case:  # sinks start at zero: move them, so a cache that drops them would show
+        checkpoint = torch.load(path, weights_only=True)
+        for key, value in checkpoint["state_dict"].items():
+            if key.endswith("sinks"):
+                value.normal_()
+        torch.save(checkpoint, path)
     args = ["--ckpt", str(path), "--prompt", "or not", "--max-new-tokens", "40", "--temperature", "0"]
     outputs = []
     for extra in ([], [], ["--no-cache"]):
