@@ -216,3 +216,12 @@ def test_qk_norm_and_elementwise_gate_equal_qwen3_next_attention(n_kv_head):
         expected, _ = theirs(x, Qwen3NextRotaryEmbedding(config)(x, positions), additive_mask(T, None))
         got = ours(x, rotary(0, T))
     assert (got - expected).abs().max() < TOL
+
+
+def test_sinks_through_compiled_flex_attention_equal_the_oracle_on_cpu():
+    # The CUDA path of local attention; on the CPU flex attention runs forward only.
+    module, rotary = layer("local", 2, window=WINDOW, sinks=True, backend="flex")
+    x = torch.randn(2, 70, 32)
+    with torch.no_grad():
+        q, k, v = module.project(x, rotary(0, 70))
+        assert (module.attend(q, k, v) - module.reference(q, k, v)[0]).abs().max() < TOL
