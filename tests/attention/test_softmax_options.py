@@ -218,6 +218,7 @@ def test_qk_norm_and_elementwise_gate_equal_qwen3_next_attention(n_kv_head):
     assert (got - expected).abs().max() < TOL
 
 
+@pytest.mark.slow  # compiles flex attention once (about 15-30 s on CPU)
 def test_sinks_through_compiled_flex_attention_equal_the_oracle_on_cpu():
     # The CUDA path of local attention; on the CPU flex attention runs forward only.
     module, rotary = layer("local", 2, window=WINDOW, sinks=True, backend="flex")
