@@ -75,6 +75,15 @@ KINDS = {
     "mixed_mta_local_gqa": merged(
         MTA, options={"local": {"window": WINDOW}}, n_kv_head=2, layers=["mta", "local", "gqa"]
     ),
+    "mla": dict(kind="mla", options={"mla": {"kv_lora_rank": 6, "qk_rope_head_dim": 4}}),
+    "mixed_mla_q_latent_local": dict(
+        kind="mla",
+        layers=["mla", "local"],
+        options={
+            "mla": {"kv_lora_rank": 6, "qk_rope_head_dim": 2, "q_lora_rank": 5},
+            "local": {"window": WINDOW},
+        },
+    ),
 }
 
 

@@ -106,6 +106,14 @@ KIND_CASES = {
     "mixed-mta-gqa": dict(
         layers=["mta", "gqa"], n_kv_head=2, options={"mta": {"conv_layers": [0], "query_chunk": 5}}
     ),
+    "mla": dict(kind="mla", options={"mla": {"kv_lora_rank": 12, "qk_rope_head_dim": 4}}),
+    "mixed-mla-q-latent-local": dict(
+        layers=["mla", "local"],
+        options={
+            "mla": {"kv_lora_rank": 12, "qk_rope_head_dim": 4, "q_lora_rank": 10},
+            "local": {"window": 5},
+        },
+    ),
 }
 
 
