@@ -51,6 +51,8 @@ def export_checkpoint(
             + ", ".join(sorted(convert.EXPORTABLE_KINDS))
         )
     architecture, why = native.native_class(model.config)
+    if architecture is None and set(model.config.layer_kinds) & convert.NATIVE_ONLY_KINDS:
+        raise UserError(f"--ckpt {ckpt}: cannot be exported: {why}")
     hf_model = native_model(model, architecture) if architecture else custom_model(model)
     hf_model.to(DTYPES[dtype])
     target = Path(out).resolve()

@@ -154,6 +154,8 @@ def run_model_fields(
         fields[name] = getattr(source, name)
     fields["mlp_hidden_size"] = fields.pop("mlp_hidden")
     attention = fields.get("attention")
+    if hasattr(attention, "as_dict"):  # train.py's parser hands the section over as a Namespace
+        attention = attention.as_dict()
     if isinstance(attention, dict):
         attention = AttentionConfig(**attention)
     if attention is None or attention == AttentionConfig():
