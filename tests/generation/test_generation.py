@@ -578,7 +578,7 @@ COMMAND_CASES = {
     "local_sinks_gated": lambda: dict(
         kind="local", options={"local": {"window": 4, "sinks": True, "gate": "head"}}
     ),
-    **{name: functools.partial(config_attention, name) for name in ("qknorm", "sinks", "gated")},
+    **{name: functools.partial(config_attention, name) for name in ("mla", "qknorm", "sinks", "gated")},
 }
 
 

@@ -79,6 +79,7 @@ def test_each_kind_file_is_the_default_run_with_its_attention(name):
 # The variant files: the default run with one variant; those exported natively also take the MLP
 # of their reference architecture (SwiGLU), so their checkpoints export without custom code.
 VARIANT_FILES = {
+    "mla": ("mla", {"kv_lora_rank": 64, "qk_rope_head_dim": 16}, "swiglu"),
     "qknorm": ("mha", {"qk_norm": True}, "swiglu"),
     "sinks": ("mha", {"sinks": True}, None),
     "gated": ("mha", {"gate": "elementwise"}, None),
