@@ -1,0 +1,131 @@
+"""benchmarks/variants.py: the table of the ten attention choices runs, and its figures add up.
+
+Nothing is timed here (toy sizes): the speed is what running the script measures. The cache and
+parameter columns are exact, so they are compared with minitx computed independently.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from minitx import AttentionConfig, ModelConfig, Transformer, kv_cache_bytes
+
+REPO = Path(__file__).resolve().parents[2]
+VARIANTS = ("mha", "mqa", "gqa", "local", "mta", "mla", "diff", "qknorm", "sinks", "gated")
+SHAPE = dict(vocab_size=65, block_size=256, n_layer=4, n_head=4, d_model=128)  # configs/default.yaml's
+
+
+def attention_of(name: str) -> dict | None:
+    """configs/<name>.yaml's attention section, or None where the file or its kind is missing."""
+    path = REPO / "configs" / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    attention = yaml.safe_load(path.read_text())["model"]["attention"]
+    try:
+        AttentionConfig(**attention)
+    except ValueError:
+        return None
+    return attention
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    """Cells of a Markdown table's body rows by their first cell (header and rule left out)."""
+    lines = [line for line in text.splitlines() if line.startswith("|")][2:]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines]
+    return {row[0]: row for row in rows}
+
+
+def value(cell: str) -> float:
+    return float(cell.replace(",", ""))
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("variants_benchmark", REPO / "benchmarks" / "variants.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_quick_run_prints_every_variant_with_exact_cache_and_positive_ratios(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "variants.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "torch " in out and "torch thread" in out  # the machine, torch and threads are stated
+    main_text, mla_text = out.split("### MLA against MHA and GQA")
+    rows = table_rows(main_text)
+    assert list(rows) == list(VARIANTS)
+    header = [line for line in main_text.splitlines() if line.startswith("|")][0]
+    assert "train step T=16 (ms)" in header and "train step T=32 (ms)" in header
+    for name in VARIANTS:
+        attention, row = attention_of(name), rows[name]
+        if attention is None:
+            assert row[1].startswith("not available"), row
+            continue
+        config = ModelConfig(**SHAPE, attention=AttentionConfig(**attention))
+        assert value(row[2]) == Transformer(config).num_params(), row
+        # Two training lengths (ms, ratio), decoding (tok/s, ratio): all positive, mha's ratios 1.
+        times, ratios = [value(c) for c in row[3:9:2]], [value(c) for c in row[4:10:2]]
+        assert all(t > 0 for t in times) and all(r > 0 for r in ratios), row
+        if name == "mha":
+            assert ratios == [1.0, 1.0, 1.0] and row[-1] == "(baseline)"
+        for cell, dtype in ((row[9], torch.float32), (row[10], torch.bfloat16)):
+            expected = kv_cache_bytes(config, 256, dtype=dtype) / 256 / 4
+            assert abs(value(cell) - expected) <= 0.05, (name, dtype, cell, expected)
+        expected_ratio = kv_cache_bytes(config, 256) / kv_cache_bytes(ModelConfig(**SHAPE), 256)
+        assert row[11] == f"{expected_ratio:.3f}", row
+        goal = {"mha": "(baseline)", "mqa": "-", "gqa": "-", "local": "-", "mta": "-"}.get(name)
+        assert row[-1] == goal if goal else row[-1].startswith(("train met", "**missed**: train")), row
+    if attention_of("mla") is None:
+        assert "not run" in mla_text.splitlines()[0]
+        return
+    # MLA's cache at most GQA-2's at the default width: the goal this configuration is meant to meet.
+    assert rows["mla"][-1].endswith("; cache met (320 B vs GQA-2's 512)"), rows["mla"][-1]
+    lines = [line for line in mla_text.splitlines() if line.startswith("|")][2:]
+    compared = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines]
+    assert [(row[0], row[1]) for row in compared] == [
+        (name, block) for block in ("256", "48") for name in ("mha", "gqa (2 kv heads)", "mla")
+    ]
+    for row in compared:
+        assert all(value(cell) > 0 for cell in row[4:]), row
+        assert value(row[2]) + value(row[3]) == value(row[1]) or row[1] == "256"  # long: decode to the end
+    mla_long = compared[-1]
+    mla_config = ModelConfig(**dict(SHAPE, block_size=48), attention=AttentionConfig(**attention_of("mla")))
+    assert value(mla_long[7]) == round(kv_cache_bytes(mla_config, 48) / 1024)
+
+
+def test_goals_mark_a_variant_that_misses_one(bench):
+    assert bench.goals("mha", {256: 1.0}, 1024, 512) == "(baseline)"
+    assert bench.goals("mta", {256: 1.9}, 1029, 512) == "-"  # a kind of an earlier round: no goal here
+    assert bench.goals("sinks", {256: 1.1, 1024: 1.2}, 1024, 512) == "train met"
+    assert bench.goals("diff", {256: 1.1, 1024: 1.4}, 1024, 512) == "**missed**: train T=1024 1.40x"
+    assert bench.goals("mla", {256: 1.0}, 320, 512) == "train met; cache met (320 B vs GQA-2's 512)"
+    missed = bench.goals("mla", {256: 1.5}, 640, 512)
+    assert missed == "**missed**: train T=256 1.50x; **missed**: cache (640 B vs GQA-2's 512)"
+
+
+def test_rows_take_only_the_attention_section_of_their_config_files(bench):
+    shape = bench.default_shape()
+    assert {key: shape[key] for key in SHAPE} == SHAPE and shape["mlp"] == "gelu"
+    for name in VARIANTS:
+        section, why = bench.attention_section(name)
+        assert (section is None) == (attention_of(name) is None), (name, why)
+        if section is not None:
+            assert section == attention_of(name)
