@@ -10,8 +10,15 @@ fails (a section that raises is a failed check, and the other sections still run
 Models: configs/gpu.yaml's shape (6 layers, 6 heads, width 384, context 256, dropout 0.2, char
 vocabulary of 65) with each kind's attention section from its own config file: mha, mqa, gqa
 (configs/gqa.yaml), local (configs/local.yaml), mta (configs/mta.yaml: the released setting,
-pre- and post-softmax 6 x 11 kernels, head mixing both sides, output norm), and one mix of all
-five kinds (checks only). --tiny shrinks every size, not the code path.
+pre- and post-softmax 6 x 11 kernels, head mixing both sides, output norm); the 2024-25 variants,
+each with the attention section of its file: mla (configs/mla.yaml: multi-head latent attention),
+diff (configs/diff.yaml: differential attention), qknorm, sinks and gated (configs/qknorm.yaml,
+sinks.yaml, gated.yaml: mha with QK-norm, learned sinks, an elementwise output gate); the MLP stays
+gpu.yaml's (the swiglu that mla.yaml, diff.yaml and qknorm.yaml set for export is not taken), so the
+models differ in attention alone. A variant whose file is missing or whose kind is not registered
+is listed as skipped and the rest run. And one mix of the five kinds (checks only), which also
+carries the three options, each on another kind: sinks on its local layers, the gate on gqa's,
+QK-norm on mha's (MIX_OPTIONS). --tiny shrinks every size, not the code path.
 
 Checks, for each kind and the mix (random weights, MTA's identity-initialised parts perturbed so
 that a wrong convolution or mix would show):
@@ -27,9 +34,11 @@ says which path ran, counted by wrapping both functions.
   conv, on --device in float32 with TF32 off: logits and every parameter's gradient (TRITON_TOL).
 
 Measurements: training tokens/s and MFU of each kind (bare loop, bf16 autocast, AdamW), compiled
-and not; one attention layer's forward + backward in bf16 at T = 1k, 4k and 16k with the same
-tokens per step (SDPA MHA, local through flex against the same window as a dense mask, MTA), with
-peak memory (benchmarks/attention.py's helpers); decoding tokens/s with and without the cache, and
+and not (the options qknorm, sinks and gated eager only: COMPILED_TRAINING_KINDS); one attention
+layer's forward + backward in bf16 at T = 1k, 4k and 16k with the same tokens per step (SDPA MHA,
+local through flex against the same window as a dense mask, MTA, and each variant with its time
+and memory over mha's), with peak memory (benchmarks/attention.py's helpers); decoding tokens/s
+with and without the cache, and
 with it through torch.compile for mha and mta (mta at least DECODE_GOAL of mha is checked both ways);
 and configs/gpu.yaml end to end through train.py for a few hundred steps (val loss, wall time).
 MTA in the attention section: on the CPU `mta` (auto); on CUDA `mta (torch)`, the torch path that
@@ -40,6 +49,11 @@ its time and peak memory over mha's at the same T; the issue's goal, each triton
 
 What runs only on CUDA is listed as skipped on the CPU (results.json's "skipped"): there the Triton
 kernels would run in Triton's interpreter, seconds per step at T = 30.
+
+Time the five variants add on one H100 (an estimate; the suite has not run on a GPU yet): checks
+about 5 s each (the cache check's two greedy decodings of 254 tokens dominate), eager training a
+second each, two more compiled models (mla, diff) 20-60 s each for inductor, decoding with and
+without the cache about 2 s each, their attention-layer rows a few seconds: about 1.5-2.5 minutes.
 """
 
 from __future__ import annotations
@@ -88,6 +102,15 @@ attention_bench = _load_attention_benchmark()
 
 VOCAB = 65  # the character vocabulary of the built-in Shakespeare, which gpu.yaml trains on
 KINDS = ("mha", "mqa", "gqa", "local", "mta")
+# The 2024-25 variants, each by its config file: two kinds (mla, diff) and three options of every
+# softmax kind, which their files set on mha (qknorm, sinks, gated). The suite runs those whose file
+# exists and whose kind is registered (available_kinds).
+VARIANTS = ("mla", "diff", "qknorm", "sinks", "gated")
+ALL_KINDS = (*KINDS, *VARIANTS)
+# The mix also carries the variants that are options, each on a kind other than mha (where its
+# config file sets it): sinks on local (the head that may attend to nothing where it sees least),
+# the gate on gqa, QK-norm on mha. The two new kinds stay out of it: the mix is the five kinds.
+MIX_OPTIONS = {"local": "sinks", "gqa": "gated", "mha": "qknorm"}
 SECTIONS = ("checks", "train", "attention", "decode", "e2e")
 
 # bf16 keeps 8 significant bits: one rounding is off by up to 2^-9 (0.2%) of the value. Autocast
@@ -132,6 +155,13 @@ DECODE_GOAL = 0.8
 # Compiled decoding for the goal's two kinds only: each compiles 4-6 graphs (tens of seconds on the
 # CPU side), and the suite must fit one short slot; benchmarks/generate.py --compile times them all.
 COMPILED_DECODING_KINDS = ("mha", "mta")
+# Compiled training for the five kinds and the two new kinds; the three options' graphs are mha's with
+# one small op more, so they are trained eager only: inductor takes 20-60 s per model, and three more
+# would cost a couple of minutes of the slot.
+COMPILED_TRAINING_KINDS = (*KINDS, "mla", "diff")
+# The issue's goal for the variants: a training step within this factor of mha's (training tokens/s at
+# least 1 / TRAIN_GOAL of mha's), compiled where the variant is compiled, else eager.
+TRAIN_GOAL = 1.3
 TRITON_ROWS = ("mta-triton", "mta-both-triton")
 CUDA_ONLY = "skipped: CUDA only (on the CPU the Triton kernels run in Triton's interpreter, seconds per step)"
 
@@ -185,20 +215,43 @@ def sizes(tiny: bool) -> Sizes:
     return Sizes(model, 2, 1, 2, [32, 64], 64, 0, 1, 12, 4, shrink, compile_backend="eager")
 
 
+def section_from_config(name: str) -> dict:
+    """The attention section of configs/<name>.yaml (mha and mqa: the kind alone)."""
+    if name in ("mha", "mqa"):
+        return {"kind": name}
+    return dict(yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())["model"]["attention"])
+
+
+def unavailable(name: str) -> str | None:
+    """Why `name` of ALL_KINDS cannot run in this checkout (no config file, a kind not registered),
+    or None when it can."""
+    if name not in ("mha", "mqa") and not (REPO / "configs" / f"{name}.yaml").is_file():
+        return f"no configs/{name}.yaml"
+    try:
+        AttentionConfig(**section_from_config(name))
+    except (ValueError, KeyError, TypeError) as error:
+        return f"configs/{name}.yaml: {one_line(error, 200)}"
+    return None
+
+
+def available_kinds() -> list[str]:
+    return [name for name in ALL_KINDS if unavailable(name) is None]
+
+
 def attention_sections(n_layer: int, tiny: bool) -> dict[str, dict]:
-    """Each kind's attention section, from its config file where it has one; and the mix."""
-
-    def from_config(name: str) -> dict:
-        return dict(yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())["model"]["attention"])
-
-    sections = {"mha": {"kind": "mha"}, "mqa": {"kind": "mqa"}}
-    sections.update({name: from_config(name) for name in ("gqa", "local", "mta")})
+    """Each available kind's and variant's attention section, from its config file where it has one;
+    and the mix."""
+    sections = {name: section_from_config(name) for name in available_kinds()}
     if tiny:
         sections["mta"]["options"]["mta"]["query_chunk"] = 32  # several chunks at the tiny context
     order = ["local", "gqa", "mta", "mha", "mqa"]
     mix: dict = {}
     for name in ("gqa", "local", "mta"):  # each kind's settings, its options beside the others'
         mix = merged(mix, **sections[name])
+    for kind, variant in MIX_OPTIONS.items():  # each option as its file writes it, on another kind
+        if variant in sections:
+            options = sections[variant]["options"][sections[variant]["kind"]]
+            mix = merged(mix, options={kind: options})
     mix.pop("kind")
     mix["layers"] = [order[i % len(order)] for i in range(n_layer)]
     sections["mix"] = mix
@@ -513,7 +566,7 @@ def measure_training(results: Results, configs: dict[str, ModelConfig], device: 
     peak = peak_flops(device)
     for kind, config in configs.items():
         flops = Transformer(config).flops_per_token(config.block_size)
-        for compiled in (False, True):
+        for compiled in (False, True) if kind in COMPILED_TRAINING_KINDS else (False,):
             label = "compiled" if compiled else "eager"
             with results.guarded(f"train {label}", kind):
                 tokens_per_sec, breaks = training_speed(config, device, size, compiled)
@@ -526,10 +579,13 @@ def measure_training(results: Results, configs: dict[str, ModelConfig], device: 
                 torch.cuda.empty_cache()
 
 
-def attention_variants(sections: dict[str, dict], device: torch.device) -> dict[str, dict]:
+def attention_variants(
+    sections: dict[str, dict], device: torch.device, kinds: list[str] | None = None
+) -> dict[str, dict]:
     """The attention section's rows: name -> attention settings. On CUDA auto would take the Triton
     kernels for MTA, so `mta (torch)` keeps the torch path it took before them (benchmarks/attention.py's
-    TORCH_AUTO) and the kernels have their own rows."""
+    TORCH_AUTO) and the kernels have their own rows. The 2024-25 variants follow, those of `kinds`
+    (None: every one in sections) by their config files' names."""
     released = merged(
         sections["mta"], options={"mta": {"conv_layers": [0]}}
     )  # the released layer, convolving
@@ -541,10 +597,15 @@ def attention_variants(sections: dict[str, dict], device: torch.device) -> dict[
     }
     if not cuda:
         variants["mta"] = released  # auto: the C loops or torch
-        return variants
-    variants["mta (torch)"] = merged(released, options={"mta": {"backend": attention_bench.TORCH_AUTO}})
-    variants["mta-triton"] = merged(released, options={"mta": {"conv_placement": "pre", "backend": "triton"}})
-    variants["mta-both-triton"] = merged(released, options={"mta": {"backend": "triton"}})
+    else:
+        variants["mta (torch)"] = merged(released, options={"mta": {"backend": attention_bench.TORCH_AUTO}})
+        variants["mta-triton"] = merged(
+            released, options={"mta": {"conv_placement": "pre", "backend": "triton"}}
+        )
+        variants["mta-both-triton"] = merged(released, options={"mta": {"backend": "triton"}})
+    for name in VARIANTS:
+        if name in sections and (kinds is None or name in kinds):
+            variants[name] = sections[name]
     return variants
 
 
@@ -570,9 +631,15 @@ def attention_ratios(results: Results, T: int, batch: int, ms: dict, peak: dict)
         results.check("attention goal", name, ok, detail, value=ratio)
 
 
-def measure_attention(results: Results, sections: dict[str, dict], device: torch.device, size: Sizes):
+def measure_attention(
+    results: Results,
+    sections: dict[str, dict],
+    device: torch.device,
+    size: Sizes,
+    kinds: list[str] | None = None,
+):
     shape = size.model
-    variants = attention_variants(sections, device)
+    variants = attention_variants(sections, device, kinds)
     if device.type != "cuda":
         results.skip("attention", ", ".join(TRITON_ROWS), CUDA_ONLY)
     for T in size.seq_lens:
@@ -605,6 +672,12 @@ def measure_attention(results: Results, sections: dict[str, dict], device: torch
                 torch.cuda.empty_cache()
         if device.type == "cuda":
             attention_ratios(results, T, args.batch, ms, peak)
+        for name in VARIANTS:  # the variants' time and memory over mha's: measured, no goal here
+            if name in ms and "mha (SDPA)" in ms:
+                extra = dict(T=T, batch=args.batch)
+                results.measure("attention fwd+bwd / mha", name, ms[name] / ms["mha (SDPA)"], "x", **extra)
+                memory = peak[name] / peak["mha (SDPA)"]
+                results.measure("attention peak memory / mha", name, memory, "x", **extra)
         del layers
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -724,7 +797,20 @@ def targets(results: Results, size: Sizes) -> list[dict]:
             "<= 1.5 (linear in T)",
             growth is not None and growth <= 1.5,
         )
-    for kind in KINDS:
+    for kind in VARIANTS:
+        # The variants' goal: a training step within TRAIN_GOAL x mha's, like against like.
+        compiled = kind in COMPILED_TRAINING_KINDS
+        mha, variant = (value_of(m, "train tokens/s", k, compiled=compiled) for k in ("mha", kind))
+        ratio = None if mha is None or variant is None else variant / mha
+        goal = f">= {1 / TRAIN_GOAL:.2f} (a step <= {TRAIN_GOAL}x mha's)"
+        label = "compiled" if compiled else "eager"
+        add(
+            f"{kind} / mha training tokens/s, {label}",
+            ratio,
+            goal,
+            ratio is not None and ratio >= 1 / TRAIN_GOAL,
+        )
+    for kind in ALL_KINDS:
         speedup = value_of(m, "decode speed-up of the cache", kind)
         add(f"decoding speed-up of the cache, {kind}", speedup, ">= 5", speedup is not None and speedup >= 5)
     for name in ("decode tokens/s with cache", "decode tokens/s with cache, compiled"):
@@ -809,9 +895,9 @@ def parse_args(argv) -> argparse.Namespace:
     parser.add_argument(
         "--kinds",
         nargs="+",
-        choices=[*KINDS, "mix"],
+        choices=[*ALL_KINDS, "mix"],
         metavar="KIND",
-        help="a subset of mha mqa gqa local mta mix",
+        help=f"a subset of {' '.join(ALL_KINDS)} mix (default: every one available here)",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -819,6 +905,10 @@ def parse_args(argv) -> argparse.Namespace:
         raise UserError(
             "--device cuda: no CUDA device is visible to torch; use --device cpu (with --tiny for a quick run)"
         )
+    for kind in args.kinds or ():
+        why = unavailable(kind) if kind != "mix" else None
+        if why is not None:
+            raise UserError(f"--kinds: {kind} is not available in this checkout ({why})")
     if args.out.exists() and not args.out.is_dir():
         raise UserError(f"--out: {args.out} exists and is not a directory")
     return args
@@ -828,16 +918,20 @@ def run(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     size = sizes(args.tiny)
     sections = attention_sections(size.model["n_layer"], args.tiny)
-    chosen = args.kinds or [*KINDS, "mix"]
+    chosen = args.kinds or [name for name in sections if name in ALL_KINDS] + ["mix"]
     configs = {kind: model_config(size.model, sections[kind]) for kind in chosen}
     kind_configs = {kind: config for kind, config in configs.items() if kind != "mix"}
     results = Results(device, args.tiny)
+    if args.kinds is None:  # a variant still being written is listed, not silently left out
+        for name in ALL_KINDS:
+            if name not in sections:
+                results.skip("every section", name, f"not available in this checkout: {unavailable(name)}")
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     steps = {
         "checks": lambda: run_checks(results, configs, device),
         "train": lambda: measure_training(results, kind_configs, device, size),
-        "attention": lambda: measure_attention(results, sections, device, size),
+        "attention": lambda: measure_attention(results, sections, device, size, chosen),
         "decode": lambda: measure_decoding(results, kind_configs, device, size),
         "e2e": lambda: measure_end_to_end(results, args.out, device, size),
     }
