@@ -919,9 +919,12 @@ def run(args: argparse.Namespace) -> dict:
     size = sizes(args.tiny)
     sections = attention_sections(size.model["n_layer"], args.tiny)
     chosen = args.kinds or [name for name in sections if name in ALL_KINDS] + ["mix"]
-    configs = {kind: model_config(size.model, sections[kind]) for kind in chosen}
-    kind_configs = {kind: config for kind, config in configs.items() if kind != "mix"}
     results = Results(device, args.tiny)
+    configs = {}
+    for kind in chosen:  # a kind that rejects this model's shape is a failed check, not the end
+        with results.guarded("config", kind):
+            configs[kind] = model_config(size.model, sections[kind])
+    kind_configs = {kind: config for kind, config in configs.items() if kind != "mix"}
     if args.kinds is None:  # a variant still being written is listed, not silently left out
         for name in ALL_KINDS:
             if name not in sections:
