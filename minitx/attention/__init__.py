@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from ..kinds import KindSpec, register, registry
-from . import grouped, local, mla, mta
+from . import diff, grouped, local, mla, mta
 from .base import Attention, apply_rope
 
 register(grouped.MHA)  # n_kv_head = n_head
@@ -18,6 +18,7 @@ register(grouped.GQA)  # 1 < n_kv_head < n_head
 register(local.LOCAL)
 register(mta.MTA)
 register(mla.MLA)
+register(diff.DIFF)
 
 
 def build(config: ModelConfig, layer: int) -> Attention:

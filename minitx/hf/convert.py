@@ -51,8 +51,8 @@ TOP_NAMES = {"tok_emb": "model.embed_tokens", "norm": "model.norm", "lm_head": "
 
 
 # The kinds an export can carry: natively (see native.py) or in modeling_minitx.py.
-EXPORTABLE_KINDS = {"mha", "mqa", "gqa", "local", "mta", "mla"}
-NATIVE_ONLY_KINDS = {"mla"}  # modeling_minitx.py does not know them: native or refused
+EXPORTABLE_KINDS = {"mha", "mqa", "gqa", "local", "mta", "mla", "diff"}
+NATIVE_ONLY_KINDS = {"mla", "diff"}  # modeling_minitx.py does not know them: native or refused
 FAMILY_KINDS = {"mha", "mqa", "gqa", "local"}  # the kinds of this family's layers
 
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("seed", "one_thread")
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 VOCAB, BLOCK = 23, 32
-NAMES = ["mha", "mqa", "gqa", "local", "mta", "mla", "qknorm", "sinks", "gated"]
+NAMES = ["mha", "mqa", "gqa", "local", "mta", "mla", "diff", "qknorm", "sinks", "gated"]
 
 
 def attention_of(name: str) -> dict:

@@ -80,6 +80,7 @@ def test_each_kind_file_is_the_default_run_with_its_attention(name):
 # of their reference architecture (SwiGLU), so their checkpoints export without custom code.
 VARIANT_FILES = {
     "mla": ("mla", {"kv_lora_rank": 64, "qk_rope_head_dim": 16}, "swiglu"),
+    "diff": ("diff", {"lambda_init": None, "lambda_std": 0.1}, "swiglu"),
     "qknorm": ("mha", {"qk_norm": True}, "swiglu"),
     "sinks": ("mha", {"sinks": True}, None),
     "gated": ("mha", {"gate": "elementwise"}, None),

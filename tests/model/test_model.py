@@ -103,6 +103,9 @@ KIND_CASES = {
         n_kv_head=2,
         options={"local": {"window": 7, "sinks": True, "n_global": 2}, "gqa": {"gate": "elementwise"}},
     ),
+    "diff": dict(kind="diff"),
+    "diff-gqa": dict(kind="diff", n_kv_head=2),
+    "mixed-diff-mha": dict(layers=["diff", "mha"]),
     "mixed-mta-gqa": dict(
         layers=["mta", "gqa"], n_kv_head=2, options={"mta": {"conv_layers": [0], "query_chunk": 5}}
     ),

@@ -1,0 +1,277 @@
+"""Differential attention (diff): its paths against the oracle, its maps, and DiffLlama.
+
+- the fast path (two SDPA calls, one per value half) against the materialised reference and the
+  paper's formula written out head pair by head pair, at awkward lengths, with GQA, gradients too;
+- lambda_init by depth (0-based layers) or set;
+- the layer against transformers' `DiffLlamaAttention` with copied weights at several depths; the
+  export as a native DiffLlamaForCausalLM (logits, greedy tokens) and the import back, also of a
+  directory transformers wrote itself;
+- bad options and unsupported models are one-line errors naming the setting.
+
+The generic tables (causality with teeth, prefixes, cached == uncached decoding past the context,
+compile without graph breaks) hold diff too: tests/model/ and tests/generation/.
+
+Each test draws a fresh seed (printed in the captured output of a failure); set MINITX_TEST_SEED
+to replay one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from minitx import AttentionConfig, ModelConfig, Transformer
+from minitx.attention import build
+from minitx.attention.diff import DifferentialAttention, lambda_init_at
+from minitx.data.tokenizer import CharTokenizer
+from minitx.errors import UserError
+from minitx.model import RotaryEmbedding
+
+pytestmark = pytest.mark.usefixtures("seed", "one_thread")
+
+TOL = 1e-5
+TEXT = "to be or not to be, that is the question.\n"
+
+
+def config(n_layer: int = 1, n_kv_head: int | None = None, **options) -> ModelConfig:
+    return ModelConfig(
+        vocab_size=16,
+        block_size=96,
+        n_layer=n_layer,
+        n_head=4,
+        d_model=32,
+        attention=AttentionConfig(kind="diff", n_kv_head=n_kv_head, options={"diff": options}),
+    )
+
+
+def layer(layer_index: int = 0, n_kv_head: int | None = None, **options) -> DifferentialAttention:
+    module = build(config(layer_index + 1, n_kv_head, **options), layer_index).eval()
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if name.startswith("lambda"):
+                param.copy_(0.3 * torch.randn_like(param))  # lambda well away from lambda_init
+    return module
+
+
+def formula(module: DifferentialAttention, q, k, v) -> torch.Tensor:
+    """The paper's differential head written out pair by pair: (A1 - lambda A2) [v_g, v_{g+G/2}],
+    RMS-normed, times (1 - lambda_init)."""
+    B, H, T, D = q.shape
+    G = k.shape[1]
+    lam = math.exp((module.lambda_q1 * module.lambda_k1).sum()) - math.exp(
+        (module.lambda_q2 * module.lambda_k2).sum()
+    )
+    lam += module.lambda_init
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    outs = []
+    for i in range(H // 2):
+        g = i // (H // G)
+        a1 = torch.softmax(
+            (q[:, i] @ k[:, g].transpose(-1, -2) / math.sqrt(D)).masked_fill(future, -math.inf), -1
+        )
+        j, h = i + H // 2, g + G // 2
+        a2 = torch.softmax(
+            (q[:, j] @ k[:, h].transpose(-1, -2) / math.sqrt(D)).masked_fill(future, -math.inf), -1
+        )
+        out = (a1 - lam * a2) @ torch.cat([v[:, g], v[:, h]], dim=-1)
+        outs.append((1 - module.lambda_init) * out / out.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt())
+    return torch.stack(outs, dim=1)
+
+
+@pytest.mark.parametrize("T", [1, 7, 23])
+@pytest.mark.parametrize("n_kv_head", [4, 2])
+def test_fast_path_equals_the_reference_and_the_formula(n_kv_head, T):
+    module = layer(2, n_kv_head)
+    x = torch.randn(2, T, 32, requires_grad=True)
+    q, k, v = module.project(x, RotaryEmbedding(8, 96)(0, T))
+    fast, (slow, maps) = module.attend(q, k, v), module.reference(q, k, v)
+    assert fast.shape == (2, 2, T, 16) and maps.shape == (2, 2, T, T)
+    assert (fast - slow).abs().max() < TOL
+    with torch.no_grad():
+        assert (slow - formula(module, q, k, v)).abs().max() < TOL
+    grad = torch.randn_like(fast)
+    params = [
+        x,
+        module.qkv_proj.weight,
+        module.lambda_q1,
+        module.lambda_k1,
+        module.lambda_q2,
+        module.lambda_k2,
+    ]
+    got = torch.autograd.grad(fast, params, grad, retain_graph=True)  # q, k, v are shared
+    for a, b in zip(got, torch.autograd.grad(slow, params, grad)):
+        assert (a - b).abs().max() < 1e-4 * max(1.0, b.abs().max().item())
+
+
+def test_lambda_init_by_depth_or_set():
+    assert [round(lambda_init_at(layer), 6) for layer in (0, 1, 5)] == [0.2, 0.355509, 0.666122]
+    assert layer(3).lambda_init == lambda_init_at(3)
+    assert layer(3, lambda_init=0.5).lambda_init == 0.5
+
+
+def test_bad_settings_are_one_line_naming_them():
+    with pytest.raises(UserError, match=r"attention\.options\.diff\.lambda_std: is -1\.0"):
+        config(lambda_std=-1.0)
+    with pytest.raises(UserError, match=r"attention\.options\.diff\.lambda_init: is 'a', not a number"):
+        config(lambda_init="a")
+    with pytest.raises(
+        UserError, match=r"^n_head: is 3, but kind diff pairs query heads; use an even n_head$"
+    ):
+        ModelConfig(n_head=3, d_model=48, attention=AttentionConfig(kind="diff"))
+    with pytest.raises(UserError, match=r"attention\.n_kv_head: is 1, but kind diff pairs key/value heads"):
+        config(n_kv_head=1)
+
+
+# -- transformers' DiffLlama -----------------------------------------------------------------------
+
+transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
+
+
+@pytest.mark.parametrize("layer_index, n_kv_head", [(0, 4), (1, 2), (5, 2)])
+def test_layer_equals_diffllama_attention(layer_index, n_kv_head):
+    from transformers.models.diffllama.modeling_diffllama import (
+        DiffLlamaAttention,
+        DiffLlamaRotaryEmbedding,
+    )
+
+    H, G, D, T = 4, n_kv_head, 8, 13
+    ours = layer(layer_index, n_kv_head)
+    hf_config = transformers.DiffLlamaConfig(
+        hidden_size=32,
+        num_attention_heads=H,
+        num_key_value_heads=G,
+        head_dim=D,
+        num_hidden_layers=layer_index + 1,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    hf_config._attn_implementation = "eager"
+    theirs = DiffLlamaAttention(hf_config, layer_index).eval()
+    assert theirs.lambda_init == ours.lambda_init
+    with torch.no_grad():
+        q, k, v = ours.qkv_proj.weight.split([H * D, G * D, G * D])
+        for name, weight in (("q_proj", q), ("k_proj", k), ("v_proj", v), ("o_proj", ours.out_proj.weight)):
+            getattr(theirs, name).weight.copy_(weight)
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            getattr(theirs, name).copy_(getattr(ours, name))
+        x = torch.randn(2, T, 32)
+        positions = torch.arange(T)[None].expand(2, T)
+        mask = torch.zeros(T, T).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf)
+        expected, _ = theirs(x, DiffLlamaRotaryEmbedding(hf_config)(x, positions), mask[None, None])
+        got = ours(x, RotaryEmbedding(D, 96)(0, T))
+    assert (got - expected).abs().max() < TOL
+
+
+def diff_model(seed: int, tokenizer, n_kv_head: int = 2, **fields) -> Transformer:
+    shape = dict(vocab_size=tokenizer.vocab_size, block_size=24, n_layer=3, n_head=4, d_model=32)
+    attention = AttentionConfig(kind="diff", n_kv_head=n_kv_head)
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig(**{**shape, "mlp": "swiglu", **fields}, attention=attention))
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+    return model.eval()
+
+
+def export(tmp_path: Path, model: Transformer, tokenizer, name: str = "hf") -> Path:
+    from minitx.hf.export import export_checkpoint
+
+    checkpoint = tmp_path / f"{name}.ckpt"
+    torch.save(
+        {
+            "state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
+            "minitx": {"format": 1, "model_config": model.config.to_dict(), "tokenizer": tokenizer.to_dict()},
+        },
+        checkpoint,
+    )
+    export_checkpoint(str(checkpoint), str(tmp_path / name), log=lambda _: None)
+    return tmp_path / name
+
+
+def load_quietly(directory: Path):
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+    finally:
+        transformers.logging.set_verbosity(level)
+
+
+def test_export_is_a_native_diffllama_with_equal_logits_and_imports_back(tmp_path, seed):
+    from minitx.hf.load import load_hf_model, read_hf_directory
+
+    tokenizer = CharTokenizer(TEXT)
+    model = diff_model(seed, tokenizer)
+    directory = export(tmp_path, model, tokenizer)
+    assert not (directory / "modeling_minitx.py").exists()
+    theirs = load_quietly(directory)
+    assert type(theirs).__name__ == "DiffLlamaForCausalLM"
+    tokens = torch.randint(0, tokenizer.vocab_size, (2, 17))
+    with torch.no_grad():
+        assert (theirs(tokens).logits - model(tokens)).abs().max() < 1e-4
+    prompt = tokens[:1, :4]
+    assert torch.equal(
+        model.generate(prompt, 12, temperature=0), theirs.generate(prompt, max_new_tokens=12, do_sample=False)
+    )
+    config, state, _ = read_hf_directory(str(directory), log=lambda _: None)
+    assert config.attention == model.config.attention and config.layer_kinds == ["diff"] * 3
+    assert state.keys() == model.state_dict().keys()
+    assert all(torch.equal(state[key], value) for key, value in model.state_dict().items())
+    with torch.no_grad():
+        assert torch.equal(load_hf_model(str(directory), log=lambda _: None)(tokens), model(tokens))
+
+
+def test_import_of_a_diffllama_made_by_transformers_gives_its_logits(tmp_path, seed):
+    from minitx.hf.load import load_hf_model
+
+    hf_config = transformers.DiffLlamaConfig(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=72,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    theirs = transformers.DiffLlamaForCausalLM(hf_config).eval()
+    with torch.no_grad():
+        for param in theirs.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+    theirs.save_pretrained(tmp_path / "dl")
+    model = load_hf_model(str(tmp_path / "dl"), log=lambda _: None)
+    assert model.config.layer_kinds == ["diff"] * 3 and model.config.n_kv_head_at(0) == 2
+    tokens = torch.randint(0, 40, (2, 19))
+    with torch.no_grad():
+        assert (model(tokens) - theirs(tokens).logits).abs().max() < 1e-4
+
+
+def test_export_refuses_what_diffllama_cannot_express_saying_what_to_change(tmp_path, seed):
+    tokenizer = CharTokenizer(TEXT)
+    with pytest.raises(UserError) as error:
+        export(tmp_path, diff_model(seed, tokenizer, mlp="gelu"), tokenizer)
+    assert "mlp=gelu: diff exports only as DiffLlamaForCausalLM, which needs mlp: swiglu;" in str(error.value)
+    assert "\n" not in str(error.value) and not (tmp_path / "hf").exists()
+    fixed = Transformer(
+        ModelConfig(
+            vocab_size=tokenizer.vocab_size,
+            n_head=4,
+            d_model=32,
+            mlp="swiglu",
+            attention=AttentionConfig(kind="diff", options={"diff": {"lambda_init": 0.5}}),
+        )
+    )
+    with pytest.raises(UserError, match=r"lambda_init=0\.5: .* needs lambda_init: null \(by depth\)"):
+        export(tmp_path, fixed, tokenizer, "fixed")
+    path = export(tmp_path, diff_model(seed, tokenizer), tokenizer, "ok") / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "attention_bias": True}))
+    from minitx.hf.load import read_hf_directory
+
+    with pytest.raises(UserError, match="attention_bias/mlp_bias cannot be imported for diff"):
+        read_hf_directory(str(path.parent), log=lambda _: None)
