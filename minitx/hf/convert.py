@@ -67,10 +67,7 @@ def native_class(config: ModelConfig) -> tuple[str | None, str]:
     shared = [config.options_at(layer) for layer in range(config.n_layer)]
     qk_norm = {options.qk_norm for options in shared}
     reasons = [
-        (config.mlp != "swiglu", f"mlp={config.mlp}"),
-        (config.norm != "rmsnorm", f"norm={config.norm}"),
-        (config.positions != "rope", f"positions={config.positions}"),
-        (config.bias, "bias=true"),
+        *((bad, has) for bad, has, _ in shape_reasons(config)),
         ("local" in kinds and config.attention.options_of("local").n_global > 0, "global tokens"),
         (len(kv_heads) > 1, "layers with different key/value head counts"),
         (any(options.sinks for options in shared), "learned sinks"),
@@ -89,9 +86,9 @@ def native_class(config: ModelConfig) -> tuple[str | None, str]:
     return "LlamaForCausalLM", "full attention with SwiGLU, RMSNorm, RoPE, no bias"
 
 
-def native_config(config: ModelConfig, architecture: str) -> dict:
-    """The config.json fields (before transformers' defaults) of a native export."""
-    hf = dict(
+def shape_config(config: ModelConfig) -> dict:
+    """config.json fields every native family shares: sizes, SwiGLU, RMSNorm eps, default RoPE."""
+    return dict(
         vocab_size=config.vocab_size,
         hidden_size=config.d_model,
         intermediate_size=config.mlp_hidden,
@@ -106,6 +103,11 @@ def native_config(config: ModelConfig, architecture: str) -> dict:
         tie_word_embeddings=config.tie_embeddings,
         attention_dropout=0.0,
     )
+
+
+def native_config(config: ModelConfig, architecture: str) -> dict:
+    """The config.json fields (before transformers' defaults) of a native export."""
+    hf = shape_config(config)
     if architecture == "LlamaForCausalLM":
         hf.update(model_type="llama", attention_bias=False, mlp_bias=False)
     elif architecture == "MistralForCausalLM":
@@ -254,18 +256,47 @@ def model_config_from_hf(
     if n_kv not in (1, n_head) or ("local" in kinds and n_kv != n_head):
         attention["n_kv_head"] = n_kv
     return ModelConfig(
+        **shape_from_hf(hf, block_size), bias=has_bias(hf), attention=AttentionConfig(**attention)
+    )
+
+
+def shape_from_hf(hf: dict, block_size: int | None) -> dict:
+    """ModelConfig fields every imported family shares: sizes, and SwiGLU, RMSNorm, RoPE."""
+    return dict(
         vocab_size=hf["vocab_size"],
         block_size=block_size or hf.get("max_position_embeddings") or 2048,
         n_layer=hf["num_hidden_layers"],
-        n_head=n_head,
-        d_model=d_model,
+        n_head=hf["num_attention_heads"],
+        d_model=hf["hidden_size"],
         mlp="swiglu",
         mlp_hidden_size=hf["intermediate_size"],
         norm="rmsnorm",
         positions="rope",
-        bias=has_bias(hf),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        attention=AttentionConfig(**attention),
+    )
+
+
+def shape_reasons(config: ModelConfig) -> list[tuple[bool, str, str]]:
+    """(bad, what the model has, what it needs) for the parts every native family shares."""
+    return [
+        (config.mlp != "swiglu", f"mlp={config.mlp}", "mlp: swiglu"),
+        (config.norm != "rmsnorm", f"norm={config.norm}", "norm: rmsnorm"),
+        (config.positions != "rope", f"positions={config.positions}", "positions: rope"),
+        (config.bias, "bias=true", "bias: false"),
+    ]
+
+
+def only_as(
+    kind: str, architecture: str, reasons: list[tuple[bool, str, str]], why: str
+) -> tuple[str | None, str]:
+    """(architecture, why) for a kind that exports only natively (no custom code knows it), or
+    (None, one line saying what to change) when any (bad, what it has, what it needs) holds."""
+    found = [(has, want) for bad, has, want in reasons if bad]
+    if not found:
+        return architecture, why
+    return None, (
+        f"{', '.join(has for has, _ in found)}: {kind} exports only as {architecture}, which needs "
+        f"{', '.join(want for _, want in found)}; set that in the model config and train again"
     )
 
 

@@ -23,7 +23,15 @@ from torch import Tensor
 
 from ..config import AttentionConfig, ModelConfig
 from ..errors import UserError
-from .convert import LAYER_NAMES, NORM_EPS, ROPE_BASE, TOP_NAMES, check_importable
+from .convert import (
+    LAYER_NAMES,
+    TOP_NAMES,
+    check_importable,
+    only_as,
+    shape_config,
+    shape_from_hf,
+    shape_reasons,
+)
 
 MODEL_TYPES = {"deepseek_v3": "DeepseekV3ForCausalLM"}
 ARCHITECTURE = "DeepseekV3ForCausalLM"
@@ -51,46 +59,30 @@ def native_class(config: ModelConfig) -> tuple[str | None, str]:
     kinds = list(dict.fromkeys(config.layer_kinds))
     reasons = [
         (kinds != ["mla"], f"attention {'/'.join(kinds)}", "mla in every layer"),
-        (config.mlp != "swiglu", f"mlp={config.mlp}", "mlp: swiglu"),
-        (config.norm != "rmsnorm", f"norm={config.norm}", "norm: rmsnorm"),
-        (config.positions != "rope", f"positions={config.positions}", "positions: rope"),
-        (config.bias, "bias=true", "bias: false"),
+        *shape_reasons(config),
     ]
-    found = [(has, want) for bad, has, want in reasons if bad]
-    if found:
-        return None, (
-            f"{', '.join(has for has, _ in found)}: mla exports only as {ARCHITECTURE}, which needs "
-            f"{', '.join(want for _, want in found)}; set that in the model config and train again"
-        )
-    return ARCHITECTURE, "MLA in every layer, dense MLPs (first_k_dense_replace = n_layer)"
+    return only_as(
+        "mla", ARCHITECTURE, reasons, "MLA in every layer, dense MLPs (first_k_dense_replace = n_layer)"
+    )
 
 
 def native_config(config: ModelConfig, architecture: str) -> dict:
     """The config.json fields (before transformers' defaults) of a native export."""
     options = config.attention.options_of("mla")
     return dict(
+        shape_config(config),
         model_type="deepseek_v3",
-        vocab_size=config.vocab_size,
-        hidden_size=config.d_model,
-        intermediate_size=config.mlp_hidden,
-        num_hidden_layers=config.n_layer,
         first_k_dense_replace=config.n_layer,  # every layer's MLP dense: no mixture-of-experts
         num_mtp_layers=0,  # no multi-token-prediction module
-        num_attention_heads=config.n_head,
         num_key_value_heads=config.n_head,  # keys and values are expanded per head
+        head_dim=options.qk_rope_head_dim,  # DeepseekV3's head_dim is its rotary width
         kv_lora_rank=options.kv_lora_rank,
         q_lora_rank=options.q_lora_rank,
         qk_rope_head_dim=options.qk_rope_head_dim,
         qk_nope_head_dim=options.qk_nope_head_dim or config.head_dim,
         v_head_dim=options.v_head_dim or config.head_dim,
         rope_interleave=False,
-        hidden_act="silu",
-        max_position_embeddings=config.block_size,
-        rms_norm_eps=NORM_EPS,
-        rope_parameters={"rope_type": "default", "rope_theta": ROPE_BASE},
-        tie_word_embeddings=config.tie_embeddings,
         attention_bias=False,
-        attention_dropout=0.0,
     )
 
 
@@ -158,18 +150,9 @@ def model_config_from_hf(
         v_head_dim=None if hf["v_head_dim"] == head_dim else hf["v_head_dim"],
     )
     return ModelConfig(
-        vocab_size=hf["vocab_size"],
-        block_size=block_size or hf.get("max_position_embeddings") or 2048,
-        n_layer=n_layer,
-        n_head=n_head,
-        d_model=d_model,
-        mlp="swiglu",
-        mlp_hidden_size=hf["intermediate_size"],
-        norm="rmsnorm",
-        positions="rope",
+        **shape_from_hf(hf, block_size),
         # DeepSeek's attention_bias is on q_a_proj, kv_a_proj_with_mqa and o_proj, as minitx's bias
         # in an mla layer; the biases minitx has besides (the MLP's) are zeros (`complete_biases`).
         bias=bool(hf.get("attention_bias", False)),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         attention=AttentionConfig(kind="mla", options={"mla": options}),
     )

@@ -40,38 +40,19 @@ def native_class(config: ModelConfig) -> tuple[str | None, str]:
             f"lambda_init={options.lambda_init}",
             "lambda_init: null (by depth)",
         ),
-        (config.mlp != "swiglu", f"mlp={config.mlp}", "mlp: swiglu"),
-        (config.norm != "rmsnorm", f"norm={config.norm}", "norm: rmsnorm"),
-        (config.positions != "rope", f"positions={config.positions}", "positions: rope"),
-        (config.bias, "bias=true", "bias: false"),
+        *convert.shape_reasons(config),
     ]
-    found = [(has, want) for bad, has, want in reasons if bad]
-    if found:
-        return None, (
-            f"{', '.join(has for has, _ in found)}: diff exports only as {ARCHITECTURE}, which needs "
-            f"{', '.join(want for _, want in found)}; set that in the model config and train again"
-        )
-    return ARCHITECTURE, "differential attention in every layer, lambda_init by depth"
+    return convert.only_as(
+        "diff", ARCHITECTURE, reasons, "differential attention in every layer, lambda_init by depth"
+    )
 
 
 def native_config(config: ModelConfig, architecture: str) -> dict:
     """The config.json fields (before transformers' defaults) of a native export."""
     return dict(
+        convert.shape_config(config),
         model_type="diffllama",
-        vocab_size=config.vocab_size,
-        hidden_size=config.d_model,
-        intermediate_size=config.mlp_hidden,
-        num_hidden_layers=config.n_layer,
-        num_attention_heads=config.n_head,
-        num_key_value_heads=config.n_kv_head_at(0),
-        head_dim=config.head_dim,
-        hidden_act="silu",
-        max_position_embeddings=config.block_size,
-        rms_norm_eps=convert.NORM_EPS,
-        rope_parameters={"rope_type": "default", "rope_theta": convert.ROPE_BASE},
-        tie_word_embeddings=config.tie_embeddings,
         attention_bias=False,
-        attention_dropout=0.0,
         lambda_std_dev=config.attention.options_of("diff").lambda_std,
     )
 
@@ -116,16 +97,5 @@ def model_config_from_hf(
     if n_kv != n_head:
         attention["n_kv_head"] = n_kv
     return ModelConfig(
-        vocab_size=hf["vocab_size"],
-        block_size=block_size or hf.get("max_position_embeddings") or 2048,
-        n_layer=hf["num_hidden_layers"],
-        n_head=n_head,
-        d_model=d_model,
-        mlp="swiglu",
-        mlp_hidden_size=hf["intermediate_size"],
-        norm="rmsnorm",
-        positions="rope",
-        bias=False,
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        attention=AttentionConfig(**attention),
+        **convert.shape_from_hf(hf, block_size), bias=False, attention=AttentionConfig(**attention)
     )

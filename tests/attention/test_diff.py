@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import export_model, load_quietly
 
 from minitx import AttentionConfig, ModelConfig, Transformer
 from minitx.attention import build
@@ -177,36 +177,12 @@ def diff_model(seed: int, tokenizer, n_kv_head: int = 2, **fields) -> Transforme
     return model.eval()
 
 
-def export(tmp_path: Path, model: Transformer, tokenizer, name: str = "hf") -> Path:
-    from minitx.hf.export import export_checkpoint
-
-    checkpoint = tmp_path / f"{name}.ckpt"
-    torch.save(
-        {
-            "state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
-            "minitx": {"format": 1, "model_config": model.config.to_dict(), "tokenizer": tokenizer.to_dict()},
-        },
-        checkpoint,
-    )
-    export_checkpoint(str(checkpoint), str(tmp_path / name), log=lambda _: None)
-    return tmp_path / name
-
-
-def load_quietly(directory: Path):
-    level = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
-    try:
-        return transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
-    finally:
-        transformers.logging.set_verbosity(level)
-
-
 def test_export_is_a_native_diffllama_with_equal_logits_and_imports_back(tmp_path, seed):
     from minitx.hf.load import load_hf_model, read_hf_directory
 
     tokenizer = CharTokenizer(TEXT)
     model = diff_model(seed, tokenizer)
-    directory = export(tmp_path, model, tokenizer)
+    directory = export_model(tmp_path, model, tokenizer)
     assert not (directory / "modeling_minitx.py").exists()
     theirs = load_quietly(directory)
     assert type(theirs).__name__ == "DiffLlamaForCausalLM"
@@ -255,7 +231,7 @@ def test_import_of_a_diffllama_made_by_transformers_gives_its_logits(tmp_path, s
 def test_export_refuses_what_diffllama_cannot_express_saying_what_to_change(tmp_path, seed):
     tokenizer = CharTokenizer(TEXT)
     with pytest.raises(UserError) as error:
-        export(tmp_path, diff_model(seed, tokenizer, mlp="gelu"), tokenizer)
+        export_model(tmp_path, diff_model(seed, tokenizer, mlp="gelu"), tokenizer)
     assert "mlp=gelu: diff exports only as DiffLlamaForCausalLM, which needs mlp: swiglu;" in str(error.value)
     assert "\n" not in str(error.value) and not (tmp_path / "hf").exists()
     fixed = Transformer(
@@ -268,8 +244,8 @@ def test_export_refuses_what_diffllama_cannot_express_saying_what_to_change(tmp_
         )
     )
     with pytest.raises(UserError, match=r"lambda_init=0\.5: .* needs lambda_init: null \(by depth\)"):
-        export(tmp_path, fixed, tokenizer, "fixed")
-    path = export(tmp_path, diff_model(seed, tokenizer), tokenizer, "ok") / "config.json"
+        export_model(tmp_path, fixed, tokenizer, "fixed")
+    path = export_model(tmp_path, diff_model(seed, tokenizer), tokenizer, "ok") / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "attention_bias": True}))
     from minitx.hf.load import read_hf_directory
 

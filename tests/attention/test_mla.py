@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import export_model, load_quietly
 
 from minitx import AttentionConfig, ModelConfig, Transformer, functional, kv_cache_bytes
 from minitx.attention import build
@@ -255,32 +255,6 @@ def mla_model(seed: int, tokenizer, mlp: str = "swiglu", **options) -> Transform
     return model.eval()
 
 
-def export(tmp_path: Path, model: Transformer, tokenizer, name: str = "hf") -> Path:
-    from minitx.hf.export import export_checkpoint
-
-    checkpoint = tmp_path / f"{name}.ckpt"
-    torch.save(
-        {
-            "state_dict": {f"model.{key}": value for key, value in model.state_dict().items()},
-            "minitx": {"format": 1, "model_config": model.config.to_dict(), "tokenizer": tokenizer.to_dict()},
-        },
-        checkpoint,
-    )
-    export_checkpoint(str(checkpoint), str(tmp_path / name), log=lambda _: None)
-    return tmp_path / name
-
-
-def load_quietly(directory: Path):
-    level = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    try:
-        return transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
-    finally:
-        transformers.logging.set_verbosity(level)
-        transformers.utils.logging.enable_progress_bar()
-
-
 TEXT = "to be or not to be, that is the question.\n"
 
 
@@ -291,7 +265,7 @@ def test_export_is_a_native_deepseek_v3_with_equal_logits_and_imports_back(tmp_p
 
     tokenizer = CharTokenizer(TEXT)
     model = mla_model(seed, tokenizer, q_lora_rank=q_lora_rank)
-    directory = export(tmp_path, model, tokenizer)
+    directory = export_model(tmp_path, model, tokenizer)
     hf = json.loads((directory / "config.json").read_text())
     assert (
         hf["architectures"] == ["DeepseekV3ForCausalLM"] and not (directory / "modeling_minitx.py").exists()
@@ -360,7 +334,7 @@ def test_a_run_starts_from_an_exported_directory(tmp_path, seed):
 
     tokenizer = CharTokenizer(TEXT)
     source = mla_model(seed, tokenizer, q_lora_rank=10)
-    directory = export(tmp_path, source, tokenizer)
+    directory = export_model(tmp_path, source, tokenizer)
     # The run's default attention, as train.py's parser hands it over (a jsonargparse Namespace).
     default = Namespace(**dataclasses.asdict(AttentionConfig()))
     fields = run_model_fields(
@@ -379,7 +353,7 @@ def test_export_refuses_what_deepseek_v3_cannot_express_saying_what_to_change(tm
 
     tokenizer = CharTokenizer(TEXT)
     with pytest.raises(UserError) as error:
-        export(tmp_path, mla_model(seed, tokenizer, mlp="gelu"), tokenizer)
+        export_model(tmp_path, mla_model(seed, tokenizer, mlp="gelu"), tokenizer)
     message = str(error.value)
     assert "mlp=gelu: mla exports only as DeepseekV3ForCausalLM, which needs mlp: swiglu;" in message
     assert "\n" not in message and not (tmp_path / "hf").exists()
@@ -395,7 +369,7 @@ def test_export_refuses_what_deepseek_v3_cannot_express_saying_what_to_change(tm
         )
     )
     with pytest.raises(UserError, match=r"attention mla/local: .* needs mla in every layer; set that"):
-        export(tmp_path, mixed, tokenizer, "mixed")
+        export_model(tmp_path, mixed, tokenizer, "mixed")
 
 
 def test_import_refuses_mixture_of_experts_layers_and_interleaved_rope_in_one_line(tmp_path, seed):
@@ -403,7 +377,7 @@ def test_import_refuses_mixture_of_experts_layers_and_interleaved_rope_in_one_li
     from minitx.hf.load import read_hf_directory
 
     tokenizer = CharTokenizer(TEXT)
-    directory = export(tmp_path, mla_model(seed, tokenizer), tokenizer)
+    directory = export_model(tmp_path, mla_model(seed, tokenizer), tokenizer)
     path = directory / "config.json"
     hf = json.loads(path.read_text())
     for change, message in (
