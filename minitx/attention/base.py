@@ -45,6 +45,12 @@ class SoftmaxOptions:
     gate: Literal["none", "elementwise", "head"] = "none"
 
 
+def norm_float32(norm: nn.Module, x: Tensor) -> Tensor:
+    """An RMSNorm of float32 weights over x in float32, returned in x's dtype: under bf16 autocast
+    the projections hand it bf16, which the fused kernel refuses beside float32 weights."""
+    return norm(x.float()).to(x.dtype)
+
+
 def apply_rope(x: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
     """Rotate each pair (x[..., i], x[..., i + D/2]) of x (B, heads, T, D) by position * freq_i:
 
@@ -120,7 +126,8 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x).view(B, T, H + 2 * G, self.head_dim).transpose(1, 2)
         if self.q_norm is not None:
             q, k, v = qkv.split([H, G, G], dim=1)
-            return apply_rope(self.q_norm(q), rope), apply_rope(self.k_norm(k), rope), v
+            q, k = norm_float32(self.q_norm, q), norm_float32(self.k_norm, k)
+            return apply_rope(q, rope), apply_rope(k, rope), v
         q, k = apply_rope(qkv[:, : H + G], rope).split([H, G], dim=1)  # q and k turn by the same angles
         return q, k, qkv[:, H + G :]
 

@@ -37,7 +37,7 @@ from .. import functional
 from ..cache import KVCache
 from ..config import ModelConfig
 from ..kinds import KindSpec, OptionError, fail
-from .base import Attention, apply_rope
+from .base import Attention, apply_rope, norm_float32
 
 NORM_EPS = 1e-6  # the latents' RMSNorm eps: DeepSeek's, and minitx's everywhere else
 
@@ -142,12 +142,15 @@ class MultiHeadLatentAttention(Attention):
         whose first token sits at position `start`, RoPE applied to the rotary parts."""
         B, T, _ = x.shape
         rope = self.rotary(start, T)
-        q = self.q_proj(x) if self.q_proj is not None else self.q_up(self.q_latent_norm(self.q_down(x)))
+        if self.q_proj is not None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_up(norm_float32(self.q_latent_norm, self.q_down(x)))
         q = q.view(B, T, self.n_head, -1).transpose(1, 2)
         q_nope, q_rope = q.split([self.nope_dim, self.rope_dim], dim=-1)
         c_kv, k_rope = self.kv_down(x).unsqueeze(1).split([self.rank, self.rope_dim], -1)
         q = torch.cat([q_nope, apply_rope(q_rope, rope)], dim=-1)
-        return q, self.kv_latent_norm(c_kv), apply_rope(k_rope, rope)
+        return q, norm_float32(self.kv_latent_norm, c_kv), apply_rope(k_rope, rope)
 
     def expand(self, c_kv: Tensor, k_rope: Tensor) -> tuple[Tensor, Tensor]:
         """Keys (B, H, T, nope + d_r) and values (B, H, T, v) of each head from the latents."""
