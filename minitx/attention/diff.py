@@ -41,7 +41,7 @@ NORM_EPS = 1e-6  # the per-head RMSNorm's eps: minitx's everywhere, DiffLlama's 
 class DiffOptions:
     """attention.options.diff"""
 
-    # lambda's constant part; None: by depth, 0.8 - 0.6 exp(-0.3 layer), as the paper.
+    # lambda's constant part, in [0, 1); None: by depth, 0.8 - 0.6 exp(-0.3 layer), as the paper.
     lambda_init: float | None = None
     # std of the normal init of the four lambda vectors (DiffLlama's lambda_std_dev).
     lambda_std: float = 0.1
@@ -49,6 +49,11 @@ class DiffOptions:
     def __post_init__(self) -> None:
         if self.lambda_std < 0:
             raise OptionError("lambda_std", f"is {self.lambda_std}", "use a standard deviation of 0 or more")
+        # The output is scaled by 1 - lambda_init: at 1 or more it vanishes or flips sign.
+        if self.lambda_init is not None and not 0 <= self.lambda_init < 1:
+            raise OptionError(
+                "lambda_init", f"is {self.lambda_init}", "use a value in [0, 1), or null (by depth)"
+            )
 
 
 def lambda_init_at(layer: int) -> float:

@@ -1,8 +1,9 @@
 """Differential attention (diff): its paths against the oracle, its maps, and DiffLlama.
 
-- the fast path (two SDPA calls, one per value half) against the materialised reference and the
+- the fast path (one SDPA call over 2D-wide values) against the materialised reference and the
   paper's formula written out head pair by head pair, at awkward lengths, with GQA, gradients too;
-- lambda_init by depth (0-based layers) or set;
+- lambda_init by depth (0-based layers) or set; the attention maps (H/2 differential maps);
+- decoding from the KV cache against the full forward, with and without GQA;
 - the layer against transformers' `DiffLlamaAttention` with copied weights at several depths; the
   export as a native DiffLlamaForCausalLM (logits, greedy tokens) and the import back, also of a
   directory transformers wrote itself;
@@ -30,6 +31,7 @@ from minitx.attention.diff import DifferentialAttention, lambda_init_at
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import UserError
 from minitx.model import RotaryEmbedding
+from minitx.verify import cached_logits
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")
 
@@ -119,11 +121,47 @@ def test_bad_settings_are_one_line_naming_them():
     with pytest.raises(UserError, match=r"attention\.options\.diff\.lambda_init: is 'a', not a number"):
         config(lambda_init="a")
     with pytest.raises(
+        UserError, match=r"^attention\.options\.diff\.lambda_init: is 1\.0; use a value in \[0, 1\)"
+    ):
+        config(lambda_init=1.0)
+    with pytest.raises(
         UserError, match=r"^n_head: is 3, but kind diff pairs query heads; use an even n_head$"
     ):
         ModelConfig(n_head=3, d_model=48, attention=AttentionConfig(kind="diff"))
     with pytest.raises(UserError, match=r"attention\.n_kv_head: is 1, but kind diff pairs key/value heads"):
         config(n_kv_head=1)
+
+
+def small_model(n_kv_head: int | None, n_layer: int = 2, block_size: int = 16) -> Transformer:
+    shape = dict(vocab_size=16, block_size=block_size, n_layer=n_layer, n_head=4, d_model=32)
+    model = Transformer(ModelConfig(**shape, attention=AttentionConfig(kind="diff", n_kv_head=n_kv_head)))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lambda" in name:
+                param.copy_(0.3 * torch.randn_like(param))
+    return model.eval()
+
+
+@pytest.mark.parametrize("n_kv_head", [None, 2])
+def test_cached_decoding_equals_the_full_forward(n_kv_head):
+    model = small_model(n_kv_head)
+    for prompt_len in (1, 6, 16):
+        seq = torch.randint(0, 16, (2, 16))
+        with torch.no_grad():
+            full = model(seq)[:, prompt_len - 1 :]
+        assert (cached_logits(model, seq, prompt_len) - full).abs().max() < 1e-4, prompt_len
+
+
+def test_attention_maps_are_the_differential_maps():
+    """H/2 maps per layer, causal, each row summing to 1 - lambda (A1 and A2 each sum to 1)."""
+    model = small_model(2, block_size=32)
+    T = 20
+    maps = model.attention_maps(torch.randint(0, 16, (2, T)))
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    for block, weights in zip(model.blocks, maps):
+        assert weights.shape == (2, 2, T, T) and (weights[..., future] == 0).all()
+        expected = 1 - block.attn.lambda_full().item()
+        assert (weights.sum(-1) - expected).abs().max() < 1e-5
 
 
 # -- transformers' DiffLlama -----------------------------------------------------------------------
