@@ -125,8 +125,11 @@ def native_config(config: ModelConfig, architecture: str) -> dict:
     return hf
 
 
-def to_hf_weights(state: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
-    """minitx state dict -> transformers Llama-family names, q/k/v split out of qkv_proj."""
+def to_hf_weights(
+    state: dict[str, Tensor], config: ModelConfig, names: dict[str, str] = LAYER_NAMES
+) -> dict[str, Tensor]:
+    """minitx state dict -> transformers names: the layers' by `names` (the Llama family's by
+    default), q/k/v split out of a fused qkv_proj."""
     out = {}
     for key, value in state.items():
         name, _, param = key.rpartition(".")
@@ -140,7 +143,7 @@ def to_hf_weights(state: dict[str, Tensor], config: ModelConfig) -> dict[str, Te
             for part, piece in zip("qkv", value.split(sizes, dim=0)):
                 out[f"{prefix}self_attn.{part}_proj.{param}"] = piece.contiguous()
         else:
-            out[f"{prefix}{LAYER_NAMES[inner]}.{param}"] = value
+            out[f"{prefix}{names[inner]}.{param}"] = value
     return out
 
 

@@ -32,6 +32,9 @@ from .convert import (
     shape_from_hf,
     shape_reasons,
 )
+from .convert import (
+    to_hf_weights as convert_weights,
+)
 
 MODEL_TYPES = {"deepseek_v3": "DeepseekV3ForCausalLM"}
 ARCHITECTURE = "DeepseekV3ForCausalLM"
@@ -88,15 +91,7 @@ def native_config(config: ModelConfig, architecture: str) -> dict:
 
 def to_hf_weights(state: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
     """minitx state dict -> DeepseekV3 names."""
-    out = {}
-    for key, value in state.items():
-        name, _, param = key.rpartition(".")
-        if name in TOP_NAMES:
-            out[f"{TOP_NAMES[name]}.{param}"] = value
-        else:
-            _, layer, inner = name.split(".", 2)
-            out[f"model.layers.{layer}.{NAMES[inner]}.{param}"] = value
-    return out
+    return convert_weights(state, config, NAMES)
 
 
 def from_hf_weights(hf: dict[str, Tensor], config: ModelConfig, where: str = "weights") -> dict[str, Tensor]:
