@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ..config import AttentionConfig, ModelConfig
 from ..errors import UserError
+from . import convert
 from .convert import (
     LAYER_NAMES,
     TOP_NAMES,
@@ -31,9 +32,6 @@ from .convert import (
     shape_config,
     shape_from_hf,
     shape_reasons,
-)
-from .convert import (
-    to_hf_weights as convert_weights,
 )
 
 MODEL_TYPES = {"deepseek_v3": "DeepseekV3ForCausalLM"}
@@ -91,7 +89,7 @@ def native_config(config: ModelConfig, architecture: str) -> dict:
 
 def to_hf_weights(state: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
     """minitx state dict -> DeepseekV3 names."""
-    return convert_weights(state, config, NAMES)
+    return convert.to_hf_weights(state, config, NAMES)
 
 
 def from_hf_weights(hf: dict[str, Tensor], config: ModelConfig, where: str = "weights") -> dict[str, Tensor]:
