@@ -9,7 +9,7 @@ subclass, when it keeps more than keys and values), `on_prefill` and `attend_cac
 
 Three additions of 2024-25 are options of every softmax kind whose options derive from
 `SoftmaxOptions` (mha, mqa, gqa, local): QK-norm and the output gate live here, in the shared
-projections; learned sinks change the softmax, so each kind's `attend` calls `with_sink`.
+projections; learned sinks change the softmax, so each kind's `attend` goes through `with_sink`.
 
 A layer owns its decoding cache: `setup_cache` makes one (`self.kv_cache`), `reset_cache` empties
 it. A cache may also be made apart (`new_cache`) and passed to `forward`, as `Transformer.new_cache`
@@ -131,7 +131,7 @@ class Attention(nn.Module):
         q, k = apply_rope(qkv[:, : H + G], rope).split([H, G], dim=1)  # q and k turn by the same angles
         return q, k, qkv[:, H + G :]
 
-    def merge(self, y: Tensor, x: Tensor | None = None) -> Tensor:
+    def merge(self, y: Tensor, x: Tensor) -> Tensor:
         """The heads y (B, H, T, D) side by side through the output projection; with a gate, each
         head's output first times sigmoid(W_g x) of the layer's input x."""
         B, H, T, D = y.shape
@@ -140,17 +140,17 @@ class Attention(nn.Module):
             y = y * gate.to(y.dtype)  # (B, H, T, D or 1)
         return self.out_proj(y.transpose(1, 2).reshape(B, T, H * D))
 
-    def with_sink(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v with the sinks as one token before the sequence, for any causal attention.
+    def with_sink(self, attend, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Attention with sinks through `attend`, any causal attention of (q, k, v) that takes
+        the sink as one token before the sequence (and scales by `self.scale`).
 
         The sink's key [0, ..., 0, 1] meets each query [q, s_h / scale], so its score is exactly
         s_h, while every real score q.k is unchanged (the real keys get a 0 there); its value is 0,
         so it only adds exp(s_h) to each row's denominator. A query one place later sees one key
-        more, exactly the sink: causal attention over the result, with `scale=self.scale`, the
-        first output dropped and the output cut back to D features (`without_sink`), is attention
-        with sinks. The extra feature is padded to 8, and the values with zeros to the same
-        width: fused kernels want equal, aligned widths (on the CPU, SDPA with values narrower
-        than the keys takes a path three times slower, measured at T = 1024).
+        more, exactly the sink: the first output dropped and cut back to D features, this is
+        attention with sinks. The extra feature is padded to 8, and the values with zeros to the
+        same width: fused kernels want equal, aligned widths (on the CPU, SDPA with values
+        narrower than the keys takes a path three times slower, measured at T = 1024).
         """
         B, H, T, D = q.shape
         extra = 8
@@ -159,12 +159,7 @@ class Attention(nn.Module):
         k = F.pad(k, (0, extra, 1, 0))
         k[:, :, 0, D] = 1.0
         v = F.pad(v, (0, extra, 1, 0))
-        return q, k, v
-
-    @staticmethod
-    def without_sink(out: Tensor, D: int) -> Tensor:
-        """The output of attention over `with_sink`'s tensors, without the sink's row and padding."""
-        return out[:, :, 1:, :D]
+        return attend(q, k, v)[:, :, 1:, :D]
 
     def sink_attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
         """Attention with sinks of a few new queries against a cache's keys (mask: (T, keys) or

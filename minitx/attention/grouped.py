@@ -16,14 +16,12 @@ from .base import Attention, SoftmaxOptions
 class GroupedQueryAttention(Attention):
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if self.sinks is not None:
-            D = v.shape[-1]
-            q, k, v = self.with_sink(q, k, v)
-            out = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=self.dropout_p, is_causal=True, scale=self.scale, enable_gqa=True
-            )
-            return self.without_sink(out, D)
+            return self.with_sink(self.causal, q, k, v)
+        return self.causal(q, k, v)
+
+    def causal(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout_p, is_causal=True, enable_gqa=True
+            q, k, v, dropout_p=self.dropout_p, is_causal=True, scale=self.scale, enable_gqa=True
         )
 
     def reference(self, q: Tensor, k: Tensor, v: Tensor):

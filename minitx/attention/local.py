@@ -63,9 +63,9 @@ class LocalAttention(Attention):
             return self.attend_window(q, k, v, self.n_global)
         # The sink goes in as a token before the sequence (see with_sink), always in view: one
         # global token more. The window is unchanged: every real token moved by one place.
-        D = v.shape[-1]
-        q, k, v = self.with_sink(q, k, v)
-        return self.without_sink(self.attend_window(q, k, v, self.n_global + 1, scale=self.scale), D)
+        return self.with_sink(
+            lambda q, k, v: self.attend_window(q, k, v, self.n_global + 1, self.scale), q, k, v
+        )
 
     def attend_window(self, q: Tensor, k: Tensor, v: Tensor, n_global: int, scale=None) -> Tensor:
         T = q.shape[2]
