@@ -94,11 +94,10 @@ class DifferentialAttention(Attention):
         return lambda_1 - lambda_2 + self.lambda_init
 
     @staticmethod
-    def value_halves(v: Tensor) -> tuple[Tensor, Tensor]:
-        """Each key/value head's values for the two maps: kv head g reads [v_g', v_{g'+G/2}] with
-        g' = g mod G/2, so heads g and g + G/2 of a pair see the same 2D-wide value."""
-        first, second = v.chunk(2, dim=1)
-        return first.repeat(1, 2, 1, 1), second.repeat(1, 2, 1, 1)
+    def pair_values(v: Tensor) -> Tensor:
+        """(B, G, S, D) -> (B, G/2, S, 2D): key/value heads g and g + G/2 side by side, the value
+        of the pair of query heads that reads them."""
+        return torch.cat(v.chunk(2, dim=1), dim=-1)
 
     def combine(self, out: Tensor) -> Tensor:
         """(B, H, T, 2D) outputs of every query head -> (B, H/2, T, 2D): pair differences, normed."""
@@ -118,7 +117,8 @@ class DifferentialAttention(Attention):
         # No dropout on the maps: the difference of two maps has no agreed dropout (DiffLlama
         # refuses it); the model's residual dropout still applies.
         D = q.shape[-1]
-        values = torch.cat(self.value_halves(v), dim=-1)  # (B, G, S, 2D)
+        # Query head h reads key/value head g = h // (H/G); heads g and g + G/2 read one pair's values.
+        values = self.pair_values(v).repeat(1, 2, 1, 1)  # (B, G, S, 2D)
         q, k = F.pad(q, (0, D)), F.pad(k, (0, D))  # zeros: the same scores, at the values' width
         out = F.scaled_dot_product_attention(
             q, k, values, attn_mask=mask, is_causal=causal, scale=D**-0.5, enable_gqa=True
@@ -131,8 +131,9 @@ class DifferentialAttention(Attention):
         first, second = weights.chunk(2, dim=1)
         maps = first - self.lambda_full().to(weights.dtype) * second
         G = k.shape[1]
-        value = torch.cat(v.chunk(2, dim=1), dim=-1)  # (B, G/2, T, 2D): pair j's values
-        value = value.repeat_interleave(maps.shape[1] // (G // 2), dim=1)  # pair i reads kv pair i // r
+        value = self.pair_values(v).repeat_interleave(
+            maps.shape[1] // (G // 2), dim=1
+        )  # pair i reads kv pair i // r
         out = F.rms_norm(maps @ value, (value.shape[-1],), eps=NORM_EPS)
         return (1 - self.lambda_init) * out, maps
 
