@@ -201,3 +201,19 @@ def test_prefill_benchmark_prints_a_row_per_kind_and_prompt(tmp_path):
     )
     for kind in ("mha", "local", "mta"):
         assert [row[1] for row in table_rows(out, kind)] == ["16", "48"], out
+
+
+@pytest.mark.slow
+def test_sdpa_widths_prints_every_width_pair(tmp_path):
+    out = run_script("sdpa_widths.py", "--batch", "1", "--seq-len", "16", "--repeats", "1", cwd=tmp_path)
+    rows = [row for row in table_rows(out, "") if row[0].isdigit()]
+    assert [(int(row[0]), int(row[1])) for row in rows] == [
+        (32, 32),
+        (40, 32),
+        (40, 40),
+        (48, 32),
+        (48, 48),
+        (32, 64),
+        (64, 64),
+    ]
+    assert rows[0][3] == "1.00" and all(float(row[2]) > 0 for row in rows)
