@@ -57,6 +57,10 @@ class KVCache(nn.Module):
             "pos", torch.full((capacity,), -1, dtype=torch.long, device=device), persistent=False
         )
         self.n_seen = 0  # tokens appended so far = position of the next token
+        # With documents (ModelConfig.document_token): where the new queries' documents begin,
+        # (B, T) absolute positions set by the model before each call, and where the last one began.
+        self.starts: Tensor | None = None
+        self.doc_start: Tensor | None = None
 
     def reset(self) -> None:
         """Empty the cache for a new sequence, keeping its memory."""
@@ -64,12 +68,27 @@ class KVCache(nn.Module):
         self.v.zero_()
         self.pos.fill_(-1)  # -1: empty slot
         object.__setattr__(self, "n_seen", 0)
+        self.set_documents(None)
+
+    def set_documents(self, starts: Tensor | None) -> None:
+        """Where each new query's document begins (B, T): keys before it are hidden from it, so a
+        new document decodes as a fresh sequence would."""
+        object.__setattr__(self, "starts", starts)
+        object.__setattr__(self, "doc_start", None if starts is None else starts[:, -1])
+
+    def in_document(self, mask: Tensor | None, k_pos: Tensor) -> Tensor | None:
+        """`mask` (T, keys) or None, narrowed to the keys in each new query's document: (B, 1, T, keys)."""
+        if self.starts is None:
+            return mask
+        same = k_pos[None, None, :] >= self.starts[:, :, None]  # (B, T, keys)
+        return (same if mask is None else same & mask).unsqueeze(1)
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """Store new keys and values (B, G, T, D); return (keys, values, mask) for the T new queries.
 
         mask is boolean (T, keys), True where a new query may see a key, from absolute positions
-        (so slots may be in any order), or None when every returned key is visible to every query.
+        (so slots may be in any order), or None when every returned key is visible to every query;
+        with documents (B, 1, T, keys), each row's queries seeing their own document only.
         """
         T = k.shape[2]
         if T == 1 and self.capacity - self.n_sink <= self.window:
@@ -79,7 +98,7 @@ class KVCache(nn.Module):
             keys, values = self.k, self.v  # each read of a module's buffer is a slow __getattr__
             self._append_one(keys, values, k, v)
             filled = min(self.n_seen, self.capacity)
-            return keys[:, :, :filled], values[:, :, :filled], None
+            return keys[:, :, :filled], values[:, :, :filled], self.in_document(None, self.pos[:filled])
         q_pos = torch.arange(self.n_seen, self.n_seen + T, device=k.device)
         if T == 1:
             self.append(k, v)
@@ -92,11 +111,8 @@ class KVCache(nn.Module):
             )
             k_pos = torch.cat([self.pos, q_pos])
             self.append(k, v)
-        return (
-            keys,
-            values,
-            allowed_mask(q_pos, k_pos, window=self.window, n_global=self.n_sink) & (k_pos >= 0),
-        )
+        mask = allowed_mask(q_pos, k_pos, window=self.window, n_global=self.n_sink) & (k_pos >= 0)
+        return keys, values, self.in_document(mask, k_pos)
 
     def _slots(self, positions: Tensor) -> Tensor:
         ring = self.capacity - self.n_sink

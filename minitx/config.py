@@ -144,6 +144,9 @@ class ModelConfig:
     bias: bool = False
     tie_embeddings: bool = True
     attention: AttentionConfig = field(default_factory=AttentionConfig)
+    # The token id that starts each document (the tokenizer's end-of-text); set, no token attends
+    # across a document start (minitx/documents.py). None: windows are attended as one text.
+    document_token: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.attention, dict):
@@ -162,6 +165,15 @@ class ModelConfig:
         hints = typing.get_type_hints(ModelConfig)
         for name in ("mlp", "norm", "positions"):  # each choice is stated once, as its Literal
             kinds.check_type(name, getattr(self, name), hints[name])
+        token = self.document_token
+        if token is not None and (
+            not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < self.vocab_size
+        ):
+            _fail(
+                "document_token",
+                f"is {token!r}",
+                f"use a token id in [0, vocab_size={self.vocab_size}) (the end-of-text id), or leave it unset",
+            )
         if not 0.0 <= self.dropout < 1.0:
             _fail("dropout", f"is {self.dropout}", "use a probability in [0, 1)")
         if self.d_model % self.n_head:

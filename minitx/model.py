@@ -11,10 +11,12 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from . import attention, decoding
 from .cache import KVCache, ModelCache
 from .config import ModelConfig
+from .documents import Documents
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
@@ -85,8 +87,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.dropout = make_dropout(config.dropout)
 
-    def forward(self, x: Tensor, rope=None, cache=None) -> Tensor:
-        x = x + self.dropout(self.attn(self.norm1(x), rope, cache))
+    def forward(self, x: Tensor, rope=None, cache=None, docs: Documents | None = None) -> Tensor:
+        x = x + self.dropout(self.attn(self.norm1(x), rope, cache, docs))
         return x + self.mlp(self.norm2(x))
 
 
@@ -124,13 +126,42 @@ class Transformer(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
+    # Activation checkpointing (MinitxLM's activation_checkpointing): a training setting, not part of
+    # the model's shape, so it lives here and not in ModelConfig.
+    checkpoint_activations = False
+
+    def _run_block(self, block: Block, *args, **kwargs) -> Tensor:
+        """block(*args, **kwargs), checkpointed when training with checkpoint_activations: only the
+        block's input is kept for backward, which runs the block's forward again to rebuild the rest."""
+        if self.checkpoint_activations and self.training and torch.is_grad_enabled():
+            # use_reentrant=False restores the RNG state before recomputing: the same dropout masks.
+            return checkpoint(block, *args, use_reentrant=False, **kwargs)
+        return block(*args, **kwargs)
+
     # -- forward ---------------------------------------------------------------------------------
-    def embed(self, idx: Tensor, start: int = 0) -> Tensor:
-        """Token (+ learned position) embeddings of idx (B, T) whose first token sits at `start`."""
+    def embed(self, idx: Tensor, start: int = 0, docs: Documents | None = None) -> Tensor:
+        """Token (+ learned position) embeddings of idx (B, T) whose first token sits at `start`;
+        with documents, learned positions restart at each document's first token."""
         x = self.tok_emb(idx)
         if self.pos_emb is not None:
+            if docs is not None:
+                return x + self.pos_emb(docs.positions)
             x = x + self.pos_emb(torch.arange(start, start + idx.shape[1], device=idx.device))
         return x
+
+    def documents(self, idx: Tensor, caches: list[KVCache | None]) -> Documents | None:
+        """The documents of idx (None without a document token). Decoding, the caches remember
+        where the running document began and learn where each new query's begins."""
+        token = self.config.document_token
+        if token is None:
+            return None
+        first = caches[0]
+        if first is None:
+            return Documents.of(idx, token)
+        docs = Documents.of(idx, token, first.n_seen, first.doc_start if first.n_seen else None)
+        for cache in caches:
+            cache.set_documents(docs.starts)
+        return docs
 
     def layer_caches(self, cache: ModelCache | None = None) -> list[KVCache | None]:
         """The caches the layers use: those of `cache` if given, else the layers' own (or None)."""
@@ -139,16 +170,21 @@ class Transformer(nn.Module):
         return [block.attn.kv_cache for block in self.blocks]
 
     def forward_embeddings(
-        self, x: Tensor, cache: ModelCache | None = None, caches: list[KVCache | None] | None = None
+        self,
+        x: Tensor,
+        cache: ModelCache | None = None,
+        caches: list[KVCache | None] | None = None,
+        docs: Documents | None = None,
     ) -> Tensor:
         """Logits (B, T, vocab) from input embeddings (B, T, d_model); `caches`: the per-layer
-        caches when the caller has looked them up already (see layer_caches)."""
+        caches when the caller has looked them up already (see layer_caches); `docs`: the
+        documents the tokens belong to (see `documents`), None: one text."""
         caches = caches or self.layer_caches(cache)
         start = caches[0].n_seen if caches[0] is not None else 0
         rope = self.rope(start, x.shape[1]) if self.rope is not None else None
         x = self.dropout(x)
         for block, layer_cache in zip(self.blocks, caches):
-            x = block(x, rope, layer_cache)
+            x = self._run_block(block, x, rope, layer_cache, docs)
         return self.lm_head(self.norm(x))
 
     def forward(self, idx: Tensor, cache: ModelCache | None = None) -> Tensor:
@@ -162,11 +198,15 @@ class Transformer(nn.Module):
             raise ValueError(
                 f"sequence length {T} exceeds block_size={self.config.block_size}; crop the input"
             )
+        docs = self.documents(idx, caches)
         if self.pos_emb is not None and start + T > self.config.block_size:
-            raise ValueError(
-                f"positions up to {start + T} exceed block_size={self.config.block_size} of a model with learned positions"
-            )
-        return self.forward_embeddings(self.embed(idx, start), caches=caches)
+            # Past the context only a document that restarted its positions may go on decoding.
+            end = start + T if docs is None else int(docs.positions.max()) + 1
+            if end > self.config.block_size:
+                raise ValueError(
+                    f"positions up to {end} exceed block_size={self.config.block_size} of a model with learned positions"
+                )
+        return self.forward_embeddings(self.embed(idx, start, docs), caches=caches, docs=docs)
 
     # -- decoding caches -------------------------------------------------------------------------
     def new_cache(

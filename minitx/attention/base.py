@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from ..cache import KVCache
 from ..config import ModelConfig
+from ..documents import Documents
 
 
 @dataclass
@@ -162,31 +163,46 @@ class Attention(nn.Module):
         return attend(q, k, v)[:, :, 1:, :D]
 
     def sink_attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
-        """Attention with sinks of a few new queries against a cache's keys (mask: (T, keys) or
-        None), materialised: decoding's scores are one row per query anyway."""
+        """Attention with sinks of a few new queries against a cache's keys (mask: (T, keys),
+        (B, 1, T, keys) or None), materialised: decoding's scores are one row per query anyway."""
         B, H, T, D = q.shape
         G = keys.shape[1]
         r = H // G  # query heads per key/value head: grouped, never copied
         scores = (q.reshape(B, G, r * T, D) @ keys.to(q.dtype).transpose(-1, -2)) * self.scale
-        if mask is not None:
-            scores = scores.masked_fill(~mask.repeat(r, 1), float("-inf"))
+        if mask is not None:  # (T, keys), or (B, 1, T, keys) with documents
+            rows = mask.repeat(r, 1) if mask.dim() == 2 else mask.repeat(1, 1, r, 1)
+            scores = scores.masked_fill(~rows, float("-inf"))
         sink = self.sinks.to(scores.dtype).view(1, G, r, 1, 1).expand(B, G, r, T, 1).reshape(B, G, r * T, 1)
         norm = torch.logsumexp(torch.cat([scores, sink], dim=-1), dim=-1, keepdim=True)
         out = torch.exp(scores - norm) @ values.to(q.dtype)
         return out.view(B, H, T, D)
 
-    def forward(self, x: Tensor, rope=None, cache: KVCache | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, rope=None, cache: KVCache | None = None, docs: Documents | None = None
+    ) -> Tensor:
         q, k, v = self.project(x, rope)
-        if cache is None:
-            y = self.attend(q, k, v)
-        elif cache.n_seen == 0:
-            # A prompt into an empty cache: the fast path, then keep what the cache has room for.
-            y = self.attend(q, k, v)
-            cache.append(k, v)
-            self.on_prefill(q, cache)
-        else:
+        if cache is None or cache.n_seen == 0:
+            y = self.attend(q, k, v) if docs is None else self.attend_documents(q, k, v, docs)
+            if cache is not None:  # a prompt into an empty cache: keep what the cache has room for
+                cache.append(k, v)
+                self.on_prefill(q, cache)
+        else:  # the cache knows the new queries' documents (set_documents)
             y = self.attend_cached(q, k, v, cache)
         return self.merge(y, x)
+
+    def attend_documents(self, q: Tensor, k: Tensor, v: Tensor, docs: Documents) -> Tensor:
+        """`attend` with no query seeing a key of another document (minitx/documents.py).
+
+        Here, for any kind: each document's piece of each row goes through `attend` on its own, which
+        is what a document alone would compute, however the kind mixes scores (MTA's convolutions
+        included). One call per piece; kinds with a mask-based path override this."""
+        rows = []
+        for row, pieces in enumerate(docs.pieces()):
+            b = slice(row, row + 1)
+            rows.append(
+                torch.cat([self.attend(q[b, :, i:j], k[b, :, i:j], v[b, :, i:j]) for i, j in pieces], 2)
+            )
+        return torch.cat(rows, dim=0)
 
     def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
         """New tokens against the cache, which says which of its keys each new query may see."""

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from .. import functional
 from ..cache import KVCache
 from ..config import ModelConfig
+from ..documents import Documents
 from ..kinds import KindSpec, OptionError, fail
 from .base import Attention
 
@@ -108,6 +109,9 @@ class DifferentialAttention(Attention):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return self.differential(q, k, v, mask=None, causal=True)
+
+    def attend_documents(self, q: Tensor, k: Tensor, v: Tensor, docs: Documents) -> Tensor:
+        return self.differential(q, k, v, mask=docs.mask(), causal=False)
 
     def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
         keys, values, mask = cache.update(k, v)  # mask None: every cached key is visible

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import functional
+from ..documents import Documents
 from ..kinds import KindSpec
 from .base import Attention, SoftmaxOptions
 
@@ -19,10 +20,25 @@ class GroupedQueryAttention(Attention):
             return self.with_sink(self.causal, q, k, v)
         return self.causal(q, k, v)
 
-    def causal(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def causal(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Causal attention, or attention under a boolean `mask` (True: may see) that says more."""
         return F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout_p, is_causal=True, scale=self.scale, enable_gqa=True
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout_p,
+            is_causal=mask is None,
+            scale=self.scale,
+            enable_gqa=True,
         )
+
+    def attend_documents(self, q: Tensor, k: Tensor, v: Tensor, docs: Documents) -> Tensor:
+        # One SDPA call under the causal, same-document mask; a sink enters as one token always in view.
+        if self.sinks is not None:
+            mask = docs.mask(leading=1)
+            return self.with_sink(lambda q, k, v: self.causal(q, k, v, mask), q, k, v)
+        return self.causal(q, k, v, docs.mask())
 
     def reference(self, q: Tensor, k: Tensor, v: Tensor):
         return functional.attention(q, k, v, causal=True, sinks=self.sinks, return_weights=True)

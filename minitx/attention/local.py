@@ -18,7 +18,8 @@ from torch import Tensor
 
 from .. import functional
 from ..config import ModelConfig
-from ..kinds import KindSpec, OptionError
+from ..documents import Documents
+from ..kinds import KindSpec, OptionError, fail
 from .base import Attention, SoftmaxOptions
 
 MIN_BLOCK = 64  # tiny windows still get blocks of this size: fewer, larger matmuls
@@ -78,6 +79,32 @@ class LocalAttention(Attention):
             return flex_local(q, k, v, self.window, n_global, scale)
         return chunked_local(q, k, v, self.window, n_global, self.dropout_p, scale)
 
+    def attend_documents(self, q: Tensor, k: Tensor, v: Tensor, docs: Documents) -> Tensor:
+        # n_global is 0 here (check_local_model): global tokens are the sequence's first ones.
+        if self.sinks is None:
+            return self.window_in_documents(q, k, v, docs.starts - docs.offset, 0)
+        # The sink enters as a token before the sequence (with_sink): the real tokens move one place
+        # on, and the sink, one global token, stays in view of every document.
+        starts = F.pad(docs.starts - docs.offset + 1, (1, 0))
+        return self.with_sink(
+            lambda q, k, v: self.window_in_documents(q, k, v, starts, 1, self.scale), q, k, v
+        )
+
+    def window_in_documents(
+        self, q: Tensor, k: Tensor, v: Tensor, starts: Tensor, n_global: int, scale=None
+    ) -> Tensor:
+        """The window within each query's document (starts (B, T): the index where it begins);
+        the first n_global tokens (a sink) are in view of all."""
+        T = q.shape[2]
+        if self.window >= T:
+            pos = torch.arange(T, device=q.device)
+            keys = pos[None, None, None, :]
+            mask = (keys <= pos[:, None]) & ((keys >= starts[:, None, :, None]) | (keys < n_global))
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=self.dropout_p, scale=scale, enable_gqa=True
+            )
+        return chunked_local(q, k, v, self.window, n_global, self.dropout_p, scale, starts=starts)
+
     def reference(self, q: Tensor, k: Tensor, v: Tensor):
         return functional.attention(
             q, k, v, window=self.window, n_global=self.n_global, sinks=self.sinks, return_weights=True
@@ -92,8 +119,10 @@ def chunked_local(
     n_global: int = 0,
     dropout_p: float = 0.0,
     scale: float | None = None,
+    starts: Tensor | None = None,
 ) -> Tensor:
-    """Sliding-window attention in blocks: O(T * window) time and memory."""
+    """Sliding-window attention in blocks: O(T * window) time and memory. With `starts` (B, T), the
+    index where each query's document begins, no query sees a key before it (but the n_global)."""
     B, H, T, D = q.shape
     G, Dv = k.shape[1], v.shape[-1]
     C = min(max(window, MIN_BLOCK), T)  # block size; C >= window keeps each window in two blocks
@@ -117,7 +146,17 @@ def chunked_local(
     # (and warn that it does).
     block_mask = _block_mask.__wrapped__ if torch.compiler.is_compiling() else _block_mask
     mask = block_mask(n, C, window, n_global, q.device)  # (n, 1, C, keys)
-    mask = mask.expand(B, n, 1, C, mask.shape[-1]).reshape(B * n, 1, C, -1)
+    if starts is None:
+        mask = mask.expand(B, n, 1, C, mask.shape[-1]).reshape(B * n, 1, C, -1)
+    else:  # the same blocks, each query's keys cut at its document's start
+        first = F.pad(starts, (0, pad)).view(B, n, C, 1)  # padded queries are cut off at the end anyway
+        k_pos = torch.arange(-C, (n - 1) * C, C, device=q.device).view(n, 1, 1) + torch.arange(
+            2 * C, device=q.device
+        )
+        same = (k_pos >= first) | (k_pos < n_global)  # (B, n, C, 2C)
+        if n_global:
+            same = torch.cat([same, same.new_ones(B, n, C, n_global)], dim=-1)
+        mask = (mask.view(1, n, 1, C, -1) & same.view(B, n, 1, C, -1)).reshape(B * n, 1, C, -1)
     out = F.scaled_dot_product_attention(
         queries, keys, values, attn_mask=mask, dropout_p=dropout_p, scale=scale, enable_gqa=True
     )
@@ -166,4 +205,14 @@ def flex_local(
     return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
 
 
-LOCAL = KindSpec("local", LocalAttention, options=LocalOptions)
+def check_local_model(config: ModelConfig) -> None:
+    if config.document_token is not None and config.attention.options_of("local").n_global:
+        # The cache keeps the sequence's first tokens as the global ones; each document would need its own.
+        fail(
+            "attention.options.local.n_global",
+            "global tokens are the first of the sequence, which with document_token set lie in another document",
+            "set n_global to 0 (a learned sink, sinks: true, is in view of every document), or unset document_token",
+        )
+
+
+LOCAL = KindSpec("local", LocalAttention, options=LocalOptions, check_model=check_local_model)

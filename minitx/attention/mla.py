@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from .. import functional
 from ..cache import KVCache
 from ..config import ModelConfig
+from ..documents import Documents
 from ..kinds import KindSpec, OptionError, fail
 from .base import Attention, apply_rope, norm_float32
 
@@ -171,19 +172,29 @@ class MultiHeadLatentAttention(Attention):
         return weight.split([self.nope_dim, self.v_dim], dim=1)
 
     # -- attention ------------------------------------------------------------------------------
-    def forward(self, x: Tensor, rope=None, cache: KVCache | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, rope=None, cache: KVCache | None = None, docs: Documents | None = None
+    ) -> Tensor:
         start = cache.n_seen if cache is not None else 0
         q, c_kv, k_rope = self.compress(x, start)
         if cache is not None and cache.n_seen > 0:
             y = self.attend_cached(q, c_kv, k_rope, cache)
         else:  # training, or a prompt into an empty cache: expand this call's tokens, then SDPA
-            y = self.attend(q, *self.expand(c_kv, k_rope))
+            k, v = self.expand(c_kv, k_rope)
+            y = self.attend(q, k, v) if docs is None else self.attend_documents(q, k, v, docs)
             if cache is not None:
                 cache.append(c_kv, k_rope)
         B, H, T, _ = y.shape
         return self.out_proj(y.transpose(1, 2).reshape(B, T, H * self.v_dim))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return self.sdpa(q, k, v, mask=None)
+
+    def attend_documents(self, q: Tensor, k: Tensor, v: Tensor, docs: Documents) -> Tensor:
+        return self.sdpa(q, k, v, mask=docs.mask())
+
+    def sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """Causal attention, or under a boolean `mask` (True: may see) that says more."""
         # Fused kernels want queries, keys and values of one width (on the CPU, SDPA takes a path
         # three times slower otherwise, measured at T = 1024): pad the narrower side with zeros,
         # which changes no score and no output feature, then cut the output back.
@@ -193,7 +204,7 @@ class MultiHeadLatentAttention(Attention):
         elif dv > qk:
             q, k = F.pad(q, (0, dv - qk)), F.pad(k, (0, dv - qk))
         out = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout_p, is_causal=True, scale=self.scale
+            q, k, v, attn_mask=mask, dropout_p=self.dropout_p, is_causal=mask is None, scale=self.scale
         )
         return out[..., :dv]
 
@@ -215,7 +226,7 @@ class MultiHeadLatentAttention(Attention):
         scores = q_latent.reshape(B, 1, H * T, self.rank) @ latents.transpose(-1, -2)
         scores = scores + q_rope.reshape(B, 1, H * T, self.rope_dim) @ rope_keys.transpose(-1, -2)
         scores = scores.view(B, H, T, S) * self.scale
-        if mask is not None:  # (T, S): which cached tokens each new query may see
+        if mask is not None:  # (T, S) or (B, 1, T, S): which cached tokens each new query may see
             scores = scores.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
         mixed = (weights.view(B, 1, H * T, S) @ latents).view(B, H, T, self.rank)  # sum_j p_j c_kv,j

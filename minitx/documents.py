@@ -1,0 +1,68 @@
+"""Documents inside one sequence: which earlier tokens each token may attend to.
+
+Packed training data joins documents into windows, [doc A][doc B]..., each document starting with
+the document token (the tokenizer's end-of-text; `ModelConfig.document_token`). With it set, a
+token attends only to tokens of its own document, so the outputs at B's positions equal those of
+B run alone: what a model learns from a window is about attention, not about how the data was packed.
+
+One tensor says it all: `starts` (B, T), the absolute position at which each token's document
+begins. Documents are contiguous, so key j lies in query i's document exactly when
+
+    starts[i] <= j <= i
+
+Tokens before the first document token of a window form a document that began before the window
+(or, decoding, at the start the cache remembers). Positions stay absolute: RoPE only sees offsets
+within a document, so nothing else changes; learned position embeddings restart at each document.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class Documents:
+    starts: Tensor  # (B, T) long: absolute position where each token's document begins
+    offset: int = 0  # absolute position of the window's first token (a cache's n_seen)
+
+    @classmethod
+    def of(cls, idx: Tensor, token: int, offset: int = 0, previous: Tensor | None = None) -> Documents:
+        """The documents of token ids idx (B, T) whose first token sits at `offset`; `previous` (B,)
+        is where the document running into the window began (a cache's memory; default: offset)."""
+        B, T = idx.shape
+        positions = torch.arange(offset, offset + T, device=idx.device).expand(B, T)
+        before = torch.full((B, 1), offset, device=idx.device) if previous is None else previous.view(B, 1)
+        # Each document token marks its own position; every other token carries the latest mark.
+        marks = torch.where(idx == token, positions, before.expand(B, T))
+        return cls(marks.cummax(dim=1).values, offset)
+
+    @property
+    def positions(self) -> Tensor:
+        """(B, T) each token's position within its own document (learned embeddings read these)."""
+        T = self.starts.shape[1]
+        return torch.arange(self.offset, self.offset + T, device=self.starts.device) - self.starts
+
+    def mask(self, leading: int = 0) -> Tensor:
+        """(B, 1, T, T) boolean, True where query i may see key j: causal and in the same document.
+        `leading` prepends that many always-visible tokens (a learned sink enters as one)."""
+        T = self.starts.shape[1]
+        pos = torch.arange(self.offset, self.offset + T, device=self.starts.device)
+        allowed = (pos[None, None, None, :] <= pos[None, None, :, None]) & (
+            pos[None, None, None, :] >= self.starts[:, None, :, None]
+        )
+        return F.pad(allowed, (leading, 0, leading, 0), value=True) if leading else allowed
+
+    def pieces(self) -> list[list[tuple[int, int]]]:
+        """For each row, the (begin, end) index ranges of its documents' pieces within the window."""
+        T = self.starts.shape[1]
+        new = torch.ones_like(self.starts, dtype=torch.bool)
+        new[:, 1:] = self.starts[:, 1:] != self.starts[:, :-1]
+        rows = []
+        for row in new.cpu():
+            begins = row.nonzero().flatten().tolist()
+            rows.append(list(zip(begins, begins[1:] + [T])))
+        return rows

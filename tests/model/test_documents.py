@@ -1,0 +1,120 @@
+"""Attention inside its document: for x = [doc A][doc B], each starting with the document token,
+the outputs at B's positions equal those of [doc B] alone, for every kind and a mix of kinds, in
+one pass and decoding through the cache (minitx/documents.py).
+
+Rows of a batch split at different places, and a window may begin inside a document (before its
+first document token). Sizes are awkward (67 tokens; pieces of 1, 5, 29 and 37) and each test
+draws a fresh seed (see conftest.py). Every check is also run with documents off, where the same
+inputs must leak (so the comparison can see a leak at all).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_model import KIND_CASES, VOCAB, build, case_config
+
+from minitx import ModelConfig, Transformer
+from minitx.documents import Documents
+from minitx.errors import UserError
+
+pytestmark = pytest.mark.usefixtures("seed", "one_thread")
+
+DOC = 0  # the document token in these tests
+# Local attention's global tokens are the sequence's first: refused with documents (tested below).
+CASES = [name for name, case in KIND_CASES.items() if "n_global" not in str(case)]
+CASES += ["learned-positions", "mixed-local-sinks-gated-gqa-no-global"]
+
+
+def config_for(name: str, document_token: int | None = DOC) -> ModelConfig:
+    if name == "learned-positions":
+        return ModelConfig(
+            **dict(case_config("gqa").__dict__, positions="learned", document_token=document_token)
+        )
+    if name == "mixed-local-sinks-gated-gqa-no-global":
+        config = case_config("mixed-local-sinks-gated-gqa")
+        config.attention = config.attention.with_options("local", n_global=0)
+    else:
+        config = case_config(name)
+    return ModelConfig(**dict(config.__dict__, document_token=document_token))
+
+
+def document(length: int, starts: bool = True) -> torch.Tensor:
+    """Random tokens other than the document token, which starts the document (if `starts`)."""
+    doc = torch.randint(1, VOCAB, (length,))
+    if starts:
+        doc[0] = DOC
+    return doc
+
+
+def rows_of_documents(layouts) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
+    """A batch whose rows are the documents of `layouts` joined; a layout's first piece may be the
+    tail of a document that began before the window (no document token)."""
+    rows = [[document(n, starts=i > 0 or first) for i, n in enumerate(lengths)] for lengths, first in layouts]
+    return torch.stack([torch.cat(docs) for docs in rows]), rows
+
+
+LAYOUTS = [([37, 30], True), ([5, 1, 61], False), ([67], True)]
+
+
+def each_alone(model: Transformer, rows) -> list[torch.Tensor]:
+    """Each row's logits, computed document by document, each alone."""
+    with torch.no_grad():
+        return [torch.cat([model(doc[None])[0] for doc in docs]) for docs in rows]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_outputs_in_a_document_equal_the_document_alone(name):
+    model = build(config_for(name))
+    idx, rows = rows_of_documents(LAYOUTS)
+    with torch.no_grad():
+        packed = model(idx)
+    for row, alone in enumerate(each_alone(model, rows)):
+        assert (packed[row] - alone).abs().max() < 1e-5, row
+    if name == "local-window1":
+        return  # a window of one token never reaches another document
+    # The same inputs without documents: attention runs across the starts, and the outputs move.
+    model.config.document_token = None
+    with torch.no_grad():
+        leaky = model(idx)
+    assert (leaky[0] - packed[0]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_cached_decoding_starts_each_document_afresh(name):
+    model = build(config_for(name))
+    idx, rows = rows_of_documents(LAYOUTS[:2])
+    alone = each_alone(model, rows)
+    prompt = 20  # a prefill through the fast path, then one token per step through the cache
+    with torch.no_grad():
+        cache = model.new_cache(batch=2)
+        steps = [model(idx[:, :prompt], cache=cache)]
+        steps += [model(idx[:, t : t + 1], cache=cache) for t in range(prompt, idx.shape[1])]
+    cached = torch.cat(steps, dim=1)
+    for row in range(2):
+        assert (cached[row] - alone[row]).abs().max() < 1e-4, row
+
+
+def test_documents_mark_starts_and_positions():
+    idx = torch.tensor([[5, 0, 7, 7, 0, 3], [0, 1, 2, 3, 4, 5]])
+    docs = Documents.of(idx, token=0)
+    assert docs.starts.tolist() == [[0, 1, 1, 1, 4, 4], [0, 0, 0, 0, 0, 0]]
+    assert docs.positions.tolist() == [[0, 0, 1, 2, 0, 1], [0, 1, 2, 3, 4, 5]]
+    assert docs.pieces() == [[(0, 1), (1, 4), (4, 6)], [(0, 6)]]
+    # Decoding: the running document began at 9 (row 0) and 2 (row 1); row 1 starts a new one at 11.
+    later = Documents.of(torch.tensor([[4, 4], [4, 0]]), 0, offset=10, previous=torch.tensor([9, 2]))
+    assert later.starts.tolist() == [[9, 9], [2, 11]]
+    mask = docs.mask()[0, 0]
+    assert mask[5].tolist() == [False, False, False, False, True, True]
+    assert docs.mask(leading=1)[0, 0, 6].tolist() == [True, False, False, False, False, True, True]
+
+
+@pytest.mark.parametrize("token", [-1, VOCAB, True, 2.0])
+def test_document_token_outside_the_vocabulary_is_refused(token):
+    with pytest.raises(UserError, match="document_token"):
+        config_for("mha", document_token=token)
+
+
+def test_global_tokens_with_documents_are_refused():
+    with pytest.raises(UserError, match="attention.options.local.n_global"):
+        config_for("local-global-gqa")
