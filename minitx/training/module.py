@@ -95,6 +95,9 @@ class MinitxLM(L.LightningModule):
         eps: AdamW's eps.
         compile: torch.compile the Transformer for training and validation steps (sampling and
             generation use the eager module; checkpoint keys stay "model.*").
+        activation_checkpointing: recompute each block's activations in backward instead of keeping
+            them from forward: less memory for about one more forward's time (the same gradients).
+            A training setting, not part of the model's shape: saved configs and exports omit it.
         init_from: a local transformers directory (Llama, Mistral, Ministral, Qwen2) the run starts
             from, recorded here: the train command gives the model its shape before building it
             and loads its weights after (the run keeps block_size, dropout and a non-default
@@ -113,6 +116,7 @@ class MinitxLM(L.LightningModule):
         betas: tuple[float, float] = (0.9, 0.95),
         eps: float = 1e-8,
         compile: bool = False,
+        activation_checkpointing: bool = False,
         init_from: str | None = None,
         **model: Any,
     ):
@@ -128,6 +132,7 @@ class MinitxLM(L.LightningModule):
         self.hparams.update(self.config.to_dict())
         self.hparams["betas"] = [float(b) for b in betas]
         self.model = Transformer(self.config)
+        self.model.checkpoint_activations = activation_checkpointing
         # The decay decision is made here, on the unwrapped model, where shapes are still true.
         self.decay_names = {name for name, p in self.model.named_parameters() if decays(name, p)}
 
