@@ -42,6 +42,9 @@ class LoaderSettings:
     num_workers: int = 0  # DataLoader worker processes
     seed: int = 1337  # seeds the training batch stream (and a task's samples)
     val_batches: int = 20  # validation batches: the same windows at every validation
+    # Attention stays inside each document of the packed windows: the model's document_token is the
+    # tokenizer's end-of-text, which preparation puts before every record (minitx/documents.py).
+    documents: bool = False
 
 
 @dataclass(frozen=True)

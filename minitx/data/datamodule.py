@@ -213,6 +213,25 @@ class TextDataModule(L.LightningDataModule):
         """The model's vocabulary size: known before training by calling `dm.setup("fit")`."""
         return self.tokenizer.vocab_size
 
+    @property
+    def document_token(self) -> int | None:
+        """The token that starts each document with data.documents on (the model's document_token):
+        the tokenizer's end-of-text, which preparation writes before every record; None when off."""
+        if not self.config.documents:
+            return None
+        require(
+            self.task is None,
+            f"data.documents: the {self.source} task puts one sample in each row, so attention never "
+            "crosses a document; leave data.documents off",
+        )
+        eos = self.tokenizer.eos_id
+        require(
+            eos is not None,
+            f"data.documents: the {self.settings.tokenizer} tokenizer has no end-of-text token to start "
+            "documents with; use --data.tokenizer bpe or a tokenizer.json that has one",
+        )
+        return eos
+
     def summary(self) -> str:
         """One line for logs, e.g. 'shakespeare, char tokenizer (vocab 67): 4.3M train tokens ...'."""
         self.setup()

@@ -95,6 +95,8 @@ class TrainCLI(LightningCLI):
         parser.link_arguments(
             "data.vocab_size", "model.vocab_size", compute_fn=self._model_vocab, apply_on="instantiate"
         )
+        # data.documents: attention stays inside documents, which start with the tokenizer's end-of-text.
+        parser.link_arguments("data.document_token", "model.document_token", apply_on="instantiate")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         try:
