@@ -54,7 +54,11 @@ class Documents:
         allowed = (pos[None, None, None, :] <= pos[None, None, :, None]) & (
             pos[None, None, None, :] >= self.starts[:, None, :, None]
         )
-        return F.pad(allowed, (leading, 0, leading, 0), value=True) if leading else allowed
+        if not leading:
+            return allowed
+        allowed = F.pad(allowed, (leading, 0, leading, 0), value=True)
+        allowed[:, :, :leading, leading:] = False  # the leading tokens' own rows see only them
+        return allowed
 
     def pieces(self) -> list[list[tuple[int, int]]]:
         """For each row, the (begin, end) index ranges of its documents' pieces within the window."""
@@ -66,3 +70,40 @@ class Documents:
             begins = row.nonzero().flatten().tolist()
             rows.append(list(zip(begins, begins[1:] + [T])))
         return rows
+
+
+# Queries per block of `masked_attention`: at T = 1024 on the CPU, blocks of 256 took 1.12x causal
+# attention's time where one dense mask took 1.76x and blocks of 64 or 128 more than 1.6x (calls
+# and mask slices cost more than the keys they skip).
+QUERY_BLOCK = 256
+
+
+def masked_attention(attend, q: Tensor, k: Tensor, v: Tensor, docs: Documents, leading: int = 0) -> Tensor:
+    """attend(q, k, v, mask) under the causal, same-document mask, `leading` always-visible tokens
+    (a sink) before the sequence.
+
+    A dense (T, T) mask makes a fused kernel compute every score, twice causal attention's work.
+    In blocks of queries, each against the keys from the earliest document start among them to
+    its last query, the work is about causal attention's again, whatever the documents' lengths.
+    """
+    mask = docs.mask(leading)  # (B, 1, L + T, L + T)
+    T = q.shape[2]
+    if T <= QUERY_BLOCK:
+        return attend(q, k, v, mask)
+    starts = F.pad(docs.starts - docs.offset + leading, (leading, 0))  # as indices of q's rows
+    blocks = range(0, T, QUERY_BLOCK)
+    lows = torch.stack([starts[:, i : i + QUERY_BLOCK].min() for i in blocks]).tolist()  # one sync
+    outs = []
+    for i, low in zip(blocks, lows):
+        j = min(i + QUERY_BLOCK, T)
+        mask_rows = mask[:, :, i:j].transpose(-1, -2)  # keys along dim -2, as in k and v
+        keys, values, visible = (_keys(t, leading, low, j) for t in (k, v, mask_rows))
+        outs.append(attend(q[:, :, i:j], keys, values, visible.transpose(-1, -2)))
+    return torch.cat(outs, dim=2)
+
+
+def _keys(t: Tensor, leading: int, low: int, end: int) -> Tensor:
+    """Rows [0, leading) and [low, end) of t along dim -2: the leading tokens and a block's span."""
+    if low <= leading:
+        return t[..., :end, :]
+    return torch.cat([t[..., :leading, :], t[..., low:end, :]], dim=-2)

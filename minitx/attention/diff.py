@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from .. import functional
 from ..cache import KVCache
 from ..config import ModelConfig
-from ..documents import Documents
+from ..documents import Documents, masked_attention
 from ..kinds import KindSpec, OptionError, fail
 from .base import Attention
 
@@ -111,7 +111,8 @@ class DifferentialAttention(Attention):
         return self.differential(q, k, v, mask=None, causal=True)
 
     def attend_documents(self, q: Tensor, k: Tensor, v: Tensor, docs: Documents) -> Tensor:
-        return self.differential(q, k, v, mask=docs.mask(), causal=False)
+        masked = lambda q, k, v, mask: self.differential(q, k, v, mask=mask, causal=False)  # noqa: E731
+        return masked_attention(masked, q, k, v, docs)
 
     def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
         keys, values, mask = cache.update(k, v)  # mask None: every cached key is visible

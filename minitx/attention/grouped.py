@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import functional
-from ..documents import Documents
+from ..documents import Documents, masked_attention
 from ..kinds import KindSpec
 from .base import Attention, SoftmaxOptions
 
@@ -36,9 +36,8 @@ class GroupedQueryAttention(Attention):
     def attend_documents(self, q: Tensor, k: Tensor, v: Tensor, docs: Documents) -> Tensor:
         # One SDPA call under the causal, same-document mask; a sink enters as one token always in view.
         if self.sinks is not None:
-            mask = docs.mask(leading=1)
-            return self.with_sink(lambda q, k, v: self.causal(q, k, v, mask), q, k, v)
-        return self.causal(q, k, v, docs.mask())
+            return self.with_sink(lambda q, k, v: masked_attention(self.causal, q, k, v, docs, 1), q, k, v)
+        return masked_attention(self.causal, q, k, v, docs)
 
     def reference(self, q: Tensor, k: Tensor, v: Tensor):
         return functional.attention(q, k, v, causal=True, sinks=self.sinks, return_weights=True)

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .. import functional
 from ..config import ModelConfig
-from ..documents import Documents
+from ..documents import Documents, masked_attention
 from ..kinds import KindSpec, OptionError, fail
 from .base import Attention, SoftmaxOptions
 
@@ -80,30 +80,25 @@ class LocalAttention(Attention):
         return chunked_local(q, k, v, self.window, n_global, self.dropout_p, scale)
 
     def attend_documents(self, q: Tensor, k: Tensor, v: Tensor, docs: Documents) -> Tensor:
-        # n_global is 0 here (check_local_model): global tokens are the sequence's first ones.
-        if self.sinks is None:
-            return self.window_in_documents(q, k, v, docs.starts - docs.offset, 0)
-        # The sink enters as a token before the sequence (with_sink): the real tokens move one place
-        # on, and the sink, one global token, stays in view of every document.
-        starts = F.pad(docs.starts - docs.offset + 1, (1, 0))
-        return self.with_sink(
-            lambda q, k, v: self.window_in_documents(q, k, v, starts, 1, self.scale), q, k, v
-        )
+        # n_global is 0 here (check_local_model): global tokens are the sequence's first ones. A
+        # sink enters as one token before the sequence (with_sink), in view of every document.
+        leading = 0 if self.sinks is None else 1
+        if self.window >= q.shape[2]:  # the window covers every earlier token: the documents' mask alone
 
-    def window_in_documents(
-        self, q: Tensor, k: Tensor, v: Tensor, starts: Tensor, n_global: int, scale=None
-    ) -> Tensor:
-        """The window within each query's document (starts (B, T): the index where it begins);
-        the first n_global tokens (a sink) are in view of all."""
-        T = q.shape[2]
-        if self.window >= T:
-            pos = torch.arange(T, device=q.device)
-            keys = pos[None, None, None, :]
-            mask = (keys <= pos[:, None]) & ((keys >= starts[:, None, :, None]) | (keys < n_global))
-            return F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=self.dropout_p, scale=scale, enable_gqa=True
-            )
-        return chunked_local(q, k, v, self.window, n_global, self.dropout_p, scale, starts=starts)
+            def attend(q, k, v):
+                return masked_attention(self.masked, q, k, v, docs, leading)
+        else:
+            starts = F.pad(docs.starts - docs.offset + leading, (leading, 0))  # as indices of q's rows
+
+            def attend(q, k, v):
+                return chunked_local(q, k, v, self.window, leading, self.dropout_p, self.scale, starts=starts)
+
+        return attend(q, k, v) if self.sinks is None else self.with_sink(attend, q, k, v)
+
+    def masked(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout_p, scale=self.scale, enable_gqa=True
+        )
 
     def reference(self, q: Tensor, k: Tensor, v: Tensor):
         return functional.attention(

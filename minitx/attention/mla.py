@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from .. import functional
 from ..cache import KVCache
 from ..config import ModelConfig
-from ..documents import Documents
+from ..documents import Documents, masked_attention
 from ..kinds import KindSpec, OptionError, fail
 from .base import Attention, apply_rope, norm_float32
 
@@ -191,7 +191,7 @@ class MultiHeadLatentAttention(Attention):
         return self.sdpa(q, k, v, mask=None)
 
     def attend_documents(self, q: Tensor, k: Tensor, v: Tensor, docs: Documents) -> Tensor:
-        return self.sdpa(q, k, v, mask=docs.mask())
+        return masked_attention(self.sdpa, q, k, v, docs)
 
     def sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """Causal attention, or under a boolean `mask` (True: may see) that says more."""

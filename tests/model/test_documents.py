@@ -107,6 +107,7 @@ def test_documents_mark_starts_and_positions():
     mask = docs.mask()[0, 0]
     assert mask[5].tolist() == [False, False, False, False, True, True]
     assert docs.mask(leading=1)[0, 0, 6].tolist() == [True, False, False, False, False, True, True]
+    assert docs.mask(leading=1)[0, 0, 0].tolist() == [True] + [False] * 6
 
 
 @pytest.mark.parametrize("token", [-1, VOCAB, True, 2.0])
@@ -118,3 +119,56 @@ def test_document_token_outside_the_vocabulary_is_refused(token):
 def test_global_tokens_with_documents_are_refused():
     with pytest.raises(UserError, match="attention.options.local.n_global"):
         config_for("local-global-gqa")
+
+
+@pytest.mark.parametrize("leading", [0, 1])
+def test_attention_in_query_blocks_equals_the_dense_mask(leading):
+    # Past QUERY_BLOCK queries, masked_attention works block by block; at 600 tokens (not a multiple
+    # of the block) with documents of every length, it must equal one call under the dense mask.
+    from minitx import functional
+    from minitx.documents import QUERY_BLOCK, masked_attention
+
+    T = 600
+    idx = torch.randint(1, VOCAB, (3, T))
+    idx[0, [5, 300, 301, 599]] = DOC  # a one-token document, and one at the very end
+    idx[1, torch.randint(0, T, (12,))] = DOC  # short documents
+    docs = Documents.of(idx, DOC)  # row 2: one document over every block
+    q, k, v = (torch.randn(3, 2, leading + T, 8, dtype=torch.float64) for _ in range(3))
+
+    def attend(q, k, v, mask):
+        return functional.attention(q, k, v, causal=False, mask=mask)
+
+    calls = []
+    blocked = masked_attention(lambda *a: calls.append(a[1].shape[2]) or attend(*a), q, k, v, docs, leading)
+    dense = attend(q, k, v, docs.mask(leading))
+    assert len(calls) == -(-(leading + T) // QUERY_BLOCK) and min(calls) < T  # blocks that skip keys
+    assert (blocked - dense).abs().max() < 1e-12
+
+
+LONG_CASES = {
+    "mha": dict(kind="mha"),
+    "gqa-sinks-gate": dict(kind="gqa", n_kv_head=2, options={"gqa": {"sinks": True, "gate": "head"}}),
+    "local-wide-sinks": dict(kind="local", options={"local": {"window": 400, "sinks": True}}),
+    "mla": KIND_CASES["mla"],
+    "diff": KIND_CASES["diff"],
+}
+
+
+@pytest.mark.parametrize("name", list(LONG_CASES))
+def test_long_windows_in_blocks_equal_each_document_alone(name):
+    model = build(
+        ModelConfig(
+            vocab_size=VOCAB,
+            block_size=320,
+            n_layer=1,
+            n_head=4,
+            d_model=32,
+            attention=LONG_CASES[name],
+            document_token=DOC,
+        )
+    )
+    idx, rows = rows_of_documents([([200, 3, 97], True), ([300], False)])
+    with torch.no_grad():
+        packed = model(idx)
+    for row, alone in enumerate(each_alone(model, rows)):
+        assert (packed[row] - alone).abs().max() < 1e-5, row
