@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from ..cache import KVCache
 from ..config import ModelConfig
-from ..documents import Documents
+from ..documents import Documents, similar_lengths, stack_pieces
 
 
 @dataclass
@@ -193,16 +193,19 @@ class Attention(nn.Module):
     def attend_documents(self, q: Tensor, k: Tensor, v: Tensor, docs: Documents) -> Tensor:
         """`attend` with no query seeing a key of another document (minitx/documents.py).
 
-        Here, for any kind: each document's piece of each row goes through `attend` on its own, which
-        is what a document alone would compute, however the kind mixes scores (MTA's convolutions
-        included). One call per piece; kinds with a mask-based path override this."""
-        rows = []
-        for row, pieces in enumerate(docs.pieces()):
-            b = slice(row, row + 1)
-            rows.append(
-                torch.cat([self.attend(q[b, :, i:j], k[b, :, i:j], v[b, :, i:j]) for i, j in pieces], 2)
-            )
-        return torch.cat(rows, dim=0)
+        Here, for any kind: each document's piece of each row goes through `attend` on its own,
+        which is what that document alone computes, however the kind mixes scores (MTA's
+        convolutions included). Pieces of similar lengths share one call, right-padded with
+        zeros: what comes after a query never reaches it (every kind is causal), so the padding
+        changes no real output. Kinds with a mask-based path override this."""
+        out = None
+        for group in similar_lengths(docs.pieces()):
+            y = self.attend(*(stack_pieces(t, group) for t in (q, k, v)))
+            if out is None:  # a kind's output may differ from q in heads and width (diff, MLA)
+                out = y.new_empty(q.shape[0], y.shape[1], q.shape[2], y.shape[3])
+            for n, (row, begin, end) in enumerate(group):
+                out[row, :, begin:end] = y[n, :, : end - begin]
+        return out
 
     def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
         """New tokens against the cache, which says which of its keys each new query may see."""

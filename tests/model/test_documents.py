@@ -10,11 +10,13 @@ inputs must leak (so the comparison can see a leak at all).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from test_model import KIND_CASES, VOCAB, build, case_config
 
-from minitx import ModelConfig, Transformer
+from minitx import AttentionConfig, ModelConfig, Transformer
 from minitx.documents import Documents
 from minitx.errors import UserError
 
@@ -23,13 +25,22 @@ pytestmark = pytest.mark.usefixtures("seed", "one_thread")
 DOC = 0  # the document token in these tests
 # Local attention's global tokens are the sequence's first: refused with documents (tested below).
 CASES = [name for name, case in KIND_CASES.items() if "n_global" not in str(case)]
-CASES += ["learned-positions", "mixed-local-sinks-gated-gqa-no-global"]
+CASES += ["learned-positions", "mixed-local-sinks-gated-gqa-no-global", "custom-kind-mixed"]
+# A kind written outside minitx (examples/custom_attention.py) gets documents with no code of its own.
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "custom_attention.py")
 
 
 def config_for(name: str, document_token: int | None = DOC) -> ModelConfig:
     if name == "learned-positions":
         return ModelConfig(
             **dict(case_config("gqa").__dict__, positions="learned", document_token=document_token)
+        )
+    if name == "custom-kind-mixed":
+        attention = AttentionConfig(
+            layers=["ssmax", "mta"], kind_modules=[EXAMPLE], options={"mta": {"query_chunk": 5}}
+        )
+        return ModelConfig(
+            **dict(case_config("mha").__dict__, attention=attention, document_token=document_token)
         )
     if name == "mixed-local-sinks-gated-gqa-no-global":
         config = case_config("mixed-local-sinks-gated-gqa")
