@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from minitx.data.shards import (
     ShardWriter,
@@ -33,31 +34,47 @@ def _stat_shard(path: Path) -> dict:
 
 
 class _Progress:
-    """One line on stderr: MB read, MB/s, tokens, ETA (rewritten in place on a terminal)."""
+    """On a terminal, a progress bar (tqdm) of the source's bytes; elsewhere (logs, CI) a plain
+    line on stderr every 15 s: MB read, MB/s, tokens, ETA."""
 
     def __init__(self, total_bytes: int | None, total_tokens: int | None, enabled: bool) -> None:
         self.total_bytes, self.total_tokens = total_bytes, total_tokens
         self.enabled = enabled
-        self.tty = sys.stderr.isatty()
         self.start = self.last = time.monotonic()
         self.bytes = self.tokens = 0
         self.shown = False
+        # delay: a prepare of a second or two (the quickstart's Shakespeare) shows no bar.
+        self.bar = tqdm(
+            desc="prepare",
+            total=total_bytes,
+            unit="B",
+            unit_scale=True,
+            file=sys.stderr,
+            delay=2.0,
+            disable=not (enabled and sys.stderr.isatty()),
+        )
 
     def update(self, source_bytes: int, tokens: int, final: bool = False) -> None:
         self.bytes += source_bytes
         self.tokens += tokens
+        if not self.bar.disable:
+            self.bar.set_postfix_str(f"{self.tokens:,} tokens", refresh=False)
+            self.bar.update(source_bytes)
+            if final:
+                self.bar.close()
+            return
         now = time.monotonic()
-        if not self.enabled or (not final and now - self.last < (0.5 if self.tty else 15.0)):
+        if not self.enabled or (not final and now - self.last < 15.0):
             return
         if final and not self.shown and now - self.start < 2.0:
-            return  # a prepare of a second or two needs no report (the quickstart's Shakespeare)
+            return  # a prepare of a second or two needs no report
         self.shown = True
         self.last = now
         elapsed = max(now - self.start, 1e-9)
         rate = self.bytes / elapsed
         line = f"prepare: {self.bytes / 1e6:,.1f} MB"
         if self.total_bytes:
-            line += f" of {self.total_bytes / 1e6:,.1f}"
+            line += f" of {self.total_bytes / 1e6:,.1f} ({100 * self.bytes // self.total_bytes}%)"
         line += f", {rate / 1e6:.1f} MB/s, {self.tokens:,} tokens"
         left = None
         if self.total_bytes and rate > 0:
@@ -68,8 +85,7 @@ class _Progress:
             line += f", ETA {int(left) // 60}:{int(left) % 60:02d}"
         if final:
             line += f" in {elapsed:.1f} s"
-        end = "\n" if final or not self.tty else ""
-        print(("\r" if self.tty else "") + line, end=end, file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
 
 
 class _Shards:
