@@ -33,7 +33,27 @@ COMPARED_MODEL_KEYS = (
     "model.weight_decay",
     "model.betas",
     "model.eps",
+    "model.optimizer",
+    "model.muon_lr",
+    "model.muon_momentum",
+    "model.muon_weight_decay",
+    "model.schedule",
+    "model.decay_steps",
+    "model.decay_fraction",
+    "model.decay_shape",
 )
+
+# Settings added after checkpoints were first written: one without them ran with these values.
+ADDED_LATER = {
+    "model.optimizer": "adamw",
+    "model.muon_lr": 0.02,
+    "model.muon_momentum": 0.95,
+    "model.muon_weight_decay": 0.0,
+    "model.schedule": "cosine",
+    "model.decay_steps": None,
+    "model.decay_fraction": 0.2,
+    "model.decay_shape": "linear",
+}
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
@@ -47,7 +67,8 @@ def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
 
 def changed_settings(saved: dict, current: dict) -> list[str]:
     """'key old -> new' for each compared setting that differs."""
-    old, new = flatten(saved), flatten(current)
+    new = flatten(current)
+    old = {**{k: v for k, v in ADDED_LATER.items() if k in new}, **flatten(saved)}
     keys = [k for k in sorted(set(old) | set(new)) if k in COMPARED_MODEL_KEYS or not k.startswith(IGNORED)]
     return [f"{key} {old.get(key)!r} -> {new.get(key)!r}" for key in keys if old.get(key) != new.get(key)]
 

@@ -246,7 +246,13 @@ def check_run(cli: TrainCLI, run: RunSettings) -> str | None:
             "choose another --run.name, or delete that directory"
         )
     if ckpt_path is not None:
-        check_resume_checkpoint(ckpt_path, cli.model.config, cli.model.state_dict(), cli.datamodule.tokenizer)
+        check_resume_checkpoint(
+            ckpt_path,
+            cli.model.config,
+            cli.model.state_dict(),
+            cli.datamodule.tokenizer,
+            optimizer=cli.model.hparams.get("optimizer", "adamw"),
+        )
     return ckpt_path
 
 

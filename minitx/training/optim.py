@@ -1,10 +1,18 @@
-"""The optimiser: AdamW with weight decay on matrices only, linear warmup then cosine decay."""
+"""The optimiser and its schedule.
+
+Optimisers (model.optimizer): `adamw`, AdamW with weight decay on matrices only; `muon`,
+torch.optim.Muon on the hidden matrices (muon_matrix) and AdamW on everything else, stepped
+together as one MuonWithAdamW. Schedules (model.schedule), both after a linear warmup: `cosine`
+decays to min_lr over the whole run; `wsd` (warmup-stable-decay) holds the peak lr and decays
+only over the last steps (decay_steps, or decay_fraction of max_steps). The schedule multiplies
+every parameter group's lr by the same factor, so Muon's lr follows AdamW's.
+"""
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -43,15 +51,99 @@ def optimizer_groups(
     ]
 
 
-def lr_at(step: int, lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:
-    """Linear warmup from lr/warmup_steps to lr over `warmup_steps`, then cosine decay to `min_lr`
-    at `max_steps`, and min_lr after that."""
+def muon_matrix(name: str, param: Tensor) -> bool:
+    """Whether Muon updates this parameter (`name` without wrapper prefixes): the hidden matrices,
+    i.e. the 2-D weights inside the blocks (attention and MLP projections). Muon's orthogonalised
+    update suits a matrix that maps one hidden activation to another; the embeddings and the
+    output head (tied to them by default) are lookups and readouts, and norms, biases, sinks,
+    one-row gates and MTA's identity-initialised kernels (NO_DECAY_NAMES) are not such maps:
+    they all stay on AdamW."""
+    return (
+        name.startswith("blocks.")
+        and param.dim() == 2
+        and min(param.shape) > 1
+        and name.rsplit(".", 1)[-1] not in NO_DECAY_NAMES
+    )
+
+
+def split_for_muon(
+    named_params: Sequence[tuple[str, Tensor]], muon_names: set[str]
+) -> tuple[list[Tensor], list[tuple[str, Tensor]]]:
+    """(Muon's parameters, the rest as (name, parameter)). `muon_names` are clean names decided
+    on the unwrapped model, as for decay_names."""
+    muon, rest = [], []
+    for name, param in named_params:
+        if not param.requires_grad:
+            continue
+        if _WRAPPER_PREFIXES.sub("", name) in muon_names:
+            muon.append(param)
+        else:
+            rest.append((name, param))
+    return muon, rest
+
+
+def lr_at(
+    step: int,
+    lr: float,
+    min_lr: float,
+    warmup_steps: int,
+    max_steps: int,
+    schedule: str = "cosine",
+    decay_steps: int | None = None,
+    decay_fraction: float = 0.2,
+    decay_shape: str = "linear",
+) -> float:
+    """The learning rate of optimiser step `step`: linear warmup from lr/warmup_steps to lr over
+    `warmup_steps`, then to `min_lr` at `max_steps` (and min_lr after that), by
+
+    - "cosine": a cosine over all steps after the warmup;
+    - "wsd" (warmup-stable-decay): lr until the last `decay_steps` steps (or the last
+      `decay_fraction` of max_steps when decay_steps is None), then down to min_lr, in a straight
+      line ("linear") or as 1 - sqrt(progress) ("1-sqrt", which drops faster at the start).
+
+    The stages follow from max_steps as given, so a wsd run resumed with a larger max_steps stays
+    at lr until its new decay starts: the schedule is a function, never state in a checkpoint.
+    """
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
     if step >= max_steps:
         return min_lr
-    progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
+    if schedule == "cosine":
+        progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
+    decay = decay_steps if decay_steps is not None else round(decay_fraction * max_steps)
+    start = max(warmup_steps, max_steps - decay)  # a decay longer than the run starts after warmup
+    if step < start:
+        return lr
+    progress = (step - start) / max(1, max_steps - start)
+    drop = progress if decay_shape == "linear" else math.sqrt(progress)
+    return lr - drop * (lr - min_lr)
+
+
+def with_schedule(optimizer: torch.optim.Optimizer, *, lr: float, max_steps: int, **schedule) -> dict:
+    """`optimizer` and a LambdaLR stepped every optimiser step, as configure_optimizers returns
+    them. `schedule` holds lr_at's other arguments. Every group's lr is its initial lr times
+    lr_at(...) / lr, so AdamW's and Muon's groups move by the same factor."""
+
+    def factor(step: int) -> float:  # a plain function: LambdaLR saves no state of it
+        return lr_at(step, lr, max_steps=max_steps, **schedule) / lr
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return {
+        "optimizer": optimizer,
+        "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+    }
+
+
+def apply_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """Set every group's lr to the schedule's value at the scheduler's step. A checkpoint holds
+    the lr its run computed; a run resumed with another max_steps (or decay) must take its first
+    step at the lr of its own schedule, not the one it was saved with. An unchanged resume
+    computes the same value, so exact resumption is kept."""
+    lrs = [base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, value in zip(scheduler.optimizer.param_groups, lrs):
+        group["lr"] = value
+    scheduler._last_lr = lrs
 
 
 def adamw_with_schedule(
@@ -64,24 +156,114 @@ def adamw_with_schedule(
     betas: Sequence[float],
     eps: float,
     fused: bool,
+    **schedule,
 ) -> dict:
     """AdamW over `groups` and a LambdaLR stepped every optimiser step, as configure_optimizers returns them."""
     optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
+    return with_schedule(
+        optimizer, lr=lr, min_lr=min_lr, warmup_steps=warmup_steps, max_steps=max_steps, **schedule
+    )
 
-    def factor(step: int) -> float:  # a plain function: LambdaLR keeps no state of it
-        return lr_at(step, lr, min_lr, warmup_steps, max_steps) / lr
 
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-    return {
-        "optimizer": optimizer,
-        "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
-    }
+class _JointState(Mapping):
+    """The per-parameter state of several optimisers, read as one (each parameter has one owner)."""
+
+    def __init__(self, *optimizers: torch.optim.Optimizer):
+        self.optimizers = optimizers
+
+    def __getitem__(self, param: Tensor) -> dict:
+        for optimizer in self.optimizers:
+            if param in optimizer.state:  # a membership test: `state[param]` would add an entry
+                return optimizer.state[param]
+        raise KeyError(param)
+
+    def __iter__(self) -> Iterator[Tensor]:
+        for optimizer in self.optimizers:
+            yield from optimizer.state
+
+    def __len__(self) -> int:
+        return sum(len(optimizer.state) for optimizer in self.optimizers)
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """torch.optim.Muon on the hidden matrices and torch.optim.AdamW on the rest, as one optimiser.
+
+    Lightning's automatic optimisation steps one optimiser, so the pair is one: `param_groups`
+    are AdamW's groups then Muon's (the same dicts, so the LR scheduler and gradient clipping,
+    which go through param_groups, act on both; param_groups[0] is AdamW's, the lr logged),
+    step() steps both, and state_dict() holds both optimisers' states, plain tensors and
+    containers, for exact resumption.
+    """
+
+    def __init__(
+        self,
+        muon_params: list[Tensor],
+        adamw_groups: list[dict],
+        *,
+        muon_lr: float,
+        muon_momentum: float,
+        muon_weight_decay: float,
+        lr: float,
+        betas: Sequence[float],
+        eps: float,
+        fused: bool = False,
+    ):
+        self.adamw = torch.optim.AdamW(adamw_groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
+        self.muon = torch.optim.Muon(
+            muon_params, lr=muon_lr, momentum=muon_momentum, weight_decay=muon_weight_decay
+        )
+        # Optimizer.__init__ adds the given group dicts themselves (no copies): ours are the two
+        # optimisers' own, so a change of lr through either view is seen by both.
+        super().__init__(self.adamw.param_groups + self.muon.param_groups, defaults={})
+        self.state = _JointState(self.adamw, self.muon)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.adamw.step()
+        self.muon.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.adamw.zero_grad(set_to_none)
+        self.muon.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"adamw": self.adamw.state_dict(), "muon": self.muon.state_dict()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.adamw.load_state_dict(state_dict["adamw"])
+        self.muon.load_state_dict(state_dict["muon"])
+        # load_state_dict replaces each optimiser's group dicts: point at the new ones.
+        self.param_groups = self.adamw.param_groups + self.muon.param_groups
+
+
+OPTIMIZERS = ("adamw", "muon")
+SCHEDULES = ("cosine", "wsd")
+DECAY_SHAPES = ("linear", "1-sqrt")
 
 
 def check_optimiser(
-    prefix: str, *, lr: float, min_lr: float, warmup_steps: int, weight_decay: float, betas: Sequence[float]
+    prefix: str,
+    *,
+    lr: float,
+    min_lr: float,
+    warmup_steps: int,
+    weight_decay: float,
+    betas: Sequence[float],
+    optimizer: str = "adamw",
+    muon_lr: float = 0.02,
+    muon_momentum: float = 0.95,
+    muon_weight_decay: float = 0.0,
+    schedule: str = "cosine",
+    decay_steps: int | None = None,
+    decay_fraction: float = 0.2,
+    decay_shape: str = "linear",
 ) -> None:
-    """The optimiser settings' checks; errors name `<prefix>.<setting>`."""
+    """The optimiser and schedule settings' checks; errors name `<prefix>.<setting>`."""
     if not lr > 0:
         raise UserError(f"{prefix}.lr: is {lr}; use a positive learning rate such as 1e-3")
     if not 0 <= min_lr <= lr:
@@ -92,3 +274,23 @@ def check_optimiser(
         raise UserError(f"{prefix}.weight_decay: is {weight_decay}; use 0 or more")
     if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
         raise UserError(f"{prefix}.betas: is {list(betas)}; use two numbers in [0, 1), e.g. [0.9, 0.95]")
+    if optimizer not in OPTIMIZERS:
+        raise UserError(f"{prefix}.optimizer: is {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+    if not muon_lr > 0:
+        raise UserError(f"{prefix}.muon_lr: is {muon_lr}; use a positive learning rate such as 0.02")
+    if not 0 <= muon_momentum < 1:
+        raise UserError(f"{prefix}.muon_momentum: is {muon_momentum}; use a number in [0, 1), e.g. 0.95")
+    if muon_weight_decay < 0:
+        raise UserError(f"{prefix}.muon_weight_decay: is {muon_weight_decay}; use 0 or more")
+    if schedule not in SCHEDULES:
+        raise UserError(f"{prefix}.schedule: is {schedule!r}; use one of {', '.join(SCHEDULES)}")
+    if decay_steps is not None and decay_steps < 0:
+        raise UserError(
+            f"{prefix}.decay_steps: is {decay_steps}; use 0 or more, or leave it unset to use model.decay_fraction"
+        )
+    if not 0 <= decay_fraction <= 1:
+        raise UserError(
+            f"{prefix}.decay_fraction: is {decay_fraction}; use a fraction of max_steps in [0, 1], e.g. 0.2"
+        )
+    if decay_shape not in DECAY_SHAPES:
+        raise UserError(f"{prefix}.decay_shape: is {decay_shape!r}; use one of {', '.join(DECAY_SHAPES)}")
