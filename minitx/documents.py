@@ -17,7 +17,7 @@ within a document, so nothing else changes; learned position embeddings restart 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,8 @@ from torch import Tensor
 class Documents:
     starts: Tensor  # (B, T) long: absolute position where each token's document begins
     offset: int = 0  # absolute position of the window's first token (a cache's n_seen)
+    # Flex attention's block masks, made once per forward and shared by the layers (flex_mask).
+    _flex: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(cls, idx: Tensor, token: int, offset: int = 0, previous: Tensor | None = None) -> Documents:
@@ -60,6 +62,15 @@ class Documents:
         allowed[:, :, :leading, leading:] = False  # the leading tokens' own rows see only them
         return allowed
 
+    def flex_mask(self, window: int | None = None, leading: int = 0):
+        """Flex attention's block-sparse mask of the documents (and a window): blocks of scores
+        wholly in another document are skipped, not computed. `leading` as for `mask`."""
+        key = (window, leading)
+        if key not in self._flex:
+            starts = F.pad(self.starts - self.offset + leading, (leading, 0))  # as indices of q's rows
+            self._flex[key] = _flex_document_mask(starts, window, leading)
+        return self._flex[key]
+
     def pieces(self) -> list[list[tuple[int, int]]]:
         """For each row, the (begin, end) index ranges of its documents' pieces within the window."""
         T = self.starts.shape[1]
@@ -70,6 +81,22 @@ class Documents:
             begins = row.nonzero().flatten().tolist()
             rows.append(list(zip(begins, begins[1:] + [T])))
         return rows
+
+
+# Outside inference mode even when generation asks first: flex attention's backward (CUDA) saves
+# the block mask's tensors, which an inference tensor cannot be.
+@torch.inference_mode(False)
+def _flex_document_mask(starts: Tensor, window: int | None, leading: int):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def in_document(b, h, q_idx, kv_idx):
+        seen = (kv_idx <= q_idx) & ((kv_idx >= starts[b, q_idx]) | (kv_idx < leading))
+        if window is not None:
+            seen = seen & ((q_idx - kv_idx < window) | (kv_idx < leading))
+        return seen
+
+    B, T = starts.shape
+    return create_block_mask(in_document, B, None, T, T, device=starts.device)
 
 
 # Pieces share a padded call while the longest is at most this much longer than the shortest:

@@ -12,6 +12,7 @@ from .. import functional
 from ..documents import Documents, masked_attention
 from ..kinds import KindSpec
 from .base import Attention, SoftmaxOptions
+from .local import flex_documents
 
 
 class GroupedQueryAttention(Attention):
@@ -34,10 +35,22 @@ class GroupedQueryAttention(Attention):
         )
 
     def attend_documents(self, q: Tensor, k: Tensor, v: Tensor, docs: Documents) -> Tensor:
-        # One SDPA call under the causal, same-document mask; a sink enters as one token always in view.
-        if self.sinks is not None:
-            return self.with_sink(lambda q, k, v: masked_attention(self.causal, q, k, v, docs, 1), q, k, v)
-        return masked_attention(self.causal, q, k, v, docs)
+        # A sink enters as one token before the sequence (with_sink), in view of every document.
+        leading = 0 if self.sinks is None else 1
+        if self.use_flex(q):  # block-sparse: blocks wholly in another document are skipped
+
+            def attend(q, k, v):
+                return flex_documents(q, k, v, docs, None, leading, self.scale)
+        else:  # SDPA under the mask, in blocks of queries
+
+            def attend(q, k, v):
+                return masked_attention(self.causal, q, k, v, docs, leading)
+
+        return attend(q, k, v) if self.sinks is None else self.with_sink(attend, q, k, v)
+
+    def use_flex(self, q: Tensor) -> bool:
+        """Documents through compiled flex attention: on CUDA, without dropout (flex has none)."""
+        return q.is_cuda and self.dropout_p == 0.0
 
     def reference(self, q: Tensor, k: Tensor, v: Tensor):
         return functional.attention(q, k, v, causal=True, sinks=self.sinks, return_weights=True)

@@ -74,8 +74,7 @@ class LocalAttention(Attention):
             return F.scaled_dot_product_attention(
                 q, k, v, dropout_p=self.dropout_p, is_causal=True, scale=scale, enable_gqa=True
             )
-        use_flex = self.backend == "flex" or (self.backend == "auto" and q.is_cuda)
-        if use_flex and self.dropout_p == 0.0:  # flex attention has no dropout
+        if self.use_flex(q):
             return flex_local(q, k, v, self.window, n_global, scale)
         return chunked_local(q, k, v, self.window, n_global, self.dropout_p, scale)
 
@@ -83,7 +82,11 @@ class LocalAttention(Attention):
         # n_global is 0 here (check_local_model): global tokens are the sequence's first ones. A
         # sink enters as one token before the sequence (with_sink), in view of every document.
         leading = 0 if self.sinks is None else 1
-        if self.window >= q.shape[2]:  # the window covers every earlier token: the documents' mask alone
+        if self.use_flex(q):  # block-sparse: the window and the documents in one block mask
+
+            def attend(q, k, v):
+                return flex_documents(q, k, v, docs, self.window, leading, self.scale)
+        elif self.window >= q.shape[2]:  # the window covers every earlier token: the documents' mask alone
 
             def attend(q, k, v):
                 return masked_attention(self.masked, q, k, v, docs, leading)
@@ -94,6 +97,11 @@ class LocalAttention(Attention):
                 return chunked_local(q, k, v, self.window, leading, self.dropout_p, self.scale, starts=starts)
 
         return attend(q, k, v) if self.sinks is None else self.with_sink(attend, q, k, v)
+
+    def use_flex(self, q: Tensor) -> bool:
+        """Compiled flex attention: asked for, or `auto` on CUDA; it has no dropout."""
+        wanted = self.backend == "flex" or (self.backend == "auto" and q.is_cuda)
+        return wanted and self.dropout_p == 0.0
 
     def masked(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
         return F.scaled_dot_product_attention(
@@ -208,6 +216,13 @@ def check_local_model(config: ModelConfig) -> None:
             "global tokens are the first of the sequence, which with document_token set lie in another document",
             "set n_global to 0 (a learned sink, sinks: true, is in view of every document), or unset document_token",
         )
+
+
+def flex_documents(
+    q: Tensor, k: Tensor, v: Tensor, docs: Documents, window: int | None, leading: int, scale: float
+) -> Tensor:
+    """Attention inside the documents (and a window) through compiled flex attention."""
+    return _compiled_flex()(q, k, v, block_mask=docs.flex_mask(window, leading), scale=scale, enable_gqa=True)
 
 
 LOCAL = KindSpec("local", LocalAttention, options=LocalOptions, check_model=check_local_model)

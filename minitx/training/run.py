@@ -17,7 +17,7 @@ import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
-from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
 from ..checkpoint import BEST, LAST, load_file, remove_stale_temporaries
@@ -37,6 +37,8 @@ class RunSettings:
     checkpoint_every_n_steps: also refresh last.ckpt every N optimiser steps (0: only at
         validations and at the end).
     keep_every_n_steps: keep each timed checkpoint as step-<N>.ckpt instead of only refreshing last.ckpt.
+    tensorboard: also write TensorBoard event files, beside the CSV logs in <run dir>/logs
+        (`tensorboard --logdir <run dir>/logs`).
     wandb: also log to Weights & Biases (WANDB_MODE=offline works without an account).
     wandb_project: the W&B project.
     wandb_group: the W&B run group (the ablation command puts one sweep in one group).
@@ -49,6 +51,7 @@ class RunSettings:
     root: str = DEFAULT_ROOT
     checkpoint_every_n_steps: int = 0
     keep_every_n_steps: bool = False
+    tensorboard: bool = False
     wandb: bool = False
     wandb_project: str = "minitx"
     wandb_group: str | None = None
@@ -102,7 +105,20 @@ def trainer_arguments(run: RunSettings, config: dict[str, Any]) -> dict[str, Any
     plugins = config.get("plugins") or []
     config["plugins"] = (list(plugins) if isinstance(plugins, list) else [plugins]) + [AtomicCheckpointIO()]
     if config.get("logger") in (None, True):
-        loggers: list = [CSVLogger(save_dir=str(run.dir), name="logs")]
+        csv = CSVLogger(save_dir=str(run.dir), name="logs")
+        loggers: list = [csv]
+        if run.tensorboard:
+            # Into the CSV logs' version_<k>/, not the next one after it. No graph and no
+            # hp_metric placeholder: the scalars the CSV logs hold.
+            loggers.append(
+                TensorBoardLogger(
+                    save_dir=str(run.dir),
+                    name="logs",
+                    version=csv.version,
+                    default_hp_metric=False,
+                    log_graph=False,
+                )
+            )
         if run.wandb:
             # WANDB_DIR, when set, wins: the user asked for W&B files to go there.
             save_dir = os.environ.get("WANDB_DIR", str(run.dir))

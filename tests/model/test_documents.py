@@ -185,3 +185,24 @@ def test_long_windows_in_blocks_equal_each_document_alone(name):
         packed = model(idx)
     for row, alone in enumerate(each_alone(model, rows)):
         assert (packed[row] - alone).abs().max() < 1e-5, row
+
+
+@pytest.mark.slow  # compiles flex attention (about 15-30 s on the CPU, forward only there)
+@pytest.mark.parametrize(
+    "name", ["mha", "gqa", "local", "mha-sinks-qknorm-gate", "mixed-local-sinks-gated-gqa-no-global"]
+)
+def test_flex_block_masks_equal_each_document_alone(name, monkeypatch):
+    # The CUDA path of mha/mqa/gqa and local with documents, taken here on the CPU.
+    from minitx.attention.grouped import GroupedQueryAttention
+    from minitx.attention.local import LocalAttention
+
+    calls = []
+    for cls in (GroupedQueryAttention, LocalAttention):
+        monkeypatch.setattr(cls, "use_flex", lambda self, q: calls.append(1) or True)
+    model = build(config_for(name))
+    idx, rows = rows_of_documents(LAYOUTS)
+    with torch.no_grad():
+        packed = model(idx)
+    assert calls
+    for row, alone in enumerate(each_alone(model, rows)):
+        assert (packed[row] - alone).abs().max() < 1e-5, row
