@@ -39,7 +39,14 @@ from minitx.config import AttentionConfig, ModelConfig
 from minitx.errors import UserError
 from minitx.model import Transformer
 from minitx.training.module import check_model_section
-from minitx.training.optim import MuonWithAdamW, lr_at, muon_matrix, optimizer_groups, split_for_muon
+from minitx.training.optim import (
+    BatchedMuon,
+    MuonWithAdamW,
+    lr_at,
+    muon_matrix,
+    optimizer_groups,
+    split_for_muon,
+)
 
 # The recipe under test, on the tiny run of runs.tiny_config: 24 steps, warmup 5, the decay over
 # the last quarter (steps 18 to 23).
@@ -208,6 +215,29 @@ def test_muon_with_adamw_state_round_trips_exactly(one_thread):
     train_steps(copy, resumed, 3, seed=2)
     for (name, a), b in zip(model.state_dict().items(), copy.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_batched_muon_takes_torch_muons_step(one_thread):
+    # Same-shaped matrices orthogonalised as one batch, in float32 on the CPU: the same step as
+    # torch.optim.Muon's per matrix in bfloat16, to bfloat16's precision; the momentum the same.
+    torch.manual_seed(0)
+    shapes = [(48, 16), (16, 16), (16, 48), (48, 16), (16, 16), (16, 64)]
+    start = [torch.randn(shape) * 0.1 for shape in shapes]
+    grads = [[torch.randn(shape) for shape in shapes] for _ in range(3)]
+    params, buffers = {}, {}
+    for name, kind in (("torch", torch.optim.Muon), ("batched", BatchedMuon)):
+        params[name] = [torch.nn.Parameter(w.clone()) for w in start]
+        optimizer = kind(params[name], lr=0.02, momentum=0.95, weight_decay=0.1)
+        for step_grads in grads:
+            for param, grad in zip(params[name], step_grads):
+                param.grad = grad.clone()
+            optimizer.step()
+        buffers[name] = [optimizer.state[p]["momentum_buffer"] for p in params[name]]
+    for ours, theirs, w in zip(params["batched"], params["torch"], start):
+        moved = (theirs - w).norm()
+        assert (ours - theirs).norm() < 0.02 * moved  # bfloat16's rounding in torch's products
+    for ours, theirs in zip(buffers["batched"], buffers["torch"]):
+        assert torch.allclose(ours, theirs, rtol=1e-4, atol=1e-4)
 
 
 # ------------------------------------------------------------------------------- settings

@@ -1,0 +1,206 @@
+"""Muon against AdamW on the default run: the val loss curves, the step time, and the val loss at
+equal wall time.
+
+Two copies of a config's model (configs/default.yaml by default) start from the same weights and
+train on the same batches in the same order, one step of each in turn (AdamW, Muon, AdamW, ...),
+so that a machine whose speed changes during the run (other processes on a shared CPU) slows
+both alike. Each steps through minitx's own optimiser code (MinitxLM.configure_optimizers: the
+optimiser, its LambdaLR schedule) with gradient clipping at the config's gradient_clip_val, as a
+run of `python train.py` does. Validation (the config's val_batches, the same for both) is not
+timed. Reported: val loss at every --val-every steps, mean and median step time of each and
+their ratio, and the equal-time comparison: the slower optimiser trained again, alone, for the
+steps it can take in the faster one's time (a whole schedule of that length, as a run with that
+trainer.max_steps would be), and its final val loss.
+
+    python benchmarks/optimizers.py                                # 1000 steps, validation every 100
+    python benchmarks/optimizers.py --steps 200 --val-every 50 --schedule wsd
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from minitx.configfiles import merged_config  # noqa: E402
+from minitx.data.datamodule import TextDataModule  # noqa: E402
+from minitx.training import DEFAULT_CONFIG, MinitxLM, lm_loss  # noqa: E402
+from minitx.training.optim import BatchedMuon  # noqa: E402
+
+SKIP = 10  # first steps of each optimiser left out of the step time (allocation, warm-up)
+
+
+class Run:
+    """One model, its optimiser and schedule as configure_optimizers makes them, and its times."""
+
+    def __init__(self, name: str, config: dict, data: TextDataModule, steps: int, clip: float):
+        L.seed_everything(config.get("seed_everything", 1337), verbose=False)  # the same initial weights
+        self.name, self.clip = name, clip
+        self.module = MinitxLM(**config["model"], vocab_size=data.vocab_size, max_steps=steps)
+        self.model = self.module.model.train()
+        setup = self.module.configure_optimizers()
+        self.optimizer = setup["optimizer"]
+        self.scheduler = setup["lr_scheduler"]["scheduler"]
+        self.step_times: list[float] = []
+        self.val: dict[int, float] = {}
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        start = time.perf_counter()
+        loss = lm_loss(self.model(x), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        loss.item()  # the Lightning loop reads the loss every step: so does this one
+        self.step_times.append(time.perf_counter() - start)
+
+    @torch.no_grad()
+    def validate(self, batches: list[tuple[torch.Tensor, torch.Tensor]], step: int) -> None:
+        self.model.eval()
+        losses = [lm_loss(self.model(x), y) for x, y in batches]
+        self.model.train()
+        self.val[step] = float(torch.stack(losses).mean())  # as MinitxLM: the mean of batch means
+
+    def mean_step(self) -> float:
+        return statistics.fmean(self.step_times[SKIP:])
+
+    def median_step(self) -> float:
+        return statistics.median(self.step_times[SKIP:])
+
+
+def time_muon_steps(module: MinitxLM, repeats: int = 20) -> tuple[float, float]:
+    """ms per step of torch.optim.Muon and of minitx's BatchedMuon on the model's Muon matrices
+    (random gradients), measured in turn: what orthogonalising same-shaped matrices together saves."""
+    params = [
+        torch.nn.Parameter(p.detach().clone())
+        for n, p in module.model.named_parameters()
+        if n in module.muon_names
+    ]
+    for param in params:
+        param.grad = torch.randn_like(param)
+    optimizers = {"torch": torch.optim.Muon(params, lr=1e-4), "batched": BatchedMuon(params, lr=1e-4)}
+    times: dict[str, list[float]] = {name: [] for name in optimizers}
+    for _ in range(repeats):
+        for name, optimizer in optimizers.items():
+            start = time.perf_counter()
+            optimizer.step()
+            times[name].append(time.perf_counter() - start)
+    return statistics.median(times["torch"]) * 1e3, statistics.median(times["batched"]) * 1e3
+
+
+def with_optimizer(config: dict, optimizer: str, args: argparse.Namespace) -> dict:
+    model = {**config["model"], "optimizer": optimizer}
+    if args.schedule:
+        model["schedule"] = args.schedule
+    if optimizer == "muon" and args.muon_lr is not None:
+        model["muon_lr"] = args.muon_lr
+    return {**config, "model": model}
+
+
+def train(runs: list[Run], data: TextDataModule, steps: int, val_every: int, val_batches: list) -> None:
+    """`runs` in turn, one step each, on the same batches; validated every val_every steps and at the end."""
+    batches = iter(data.train_dataloader())
+    for step in range(1, steps + 1):
+        x, y = next(batches)
+        for run in runs if step % 2 else reversed(runs):  # neither always goes first
+            run.step(x, y)
+        if step % val_every == 0 or step == steps:
+            for run in runs:
+                run.validate(val_batches, step)
+            print(f"step {step}: " + ", ".join(f"{r.name} val {r.val[step]:.4f}" for r in runs), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--config", default=str(DEFAULT_CONFIG), help="training config whose model and data are used"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="optimiser steps (default: the config's max_steps)"
+    )
+    parser.add_argument("--val-every", type=int, default=100, help="steps between validations")
+    parser.add_argument(
+        "--schedule", choices=("cosine", "wsd"), default=None, help="both runs' model.schedule"
+    )
+    parser.add_argument(
+        "--muon-lr", type=float, default=None, help="Muon's model.muon_lr (default: the config's)"
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument(
+        "--no-equal-time", action="store_true", help="skip the third run (the slower optimiser at equal time)"
+    )
+    args = parser.parse_args()
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = merged_config(args.config)
+    steps = args.steps or int(config.get("trainer", {}).get("max_steps", 1000))
+    clip = float(config.get("trainer", {}).get("gradient_clip_val") or 1.0)
+    data_args = {
+        **config.get("data", {}),
+        "block_size": config["model"].get("block_size", 256),
+        "num_workers": 0,
+    }
+    L.seed_everything(config.get("seed_everything", 1337), verbose=False)
+    data = TextDataModule(**data_args)
+    data.setup("fit")
+    val_batches = list(data.val_dataloader())
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, config {args.config}, {steps} steps, "
+        f"{data.batch_size} x {data.block_size} tokens a step, gradient clipping {clip}"
+    )
+
+    runs = [Run(name, with_optimizer(config, name, args), data, steps, clip) for name in ("adamw", "muon")]
+    plain, batched = time_muon_steps(runs[1].module)
+    print(
+        f"Muon's step on the {len(runs[1].module.muon_names)} hidden matrices (median of 20, in turn): "
+        f"torch.optim.Muon {plain:.1f} ms, minitx's BatchedMuon {batched:.1f} ms"
+    )
+    for run in runs:
+        hp = run.module.hparams
+        lrs = ", ".join(f"{g['lr']:g}" for g in run.optimizer.param_groups)
+        print(f"{run.name}: {type(run.optimizer).__name__}, group lrs {lrs}, schedule {hp.schedule}")
+    train(runs, data, steps, args.val_every, val_batches)
+    adamw, muon = runs
+
+    print("\nval loss by step")
+    print("| step | AdamW | Muon |\n|---|---|---|")
+    for step in sorted(adamw.val):
+        print(f"| {step} | {adamw.val[step]:.4f} | {muon.val[step]:.4f} |")
+    ratio = muon.mean_step() / adamw.mean_step()
+    print(
+        f"\nstep time (mean of steps {SKIP + 1}-{steps}, alternating): AdamW {adamw.mean_step() * 1e3:.1f} ms, "
+        f"Muon {muon.mean_step() * 1e3:.1f} ms, ratio {ratio:.3f} "
+        f"(medians {adamw.median_step() * 1e3:.1f} / {muon.median_step() * 1e3:.1f} ms, "
+        f"ratio {muon.median_step() / adamw.median_step():.3f})"
+    )
+    if args.no_equal_time:
+        return
+    faster, slower = (adamw, muon) if ratio > 1 else (muon, adamw)
+    equal_steps = math.floor(steps * faster.mean_step() / slower.mean_step())
+    print(
+        f"\nequal wall time: {slower.name} in {faster.name}'s time for {steps} steps takes {equal_steps} steps; "
+        f"training it alone for {equal_steps} steps (its schedule {equal_steps} steps long)",
+        flush=True,
+    )
+    again = Run(slower.name, with_optimizer(config, slower.name, args), data, equal_steps, clip)
+    train([again], data, equal_steps, args.val_every, val_batches)
+    print(
+        f"\nat equal wall time ({faster.name}'s {steps} steps): {faster.name} val {faster.val[steps]:.4f} "
+        f"after {steps} steps, {slower.name} val {again.val[equal_steps]:.4f} after {equal_steps} steps"
+    )
+
+
+if __name__ == "__main__":
+    main()
