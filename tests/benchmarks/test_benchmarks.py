@@ -217,3 +217,24 @@ def test_sdpa_widths_prints_every_width_pair(tmp_path):
         (64, 64),
     ]
     assert rows[0][3] == "1.00" and all(float(row[2]) > 0 for row in rows)
+
+
+@pytest.mark.slow
+def test_memory_benchmark_prints_both_rows_of_each_kind(tmp_path):
+    out = run_script(
+        "memory.py",
+        "--seq-len",
+        "512",
+        "--kinds",
+        "mha",
+        "mta",
+        "--repeats",
+        "1",
+        "--warmup",
+        "1",
+        cwd=tmp_path,
+    )
+    for kind in ("mha", "mta"):
+        off, on = table_rows(out, kind)[:2]
+        assert off[1] == "off" and on[1] == "on", out
+        assert float(on[3].replace(",", "")) < float(off[3].replace(",", "")), out  # checkpointing keeps less
