@@ -246,14 +246,27 @@ def check_run(cli: TrainCLI, run: RunSettings) -> str | None:
             "choose another --run.name, or delete that directory"
         )
     if ckpt_path is not None:
-        check_resume_checkpoint(
-            ckpt_path,
-            cli.model.config,
-            cli.model.state_dict(),
-            cli.datamodule.tokenizer,
-            optimizer=cli.model.hparams.get("optimizer", "adamw"),
+        saved = check_resume_checkpoint(
+            ckpt_path, cli.model.config, cli.model.state_dict(), cli.datamodule.tokenizer
         )
+        keep_saved_optimizer(cli, ckpt_path, saved)
     return ckpt_path
+
+
+def keep_saved_optimizer(cli: TrainCLI, ckpt_path: str, saved: str) -> None:
+    """A run resumes with the optimiser its checkpoint holds the state of (AdamW's moments are not
+    Muon's momentum), whatever the config says: a run of an older minitx, or one begun before
+    configs/default.yaml chose Muon, continues with AdamW. Said in one line when they differ."""
+    configured = cli.model.hparams.get("optimizer", "adamw")
+    if saved == configured:
+        return
+    print(
+        f"minitx: {ckpt_path} was trained with model.optimizer {saved}, not {configured}; the run "
+        f"continues with {saved} (start a new run to train with {configured})",
+        file=sys.stderr,
+    )
+    cli.model.hparams["optimizer"] = saved  # read by configure_optimizers, inside fit
+    cli.config["model"]["optimizer"] = saved  # the run's saved config says what it trains with
 
 
 def start_run(cli: TrainCLI, run: RunSettings, ckpt_path: str | None) -> None:

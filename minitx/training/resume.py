@@ -31,9 +31,7 @@ def resolve_ckpt_path(value: str | None, checkpoint_dir: Path) -> str | None:
     return value
 
 
-def check_resume_checkpoint(
-    path: str, config: ModelConfig, state_dict: dict, tokenizer: Any, optimizer: str = "adamw"
-) -> None:
+def check_resume_checkpoint(path: str, config: ModelConfig, state_dict: dict, tokenizer: Any) -> str:
     """Refuse a checkpoint that a run of model `config` (with weights shaped as `state_dict`) and
     data `tokenizer` cannot resume from.
 
@@ -58,12 +56,12 @@ def check_resume_checkpoint(
             f"({tokenizer_difference(saved.get('tokenizer'), tokenizer)}); resume with the data settings of the original run"
         )
     check_same_model(saved, config)
-    check_same_optimizer(path, checkpoint, optimizer)
     mismatch = state_mismatch(state_dict, checkpoint["state_dict"])
     if mismatch:
         raise UserError(
             f"{where}: its weights do not match its model config ({mismatch}); the file is damaged or was edited"
         )
+    return saved_optimizer(checkpoint)
 
 
 def saved_optimizer(checkpoint: dict) -> str:
@@ -71,16 +69,6 @@ def saved_optimizer(checkpoint: dict) -> str:
     (MuonWithAdamW saves {"adamw": ..., "muon": ...}); older checkpoints are AdamW's."""
     states = checkpoint.get("optimizer_states") or [{}]
     return "muon" if isinstance(states[0], dict) and set(states[0]) == {"adamw", "muon"} else "adamw"
-
-
-def check_same_optimizer(path: str, checkpoint: dict, optimizer: str) -> None:
-    """A run resumes with the optimiser it saved: AdamW's moments are not Muon's momentum."""
-    saved = saved_optimizer(checkpoint)
-    if saved != optimizer:
-        raise UserError(
-            f"model.optimizer: is {optimizer!r} but the checkpoint {path!r} was trained with {saved!r}; "
-            f"resume with --model.optimizer {saved}, or start a new run"
-        )
 
 
 def check_same_model(saved: dict, config: ModelConfig) -> None:

@@ -26,7 +26,6 @@ from runs import (
     assert_resumed_losses_equal,
     checkpoint_step,
     finish,
-    one_line_error,
     tiny_config,
     train_process,
     with_callback,
@@ -301,14 +300,20 @@ def test_train_with_muon_and_wsd_logs_the_schedule_and_saves_both_states(recipe_
     assert state["muon"]["param_groups"][0]["lr"] == pytest.approx(RECIPE["muon_lr"] * end, rel=0.35)
 
 
-def test_resuming_with_the_other_optimiser_is_refused_in_one_line(recipe_run, corpus, tmp_path, capfd):
+def test_a_resumed_run_keeps_the_optimiser_of_its_checkpoint(recipe_run, corpus, tmp_path, capfd):
+    # Its state is the checkpoint's optimiser's: a config naming the other (an older run, or one
+    # begun under another default) is said in one line, and the run goes on as it was.
     shutil.copytree(recipe_run, tmp_path / "runs" / "tiny")
     config = write_config(tmp_path / "tiny.yaml", recipe_config(corpus, tmp_path))
-    args = ["--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "30"]
-    assert train_main([*args, "--model.optimizer", "adamw"]) == 2
-    one_line_error(
-        capfd, "train", "model.optimizer: is 'adamw'", "trained with 'muon'", "--model.optimizer muon"
-    )
+    args = ["--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", str(STEPS + 2)]
+    assert train_main([*args, "--model.optimizer", "adamw"]) == 0
+    err = capfd.readouterr().err
+    assert "was trained with model.optimizer muon, not adamw; the run continues with muon" in err
+    checkpoint = torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / LAST, weights_only=True)
+    assert checkpoint["global_step"] == STEPS + 2 and set(checkpoint["optimizer_states"][0]) == {
+        "adamw",
+        "muon",
+    }
 
 
 # ------------------------------------------------------------------------------- real processes
