@@ -126,6 +126,7 @@ PRECISION_TOL = {"logits_rel_rms": 0.05, "loss_abs": 0.02}
 # inputs. The bound only allows for a kernel that orders a sum differently; leaks that the tests
 # plant move logits by more than 1e-3.
 CAUSAL_TOL = 1e-5
+DOCUMENT_TOKEN = 0  # check_documents and the training rows with documents start each at this id
 # Cached decoding and one forward pass compute the same sums in float32 (about 1e-6 apart, measured);
 # on CUDA the convolutions of MTA may run in TF32 (10-bit mantissa, 5e-4 per rounding). A cache that
 # drops or mis-scales attention moves the logits by 0.08-0.45 of their spread at these sizes.
@@ -405,6 +406,40 @@ def check_cache(results: Results, kind: str, config: ModelConfig, device: torch.
     results.check("cache", kind, ok, detail, value=rel)
 
 
+def with_documents(config: ModelConfig) -> ModelConfig:
+    """The config with documents starting at token 0; local's global tokens (the sequence's first,
+    refused with documents) set to none."""
+    attention = config.attention
+    if "local" in attention.options and attention.options["local"]["n_global"]:
+        attention = attention.with_options("local", n_global=0)
+    return dataclasses.replace(config, attention=attention, document_token=DOCUMENT_TOKEN)
+
+
+def check_documents(results: Results, kind: str, config: ModelConfig, device: torch.device) -> None:
+    """[doc A][doc B] at B's positions equals [doc B] alone (bf16 autocast; flex block masks for
+    mha/mqa/gqa and local on CUDA)."""
+    model = verify.perturb_identity_parts(Transformer(with_documents(config)).eval()).to(device)
+    T = config.block_size
+    split = T // 3
+    idx = torch.randint(1, VOCAB, (2, T), device=device)
+    idx[:, 0] = idx[0, split] = idx[1, 2 * split] = DOCUMENT_TOKEN  # the rows split differently
+    with torch.no_grad(), autocast(device), counting_calls(local, "flex_documents") as counts:
+        packed = model(idx).float()
+        alone = [model(idx[row : row + 1, start:]).float()[0] for row, start in ((0, split), (1, 2 * split))]
+    gap = max(
+        (packed[row, start:] - part).pow(2).mean().sqrt().item() / part.std().item()
+        for (row, start), part in zip(((0, split), (1, 2 * split)), alone)
+    )
+    ok = gap <= PRECISION_TOL["logits_rel_rms"]
+    flex = device.type == "cuda" and any(k in config.layer_kinds for k in ("mha", "mqa", "gqa", "local"))
+    if flex and counts["flex_documents"] == 0:
+        ok = False
+    detail = f"bf16 {device.type}, T={T}: a document's logits packed vs alone, rel. RMS {gap:.1e} <= {PRECISION_TOL['logits_rel_rms']}"
+    results.check(
+        "documents", kind, ok, detail + (f"; flex_documents x{counts['flex_documents']}" if flex else "")
+    )
+
+
 def check_train_step(results: Results, kind: str, config: ModelConfig, device: torch.device) -> None:
     model = verify.perturb_identity_parts(Transformer(config)).to(device).train()
     idx = torch.randint(0, VOCAB, (2, config.block_size + 1), device=device)
@@ -508,6 +543,7 @@ def run_checks(results: Results, configs: dict[str, ModelConfig], device: torch.
             ("causal", check_causal),
             ("cache", check_cache),
             ("train step", check_train_step),
+            ("documents", check_documents),
         ):
             torch.manual_seed(0)
             with results.guarded(name, kind):
@@ -575,6 +611,10 @@ def measure_training(results: Results, configs: dict[str, ModelConfig], device: 
                     results.measure("train graph breaks", kind, breaks, "breaks", compiled=compiled)
                 mfu = None if peak is None else 100 * flops * tokens_per_sec / peak
                 results.measure("train MFU", kind, mfu, "%", compiled=compiled)
+        with results.guarded("train eager with documents", kind):
+            # Random tokens: a document starts at token 0, on average every VOCAB tokens.
+            with_docs, _ = training_speed(with_documents(config), device, size, compiled=False)
+            results.measure("train tokens/s with documents", kind, with_docs, "tokens/s", compiled=False)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
 

@@ -11,8 +11,8 @@ from torch import Tensor
 from .. import functional
 from ..documents import Documents, masked_attention
 from ..kinds import KindSpec
+from . import local
 from .base import Attention, SoftmaxOptions
-from .local import flex_documents
 
 
 class GroupedQueryAttention(Attention):
@@ -40,7 +40,7 @@ class GroupedQueryAttention(Attention):
         if self.use_flex(q):  # block-sparse: blocks wholly in another document are skipped
 
             def attend(q, k, v):
-                return flex_documents(q, k, v, docs, None, leading, self.scale)
+                return local.flex_documents(q, k, v, docs, None, leading, self.scale)
         else:  # SDPA under the mask, in blocks of queries
 
             def attend(q, k, v):

@@ -240,6 +240,17 @@ def test_cache_check_fails_when_the_cached_path_is_wrong(gpu_suite, monkeypatch)
     assert not results.checks[-1]["ok"], results.checks[-1]
 
 
+@pytest.mark.parametrize("kind", ["mha", "mta"])
+def test_documents_check_passes_and_fails_when_attention_crosses_a_document(gpu_suite, monkeypatch, kind):
+    config = tiny_config(gpu_suite, kind)
+    results = gpu_suite.Results(torch.device("cpu"), tiny=True)
+    gpu_suite.check_documents(results, kind, config, torch.device("cpu"))
+    assert results.checks[-1]["ok"], results.checks[-1]
+    monkeypatch.setattr(gpu_suite, "with_documents", lambda config: config)  # attends across starts
+    gpu_suite.check_documents(results, kind, config, torch.device("cpu"))
+    assert not results.checks[-1]["ok"], results.checks[-1]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "args, flag",
