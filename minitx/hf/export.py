@@ -67,6 +67,12 @@ def export_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)
     name = architecture or "MinitxForCausalLM (custom code: load with trust_remote_code=True)"
     log(f"exported {ckpt} -> {out}: {name}, {dtype}; {why}")
+    if model.config.document_token is not None:
+        # The weights are the same; only inputs that hold several documents are computed otherwise.
+        log(
+            f"note: the model keeps attention inside documents (document_token {model.config.document_token}); "
+            "transformers attends across them: give it one document per sequence"
+        )
     return architecture or "MinitxForCausalLM"
 
 
@@ -100,6 +106,7 @@ def custom_model(model):
 
     fields = model.config.to_dict()
     fields.pop("dropout", None)  # inference only
+    fields.pop("document_token", None)  # not in the exported code (see export_checkpoint's note)
     fields["mlp_hidden"] = model.config.mlp_hidden
     fields.pop("mlp_hidden_size", None)
     config = MinitxConfig(**fields)

@@ -254,6 +254,21 @@ def test_export_matches_minitx_and_imports_back_bit_identical(
     assert config.layer_kinds == model.config.layer_kinds
 
 
+@pytest.mark.parametrize("fields", [{}, dict(SWIGLU, attention=dict(kind="gqa", n_kv_head=2))])
+def test_a_model_with_documents_exports_and_says_what_changes(tmp_path, one_thread, fields):
+    tokenizer = CharTokenizer(TEXT)
+    model = make_model(dict(fields, document_token=0), tokenizer)
+    said = []
+    export_checkpoint(
+        str(write_checkpoint(tmp_path / "m.ckpt", model, tokenizer)), str(tmp_path / "hf"), log=said.append
+    )
+    assert "document_token 0" in said[-1] and "one document per sequence" in said[-1]
+    tokens = torch.randint(1, tokenizer.vocab_size, (2, 30))
+    tokens[:, 0] = 0  # one document per sequence: the same logits
+    with torch.no_grad():
+        assert (load_exported(tmp_path / "hf")(tokens).logits - model(tokens)).abs().max() < 1e-5
+
+
 def test_native_llama_loads_without_remote_code_and_tokenizers_round_trip(tmp_path, one_thread):
     for name, tokenizer in (("char", CharTokenizer(TEXT)), ("bpe", train_bpe(TEXT * 4, 300))):
         model = make_model(dict(SWIGLU, attention=dict(kind="gqa", n_kv_head=2)), tokenizer)
