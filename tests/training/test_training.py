@@ -291,7 +291,8 @@ def test_model_config_is_the_one_source_of_model_keys(tmp_path, cache_dir, monke
     cli = TrainCLI(["--config", str(config)])
     keys = cli.parser.get_defaults()
     for field in dataclasses.fields(ModelConfig):
-        if field.name not in ("attention", "vocab_size"):  # vocab_size is linked from the data's tokenizer
+        # vocab_size and document_token are linked from the data's tokenizer (data.documents)
+        if field.name not in ("attention", "vocab_size", "document_token"):
             assert keys[f"model.{field.name}"] == getattr(ModelConfig(), field.name), field.name
     for field in dataclasses.fields(Attention):
         assert keys[f"model.attention.{field.name}"] == getattr(Attention(), field.name), field.name
