@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from ..cache import KVCache
 from ..config import ModelConfig
-from ..documents import Documents, similar_lengths, stack_pieces
+from ..documents import Documents, stack_pieces
 
 
 @dataclass
@@ -195,11 +195,11 @@ class Attention(nn.Module):
 
         Here, for any kind: each document's piece of each row goes through `attend` on its own,
         which is what that document alone computes, however the kind mixes scores (MTA's
-        convolutions included). Pieces of similar lengths share one call, right-padded with
-        zeros: what comes after a query never reaches it (every kind is causal), so the padding
+        convolutions included). Pieces of similar lengths share one call (Documents.groups),
+        right-padded with zeros: what comes after a query never reaches it (every kind is causal), so the padding
         changes no real output. Kinds with a mask-based path override this."""
         out = None
-        for group in similar_lengths(docs.pieces()):
+        for group in docs.groups():
             y = self.attend(*(stack_pieces(t, group) for t in (q, k, v)))
             if out is None:  # a kind's output may differ from q in heads and width (diff, MLA)
                 out = y.new_empty(q.shape[0], y.shape[1], q.shape[2], y.shape[3])
