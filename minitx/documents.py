@@ -28,9 +28,9 @@ from torch import Tensor
 class Documents:
     starts: Tensor  # (B, T) long: absolute position where each token's document begins
     offset: int = 0  # absolute position of the window's first token (a cache's n_seen)
-    # Flex attention's block masks and the padded groups, made once per forward and shared by the
-    # layers (flex_mask, groups).
-    _flex: dict = field(default_factory=dict, repr=False, compare=False)
+    # Masks, flex attention's block masks and the padded groups: made once per forward and shared
+    # by the layers (mask, flex_mask, groups). Nothing may change them in place.
+    _made: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(cls, idx: Tensor, token: int, offset: int = 0, previous: Tensor | None = None) -> Documents:
@@ -52,6 +52,11 @@ class Documents:
     def mask(self, leading: int = 0) -> Tensor:
         """(B, 1, T, T) boolean, True where query i may see key j: causal and in the same document.
         `leading` prepends that many always-visible tokens (a learned sink enters as one)."""
+        if ("mask", leading) not in self._made:
+            self._made["mask", leading] = self._mask(leading)
+        return self._made["mask", leading]
+
+    def _mask(self, leading: int) -> Tensor:
         T = self.starts.shape[1]
         pos = torch.arange(self.offset, self.offset + T, device=self.starts.device)
         allowed = (pos[None, None, None, :] <= pos[None, None, :, None]) & (
@@ -67,16 +72,16 @@ class Documents:
         """Flex attention's block-sparse mask of the documents (and a window): blocks of scores
         wholly in another document are skipped, not computed. `leading` as for `mask`."""
         key = (window, leading)
-        if key not in self._flex:
+        if key not in self._made:
             starts = F.pad(self.starts - self.offset + leading, (leading, 0))  # as indices of q's rows
-            self._flex[key] = _flex_document_mask(starts, window, leading)
-        return self._flex[key]
+            self._made[key] = _flex_document_mask(starts, window, leading)
+        return self._made[key]
 
     def groups(self) -> list[list[tuple[int, int, int]]]:
         """The pieces in padded groups (padded_groups), worked out once and shared by the layers."""
-        if "groups" not in self._flex:
-            self._flex["groups"] = padded_groups(self.pieces())
-        return self._flex["groups"]
+        if "groups" not in self._made:
+            self._made["groups"] = padded_groups(self.pieces())
+        return self._made["groups"]
 
     def pieces(self) -> list[list[tuple[int, int]]]:
         """For each row, the (begin, end) index ranges of its documents' pieces within the window."""
