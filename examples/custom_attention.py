@@ -10,12 +10,14 @@ Scaling the scores of query i is scaling q_i, so the fast path is PyTorch's SDPA
 and the cached path needs only n, which the cache's mask gives. Everything else (projections,
 RoPE, grouped key/value heads, the KV cache, checkpoints) is minitx's, unchanged.
 
-How minitx finds this kind: the config names this file in `attention.kind_modules`, which is
-imported before the kinds are checked; the file registers its KindSpec. Nothing in minitx is
-edited. Train it beside MHA:
+How minitx finds this kind: the config names this file in `attention.kind_modules`, which
+train.py imports before the kinds are checked; the file registers its KindSpec. Nothing in minitx
+is edited. Train it beside MHA, then generate, consenting to the checkpoint's import of this file
+(a checkpoint imports no code without --trust-kind-modules):
 
     python train.py --config examples/custom_attention.yaml
     python train.py --config examples/custom_attention.yaml --model.attention.options.ssmax.scale_init 0.5
+    python generate.py --ckpt runs/custom_attention/checkpoints/last.ckpt --trust-kind-modules
 
 docs/attention.md ("Your own attention kind") walks through this file.
 """

@@ -4,7 +4,7 @@ from . import functional
 from .attention import Attention
 from .cache import kv_cache_bytes
 from .config import AttentionConfig, ModelConfig
-from .kinds import KindSpec, OptionError, register
+from .kinds import KindSpec, OptionError, import_kind_modules, register
 from .model import Transformer
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "OptionError",
     "Transformer",
     "functional",
+    "import_kind_modules",
     "kv_cache_bytes",
     "register",
 ]

@@ -29,7 +29,7 @@ class AttentionConfig:
     so a saved config says exactly what the model computed.
     """
 
-    kind: str = "mha"  # a registered kind: mha, mqa, gqa, local, mta, or one of kind_modules'
+    kind: str = "mha"  # a registered kind: mha, mqa, gqa, local, mta, ..., or one of kind_modules'
     # Per-layer kinds, repeated to cover n_layer, e.g. ["local", "local", "local", "mha"].
     layers: list[str] | None = None
     # Key/value heads of the kinds that group heads (gqa, local, mta; None: as many as query
@@ -37,17 +37,18 @@ class AttentionConfig:
     n_kv_head: int | None = None
     # Each used kind's options by kind name, e.g. {"mta": {"query_kernel": 6, "conv_layers": [2]}}.
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Modules that register kinds of your own, imported first: module names or .py file paths.
+    # Modules that register kinds of your own: module names or .py file paths. A config only
+    # records them; the commands import them (kinds.import_kind_modules), never this class.
     kind_modules: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        kinds.import_kind_modules(self.kind_modules)
-        kinds.spec_of("attention.kind", self.kind)
+        # Building a config runs no code of anyone's: kind_modules must already be imported.
+        kinds.spec_of("attention.kind", self.kind, self.kind_modules)
         if self.layers is not None:
             if len(self.layers) == 0:
                 _fail("attention.layers", "is empty", "give at least one kind or leave it unset")
             for i, kind in enumerate(self.layers):
-                kinds.spec_of(f"attention.layers[{i}]", kind)
+                kinds.spec_of(f"attention.layers[{i}]", kind, self.kind_modules)
         used = list(dict.fromkeys(self.layers or [self.kind]))
         if self.n_kv_head is not None:
             if not any(kinds.registry[kind].reads_n_kv_head for kind in used):

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .arguments import ArgumentParser
+from .arguments import ArgumentParser, add_trust_argument
 from .checkpoint import load_checkpoint
 from .decoding import (  # noqa: F401 (re-exported: the decode loop's home before it moved)
     CachedSteps,
@@ -120,6 +120,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="decode with torch.compile: the first token waits for the compile (tens of seconds), "
         "every later one is faster (see benchmarks/RESULTS.md)",
     )
+    add_trust_argument(parser)
     return parser.parse_args(argv)
 
 
@@ -175,7 +176,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.num_samples < 1:
         raise UserError(f"--num-samples: is {args.num_samples}; use 1 or more")
     device = _device(args.device)
-    model, tokenizer, _ = load_checkpoint(args.ckpt, map_location=device, label="--ckpt")
+    model, tokenizer, _ = load_checkpoint(
+        args.ckpt, map_location=device, label="--ckpt", trust_kind_modules=args.trust_kind_modules
+    )
     if args.compile:
         model = torch.compile(model)  # generate's loop calls it; its caches stay the model's
     prompt_text, prompt_ids = _read_prompt(args, tokenizer)

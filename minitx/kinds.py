@@ -5,7 +5,9 @@ layer, whose fields are the kind's settings (`attention.options.<kind>.<field>` 
 whose annotations and `__post_init__` are their checks. The registry is the one place that knows
 the kinds: config validation, the model, caches and the commands all look kinds up here. The
 built-in kinds register from `minitx.attention`; a kind of your own registers the same way from
-its own file, which a config names in `attention.kind_modules` (see examples/custom_attention.py).
+its own file, which a config names in `attention.kind_modules` (see examples/custom_attention.py)
+and `import_kind_modules` imports: train.py and ablate.py for the config they are given, a
+checkpoint's loader only with the user's consent (minitx/checkpoint.py), a config never.
 
 This file imports nothing heavy, so `config` can validate against it.
 """
@@ -106,8 +108,16 @@ def kinds_reading_n_kv_head() -> list[str]:
     return [name for name, spec in registry.items() if spec.reads_n_kv_head]
 
 
-def spec_of(field_name: str, kind: str) -> KindSpec:
+def spec_of(field_name: str, kind: str, kind_modules: list[str] | None = None) -> KindSpec:
     if kind not in registry:
+        if kind_modules:  # named, but building a config imports nothing: the caller imports them
+            fail(
+                field_name,
+                f"kind {kind!r} is not registered, and attention.kind_modules "
+                f"({', '.join(map(str, kind_modules))}) is not imported: a config imports no code",
+                "call minitx.import_kind_modules(attention.kind_modules) first (the commands do), "
+                f"or choose one of {', '.join(registry)}",
+            )
         fail(
             field_name,
             f"unknown kind {kind!r}{nearest(kind, registry)}",
@@ -193,9 +203,32 @@ def check_type(name: str, value: Any, hint: Any) -> Any:
 # -- kinds defined outside minitx ------------------------------------------------------------------
 
 
+def used_kinds(attention: Any) -> list[str]:
+    """The kinds a saved attention section's layers use (`kind`, or the entries of `layers`)."""
+    layers = attention.get("layers")
+    names = layers if isinstance(layers, list) and layers else [attention.get("kind", "mha")]
+    return list(dict.fromkeys(name for name in names if isinstance(name, str)))
+
+
+def unregistered_kinds(attention: Any) -> list[str]:
+    """The kinds of a saved attention section that no module imported so far registers."""
+    if not isinstance(attention, dict):
+        return []
+    return [name for name in used_kinds(attention) if name not in registry]
+
+
+def module_identity(name: str) -> str:
+    """What an entry of kind_modules imports: a .py file by its absolute path, else the module name."""
+    return str(Path(name).resolve()) if name.endswith(".py") else name
+
+
 def import_kind_modules(names: list[str]) -> None:
     """Import each module that registers kinds: a module name (`mypackage.attention`) or a .py file
-    (`examples/custom_attention.py`, relative to the working directory). Each is imported once."""
+    (`examples/custom_attention.py`, relative to the working directory). Each is imported once.
+
+    Importing runs the module's code. A config never calls this (building one has no effects):
+    the train and ablate commands call it for the config the user gave them, and loading a
+    checkpoint only with the user's consent (minitx.checkpoint.load_checkpoint's trust_kind_modules)."""
     for name in names:
         try:
             if name.endswith(".py"):
@@ -209,6 +242,20 @@ def import_kind_modules(names: list[str]) -> None:
                 f"attention.kind_modules: {name!r} cannot be imported ({type(err).__name__}: {err}); give a "
                 "module name on the Python path or a .py file's path (relative paths start at the working directory)"
             ) from None
+
+
+def import_config_kinds(attention: Any, prefix: str = "") -> None:
+    """Import the kind_modules of an attention section the user wrote (a train or sweep config):
+    naming them there is asking for their code to run. Errors name `prefix`attention.kind_modules."""
+    modules = attention.get("kind_modules") if attention is not None else None
+    if not modules:
+        return
+    if not isinstance(modules, (list, tuple)) or not all(isinstance(name, str) for name in modules):
+        fail(f"{prefix}attention.kind_modules", f"is {modules!r}", "give a list of module names or .py files")
+    try:
+        import_kind_modules(list(modules))
+    except UserError as error:
+        raise UserError(f"{prefix}{error}") from None
 
 
 def _import_file(path: Path) -> None:

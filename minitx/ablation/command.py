@@ -9,8 +9,9 @@ from pathlib import Path
 
 from ..arguments import ArgumentParser
 from ..errors import UserError
+from ..kinds import import_kind_modules
 from .budget import match_budgets
-from .eval_runs import evaluate_runs
+from .eval_runs import evaluate_runs, sweep_kind_modules
 from .report import PLOTS, write_results
 from .runner import BASE_SNAPSHOT, LOG_FILE, check_variants, is_finished, plan_runs, run_sweep
 from .sweep import Sweep, load_sweep
@@ -84,6 +85,12 @@ def prepare(args: argparse.Namespace) -> tuple[Sweep, Path]:
     check_readable(config_path)
     sweep = load_sweep(config_path)
     select(sweep, args.only)
+    # Kinds of the user's own that the sweep's configs name: writing them there is consent to
+    # their code, here (budgets, checks) and in the evaluation of the runs (eval_runs.py).
+    try:
+        import_kind_modules(sweep_kind_modules(sweep, args.train_args))
+    except UserError as error:
+        raise UserError(f"{config_path}: model.{error}") from None
     if sweep.match:
         try:
             match_budgets(sweep, sweep.match, args.train_args, log=print)
@@ -114,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     output.mkdir(parents=True, exist_ok=True)  # only once the sweep is known to be sound
     if not args.report_only:
         run_sweep(runs, sweep, output, args.parallel)
-        evaluate_runs(runs, sweep.evaluation)
+        evaluate_runs(runs, sweep.evaluation, trust_kind_modules=sweep_kind_modules(sweep, args.train_args))
     table = write_results(runs, output, title=f"Ablation: {config_path.name}", sweep=sweep)
     print((output / "results.md").read_text(encoding="utf-8"))
     print(f"ablate: wrote {output / 'results.md'}, results.csv, {', '.join(PLOTS)}")

@@ -5,10 +5,16 @@ A rerun of a finished sweep reads the cache (evaluation.json) instead of evaluat
 cache is keyed by the evaluation settings and the checkpoint file, so a retrained run or new
 settings are evaluated afresh. A failed evaluation is recorded as a note for the run's row, never
 the end of the sweep, and is tried again on the next run of the sweep.
+
+A sweep of a kind defined outside minitx names its modules in its own config
+(attention.kind_modules): that is the user's consent to their code, for training and for the
+evaluation of the sweep's runs alike, so a run's checkpoint may import those modules and no other
+(`sweep_kind_modules`, passed on as load_checkpoint's trust_kind_modules).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +22,10 @@ from ..checkpoint import BEST, LAST
 from ..errors import one_line
 from ..evaluation import evaluate_checkpoint
 from ..fileio import read_json, write_json_atomically
+from .budget import model_section
 from .runner import Run, is_finished
 from .summary import SUMMARY_FILE
-from .sweep import EvalSettings
+from .sweep import EvalSettings, Sweep
 
 EVAL_FILE = "evaluation.json"
 CHECKPOINT_DIR = "checkpoints"  # inside a run's directory (minitx/checkpoint.py's layout)
@@ -37,9 +44,24 @@ def best_checkpoint(run: Run) -> Path | None:
     return None
 
 
-def evaluate(checkpoint: Path, lengths: list[int], max_tokens: int | None) -> dict:
+def sweep_kind_modules(sweep: Sweep, extra: Sequence[str] = ()) -> list[str]:
+    """The modules of kinds that the sweep's own configs name (attention.kind_modules of the base,
+    the shared overrides, each variant's and `extra`, the training arguments given after --)."""
+    modules: dict[str, None] = {}
+    for variant in sweep.variants:
+        named = (model_section(sweep, variant, extra).get("attention") or {}).get("kind_modules")
+        if isinstance(named, (list, tuple)):
+            modules.update(dict.fromkeys(name for name in named if isinstance(name, str)))
+    return list(modules)
+
+
+def evaluate(
+    checkpoint: Path, lengths: list[int], max_tokens: int | None, trust_kind_modules: Sequence[str] = ()
+) -> dict:
     """The one call into minitx.evaluation (its contract: a JSON-able dict, see its docstring)."""
-    return evaluate_checkpoint(str(checkpoint), lengths=lengths, max_tokens=max_tokens)
+    return evaluate_checkpoint(
+        str(checkpoint), lengths=lengths, max_tokens=max_tokens, trust_kind_modules=list(trust_kind_modules)
+    )
 
 
 def cache_key(run: Run, settings: EvalSettings) -> dict | None:
@@ -57,9 +79,16 @@ def cache_key(run: Run, settings: EvalSettings) -> dict | None:
     }
 
 
-def evaluate_run(run: Run, settings: EvalSettings, log: Any = print, compute: bool = True) -> dict | None:
+def evaluate_run(
+    run: Run,
+    settings: EvalSettings,
+    log: Any = print,
+    compute: bool = True,
+    trust_kind_modules: Sequence[str] = (),
+) -> dict | None:
     """{"key", "result"} or {"key", "error"} for a finished run, from the cache when it is there;
-    None when there is nothing to show (evaluation off, run unfinished, not computed)."""
+    None when there is nothing to show (evaluation off, run unfinished, not computed).
+    `trust_kind_modules`: the sweep's kind modules (sweep_kind_modules), which its checkpoint may import."""
     if not settings.enabled or not is_finished(run):
         return None
     key = cache_key(run, settings)
@@ -78,7 +107,9 @@ def evaluate_run(run: Run, settings: EvalSettings, log: Any = print, compute: bo
     try:
         record = {
             "key": key,
-            "result": evaluate(run.directory / key["checkpoint"], key["lengths"], key["max_tokens"]),
+            "result": evaluate(
+                run.directory / key["checkpoint"], key["lengths"], key["max_tokens"], trust_kind_modules
+            ),
         }
     except Exception as error:  # noqa: BLE001 - any failure of one evaluation is that row's note
         record = {"key": key, "error": f"evaluation failed: {one_line(error, 300)}"}
@@ -87,7 +118,14 @@ def evaluate_run(run: Run, settings: EvalSettings, log: Any = print, compute: bo
     return record
 
 
-def evaluate_runs(runs: list[Run], settings: EvalSettings, log: Any = print, compute: bool = True) -> None:
-    """Evaluate every finished run that has no cached evaluation (compute=False: read caches only)."""
+def evaluate_runs(
+    runs: list[Run],
+    settings: EvalSettings,
+    log: Any = print,
+    compute: bool = True,
+    trust_kind_modules: Sequence[str] = (),
+) -> None:
+    """Evaluate every finished run that has no cached evaluation (compute=False: read caches only);
+    the runs' checkpoints may import `trust_kind_modules`, the sweep's own (sweep_kind_modules)."""
     for run in runs:
-        evaluate_run(run, settings, log, compute)
+        evaluate_run(run, settings, log, compute, trust_kind_modules)

@@ -7,7 +7,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..arguments import ArgumentParser
+from ..arguments import ArgumentParser, add_trust_argument
 from ..errors import UserError
 from .evaluate import SWEEP_TOKENS, evaluate_checkpoint
 from .report import table, write_json, write_plots
@@ -83,6 +83,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--lm-eval-include", default=None, help="a directory of your own lm-eval task YAML files"
     )
+    add_trust_argument(parser)
     return parser.parse_args(argv)
 
 
@@ -112,7 +113,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
         )
 
         tasks = [task.strip() for task in args.lm_eval_tasks.split(",") if task.strip()]
-        results = evaluate_tasks(args.ckpt, tasks, args.device, args.lm_eval_limit, args.lm_eval_include)
+        results = evaluate_tasks(
+            args.ckpt,
+            tasks,
+            args.device,
+            args.lm_eval_limit,
+            args.lm_eval_include,
+            trust_kind_modules=args.trust_kind_modules,
+        )
         print(results_table(results))
         return results
     result = evaluate_checkpoint(
@@ -129,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         progress=False if args.no_progress else None,
         refuse_lengths=args.lengths is not None,
         sweep_tokens=args.sweep_tokens,
+        trust_kind_modules=args.trust_kind_modules,
     )
     print(table(result))
     if args.json is not None:

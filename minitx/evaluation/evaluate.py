@@ -130,6 +130,7 @@ def evaluate_checkpoint(
     progress: bool | None = False,
     refuse_lengths: bool = False,
     sweep_tokens: int | None = SWEEP_TOKENS,
+    trust_kind_modules: bool | Sequence[str] = False,
 ) -> dict:
     """Evaluate a checkpoint saved by train.py.
 
@@ -140,10 +141,13 @@ def evaluate_checkpoint(
     or 0: all), skipped with a reason where the model cannot run them, or refused (UserError)
     with `refuse_lengths`. `max_tokens` scores only the text's first max_tokens + 1 tokens.
     `batch_size`: windows per forward pass at `context` (the sweep keeps the same tokens per
-    pass). `progress`: True, False, or None (on a terminal only).
+    pass). `progress`: True, False, or None (on a terminal only). `trust_kind_modules`: whether
+    the checkpoint may import the modules of its attention kinds (minitx.checkpoint.load_checkpoint).
     """
     started = time.monotonic()
-    model, tokenizer, raw = load_checkpoint(ckpt_path, map_location=usable_device(device), label="--ckpt")
+    model, tokenizer, raw = load_checkpoint(
+        ckpt_path, map_location=usable_device(device), label="--ckpt", trust_kind_modules=trust_kind_modules
+    )
     config = model.config
     lengths = sorted(set(default_lengths(config.block_size) if lengths is None else lengths))
     context = config.block_size if context is None else context

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import load_checkpoint
+from ..checkpoint import UntrustedKindError, load_checkpoint
 from ..errors import UserError
 from . import convert, native, require
 
@@ -42,14 +42,14 @@ def export_checkpoint(
     check_output_dir(out, force, ckpt)
     require("transformers")
     require("safetensors")
-    model, tokenizer, _ = load_checkpoint(ckpt, label="--ckpt")
+    try:
+        model, tokenizer, _ = load_checkpoint(ckpt, label="--ckpt")
+    except UntrustedKindError as error:
+        # No kind from outside minitx can be exported, so its modules are never imported here.
+        raise UserError(not_exportable(ckpt, error.kinds)) from None
     outside = sorted(set(model.config.layer_kinds) - convert.EXPORTABLE_KINDS)
     if outside:
-        raise UserError(
-            f"--ckpt {ckpt}: uses attention kind {', '.join(outside)}, defined outside minitx, which neither "
-            "transformers nor minitx's exported code knows; export works for "
-            + ", ".join(sorted(convert.EXPORTABLE_KINDS))
-        )
+        raise UserError(not_exportable(ckpt, outside))
     architecture, why = native.native_class(model.config)
     if architecture is None and set(model.config.layer_kinds) & convert.NATIVE_ONLY_KINDS:
         raise UserError(f"--ckpt {ckpt}: cannot be exported: {why}")
@@ -74,6 +74,14 @@ def export_checkpoint(
             "transformers attends across them: give it one document per sequence"
         )
     return architecture or "MinitxForCausalLM"
+
+
+def not_exportable(ckpt: str, kinds: list[str]) -> str:
+    return (
+        f"--ckpt {ckpt}: uses attention kind {', '.join(kinds)}, defined outside minitx, which neither "
+        "transformers nor minitx's exported code knows; export works for "
+        + ", ".join(sorted(convert.EXPORTABLE_KINDS))
+    )
 
 
 def check_output_dir(out: str, force: bool, ckpt: str) -> None:

@@ -3,6 +3,9 @@
     python evaluate.py --ckpt CKPT --lm-eval-tasks hellaswag,lambada_openai   (tasks download data)
     lm_eval --model minitx --model_args ckpt=CKPT --tasks ...                (once minitx.hf.lm_eval_adapter is imported)
 
+A checkpoint of an attention kind defined outside minitx loads only with consent to import its
+modules: `--trust-kind-modules`, or `trust_kind_modules=true` in --model_args.
+
 A token's log-probability is the one minitx's training loss uses: log_softmax of the model's
 logits at the position before it. A text with no token before its first one (an empty context)
 is conditioned on the tokenizer's end-of-text token; a tokenizer without one (char) cannot
@@ -40,15 +43,20 @@ class MinitxLM(lm_eval_api.LM):
         self.block_size = model.config.block_size
 
     @classmethod
-    def from_checkpoint(cls, ckpt: str, device: str = "cpu") -> MinitxLM:
-        model, tokenizer, _ = load_checkpoint(ckpt, map_location=device, label="--ckpt")
+    def from_checkpoint(cls, ckpt: str, device: str = "cpu", trust_kind_modules: bool = False) -> MinitxLM:
+        model, tokenizer, _ = load_checkpoint(
+            ckpt, map_location=device, label="--ckpt", trust_kind_modules=trust_kind_modules
+        )
         return cls(model, tokenizer, device)
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> MinitxLM:
+        """`--model_args ckpt=CKPT[,device=cuda][,trust_kind_modules=true]` of lm_eval's command."""
         args = lm_eval_utils.simple_parse_args_string(arg_string)
         return cls.from_checkpoint(
-            args["ckpt"], args.get("device", (additional_config or {}).get("device") or "cpu")
+            args["ckpt"],
+            args.get("device", (additional_config or {}).get("device") or "cpu"),
+            trust_kind_modules=str(args.get("trust_kind_modules", False)).lower() in ("true", "1"),
         )
 
     # -- scoring -----------------------------------------------------------------------------
@@ -143,10 +151,13 @@ def evaluate_tasks(
     limit: int | None = None,
     include_path: str | None = None,
     log_samples: bool = False,
+    trust_kind_modules: bool = False,
 ) -> dict:
     """lm-eval's results for a checkpoint on named tasks (the harness's own, or YAML files in
-    `include_path`). Most harness tasks download their data on first use: this needs the network."""
-    lm = MinitxLM.from_checkpoint(ckpt, device)  # a bad checkpoint fails before the task index is read
+    `include_path`). Most harness tasks download their data on first use: this needs the network.
+    `trust_kind_modules`: as minitx.checkpoint.load_checkpoint's."""
+    # A bad (or untrusted) checkpoint fails before the task index is read.
+    lm = MinitxLM.from_checkpoint(ckpt, device, trust_kind_modules=trust_kind_modules)
     # Indexing the harness's thousands of task files takes a while: skip it when `include_path` has them all.
     manager = (
         lm_eval_tasks.TaskManager(include_path=include_path, include_defaults=False) if include_path else None

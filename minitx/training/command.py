@@ -35,6 +35,7 @@ from ..data.datamodule import TextDataModule
 from ..errors import UserError, one_line
 from ..generation import generate
 from ..hf.load import check_init_from, init_model, run_model_fields
+from ..kinds import import_config_kinds
 from ..model import Transformer
 from ..runlock import RunLock
 from .changes import report_resume_changes
@@ -103,6 +104,9 @@ class TrainCLI(LightningCLI):
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # exit_on_error=False: jsonargparse raises instead of exiting
             raise UserError(parse_error_message(err, parser, config_files(args))) from None
+        # The modules of the config's own kinds: the user named them, so importing them (running
+        # their code) is what they asked for. A resumed run's config names them again.
+        import_config_kinds(self.config["model"]["attention"], "model.")
         # Before the seed is set or anything is built (the data module reads and tokenises its text).
         check_config(self.config)
         check_model_section(self.config["model"].as_dict())

@@ -396,7 +396,7 @@ def finished_runs(directory: Path, names=("good", "bad")) -> list:
 def test_evaluation_is_cached_per_run_and_a_failure_is_a_note(tmp_path, monkeypatch):
     calls = []
 
-    def fake_evaluate(path, lengths=None, max_tokens=None):
+    def fake_evaluate(path, lengths=None, max_tokens=None, trust_kind_modules=False):
         calls.append((Path(path).parts[-3], tuple(lengths), max_tokens))
         if "bad-" in str(path):
             raise RuntimeError("out of\nmemory")

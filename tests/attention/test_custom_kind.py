@@ -3,7 +3,8 @@
 Without any edit to minitx it must be exact (fast path = materialised reference, at awkward
 lengths), causal, decode with its cache exactly as without (past the context too), train through
 train.py from examples/custom_attention.yaml with its option overridden on the command line,
-generate, evaluate and ablate beside MHA through the commands.
+generate and evaluate (its checkpoint importing the file only with --trust-kind-modules), resume,
+and ablate beside MHA through the commands.
 """
 
 from __future__ import annotations
@@ -11,16 +12,17 @@ from __future__ import annotations
 import csv
 import json
 import math
+import sys
 
 import pytest
 import torch
 
-from minitx import AttentionConfig, ModelConfig, Transformer
+from minitx import AttentionConfig, ModelConfig, Transformer, import_kind_modules
 from minitx.cli import ablate_main, eval_main, export_main, generate_main, train_main
 from minitx.configfiles import REPO_ROOT
 from minitx.decoding import generate
 from minitx.errors import UserError
-from minitx.kinds import registry
+from minitx.kinds import registry, unregister
 from minitx.verify import cached_logits, causality_violation
 
 EXAMPLE = "examples/custom_attention.py"  # as the example's YAML names it: relative to the repo root
@@ -32,6 +34,7 @@ def in_repo_root(monkeypatch):
 
 
 def config(layers=None, n_kv_head=None, block_size=24, n_layer=3, **options) -> ModelConfig:
+    import_kind_modules([EXAMPLE])  # a config names the file; importing it is the caller's (once)
     attention = AttentionConfig(
         kind="ssmax",
         layers=layers,
@@ -67,7 +70,16 @@ def test_the_kind_comes_from_its_own_file_with_its_own_options():
     with pytest.raises(
         UserError, match=r"^attention\.kind_modules: 'examples/nothing\.py' cannot be imported"
     ):
-        AttentionConfig(kind="mha", kind_modules=["examples/nothing.py"])
+        import_kind_modules(["examples/nothing.py"])
+    # A config only names its modules: it imports none (a missing file is no error of its own) ...
+    AttentionConfig(kind="mha", kind_modules=["examples/nothing.py"])
+    # ... so a kind no module imported so far registers is refused, saying what to import.
+    with pytest.raises(
+        UserError,
+        match=r"^attention\.kind: kind 'unheard' is not registered, and attention\.kind_modules "
+        r"\(examples/nothing\.py\) is not imported: .*call minitx\.import_kind_modules",
+    ):
+        AttentionConfig(kind="unheard", kind_modules=["examples/nothing.py"])
 
 
 @pytest.mark.parametrize("T", [1, 7, 23])  # 1 and lengths that are no multiple of anything
@@ -129,28 +141,44 @@ def test_trains_generates_and_evaluates_through_the_commands(tmp_path, capsys):
     assert saved["kind"] == "ssmax" and saved["options"] == {"ssmax": {"scale_init": 0.5, "per_head": True}}
     assert saved["kind_modules"] == [EXAMPLE]
 
+    # As in a new process: the checkpoint imports the example's file only with --trust-kind-modules.
+    forget_example()
+    generating = ["--ckpt", str(checkpoint), "--temperature", "0", "--max-new-tokens", "70"]
     capsys.readouterr()
+    assert generate_main(generating) == 2
+    refusal = capsys.readouterr().err.strip()
+    assert "\n" not in refusal and f"would import and run {EXAMPLE}" in refusal
+    assert "--trust-kind-modules" in refusal and "ssmax" not in registry
     texts = []
     for extra in ([], ["--no-cache"]):
-        assert (
-            generate_main(["--ckpt", str(checkpoint), "--temperature", "0", "--max-new-tokens", "70", *extra])
-            == 0
-        )
+        assert generate_main([*generating, "--trust-kind-modules", *extra]) == 0
         texts.append(capsys.readouterr().out)
     assert texts[0] == texts[1] and len(texts[0]) > 70  # past the context of 32, cache or not
 
+    forget_example()
     report = tmp_path / "evaluation.json"
-    assert (
-        eval_main(["--ckpt", str(checkpoint), "--max-tokens", "600", "--json", str(report), "--no-progress"])
-        == 0
-    )
+    evaluating = ["--ckpt", str(checkpoint), "--max-tokens", "600", "--json", str(report), "--no-progress"]
+    assert eval_main(evaluating) == 2 and not report.exists()
+    assert eval_main([*evaluating, "--trust-kind-modules"]) == 0
     assert math.isfinite(json.loads(report.read_text())["loss"])
 
+    forget_example()
     capsys.readouterr()  # export is refused in one line: no exported code knows the kind
     assert export_main(["--ckpt", str(checkpoint), "--out", str(tmp_path / "hf")]) == 2
     refusal = capsys.readouterr().err.strip()
     assert "\n" not in refusal and "uses attention kind ssmax, defined outside minitx" in refusal
-    assert not (tmp_path / "hf").exists()
+    assert not (tmp_path / "hf").exists() and "ssmax" not in registry  # refused without importing it
+
+    # The run's config names the file: resuming the run imports it, with no flag.
+    resume = ["--run.root", str(tmp_path), "--ckpt_path", "last", "--trainer.max_steps", "8"]
+    assert train_main([*args, *TINY, *resume]) == 0 and "ssmax" in registry
+
+
+def forget_example() -> None:
+    """This process as a new one would be: kind ssmax unknown, the example's file not imported."""
+    unregister("ssmax")
+    for name in [name for name in sys.modules if name.startswith("minitx_kinds_custom_attention_")]:
+        del sys.modules[name]
 
 
 def test_ablates_beside_mha(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 import torch
 from test_model import KIND_CASES, VOCAB, build, case_config
 
-from minitx import AttentionConfig, ModelConfig, Transformer
+from minitx import AttentionConfig, ModelConfig, Transformer, import_kind_modules
 from minitx.documents import Documents
 from minitx.errors import UserError
 
@@ -36,6 +36,7 @@ def config_for(name: str, document_token: int | None = DOC) -> ModelConfig:
             **dict(case_config("gqa").__dict__, positions="learned", document_token=document_token)
         )
     if name == "custom-kind-mixed":
+        import_kind_modules([EXAMPLE])  # a config only names the file; importing it is the caller's
         attention = AttentionConfig(
             layers=["ssmax", "mta"], kind_modules=[EXAMPLE], options={"mta": {"query_chunk": 5}}
         )
