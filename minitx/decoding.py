@@ -34,6 +34,8 @@ an argument; it imports nothing from minitx.model.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections.abc import Callable
 
 import torch
@@ -50,13 +52,22 @@ from .errors import UserError
 # slot written is the ring's first), a product over a mix of kinds: 10 graphs for three kinds
 # (tests/generation/test_generation.py), past the default limit of 8, hence 32. Read only while a compiled
 # model is called; an older torch that lacks a setting goes without it.
-COMPILED_DECODING = {
-    name: value
-    for name, value in dict(
-        allow_unspec_int_on_nn_module=True, capture_dynamic_output_shape_ops=True, recompile_limit=32
-    ).items()
-    if hasattr(torch._dynamo.config, name)
-}
+COMPILED_DECODING = dict(
+    allow_unspec_int_on_nn_module=True, capture_dynamic_output_shape_ops=True, recompile_limit=32
+)
+
+
+def compiled_decoding():
+    """COMPILED_DECODING in force (a context manager). Nothing while torch._dynamo is not imported:
+    no model can be compiled then (torch.compile imports it), and importing it only to set its
+    options would cost an eager decode (and `import minitx`) more than a second."""
+    if "torch._dynamo" not in sys.modules:
+        return contextlib.nullcontext()
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    return config.patch(**{name: value for name, value in COMPILED_DECODING.items() if hasattr(config, name)})
+
 
 # -- sampling ---------------------------------------------------------------------------------------
 
@@ -207,7 +218,7 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        with torch._dynamo.config.patch(**COMPILED_DECODING):
+        with compiled_decoding():
             steps = CachedSteps(model, B, T + max_new_tokens) if use_cache else CroppedSteps(model)
             logits = steps.prefill(out[:, :T])  # an inference tensor, as every later step's input
             length = T

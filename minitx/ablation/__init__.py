@@ -28,6 +28,7 @@ from .runner import (
     BASE_SNAPSHOT,
     LOG_FILE,
     RUN_FILE,
+    SUMMARY_FILE,
     Run,
     check_variants,
     execute,
@@ -35,7 +36,6 @@ from .runner import (
     plan_runs,
     run_sweep,
 )
-from .summary import SUMMARY_FILE, RunSummary
 from .sweep import EvalSettings, Sweep, Variant, load_sweep
 from .table import COLUMNS, aggregate, collect, mean_curve, mean_std
 
@@ -71,3 +71,13 @@ __all__ = [
     "write_csv",
     "write_results",
 ]
+
+
+def __getattr__(name: str):
+    # RunSummary is a Lightning callback: imported when asked for, so that `ablate --help` and a
+    # sweep's one-line errors do not import Lightning (seconds at every start).
+    if name == "RunSummary":
+        from .summary import RunSummary
+
+        return RunSummary
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,8 +23,7 @@ from ..errors import one_line
 from ..evaluation import evaluate_checkpoint
 from ..fileio import read_json, write_json_atomically
 from .budget import model_section
-from .runner import Run, is_finished
-from .summary import SUMMARY_FILE
+from .runner import SUMMARY_FILE, Run, is_finished
 from .sweep import EvalSettings, Sweep
 
 EVAL_FILE = "evaluation.json"

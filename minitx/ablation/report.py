@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..fileio import write_text_atomically
-from . import plots
 from .runner import Run
 from .sweep import EvalSettings, Sweep
 from .table import aggregate, collect, columns_for, evaluated_lengths, exceeds_spread, is_quality, length_key
@@ -195,6 +194,8 @@ def write_results(
     reference = sweep.reference.name if sweep is not None and sweep.reference is not None else None
     text = markdown_table(table, title, [*standard_notes(rows, table, sweep), *notes], reference)
     write_text_atomically(output / "results.md", text)
+    from . import plots  # matplotlib: imported where a sweep draws, not at every ablate start
+
     plots.loss_curves(table, output / PLOTS[0])
     plots.cost_quality(table, output / PLOTS[1])
     plots.loss_vs_context(table, evaluated_lengths(rows), output / PLOTS[2])

@@ -25,7 +25,6 @@ from typing import Any
 from ..errors import UserError
 from ..fileio import read_json, write_json_atomically, write_text_atomically
 from ..training import check_train_args
-from .summary import SUMMARY_FILE
 from .sweep import Sweep, Variant
 
 # How a run is launched: the training command's contract (minitx/training). A command string,
@@ -44,6 +43,9 @@ RUN_DEFAULTS = {"trainer.enable_progress_bar": False, "run.sample_tokens": 0}
 # file while the sweep runs cannot give later runs a different base.
 BASE_SNAPSHOT = "base_config.yaml"
 RUN_FILE = "run.json"
+# What summary.RunSummary writes when a run ends: here, so that planning and checking runs (and
+# ablate --help) need not import that callback's Lightning.
+SUMMARY_FILE = "summary.json"
 LOG_FILE = "train.log"
 
 

@@ -17,8 +17,7 @@ from ..cache import kv_cache_bytes
 from ..fileio import write_json_atomically
 from ..model import Transformer
 from .budget import model_budget
-
-SUMMARY_FILE = "summary.json"
+from .runner import SUMMARY_FILE
 
 
 def _logged(trainer, name: str) -> float | None:

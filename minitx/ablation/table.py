@@ -9,8 +9,7 @@ from typing import Any
 
 from ..fileio import read_json
 from .eval_runs import evaluate_run
-from .runner import RUN_FILE, Run
-from .summary import SUMMARY_FILE
+from .runner import RUN_FILE, SUMMARY_FILE, Run
 from .sweep import EvalSettings
 
 # (column in results.csv, heading in results.md, format, higher is better? None: not a quality)

@@ -1,39 +1,64 @@
 """Training: the LightningModule and the `train` command, one file per concern.
 
     module.py      MinitxLM (loss, steps, validation, checkpoint hooks)
-    optim.py       AdamW groups (decay on matrices only), warmup + cosine schedule
+    optim.py       the optimiser (Muon or AdamW, decay on matrices only) and its schedule
+                   (warmup, then cosine or WSD)
     throughput.py  tokens/s and MFU (the device peak table), one meter for every consumer
     run.py         RunSettings (the `run` section), run directory, atomic CheckpointIO, last/best callback
     resume.py      checks that a checkpoint can be resumed, made before anything is written
+    changes.py     what a resumed run changes from its checkpoint's settings, said in one line
+    inputs.py      checks of the parsed config that need no data, model or trainer
+    classpaths.py  what a command line may make jsonargparse import, checked before parsing
+    interrupt.py   Ctrl-C: finish the step, save last.ckpt, exit with status 130
     messages.py    jsonargparse's errors as one line
     command.py     TrainCLI (LightningCLI), `main`, check_train_args
+    prepare_command.py  the prepare command: the train config's data, ahead of time
 
 Imports flow down that list's dependencies only: command -> (module, run, resume, messages) ->
 (optim, throughput); nothing here imports minitx.cli.
 """
 
-from .command import DEFAULT_CONFIG, TrainCLI, check_train_args, main, sample_text
-from .module import MinitxLM, NonFiniteLossError, lm_loss
-from .optim import decays, lr_at, optimizer_groups
-from .run import AtomicCheckpointIO, RunCheckpoints, RunSettings
-from .throughput import ThroughputMeter, format_mfu, peak_flops
+import importlib
 
-__all__ = [
-    "AtomicCheckpointIO",
-    "DEFAULT_CONFIG",
-    "MinitxLM",
-    "NonFiniteLossError",
-    "RunCheckpoints",
-    "RunSettings",
-    "ThroughputMeter",
-    "TrainCLI",
-    "check_train_args",
-    "decays",
-    "format_mfu",
-    "lm_loss",
-    "lr_at",
-    "main",
-    "optimizer_groups",
-    "peak_flops",
-    "sample_text",
-]
+# Each name is imported from its module when first read, not with the package: command.py and
+# module.py import Lightning (with torchmetrics, torch._dynamo and, where installed, transformers:
+# seconds at every start), which `ablate --help`, a sweep's one-line errors and the benchmarks
+# that only need optim.py or throughput.py would otherwise pay for.
+_HOMES = {
+    "DEFAULT_CONFIG": "command",
+    "TrainCLI": "command",
+    "main": "command",
+    "sample_text": "command",
+    "MinitxLM": "module",
+    "NonFiniteLossError": "module",
+    "lm_loss": "module",
+    "decays": "optim",
+    "lr_at": "optim",
+    "optimizer_groups": "optim",
+    "AtomicCheckpointIO": "run",
+    "RunCheckpoints": "run",
+    "RunSettings": "run",
+    "ThroughputMeter": "throughput",
+    "format_mfu": "throughput",
+    "peak_flops": "throughput",
+}
+
+__all__ = sorted([*_HOMES, "check_train_args"])
+
+
+def check_train_args(args):
+    """command.check_train_args, the train command imported at the first call: ablate imports this
+    name at start, and its --help and its sweep file's errors come before any run is checked."""
+    from .command import check_train_args as check
+
+    return check(args)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])

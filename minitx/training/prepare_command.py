@@ -12,12 +12,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-# Beside the train command, whose parser reads the config: data/ knows nothing of commands.
 from ..configfiles import with_config_files
-from ..data.datamodule import TextDataModule
-from ..data.prepare import verify_prepared
 from ..errors import UserError
-from .command import check_train_args
 
 
 def _split_verify(args: list[str]) -> tuple[list[str], bool]:
@@ -30,6 +26,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "-h" in args or "--help" in args:
         print(__doc__.strip() + "\n\nEvery --data.* flag of `python train.py --help` applies.")
         return
+    # Here, past --help: the train command's parser and the data module import Lightning (seconds).
+    # Beside the train command, whose parser reads the config: data/ knows nothing of commands.
+    from ..data.datamodule import TextDataModule
+    from ..data.prepare import verify_prepared
+    from .command import check_train_args
+
     data = TextDataModule(**check_train_args(with_config_files(args)))
     if data.task is not None:
         print(

@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ...compiling import constant_result
+
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("conv.c")
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC"]
@@ -104,7 +106,7 @@ def available(maps: Tensor) -> bool:
     return maps.device.type == "cpu" and maps.dtype in SUFFIX and loaded()
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def loaded() -> bool:
     """Whether the library is there: a constant to torch.compile, which would stop its graph at
     the file checks of a first `library()` call (ops.py's operators call the library itself)."""

@@ -2,7 +2,7 @@
 log-sum-exp) and `_forward` (a halo tile's probabilities, post-softmax convolution, mixes, @ V).
 
 What the kernels compute and how they tile it: triton_launch.py. This module imports triton
-unconditionally; triton_launch.py imports it only where triton is installed.
+unconditionally; triton_launch.py imports it at the first launch, where triton is installed.
 """
 
 from __future__ import annotations

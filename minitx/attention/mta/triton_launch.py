@@ -36,25 +36,59 @@ torch.compile traces a model through them.
 from __future__ import annotations
 
 import warnings
+from functools import cache
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from ...compiling import constant_result
 from .ops import _nothing
 
-try:
-    import triton
 
-    from .triton_backward import _backward
-    from .triton_forward import INTERPRET, _forward, _stats
-except ImportError:  # triton is optional: backend "triton" says how to install it
-    triton = None
-    INTERPRET = False
+@cache
+def kernels() -> SimpleNamespace | None:
+    """triton and the kernels (triton, INTERPRET, _stats, _forward, _backward), imported on first
+    use; None where triton is not installed (backend "triton" says how to install it). Not at
+    import: triton takes about a second to import, which `import minitx` and every command paid
+    for a path that runs only on a GPU or in the tests' interpreter."""
+    try:
+        import triton
+
+        from . import triton_backward, triton_forward
+    except ImportError:
+        return None
+    return SimpleNamespace(
+        triton=triton,
+        INTERPRET=triton_forward.INTERPRET,
+        _stats=triton_forward._stats,
+        _forward=triton_forward._forward,
+        _backward=triton_backward._backward,
+    )
 
 
+def __getattr__(name: str):
+    """The names this module had while it imported triton at once, for the scripts and tests that
+    read them (scripts/build_mta_kernels.py reads the kernels by name): without triton, triton is
+    None and INTERPRET False, as then."""
+    if name in ("triton", "INTERPRET", "_stats", "_forward", "_backward"):
+        found = kernels()
+        if found is not None:
+            return getattr(found, name)
+        if name in ("triton", "INTERPRET"):
+            return None if name == "triton" else False
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@constant_result  # traced by `auto` under torch.compile: an import there would break the graph
 def available() -> bool:
-    return triton is not None
+    return kernels() is not None
+
+
+def interpreted() -> bool:
+    """Whether the kernels run in Triton's interpreter (CPU tensors): see triton_forward.py."""
+    return available() and kernels().INTERPRET
 
 
 INSTALL_HINT = "install triton (pip install triton; CUDA builds of torch bring it)"
@@ -79,7 +113,7 @@ def blocks(
     with room for some output besides the halo. All heads of a tile live in one program, so the
     tile shrinks as heads grow. Not tuned on a GPU yet."""
     if block is None:
-        if INTERPRET:  # small tiles: the tests cross tile edges at small T
+        if interpreted():  # small tiles: the tests cross tile edges at small T
             block = (16, 16)
         else:
             HP, BM, BN = max(2, _pow2(n_head)), 32, 64 if c_k > 5 else 32
@@ -138,7 +172,7 @@ def constants(g: dict, post: bool, mix_pre: bool, mix_post: bool, precision: str
 
 
 def _check_device(t: Tensor) -> None:
-    if t.device.type == "cpu" and not INTERPRET:
+    if t.device.type == "cpu" and not interpreted():
         raise RuntimeError(
             "attention.options.mta.backend 'triton' got CPU tensors on a machine with CUDA: its kernels run on CPU only in "
             "Triton's interpreter (set TRITON_INTERPRET=1 before starting), or move the model to CUDA"
@@ -168,7 +202,7 @@ def _launch_setup(qc, kc, band, v, post, mix_pre, mix_post, block):
 def _scratch(g: dict, tiles: int, like: Tensor) -> tuple[Tensor, int]:
     """(per-program scratch of `tiles` [HP, BM, BN] float32 maps, programs per batch element): one
     program for each BM - (c_q - 1) output rows (the rest of its tile is the halo above)."""
-    n = triton.cdiv(g["T"], g["BM"] - (g["CQP"] - 1))
+    n = kernels().triton.cdiv(g["T"], g["BM"] - (g["CQP"] - 1))
     return like.new_empty(g["B"] * n * tiles * g["HP"] * g["BM"] * g["BN"], dtype=torch.float32), n
 
 
@@ -183,11 +217,12 @@ def forward(qc: Tensor, kc: Tensor, band: Tensor, v: Tensor, post, mix_pre, mix_
     lse = qc.new_empty(B, H, T, dtype=torch.float32)
     out = qc.new_empty(B, H, T, g["D"], dtype=torch.float32)
     scratch, n = _scratch(g, 3, qc)  # the statistics pass uses fewer programs and one tile of it
-    n_stats = triton.cdiv(T, g["BM"])
-    _stats[(n_stats, B)](
+    k = kernels()
+    n_stats = k.triton.cdiv(T, g["BM"])
+    k._stats[(n_stats, B)](
         qc, kc, band, pre_f, lse, scratch, T, H, g["HK"], g["E"], g["OFF"], n_stats, **consts["stats"]
     )
-    _forward[(n, B)](
+    k._forward[(n, B)](
         qc, kc, band, v, post_f, pre_f, mix_post_f, lse, out, scratch,
         T, H, g["HK"], g["G"], g["E"], g["OFF"], g["D"], n, **consts["forward"],
     )  # fmt: skip
@@ -216,8 +251,9 @@ def backward(
         *inputs, lse.contiguous(), dout.contiguous(), delta, dqc, dkc, dband, dv, dpost, dpre, dmpost,
         scratch, T, H, HK, G, E, OFF, D, n,
     )  # fmt: skip
-    _backward[(n, B)](*args, **consts["backward_delta"])
-    _backward[(n, B)](*args, **consts["backward"])
+    launch = kernels()._backward[(n, B)]
+    launch(*args, **consts["backward_delta"])
+    launch(*args, **consts["backward"])
     if HK < H:
         dkc = dkc.view(B, HK, H // HK, T, E).sum(2)
     return (
@@ -336,7 +372,7 @@ def trial_inputs(config: KernelConfig, T: int) -> tuple:
     )  # fmt: skip
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def usable(config: tuple) -> bool:
     """For `backend: auto`: whether the kernels build and run here for `config` (a KernelConfig's
     values as a plain tuple: torch.compile hands a NamedTuple over to such a function empty). The

@@ -1,0 +1,103 @@
+"""What a start costs: `import minitx` loads torch and minitx's own code, and the commands answer
+--help without Lightning or the compiler. Each of the modules in HEAVY costs from a few tenths of a
+second to several seconds to import; they load where they are used (compiling, the Triton path,
+training, export, data preparation, plots). benchmarks/startup.py measures the times themselves.
+
+Each check runs in a fresh interpreter: this test process has imported everything already.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from minitx.compiling import CONSTANT_RESULT, constant_result
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = (
+    "torch._dynamo",
+    "torch._inductor",
+    "triton",
+    "sympy",
+    "lightning",
+    "torchmetrics",
+    "transformers",
+    "datasets",
+    "matplotlib",
+    "scipy",
+)
+# train's --help is LightningCLI's (the parser is built from the Trainer's signature): it is left out.
+LIGHT_HELP = ("generate", "evaluate", "ablate", "prepare", "export")
+
+
+def loaded_after(code: str) -> dict:
+    """{label: heavy modules loaded} printed by `code` run in a fresh interpreter, which calls
+    report(label) where it wants the heavy modules counted."""
+    prelude = (
+        "import contextlib, io, json, sys\n"
+        f"HEAVY = {HEAVY!r}\n"
+        "found = {}\n"
+        "def report(label):\n"
+        "    found[label] = sorted(m for m in HEAVY if m in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", prelude + code + "\nprint(json.dumps(found))"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_import_minitx_and_the_commands_help_load_nothing_heavy():
+    code = "import minitx\nreport('import minitx')\nfrom minitx.cli import run_command\n"
+    for command in LIGHT_HELP:
+        code += (
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            f"    run_command({command!r}, ['--help'])\n"
+            f"report('{command} --help')\n"
+        )
+    found = loaded_after(code)
+    assert found == {label: [] for label in found}
+    assert list(found) == ["import minitx", *(f"{c} --help" for c in LIGHT_HELP)]
+
+
+def test_a_model_infers_without_the_compiler():
+    """Building a model of every kind, a forward pass and decoding (MTA's C loops included) import no
+    compiler: torch.compile's hints are set without importing it (minitx/compiling.py). (MTA's
+    gradients go through its torch.library operators, which torch itself runs under
+    torch._dynamo.disable, importing dynamo at the first call: training imports it anyway.)"""
+    code = (
+        "import torch\n"
+        "from minitx import AttentionConfig, ModelConfig, Transformer\n"
+        "for kind in ('mha', 'gqa', 'local', 'mta', 'mla', 'diff'):\n"
+        "    config = ModelConfig(n_layer=1, n_head=4, d_model=32, vocab_size=11, block_size=16,\n"
+        "                         attention=AttentionConfig(kind=kind, n_kv_head=2 if kind == 'gqa' else None))\n"
+        "    model = Transformer(config)\n"
+        "    with torch.no_grad():\n"
+        "        model(torch.randint(0, 11, (1, 9)))\n"
+        "    model.generate(torch.zeros(1, 1, dtype=torch.long), max_new_tokens=3)\n"
+        "report('eager')\n"
+    )
+    assert loaded_after(code) == {"eager": []}
+
+
+def test_constant_result_marks_functions_as_torch_compiler_does():
+    """minitx marks functions for dynamo itself (importing dynamo to do it costs a second at every
+    start): the mark must stay the one torch's own decorator sets, and nothing else."""
+
+    def ours():
+        return True
+
+    def torchs():
+        return True
+
+    constant_result(ours)
+    torch.compiler.assume_constant_result(torchs)
+    assert vars(torchs) == vars(ours) == {CONSTANT_RESULT: True}
