@@ -178,3 +178,39 @@ def test_every_flag_the_docs_show_exists_in_its_command():
 @pytest.mark.parametrize("heading, anchor", [("## Data: `prepare.py` and more", "data-preparepy-and-more")])
 def test_slugs_follow_github(heading, anchor):
     assert slug(heading.lstrip("#")) == anchor
+
+
+def map_sections() -> dict[str, str]:
+    """docs/architecture.md's map of minitx/, by entry: {'attention/': its lines, 'kinds.py': ...}.
+    An entry starts at the map's first indentation under minitx/ and runs to the next; a line
+    naming several files ('model.py cache.py') is one entry under its first name."""
+    lines = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8").splitlines()
+    start = lines.index("    minitx/") + 1
+    sections: dict[str, str] = {}
+    name = None
+    for line in lines[start:]:
+        indent = len(line) - len(line.lstrip())
+        if line.strip() and indent <= 4:
+            break  # past minitx/: the scripts, examples/, configs/ ...
+        if indent == 6:
+            name = line.split()[0]
+            sections[name] = ""
+        sections[name] += line + "\n"
+    return sections
+
+
+def test_every_module_of_minitx_is_in_the_map():
+    """Each module is named in docs/architecture.md: a module of a package (training/changes.py)
+    within that package's entry, a top-level one (documents.py) in an entry of its own or shared."""
+    sections = map_sections()
+    top_level = "".join(text for name, text in sections.items() if not name.endswith("/"))
+    missing = []
+    for path in sorted((ROOT / "minitx").rglob("*.py")):
+        relative = path.relative_to(ROOT / "minitx")
+        if path.name == "__init__.py":
+            continue
+        package = f"{relative.parts[0]}/" if len(relative.parts) > 1 else None
+        where = top_level if package is None else sections.get(package, "")
+        if not re.search(rf"(?<![\w.]){re.escape(path.name)}(?!\w)", where):
+            missing.append(str(relative))
+    assert not missing, f"docs/architecture.md's map lacks: {', '.join(missing)}"
