@@ -5,7 +5,9 @@ A kind is a subclass that fills in two methods:
 - `reference(q, k, v)`: the same maths materialised, returning (out, weights): the oracle in
   tests and the source of attention maps.
 It may also override `cache_layout` (how many cache slots it needs), `cache_type` (a KVCache
-subclass, when it keeps more than keys and values), `on_prefill` and `attend_cached`.
+subclass, when it keeps more than keys and values), `on_prefill` and `attend_cached`; and, for the
+diagnostics, `softmax_maps` (a kind with more than one map per head) and `visible_keys` (a kind
+whose queries see fewer keys than the causal ones).
 
 Three additions of 2024-25 are options of every softmax kind whose options derive from
 `SoftmaxOptions` (mha, mqa, gqa, local): QK-norm and the output gate live here, in the shared
@@ -26,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import functional
 from ..cache import KVCache
 from ..config import ModelConfig
 from ..documents import Documents, stack_pieces
@@ -220,6 +223,18 @@ class Attention(nn.Module):
         """(B, H, T, T) attention weights of this layer for input x, from the reference path."""
         q, k, v = self.project(x, rope)
         return self.reference(q, k, v)[1]
+
+    def softmax_maps(self, x: Tensor, rope=None) -> list[Tensor]:
+        """Each softmax map of this layer for input x, (B, heads, T, T) probabilities apiece: the
+        diagnostics (minitx/evaluation/diagnostics.py) read entropy and sinks off a distribution,
+        which a kind that combines several maps (diff) only has before it combines them."""
+        return [self.attention_weights(x, rope)]
+
+    def visible_keys(self, T: int, device=None) -> Tensor:
+        """(T, T) bool, True where query i may see key j in a sequence of T tokens: the support of
+        the maps, whose size normalises the diagnostics' entropy. Causal here; a window narrows it."""
+        positions = torch.arange(T, device=device)
+        return functional.allowed_mask(positions, positions, causal=True)
 
     # -- the decoding cache -------------------------------------------------------------------
     @classmethod

@@ -130,6 +130,13 @@ class DifferentialAttention(Attention):
         )
         return self.combine(out)
 
+    def softmax_maps(self, x: Tensor, rope=None) -> list[Tensor]:
+        """[A1, A2], (B, H/2, T, T) each: the two softmax maps before their difference, which is
+        no distribution (it has negative weights)."""
+        q, k, _ = self.project(x, rope)
+        weights = functional.attention(q, k, k, causal=True, return_weights=True)[1]
+        return list(weights.chunk(2, dim=1))  # query heads i and i + H/2, as `reference` pairs them
+
     def reference(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """(out, the differential maps A1 - lambda A2, (B, H/2, T, T)), materialised."""
         _, weights = functional.attention(q, k, v, causal=True, return_weights=True)

@@ -113,6 +113,10 @@ class LocalAttention(Attention):
             q, k, v, window=self.window, n_global=self.n_global, sinks=self.sinks, return_weights=True
         )
 
+    def visible_keys(self, T: int, device=None) -> Tensor:
+        positions = torch.arange(T, device=device)  # the reference's mask: the window and the globals
+        return functional.allowed_mask(positions, positions, window=self.window, n_global=self.n_global)
+
 
 def chunked_local(
     q: Tensor,

@@ -68,6 +68,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="windows per forward pass (default: 8192 tokens' worth, fewer for a large vocabulary)",
     )
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps, ... (default cpu)")
+    parser.add_argument(
+        "--diagnostics",
+        action="store_true",
+        help="also attention sinks, massive activations, attention entropy and loss by position "
+        "on 100 held-out sequences of 64 tokens (docs/evaluation.md)",
+    )
     parser.add_argument("--json", default=None, help="also write every figure to this JSON file")
     parser.add_argument("--plots", default=None, help="write PNG plots into this directory")
     parser.add_argument("--no-progress", action="store_true", help="never show the progress line")
@@ -106,6 +112,8 @@ def check_outputs(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     check_outputs(args)
+    if args.lm_eval_tasks and args.diagnostics:
+        raise UserError("--diagnostics: not with --lm-eval-tasks; run the two evaluations separately")
     if args.lm_eval_tasks:
         from ..hf.lm_eval_adapter import (  # lm-eval is optional: imported when asked for
             evaluate_tasks,
@@ -138,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         refuse_lengths=args.lengths is not None,
         sweep_tokens=args.sweep_tokens,
         trust_kind_modules=args.trust_kind_modules,
+        diagnostics=args.diagnostics,
     )
     print(table(result))
     if args.json is not None:

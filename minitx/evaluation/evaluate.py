@@ -2,7 +2,8 @@
 
     {"loss", "perplexity", "bits_per_char", "bits_per_byte", "tokens", "unit", "context", "stride",
      "by_position": {...}, "by_length": {"<L>": {"loss", "tokens", "by_position"} or {"skipped": why}},
-     "task": None or {"exact_match", "item_accuracy", ...}, ...}
+     "task": None or {"exact_match", "item_accuracy", ...},
+     "diagnostics": {...} with diagnostics=True (see diagnostics.run_diagnostics), ...}
 
 Every check of the input happens before the first forward pass; a mistake is a UserError.
 """
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from ..checkpoint import load_checkpoint
 from ..errors import UserError
 from ..generation import _device as usable_device
+from .diagnostics import held_out_sequences, run_diagnostics
 from .lengths import default_lengths, length_refusal, length_sweep, position_buckets
 from .perplexity import batch_tokens, score_tokens
 from .progress import Progress
@@ -23,6 +25,8 @@ from .tasks import evaluate_task
 from .texts import TASK_SOURCES, ScoredText, files_text, tokenize, truncate, validation_text
 
 SWEEP_TOKENS = 32768  # targets per length of the sweep by default: 1/16 of the default run's validation text
+# The diagnostics' held-out sequences: Gu et al.'s 100 of 64 tokens (fewer tokens past block_size).
+DIAGNOSTIC_SEQUENCES, DIAGNOSTIC_LENGTH = 100, 64
 
 
 def check_lengths(config, asked: Sequence[tuple[str, int]]) -> None:
@@ -131,6 +135,7 @@ def evaluate_checkpoint(
     refuse_lengths: bool = False,
     sweep_tokens: int | None = SWEEP_TOKENS,
     trust_kind_modules: bool | Sequence[str] = False,
+    diagnostics: bool = False,
 ) -> dict:
     """Evaluate a checkpoint saved by train.py.
 
@@ -143,6 +148,8 @@ def evaluate_checkpoint(
     `batch_size`: windows per forward pass at `context` (the sweep keeps the same tokens per
     pass). `progress`: True, False, or None (on a terminal only). `trust_kind_modules`: whether
     the checkpoint may import the modules of its attention kinds (minitx.checkpoint.load_checkpoint).
+    `diagnostics`: also result["diagnostics"], run_diagnostics (minitx/evaluation/diagnostics.py) on
+    100 sequences of min(64, block_size) tokens spread over the scored text.
     """
     started = time.monotonic()
     model, tokenizer, raw = load_checkpoint(
@@ -161,6 +168,10 @@ def evaluate_checkpoint(
     check_lengths(config, [("--lengths", length) for length in lengths] if refuse_lengths else [])
     train_config = raw["minitx"].get("train_config") or {}
     source = (train_config.get("data") or {}).get("source")
+    if diagnostics and files is None and source in TASK_SOURCES:
+        raise UserError(
+            f"--diagnostics: the run trained on the synthetic task {source!r}, which has no held-out text; give --files"
+        )
     bar = Progress(progress)
     try:
         if files is None and source in TASK_SOURCES:
@@ -172,9 +183,18 @@ def evaluate_checkpoint(
             else:
                 scored = truncate(validation_text(train_config, tokenizer), max_tokens, tokenizer)
             check_window(config, len(scored.tokens) - 1, context, stride)
+            held_out = (
+                held_out_sequences(
+                    scored.tokens, DIAGNOSTIC_SEQUENCES, min(DIAGNOSTIC_LENGTH, config.block_size)
+                )
+                if diagnostics
+                else None
+            )
             per_pass = batch_size * context if batch_size else batch_tokens(config.vocab_size)
             result = evaluate_text(model, scored, context, stride, lengths, per_pass, bar, sweep_tokens)
             result["task"] = None
+            if held_out is not None:
+                result["diagnostics"] = run_diagnostics(model, held_out)
     finally:
         bar.close()
     result.update(

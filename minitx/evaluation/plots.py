@@ -1,4 +1,5 @@
-"""The plots of one evaluation: loss against context length, loss by position, needle heatmap.
+"""The plots of one evaluation: loss against context length, loss by position, needle heatmap,
+diagnostics.
 
 Headless (the Agg backend), like minitx/plots.py. Each figure is a (file name, draw) pair where
 draw(file) saves the PNG into an open binary file, so the caller can write it atomically.
@@ -80,6 +81,37 @@ def needle_heatmap(heatmap: dict) -> Callable:
     return draw
 
 
+def diagnostics(figures: dict) -> Callable:
+    """Per layer the massive-activation ratio and the attention entropy; the loss by position."""
+
+    def draw(file) -> None:
+        fig, (ratio, entropy, loss) = plt.subplots(1, 3, figsize=(12, 3.6))
+        layers = range(len(figures["massive"]))
+        ratio.bar(layers, [entry["ratio"] for entry in figures["massive"]])
+        ratio.set_yscale("log")
+        ratio.set_ylabel("max |h| / median |h|")
+        by_layer = [float("nan") if e is None else e for e in figures["entropy_by_layer"]]
+        entropy.plot(layers, by_layer, marker="o")
+        entropy.set_ylim(0, 1.05)
+        entropy.set_ylabel("attention entropy / log(keys seen)")
+        for ax in (ratio, entropy):
+            ax.set_xlabel("layer")
+            ax.set_xticks(list(layers))
+        losses = figures["loss_by_position"]
+        loss.plot(range(1, len(losses) + 1), losses)
+        loss.set_xlabel("tokens of context")
+        loss.set_ylabel("loss (nats per token)")
+        fig.suptitle(
+            f"first-token share {figures['first_token_share']:.3f}, sink rate {figures['sink_rate']:.0%}",
+            fontsize=10,
+        )
+        for ax in (ratio, entropy, loss):
+            ax.grid(alpha=0.3)
+        _save(fig, file)
+
+    return draw
+
+
 def figures(result: dict) -> Iterator[tuple[str, Callable]]:
     measured = _measured(result.get("by_length") or {})
     if measured:
@@ -89,3 +121,5 @@ def figures(result: dict) -> Iterator[tuple[str, Callable]]:
     task = result.get("task") or {}
     if task.get("heatmap"):
         yield "needle_accuracy.png", needle_heatmap(task["heatmap"])
+    if result.get("diagnostics"):
+        yield "diagnostics.png", diagnostics(result["diagnostics"])

@@ -50,6 +50,29 @@ def _heatmap_rows(heatmap: dict) -> list[str]:
     return rows
 
 
+def _figure(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def diagnostic_rows(figures: dict, kinds: list[str]) -> list[str]:
+    """The diagnostics (minitx/evaluation/diagnostics.py): the headline figures, then per layer."""
+    rows = [
+        f"diagnostics ({figures['n_sequences']} held-out sequences of {figures['seq_len']} tokens):",
+        f"first-token share {figures['first_token_share']:.3f}   sink rate {figures['sink_rate']:.0%}   "
+        f"massive activation ratio {figures['massive_ratio']:.1f}   entropy {_figure(figures['entropy'], '.3f')}",
+        f"  {'layer':>5}  {'kind':<8}  {'max/median':>10}  {'position':>8}  {'channel':>7}  {'entropy':>7}",
+    ]
+    for layer, (massive, entropy) in enumerate(zip(figures["massive"], figures["entropy_by_layer"])):
+        kind = kinds[layer] if layer < len(kinds) else "?"
+        rows.append(
+            f"  {layer:>5}  {kind:<8}  {massive['ratio']:>10.1f}  {massive['position']:>8}  "
+            f"{massive['channel']:>7}  {_figure(entropy, '.3f'):>7}"
+        )
+    losses = figures["loss_by_position"]
+    rows.append(f"loss by position: {losses[0]:.4f} at 1 token of context, {losses[-1]:.4f} at {len(losses)}")
+    return rows
+
+
 def table(result: dict) -> str:
     """The readable summary printed by evaluate.py."""
     lines = _header(result)
@@ -92,6 +115,8 @@ def table(result: dict) -> str:
             f"loss by position inside the context (tokens before the target, context {result['context']}):",
         ]
         lines += _position_rows(result["by_position"])
+    if result.get("diagnostics"):
+        lines += [""] + diagnostic_rows(result["diagnostics"], result["model"]["layers"])
     return "\n".join(lines)
 
 

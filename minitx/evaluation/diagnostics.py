@@ -1,0 +1,333 @@
+"""Diagnostics of a trained model: attention sinks, massive activations, attention entropy, and
+the loss by token position, on held-out text.
+
+    from minitx.evaluation.diagnostics import held_out_sequences, run_diagnostics
+    tokens = held_out_sequences(text.tokens, n_sequences=100, seq_len=64)   # (N, T) token ids
+    figures = run_diagnostics(model, tokens)                                # a JSON-able dict
+
+The papers that compare attention designs explain their results with these figures: a design that
+removes the attention sink (Gated Attention, Qiu et al. 2025, arXiv 2505.06708) or the massive
+activations that feed it (Sun et al. 2024, arXiv 2402.17762) should show it here. Definitions are
+in each function's docstring and in docs/evaluation.md.
+
+Maps: attention weights come from each kind's materialised path (`Attention.softmax_maps`, which
+goes through `reference`): fused attention never forms them. Every softmax map counts on its own,
+so differential attention gives two per layer (A1 and A2, each over H/2 heads), and its heads are
+pooled with the layer's. MTA's map is the one its values read, after its post-softmax convolution
+and head mixing: a mixture of softmax rows, near them as trained from the identity, though a weight
+may fall below 0 (entropy counts only weights above 0). The functions below take `maps` as one
+entry per layer, each a (B, H, T, T) tensor or a list of them (a layer's several maps); a single
+tensor is one layer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..errors import UserError
+
+EPSILON = 0.3  # Gu et al.'s threshold on alpha_1 for a sink head
+# Floats per materialised tensor of one batch (a layer's map, the logits): 64 MB in float32 bounds
+# the memory of 100 sequences of any length, at any width.
+BATCH_FLOATS = 1 << 24
+
+Maps = Tensor | Sequence[Tensor | Sequence[Tensor]]
+
+
+# ------------------------------------------------------------------------------------ the inputs
+
+
+def layer_maps(maps: Maps) -> list[list[Tensor]]:
+    """maps as a list of layers, each a list of (B, H, T, T) float32 maps."""
+    if isinstance(maps, Tensor):
+        maps = [maps]
+    return [[m.float() for m in ([layer] if isinstance(layer, Tensor) else layer)] for layer in maps]
+
+
+def causal_keys(T: int, device=None) -> Tensor:
+    return torch.ones(T, T, dtype=torch.bool, device=device).tril()
+
+
+def layer_visible(visible: Tensor | Sequence[Tensor] | None, layers: list[list[Tensor]]) -> list[Tensor]:
+    """The (T, T) visibility of each layer's maps: the causal mask unless given (one for all
+    layers, or one per layer)."""
+    if visible is None:
+        return [causal_keys(maps[0].shape[-1], maps[0].device) for maps in layers]
+    if isinstance(visible, Tensor):
+        visible = [visible] * len(layers)
+    return [v.to(maps[0].device) for v, maps in zip(visible, layers, strict=True)]
+
+
+# ------------------------------------------------------------------------------ per-map figures
+
+
+def key_zero_by_head(A: Tensor, visible: Tensor) -> tuple[Tensor, Tensor]:
+    """Of one map A (B, H, T, T): per sequence and head (B, H), the mean attention on key 0 over
+    every query (the first-token share) and over the queries that see key 0 (alpha_1)."""
+    column = A[..., 0]  # (B, H, T)
+    return column.mean(-1), column.sum(-1) / visible[:, 0].sum().clamp(min=1)
+
+
+def entropy_sum(A: Tensor, visible: Tensor) -> tuple[float, int]:
+    """The sum over sequences, heads and counted rows of each row's normalised entropy
+    -sum_j A[i, j] log A[i, j] / log(n_i), and the number of rows counted: those that see
+    n_i >= 2 keys (a row of one key has entropy 0 of at most 0: no figure)."""
+    p = A.clamp(min=0)  # only a probability enters; MTA's post-softmax convolution may leave a weight < 0
+    per_row = -torch.special.xlogy(p, p).sum(-1)  # (B, H, T); 0 log 0 = 0
+    seen = visible.sum(-1)  # (T,)
+    rows = seen >= 2
+    normalised = per_row[..., rows] / torch.log(seen[rows].to(per_row.dtype))
+    return float(normalised.sum()), normalised.numel()
+
+
+# ------------------------------------------------------------------------- the pure functions
+
+
+def first_token_share(maps: Maps) -> float:
+    """Attention on position 0 (Qiu et al. 2025's "F-Attn": 0.467 for their baseline, 0.048 gated):
+    each map's weight A[i, 0] averaged over query rows i and sequences, then over the layer's heads
+    (all its maps' heads pooled), then over layers. 1 when every query attends to key 0 alone."""
+    layers = layer_maps(maps)
+    shares = [torch.cat([m[..., 0].mean(dim=(0, 2)) for m in layer]).mean() for layer in layers]
+    return float(torch.stack(shares).mean())
+
+
+def alpha_1(maps: Maps, visible: Tensor | Sequence[Tensor] | None = None) -> list[Tensor]:
+    """alpha_1 per layer, (heads,) each (all the layer's maps' heads): for key k (1-based; key 1 is
+    position 0) alpha_k = (1 / (T - k + 1)) * sum_{i >= k} A[i, k], the mean attention key k gets
+    from the queries that see it (Gu et al., ICLR 2025, arXiv 2410.10781), averaged over sequences.
+    With `visible` (T, T) (a window) the mean is over the queries whose window holds key 1."""
+    layers = layer_maps(maps)
+    return [
+        torch.cat([key_zero_by_head(m, v)[1].mean(0) for m in layer])
+        for layer, v in zip(layers, layer_visible(visible, layers))
+    ]
+
+
+def sink_rate(
+    maps: Maps, epsilon: float = EPSILON, visible: Tensor | Sequence[Tensor] | None = None
+) -> float:
+    """Sink_1 (Gu et al., ICLR 2025, arXiv 2410.10781): the share, in [0, 1], of (layer, head)
+    pairs whose alpha_1 (see `alpha_1`: the mean attention position 0 gets from the queries that
+    see it, averaged over sequences) exceeds epsilon (0.3, theirs). Gu et al. measure it over 100
+    sequences of 64 tokens; sinks appear only after enough training."""
+    heads = torch.cat(alpha_1(maps, visible))
+    return float((heads > epsilon).float().mean())
+
+
+def attention_entropy(
+    maps: Maps, visible: Tensor | Sequence[Tensor] | None = None
+) -> tuple[float, list[float | None]]:
+    """(mean, per layer) normalised attention entropy (Zhai et al., ICML 2023, arXiv 2303.06296):
+    for each query row i of each map, -sum_j A[i, j] log A[i, j] over the keys, divided by log(n_i)
+    where n_i is the number of keys row i sees (causal: i + 1; a window: at most its width; given
+    by `visible`, (T, T) for every layer or one per layer), so 1 is uniform over them and 0 is all
+    on one key. Rows that see one key (row 0) have no figure and are left out. The mean is over
+    every counted row of every map, head, sequence and layer; a layer with no counted row is None.
+
+    With learned sinks a row's weights sum to less than 1 (the rest went to the sink, which is no
+    key): the entropy is taken over the real keys' weights as they are, unrenormalised, so mass on
+    the sink lowers it as attention to nothing should."""
+    layers = layer_maps(maps)
+    total, count, by_layer = 0.0, 0, []
+    for layer, v in zip(layers, layer_visible(visible, layers)):
+        sums = [entropy_sum(m, v) for m in layer]
+        s, n = sum(x for x, _ in sums), sum(n for _, n in sums)
+        total, count = total + s, count + n
+        by_layer.append(s / n if n else None)
+    return (total / count if count else None), by_layer
+
+
+def massive_activations(hidden: Tensor | Sequence[Tensor]) -> list[dict]:
+    """Per layer (one (B, T, d_model) residual stream each, a layer's output), Sun et al. 2024's
+    massive activations (arXiv 2402.17762): {"ratio": max |h| / median |h|, "max": max |h|,
+    "position", "channel": where the largest sits (its token position and feature)}. The median is
+    each sequence's median |h| over positions and channels, averaged over sequences, so that the
+    figure does not depend on how sequences are batched. Sun et al. call an activation massive past
+    |h| > 100 and about 1000x the median; at small scale the ratio itself is the figure."""
+    layers = [hidden] if isinstance(hidden, Tensor) else hidden
+    out = []
+    for h in layers:
+        stats = MassiveStats()
+        stats.add(h)
+        out.append(stats.result())
+    return out
+
+
+def position_losses(logits: Tensor, tokens: Tensor) -> Tensor:
+    """(T - 1,) summed over sequences: the loss at query position t of predicting token t + 1."""
+    losses = F.cross_entropy(
+        logits[:, :-1].float().flatten(0, 1), tokens[:, 1:].flatten(), reduction="none"
+    ).view(tokens.shape[0], -1)
+    return losses.sum(0)
+
+
+@torch.inference_mode()
+def loss_by_position(model, tokens: Tensor) -> list[float]:
+    """The loss (nats) of predicting token t + 1 from tokens 0..t, for t = 0 .. T - 2 of tokens
+    (N, T), averaged over the N sequences: T - 1 figures, one per query position."""
+    tokens = tokens.to(next(model.parameters()).device)
+    return (position_losses(model(tokens), tokens) / tokens.shape[0]).tolist()
+
+
+class MassiveStats:
+    """A layer's massive-activation figures gathered batch by batch."""
+
+    def __init__(self) -> None:
+        self.max, self.position, self.channel = -1.0, 0, 0
+        self.median_sum, self.sequences = 0.0, 0
+
+    def add(self, h: Tensor) -> None:
+        a = h.detach().float().abs()
+        B, T, d = a.shape
+        index = int(a.argmax())
+        if float(a.flatten()[index]) > self.max:
+            self.max = float(a.flatten()[index])
+            self.position, self.channel = (index // d) % T, index % d
+        self.median_sum += float(a.view(B, -1).median(dim=1).values.sum())
+        self.sequences += B
+
+    def result(self) -> dict:
+        median = self.median_sum / self.sequences
+        ratio = self.max / median if median > 0 else math.inf
+        return {"ratio": ratio, "position": self.position, "channel": self.channel, "max": self.max}
+
+
+# ------------------------------------------------------------------------------- on a model
+
+
+@torch.inference_mode()
+def probe(model, tokens: Tensor) -> tuple[Tensor, list[list[Tensor]], list[Tensor]]:
+    """(logits, each layer's softmax maps, each layer's output) of one batch of tokens (B, T).
+
+    The layers run as the model's forward runs them (documents included: a document token restarts
+    learned positions and hides other documents' keys); each layer's maps come from its
+    materialised path on the same input, over the whole sequence as one text."""
+    T = tokens.shape[1]
+    docs = model.documents(tokens, [None] * len(model.blocks))
+    x = model.embed(tokens, 0, docs)
+    rope = model.rope(0, T) if model.rope is not None else None
+    maps, hidden = [], []
+    for block in model.blocks:
+        maps.append(block.attn.softmax_maps(block.norm1(x), rope))
+        x = block(x, rope, None, docs)
+        hidden.append(x)
+    return model.lm_head(model.norm(x)), maps, hidden
+
+
+def check_tokens(model, tokens) -> None:
+    if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype.is_floating_point:
+        raise UserError("diagnostics: tokens must be an (N, T) tensor of token ids; see held_out_sequences")
+    N, T = tokens.shape
+    block = model.config.block_size
+    if N < 1 or not 2 <= T <= block:
+        raise UserError(
+            f"diagnostics: tokens are {N} sequences of {T}; use 1 or more sequences of 2 .. block_size={block} tokens"
+        )
+
+
+def batch_size(model, T: int) -> int:
+    """Sequences per forward pass: each layer's maps and the logits within BATCH_FLOATS."""
+    config = model.config
+    per_sequence = max(2 * config.n_head * T * T, T * config.vocab_size, T * config.mlp_hidden)
+    return max(1, BATCH_FLOATS // per_sequence)
+
+
+def run_diagnostics(model, tokens: Tensor, epsilon: float = EPSILON) -> dict:
+    """Every diagnostic of `model` on tokens (N, T) of held-out text, as a JSON-able dict:
+
+        first_token_share   float, see first_token_share
+        sink_rate           float in [0, 1], see sink_rate (epsilon 0.3)
+        massive_ratio       float, the largest per-layer ratio of `massive`
+        massive             per layer {"ratio", "position", "channel", "max"}, see massive_activations
+        entropy             float, mean normalised entropy over all maps, layers, heads, rows
+        entropy_by_layer    per layer (None for a layer whose rows all see one key)
+        loss_by_position    T - 1 floats, see loss_by_position
+        n_sequences, seq_len
+
+    Runs in inference mode with the model in eval mode (its mode is restored), in batches that
+    keep each materialised map within BATCH_FLOATS floats."""
+    check_tokens(model, tokens)
+    N, T = tokens.shape
+    device = next(model.parameters()).device
+    tokens = tokens.to(device)
+    attns = [block.attn for block in model.blocks]
+    visible = [attn.visible_keys(T, device) for attn in attns]
+    share = [0.0] * len(attns)  # per layer: first-token share summed over sequences, mean over heads
+    alpha = [None] * len(attns)  # per layer: alpha_1 per head summed over sequences
+    entropy = [[0.0, 0] for _ in attns]
+    massive = [MassiveStats() for _ in attns]
+    losses = torch.zeros(T - 1, device=device)
+    was_training = model.training
+    model.eval()
+    try:
+        step = batch_size(model, T)
+        for start in range(0, N, step):
+            batch = tokens[start : start + step]
+            logits, maps, hidden = probe(model, batch)
+            losses += position_losses(logits, batch)
+            for layer, (own, v, h) in enumerate(zip(maps, visible, hidden)):
+                firsts, alphas = zip(*(key_zero_by_head(m.float(), v) for m in own))
+                share[layer] += float(torch.cat(firsts, dim=1).mean(1).sum())
+                heads = torch.cat(alphas, dim=1).sum(0)
+                alpha[layer] = heads if alpha[layer] is None else alpha[layer] + heads
+                for m in own:
+                    s, n = entropy_sum(m.float(), v)
+                    entropy[layer][0] += s
+                    entropy[layer][1] += n
+                massive[layer].add(h)
+    finally:
+        model.train(was_training)
+    heads = torch.cat(alpha) / N
+    counted = sum(n for _, n in entropy)
+    per_layer = [stats.result() for stats in massive]
+    return {
+        "first_token_share": sum(share) / (N * len(share)),
+        "sink_rate": float((heads > epsilon).float().mean()),
+        "massive_ratio": max(entry["ratio"] for entry in per_layer),
+        "massive": per_layer,
+        "entropy": sum(s for s, _ in entropy) / counted if counted else None,
+        "entropy_by_layer": [s / n if n else None for s, n in entropy],
+        "loss_by_position": (losses / N).tolist(),
+        "n_sequences": N,
+        "seq_len": T,
+    }
+
+
+def held_out_sequences(
+    tokens: Tensor | Sequence[int], n_sequences: int = 100, seq_len: int = 64, flag: str = "--diagnostics"
+) -> Tensor:
+    """(n, seq_len) int64 token ids cut from a held-out text's tokens (1-D: a tensor, or the
+    validation shards of minitx.evaluation.texts.validation_text(...).tokens): non-overlapping
+    windows spread evenly over the whole text, n = n_sequences where the text has room, else as
+    many as it holds. A text shorter than one window is a UserError naming `flag`."""
+    if n_sequences < 1 or seq_len < 2:
+        raise UserError(
+            f"{flag}: {n_sequences} sequences of {seq_len} tokens; use 1 or more sequences of 2 or more"
+        )
+    length = len(tokens)
+    n = min(n_sequences, length // seq_len)
+    if n < 1:
+        raise UserError(
+            f"{flag}: the text has {length} tokens, fewer than one sequence of {seq_len}; give a longer text (--files)"
+        )
+    # Starts i * (L - T) // (n - 1) lie at least T apart whenever L >= n T: no window overlaps another.
+    starts = [0] if n == 1 else [i * (length - seq_len) // (n - 1) for i in range(n)]
+    rows = [torch.as_tensor(tokens[s : s + seq_len], dtype=torch.int64) for s in starts]
+    return torch.stack(rows)
+
+
+def validation_sequences(
+    train_config: dict | None, tokenizer, n_sequences: int = 100, seq_len: int = 64
+) -> Tensor:
+    """held_out_sequences of a run's own validation text, rebuilt from the data settings its
+    checkpoint carries: load_checkpoint(path) gives (model, tokenizer, raw), and the settings are
+    raw["minitx"]["train_config"]. Keep seq_len within the model's block_size."""
+    from .texts import validation_text  # the data pipeline: imported only when a text is read
+
+    return held_out_sequences(validation_text(train_config, tokenizer).tokens, n_sequences, seq_len)

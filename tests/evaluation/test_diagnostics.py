@@ -1,0 +1,270 @@
+"""The diagnostics (minitx/evaluation/diagnostics.py) on constructed inputs whose answers the
+definitions give, then on tiny models of every kind, and through `evaluate.py --diagnostics`.
+
+Known answers: uniform causal weights have normalised entropy 1 and alpha_1 = H_T / T (H_T the
+harmonic number: key 0 gets 1/(i + 1) from query i); all weight on key 0 is a sink in every head
+(sink rate 1) and a first-token share of 1; one 1e4 among N(0, 1) values is 1e4 over the median
+of |N(0, 1)|, 0.674.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+from test_evaluation import WORDS, write_checkpoint
+
+from minitx import AttentionConfig, ModelConfig, Transformer, kinds
+from minitx.checkpoint import load_checkpoint
+from minitx.cli import eval_main
+from minitx.configfiles import REPO_ROOT
+from minitx.evaluation import diagnostics
+from minitx.evaluation.diagnostics import (
+    alpha_1,
+    attention_entropy,
+    first_token_share,
+    held_out_sequences,
+    loss_by_position,
+    massive_activations,
+    run_diagnostics,
+    sink_rate,
+    validation_sequences,
+)
+from minitx.functional import allowed_mask
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+T = 12
+KEYS = {
+    "first_token_share",
+    "sink_rate",
+    "massive_ratio",
+    "massive",
+    "entropy",
+    "entropy_by_layer",
+    "loss_by_position",
+    "n_sequences",
+    "seq_len",
+}
+KINDS = {
+    "mha": dict(kind="mha"),
+    "gqa": dict(kind="gqa", n_kv_head=2),
+    "local": dict(kind="local", options={"local": {"window": 3, "n_global": 1}}),
+    "mta": dict(kind="mta", options={"mta": {"query_kernel": 2, "key_kernel": 3, "conv_layers": [0]}}),
+    "mla": dict(kind="mla", options={"mla": {"kv_lora_rank": 8, "qk_rope_head_dim": 4}}),
+    "diff": dict(kind="diff"),
+    "sinks": dict(kind="mha", options={"mha": {"sinks": True, "qk_norm": True, "gate": "head"}}),
+    "mixed": dict(kind="mha", layers=["mha", "local", "diff"], options={"local": {"window": 4}}),
+    "custom": dict(kind="ssmax", kind_modules=["examples/custom_attention.py"]),
+}
+
+
+def harmonic(n: int) -> float:
+    return sum(1 / i for i in range(1, n + 1))
+
+
+def uniform_causal(B: int = 2, H: int = 3, T: int = T) -> torch.Tensor:
+    causal = torch.ones(T, T).tril()
+    return (causal / causal.sum(-1, keepdim=True)).expand(B, H, T, T)
+
+
+def all_on_key_zero(B: int = 2, H: int = 3, T: int = T) -> torch.Tensor:
+    maps = torch.zeros(B, H, T, T)
+    maps[..., 0] = 1.0
+    return maps
+
+
+def tiny_model(name: str, monkeypatch) -> Transformer:
+    attention = KINDS[name]
+    if attention.get("kind_modules"):
+        monkeypatch.chdir(REPO_ROOT)  # the example's path is relative to the repo root
+        kinds.import_kind_modules(attention["kind_modules"])
+    n_layer = len(attention.get("layers") or [0, 0])
+    config = ModelConfig(
+        vocab_size=11,
+        block_size=16,
+        n_layer=n_layer,
+        n_head=4,
+        d_model=32,
+        attention=AttentionConfig(**attention),
+    )
+    model = Transformer(config)
+    with torch.no_grad():  # wide weights: maps far from uniform, so a mixed-up head or row shows
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.normal_(0.0, 0.3)
+    return model.eval()
+
+
+# ------------------------------------------------------------------------------- known answers
+
+
+def test_uniform_causal_weights_have_entropy_one_and_alpha_one_the_harmonic_mean():
+    for length in (2, 5, T):
+        maps = uniform_causal(T=length)
+        mean, by_layer = attention_entropy([maps, [maps, maps]])
+        assert mean == pytest.approx(1.0, abs=1e-6) and by_layer == pytest.approx([1.0, 1.0], abs=1e-6)
+        expected = harmonic(length) / length
+        assert torch.allclose(alpha_1(maps)[0], torch.full((3,), expected))
+        assert first_token_share(maps) == pytest.approx(expected, rel=1e-6)
+        assert (
+            sink_rate(maps, epsilon=expected - 1e-3) == 1.0
+            and sink_rate(maps, epsilon=expected + 1e-3) == 0.0
+        )
+
+
+def test_a_window_normalises_by_the_keys_it_holds_and_alpha_by_the_queries_that_see_key_zero():
+    window = 3
+    positions = torch.arange(T)
+    visible = allowed_mask(positions, positions, window=window)
+    maps = (visible / visible.sum(-1, keepdim=True)).expand(2, 3, T, T)
+    assert attention_entropy(maps, visible)[0] == pytest.approx(1.0, abs=1e-6)
+    assert attention_entropy(maps)[0] < 0.9  # against every earlier key it is far from uniform
+    # key 0 is seen by queries 0, 1, 2, which give it 1, 1/2, 1/3
+    assert torch.allclose(alpha_1(maps, visible)[0], torch.full((3,), harmonic(window) / window))
+
+
+def test_all_weight_on_key_zero_is_a_sink_in_every_head_and_all_of_the_first_token_share():
+    maps = all_on_key_zero()
+    assert sink_rate(maps) == 1.0 and first_token_share(maps) == 1.0
+    assert attention_entropy(maps)[0] == 0.0
+    # one head of two layers' four uniform: a quarter of the (layer, head) pairs are sinks
+    mixed = uniform_causal(H=2).clone()
+    mixed[:, 0] = all_on_key_zero(H=1)[:, 0]
+    assert sink_rate([mixed, uniform_causal(H=2)]) == 0.25
+    assert first_token_share([mixed, uniform_causal(H=2)]) == pytest.approx(
+        ((1 + harmonic(T) / T) / 2 + harmonic(T) / T) / 2
+    )
+
+
+def test_one_planted_massive_activation_gives_its_ratio_position_and_channel():
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 64, 128, generator=generator)
+    hidden[1, 5, 17] = -1e4  # the size counts, not the sign
+    quiet = torch.randn(3, 64, 128, generator=generator)
+    planted, plain = massive_activations([hidden, quiet])
+    assert planted["ratio"] == pytest.approx(1e4 / 0.6745, rel=0.03)
+    assert (planted["position"], planted["channel"], planted["max"]) == (5, 17, 1e4)
+    assert plain["ratio"] < 10
+
+
+# -------------------------------------------------------------------------------- on a model
+
+
+def test_differential_attention_gives_its_two_softmax_maps(monkeypatch):
+    model = tiny_model("diff", monkeypatch)
+    layer = model.blocks[0].attn
+    x = torch.randn(2, T, 32)
+    first, second = layer.softmax_maps(x)
+    assert first.shape == second.shape == (2, 2, T, T)  # H/2 heads each
+    for maps in (first, second):
+        assert torch.allclose(maps.sum(-1), torch.ones(2, 2, T), atol=1e-5)
+    combined = layer.attention_weights(x)  # the map `reference` gives: A1 - lambda A2
+    assert torch.allclose(first - layer.lambda_full() * second, combined, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["mha", "local", "diff"])
+def test_each_kind_says_which_keys_its_maps_spread_over(name, monkeypatch):
+    model = tiny_model(name, monkeypatch)
+    x = torch.randn(2, T, 32)
+    for block in model.blocks:
+        support = torch.stack(block.attn.softmax_maps(x)).ne(0).any(dim=(0, 1, 2))
+        assert torch.equal(support, block.attn.visible_keys(T))
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_run_diagnostics_on_every_kind(name, monkeypatch):
+    model = tiny_model(name, monkeypatch)
+    tokens = torch.randint(0, 11, (5, T))
+    figures = run_diagnostics(model, tokens)
+    assert set(figures) == KEYS
+    json.dumps(figures, allow_nan=False)  # JSON-able, every figure finite
+    n_layer = len(model.blocks)
+    assert len(figures["massive"]) == len(figures["entropy_by_layer"]) == n_layer
+    assert len(figures["loss_by_position"]) == T - 1
+    assert (figures["n_sequences"], figures["seq_len"]) == (5, T)
+    assert 0 <= figures["sink_rate"] <= 1
+    if name != "mta":  # MTA's maps are mixed after the softmax (weights below 0 are possible)
+        assert 0 < figures["first_token_share"] <= 1
+        assert all(0 < e <= 1 + 1e-6 for e in figures["entropy_by_layer"])
+    assert figures["massive_ratio"] == max(entry["ratio"] for entry in figures["massive"]) > 1
+    # the layers ran as the model's forward runs them
+    assert figures["loss_by_position"] == pytest.approx(loss_by_position(model, tokens), abs=1e-5)
+
+
+def test_run_diagnostics_agrees_with_the_pure_functions_and_does_not_depend_on_batching(monkeypatch):
+    model = tiny_model("mixed", monkeypatch)
+    tokens = torch.randint(0, 11, (5, T))
+    whole = run_diagnostics(model, tokens)
+    with torch.no_grad():
+        x, rope = model.embed(tokens), model.rope(0, T)
+        maps, visible, hidden = [], [], []
+        for block in model.blocks:
+            maps.append(block.attn.softmax_maps(block.norm1(x), rope))
+            visible.append(block.attn.visible_keys(T))
+            x = block(x, rope)
+            hidden.append(x)
+    assert whole["first_token_share"] == pytest.approx(first_token_share(maps), rel=1e-5)
+    assert whole["sink_rate"] == sink_rate(maps, visible=visible)
+    mean, by_layer = attention_entropy(maps, visible)
+    assert whole["entropy"] == pytest.approx(mean, rel=1e-5)
+    assert whole["entropy_by_layer"] == pytest.approx(by_layer, rel=1e-5)
+    for ours, theirs in zip(whole["massive"], massive_activations(hidden), strict=True):
+        assert ours == pytest.approx(theirs, rel=1e-5)
+    monkeypatch.setattr(diagnostics, "BATCH_FLOATS", 1)  # one sequence per batch
+    one_by_one = run_diagnostics(model, tokens)
+    for key in KEYS - {"massive"}:
+        assert one_by_one[key] == pytest.approx(whole[key], rel=1e-5), key
+    for ours, theirs in zip(one_by_one["massive"], whole["massive"], strict=True):
+        assert ours == pytest.approx(theirs, rel=1e-5)
+
+
+def test_held_out_sequences_spread_over_the_text_without_overlap():
+    text = torch.arange(1000)
+    rows = held_out_sequences(text, n_sequences=10, seq_len=64)
+    assert rows.shape == (10, 64) and rows.dtype == torch.int64
+    assert rows[0, 0] == 0 and rows[-1, -1] == 999  # the whole text, first to last token
+    assert len(set(rows.flatten().tolist())) == 640  # no token twice
+    assert held_out_sequences(text, n_sequences=100, seq_len=64).shape == (15, 64)  # as many as fit
+    with pytest.raises(diagnostics.UserError, match=r"^--diagnostics: the text has 1000 tokens"):
+        held_out_sequences(text, seq_len=2000)
+
+
+def test_bad_tokens_are_refused_in_one_line(monkeypatch):
+    model = tiny_model("mha", monkeypatch)
+    with pytest.raises(diagnostics.UserError, match="block_size=16"):
+        run_diagnostics(model, torch.zeros(2, 17, dtype=torch.long))
+    with pytest.raises(diagnostics.UserError, match=r"\(N, T\) tensor"):
+        run_diagnostics(model, torch.zeros(17, dtype=torch.long))
+
+
+# ------------------------------------------------------------------------------- the command
+
+
+def test_evaluate_diagnostics_end_to_end(tmp_path, capsys):
+    text = "\n".join(" ".join(random.Random(i).choices(WORDS, k=12)) for i in range(40)) + "\n"
+    ckpt = write_checkpoint(tmp_path, text)
+    out_json, plots = tmp_path / "out.json", tmp_path / "plots"
+    argv = ["--ckpt", str(ckpt), "--lengths", "16", "--diagnostics", "--json", str(out_json)]
+    assert eval_main(argv + ["--plots", str(plots)]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out_json.read_text())
+    figures = result["diagnostics"]
+    assert set(figures) == KEYS and figures["seq_len"] == 16  # block_size 16 < 64
+    assert figures["n_sequences"] == (result["tokens"] + 1) // 16  # as many as the validation text holds
+    assert f"sink rate {figures['sink_rate']:.0%}" in out and "max/median" in out
+    assert (plots / "diagnostics.png").is_file()
+    model, tokenizer, raw = load_checkpoint(str(ckpt))  # the API the ablation calls: the same figures
+    tokens = validation_sequences(raw["minitx"]["train_config"], tokenizer, seq_len=16)
+    assert run_diagnostics(model, tokens) == figures
+    # a task run has no held-out text: refused in one line before any work
+    raw = torch.load(ckpt, weights_only=True)
+    raw["minitx"]["train_config"] = {"data": {"source": "mqar"}}
+    torch.save(raw, ckpt)
+    assert eval_main(["--ckpt", str(ckpt), "--diagnostics"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--diagnostics: the run trained on the synthetic task 'mqar'" in err
+    assert math.isfinite(figures["entropy"])
