@@ -114,23 +114,27 @@ def refused_in_one_line(foreign: Foreign, message: str) -> None:
     assert not foreign.marker.exists() and foreign.kind not in registry
 
 
+def refused_by_load_checkpoint(foreign: Foreign, **consent) -> str:
+    with pytest.raises(UntrustedKindError) as refusal:
+        load_checkpoint(str(foreign.checkpoint), **consent)
+    refused_in_one_line(foreign, str(refusal.value))
+    return str(refusal.value)
+
+
 # -- from Python -----------------------------------------------------------------------------------
 
 
 def test_load_checkpoint_refuses_without_consent(foreign):
-    with pytest.raises(UntrustedKindError) as refusal:
-        load_checkpoint(str(foreign.checkpoint))
-    assert isinstance(refusal.value, UserError)  # one line from the commands, exit status 2
-    assert str(refusal.value).startswith(f"checkpoint {foreign.checkpoint}: ")
-    refused_in_one_line(foreign, str(refusal.value))
+    assert issubclass(UntrustedKindError, UserError)  # one line from the commands, exit status 2
+    assert refused_by_load_checkpoint(foreign).startswith(f"checkpoint {foreign.checkpoint}: ")
+    refused_by_load_checkpoint(foreign, trust_kind_modules=False)
     # Consent to other modules is no consent to these.
-    with pytest.raises(UntrustedKindError) as refusal:
-        load_checkpoint(str(foreign.checkpoint), trust_kind_modules=["elsewhere.py", "some.module"])
-    refused_in_one_line(foreign, str(refusal.value))
+    refused_by_load_checkpoint(foreign, trust_kind_modules=["elsewhere.py", "some.module"])
 
 
 @pytest.mark.parametrize("consent", ["true", "its modules"])
 def test_load_checkpoint_with_consent_imports_the_module_and_loads(foreign, consent):
+    refused_by_load_checkpoint(foreign)
     trust = True if consent == "true" else [foreign.module]
     model, tokenizer, _ = load_checkpoint(str(foreign.checkpoint), trust_kind_modules=trust)
     assert foreign.marker.exists() and foreign.kind in registry
@@ -142,7 +146,8 @@ def test_load_checkpoint_with_consent_imports_the_module_and_loads(foreign, cons
 
 
 def test_a_kind_registered_by_the_user_loads_without_consent_and_imports_nothing(foreign):
-    register(dataclasses.replace(registry["gqa"], name=foreign.kind))
+    refused_by_load_checkpoint(foreign)
+    register(dataclasses.replace(registry["gqa"], name=foreign.kind))  # as if imported by the user
     model, _, _ = load_checkpoint(str(foreign.checkpoint))
     assert model.config.attention.kind == foreign.kind and not foreign.marker.exists()
 
@@ -180,8 +185,10 @@ def test_every_command_refuses_without_consent(foreign, command, capsys):
 
 
 def test_generate_with_consent_prints_the_same_text(foreign, capsys):
-    register(dataclasses.replace(registry["gqa"], name=foreign.kind))  # as if imported by the user
     capsys.readouterr()
+    assert generate_main(["--ckpt", str(foreign.checkpoint), *PROMPT]) == 2
+    refused_in_one_line(foreign, capsys.readouterr().err)
+    register(dataclasses.replace(registry["gqa"], name=foreign.kind))  # as if imported by the user
     assert generate_main(["--ckpt", str(foreign.checkpoint), *PROMPT]) == 0  # no consent needed
     text = capsys.readouterr().out
     assert len(text) > 12 and not foreign.marker.exists()
@@ -190,10 +197,22 @@ def test_generate_with_consent_prints_the_same_text(foreign, capsys):
     assert capsys.readouterr().out == text and foreign.marker.exists()
 
 
-def test_evaluate_with_consent_scores_the_run(foreign, tmp_path):
+def test_evaluate_with_consent_scores_the_run(foreign, tmp_path, capsys):
     report = tmp_path / "evaluation.json"
-    arguments = ["--ckpt", str(foreign.checkpoint), "--no-progress", "--json", str(report)]
-    assert eval_main([*arguments, "--lengths", "8", "16", "--trust-kind-modules"]) == 0
+    arguments = [
+        "--ckpt",
+        str(foreign.checkpoint),
+        "--no-progress",
+        "--json",
+        str(report),
+        "--lengths",
+        "8",
+        "16",
+    ]
+    capsys.readouterr()
+    assert eval_main(arguments) == 2 and not report.exists()
+    refused_in_one_line(foreign, capsys.readouterr().err)
+    assert eval_main([*arguments, "--trust-kind-modules"]) == 0
     assert math.isfinite(json.loads(report.read_text())["loss"]) and foreign.marker.exists()
 
 
@@ -236,12 +255,22 @@ def finished_run(tmp_path: Path, foreign: Foreign):
 def test_a_sweeps_evaluation_imports_only_the_modules_the_sweep_names(foreign, tmp_path):
     run, settings = finished_run(tmp_path, foreign), EvalSettings(lengths=[8], max_tokens=40)
     record = eval_runs.evaluate_run(run, settings, log=lambda line: None)  # a sweep of built-in kinds
-    assert "is defined outside minitx" in record["error"] and "result" not in record
-    assert not foreign.marker.exists()
-    record = eval_runs.evaluate_run(run, settings, log=lambda line: None, trust_kind_modules=["other.py"])
-    assert "result" not in record and not foreign.marker.exists()
+    assert "result" not in record and not foreign.marker.exists() and foreign.kind not in registry
+    assert f"attention kind {foreign.kind} is defined outside minitx" in record["error"]  # the row's note
+    other = Sweep(
+        base_text="model: {attention: {kind_modules: [other.py]}}\n", overrides={}, variants=[run.variant]
+    )
+    trust = eval_runs.sweep_kind_modules(other)
+    assert trust == ["other.py"]
+    record = eval_runs.evaluate_run(run, settings, log=lambda line: None, trust_kind_modules=trust)
+    assert "result" not in record and not foreign.marker.exists() and foreign.kind not in registry
+    assert f"attention kind {foreign.kind} is defined outside minitx" in record["error"]  # the row's note
     # The sweep's own config named the module: that consent goes with the sweep to its evaluation.
-    record = eval_runs.evaluate_run(run, settings, log=lambda line: None, trust_kind_modules=[foreign.module])
+    own = Sweep(base_text="model: {}\n", overrides={}, variants=[Variant("foreign", {})])
+    own.overrides["model.attention.kind_modules"] = [foreign.module]
+    trust = eval_runs.sweep_kind_modules(own)
+    assert trust == [foreign.module]
+    record = eval_runs.evaluate_run(run, settings, log=lambda line: None, trust_kind_modules=trust)
     assert math.isfinite(record["result"]["loss"]) and foreign.marker.exists()
 
 
