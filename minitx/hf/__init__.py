@@ -7,11 +7,20 @@ each is imported only where it is used, through `require`, which names the extra
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 
 from ..errors import UserError
 
 EXTRAS = {"transformers": "hf", "safetensors": "hf", "lm_eval": "eval"}
+
+
+def require_installed(*modules: str) -> None:
+    """require's one-line UserError for the first module not installed, without importing any:
+    a command checks its other inputs (a checkpoint's path) before it pays for transformers' import."""
+    for module in modules:
+        if importlib.util.find_spec(module.split(".")[0]) is None:
+            require(module)
 
 
 def require(module: str) -> ModuleType:

@@ -23,7 +23,7 @@ import torch
 
 from ..checkpoint import UntrustedKindError, load_checkpoint
 from ..errors import UserError
-from . import convert, native, require
+from . import convert, native, require, require_installed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MODELING_FILE = Path(__file__).with_name("modeling_minitx.py")
@@ -40,8 +40,7 @@ def export_checkpoint(
     if dtype not in DTYPES:
         raise UserError(f"--dtype: {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
     check_output_dir(out, force, ckpt)
-    require("transformers")
-    require("safetensors")
+    require_installed("transformers", "safetensors")  # imported where used, after the checkpoint's checks
     try:
         model, tokenizer, _ = load_checkpoint(ckpt, label="--ckpt")
     except UntrustedKindError as error:
