@@ -259,14 +259,18 @@ class Transformer(nn.Module):
             n -= self.pos_emb.weight.numel()
         return n
 
-    def flops_per_token(self, seq_len: int | None = None) -> float:
-        """Training FLOPs per token (forward + backward = 3 x forward), from the model's own shape.
+    def matmul_params(self) -> int:
+        """Weights that multiply each token once, in a matmul: those of every nn.Linear, the output
+        layer's included (once, when tied to the token table, whose lookup is no matmul)."""
+        weights = {id(m.weight): m.weight for m in self.modules() if isinstance(m, nn.Linear)}
+        return sum(w.numel() for w in weights.values())
 
-        6 per parameter (multiply-add, forward and backward) plus the attention score and value
-        products: 12 * n_layer * d_model * context, with the context a local layer actually sees.
-        """
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token (forward + backward = 3 x forward) at seq_len (default
+        block_size), from the model's own shape: 6 per matmul weight (`matmul_params`: 2 per
+        multiply-add forward, 4 backward) plus what each layer's attention computes besides, as
+        its kind declares it (Attention.flops_per_token: the score and value products, local's
+        chunks, diff's two maps, MTA's convolutions and head mixes, ...). Elementwise work
+        (norms, softmax, activations) and recomputation are not counted."""
         T = seq_len or self.config.block_size
-        flops = 6 * self.num_params()
-        for block in self.blocks:
-            flops += 12 * self.config.d_model * block.attn.mean_keys(T)
-        return flops
+        return 6 * self.matmul_params() + sum(block.attn.flops_per_token(T) for block in self.blocks)

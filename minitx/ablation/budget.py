@@ -27,7 +27,10 @@ MEASURES = {"params": "params_non_embedding", "flops": "flops_per_token_non_embe
 
 
 def model_budget(model: Transformer) -> dict[str, Any]:
-    """Parameters (all, and without the vocabulary and position tables) and training FLOPs per token."""
+    """Parameters (all, and without the vocabulary and position tables) and training FLOPs per token
+    at block_size: Transformer.flops_per_token, 6 per matmul weight plus each layer's attention as
+    its kind declares it (Attention.flops_per_token), so arms of different kinds cost what they
+    compute (local's chunks, diff's two maps, MTA's convolutions and head mixes, MLA's widths)."""
     total = model.num_params(non_embedding=False)
     shared = [
         model.tok_emb.weight,
@@ -36,13 +39,13 @@ def model_budget(model: Transformer) -> dict[str, Any]:
     ]
     tables = sum(p.numel() for p in {id(p): p for p in shared}.values())  # a tied head is one table
     flops = model.flops_per_token()
-    vocab = sum(p.numel() for p in {id(p): p for p in shared[:2]}.values())
     return {
         "params": total,
         "params_non_embedding": total - tables,
         "flops_per_token": flops,
-        # the output layer's matmul (6 FLOPs per weight) is what the vocabulary adds to the FLOPs
-        "flops_per_token_non_embedding": flops - 6 * vocab,
+        # the output layer's matmul (6 FLOPs per weight) is what the vocabulary adds to the FLOPs:
+        # the token table is a lookup, which flops_per_token does not count
+        "flops_per_token_non_embedding": flops - 6 * model.lm_head.weight.numel(),
         "mlp_hidden": model.config.mlp_hidden,
     }
 

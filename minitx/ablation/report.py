@@ -143,7 +143,9 @@ def standard_notes(rows: list[dict], table: list[dict], sweep: Sweep | None) -> 
     notes = [
         "mean ± sample std over seeds; a value without ± comes from one seed",
         "params: all parameters; non-emb params: without the token and position tables and an untied output layer; "
-        "train FLOPs/token: Transformer.flops_per_token at block_size (6 per parameter plus attention scores)",
+        "train FLOPs/token: Transformer.flops_per_token at block_size (6 per matmul weight plus each layer's "
+        "attention work as its kind declares it: scores and values, local's chunks, diff's two maps, "
+        "MTA's convolutions and head mixes)",
         "tokens/s: the training command's own meter (the one behind its logged tokens_per_sec) over the whole run: "
         "training steps from the end of the first, validation left out",
         f"peak memory: {', '.join(kinds) or 'n/a'} (CPU peak RSS is the whole process: Python, torch, data)",

@@ -33,6 +33,9 @@ from ..cache import KVCache
 from ..config import ModelConfig
 from ..documents import Documents, stack_pieces
 
+# The features `with_sink` adds to each head: the sink's, padded so that widths stay aligned.
+SINK_WIDTH = 8
+
 
 @dataclass
 class SoftmaxOptions:
@@ -118,9 +121,33 @@ class Attention(nn.Module):
     def init_extra(self) -> None:
         """Initialise parameters the model's generic init must not touch (none here)."""
 
-    def mean_keys(self, T: int) -> float:
-        """Keys a query attends to, on average over a causal sequence of T (for FLOP counts)."""
-        return (T + 1) / 2
+    def flops_per_token(self, T: int) -> float:
+        """Training FLOPs (forward and backward, 3 x forward) per token of this layer over a sequence
+        of T tokens, besides the matmuls of its weights: those are 6 per weight of every nn.Linear,
+        which Transformer.flops_per_token counts. Here, the products of queries with keys and of
+        the weights with values, 2 FLOPs per multiply-add, as the layer actually computes them.
+
+        The default is a causal SDPA over the whole T x T map: 12 * n_head * head_dim * T, as
+        nanochat counts it and FlopCounterMode counts an SDPA call (a fused kernel may skip the
+        blocks above the diagonal, a fact of one kernel and not of the method). With sinks,
+        `with_sink` puts one key and one query more before the sequence, each head
+        SINK_WIDTH features wider. Elementwise work (softmax, norms, RoPE, a gate's product) is not
+        counted, here as nowhere in the model. A kind that computes anything else overrides this
+        (local, diff, MLA, MTA), and so should a kind of one's own."""
+        if self.sinks is not None:
+            return self.sdpa_flops(T, T + 1, T + 1, self.head_dim + SINK_WIDTH)
+        return self.sdpa_flops(T, T, T, self.head_dim)
+
+    def sdpa_flops(
+        self, T: int, queries: int, keys: int, width: int, value_width: int | None = None
+    ) -> float:
+        """Per token of T: training FLOPs of `queries` x `keys` scores `width` wide, and of the
+        weights times values `value_width` wide (default: `width`), for each of n_head query heads
+        (grouped key/value heads save no arithmetic). The backward's four products (gradients of
+        the values, the weights, the queries and the keys) are twice the forward's two; a fused
+        kernel's recomputation of the scores is not counted, as no recomputation is."""
+        value_width = width if value_width is None else value_width
+        return 6 * self.n_head * queries * keys * (width + value_width) / T
 
     # -- shared machinery -------------------------------------------------------------------
     def project(self, x: Tensor, rope) -> tuple[Tensor, Tensor, Tensor]:
@@ -157,7 +184,7 @@ class Attention(nn.Module):
         narrower than the keys takes a path three times slower, measured at T = 1024).
         """
         B, H, T, D = q.shape
-        extra = 8
+        extra = SINK_WIDTH
         sink_feature = (self.sinks / self.scale).to(q.dtype).view(1, H, 1, 1).expand(B, H, T, 1)
         q = F.pad(torch.cat([q, sink_feature], dim=-1), (0, extra - 1, 1, 0))
         k = F.pad(k, (0, extra, 1, 0))

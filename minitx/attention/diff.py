@@ -107,6 +107,13 @@ class DifferentialAttention(Attention):
         normed = F.rms_norm(diff, (diff.shape[-1],), eps=NORM_EPS)
         return (1 - self.lambda_init) * normed
 
+    def flops_per_token(self, T: int) -> float:
+        """Both maps, at the padded width: every one of the n_head query heads (the two halves of
+        each differential head) meets the keys and its pair's values in one causal SDPA over
+        T x T, queries and keys padded with zeros to the values' 2 * head_dim (`differential`).
+        Twice MHA's count: the maps are two, and each multiplies values twice as wide."""
+        return self.sdpa_flops(T, T, T, 2 * self.head_dim)
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return self.differential(q, k, v, mask=None, causal=True)
 

@@ -20,7 +20,7 @@ from .. import functional
 from ..config import ModelConfig
 from ..documents import Documents, masked_attention
 from ..kinds import KindSpec, OptionError, fail
-from .base import Attention, SoftmaxOptions
+from .base import SINK_WIDTH, Attention, SoftmaxOptions
 
 MIN_BLOCK = 64  # tiny windows still get blocks of this size: fewer, larger matmuls
 
@@ -55,9 +55,22 @@ class LocalAttention(Attention):
         n_sink = min(options.n_global, config.block_size)
         return dict(capacity=window + n_sink, window=window, n_sink=n_sink)
 
-    def mean_keys(self, T: int) -> float:
-        W = min(self.window, T)
-        return (W * (W + 1) / 2 + (T - W) * W) / T  # ramp up to the window, then flat
+    def flops_per_token(self, T: int) -> float:
+        """The keys the chunks touch, not the window's: `chunked_local` pads the queries to n
+        blocks of C = min(max(window, MIN_BLOCK), T) and gives each block 2C keys plus the
+        n_global ones, so n * C * (2C + n_global) scores (a window under MIN_BLOCK still costs
+        2 * MIN_BLOCK keys a query). A window that covers the sequence is plain causal SDPA over
+        T x T. With sinks, the sink is a token before the sequence (a global one more) and each
+        head SINK_WIDTH features wider (`with_sink`). On CUDA, flex attention skips instead the
+        128 x 128 blocks that lie wholly outside the window; the count is the chunked path's."""
+        length, width, n_global = T, self.head_dim, self.n_global
+        if self.sinks is not None:
+            length, width, n_global = T + 1, width + SINK_WIDTH, n_global + 1
+        if self.window >= length:
+            return self.sdpa_flops(T, length, length, width)
+        C = min(max(self.window, MIN_BLOCK), length)
+        n = -(-length // C)
+        return self.sdpa_flops(T, n * C, 2 * C + n_global, width)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if self.sinks is None:

@@ -187,6 +187,13 @@ class MultiHeadLatentAttention(Attention):
         B, H, T, _ = y.shape
         return self.out_proj(y.transpose(1, 2).reshape(B, T, H * self.v_dim))
 
+    def flops_per_token(self, T: int) -> float:
+        """Causal SDPA over T x T with every head expanded, at the width `sdpa` pads to: queries and
+        keys nope + d_r wide, values v_head_dim, the narrower side padded to the wider. The latent
+        expansions (kv_up, q_up) are plain linear layers over the tokens, in the 6 per weight of
+        Transformer.flops_per_token; decoding's absorbed path is not training and is not counted."""
+        return self.sdpa_flops(T, T, T, max(self.nope_dim + self.rope_dim, self.v_dim))
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return self.sdpa(q, k, v, mask=None)
 

@@ -31,7 +31,7 @@ from torch.utils.checkpoint import checkpoint
 from ...config import ModelConfig
 from ...kinds import KindSpec, fail
 from ..base import Attention
-from . import native
+from . import flops, native
 from . import triton_launch as mta_triton
 from .cache import MTACache
 from .kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
@@ -65,6 +65,7 @@ class MultiTokenAttention(Attention):
     cache_type = MTACache
     # The cached rows share one cut-off for keys that slid out of the context, exact for one row.
     extends_in_chunks = False
+    flops_per_token = flops.per_token  # its docstring says what it counts, and why (flops.py)
 
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__(config, layer)
