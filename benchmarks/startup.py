@@ -90,7 +90,7 @@ def table(roots: list[Path], names: list[str], cases: list, differences: dict, a
                 cells.append(f"{statistics.median(absolute[(root, label)]):.2f} s (itself)")
             else:
                 value = statistics.median(differences[(root, label)])
-                cells.append(f"+{value:.2f}" + ("" if goal is None or value <= goal else " (over)"))
+                cells.append(f"{value:+.2f}" + ("" if goal is None or value <= goal else " (over)"))
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {'' if goal is None else f'+{goal}'} |")
     return "\n".join(lines)
 

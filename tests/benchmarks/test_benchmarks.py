@@ -238,3 +238,10 @@ def test_memory_benchmark_prints_both_rows_of_each_kind(tmp_path):
         off, on = table_rows(out, kind)[:2]
         assert off[1] == "off" and on[1] == "on", out
         assert float(on[3].replace(",", "")) < float(off[3].replace(",", "")), out  # checkpointing keeps less
+
+
+def test_startup_benchmark_prints_its_table(tmp_path):
+    out = run_script("startup.py", "--rounds", "1", "--only", "import minitx", cwd=tmp_path)
+    rows = {row[0]: row[1:] for row in table_rows(out, "import")}
+    assert set(rows) == {"import torch", "import minitx"}
+    assert re.match(r"[+-]\d+\.\d\d", rows["import minitx"][0]) and rows["import minitx"][1] == "+0.3"
