@@ -11,6 +11,7 @@ from ..arguments import ArgumentParser
 from ..errors import UserError
 from ..kinds import import_kind_modules
 from .budget import match_budgets
+from .designed import run_designed
 from .eval_runs import evaluate_runs, sweep_kind_modules
 from .report import PLOTS, write_results
 from .runner import BASE_SNAPSHOT, LOG_FILE, check_variants, is_finished, plan_runs, run_sweep
@@ -91,7 +92,7 @@ def prepare(args: argparse.Namespace) -> tuple[Sweep, Path]:
         import_kind_modules(sweep_kind_modules(sweep, args.train_args))
     except UserError as error:
         raise UserError(f"{config_path}: model.{error}") from None
-    if sweep.match:
+    if sweep.match and not sweep.design.ladder:  # a ladder matches each size (ladder.make_plan)
         try:
             match_budgets(sweep, sweep.match, args.train_args, log=print)
         except UserError as error:
@@ -108,6 +109,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     if output.exists() and not output.is_dir():
         raise UserError(f"--output: {str(output)!r} is a file; give a directory (new or of this sweep)")
     logging = wandb_arguments(args.wandb_project, group=output.resolve().name) if args.wandb else []
+    if sweep.design.active:  # a budget, a learning-rate sweep or a ladder: designed.py
+        run_designed(
+            sweep,
+            output,
+            f"Ablation: {config_path.name}",
+            args.parallel,
+            args.train_args,
+            logging,
+            args.report_only,
+            args.dry_run,
+            sweep_kind_modules(sweep, args.train_args),
+        )
+        return
     runs = plan_runs(sweep, output, args.seeds or sweep.seeds, args.train_args, logging)
     if args.dry_run:  # writes nothing
         for run in runs:

@@ -128,3 +128,56 @@ def evaluate_runs(
     the runs' checkpoints may import `trust_kind_modules`, the sweep's own (sweep_kind_modules)."""
     for run in runs:
         evaluate_run(run, settings, log, compute, trust_kind_modules)
+
+
+# -- diagnostics of every run ------------------------------------------------------------------
+DIAGNOSTICS_FILE = "diagnostics.json"
+DIAGNOSTIC_SEQUENCES, DIAGNOSTIC_LENGTH = 100, 64  # Gu et al.'s sink-rate setting
+
+
+def diagnose(checkpoint: Path, trust_kind_modules: Sequence[str] = ()) -> dict:
+    """minitx.evaluation.diagnostics on the run's own held-out text (its validation split):
+    100 sequences of min(64, block_size) tokens, through each kind's materialised attention."""
+    from ..evaluation.diagnostics import run_diagnostics, validation_sequences
+    from ..evaluation.evaluate import load_checkpoint
+
+    model, tokenizer, raw = load_checkpoint(
+        str(checkpoint), label="diagnostics", trust_kind_modules=list(trust_kind_modules)
+    )
+    length = min(DIAGNOSTIC_LENGTH, model.config.block_size)
+    train_config = raw["minitx"].get("train_config") or {}
+    return run_diagnostics(model, validation_sequences(train_config, tokenizer, DIAGNOSTIC_SEQUENCES, length))
+
+
+def read_diagnostics(run: Run) -> dict | None:
+    """The run's cached diagnostics, if they belong to its present last checkpoint."""
+    cached = read_json(run.directory / DIAGNOSTICS_FILE)
+    if cached is None or "result" not in cached or cached.get("key") != _diagnostics_key(run):
+        return None
+    return cached["result"]
+
+
+def _diagnostics_key(run: Run) -> dict | None:
+    path = run.directory / CHECKPOINT_DIR / LAST  # the model as training left it, decay included
+    if not path.is_file():
+        return None
+    stat = path.stat()
+    return {"checkpoint": LAST, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def diagnose_run(run: Run, trust_kind_modules: Sequence[str] = (), log: Any = print) -> dict | None:
+    """Diagnostics of a finished run, computed once per checkpoint (diagnostics.json); a failure
+    is logged and recorded, never the end of the sweep."""
+    key = _diagnostics_key(run)
+    if not is_finished(run) or key is None:
+        return None
+    found = read_diagnostics(run)
+    if found is not None:
+        return found
+    try:
+        record = {"key": key, "result": diagnose(run.directory / CHECKPOINT_DIR / LAST, trust_kind_modules)}
+    except Exception as error:  # noqa: BLE001 - one run's failure is that run's note
+        record = {"key": key, "error": f"diagnostics failed: {one_line(error, 300)}"}
+        log(f"ablate: diagnostics of {run.label} failed: {record['error']}")
+    write_json_atomically(run.directory / DIAGNOSTICS_FILE, record)
+    return record.get("result")

@@ -64,7 +64,10 @@ class Run:
 
     @property
     def label(self) -> str:
-        return f"{self.variant.name} seed {self.seed}"
+        default = f"{self.variant.name}-seed{self.seed}"
+        return (
+            f"{self.variant.name} seed {self.seed}" if self.directory.name == default else self.directory.name
+        )
 
 
 def plan_runs(
@@ -73,22 +76,36 @@ def plan_runs(
     """One run per (variant, seed). `extra`: training arguments for every run (part of the
     settings a finished run is checked against); `logging`: arguments that change where runs
     report (W&B), not what they compute."""
-    runs = []
-    for variant in sweep.variants:
-        for seed in range(sweep.seed, sweep.seed + seeds):
-            root, name = output / "runs", f"{variant.name}-seed{seed}"
-            overrides = run_overrides(sweep, variant.overrides, seed)
-            command = [
-                *TRAIN_COMMAND,
-                *train_arguments(output / BASE_SNAPSHOT, root, name, overrides, [*extra, *logging]),
-            ]
-            settings = json.dumps(
-                [sweep.base_text, sorted((k, format_value(v)) for k, v in overrides.items()), list(extra)]
-            )
-            runs.append(
-                Run(variant, seed, root / name, command, hashlib.sha256(settings.encode()).hexdigest()[:16])
-            )
-    return runs
+    return [
+        make_run(sweep, variant, seed, output, extra, logging)
+        for variant in sweep.variants
+        for seed in range(sweep.seed, sweep.seed + seeds)
+    ]
+
+
+def make_run(
+    sweep: Sweep,
+    variant: Variant,
+    seed: int,
+    output: Path,
+    extra: Sequence[str] = (),
+    logging: Sequence[str] = (),
+    budget: dict[str, Any] | None = None,
+    name: str | None = None,
+) -> Run:
+    """The run of one variant and seed in <output>/runs/<name>. `budget`: overrides the sweep sets
+    for this run alone (its steps under equal compute, the checkpoint a branch starts from), which
+    a variant may not set itself."""
+    root, name = output / "runs", name or f"{variant.name}-seed{seed}"
+    overrides = {**run_overrides(sweep, variant.overrides, seed), **(budget or {})}
+    command = [
+        *TRAIN_COMMAND,
+        *train_arguments(output / BASE_SNAPSHOT, root, name, overrides, [*extra, *logging]),
+    ]
+    settings = json.dumps(
+        [sweep.base_text, sorted((k, format_value(v)) for k, v in overrides.items()), list(extra)]
+    )
+    return Run(variant, seed, root / name, command, hashlib.sha256(settings.encode()).hexdigest()[:16])
 
 
 def run_overrides(sweep: Sweep, variant_overrides: dict[str, Any], seed: int) -> dict[str, Any]:

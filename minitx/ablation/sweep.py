@@ -6,6 +6,8 @@
     seeds: 1
     match: params                       # optional: resize variants to the first one's budget (budget.py)
     eval: {max_tokens: 20000}           # optional: what is evaluated after each run (evaluate.py)
+    budget / lr_sweep / ladder / seeds_at  # optional: equal compute, each arm's own learning rate,
+                                        # sizes and budgets with fits (design.py, ladder.py)
     variants:
       - name: mha
         overrides: {model.attention.kind: mha}
@@ -23,6 +25,7 @@ import yaml
 
 from ..configfiles import base_of, merged_config
 from ..errors import UserError
+from .design import DESIGN_KEYS, Design, parse_design
 
 # Keys a variant may not change on its own: they decide the data, the seed or the token budget,
 # and a comparison is only fair when all variants share them.
@@ -43,7 +46,7 @@ BUDGET_PREFIXES = ("data.",)  # every data setting: source, tokenizer, batch, bl
 RESERVED_KEYS = ("run.root", "run.name", "ckpt_path", "config")
 
 MATCH_CHOICES = ("params", "flops")
-FILE_KEYS = ("base", "overrides", "variants", "seed", "seeds", "match", "eval")
+FILE_KEYS = ("base", "overrides", "variants", "seed", "seeds", "match", "eval", *DESIGN_KEYS)
 VARIANT_KEYS = ("name", "overrides", "allow_budget_change")
 
 
@@ -77,6 +80,7 @@ class Sweep:
     match: str | None = None  # "params" or "flops": resize each variant to the reference's count
     evaluation: EvalSettings = field(default_factory=EvalSettings)
     reference: Variant | None = None  # the first variant of the file, kept when --only drops it
+    design: Design = field(default_factory=Design)  # budget, lr_sweep, ladder, seeds_at (design.py)
 
     def __post_init__(self) -> None:
         if self.reference is None and self.variants:
@@ -151,6 +155,7 @@ def load_sweep(path: str | Path) -> Sweep:
         seeds,
         match,
         _eval_settings(data.get("eval", True), f"{path}: eval"),
+        design=parse_design(data, path, flatten),
     )
 
 

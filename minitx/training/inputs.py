@@ -98,6 +98,8 @@ def check_run_section(run: Any, default_root_dir: str | None) -> None:
         0,
         " (0: only at validations and at the end)",
     )
+    for step in run.get("keep_steps") or ():
+        _at_least("run.keep_steps", step, 1, " (optimiser steps at which to keep a checkpoint)")
     temperature = run.get("sample_temperature")
     if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
         raise UserError(f"run.sample_temperature: is {temperature}; use 0 (greedy) or more, e.g. 0.8")

@@ -9,6 +9,7 @@ weights_only=True reads) and `RunCheckpoints` decides when (the file format: min
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,8 @@ class RunSettings:
     checkpoint_every_n_steps: also refresh last.ckpt every N optimiser steps (0: only at
         validations and at the end).
     keep_every_n_steps: keep each timed checkpoint as step-<N>.ckpt instead of only refreshing last.ckpt.
+    keep_steps: also keep a checkpoint as step-<N>.ckpt at each of these optimiser steps (the
+        ablation ladder branches a learning-rate decay from each, see minitx/ablation/ladder.py).
     tensorboard: also write TensorBoard event files, beside the CSV logs in <run dir>/logs
         (`tensorboard --logdir <run dir>/logs`).
     wandb: also log to Weights & Biases (WANDB_MODE=offline works without an account).
@@ -51,6 +54,7 @@ class RunSettings:
     root: str = DEFAULT_ROOT
     checkpoint_every_n_steps: int = 0
     keep_every_n_steps: bool = False
+    keep_steps: list[int] | None = None
     tensorboard: bool = False
     wandb: bool = False
     wandb_project: str = "minitx"
@@ -100,7 +104,9 @@ def trainer_arguments(run: RunSettings, config: dict[str, Any]) -> dict[str, Any
     config = dict(config)
     config["default_root_dir"] = str(run.dir)
     config["callbacks"] = list(config.get("callbacks") or []) + [
-        RunCheckpoints(run.checkpoint_dir, run.checkpoint_every_n_steps, run.keep_every_n_steps)
+        RunCheckpoints(
+            run.checkpoint_dir, run.checkpoint_every_n_steps, run.keep_every_n_steps, run.keep_steps or ()
+        )
     ]
     plugins = config.get("plugins") or []
     config["plugins"] = (list(plugins) if isinstance(plugins, list) else [plugins]) + [AtomicCheckpointIO()]
@@ -160,7 +166,7 @@ class RunCheckpoints(Checkpoint):
     last.ckpt is written every `every_n_steps` optimiser steps (0: never on a timer), after every
     validation and when training ends; best.ckpt is a copy of last.ckpt made when a validation
     beats the best val_loss so far. With `keep_every_n_steps`, the timed checkpoints are also
-    kept as step-<N>.ckpt. Saves happen only at optimiser-step boundaries, which is what makes a
+    kept as step-<N>.ckpt, and so is the checkpoint at each of `keep_steps`. Saves happen only at optimiser-step boundaries, which is what makes a
     resumed run draw exactly the batches and dropout masks of an uninterrupted one.
 
     A `Checkpoint` subclass, so the Trainer adds no ModelCheckpoint of its own.
@@ -171,12 +177,14 @@ class RunCheckpoints(Checkpoint):
         dirpath: str | os.PathLike,
         every_n_steps: int = 0,
         keep_every_n_steps: bool = False,
+        keep_steps: Sequence[int] = (),
         monitor: str = "val_loss",
     ):
         super().__init__()
         self.dirpath = Path(dirpath)
         self.every_n_steps = every_n_steps
         self.keep_every_n_steps = keep_every_n_steps
+        self.keep_steps = set(keep_steps)
         self.monitor = monitor
         self.best_score: float | None = None
         self.best_step: int | None = None
@@ -209,11 +217,17 @@ class RunCheckpoints(Checkpoint):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        if self.every_n_steps < 1 or step % self.every_n_steps or step == self._last_saved_step:
-            return
-        self._save_last(trainer)
-        if self.keep_every_n_steps:
-            self._copy(trainer, self.last_path, self.dirpath / f"step-{step:07d}.ckpt")
+        timed = self.every_n_steps > 0 and step % self.every_n_steps == 0
+        if step in self.keep_steps:
+            self._save_last(trainer)
+            self._copy(trainer, self.last_path, self.step_path(step))
+        elif timed and step != self._last_saved_step:
+            self._save_last(trainer)
+            if self.keep_every_n_steps:
+                self._copy(trainer, self.last_path, self.step_path(step))
+
+    def step_path(self, step: int) -> Path:
+        return self.dirpath / f"step-{step:07d}.ckpt"
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:

@@ -1,0 +1,143 @@
+"""The sweep file's design keys: equal compute, a learning-rate sweep, a ladder of sizes, seeds.
+
+    budget: {flops: 2.0e12}                      # every arm trains for the same total FLOPs
+    lr_sweep: {multipliers: [0.25, 0.5, 1, 2, 4]}
+    ladder:
+      sizes:                                     # small to large, each a few dotted overrides
+        - {name: d48, overrides: {model.d_model: 48}}
+        - {name: d64, overrides: {model.d_model: 64}}
+      budgets: {tokens_per_param: [4, 8, 16]}    # or {flops: [1e12, 2e12, 4e12]}
+    seeds_at: {size: d64, budget: 16}            # the rung where `seeds` seeds per arm are run
+
+`budget` and `ladder` exclude each other (a ladder's budgets are its own). Tokens per parameter
+count the reference arm's non-embedding parameters at each size, and its FLOPs per token turn
+them into the compute every arm of that size gets. Every mistake is refused here, before any run,
+in one line that names the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import UserError
+
+DESIGN_KEYS = ("budget", "lr_sweep", "ladder", "seeds_at")
+
+
+@dataclass
+class Size:
+    name: str
+    overrides: dict[str, Any]
+
+
+@dataclass
+class Ladder:
+    sizes: list[Size]
+    budgets: list[float]  # as written: tokens per parameter, or FLOPs
+    unit: str  # "tokens_per_param" or "flops"
+
+    def size(self, name: str) -> Size:
+        return next(s for s in self.sizes if s.name == name)
+
+
+@dataclass
+class Design:
+    flops: float | None = None  # `budget: {flops: ...}`: equal compute without a ladder
+    multipliers: list[float] = field(default_factory=list)  # empty: no learning-rate sweep
+    ladder: Ladder | None = None
+    seeds_size: str | None = None
+    seeds_budget: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.flops or self.multipliers or self.ladder)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def _mapping(raw: Any, where: str, keys: tuple[str, ...]) -> dict:
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: must be a mapping with {', '.join(keys)}")
+    bad = sorted(set(raw) - set(keys))
+    if bad:
+        raise UserError(f"{where}: unknown key(s) {', '.join(bad)}; use {', '.join(keys)}")
+    return raw
+
+
+def _numbers(raw: Any, where: str, example: str) -> list[float]:
+    if not isinstance(raw, list) or not raw or not all(_number(v) for v in raw):
+        raise UserError(f"{where}: must be a list of positive numbers such as {example}, got {raw!r}")
+    if len(set(raw)) != len(raw):
+        raise UserError(f"{where}: {raw!r} repeats a value; list each once")
+    return sorted(raw)
+
+
+def parse_design(data: dict, path: Any, flatten) -> Design:
+    """The design keys of a sweep file (`flatten` turns an overrides mapping into dotted keys)."""
+    design = Design()
+    if "budget" in data:
+        raw = _mapping(data["budget"], f"{path}: budget", ("flops",))
+        if not _number(raw.get("flops")):
+            raise UserError(
+                f"{path}: budget.flops must be a positive number of training FLOPs such as 2.0e12"
+            )
+        design.flops = float(raw["flops"])
+    if "lr_sweep" in data:
+        raw = _mapping(data["lr_sweep"], f"{path}: lr_sweep", ("multipliers",))
+        design.multipliers = _numbers(raw.get("multipliers"), f"{path}: lr_sweep.multipliers", "[0.5, 1, 2]")
+        if len(design.multipliers) < 2:
+            raise UserError(f"{path}: lr_sweep.multipliers: give 2 or more, such as [0.5, 1, 2]")
+    if "ladder" in data:
+        if design.flops is not None:
+            raise UserError(
+                f"{path}: budget and ladder both set the compute; keep ladder.budgets and remove budget"
+            )
+        design.ladder = _ladder(data["ladder"], f"{path}: ladder", flatten)
+    if "seeds_at" in data:
+        if design.ladder is None:
+            raise UserError(f"{path}: seeds_at names a rung of the ladder; add a ladder or remove seeds_at")
+        raw = _mapping(data["seeds_at"], f"{path}: seeds_at", ("size", "budget"))
+        names = [s.name for s in design.ladder.sizes]
+        if raw.get("size") not in names:
+            raise UserError(
+                f"{path}: seeds_at.size {raw.get('size')!r} is not a ladder size; use one of {', '.join(names)}"
+            )
+        if raw.get("budget") not in design.ladder.budgets:
+            raise UserError(
+                f"{path}: seeds_at.budget {raw.get('budget')!r} is not one of ladder.budgets {design.ladder.budgets}"
+            )
+        design.seeds_size, design.seeds_budget = raw["size"], raw["budget"]
+    elif design.ladder is not None:  # the largest size's largest budget: the most trusted point
+        design.seeds_size, design.seeds_budget = design.ladder.sizes[-1].name, design.ladder.budgets[-1]
+    return design
+
+
+def _ladder(raw: Any, where: str, flatten) -> Ladder:
+    raw = _mapping(raw, where, ("sizes", "budgets"))
+    sizes_raw = raw.get("sizes")
+    if not isinstance(sizes_raw, list) or len(sizes_raw) < 2:
+        raise UserError(f"{where}.sizes: list 2 or more sizes, each {{name, overrides}} (small to large)")
+    sizes: list[Size] = []
+    for i, item in enumerate(sizes_raw):
+        spot = f"{where}.sizes[{i}]"
+        item = _mapping(item, spot, ("name", "overrides"))
+        name = item.get("name")
+        if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "-_." for ch in name):
+            raise UserError(f"{spot}: needs a 'name' of letters, digits and - _ . (it names run folders)")
+        if name in {s.name for s in sizes}:
+            raise UserError(f"{spot}: duplicate size name {name!r}")
+        overrides = flatten(item.get("overrides"), f"{spot}.overrides")
+        bad = [key for key in overrides if not key.startswith("model.")]
+        if bad:
+            raise UserError(
+                f"{spot}.overrides: {', '.join(bad)} is not a model setting; a size sets model.* only"
+            )
+        sizes.append(Size(name, overrides))
+    budgets = _mapping(raw.get("budgets"), f"{where}.budgets", ("tokens_per_param", "flops"))
+    if len(budgets) != 1:
+        raise UserError(f"{where}.budgets: give one of tokens_per_param (e.g. [4, 8, 16]) or flops")
+    unit, values = next(iter(budgets.items()))
+    return Ladder(sizes, _numbers(values, f"{where}.budgets.{unit}", "[4, 8, 16]"), unit)

@@ -1,0 +1,117 @@
+"""Plots of a designed sweep (headless, Agg): loss against learning-rate multiplier, loss against
+compute with each arm's fitted curve and its 90% bootstrap band, and one plot per diagnostic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+import numpy as np  # noqa: E402
+
+from .analysis import DIAGNOSTIC_KEYS, Analysis  # noqa: E402
+from .design_report import DIAGNOSTIC_NAMES  # noqa: E402
+from .ladder import Plan, Point  # noqa: E402
+
+
+def _finish(fig, ax, path: Path, title: str, empty: str) -> None:
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if ax.lines or ax.patches or ax.collections:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def lr_sweep(plan: Plan, analysis: Analysis, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for arm in analysis.arms:
+        points = sorted((m, loss) for m, loss in arm.lr_losses.items() if loss is not None)
+        if points:
+            (line,) = ax.plot(*zip(*points), marker="o", label=arm.name)
+            if arm.multiplier is not None and arm.lr_losses.get(arm.multiplier) is not None:
+                ax.plot([arm.multiplier], [arm.lr_losses[arm.multiplier]], "*", ms=12, color=line.get_color())
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("learning-rate multiplier (x the base config's)")
+    ax.set_ylabel("final val loss")
+    _finish(fig, ax, path, "Learning-rate sweep (star: each arm's choice)", "no learning-rate sweep")
+
+
+def loss_vs_compute(plan: Plan, analysis: Analysis, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for arm in analysis.arms:
+        if not arm.points:
+            continue
+        x = [p.trained_flops for p in arm.points]
+        y = [p.loss for p in arm.points]
+        branch = [p.role == "branch" for p in arm.points]
+        (line,) = ax.plot([], [], label=arm.name)
+        color = line.get_color()
+        ax.scatter(
+            [a for a, b in zip(x, branch) if not b],
+            [a for a, b in zip(y, branch) if not b],
+            color=color,
+            s=18,
+        )
+        ax.scatter([a for a, b in zip(x, branch) if b], [a for a, b in zip(y, branch) if b], color=color, s=18,
+                   marker="^")  # fmt: skip
+        if arm.curve is not None:
+            grid = np.geomspace(min(x) / 1.3, max(x) * 1.3, 60)
+            line.set_data(grid, arm.curve.fit.loss(grid))
+            draws = np.array([d.loss(grid) for d in arm.curve.draws])
+            low, high = np.percentile(draws, [5, 95], axis=0)
+            ax.fill_between(grid, low, high, color=color, alpha=0.15)
+    ax.set_xscale("log")
+    ax.set_xlabel("training FLOPs")
+    ax.set_ylabel("final val loss")
+    _finish(
+        fig,
+        ax,
+        path,
+        "Loss against compute: fits with 90% bootstrap bands (triangles: branches)",
+        "no ladder",
+    )
+
+
+def diagnostic_bars(analysis: Analysis, key: str, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = [a.name for a in analysis.arms if key in a.diagnostics]
+    ax.bar(names, [a.diagnostics[key] for a in analysis.arms if key in a.diagnostics])
+    ax.set_ylabel(DIAGNOSTIC_NAMES[key])
+    if key == "massive_ratio":
+        ax.set_yscale("log")
+    ax.tick_params(axis="x", rotation=30)
+    _finish(fig, ax, path, f"{DIAGNOSTIC_NAMES[key]} (seeds rung)", "no diagnostics")
+
+
+def loss_by_position(analysis: Analysis, points: list[Point], diagnostics, rung, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for arm in analysis.arms:
+        found = next(
+            (
+                diagnostics(p)
+                for p in points
+                if p.arm == arm.name and (p.size, p.budget) == rung and diagnostics(p)
+            ),
+            None,
+        )
+        if found and found.get("loss_by_position"):
+            ax.plot(range(1, len(found["loss_by_position"]) + 1), found["loss_by_position"], label=arm.name)
+    ax.set_xscale("log")
+    ax.set_xlabel("position in the sequence")
+    ax.set_ylabel("held-out loss")
+    _finish(fig, ax, path, "Loss by token position (seeds rung, first seed)", "no diagnostics")
+
+
+def draw_all(plan: Plan, analysis: Analysis, points: list[Point], diagnostics, output: Path) -> None:
+    lr_sweep(plan, analysis, output / "lr_sweep.png")
+    loss_vs_compute(plan, analysis, output / "loss_vs_compute.png")
+    for key in DIAGNOSTIC_KEYS:
+        diagnostic_bars(analysis, key, output / f"diag_{key}.png")
+    loss_by_position(analysis, points, diagnostics, analysis.rung, output / "diag_loss_by_position.png")
