@@ -8,7 +8,12 @@ own directory. The runs share data, tokenizer, seeds and token budget: a variant
 those unless it says `allow_budget_change: true`, and the table then says what it changed. Before
 any run starts, every variant's config is checked as the training command will check it.
 
-    sweep.py      the sweep file: parsing and checks
+    sweep.py      the sweep file: parsing and checks; design.py its budget, lr_sweep, ladder, seeds_at
+    ladder.py     the plan of a designed sweep: learning-rate sweep, ladder, branched decays, seeds
+    designed.py   running a designed sweep's phases, diagnostics, then its analysis and report
+    fit.py        L(C) = E + A C^-alpha fits, bootstrap, compute multipliers
+    significance.py  Welch's t-test against the baseline, Holm's correction
+    analysis.py   a designed sweep's numbers; design_report.py, design_plots.py its report
     budget.py     parameters and FLOPs per token; `match: params|flops` resizes the MLP to equal budgets
     runner.py     planning the runs, the training subprocesses, parallel runs, skipping finished ones
     summary.py    RunSummary, the callback that writes each run's summary.json
@@ -23,6 +28,7 @@ evaluation.json, train.log), results.csv, results.md and the three plots.
 
 from .budget import match_budgets, model_budget
 from .command import main, parse_args
+from .design_report import DESIGN_PLOTS
 from .report import CSV_FIELDS, PLOTS, format_cell, markdown_table, write_csv, write_results
 from .runner import (
     BASE_SNAPSHOT,
@@ -43,6 +49,7 @@ __all__ = [
     "BASE_SNAPSHOT",
     "COLUMNS",
     "CSV_FIELDS",
+    "DESIGN_PLOTS",
     "EvalSettings",
     "LOG_FILE",
     "PLOTS",

@@ -58,6 +58,16 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
+def _as_number(value: Any) -> Any:
+    """YAML reads 2e12 and 2.0e12 (no sign in the exponent) as text: take them as numbers."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
 def _mapping(raw: Any, where: str, keys: tuple[str, ...]) -> dict:
     if not isinstance(raw, dict):
         raise UserError(f"{where}: must be a mapping with {', '.join(keys)}")
@@ -68,6 +78,7 @@ def _mapping(raw: Any, where: str, keys: tuple[str, ...]) -> dict:
 
 
 def _numbers(raw: Any, where: str, example: str) -> list[float]:
+    raw = [_as_number(v) for v in raw] if isinstance(raw, list) else raw
     if not isinstance(raw, list) or not raw or not all(_number(v) for v in raw):
         raise UserError(f"{where}: must be a list of positive numbers such as {example}, got {raw!r}")
     if len(set(raw)) != len(raw):
@@ -80,11 +91,11 @@ def parse_design(data: dict, path: Any, flatten) -> Design:
     design = Design()
     if "budget" in data:
         raw = _mapping(data["budget"], f"{path}: budget", ("flops",))
-        if not _number(raw.get("flops")):
+        if not _number(_as_number(raw.get("flops"))):
             raise UserError(
                 f"{path}: budget.flops must be a positive number of training FLOPs such as 2.0e12"
             )
-        design.flops = float(raw["flops"])
+        design.flops = float(_as_number(raw["flops"]))
     if "lr_sweep" in data:
         raw = _mapping(data["lr_sweep"], f"{path}: lr_sweep", ("multipliers",))
         design.multipliers = _numbers(raw.get("multipliers"), f"{path}: lr_sweep.multipliers", "[0.5, 1, 2]")

@@ -52,7 +52,10 @@ def csv_text(points: list[Point], diagnostics) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator="\n")
     writer.writeheader()
-    for p in points:
+    unique: dict = {}
+    for p in points:  # a run once, as first planned (the smallest size's ladder run is a sweep run)
+        unique.setdefault(p.run.directory, p)
+    for p in unique.values():
         status, error = _status(p)
         found = diagnostics(p) or {}
         writer.writerow(

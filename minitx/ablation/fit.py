@@ -17,8 +17,10 @@ E) has an unbounded multiplier, reported as infinity.
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +53,21 @@ class Fit:
         return {"E": self.E, "A": self.A, "alpha": self.alpha, "C0": self.C0}
 
 
+def scipy_module(name: str):
+    """A scipy module, imported (it is heavy; only the analysis needs it)."""
+    return importlib.import_module(name)
+
+
+@contextmanager
+def one_blas_thread():
+    """BLAS on one thread while fitting: L-BFGS-B calls it on vectors of three, and OpenBLAS's
+    threads then spin and wait, worst beside training runs (a fit took 10-60x longer, measured)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
 def _huber(r: np.ndarray, delta: float) -> np.ndarray:
     a = np.abs(r)
     return np.where(a <= delta, 0.5 * r**2, delta * (a - 0.5 * delta))
@@ -64,9 +81,8 @@ def fit_curve(
     min_points: int = MIN_POINTS,
 ) -> Fit:
     """The Huber fit in log space of L(C) = E + A (C/C0)^-alpha to the points (see module doc),
-    from a grid of starts, or from `start` and two others (a bootstrap refit near its point fit)."""
-    from scipy.optimize import minimize
-
+    from a grid of starts, or from `start` and one other (a bootstrap refit near its point fit)."""
+    minimize = scipy_module("scipy.optimize").minimize
     x, y = np.asarray(compute, dtype=float), np.asarray(loss, dtype=float)
     if len(x) < min_points:
         raise UserError(f"a fit of loss against compute needs {min_points} or more points, got {len(x)}")
@@ -94,12 +110,13 @@ def fit_curve(
             starts.append([E, math.log(max(float(np.mean(y)) - E, 1e-6)), alpha])
     if start is not None:
         E = min(start.E, low)
-        starts = [[E, math.log(max(start.A, 1e-6)), start.alpha], starts[1], starts[9]]
+        starts = [[E, math.log(max(start.A, 1e-6)), start.alpha], starts[9]]
     best = None
-    for theta in starts:
-        result = minimize(objective, np.array(theta), jac=True, method="L-BFGS-B", bounds=bounds)
-        if best is None or result.fun < best.fun:
-            best = result
+    with one_blas_thread():
+        for theta in starts:
+            result = minimize(objective, np.array(theta), jac=True, method="L-BFGS-B", bounds=bounds)
+            if best is None or result.fun < best.fun:
+                best = result
     E, log_A, alpha = best.x
     return Fit(float(E), float(math.exp(log_A)), float(alpha), C0)
 
@@ -107,13 +124,14 @@ def fit_curve(
 def bootstrap_fits(
     compute: Sequence[float],
     loss: Sequence[float],
-    resamples: int = BOOTSTRAP,
+    resamples: int | None = None,
     seed: int = 0,
     min_points: int = MIN_POINTS,
 ) -> list[Fit]:
     """Fits to resamples of the points drawn with replacement (resamples that hold fewer than
     three distinct computes cannot pin three parameters and are drawn again)."""
     x, y = np.asarray(compute, dtype=float), np.asarray(loss, dtype=float)
+    resamples = BOOTSTRAP if resamples is None else resamples
     rng = np.random.default_rng(seed)
     C0 = float(np.exp(np.mean(np.log(x))))
     point = fit_curve(x, y, C0, min_points=min_points)
@@ -170,7 +188,7 @@ class Curve:
 def fit_with_bootstrap(
     x: Sequence[float],
     loss: Sequence[float],
-    resamples: int = BOOTSTRAP,
+    resamples: int | None = None,
     seed: int = 0,
     min_points: int = MIN_POINTS,
 ) -> Curve:
@@ -193,7 +211,7 @@ def compare_curves(baseline: Curve, arm: Curve) -> Comparison:
 def compare(
     base_points: tuple[Sequence[float], Sequence[float]],
     arm_points: tuple[Sequence[float], Sequence[float]],
-    resamples: int = BOOTSTRAP,
+    resamples: int | None = None,
     seed: int = 0,
 ) -> Comparison:
     """compare_curves of two sets of (compute, loss) points."""

@@ -12,6 +12,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .fit import scipy_module
+
 LEVEL = 0.01  # modded-nanogpt's bar for a record
 CONFIDENCE = 0.95
 
@@ -35,8 +37,7 @@ class Difference:
 
 def welch(arm: Sequence[float], baseline: Sequence[float], confidence: float = CONFIDENCE) -> Difference:
     """Welch's t-test of two samples of 2 or more values each (nan p when both have no spread)."""
-    from scipy import stats
-
+    stats = scipy_module("scipy.stats")
     a, b = list(arm), list(baseline)
     if len(a) < 2 or len(b) < 2:
         raise ValueError("Welch's test needs 2 or more values on each side")
