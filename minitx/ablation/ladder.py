@@ -34,8 +34,7 @@ from ..errors import UserError
 from ..fileio import read_json
 from .budget import budget_of, match_budgets, model_config_of
 from .design import Ladder, Size
-from .runner import Run, is_finished, make_run
-from .summary import SUMMARY_FILE
+from .runner import SUMMARY_FILE, Run, is_finished, make_run
 from .sweep import Sweep, Variant
 
 LR_KEYS = ("model.lr", "model.min_lr", "model.muon_lr")  # every learning rate the optimiser has
