@@ -115,13 +115,39 @@ def check_crcs(path: str | os.PathLike) -> None:
     _CHECKED.add(identity)
 
 
+def existing_checkpoints(path: str | os.PathLike, shown: int = 6) -> str:
+    """For a checkpoint path that does not exist, the checkpoints that do, in words ('' when none
+    are near): those beside it, else those of the runs under its nearest existing directory
+    (runs/<name>/checkpoints/*.ckpt when the run name was wrong)."""
+    path = Path(path)
+    directory = path.parent
+    if directory.is_dir():
+        found = sorted(file.name for file in directory.glob("*.ckpt") if file.is_file())
+        if found:
+            listed = ", ".join(found[:shown]) + (
+                f" and {len(found) - shown} more" if len(found) > shown else ""
+            )
+            return f"{directory} holds {listed}"
+        return f"{directory} holds no checkpoint; a run writes them when it validates and when it ends"
+    while not directory.is_dir() and directory != directory.parent:
+        directory = directory.parent
+    if not directory.is_dir():
+        return ""
+    patterns = ("*/checkpoints/*.ckpt", "checkpoints/*.ckpt", "*.ckpt")
+    found = sorted({str(file) for pattern in patterns for file in directory.glob(pattern) if file.is_file()})
+    if not found:
+        return ""
+    listed = ", ".join(found[:shown]) + (f" and {len(found) - shown} more" if len(found) > shown else "")
+    return f"checkpoints that exist under {directory}: {listed}"
+
+
 def load_file(path: str | os.PathLike, where: str, fix: str, map_location: Any = "cpu") -> Any:
     """What torch.load(path, weights_only=True) reads from `path`; any problem is a one-line
     UserError `<where>: <reason>; <fix>`."""
     if os.path.isdir(path):
         raise UserError(f"{where}: is a directory; give the .ckpt file inside it")
     if not os.path.exists(path):
-        raise UserError(f"{where}: no such file; {fix}")
+        raise UserError(f"{where}: no such file; {existing_checkpoints(path) or fix}")
     try:
         check_crcs(path)
         with warnings.catch_warnings():

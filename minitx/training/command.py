@@ -45,7 +45,7 @@ from .interrupt import RunInterrupted, StopOnInterrupt
 from .messages import config_files, find_user_error, parse_error_message
 from .module import MinitxLM, check_model_section
 from .resume import check_resume_checkpoint, resolve_ckpt_path
-from .run import RunSettings, run_settings, settle_run_section, trainer_arguments
+from .run import RunCheckpoints, RunSettings, run_settings, settle_run_section, trainer_arguments
 from .throughput import device_name, peak_flops
 
 
@@ -337,6 +337,10 @@ def finish_run(cli: TrainCLI, run: RunSettings, sample_prompt: list[int]) -> Non
     if model.last_val is None or model.last_val[0] != trainer.global_step:
         trainer.validate(model, datamodule=data, verbose=False)
         model.last_val = (trainer.global_step, float(trainer.callback_metrics["val_loss"]))
+        # Only when fit ran no step (a resume of a finished run): the final step is otherwise
+        # validated inside fit. best.ckpt must still exist and hold the lowest val loss.
+        if isinstance(trainer.checkpoint_callback, RunCheckpoints):
+            trainer.checkpoint_callback.validated_after_fit(trainer, model.last_val[1])
     if trainer.is_global_zero:
         step, val_loss = model.last_val
         print(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import BEST, LAST, read_checkpoint, state_mismatch
+from ..checkpoint import BEST, LAST, existing_checkpoints, read_checkpoint, state_mismatch
 from ..config import ModelConfig
 from ..data.tokenizer import tokenizer_from_dict
 from ..errors import UserError
@@ -27,7 +27,11 @@ def resolve_ckpt_path(value: str | None, checkpoint_dir: Path) -> str | None:
             f"ckpt_path: {value!r} is a directory; give the .ckpt file inside it (a run keeps them in checkpoints/), 'last' or 'best'"
         )
     if not Path(value).is_file():
-        raise UserError(f"ckpt_path: no checkpoint at {value!r}; give a .ckpt file, 'last' or 'best'")
+        nearby = existing_checkpoints(value)
+        raise UserError(
+            f"ckpt_path: no checkpoint at {value!r}; give a .ckpt file, 'last' or 'best'"
+            + (f" ({nearby})" if nearby else "")
+        )
     return value
 
 

@@ -165,7 +165,8 @@ class RunCheckpoints(Checkpoint):
 
     last.ckpt is written every `every_n_steps` optimiser steps (0: never on a timer), after every
     validation and when training ends; best.ckpt is a copy of last.ckpt made when a validation
-    beats the best val_loss so far. With `keep_every_n_steps`, the timed checkpoints are also
+    beats the best val_loss so far. The last step is always validated inside fit, so every run
+    ends with both files and best.ckpt judged against the final weights too. With `keep_every_n_steps`, the timed checkpoints are also
     kept as step-<N>.ckpt, and so is the checkpoint at each of `keep_steps`. Saves happen only at optimiser-step boundaries, which is what makes a
     resumed run draw exactly the batches and dropout masks of an uninterrupted one.
 
@@ -217,6 +218,12 @@ class RunCheckpoints(Checkpoint):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
+        if trainer.max_steps is not None and 0 < trainer.max_steps <= step:
+            # Stopping here makes Lightning validate inside fit at the last step (as it does for
+            # an early stop): on_validation_end then judges the final weights for best.ckpt, so a
+            # run shorter than val_check_interval still ends with both files and a final
+            # validation that beats the earlier ones updates best.ckpt.
+            trainer.should_stop = True
         timed = self.every_n_steps > 0 and step % self.every_n_steps == 0
         if step in self.keep_steps:
             self._save_last(trainer)
@@ -245,6 +252,15 @@ class RunCheckpoints(Checkpoint):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._save_last(trainer)
+
+    def validated_after_fit(self, trainer: L.Trainer, score: float) -> None:
+        """A validation run after fit (trainer.validate) of the weights last.ckpt holds: best.ckpt
+        becomes that file when the score beats the best so far, or when there is no best.ckpt yet,
+        so that every run ends with both files."""
+        if self.best_score is None or score < self.best_score or not self.best_path.is_file():
+            self.best_score, self.best_step = score, trainer.global_step
+            if self.last_path.is_file():
+                self._copy(trainer, self.last_path, self.best_path)
 
     def _copy(self, trainer: L.Trainer, source: Path, target: Path) -> None:
         if trainer.is_global_zero:
