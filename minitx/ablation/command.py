@@ -14,7 +14,15 @@ from .budget import match_budgets
 from .designed import run_designed
 from .eval_runs import evaluate_runs, sweep_kind_modules
 from .report import PLOTS, write_results
-from .runner import BASE_SNAPSHOT, LOG_FILE, check_variants, is_finished, plan_runs, run_sweep
+from .runner import (
+    BASE_SNAPSHOT,
+    LOG_FILE,
+    check_variants,
+    given_arguments,
+    is_finished,
+    plan_runs,
+    run_sweep,
+)
 from .sweep import Sweep, load_sweep
 
 
@@ -136,7 +144,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.report_only:
         run_sweep(runs, sweep, output, args.parallel)
         evaluate_runs(runs, sweep.evaluation, trust_kind_modules=sweep_kind_modules(sweep, args.train_args))
-    table = write_results(runs, output, title=f"Ablation: {config_path.name}", sweep=sweep)
+    table = write_results(
+        runs, output, notes=given_arguments(runs), title=f"Ablation: {config_path.name}", sweep=sweep
+    )
     print((output / "results.md").read_text(encoding="utf-8"))
     print(f"ablate: wrote {output / 'results.md'}, results.csv, {', '.join(PLOTS)}")
     if all(entry["ok"] == 0 for entry in table):

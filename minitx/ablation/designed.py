@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import UserError
+from ..fileio import write_text_atomically
 from .analysis import analyse
 from .design_report import DESIGN_PLOTS, write_design_results
 from .eval_runs import diagnose_run, read_diagnostics
 from .ladder import Plan, Point, make_plan
-from .runner import BASE_SNAPSHOT, is_finished, run_sweep
+from .runner import BASE_SNAPSHOT, given_arguments, is_finished, run_sweep
 
 
 def _unique_runs(points: Sequence[Point]) -> list:
@@ -67,6 +68,10 @@ def run_designed(
     phases = plan.all_points()
     analysis = analyse(plan, phases, diagnostics=lambda p: read_diagnostics(p.run))
     write_design_results(plan, analysis, sum(phases, []), title, lambda p: read_diagnostics(p.run))
+    given = given_arguments(_unique_runs(sum(phases, [])))
+    if given:  # what the runs were given besides the sweep file: part of what the table measured
+        text = (output / "results.md").read_text(encoding="utf-8").rstrip("\n")
+        write_text_atomically(output / "results.md", text + "\n" + "".join(f"- {n}\n" for n in given))
     log((output / "results.md").read_text(encoding="utf-8"))
     log(f"ablate: wrote {output / 'results.md'}, results.csv, {', '.join(DESIGN_PLOTS)}")
     if not any(p.loss is not None for p in sum(phases, [])):

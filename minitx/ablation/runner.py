@@ -11,10 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -277,5 +279,45 @@ def run_sweep(runs: list[Run], sweep: Sweep, output: Path, parallel: int = 1, lo
         for run in todo:
             execute(run, threads, log)
     else:
+        whole = whole_lines(log)
         with ThreadPoolExecutor(max_workers=parallel) as pool:
-            list(pool.map(lambda run: execute(run, threads, log, parallel), todo))
+            list(pool.map(lambda run: execute(run, threads, whole, parallel), todo))
+
+
+def whole_lines(log: Any) -> Any:
+    """`log` for threads: print() writes a line and its newline in two writes, so two runs
+    finishing together could print "ablate: ok mha ... ablate: ok mqa" on one line; each line
+    (which names its run) is written in one piece, one at a time."""
+    lock = threading.Lock()
+
+    def write(line: str) -> None:
+        with lock:
+            if log is print:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+            else:
+                log(line)
+
+    return write
+
+
+def given_arguments(runs: Sequence[Run]) -> list[str]:
+    """The training arguments every run was given after `ablate ... --`, as its run.json records
+    its command (the runs' own record, not what this invocation was given: a --report-only
+    report describes the runs it tabulates). Empty when none were given; a note per distinct
+    list when the runs differ."""
+    seen: dict[str, list[str]] = {}
+    marker = "--trainer.callbacks+=" + SUMMARY_CALLBACK
+    for run in runs:
+        record = read_json(run.directory / RUN_FILE) or {}
+        command = record.get("command") or run.command
+        extra = command[command.index(marker) + 1 :] if marker in command else []
+        seen.setdefault(shlex.join(extra), []).append(run.label)
+    if list(seen) == [""]:
+        return []
+    if len(seen) == 1:
+        return [f"training arguments given to every run after `--`: `{next(iter(seen))}`"]
+    return [
+        f"training arguments after `--` for {', '.join(labels)}: `{given or '(none)'}`"
+        for given, labels in seen.items()
+    ]
