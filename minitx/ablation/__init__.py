@@ -18,12 +18,13 @@ any run starts, every variant's config is checked as the training command will c
     runner.py     planning the runs, the training subprocesses, parallel runs, skipping finished ones
     summary.py    RunSummary, the callback that writes each run's summary.json
     eval_runs.py  evaluating each finished run's best checkpoint (cached per run)
-    table.py      rows per run, mean and spread per variant, differences beyond the seed spread
-    report.py     results.csv, results.md; plots.py: loss_curves, cost_quality, loss_vs_context
+    table.py      rows per run, mean and spread per variant, each run's cached diagnostics
+    report.py     results.csv, results.md (Welch tests against the reference, diagnostics);
+                  plots.py: loss_curves, cost_quality, loss_vs_context, a bar chart per diagnostic
     command.py    the ablate command line
 
 Output: runs/<variant>-seed<k>/ (the run's own logs and checkpoints, run.json, summary.json,
-evaluation.json, train.log), results.csv, results.md and the three plots.
+evaluation.json, diagnostics.json, train.log), results.csv, results.md and the plots.
 """
 
 from .budget import match_budgets, model_budget

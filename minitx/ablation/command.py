@@ -12,11 +12,12 @@ from ..errors import UserError
 from ..kinds import import_kind_modules
 from .budget import match_budgets
 from .designed import run_designed
-from .eval_runs import evaluate_runs, sweep_kind_modules
-from .report import PLOTS, write_results
+from .eval_runs import diagnose_run, evaluate_runs, sweep_kind_modules
+from .report import plot_names, write_results
 from .runner import (
     BASE_SNAPSHOT,
     LOG_FILE,
+    Run,
     check_variants,
     given_arguments,
     is_finished,
@@ -24,6 +25,7 @@ from .runner import (
     run_sweep,
 )
 from .sweep import Sweep, load_sweep
+from .table import is_synthetic
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -143,18 +145,37 @@ def main(argv: Sequence[str] | None = None) -> None:
     output.mkdir(parents=True, exist_ok=True)  # only once the sweep is known to be sound
     if not args.report_only:
         run_sweep(runs, sweep, output, args.parallel)
-        evaluate_runs(runs, sweep.evaluation, trust_kind_modules=sweep_kind_modules(sweep, args.train_args))
+        trusted = sweep_kind_modules(sweep, args.train_args)
+        evaluate_runs(runs, sweep.evaluation, trust_kind_modules=trusted)
+        diagnose_runs(runs, sweep, args.train_args, trusted)
     table = write_results(
         runs, output, notes=given_arguments(runs), title=f"Ablation: {config_path.name}", sweep=sweep
     )
     print((output / "results.md").read_text(encoding="utf-8"))
-    print(f"ablate: wrote {output / 'results.md'}, results.csv, {', '.join(PLOTS)}")
+    print(f"ablate: wrote {output / 'results.md'}, results.csv, {', '.join(plot_names(sweep))}")
     if all(entry["ok"] == 0 for entry in table):
         failed = next((entry for entry in table if entry["status"] != "ok"), None)
         first = f" ({failed['variant']}: {failed['status']})" if failed else ""
         raise UserError(
             f"every run failed{first}; see the status column in {output / 'results.md'} and each run's {LOG_FILE}"
         )
+
+
+def diagnose_runs(
+    runs: Sequence[Run],
+    sweep: Sweep,
+    extra: Sequence[str] = (),
+    trust_kind_modules: Sequence[str] = (),
+    log=print,
+) -> None:
+    """Diagnostics of every finished run (cached per run, diagnostics.json), beside its evaluation:
+    none where the sweep does not evaluate (`eval: false` keeps its old, cheaper report), nor for
+    a synthetic task, which has no held-out text to read."""
+    if not sweep.evaluation.enabled:
+        return
+    for run in runs:
+        if not is_synthetic(sweep, run.variant, extra):
+            diagnose_run(run, trust_kind_modules, log)
 
 
 def wandb_arguments(project: str, group: str) -> list[str]:

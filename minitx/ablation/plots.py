@@ -1,4 +1,5 @@
-"""Plots of an ablation table (see table.aggregate): loss curves, cost against quality, loss against context.
+"""Plots of an ablation table (see table.aggregate): loss curves, cost against quality, loss against
+context, and a bar chart per diagnostic.
 
 Headless on purpose (the Agg backend): sweeps run on servers and in tests.
 """
@@ -128,3 +129,25 @@ def loss_vs_context(table: list[dict], lengths: list[int], path: Path) -> None:
         ax.set_xticks(lengths, [str(n) for n in lengths])
     labels = ("context length (tokens)", "held-out loss", "Loss against context length (mean over seeds)")
     _save_lines(fig, ax, path, labels, "no evaluated runs")
+
+
+def diagnostic_bars(table: list[dict], key: str, heading: str, path: Path) -> None:
+    """One diagnostic, a bar per variant (mean over seeds, ±std where 2 or more seeds have it);
+    a variant without it (a synthetic task, a failed run) has no bar."""
+    entries = [e for e in table if (e.get("diagnostics") or {}).get(key, (None, None))[0] is not None]
+    fig, ax = plt.subplots(figsize=(max(5, 0.8 * len(table) + 2), 4))
+    if entries:
+        means = [e["diagnostics"][key][0] for e in entries]
+        stds = [e["diagnostics"][key][1] or 0.0 for e in entries]
+        ax.bar([e["variant"] for e in entries], means, yerr=stds, capsize=3, color="tab:blue", alpha=0.8)
+        if key == "massive_ratio" and min(means) > 0:
+            ax.set_yscale("log")  # ratios run from a few to thousands
+        ax.tick_params(axis="x", labelrotation=30)
+    else:
+        ax.text(0.5, 0.5, "no diagnostics", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylabel(heading)
+    ax.set_title(f"{heading} (mean over seeds)")
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

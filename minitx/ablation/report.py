@@ -1,5 +1,6 @@
 """The report of a sweep: results.csv (one row per run), results.md (mean ± spread per variant,
-with notes that say how each column was measured) and the plots."""
+the differences from the reference variant with Welch's test, the diagnostics, and notes that say
+how each column was measured) and the plots."""
 
 from __future__ import annotations
 
@@ -10,8 +11,17 @@ from pathlib import Path
 
 from ..fileio import write_text_atomically
 from .runner import Run
+from .significance import CONFIDENCE, LEVEL, Difference, compare_all
 from .sweep import EvalSettings, Sweep
-from .table import aggregate, collect, columns_for, evaluated_lengths, exceeds_spread, is_quality, length_key
+from .table import (
+    DIAGNOSTIC_COLUMNS,
+    TESTED_KEYS,
+    aggregate,
+    collect,
+    columns_for,
+    evaluated_lengths,
+    length_key,
+)
 
 CSV_FIELDS = [
     "variant",
@@ -45,8 +55,10 @@ CSV_FIELDS = [
     "eval_note",
     "run_dir",
 ]
-PLOTS = ("loss_curves.png", "cost_quality.png", "loss_vs_context.png")
-SPREAD_MARK = "*"
+DIAGNOSTIC_KEYS = [key for key, *_ in DIAGNOSTIC_COLUMNS]
+BASE_PLOTS = ("loss_curves.png", "cost_quality.png", "loss_vs_context.png")
+DIAGNOSTIC_PLOTS = tuple(f"diag_{key}.png" for key in DIAGNOSTIC_KEYS)
+PLOTS = (*BASE_PLOTS, *DIAGNOSTIC_PLOTS)  # the diagnostic ones only where the sweep evaluates (plot_names)
 MATCHED = {
     "params": "non-embedding parameters",
     "flops": "training FLOPs per token (without the output layer's)",
@@ -56,6 +68,9 @@ MATCHED = {
 def csv_text(rows: list[dict]) -> str:
     at = CSV_FIELDS.index("eval_bits_per_char") + 1
     fields = [*CSV_FIELDS[:at], *(length_key(n) for n in evaluated_lengths(rows)), *CSV_FIELDS[at:]]
+    if any(key in row for row in rows for key in DIAGNOSTIC_KEYS):  # a sweep with `eval: false` has none
+        at = fields.index("task_item_accuracy") + 1
+        fields[at:at] = [*DIAGNOSTIC_KEYS, "diagnostics_note"]
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
@@ -75,21 +90,11 @@ def format_cell(mean: float | None, std: float | None, fmt: str) -> str:
     return text if std is None else f"{text} ± {fmt.format(std)}"
 
 
-def _row(entry: dict, columns: list[tuple], reference: dict | None) -> str:
+def _row(entry: dict, columns: list[tuple]) -> str:
     name = (
         entry["variant"] + (" †" if entry["budget_changes"] else "") + (" ‡" if entry.get("resized") else "")
     )
-    cells = []
-    for key, _, fmt, _ in columns:
-        cell = format_cell(*entry[key], fmt)
-        if (
-            reference is not None
-            and entry is not reference
-            and is_quality(key)
-            and exceeds_spread(entry, reference, key)
-        ):
-            cell += " " + SPREAD_MARK
-        cells.append(cell)
+    cells = [format_cell(*entry[key], fmt) for key, _, fmt, _ in columns]
     status = entry["status"]
     if entry.get("eval_note", "").startswith("evaluation failed"):
         status += f" ({entry['eval_note']})"
@@ -98,7 +103,7 @@ def _row(entry: dict, columns: list[tuple], reference: dict | None) -> str:
     )
 
 
-def _footnotes(table: list[dict], reference: dict | None) -> list[str]:
+def _footnotes(table: list[dict]) -> list[str]:
     lines = [
         f"† {e['variant']} changes the shared budget/data: {e['budget_changes']}"
         for e in table
@@ -107,21 +112,84 @@ def _footnotes(table: list[dict], reference: dict | None) -> list[str]:
     lines += [f"‡ {e['variant']}: {e['resized']}" for e in table if e.get("resized")]
     skipped = [e for e in table if e.get("eval_note") and not e["eval_note"].startswith("evaluation failed")]
     lines += [f"{e['variant']}: {e['eval_note']} (blank above)" for e in skipped]
-    if reference is not None and any(e["ok"] > 1 for e in table):
-        name = reference["variant"]
-        lines.append(
-            f"{SPREAD_MARK} a loss or accuracy that differs from {name}'s (the first variant) by more than the seed "
-            f"spread: |mean − mean of {name}| > std + std of {name}, i.e. the ±1 std bars do not overlap; it needs "
-            "2 or more seeds on both sides, and is a rough screen, not a significance test"
-        )
     return lines
+
+
+def differences(table: list[dict], reference: dict) -> dict[str, dict[str, Difference]]:
+    """Per tested loss column: each variant with 2 or more finished seeds against the reference
+    (Welch's t-test, Holm-corrected across the variants of that column)."""
+    tests = {}
+    for key in TESTED_KEYS:
+        samples = {e["variant"]: e.get("samples", {}).get(key, []) for e in table}
+        found = compare_all(samples, reference["variant"]) if len(samples[reference["variant"]]) >= 2 else {}
+        if found:
+            tests[key] = found
+    return tests
+
+
+def _difference_cells(test: Difference | None, seeds: int) -> list[str]:
+    if test is None:
+        return ["needs 2+ seeds" if seeds < 2 else "–", ""]
+    cells = [f"{test.difference:+.4f} [{test.low:+.4f}, {test.high:+.4f}]", f"{test.p_holm:.2g}"]
+    return [f"**{cell}**" for cell in cells] if test.significant else cells
+
+
+def differences_section(table: list[dict], reference: dict | None) -> list[str]:
+    """The "Differences from <reference>" table: per tested loss, mean(variant) − mean(reference)
+    with its Welch interval and Holm-adjusted p; empty when no variant can be tested."""
+    if reference is None:
+        return []
+    tests = differences(table, reference)
+    if not tests:
+        return []
+    headings = {key: heading for key, heading, *_ in columns_for([])}
+    name = reference["variant"]
+    header = ["variant", "seeds"]
+    for key in tests:
+        header += [f"{headings[key]}: difference [{CONFIDENCE:.0%} CI]", "p (Holm)"]
+    lines = [
+        f"## Differences from {name}",
+        "",
+        f"Welch's t-test of each variant's seeds against {name}'s, p Holm-corrected across the variants of each "
+        f"column; **bold**: significant at p < {LEVEL:g}.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|---|---:|" + "---|---:|" * len(tests),
+    ]
+    for entry in table:
+        if entry is reference:
+            continue
+        cells = [entry["variant"], str(entry["ok"])]
+        for key, found in tests.items():
+            cells += _difference_cells(found.get(entry["variant"]), len(entry["samples"][key]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def diagnostics_section(table: list[dict]) -> list[str]:
+    """The "Diagnostics" table: per variant the mean ± std over seeds of each run's diagnostics;
+    – where no run of the variant has them (a synthetic task, a failure, not yet computed)."""
+    if not any("diagnostics" in e for e in table):
+        return []
+    lines = [
+        "## Diagnostics",
+        "",
+        "| variant | " + " | ".join(heading for _, heading, _ in DIAGNOSTIC_COLUMNS) + " | seeds |",
+        "|---|" + "---|" * len(DIAGNOSTIC_COLUMNS) + "---:|",
+    ]
+    for entry in table:
+        found = entry.get("diagnostics") or {}
+        cells = [format_cell(*found.get(key, (None, None)), fmt) for key, _, fmt in DIAGNOSTIC_COLUMNS]
+        lines.append(f"| {entry['variant']} | " + " | ".join(cells) + f" | {entry['ok']}/{entry['runs']} |")
+    notes = [f"{e['variant']}: {e['diagnostics_note']}" for e in table if e.get("diagnostics_note")]
+    return [*lines, "", *notes, *([""] if notes else [])]
 
 
 def markdown_table(
     table: list[dict], title: str = "", notes: Sequence[str] = (), reference: str | None = None
 ) -> str:
-    """The per-variant table; `reference`: the variant marked differences are measured against
-    (default the first row)."""
+    """The per-variant table, the differences from the reference and the diagnostics; `reference`:
+    the variant the differences are measured against (default the first row)."""
     every = columns_for(evaluated_lengths(table))
     columns = [c for c in every if any(entry.get(c[0], (None, None))[0] is not None for entry in table)]
     ref = next(
@@ -130,9 +198,11 @@ def markdown_table(
     header = ["variant", *(heading for _, heading, _, _ in columns), "seeds", "status"]
     lines = [f"# {title}", ""] if title else []
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += [_row(entry, columns, ref) for entry in table]
-    footnotes = _footnotes(table, ref)
+    lines += [_row(entry, columns) for entry in table]
+    footnotes = _footnotes(table)
     lines += ["", *footnotes, ""] if footnotes else [""]
+    lines += differences_section(table, ref)
+    lines += diagnostics_section(table)
     lines += [f"- {note}" for note in notes]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -163,6 +233,15 @@ def standard_notes(rows: list[dict], table: list[dict], sweep: Sweep | None) -> 
             f"held-out loss, bits/char, loss @ L: minitx.evaluation on each run's best checkpoint, the run's "
             f"validation text ({bound}) scored in non-overlapping windows of L tokens (block_size for the held-out "
             "loss); task exact match and item accuracy: a fresh, seeded test set of the run's synthetic task"
+        )
+    if sweep is not None and sweep.evaluation.enabled:
+        notes.append(
+            "diagnostics: eval_runs.diagnose_run on each run's last checkpoint, 100 sequences of min(64, block_size) "
+            "tokens of its validation text through each kind's materialised attention: first-token share (attention "
+            "on position 0, mean over heads, then layers), sink rate (share of layer-heads whose mean attention on "
+            "key 0 exceeds 0.3), massive activations (the largest per-layer max/median |h| of the residual stream), "
+            "attention entropy (per query, over the log of the keys it sees); – where a run has none: a synthetic "
+            "task (toy, mqar, needle) has no held-out text"
         )
     if sweep is not None and sweep.match:
         notes.append(
@@ -201,4 +280,12 @@ def write_results(
     plots.loss_curves(table, output / PLOTS[0])
     plots.cost_quality(table, output / PLOTS[1])
     plots.loss_vs_context(table, evaluated_lengths(rows), output / PLOTS[2])
+    if any("diagnostics" in entry for entry in table):
+        for key, heading, _ in DIAGNOSTIC_COLUMNS:
+            plots.diagnostic_bars(table, key, heading, output / f"diag_{key}.png")
     return table
+
+
+def plot_names(sweep: Sweep | None) -> tuple[str, ...]:
+    """The plots write_results draws for this sweep: no diagnostics where it does not evaluate."""
+    return PLOTS if sweep is None or sweep.evaluation.enabled else BASE_PLOTS

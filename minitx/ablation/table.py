@@ -1,16 +1,22 @@
 """The numbers of a sweep: one row per run (collect), then mean and spread per variant (aggregate),
-and which differences from the reference variant exceed the seed spread."""
+with each variant's seed values of the tested losses kept for the significance tests (report.py)."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
+import yaml
+
+from ..data.config import TASKS
 from ..fileio import read_json
-from .eval_runs import evaluate_run
+from .analysis import DIAGNOSTIC_KEYS
+from .design_report import DIAGNOSTIC_NAMES
+from .eval_runs import DIAGNOSTICS_FILE, evaluate_run, read_diagnostics
 from .runner import RUN_FILE, SUMMARY_FILE, Run
-from .sweep import EvalSettings
+from .sweep import EvalSettings, Sweep, Variant
 
 # (column in results.csv, heading in results.md, format, higher is better? None: not a quality)
 COLUMNS = [
@@ -35,6 +41,14 @@ EVAL_COLUMNS = [
     ("task_item_accuracy", "task item accuracy", "{:.3f}", True),
 ]
 
+
+# The losses each variant is tested on against the reference (Welch over seeds, report.py).
+TESTED_KEYS = ("final_val_loss", "eval_loss")
+# Diagnostics of each run (eval_runs.diagnose_run), means over seeds: the designed sweep's own
+# list and names, so that both reports say the same thing.
+DIAGNOSTIC_COLUMNS = [
+    (key, DIAGNOSTIC_NAMES[key], "{:,.1f}" if key == "massive_ratio" else "{:.3f}") for key in DIAGNOSTIC_KEYS
+]
 
 QUALITY_KEYS = (
     "final_val_loss",
@@ -79,6 +93,40 @@ def eval_fields(record: dict | None) -> dict[str, Any]:
     return fields
 
 
+def data_source(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> str | None:
+    """The data.source a variant's runs train on: base, shared overrides, the variant's, then a
+    `--data.source` given after -- (None: the training command's default, a text)."""
+    source = ((yaml.safe_load(sweep.base_text) or {}).get("data") or {}).get("source")
+    for overrides in (sweep.overrides, variant.overrides):
+        section = overrides.get("data")
+        if isinstance(section, dict):
+            source = section.get("source", source)
+        source = overrides.get("data.source", source)
+    for i, arg in enumerate(extra):
+        if arg == "--data.source" and i + 1 < len(extra):
+            source = extra[i + 1]
+        elif arg.startswith("--data.source="):
+            source = arg.partition("=")[2]
+    return None if source is None else str(source)
+
+
+def is_synthetic(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> bool:
+    """A synthetic task (toy, mqar, needle): no held-out text for the diagnostics to read."""
+    return data_source(sweep, variant, extra) in TASKS
+
+
+def diagnostic_fields(run: Run, evaluation: EvalSettings) -> dict[str, Any]:
+    """A run's cached diagnostics as row fields (None where it has none); nothing when the sweep
+    does not evaluate, so such a sweep's table and csv stay as they were."""
+    if not evaluation.enabled:
+        return {}
+    found = read_diagnostics(run) or {}
+    fields: dict[str, Any] = {key: found.get(key) for key in DIAGNOSTIC_KEYS}
+    cached = read_json(run.directory / DIAGNOSTICS_FILE) or {}
+    fields["diagnostics_note"] = "" if found else cached.get("error", "")
+    return fields
+
+
 def _status(run: Run, record: dict, summary: dict | None) -> tuple[str, str]:
     if summary is not None:
         return "ok", ""
@@ -119,6 +167,7 @@ def collect(runs: list[Run], evaluation: EvalSettings | None = None) -> list[dic
             curve=summary.get("curve", []),
         )
         row.update(eval_fields(evaluate_run(run, evaluation or EvalSettings(), compute=False)))
+        row.update(diagnostic_fields(run, evaluation or EvalSettings()))
         rows.append(row)
     return rows
 
@@ -181,6 +230,13 @@ def aggregate(rows: list[dict]) -> list[dict]:
         }
         for key in keys:
             entry[key] = mean_std([r.get(key) for r in ok])
+        # The seed values themselves: a test needs more than a mean and a spread.
+        entry["samples"] = {key: [r[key] for r in ok if r.get(key) is not None] for key in TESTED_KEYS}
+        if any(key in r for r in runs for key in DIAGNOSTIC_KEYS):
+            entry["diagnostics"] = {key: mean_std([r.get(key) for r in ok]) for key in DIAGNOSTIC_KEYS}
+            entry["diagnostics_note"] = "; ".join(
+                dict.fromkeys(r["diagnostics_note"] for r in ok if r.get("diagnostics_note"))
+            )
         entry["curve"] = mean_curve([r["curve"] for r in ok])
         entry["memory_kind"] = ", ".join(sorted({r["memory_kind"] for r in ok if r["memory_kind"]}))
         entry["eval_note"] = "; ".join(dict.fromkeys(r["eval_note"] for r in ok if r.get("eval_note")))
@@ -191,12 +247,3 @@ def aggregate(rows: list[dict]) -> list[dict]:
 def is_quality(key: str) -> bool:
     """Columns of what a model learned (losses, accuracies): the ones seeds make noisy."""
     return key in QUALITY_KEYS or key.startswith(length_key(0)[:-1])
-
-
-def exceeds_spread(entry: dict, reference: dict, key: str) -> bool:
-    """True when the variant's mean differs from the reference's by more than the sum of the two
-    sample standard deviations (so each needs 2 or more seeds): the ±1 std bars do not overlap."""
-    (mean, std), (ref_mean, ref_std) = entry.get(key, (None, None)), reference.get(key, (None, None))
-    if None in (mean, std, ref_mean, ref_std):
-        return False
-    return abs(mean - ref_mean) > std + ref_std

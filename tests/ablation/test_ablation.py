@@ -120,6 +120,13 @@ def test_sweep_end_to_end_with_a_failing_variant_then_a_rerun_that_skips_finishe
         and not (output / "runs" / "broken-seed5" / "evaluation.json").exists()
     )
     assert "held-out loss" in table and "loss @ 64" in table
+    # ... and diagnosed on its held-out text: the figures in its row, a table and a plot per figure.
+    for name in ("mha", "gqa"):
+        assert 0 <= float(rows[name]["first_token_share"]) <= 1 and 0 <= float(rows[name]["entropy"]) <= 1
+        assert float(rows[name]["massive_ratio"]) >= 1 and rows[name]["diagnostics_note"] == ""
+        assert (output / "runs" / f"{name}-seed5" / "diagnostics.json").is_file()
+    assert rows["broken"]["sink_rate"] == "" and "## Diagnostics" in table
+    assert all((output / name).is_file() for name in ablation.PLOTS)
     # Every run read the sweep's own copy of the base config, not the (editable) original.
     base = yaml.safe_load(sweep.read_text())["base"]
     assert yaml.safe_load((output / "base_config.yaml").read_text()) == base
@@ -135,7 +142,7 @@ def test_sweep_end_to_end_with_a_failing_variant_then_a_rerun_that_skips_finishe
     finished = {
         (name, file): (output / "runs" / f"{name}-seed5" / file).stat().st_mtime_ns
         for name in ("mha", "gqa")
-        for file in ("run.json", "evaluation.json")
+        for file in ("run.json", "evaluation.json", "diagnostics.json")
     }
     capsys.readouterr()
     assert ablate_main(["--config", str(sweep), "--output", str(output)]) == 0
@@ -146,6 +153,7 @@ def test_sweep_end_to_end_with_a_failing_variant_then_a_rerun_that_skips_finishe
         and "start  broken seed 5" in printed
     )
     assert "eval   mha" not in printed and "eval   gqa" not in printed  # cached: not evaluated again
+    assert "diagnostics of" not in printed
     for (name, file), mtime in finished.items():
         assert (output / "runs" / f"{name}-seed5" / file).stat().st_mtime_ns == mtime, (name, file)
     assert {row["variant"]: row["status"] for row in read_rows(output)} == {
@@ -340,39 +348,215 @@ def test_match_refuses_what_no_mlp_width_can_reach(tmp_path, capsys):
 # ------------------------------------------------------------------------------ seeds
 
 
-def test_differences_beyond_the_seed_spread_are_marked():
-    def rows(variant, losses, speed):
-        return [
-            dict(
-                {key: None for key, *_ in ablation.COLUMNS},
-                variant=variant,
-                status="ok",
-                error="",
-                best_val_loss=loss,
-                tokens_per_s=speed,
-                curve=[],
-                memory_kind=None,
-                budget_changes="",
-            )
-            for loss in losses
-        ]
-
-    table = ablation.aggregate(
-        [
-            *rows("ref", [2.0, 2.2], 100.0),
-            *rows("far", [2.6, 2.8], 50.0),
-            *rows("near", [2.15, 2.35], 100.0),
-            *rows("one", [3.0], 100.0),
-        ]
+def planted_runs(directory: Path, losses: dict[str, list[float]], base_text: str = "model: {}\n") -> list:
+    """Finished runs without training: per variant one run per loss given (its final val loss),
+    each with a summary and checkpoint files, as a sweep of that many seeds leaves them."""
+    seeds = max(len(values) for values in losses.values())
+    sweep = ablation.Sweep(
+        base_text=base_text, overrides={}, variants=[ablation.Variant(name, {}) for name in losses]
     )
-    text = ablation.markdown_table(table)
-    lines = {line.split(" |")[0][2:]: line for line in text.splitlines() if line.startswith("| ")}
-    # far: |2.7 - 2.1| = 0.6 > 0.141 + 0.141; near: 0.15 < 0.283; one seed has no spread to compare.
-    assert "2.7000 ± 0.1414 * |" in lines["far"] and "*" not in lines["near"] and "*" not in lines["one"]
+    runs = []
+    for run in ablation.plan_runs(sweep, directory, seeds=seeds):
+        values = losses[run.variant.name]
+        if run.seed - sweep.seed >= len(values):
+            continue  # fewer seeds than the others: never run
+        loss = values[run.seed - sweep.seed]
+        (run.directory / "checkpoints").mkdir(parents=True)
+        for name in ("best.ckpt", "last.ckpt"):
+            (run.directory / "checkpoints" / name).write_bytes(b"weights")
+        summary = {"block_size": 16, "final_val_loss": loss, "best_val_loss": loss, "curve": []}
+        (run.directory / ablation.SUMMARY_FILE).write_text(json.dumps(summary))
+        runs.append(run)
+    return runs
+
+
+def sweep_of(runs: list, **settings) -> "ablation.Sweep":
+    return ablation.Sweep(
+        base_text="",
+        overrides={},
+        variants=list({r.variant.name: r.variant for r in runs}.values()),
+        **settings,
+    )
+
+
+def plant_evaluations(runs: list, monkeypatch, shift: float) -> None:
+    """Each run's held-out loss: its final val loss + shift, through the evaluation cache."""
+    by_dir = {str(r.directory): json.loads((r.directory / ablation.SUMMARY_FILE).read_text()) for r in runs}
+
+    def fake_evaluate(path, lengths=None, max_tokens=None, trust_kind_modules=()):
+        loss = by_dir[str(Path(path).parents[1])]["final_val_loss"] + shift
+        return {"loss": loss, "bits_per_char": loss / math.log(2), "by_length": {"16": {"loss": loss}}}
+
+    monkeypatch.setattr(eval_runs, "evaluate_checkpoint", fake_evaluate)
+    eval_runs.evaluate_runs(runs, ablation.EvalSettings(), log=lambda line: None)
+
+
+REF = [2.00, 2.01, 2.02]
+SEEDS = {
+    "ref": REF,
+    "far": [2.10, 2.11, 2.12],  # 0.1 worse, tight: significant after Holm
+    "near": [2.00, 2.03, 1.99],  # the reference's level: not significant
+    # Welch p 0.0065 (< 0.01 alone), Holm's x2 lifts it to 0.013 (Student's p would be 0.0022)
+    "edge": [2.05, 2.055, 2.06],
+    "one": [1.5],  # one seed: no test
+}
+
+
+def differences_table(text: str) -> dict[str, list[str]]:
+    section = text.split("## Differences from ref", 1)[1].split("\n## ", 1)[0]
+    rows = [
+        line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| variant")
+    ]
+    return {cells[0]: cells[1:] for cells in ([c.strip() for c in row.strip("|").split("|")] for row in rows)}
+
+
+def test_differences_from_the_reference_are_welch_tests_holm_corrected(tmp_path, monkeypatch):
+    from scipy import stats
+
+    runs = planted_runs(tmp_path, SEEDS)
+    plant_evaluations(runs, monkeypatch, shift=0.5)
+    ablation.write_results(runs, tmp_path, sweep=sweep_of(runs))
+    text = (tmp_path / "results.md").read_text()
+    table = differences_table(text)
+    # Holm by hand: the smallest of m p-values times m, the next times m - 1, never decreasing.
+    raw = {n: stats.ttest_ind(SEEDS[n], REF, equal_var=False).pvalue for n in ("far", "near", "edge")}
+    holm = {"far": 3 * raw["far"]}
+    holm["edge"] = max(holm["far"], 2 * raw["edge"])
+    holm["near"] = max(holm["edge"], raw["near"])
+    assert raw["edge"] < 0.01 < holm["edge"]  # the case where the correction decides
+    assert set(table) == {"far", "near", "edge", "one"}  # the reference is not compared with itself
+    # Both losses are tested, each with its difference, its 95% interval and Holm's p.
+    far = table["far"]
+    assert far[0] == "3" and far[1].startswith("**+0.1000 [+0.0") and far[2] == f"**{holm['far']:.2g}**"
+    assert far[3] == far[1] and far[4] == far[2]  # held-out loss: the same differences, shifted alike
+    low, high = (float(x) for x in far[1].strip("*").split("[")[1].rstrip("]").split(","))
+    half = stats.t.ppf(0.975, 4) * math.sqrt(2 * 0.01**2 / 3)  # equal spreads: Welch's df is 4
+    assert (low, high) == (pytest.approx(0.1 - half, abs=1e-4), pytest.approx(0.1 + half, abs=1e-4))
+    assert "**" not in "".join(table["near"]) and table["near"][2] == f"{holm['near']:.2g}"
+    assert "**" not in "".join(table["edge"]) and table["edge"][2] == f"{holm['edge']:.2g}"
+    assert table["edge"][1].startswith("+0.0450 [")
+    assert table["one"][:2] == ["1", "needs 2+ seeds"]
+    assert "| held-out loss: difference [95% CI] | p (Holm) |" in text
+    assert "significant at p < 0.01" in text
+    # The spread screen is gone: no marks in the main table, no note about it.
+    main = text.split("## Differences", 1)[0]
+    assert " * |" not in main and "std + std" not in text
+    # results.csv: still one row per run.
+    assert len(read_rows(tmp_path)) == len(runs) == 13
+
+
+def test_no_differences_section_without_two_seeds_on_both_sides(tmp_path):
+    runs = planted_runs(tmp_path, {"ref": [2.0], "other": [2.5, 2.6]})
+    ablation.write_results(
+        runs, tmp_path, sweep=sweep_of(runs, evaluation=ablation.EvalSettings(enabled=False))
+    )
+    assert "Differences from" not in (tmp_path / "results.md").read_text()
+
+
+# ------------------------------------------------------------------------------ diagnostics
+
+
+def fake_diagnostics(calls: list):
+    """eval_runs.diagnose without a model: figures from the run's seed; a run named bad- fails."""
+
+    def diagnose(checkpoint, trust_kind_modules=()):
+        run = Path(checkpoint).parents[1].name
+        calls.append(run)
+        if run.startswith("bad-"):
+            raise RuntimeError("no maps\nhere")
+        odd = int(run.rsplit("seed", 1)[1]) % 2
+        return {"first_token_share": 0.4 + 0.1 * odd, "sink_rate": 0.5, "massive_ratio": 1000.0 * (odd + 1),
+                "entropy": 0.7, "loss_by_position": [1.0]}  # fmt: skip
+
+    return diagnose
+
+
+def test_diagnostics_of_every_run_in_a_plain_sweep(tmp_path, monkeypatch):
+    from minitx.ablation.command import diagnose_runs
+
+    calls: list = []
+    monkeypatch.setattr(eval_runs, "diagnose", fake_diagnostics(calls))
+    runs = planted_runs(tmp_path, {"good": [2.0, 2.1], "bad": [2.2]})
+    sweep = sweep_of(runs)
+    diagnose_runs(runs, sweep, log=lambda line: None)
+    assert calls == ["good-seed1337", "good-seed1338", "bad-seed1337"]
+    diagnose_runs(runs, sweep, log=lambda line: None)
+    assert len(calls) == 4 and calls[-1] == "bad-seed1337"  # cached; a failure is retried
+
+    ablation.write_results(runs, tmp_path, sweep=sweep)
+    text = (tmp_path / "results.md").read_text()
+    section = text.split("## Diagnostics", 1)[1]
     assert (
-        "*" not in lines["ref"] and "50 ± 0 |" in lines["far"]
-    )  # costs are not marked, only losses and accuracies
-    assert "std + std of ref" in text
+        "| first-token share | sink rate | massive act. (max/median) | attention entropy (normalised) |"
+        in section
+    )
+    # Mean ± std over the two seeds; the failed run's row is – with its error under the table.
+    assert "| good | 0.450 ± 0.071 | 0.500 ± 0.000 | 1,500.0 ± 707.1 | 0.700 ± 0.000 | 2/2 |" in section
+    assert "| bad | – | – | – | – | 1/1 |" in section
+    assert "bad: diagnostics failed: no maps here" in section
+    rows = read_rows(tmp_path)
+    assert [r["first_token_share"] for r in rows] == ["0.5", "0.4", ""]
+    assert [r["massive_ratio"] for r in rows] == ["2000.0", "1000.0", ""]
+    assert rows[2]["diagnostics_note"] == "diagnostics failed: no maps here"
+    for name in ablation.PLOTS:
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_no_diagnostics_for_synthetic_tasks_nor_without_evaluation(tmp_path, monkeypatch):
+    from minitx.ablation.command import diagnose_runs
+    from minitx.ablation.report import BASE_PLOTS, DIAGNOSTIC_PLOTS
+
+    calls: list = []
+    monkeypatch.setattr(eval_runs, "diagnose", fake_diagnostics(calls))
+    toy = planted_runs(tmp_path / "toy", {"mha": [2.0, 2.1]}, base_text="data: {source: toy}\n")
+    sweep = ablation.Sweep(base_text="data: {source: toy}\n", overrides={}, variants=[toy[0].variant])
+    diagnose_runs(toy, sweep, log=lambda line: None)
+    assert calls == []  # a synthetic task has no held-out text to read
+    ablation.write_results(toy, tmp_path / "toy", sweep=sweep)
+    assert "| mha | – | – | – | – | 2/2 |" in (tmp_path / "toy" / "results.md").read_text()
+    assert read_rows(tmp_path / "toy")[0]["sink_rate"] == ""
+    # A variant that switches a text sweep to a task, and a task given after --, are tasks too.
+    text_sweep = ablation.Sweep(base_text="data: {source: files}\n", overrides={}, variants=[])
+    assert not ablation.table.is_synthetic(text_sweep, ablation.Variant("v", {}))
+    assert ablation.table.is_synthetic(text_sweep, ablation.Variant("v", {"data.source": "mqar"}))
+    assert ablation.table.is_synthetic(text_sweep, ablation.Variant("v", {}), ["--data.source", "needle"])
+
+    # eval: false keeps the old report: nothing diagnosed, no section, columns or plots.
+    plain = planted_runs(tmp_path / "plain", {"mha": [2.0]})
+    off = sweep_of(plain, evaluation=ablation.EvalSettings(enabled=False))
+    diagnose_runs(plain, off, log=lambda line: None)
+    ablation.write_results(plain, tmp_path / "plain", sweep=off)
+    assert calls == [] and "Diagnostics" not in (tmp_path / "plain" / "results.md").read_text()
+    assert "sink_rate" not in read_rows(tmp_path / "plain")[0]
+    assert ablation.report.plot_names(off) == BASE_PLOTS
+    assert not any((tmp_path / "plain" / name).exists() for name in DIAGNOSTIC_PLOTS)
+
+
+def test_report_only_reads_cached_diagnostics_and_computes_none(tmp_path, monkeypatch, capsys):
+    from minitx.ablation.command import diagnose_runs
+
+    path = write_sweep(
+        tmp_path, [{"name": "mha"}, {"name": "mqa", "overrides": {"model.attention.kind": "mqa"}}]
+    )
+    output = tmp_path / "out"
+    sweep = ablation.load_sweep(path)
+    runs = ablation.plan_runs(sweep, output, seeds=1)
+    for run in runs:
+        (run.directory / "checkpoints").mkdir(parents=True)
+        (run.directory / "checkpoints" / "last.ckpt").write_bytes(b"weights")
+        (run.directory / ablation.SUMMARY_FILE).write_text(json.dumps({"final_val_loss": 2.0, "curve": []}))
+    calls: list = []
+    monkeypatch.setattr(eval_runs, "diagnose", fake_diagnostics(calls))
+    diagnose_runs(runs[:1], sweep, log=lambda line: None)  # mha's cached; mqa's never computed
+    calls.clear()
+    assert ablate_main(["--config", str(path), "--output", str(output), "--report-only"]) == 0
+    assert calls == []
+    section = (output / "results.md").read_text().split("## Diagnostics", 1)[1]
+    assert (
+        "| mha | 0.500 | 0.500 | 2,000.0 | 0.700 | 1/1 |" in section
+        and "| mqa | – | – | – | – | 1/1 |" in section
+    )
+    assert "diag_sink_rate.png" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------------ evaluation after each run
