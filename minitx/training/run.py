@@ -17,13 +17,14 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
 from ..checkpoint import BEST, LAST, load_file, remove_stale_temporaries
 from ..errors import UserError
 from ..fileio import copy_atomically, write_atomically
+from .progress import progress_callback
 
 DEFAULT_ROOT = "runs"
 
@@ -108,6 +109,11 @@ def trainer_arguments(run: RunSettings, config: dict[str, Any]) -> dict[str, Any
             run.checkpoint_dir, run.checkpoint_every_n_steps, run.keep_every_n_steps, run.keep_steps or ()
         )
     ]
+    if config.get("enable_progress_bar") is not False and not any(
+        isinstance(callback, ProgressBar) for callback in config["callbacks"]
+    ):
+        # Ours counts steps out of max_steps, and writes lines where stdout is no terminal.
+        config["callbacks"].append(progress_callback())
     plugins = config.get("plugins") or []
     config["plugins"] = (list(plugins) if isinstance(plugins, list) else [plugins]) + [AtomicCheckpointIO()]
     if config.get("logger") in (None, True):
