@@ -52,7 +52,7 @@ from minitx.attention.local import LocalAttention
 from minitx.attention.mta import triton_launch as mta_triton
 from minitx.attention.mta.layer import FACTORISED_FROM
 from minitx.configfiles import merged
-from minitx.model import RotaryEmbedding
+from minitx.rope import RotaryEmbedding
 
 MiB = 2**20
 

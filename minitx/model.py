@@ -17,6 +17,7 @@ from . import attention, decoding
 from .cache import KVCache, ModelCache
 from .config import ModelConfig
 from .documents import Documents
+from .rope import RotaryEmbedding, rotary_table, shared_tables  # noqa: F401  (RotaryEmbedding: its old home)
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
@@ -48,36 +49,6 @@ class MLP(nn.Module):
         return self.dropout(self.down(h))
 
 
-class RotaryEmbedding(nn.Module):
-    """Rotation tables for RoPE: the pair (x[i], x[i + D/2]) turns by position * base^(-2i/D).
-
-    Stored at full width, cos = [cos, cos] and sin = [-sin, sin], shaped (T, D), so that a rotation
-    is three ops (see `apply_rope`).
-    The table grows past block_size when decoding slides on.
-    """
-
-    def __init__(self, head_dim: int, block_size: int, base: float = 10000.0):
-        super().__init__()
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self._build(block_size)
-
-    def _build(self, length: int) -> None:
-        # Outside inference mode even when decoding grows the table: a table made of inference
-        # tensors could not be used for training afterwards.
-        with torch.inference_mode(False):
-            positions = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)
-            angles = torch.outer(positions, self.inv_freq)
-            cos, sin = angles.cos(), angles.sin()
-            self.register_buffer("cos", torch.cat([cos, cos], dim=-1), persistent=False)
-            self.register_buffer("sin", torch.cat([-sin, sin], dim=-1), persistent=False)
-
-    def forward(self, start: int, length: int) -> tuple[Tensor, Tensor]:
-        if start + length > self.cos.shape[0]:  # decoding past block_size: double the table
-            self._build(max(2 * self.cos.shape[0], start + length))
-        return self.cos[start : start + length], self.sin[start : start + length]
-
-
 class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
@@ -100,11 +71,14 @@ class Transformer(nn.Module):
         self.pos_emb = (
             nn.Embedding(config.block_size, config.d_model) if config.positions == "learned" else None
         )
-        self.rope = (
-            RotaryEmbedding(config.head_dim, config.block_size) if config.positions == "rope" else None
-        )
+        # One rotation table per width for the whole model: the layers that rotate a width of
+        # their own (MLA's d_r) share one, and share the model's when the widths are equal.
+        with shared_tables():
+            self.rope = (
+                rotary_table(config.head_dim, config.block_size) if config.positions == "rope" else None
+            )
+            self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layer))
         self.dropout = make_dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layer))
         self.norm = make_norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from ..kinds import KindSpec, register, registry
+from ..rope import apply_rope
 from . import diff, grouped, local, mla, mta
-from .base import Attention, apply_rope
+from .base import Attention
 
 register(grouped.MHA)  # n_kv_head = n_head
 register(grouped.MQA)  # n_kv_head = 1

@@ -32,6 +32,7 @@ from .. import functional
 from ..cache import KVCache
 from ..config import ModelConfig
 from ..documents import Documents, stack_pieces
+from ..rope import apply_rope
 
 # The features `with_sink` adds to each head: the sink's, padded so that widths stay aligned.
 SINK_WIDTH = 8
@@ -56,20 +57,6 @@ def norm_float32(norm: nn.Module, x: Tensor) -> Tensor:
     """An RMSNorm of float32 weights over x in float32, returned in x's dtype: under bf16 autocast
     the projections hand it bf16, which the fused kernel refuses beside float32 weights."""
     return norm(x.float()).to(x.dtype)
-
-
-def apply_rope(x: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
-    """Rotate each pair (x[..., i], x[..., i + D/2]) of x (B, heads, T, D) by position * freq_i:
-
-        [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin] = x * [cos, cos] + [x2, x1] * [-sin, sin]
-
-    where [x2, x1] is x rolled by D/2. Three ops, which matters when decoding one token at a time.
-    """
-    if rope is None:
-        return x
-    cos, sin = rope  # (T, D) each, from RotaryEmbedding
-    x32 = x.float()  # rotate in float32 under bf16 autocast too
-    return torch.addcmul(x32 * cos, x32.roll(x.shape[-1] // 2, dims=-1), sin).type_as(x)
 
 
 class Attention(nn.Module):

@@ -38,7 +38,8 @@ from ..cache import KVCache
 from ..config import ModelConfig
 from ..documents import Documents, masked_attention
 from ..kinds import KindSpec, OptionError, fail
-from .base import Attention, apply_rope, norm_float32
+from ..rope import apply_rope, rotary_table
+from .base import Attention, norm_float32
 
 NORM_EPS = 1e-6  # the latents' RMSNorm eps: DeepSeek's, and minitx's everywhere else
 
@@ -129,9 +130,8 @@ class MultiHeadLatentAttention(Attention):
         self.kv_up = nn.Linear(self.rank, H * (self.nope_dim + self.v_dim), bias=False)
         self.out_proj = nn.Linear(H * self.v_dim, d, bias=config.bias)
         # RoPE over d_r features: the model's table turns head_dim features, at other frequencies.
-        from ..model import RotaryEmbedding  # here, not at the top: model.py imports the kinds
-
-        self.rotary = RotaryEmbedding(self.rope_dim, config.block_size)
+        # Built inside a Transformer, every MLA layer of the model gets the same table (rotary_table).
+        self.rotary = rotary_table(self.rope_dim, config.block_size)
 
     @property
     def scale(self) -> float:

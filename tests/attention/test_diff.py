@@ -30,7 +30,7 @@ from minitx.attention import build
 from minitx.attention.diff import DifferentialAttention, lambda_init_at
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import UserError
-from minitx.model import RotaryEmbedding
+from minitx.rope import RotaryEmbedding
 from minitx.verify import cached_logits
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")

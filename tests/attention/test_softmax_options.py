@@ -21,7 +21,7 @@ import torch
 from minitx import AttentionConfig, ModelConfig, functional
 from minitx.attention import build
 from minitx.errors import UserError
-from minitx.model import RotaryEmbedding
+from minitx.rope import RotaryEmbedding
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")
 

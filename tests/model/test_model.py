@@ -14,16 +14,19 @@ to replay one.
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import minitx.rope
 from minitx import AttentionConfig, ModelConfig, Transformer, attention, verify
-from minitx.attention import apply_rope, local
+from minitx.attention import local
 from minitx.attention.mta.layer import MTACache, MultiTokenAttention
 from minitx.cache import KVCache
-from minitx.model import RotaryEmbedding
+from minitx.rope import RotaryEmbedding, apply_rope
 from minitx.verify import perturb_identity_parts
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")
@@ -278,6 +281,29 @@ def test_rope_matches_complex_rotation(start, length):
 
     assert score(3, 11) == pytest.approx(score(10, 18), abs=1e-5)
     assert score(11, 3) == pytest.approx(score(18, 10), abs=1e-5)
+
+
+def test_rope_is_a_leaf_and_a_model_builds_one_table_per_width():
+    # rope.py imports nothing of minitx's: the model and the kinds both import it, so none of
+    # them has to import another inside a function to rotate (the import circle MLA had).
+    source = Path(minitx.rope.__file__).read_text(encoding="utf-8")
+    assert not re.search(r"^\s*(from|import)\s+(\.|minitx)", source, re.MULTILINE)
+
+    def mla_model(d_model: int) -> Transformer:  # 2 heads; MLA's rotary width d_r is 16
+        return Transformer(
+            ModelConfig(
+                vocab_size=40, block_size=16, n_layer=3, d_model=d_model, n_head=2, attention={"kind": "mla"}
+            )
+        )
+
+    model = mla_model(64)  # head_dim 32: the model's table and one of d_r for all MLA layers
+    assert len({id(block.attn.rotary) for block in model.blocks}) == 1
+    assert model.blocks[0].attn.rotary is not model.rope
+    narrow = mla_model(32)  # head_dim 16 = d_r: every layer turns by the model's own table
+    assert all(block.attn.rotary is narrow.rope for block in narrow.blocks)
+    assert not any("rotary" in key or "rope" in key for key in model.state_dict())  # never saved
+    # Two models never share one: moving one to a device or dtype must not move the other's.
+    assert mla_model(64).blocks[0].attn.rotary is not model.blocks[0].attn.rotary
 
 
 # -- shapes and parameter counts -----------------------------------------------------------------------
