@@ -107,6 +107,18 @@ def test_cached_decoding_starts_each_document_afresh(name):
         assert (cached[row] - alone[row]).abs().max() < 1e-4, row
 
 
+
+def test_mta_decodes_documents_one_token_per_call():
+    # MTA's cached path takes one window of keys per row: several new tokens, each perhaps of a
+    # document of its own, are refused rather than computed against the wrong window.
+    model = build(config_for("mta-both"))
+    idx, _ = rows_of_documents(LAYOUTS[:2])
+    with torch.no_grad():
+        cache = model.new_cache(batch=2)
+        model(idx[:, :20], cache=cache)
+        with pytest.raises(ValueError, match="one token per call"):
+            model(idx[:, 20:22], cache=cache)
+
 def test_documents_mark_starts_and_positions():
     idx = torch.tensor([[5, 0, 7, 7, 0, 3], [0, 1, 2, 3, 4, 5]])
     docs = Documents.of(idx, token=0)

@@ -401,20 +401,36 @@ class MultiTokenAttention(Attention):
             self.c_k > 1 or cache.n_seen <= cache.capacity
         )  # before it wraps, slot order is position order
         keys, values = keys.to(q.dtype), values.to(q.dtype)
-        if cache.starts is not None:  # one new token (extends_in_chunks), per row of the batch:
-            # keys before its document are out of view of every row, so the rows of an earlier
-            # document see nothing and act as the convolution's zero padding, as at a sequence's start.
-            outs = [
-                self.rows(rows[o], keys[o], values[o], rows_pos, k_pos, max(first_key, s), in_order)[0]
-                for o, s in ((slice(b, b + 1), s) for b, s in enumerate(cache.starts[:, -1].tolist()))
-            ]
-            return torch.cat(outs)
+        if cache.starts is not None:
+            return self.rows_in_documents(
+                rows, keys, values, rows_pos, k_pos, first_key, in_order, cache.starts
+            )
         if self.kq_conv_post is None and in_order and self.one_call(q):
             # The usual decoding step: one C call for the scores, convolution, softmax, mixes, @ V and norm.
             visible = VisibleKeys(rows_pos, k_pos, first_key, consecutive=True)
             return self.attend_rows(rows, keys, values, self.kq_conv[:, 0], visible.lo, visible.hi)
         out, _ = self.rows(rows, keys, values, rows_pos, k_pos, first_key, consecutive=in_order)
         return out
+
+    def rows_in_documents(self, rows, keys, values, rows_pos, k_pos, first_key, in_order, starts) -> Tensor:
+        """A decoding step with documents, row by row of the batch: the keys before the document are
+        out of view of every row, so the rows of an earlier document (which see only keys before
+        their own position) see nothing and act as the convolution's zero padding, exactly as for
+        a document that began the sequence."""
+        if starts.shape[1] != 1:
+            # Several new tokens could each start a document of their own, which one window of
+            # keys per row cannot say; decoding feeds MTA one token per call (extends_in_chunks).
+            raise ValueError(
+                "MTA decodes documents one token per call (its cache's extends_in_chunks is False)"
+            )
+        outs = []
+        for b, start in enumerate(starts[:, 0].tolist()):
+            one = slice(b, b + 1)
+            out, _ = self.rows(
+                rows[one], keys[one], values[one], rows_pos, k_pos, max(first_key, start), in_order
+            )
+            outs.append(out)
+        return torch.cat(outs, dim=0)
 
     def one_call(self, q: Tensor) -> bool:
         """Whether a decoding step can be one call of the C loops (`attend_rows`): inference without
