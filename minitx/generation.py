@@ -180,6 +180,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.ckpt, map_location=device, label="--ckpt", trust_kind_modules=args.trust_kind_modules
     )
     if args.compile:
+        # The first token waits for dynamo and the compiler, silently for tens of seconds on a
+        # CPU: one line says the wait is the compile, not a hang.
+        print(
+            "generate: compiling the model (torch.compile): the first tokens wait for it, "
+            "tens of seconds on a CPU (docs/generation.md: when it pays)",
+            file=sys.stderr,
+            flush=True,
+        )
         model = torch.compile(model)  # generate's loop calls it; its caches stay the model's
     prompt_text, prompt_ids = _read_prompt(args, tokenizer)
     if not args.no_cache:

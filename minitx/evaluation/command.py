@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ..arguments import ArgumentParser, add_trust_argument
 from ..errors import UserError
-from .evaluate import SWEEP_TOKENS, evaluate_checkpoint
+from .attention_maps import DEFAULT_PROMPT, check_maps_path, draw_attention_maps
+from .evaluate import SWEEP_TOKENS, evaluate_checkpoint, usable_device
 from .report import table, write_json, write_plots
 
 
@@ -89,6 +90,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--lm-eval-include", default=None, help="a directory of your own lm-eval task YAML files"
     )
+    parser.add_argument(
+        "--attention-maps",
+        default=None,
+        metavar="FILE.png",
+        help="instead of the text evaluation, draw every layer's and head's attention over "
+        "--attention-prompt into this PNG, through each kind's materialised attention",
+    )
+    parser.add_argument(
+        "--attention-prompt",
+        default=DEFAULT_PROMPT,
+        help="the text whose attention --attention-maps draws (at most block_size tokens; default: %(default)r)",
+    )
     add_trust_argument(parser)
     return parser.parse_args(argv)
 
@@ -109,11 +122,34 @@ def check_outputs(args: argparse.Namespace) -> None:
         raise UserError(f"--plots {args.plots}: exists and is not a directory; give a directory")
 
 
+def attention_maps(args: argparse.Namespace) -> dict:
+    if args.lm_eval_tasks or args.diagnostics:
+        flag = "--lm-eval-tasks" if args.lm_eval_tasks else "--diagnostics"
+        raise UserError(f"--attention-maps: not with {flag}; run the two separately")
+    check_maps_path(args.attention_maps)
+    from ..checkpoint import load_checkpoint
+
+    model, tokenizer, _ = load_checkpoint(
+        args.ckpt,
+        map_location=usable_device(args.device),
+        label="--ckpt",
+        trust_kind_modules=args.trust_kind_modules,
+    )
+    drawn = draw_attention_maps(model, tokenizer, args.attention_prompt, args.attention_maps)
+    print(
+        f"wrote {args.attention_maps}: {drawn['layers']} layers ({', '.join(drawn['kinds'])}) x "
+        f"{drawn['heads']} heads over {drawn['tokens']} tokens"
+    )
+    return drawn
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     args = parse_args(argv)
     check_outputs(args)
     if args.lm_eval_tasks and args.diagnostics:
         raise UserError("--diagnostics: not with --lm-eval-tasks; run the two evaluations separately")
+    if args.attention_maps is not None:
+        return attention_maps(args)
     if args.lm_eval_tasks:
         from ..hf.lm_eval_adapter import (  # lm-eval is optional: imported when asked for
             evaluate_tasks,

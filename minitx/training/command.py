@@ -44,9 +44,10 @@ from .inputs import check_config
 from .interrupt import RunInterrupted, StopOnInterrupt
 from .messages import config_files, find_user_error, parse_error_message
 from .module import MinitxLM, check_model_section
-from .resume import check_resume_checkpoint, resolve_ckpt_path
+from .optim import DEFAULTS
+from .resume import check_resume_checkpoint, dict_diff, resolve_ckpt_path
 from .run import RunCheckpoints, RunSettings, run_settings, settle_run_section, trainer_arguments
-from .throughput import device_name, peak_flops
+from .throughput import device_name, peak_source
 
 
 class TrainCLI(LightningCLI):
@@ -139,7 +140,10 @@ class TrainCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         # The parsed config, before anything is built: the place for checks across sections.
         settle_run_section(
-            self.config["run"], self.config.get("config") or [], self.config["trainer"]["default_root_dir"]
+            self.config["run"],
+            self.config.get("config") or [],
+            self.config["trainer"]["default_root_dir"],
+            self.config["model"]["attention"],
         )
 
     def instantiate_classes(self) -> None:
@@ -245,10 +249,7 @@ def check_run(cli: TrainCLI, run: RunSettings) -> str | None:
     check_trainer(cli.trainer)
     ckpt_path = resolve_ckpt_path(cli.config["ckpt_path"], run.checkpoint_dir)
     if ckpt_path is None and any(run.checkpoint_dir.glob("*.ckpt")):
-        raise UserError(
-            f"run.name: {str(run.dir)!r} already holds a run; resume it with --ckpt_path last, "
-            "choose another --run.name, or delete that directory"
-        )
+        raise UserError(occupied_run_message(run, resolved_config(cli)))
     if ckpt_path is not None:
         saved = check_resume_checkpoint(
             ckpt_path, cli.model.config, cli.model.state_dict(), cli.datamodule.tokenizer
@@ -257,11 +258,43 @@ def check_run(cli: TrainCLI, run: RunSettings) -> str | None:
     return ckpt_path
 
 
+def occupied_run_message(run: RunSettings, config: dict) -> str:
+    """Why a new run may not start in `run.dir`, which holds one: another model or data is
+    given its own --run.name first (resuming would be refused), the same settings are offered
+    the resume first."""
+    try:
+        saved = yaml.safe_load((run.dir / "config.yaml").read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        saved = {}
+    # A longer max_steps is what resuming is for: not a different run.
+    sections = [
+        (
+            {**(saved.get(name) or {}), "max_steps": None},
+            {**(config.get(name) or {}), "max_steps": None},
+            name,
+        )
+        for name in ("model", "data")
+    ]
+    different = next((d for old, new, name in sections if (d := dict_diff(old, new, f"{name}."))), "")
+    if different:
+        different = different.replace(": checkpoint ", ": that run ", 1).replace(
+            ", config ", ", this one ", 1
+        )
+        return (
+            f"run.name: {str(run.dir)!r} holds a run with other settings ({different}); give this run its own "
+            f"directory with --run.name NAME (e.g. --run.name {run.name}-2), or delete that directory"
+        )
+    return (
+        f"run.name: {str(run.dir)!r} already holds a run; resume it with --ckpt_path last, "
+        "choose another --run.name, or delete that directory"
+    )
+
+
 def keep_saved_optimizer(cli: TrainCLI, ckpt_path: str, saved: str) -> None:
     """A run resumes with the optimiser its checkpoint holds the state of (AdamW's moments are not
     Muon's momentum), whatever the config says: a run of an older minitx, or one begun before
     configs/default.yaml chose Muon, continues with AdamW. Said in one line when they differ."""
-    configured = cli.model.hparams.get("optimizer", "adamw")
+    configured = cli.model.hparams.get("optimizer", DEFAULTS.optimizer)
     if saved == configured:
         return
     print(
@@ -291,10 +324,12 @@ def start_run(cli: TrainCLI, run: RunSettings, ckpt_path: str | None) -> None:
             f"minitx: {n_params / 1e6:.2f}M parameters, layers {model.config.layer_kinds}; data: {data.summary()}"
         )
         print(f"minitx: run directory {run.dir}" + (f", resuming from {ckpt_path}" if ckpt_path else ""))
-        if peak_flops(trainer.strategy.root_device) is None:
-            print(
-                f"minitx: MFU unknown (no peak FLOP/s known for {device_name(trainer.strategy.root_device)})"
-            )
+        device = trainer.strategy.root_device
+        source = peak_source(device)
+        if source is None:
+            print(f"minitx: MFU unknown (no peak FLOP/s known for {device_name(device)})")
+        elif source.startswith("measured"):  # no datasheet figure: said, since it is this machine's
+            print(f"minitx: MFU against the {source} peak of this {device_name(device)}, no datasheet figure")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

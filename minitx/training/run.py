@@ -16,12 +16,14 @@ from typing import Any
 
 import lightning as L
 import torch
+import yaml
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
 from ..checkpoint import BEST, LAST, load_file, remove_stale_temporaries
+from ..configfiles import DEFAULT_CONFIG
 from ..errors import UserError
 from ..fileio import copy_atomically, write_atomically
 from .progress import progress_callback
@@ -80,16 +82,20 @@ def run_settings(value: Any) -> RunSettings:
     return RunSettings(**(value.as_dict() if hasattr(value, "as_dict") else dict(value)))
 
 
-def settle_run_section(run: Any, config_files: list, default_root_dir: str | None) -> None:
+def settle_run_section(
+    run: Any, config_files: list, default_root_dir: str | None, attention: Any = None
+) -> None:
     """Fill in what the `run` section leaves to others, in place (a parsed section: item access).
 
-    run.name unset: the stem of the last config file. trainer.default_root_dir, Lightning's
+    run.name unset: the stem of the last config file; for the default config with another
+    attention (`--model.attention.kind local`), the kind, so that it does not collide with the
+    default run in runs/default (see default_run_name). trainer.default_root_dir, Lightning's
     place for a run's files, is honoured as the parent of run directories (run.root), since a run
     directory holds what Lightning would put there; given together with a different run.root it
     is refused, as one of the two would be ignored.
     """
     if run["name"] is None:
-        run["name"] = Path(str(config_files[-1])).stem if config_files else "default"
+        run["name"] = default_run_name(config_files, attention)
     if default_root_dir is None or str(default_root_dir) == str(run["root"]):
         return
     if str(run["root"]) != DEFAULT_ROOT:
@@ -98,6 +104,27 @@ def settle_run_section(run: Any, config_files: list, default_root_dir: str | Non
             "give only one (runs are written to <run.root>/<run.name>)"
         )
     run["root"] = str(default_root_dir)
+
+
+def default_run_name(config_files: list, attention: Any = None) -> str:
+    """The run name when none is given: the last config file's stem; for configs/default.yaml
+    with an attention other than its own, the kind or the per-layer kinds ("local",
+    "local-mta"), as configs/<kind>.yaml would be named."""
+    if not config_files:
+        return "default"
+    last = Path(str(config_files[-1]))
+    if attention is None or not (
+        last.is_file() and DEFAULT_CONFIG.is_file() and last.samefile(DEFAULT_CONFIG)
+    ):
+        return last.stem
+    default = (yaml.safe_load(DEFAULT_CONFIG.read_text(encoding="utf-8")) or {}).get("model", {})
+    default = default.get("attention") or {}
+    layers, kind = attention.get("layers"), attention.get("kind")
+    if layers and layers != default.get("layers"):
+        return "-".join(dict.fromkeys(str(layer) for layer in layers))
+    if kind and kind != default.get("kind", kind) and not layers:
+        return str(kind)
+    return last.stem
 
 
 def trainer_arguments(run: RunSettings, config: dict[str, Any]) -> dict[str, Any]:

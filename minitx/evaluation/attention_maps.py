@@ -1,0 +1,98 @@
+"""`evaluate.py --attention-maps maps.png`: every layer's and head's attention over one prompt,
+as each kind computes it materialised (Transformer.attention_maps: the weights a layer applies
+to its values, after local's window, MTA's convolutions and head mixing, diff's subtraction).
+
+One row per layer (named with its kind), one column per head; query positions down, key
+positions across. A map with negative weights (differential attention) is drawn on a diverging
+scale around 0, the others from 0 to 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+from ..fileio import write_atomically
+
+DEFAULT_PROMPT = "ROMEO:\nBut, soft! what light through yonder window breaks?"
+LABELLED_TOKENS = 40  # up to this many tokens the axes name them; beyond, only positions
+
+
+def check_maps_path(path: str) -> None:
+    """Refuse an output the drawing could not be written to, before the checkpoint is read."""
+    target = Path(path)
+    if target.is_dir():
+        raise UserError(f"--attention-maps {path}: is a directory; give a file name such as maps.png")
+    if target.suffix.lower() != ".png":
+        raise UserError(f"--attention-maps {path}: maps are drawn as PNG; give a file name ending in .png")
+    if not target.parent.is_dir():
+        raise UserError(
+            f"--attention-maps {path}: directory {str(target.parent)!r} does not exist; create it first"
+        )
+
+
+def prompt_tokens(tokenizer, prompt: str, block_size: int) -> list[int]:
+    try:
+        ids = tokenizer.encode(prompt)
+    except UserError as error:
+        raise UserError(f"--attention-prompt: {error}; give a prompt in the model's vocabulary") from None
+    if len(ids) < 2:
+        raise UserError(f"--attention-prompt: {prompt!r} is {len(ids)} token(s); give at least 2")
+    return ids[-block_size:]  # the model sees at most block_size positions
+
+
+def _label(tokenizer, token: int) -> str:
+    text = tokenizer.decode([token])
+    return text.replace("\n", "\\n") or "·"
+
+
+@torch.no_grad()
+def draw_attention_maps(model, tokenizer, prompt: str, path: str) -> dict:
+    """Draw every layer and head of `model` over `prompt` into the PNG `path`; returns what was
+    drawn (tokens, layers, heads) for the command to report."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ids = prompt_tokens(tokenizer, prompt, model.config.block_size)
+    device = next(model.parameters()).device
+    maps = [layer[0].float().cpu() for layer in model.attention_maps(torch.tensor([ids], device=device))]
+    kinds = list(model.config.layer_kinds)
+    heads = max(layer.shape[0] for layer in maps)
+    size = 1.6 if len(ids) <= LABELLED_TOKENS else 2.2
+    fig, axes = plt.subplots(
+        len(maps), heads, figsize=(size * heads + 1, size * len(maps) + 1), squeeze=False
+    )
+    labels = [_label(tokenizer, token) for token in ids] if len(ids) <= LABELLED_TOKENS else None
+    for row, (layer, kind) in enumerate(zip(maps, kinds)):
+        signed = bool((layer < 0).any())
+        bound = float(layer.abs().max()) or 1.0
+        for head in range(heads):
+            ax = axes[row][head]
+            if head >= layer.shape[0]:
+                ax.axis("off")
+                continue
+            if signed:
+                ax.imshow(layer[head].numpy(), cmap="RdBu_r", vmin=-bound, vmax=bound)
+            else:
+                ax.imshow(layer[head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+            ax.set_title(f"layer {row} ({kind}) head {head}", fontsize=6)
+            if labels is not None:
+                ax.set_xticks(range(len(ids)), labels, fontsize=3, rotation=90)
+                ax.set_yticks(range(len(ids)), labels, fontsize=3)
+            else:
+                ax.tick_params(labelsize=4)
+    fig.suptitle(f"attention over {len(ids)} tokens: query (down) x key (across)", fontsize=8)
+    fig.tight_layout()
+
+    def save(file) -> None:
+        fig.savefig(file, format="png", dpi=150)
+
+    try:
+        write_atomically(path, save)
+    finally:
+        plt.close(fig)
+    return {"tokens": len(ids), "layers": len(maps), "heads": heads, "kinds": kinds}

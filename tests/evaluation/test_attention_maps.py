@@ -1,0 +1,72 @@
+"""evaluate.py --attention-maps: every layer and head over a prompt, in one PNG."""
+
+from __future__ import annotations
+
+import torch
+from matplotlib.image import imread
+
+from minitx.cli import eval_main
+from minitx.config import AttentionConfig, ModelConfig
+from minitx.data.tokenizer import tokenizer_from_dict
+from minitx.evaluation import attention_maps
+from minitx.model import Transformer
+
+
+def _checkpoint(tmp_path):
+    text = "ROMEO:\nBut, soft! what light through yonder window breaks?"
+    tokenizer = tokenizer_from_dict({"kind": "char", "chars": sorted(set(text))})
+    config = ModelConfig(
+        n_layer=2,
+        n_head=2,
+        d_model=16,
+        block_size=64,
+        vocab_size=tokenizer.vocab_size,
+        attention=AttentionConfig(layers=["local", "mha"], options={"local": {"window": 4}}),
+    )
+    model = Transformer(config)
+    path = tmp_path / "tiny.ckpt"
+    torch.save(
+        {
+            "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+            "minitx": {"format": 1, "model_config": config.to_dict(), "tokenizer": tokenizer.to_dict()},
+        },
+        path,
+    )
+    return path
+
+
+def test_maps_draw_every_layer_and_head_through_the_materialised_attention(tmp_path, capsys, monkeypatch):
+    ckpt = _checkpoint(tmp_path)
+    seen = []
+    original = Transformer.attention_maps
+
+    def spy(self, idx):
+        maps = original(self, idx)
+        seen.append([tuple(m.shape) for m in maps])
+        return maps
+
+    monkeypatch.setattr(Transformer, "attention_maps", spy)
+    out = tmp_path / "maps.png"
+    assert (
+        eval_main(["--ckpt", str(ckpt), "--attention-maps", str(out), "--attention-prompt", "ROMEO:\nBut"])
+        == 0
+    )
+    assert seen == [[(1, 2, 10, 10), (1, 2, 10, 10)]]
+    assert imread(out).shape[0] > 100
+    printed = capsys.readouterr().out
+    assert "2 layers (local, mha) x 2 heads over 10 tokens" in printed
+
+
+def test_maps_refuse_a_bad_output_or_prompt_in_one_line(tmp_path, capfd):
+    ckpt = _checkpoint(tmp_path)
+    for args, expected in (
+        (["--attention-maps", str(tmp_path)], "is a directory"),
+        (["--attention-maps", str(tmp_path / "no" / "maps.png")], "does not exist"),
+        (["--attention-maps", str(tmp_path / "maps.jpg")], "ending in .png"),
+        (["--attention-maps", str(tmp_path / "m.png"), "--attention-prompt", "ZZZ"], "--attention-prompt"),
+    ):
+        assert eval_main(["--ckpt", str(ckpt), *args]) == 2
+        err = capfd.readouterr().err.strip()
+        assert expected in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "m.png").exists()
+    assert attention_maps.DEFAULT_PROMPT.startswith("ROMEO:")
