@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from minitx.errors import UserError, one_line
+from minitx.network import require_hub
 
 BLOCK_BYTES = 4 << 20  # a read from a text file
 PIECE_BYTES = 1 << 16  # one tokenizer input: the tokenizers library needs many pieces to use its threads
@@ -255,6 +256,13 @@ class RecordSource:
 
     def documents(self, skip: int = 0) -> Iterator[str]:
         """The text of every record from record `skip` on ('' for a missing or empty text)."""
+        if self.path not in set(RECORD_FORMATS.values()):  # a Hub dataset: streamed over the network
+            require_hub(
+                "data.hf_name",
+                f"streaming {self.path!r} from the Hugging Face Hub",
+                "run where the Hub is reachable (prepare.py ahead of time), or point data.train_files at a "
+                "local copy (jsonl, parquet, csv or arrow)",
+            )
         import datasets
 
         try:

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from ..checkpoint import load_checkpoint
-from ..errors import UserError
+from ..errors import UserError, one_line
+from ..network import require_hub_for_tasks
 from . import require
 
 lm_eval_api = require("lm_eval.api.model")
@@ -158,6 +159,7 @@ def evaluate_tasks(
     `trust_kind_modules`: as minitx.checkpoint.load_checkpoint's."""
     # A bad (or untrusted) checkpoint fails before the task index is read.
     lm = MinitxLM.from_checkpoint(ckpt, device, trust_kind_modules=trust_kind_modules)
+    require_hub_for_tasks(tasks, include_path)
     # Indexing the harness's thousands of task files takes a while: skip it when `include_path` has them all.
     manager = (
         lm_eval_tasks.TaskManager(include_path=include_path, include_defaults=False) if include_path else None
@@ -167,9 +169,15 @@ def evaluate_tasks(
     unknown = [task for task in tasks if task not in manager.all_tasks]
     if unknown:
         raise UserError(f"--lm-eval-tasks: unknown task(s) {', '.join(unknown)}; see `lm_eval ls tasks`")
-    return lm_eval_evaluator.simple_evaluate(
-        model=lm, tasks=tasks, limit=limit, task_manager=manager, log_samples=log_samples
-    )
+    try:
+        return lm_eval_evaluator.simple_evaluate(
+            model=lm, tasks=tasks, limit=limit, task_manager=manager, log_samples=log_samples
+        )
+    except (ConnectionError, TimeoutError, OSError) as err:
+        raise UserError(
+            f"--lm-eval-tasks: the data of {','.join(tasks)} could not be read ({one_line(err, 200)}); "
+            "it needs the network, or HF_DATASETS_OFFLINE=1 with the data already cached"
+        ) from None
 
 
 def results_table(results: dict) -> str:
