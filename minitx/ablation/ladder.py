@@ -22,7 +22,6 @@ one budget.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,9 +233,10 @@ def _section(sweep: Sweep, name: str) -> dict:
 
 
 def _module_default(name: str) -> Any:
-    from ..training.module import MinitxLM
+    """The default of an optimiser or schedule setting (model.<name>), where it is declared."""
+    from ..training.optim import DEFAULTS  # torch, not Lightning: ablate starts without it
 
-    return inspect.signature(MinitxLM.__init__).parameters[name].default
+    return getattr(DEFAULTS, name)
 
 
 def _check_overrides(sweep: Sweep) -> None:

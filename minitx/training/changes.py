@@ -13,6 +13,9 @@ from typing import Any
 
 import torch
 
+from . import optim
+from .optim import DEFAULTS, Optimisation
+
 # Where runs go and how they report may change freely; the model is compared by check_same_model.
 IGNORED = (
     "run.",
@@ -26,34 +29,11 @@ IGNORED = (
     "trainer.default_root_dir",
     "model.",
 )
-COMPARED_MODEL_KEYS = (
-    "model.lr",
-    "model.min_lr",
-    "model.warmup_steps",
-    "model.weight_decay",
-    "model.betas",
-    "model.eps",
-    "model.optimizer",
-    "model.muon_lr",
-    "model.muon_momentum",
-    "model.muon_weight_decay",
-    "model.schedule",
-    "model.decay_steps",
-    "model.decay_fraction",
-    "model.decay_shape",
-)
+# Every optimiser and schedule setting is compared (optim.Optimisation declares them).
+COMPARED_MODEL_KEYS = tuple(f"model.{name}" for name in Optimisation.names())
 
 # Settings added after checkpoints were first written: one without them ran with these values.
-ADDED_LATER = {
-    "model.optimizer": "adamw",
-    "model.muon_lr": 0.02,
-    "model.muon_momentum": 0.95,
-    "model.muon_weight_decay": 0.0,
-    "model.schedule": "cosine",
-    "model.decay_steps": None,
-    "model.decay_fraction": 0.2,
-    "model.decay_shape": "linear",
-}
+ADDED_LATER = {f"model.{name}": getattr(DEFAULTS, name) for name in optim.ADDED_LATER}
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:

@@ -31,32 +31,9 @@ from ..config import ModelConfig
 from ..data.toy import IGNORE_INDEX, exact_match
 from ..errors import UserError
 from ..model import Transformer
-from .optim import (
-    MuonWithAdamW,
-    adamw_with_schedule,
-    apply_schedule,
-    check_optimiser,
-    decays,
-    muon_matrix,
-    optimizer_groups,
-    split_for_muon,
-    with_schedule,
-)
+from .optim import DEFAULTS, Optimisation, Parameters, apply_schedule, decays, muon_matrix
 from .resume import check_same_model
 from .throughput import ThroughputMeter
-
-OPTIMISER_SETTINGS = ("lr", "min_lr", "warmup_steps", "weight_decay", "betas")
-# Added later: a config or checkpoint without them means adamw and the cosine, as before.
-RECIPE_SETTINGS = (
-    "optimizer",
-    "muon_lr",
-    "muon_momentum",
-    "muon_weight_decay",
-    "schedule",
-    "decay_steps",
-    "decay_fraction",
-    "decay_shape",
-)
 
 
 def lm_loss(logits: Tensor, y: Tensor) -> Tensor:
@@ -83,11 +60,7 @@ def check_model_section(section: dict) -> None:
     config_fields = {f.name for f in fields(ModelConfig)}
     with errors_named("model"):
         ModelConfig.from_dict({key: value for key, value in section.items() if key in config_fields})
-    check_optimiser(
-        "model",
-        **{key: section[key] for key in OPTIMISER_SETTINGS},
-        **{key: section[key] for key in RECIPE_SETTINGS if key in section},
-    )
+    Optimisation.of(section)
 
 
 def _step_seed(seed: int, rank: int, step: int, micro: int) -> int:
@@ -111,24 +84,15 @@ def _plain(value: Any) -> Any:
 class MinitxLM(L.LightningModule):
     """A Transformer trained as a causal language model.
 
+    The optimiser and schedule settings are minitx.training.optim.Optimisation's: their
+    declaration, defaults, checks and descriptions (this docstring's first entries, --help's
+    text) are there; the arguments below repeat only their names and types, which LightningCLI
+    reads as model.* keys and checkpoints save as hyperparameters (tests/training/test_recipe.py
+    holds the two lists equal).
+
     Args:
-        lr: AdamW's peak learning rate (the schedule scales Muon's muon_lr by the same factor).
-        min_lr: final learning rate of the schedule.
-        warmup_steps: optimiser steps of linear warmup.
+        {optimisation}
         max_steps: length of the schedule; linked from trainer.max_steps by the train command.
-        weight_decay: AdamW decay on matrices only (see minitx.training.optim.decays).
-        betas: AdamW's betas.
-        eps: AdamW's eps.
-        optimizer: "adamw" for every parameter, or "muon": torch.optim.Muon on the hidden matrices
-            (minitx.training.optim.muon_matrix) and AdamW on the rest.
-        muon_lr: Muon's peak learning rate.
-        muon_momentum: Muon's (Nesterov) momentum.
-        muon_weight_decay: Muon's decoupled weight decay (multiplied by its lr, as AdamW's).
-        schedule: after the warmup, "cosine" down to min_lr over the run, or "wsd": lr held,
-            then down to min_lr over the last decay_steps (or decay_fraction of max_steps).
-        decay_steps: wsd's decay in steps; when unset, decay_fraction * max_steps.
-        decay_fraction: wsd's decay as a fraction of max_steps (0 holds lr to the end).
-        decay_shape: wsd's decay, "linear" or "1-sqrt" (lr - (lr - min_lr) * sqrt(progress)).
         compile: torch.compile the Transformer for training and validation steps (sampling and
             generation use the eager module; checkpoint keys stay "model.*").
         activation_checkpointing: recompute each block's activations in backward instead of keeping
@@ -144,21 +108,21 @@ class MinitxLM(L.LightningModule):
 
     def __init__(
         self,
-        lr: float = 1e-3,
-        min_lr: float = 1e-4,
-        warmup_steps: int = 100,
+        lr: float = DEFAULTS.lr,
+        min_lr: float = DEFAULTS.min_lr,
+        warmup_steps: int = DEFAULTS.warmup_steps,
         max_steps: int = -1,
-        weight_decay: float = 0.1,
-        betas: tuple[float, float] = (0.9, 0.95),
-        eps: float = 1e-8,
-        optimizer: str = "adamw",
-        muon_lr: float = 0.02,
-        muon_momentum: float = 0.95,
-        muon_weight_decay: float = 0.0,
-        schedule: str = "cosine",
-        decay_steps: int | None = None,
-        decay_fraction: float = 0.2,
-        decay_shape: str = "linear",
+        weight_decay: float = DEFAULTS.weight_decay,
+        betas: tuple[float, float] = DEFAULTS.betas,
+        eps: float = DEFAULTS.eps,
+        optimizer: str = DEFAULTS.optimizer,
+        muon_lr: float = DEFAULTS.muon_lr,
+        muon_momentum: float = DEFAULTS.muon_momentum,
+        muon_weight_decay: float = DEFAULTS.muon_weight_decay,
+        schedule: str = DEFAULTS.schedule,
+        decay_steps: int | None = DEFAULTS.decay_steps,
+        decay_fraction: float = DEFAULTS.decay_fraction,
+        decay_shape: str = DEFAULTS.decay_shape,
         compile: bool = False,
         activation_checkpointing: bool = False,
         init_from: str | None = None,
@@ -168,22 +132,7 @@ class MinitxLM(L.LightningModule):
         with errors_named("model"):
             # jsonargparse reads ModelConfig's fields from this call: keep it ModelConfig(**model).
             self.config = ModelConfig(**model)
-        check_optimiser(
-            "model",
-            lr=lr,
-            min_lr=min_lr,
-            warmup_steps=warmup_steps,
-            weight_decay=weight_decay,
-            betas=betas,
-            optimizer=optimizer,
-            muon_lr=muon_lr,
-            muon_momentum=muon_momentum,
-            muon_weight_decay=muon_weight_decay,
-            schedule=schedule,
-            decay_steps=decay_steps,
-            decay_fraction=decay_fraction,
-            decay_shape=decay_shape,
-        )
+        Optimisation.of(locals())  # the checks: each setting is the argument of its name
         self.save_hyperparameters()
         # Checkpoints must load with weights_only=True: hyperparameters hold plain data only.
         self.hparams.update(self.config.to_dict())
@@ -323,40 +272,15 @@ class MinitxLM(L.LightningModule):
             raise UserError(
                 "trainer.max_steps: must be set to the number of optimiser steps (the training data never runs out)"
             )
-        # hparams of a module built before these settings existed lack them: adamw and the cosine.
-        schedule = {
-            "min_lr": hp.min_lr,
-            "warmup_steps": hp.warmup_steps,
-            "schedule": hp.get("schedule", "cosine"),
-            "decay_steps": hp.get("decay_steps"),
-            "decay_fraction": hp.get("decay_fraction", 0.2),
-            "decay_shape": hp.get("decay_shape", "linear"),
-        }
-        fused = self.device.type == "cuda"
-        named = list(self.model.named_parameters())
-        if hp.get("optimizer", "adamw") == "adamw":
-            groups = optimizer_groups(named, hp.weight_decay, self.decay_names)
-            return adamw_with_schedule(
-                groups, lr=hp.lr, max_steps=max_steps, betas=hp.betas, eps=hp.eps, fused=fused, **schedule
-            )
-        muon, rest = split_for_muon(named, self.muon_names)
-        if any(p.dim() != 2 for p in muon):
-            raise UserError(
-                "model.optimizer: muon needs each hidden matrix whole, but the strategy flattened the "
-                "parameters (FSDP); use model.optimizer adamw or the ddp strategy"
-            )
-        optimizer = MuonWithAdamW(
-            muon,
-            optimizer_groups(rest, hp.weight_decay, self.decay_names),
-            muon_lr=hp.muon_lr,
-            muon_momentum=hp.muon_momentum,
-            muon_weight_decay=hp.muon_weight_decay,
-            lr=hp.lr,
-            betas=hp.betas,
-            eps=hp.eps,
-            fused=fused,
+        params = Parameters(
+            list(self.model.named_parameters()),
+            self.decay_names,
+            self.muon_names,
+            fused=self.device.type == "cuda",
         )
-        return with_schedule(optimizer, lr=hp.lr, max_steps=max_steps, **schedule)
+        # From hparams, as they are now: a resume may have set the checkpoint's optimizer there
+        # (training/command.py), and one an older minitx saved lacks the later settings (defaults).
+        return Optimisation.of(hp).configure(params, max_steps)
 
     # -- checkpoints -------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -380,3 +304,12 @@ class MinitxLM(L.LightningModule):
                 f"ckpt_path: checkpoint format {saved.get('format')!r} is not {CHECKPOINT_FORMAT}; it was not written by this minitx"
             )
         check_same_model(saved, self.config)
+
+
+def _optimisation_args() -> str:
+    """Optimisation's "Args:" entries, as they sit in its docstring (the same indentation as
+    MinitxLM's), for MinitxLM's docstring, which is --help's text for model.*."""
+    return Optimisation.__doc__.split("Args:\n", 1)[1].strip()
+
+
+MinitxLM.__doc__ = MinitxLM.__doc__.replace("{optimisation}", _optimisation_args())

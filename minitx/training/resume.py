@@ -9,6 +9,7 @@ from ..checkpoint import BEST, LAST, existing_checkpoints, read_checkpoint, stat
 from ..config import ModelConfig
 from ..data.tokenizer import tokenizer_from_dict
 from ..errors import UserError
+from .optim import optimizer_of_state
 
 
 def resolve_ckpt_path(value: str | None, checkpoint_dir: Path) -> str | None:
@@ -70,9 +71,9 @@ def check_resume_checkpoint(path: str, config: ModelConfig, state_dict: dict, to
 
 def saved_optimizer(checkpoint: dict) -> str:
     """The model.optimizer a training checkpoint was written with, read from its optimiser state
-    (MuonWithAdamW saves {"adamw": ..., "muon": ...}); older checkpoints are AdamW's."""
-    states = checkpoint.get("optimizer_states") or [{}]
-    return "muon" if isinstance(states[0], dict) and set(states[0]) == {"adamw", "muon"} else "adamw"
+    (each optimiser in optim.OPTIMIZERS says which states are its own); older checkpoints are AdamW's."""
+    states = checkpoint.get("optimizer_states") or [None]
+    return optimizer_of_state(states[0])
 
 
 def check_same_model(saved: dict, config: ModelConfig) -> None:

@@ -11,6 +11,8 @@ its stable stage; a decay started from a stable-stage checkpoint.
 from __future__ import annotations
 
 import csv
+import dataclasses
+import inspect
 import io
 import math
 import random
@@ -20,6 +22,26 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from minitx.checkpoint import LAST
+from minitx.cli import train_main
+from minitx.config import AttentionConfig, ModelConfig
+from minitx.errors import UserError
+from minitx.model import Transformer
+from minitx.training.module import check_model_section
+from minitx.training.optim import (
+    ADDED_LATER,
+    DEFAULTS,
+    OPTIMIZERS,
+    BatchedMuon,
+    MuonWithAdamW,
+    Optimisation,
+    lr_at,
+    muon_matrix,
+    optimizer_groups,
+    optimizer_of_state,
+    split_for_muon,
+)
 from runs import (
     SAVE_STEPS,
     STEPS,
@@ -30,21 +52,6 @@ from runs import (
     train_process,
     with_callback,
     write_config,
-)
-
-from minitx.checkpoint import LAST
-from minitx.cli import train_main
-from minitx.config import AttentionConfig, ModelConfig
-from minitx.errors import UserError
-from minitx.model import Transformer
-from minitx.training.module import check_model_section
-from minitx.training.optim import (
-    BatchedMuon,
-    MuonWithAdamW,
-    lr_at,
-    muon_matrix,
-    optimizer_groups,
-    split_for_muon,
 )
 
 # The recipe under test, on the tiny run of runs.tiny_config: 24 steps, warmup 5, the decay over
@@ -268,6 +275,38 @@ def test_a_config_without_the_settings_is_adamw_and_cosine():
     check_model_section(
         {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 10, "weight_decay": 0.1, "betas": [0.9, 0.95]}
     )
+
+
+def test_the_settings_are_declared_once_and_minitxlm_takes_each_by_name():
+    # LightningCLI and checkpoints' hyperparameters read MinitxLM's arguments; their names, types
+    # and defaults are Optimisation's, so a setting added there and not here (or the reverse) fails.
+    from minitx.training.module import MinitxLM
+
+    arguments = inspect.signature(MinitxLM.__init__).parameters
+    for field in dataclasses.fields(Optimisation):
+        assert field.name in arguments, field.name
+        assert arguments[field.name].annotation == field.type, field.name
+        assert arguments[field.name].default == getattr(DEFAULTS, field.name), field.name
+        assert f"{field.name}:" in MinitxLM.__doc__  # --help describes it (from Optimisation's docstring)
+    assert set(OPTIMIZERS) == {"adamw", "muon"}  # the values model.optimizer takes, one entry each
+
+
+def test_older_runs_resume_with_what_they_ran():
+    # A checkpoint written before these settings existed trained with AdamW and the cosine: the
+    # defaults of the settings added later stand for it, so they must stay these values.
+    assert {name: getattr(DEFAULTS, name) for name in ADDED_LATER} == {
+        "optimizer": "adamw",
+        "muon_lr": 0.02,
+        "muon_momentum": 0.95,
+        "muon_weight_decay": 0.0,
+        "schedule": "cosine",
+        "decay_steps": None,
+        "decay_fraction": 0.2,
+        "decay_shape": "linear",
+    }
+    assert Optimisation.of({"lr": 3e-3, "betas": [0.9, 0.95], "block_size": 32}) == Optimisation(lr=3e-3)
+    assert optimizer_of_state(None) == optimizer_of_state({"state": {}, "param_groups": []}) == "adamw"
+    assert optimizer_of_state({"adamw": {}, "muon": {}}) == "muon"
 
 
 # ------------------------------------------------------------------------------- the train command
