@@ -41,6 +41,7 @@ _HOMES = {
     "ThroughputMeter": "throughput",
     "format_mfu": "throughput",
     "peak_flops": "throughput",
+    "peak_source": "throughput",
 }
 
 __all__ = sorted([*_HOMES, "check_train_args"])

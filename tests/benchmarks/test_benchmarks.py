@@ -183,6 +183,31 @@ def test_train_throughput_benchmark_compares_the_loops(tmp_path):
     assert ratio and float(ratio.group(1)) > 0, out[-1000:]
 
 
+@pytest.mark.slow
+def test_mfu_benchmark_prints_peak_ratio_and_profile(tmp_path):
+    rng = random.Random(0)
+    for name, lines in (("train.txt", 400), ("val.txt", 80)):
+        (tmp_path / name).write_text(
+            "".join(" ".join(rng.choices(WORDS, k=rng.randint(3, 9))) + ".\n" for _ in range(lines))
+        )
+    config = {
+        "model": {"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 32},
+        "data": {
+            "source": "files",
+            "train_files": str(tmp_path / "train.txt"),
+            "val_files": str(tmp_path / "val.txt"),
+            "batch_size": 4,
+            "cache_dir": str(tmp_path / "cache"),
+        },
+    }
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(config))
+    args = ("--steps", "4", "--skip", "1", "--size", "64", "--repeats", "2", "--profile-steps", "1")
+    out = run_script("mfu.py", "--config", str(tmp_path / "tiny.yaml"), *args, cwd=tmp_path)
+    assert re.search(r"peak: [\d.]+ GFLOP/s \(float32 64 x 64 matmul", out), out[-1000:]
+    assert re.search(r"MFU: [\d.]+% of the measured float32 matmul peak", out), out[-1000:]
+    assert "forward" in out and "backward" in out and "aten::mm" in out  # the profile, by phase and operator
+
+
 def test_prefill_benchmark_prints_a_row_per_kind_and_prompt(tmp_path):
     out = run_script(
         "prefill.py",
