@@ -14,6 +14,7 @@ str (records); `end` is where to resume after it.
 
 from __future__ import annotations
 
+import glob
 import io
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -256,7 +257,7 @@ class RecordSource:
 
     def documents(self, skip: int = 0) -> Iterator[str]:
         """The text of every record from record `skip` on ('' for a missing or empty text)."""
-        if self.path not in set(RECORD_FORMATS.values()):  # a Hub dataset: streamed over the network
+        if self.on_hub():
             require_hub(
                 "data.hf_name",
                 f"streaming {self.path!r} from the Hugging Face Hub",
@@ -314,6 +315,20 @@ class RecordSource:
             for text in batch[self.text_column]:
                 yield text if isinstance(text, str) else ""
             batch = next(batches, None)
+
+    def on_hub(self) -> bool:
+        """Whether reading this source streams a dataset from the Hub: not a builder that
+        `datasets` ships (json, text, parquet, ...) over local data_files."""
+        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+
+        if self.path in _PACKAGED_DATASETS_MODULES or self.path in RECORD_FORMATS.values():
+            return False
+        files = self.data_files
+        if not files:
+            return True
+        values = files.values() if isinstance(files, dict) else [files]
+        names = [name for value in values for name in ([value] if isinstance(value, str) else value)]
+        return not all(glob.glob(os.path.expanduser(str(name))) for name in names)
 
     def where(self) -> str:
         return repr(self.data_files) if self.data_files else f"{self.path!r} (split {self.split!r})"

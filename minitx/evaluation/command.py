@@ -151,10 +151,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if args.attention_maps is not None:
         return attention_maps(args)
     if args.lm_eval_tasks:
-        from ..network import require_hub_for_tasks
-
         tasks = [task.strip() for task in args.lm_eval_tasks.split(",") if task.strip()]
-        require_hub_for_tasks(tasks, args.lm_eval_include)  # before lm-eval's long import
         from ..hf.lm_eval_adapter import (  # lm-eval is optional: imported when asked for
             evaluate_tasks,
             results_table,
