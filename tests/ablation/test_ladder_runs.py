@@ -1,0 +1,98 @@
+"""A designed sweep that really trains: a tiny ladder of MHA against itself (A/A), its branched
+decays, a stop and a rerun that resumes, and --report-only. Slow: about thirty training runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from test_ladder import BASE, ROOT, write
+
+from minitx import ablation
+from minitx.ablation.ladder import make_plan
+from minitx.ablation.sweep import load_sweep
+
+pytestmark = pytest.mark.slow
+
+LADDER = """lr_sweep: {multipliers: [1, 2]}
+ladder:
+  sizes:
+    - {name: d8, overrides: {model.d_model: 8}}
+    - {name: d12, overrides: {model.d_model: 12}}
+    - {name: d16, overrides: {model.d_model: 16}}
+  budgets: {tokens_per_param: [1, 2]}
+seeds_at: {size: d12, budget: 2}
+variants:
+  - {name: mha, overrides: {model.attention.kind: mha}}
+  - {name: twin, overrides: {model.attention.kind: mha}}
+"""
+
+
+def test_a_tiny_ladder_trains_branches_resumes_and_reports(tmp_path, capsys):
+    path = write(tmp_path, BASE.replace("seeds: 3", "seeds: 2") + LADDER)
+    output = tmp_path / "out"
+    ablation.main(["--config", str(path), "--output", str(output), "--parallel", "2"])
+    plan = make_plan(load_sweep(path), output)
+    first, second, third = plan.all_points()
+    points = {p.run.directory: p for p in [*first, *second, *third]}
+    assert all(p.loss is not None for p in points.values()), [p.run.directory.name for p in points.values()]
+    assert len(third) == 2 * 3  # one smaller budget per arm and size, each a branch
+
+    # A/A: the twin is MHA under another name, with the same seeds: the same losses, a multiplier of 1
+    text = (output / "results.md").read_text()
+    ladder = text.split("## The ladder")[1].split("## Seeds")[0]
+    twin = next(line for line in ladder.splitlines() if line.startswith("| twin "))
+    value, rest = twin.split("|")[6].split("[")
+    low, high = (float(v) for v in rest.split("]")[0].split(","))
+    assert float(value) == pytest.approx(1.0, abs=1e-3) and low <= 1 <= high
+    seeds = text.split("## Seeds")[1].split("##")[0]
+    assert "**" not in next(line for line in seeds.splitlines() if line.startswith("| twin "))
+    diagnostics = json.loads((first[0].run.directory / "diagnostics.json").read_text())
+    assert 0 <= diagnostics["result"]["first_token_share"] <= 1
+
+    # A branch is the run its budget alone would have trained: the same loss as training it directly.
+    branch = third[0]
+    command = branch.run.command
+    at = command.index("--ckpt_path")
+    direct = [*command[:at], *command[at + 2 :]]
+    direct[direct.index("--run.name") + 1] = "direct"
+    subprocess.run(direct, check=True, capture_output=True)
+    direct_summary = json.loads((branch.run.directory.parent / "direct" / "summary.json").read_text())
+    assert direct_summary["steps"] == branch.summary["steps"] == branch.steps
+    assert direct_summary["final_val_loss"] == pytest.approx(branch.loss, abs=1e-4)
+
+    # Stopped part-way: a rerun trains only what is missing, branches included.
+    (branch.run.directory / "summary.json").unlink()
+    lr_run = first[-1].run.directory
+    (lr_run / "summary.json").unlink()
+    capsys.readouterr()
+    ablation.main(["--config", str(path), "--output", str(output)])
+    log = capsys.readouterr().out
+    started = [line for line in log.splitlines() if line.startswith("ablate: start")]
+    assert sorted(line.split()[-1] for line in started) == sorted([branch.run.directory.name, lr_run.name])
+    assert "skip" in log
+
+    # --report-only rebuilds every table, fit and plot without training
+    for name in ("results.md", "results.csv", *ablation.DESIGN_PLOTS):
+        (output / name).unlink()
+    ablation.main(["--config", str(path), "--output", str(output), "--report-only"])
+    assert "ablate: start" not in capsys.readouterr().out
+    assert all((output / name).is_file() for name in ("results.md", "results.csv", *ablation.DESIGN_PLOTS))
+
+
+def test_the_ablate_command_refuses_a_bad_ladder_with_status_2(tmp_path):
+    path = write(tmp_path, BASE + LADDER.replace("tokens_per_param", "tokens_per_parameter"))
+    result = subprocess.run(
+        [sys.executable, "ablate.py", "--config", str(path), "--output", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip().count("\n") == 0
+        and "ladder.budgets: unknown key(s) tokens_per_parameter" in result.stderr
+    )
+    assert not (tmp_path / "out").exists()
