@@ -107,7 +107,6 @@ def test_cached_decoding_starts_each_document_afresh(name):
         assert (cached[row] - alone[row]).abs().max() < 1e-4, row
 
 
-
 def test_mta_decodes_documents_one_token_per_call():
     # MTA's cached path takes one window of keys per row: several new tokens, each perhaps of a
     # document of its own, are refused rather than computed against the wrong window.
@@ -118,6 +117,7 @@ def test_mta_decodes_documents_one_token_per_call():
         model(idx[:, :20], cache=cache)
         with pytest.raises(ValueError, match="one token per call"):
             model(idx[:, 20:22], cache=cache)
+
 
 def test_documents_mark_starts_and_positions():
     idx = torch.tensor([[5, 0, 7, 7, 0, 3], [0, 1, 2, 3, 4, 5]])
