@@ -1,7 +1,7 @@
 """minitx: a small, fast, trainable decoder-only transformer with switchable attention."""
 
 from . import functional
-from .attention import Attention
+from .attention import Attention, KindLayer
 from .cache import kv_cache_bytes
 from .config import AttentionConfig, ModelConfig
 from .kinds import KindSpec, OptionError, import_kind_modules, register
@@ -10,6 +10,7 @@ from .model import Transformer
 __all__ = [
     "Attention",
     "AttentionConfig",
+    "KindLayer",
     "KindSpec",
     "ModelConfig",
     "OptionError",

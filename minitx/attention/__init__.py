@@ -11,7 +11,7 @@ from ..config import ModelConfig
 from ..kinds import KindSpec, register, registry
 from ..rope import apply_rope
 from . import diff, grouped, local, mla, mta
-from .base import Attention
+from .base import Attention, KindLayer
 
 register(grouped.MHA)  # n_kv_head = n_head
 register(grouped.MQA)  # n_kv_head = 1
@@ -22,8 +22,8 @@ register(mla.MLA)
 register(diff.DIFF)
 
 
-def build(config: ModelConfig, layer: int) -> Attention:
+def build(config: ModelConfig, layer: int) -> KindLayer:
     return registry[config.layer_kinds[layer]].module(config, layer)
 
 
-__all__ = ["Attention", "KindSpec", "apply_rope", "build", "register", "registry"]
+__all__ = ["Attention", "KindLayer", "KindSpec", "apply_rope", "build", "register", "registry"]

@@ -1,6 +1,14 @@
-"""What every attention kind shares: projections, RoPE, the cached decode path, attention maps.
+"""The layer every attention kind is, and the machinery the softmax kinds share.
 
-A kind is a subclass that fills in two methods:
+`KindLayer` is the interface: what the model, the decoder, the FLOP count and the diagnostics
+call on a layer, whatever it computes: `forward(x, rope, cache, docs)`, the decoding cache
+(`make_cache`, `new_cache`, `setup_cache`, `reset_cache`, `remove_cache`), `flops_per_token`,
+`init_extra`, and, where a kind has softmax maps, `reference` / `softmax_maps`. A kind that is not
+softmax attention over a fused q/k/v projection (MLA's latents, gdn's recurrent state) derives
+from it directly.
+
+`Attention` is the softmax machinery on top: projections, RoPE, the cached decode path, attention
+maps. A softmax kind is a subclass that fills in two methods:
 - `attend(q, k, v)`: the fast path for a whole sequence (training, and prefill of an empty cache);
 - `reference(q, k, v)`: the same maths materialised, returning (out, weights): the oracle in
   tests and the source of attention maps.
@@ -59,8 +67,12 @@ def norm_float32(norm: nn.Module, x: Tensor) -> Tensor:
     return norm(x.float()).to(x.dtype)
 
 
-class Attention(nn.Module):
-    cache_type = KVCache
+class KindLayer(nn.Module):
+    """The interface of one layer of any attention kind (see the module's docstring).
+
+    A subclass implements `forward`, `make_cache` and `flops_per_token`; the cache's life
+    (new, set up, reset, removed) and the defaults below come with it."""
+
     # Whether several new tokens may go through the cached path in one call (a long prompt's
     # prefill past block_size): the cache masks every new query by its own position.
     extends_in_chunks = True
@@ -69,17 +81,104 @@ class Attention(nn.Module):
         super().__init__()
         self.config = config
         self.layer = layer
+        self.block_size = config.block_size
+        self.dropout = config.dropout
+        self.kv_cache: nn.Module | None = None  # the layer's own cache while set up (setup_cache)
+
+    def forward(self, x: Tensor, rope=None, cache=None, docs: Documents | None = None) -> Tensor:
+        """x (B, T, d_model) -> (B, T, d_model); through `cache` when given (decoding), keeping
+        each token inside its document when `docs` is given (training on packed documents)."""
+        raise NotImplementedError
+
+    @classmethod
+    def make_cache(cls, config: ModelConfig, layer: int, batch: int, max_len: int | None, dtype, device):
+        """The cache a layer of this kind needs (device "meta" sizes it without memory): a module
+        with `n_seen`, `reset()`, `set_documents(starts)` and `nbytes()`, as KVCache has."""
+        raise NotImplementedError
+
+    def flops_per_token(self, T: int) -> float:
+        """Training FLOPs per token over T tokens besides the matmuls of its nn.Linear weights
+        (see Attention.flops_per_token): every kind declares its own."""
+        raise NotImplementedError
+
+    def init_extra(self) -> None:
+        """Initialise parameters the model's generic init must not touch (none here)."""
+
+    # -- softmax maps, where a kind has them ----------------------------------------------------
+    def reference(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """(out, weights), the maths materialised: the oracle of a softmax kind's tests."""
+        raise NotImplementedError(f"attention kind {type(self).__name__} has no materialised softmax map")
+
+    def attention_weights(self, x: Tensor, rope=None) -> Tensor:
+        """(B, H, T, T) attention weights of this layer for input x, from the reference path."""
+        q, k, v = self.project(x, rope)
+        return self.reference(q, k, v)[1]
+
+    def softmax_maps(self, x: Tensor, rope=None) -> list[Tensor]:
+        """Each softmax map of this layer for input x, (B, heads, T, T) probabilities apiece: the
+        diagnostics (minitx/evaluation/diagnostics.py) read entropy and sinks off a distribution,
+        which a kind that combines several maps (diff) only has before it combines them."""
+        return [self.attention_weights(x, rope)]
+
+    def visible_keys(self, T: int, device=None) -> Tensor:
+        """(T, T) bool, True where query i may see key j in a sequence of T tokens: the support of
+        the maps, whose size normalises the diagnostics' entropy. Causal here; a window narrows it."""
+        positions = torch.arange(T, device=device)
+        return functional.allowed_mask(positions, positions, causal=True)
+
+    def sdpa_flops(
+        self, T: int, queries: int, keys: int, width: int, value_width: int | None = None
+    ) -> float:
+        """Per token of T: training FLOPs of `queries` x `keys` scores `width` wide, and of the
+        weights times values `value_width` wide (default: `width`), for each of n_head query heads
+        (grouped key/value heads save no arithmetic). The backward's four products (gradients of
+        the values, the weights, the queries and the keys) are twice the forward's two; a fused
+        kernel's recomputation of the scores is not counted, as no recomputation is."""
+        value_width = width if value_width is None else value_width
+        return 6 * self.n_head * queries * keys * (width + value_width) / T
+
+    # -- the decoding cache -------------------------------------------------------------------
+    def new_cache(self, batch: int, max_len: int | None = None, dtype=None, device=None):
+        """A cache for this layer, not attached to it (pass it to forward); dtype and device of
+        the layer's first weight unless given."""
+        weight = next(self.parameters())
+        return self.make_cache(
+            self.config, self.layer, batch, max_len, dtype or weight.dtype, device or weight.device
+        )
+
+    def setup_cache(self, batch: int, max_len: int | None = None, dtype=None, device=None):
+        """Make this layer's own cache, used by the model's forward while it is set up."""
+        self.kv_cache = self.new_cache(batch, max_len, dtype, device)
+        return self.kv_cache
+
+    def reset_cache(self) -> None:
+        if self.kv_cache is not None:
+            self.kv_cache.reset()
+
+    def remove_cache(self) -> None:
+        self.kv_cache = None
+
+    @property
+    def dropout_p(self) -> float:
+        return self.dropout if self.training else 0.0
+
+
+class Attention(KindLayer):
+    """Softmax attention over one fused q/k/v projection: what mha, mqa, gqa, local, mta, diff
+    and a kind of one's own (examples/custom_attention.py) share."""
+
+    cache_type = KVCache
+
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__(config, layer)
         self.n_head = config.n_head
         self.n_kv_head = config.n_kv_head_at(layer)
         self.head_dim = config.head_dim
-        self.block_size = config.block_size
-        self.dropout = config.dropout
         inner, kv_inner = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
         # q has n_head heads; k and v have n_kv_head heads each, which is the whole saving of
         # MQA/GQA. One matmul makes all three.
         self.qkv_proj = nn.Linear(config.d_model, inner + 2 * kv_inner, bias=config.bias)
         self.out_proj = nn.Linear(inner, config.d_model, bias=config.bias)
-        self.kv_cache: KVCache | None = None
         options = config.options_at(layer)
         shared = options if isinstance(options, SoftmaxOptions) else SoftmaxOptions()
         norm = lambda: nn.RMSNorm(self.head_dim, eps=1e-6) if shared.qk_norm else None  # noqa: E731
@@ -93,9 +192,6 @@ class Attention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def reference(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        raise NotImplementedError
-
     @classmethod
     def cache_layout(cls, config: ModelConfig, layer: int) -> dict:
         """Keyword arguments of `cache_type` besides the shapes. Full attention: a ring of
@@ -104,9 +200,6 @@ class Attention(nn.Module):
 
     def on_prefill(self, q: Tensor, cache: KVCache) -> None:
         """Called after a prompt went into an empty cache: keep what later steps need besides k, v."""
-
-    def init_extra(self) -> None:
-        """Initialise parameters the model's generic init must not touch (none here)."""
 
     def flops_per_token(self, T: int) -> float:
         """Training FLOPs (forward and backward, 3 x forward) per token of this layer over a sequence
@@ -124,17 +217,6 @@ class Attention(nn.Module):
         if self.sinks is not None:
             return self.sdpa_flops(T, T + 1, T + 1, self.head_dim + SINK_WIDTH)
         return self.sdpa_flops(T, T, T, self.head_dim)
-
-    def sdpa_flops(
-        self, T: int, queries: int, keys: int, width: int, value_width: int | None = None
-    ) -> float:
-        """Per token of T: training FLOPs of `queries` x `keys` scores `width` wide, and of the
-        weights times values `value_width` wide (default: `width`), for each of n_head query heads
-        (grouped key/value heads save no arithmetic). The backward's four products (gradients of
-        the values, the weights, the queries and the keys) are twice the forward's two; a fused
-        kernel's recomputation of the scores is not counted, as no recomputation is."""
-        value_width = width if value_width is None else value_width
-        return 6 * self.n_head * queries * keys * (width + value_width) / T
 
     # -- shared machinery -------------------------------------------------------------------
     def project(self, x: Tensor, rope) -> tuple[Tensor, Tensor, Tensor]:
@@ -233,23 +315,6 @@ class Attention(nn.Module):
             q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, enable_gqa=True
         )
 
-    def attention_weights(self, x: Tensor, rope=None) -> Tensor:
-        """(B, H, T, T) attention weights of this layer for input x, from the reference path."""
-        q, k, v = self.project(x, rope)
-        return self.reference(q, k, v)[1]
-
-    def softmax_maps(self, x: Tensor, rope=None) -> list[Tensor]:
-        """Each softmax map of this layer for input x, (B, heads, T, T) probabilities apiece: the
-        diagnostics (minitx/evaluation/diagnostics.py) read entropy and sinks off a distribution,
-        which a kind that combines several maps (diff) only has before it combines them."""
-        return [self.attention_weights(x, rope)]
-
-    def visible_keys(self, T: int, device=None) -> Tensor:
-        """(T, T) bool, True where query i may see key j in a sequence of T tokens: the support of
-        the maps, whose size normalises the diagnostics' entropy. Causal here; a window narrows it."""
-        positions = torch.arange(T, device=device)
-        return functional.allowed_mask(positions, positions, causal=True)
-
     # -- the decoding cache -------------------------------------------------------------------
     @classmethod
     def make_cache(
@@ -273,22 +338,6 @@ class Attention(nn.Module):
             self.config, self.layer, batch, max_len, dtype or weight.dtype, device or weight.device
         )
 
-    def setup_cache(self, batch: int, max_len: int | None = None, dtype=None, device=None) -> KVCache:
-        """Make this layer's own cache, used by the model's forward while it is set up."""
-        self.kv_cache = self.new_cache(batch, max_len, dtype, device)
-        return self.kv_cache
-
-    def reset_cache(self) -> None:
-        if self.kv_cache is not None:
-            self.kv_cache.reset()
-
-    def remove_cache(self) -> None:
-        self.kv_cache = None
-
     @property
     def scale(self) -> float:
         return 1.0 / math.sqrt(self.head_dim)
-
-    @property
-    def dropout_p(self) -> float:
-        return self.dropout if self.training else 0.0

@@ -39,7 +39,7 @@ from ..config import ModelConfig
 from ..documents import Documents, masked_attention
 from ..kinds import KindSpec, OptionError, fail
 from ..rope import apply_rope, rotary_table
-from .base import Attention, norm_float32
+from .base import KindLayer, norm_float32
 
 NORM_EPS = 1e-6  # the latents' RMSNorm eps: DeepSeek's, and minitx's everywhere else
 
@@ -99,19 +99,16 @@ class LatentCache(KVCache):
         self.register_buffer("v", self.k.new_zeros(shape), persistent=False)
 
 
-class MultiHeadLatentAttention(Attention):
+class MultiHeadLatentAttention(KindLayer):
     cache_type = LatentCache
 
     def __init__(self, config: ModelConfig, layer: int):
-        # Not Attention.__init__: its fused q/k/v projection has no place here. The attributes the
-        # shared machinery reads are set by hand; QK-norm, sinks and gates are softmax kinds' options.
-        nn.Module.__init__(self)
+        # The interface alone (KindLayer), not Attention: its fused q/k/v projection has no place
+        # here, and QK-norm, sinks and gates are the options of the softmax kinds that have it.
+        super().__init__(config, layer)
         options: MLAOptions = config.options_at(layer)
-        self.config, self.layer = config, layer
         self.n_head = self.n_kv_head = config.n_head  # every head expands keys and values of its own
-        self.head_dim, self.block_size, self.dropout = config.head_dim, config.block_size, config.dropout
-        self.kv_cache: KVCache | None = None
-        self.q_norm = self.k_norm = self.sinks = self.gate_proj = None
+        self.head_dim = config.head_dim
         self.rank, self.rope_dim = options.kv_lora_rank, options.qk_rope_head_dim
         self.nope_dim = options.qk_nope_head_dim or config.head_dim
         self.v_dim = options.v_head_dim or config.head_dim
@@ -252,7 +249,9 @@ class MultiHeadLatentAttention(Attention):
             max_len=max_len,
             dtype=dtype,
             device=device,
-            **cls.cache_layout(config, layer),  # full attention's: a ring of block_size slots
+            # Full attention's: a ring of block_size slots; past it the context slides.
+            capacity=config.block_size,
+            window=config.block_size,
         )
 
     def new_cache(self, batch: int, max_len: int | None = None, dtype=None, device=None) -> KVCache:
