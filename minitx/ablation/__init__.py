@@ -27,11 +27,13 @@ Output: runs/<variant>-seed<k>/ (the run's own logs and checkpoints, run.json, s
 evaluation.json, diagnostics.json, train.log), results.csv, results.md and the plots.
 """
 
-from .budget import match_budgets, model_budget
+from .analysis.table import COLUMNS, aggregate, collect, mean_curve, mean_std
 from .command import main, parse_args
-from .design_report import DESIGN_PLOTS
-from .report import CSV_FIELDS, PLOTS, format_cell, markdown_table, write_csv, write_results
-from .runner import (
+from .plan.budget import match_budgets, model_budget
+from .plan.sweep import EvalSettings, Sweep, Variant, load_sweep
+from .report.designed import DESIGN_PLOTS
+from .report.plain import CSV_FIELDS, PLOTS, format_cell, markdown_table, write_csv, write_results
+from .runs.runner import (
     BASE_SNAPSHOT,
     LOG_FILE,
     RUN_FILE,
@@ -43,8 +45,6 @@ from .runner import (
     plan_runs,
     run_sweep,
 )
-from .sweep import EvalSettings, Sweep, Variant, load_sweep
-from .table import COLUMNS, aggregate, collect, mean_curve, mean_std
 
 __all__ = [
     "BASE_SNAPSHOT",

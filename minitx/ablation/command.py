@@ -10,11 +10,13 @@ from pathlib import Path
 from ..arguments import ArgumentParser
 from ..errors import UserError
 from ..kinds import import_kind_modules
-from .budget import match_budgets
-from .designed import run_designed
-from .eval_runs import diagnose_run, evaluate_runs, sweep_kind_modules
-from .report import plot_names, write_results
-from .runner import (
+from .analysis.table import is_synthetic
+from .plan.budget import match_budgets
+from .plan.sweep import Sweep, load_sweep
+from .report.plain import plot_names, write_results
+from .runs.designed import run_designed
+from .runs.eval_runs import diagnose_run, evaluate_runs, sweep_kind_modules
+from .runs.runner import (
     BASE_SNAPSHOT,
     LOG_FILE,
     Run,
@@ -24,8 +26,6 @@ from .runner import (
     plan_runs,
     run_sweep,
 )
-from .sweep import Sweep, load_sweep
-from .table import is_synthetic
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -16,8 +16,8 @@ from lightning.pytorch.callbacks import Callback
 from ..cache import kv_cache_bytes
 from ..fileio import write_json_atomically
 from ..model import Transformer
-from .budget import model_budget
-from .runner import SUMMARY_FILE
+from .plan.budget import model_budget
+from .runs.runner import SUMMARY_FILE
 
 
 def _logged(trainer, name: str) -> float | None:

@@ -6,7 +6,7 @@ import threading
 import time
 
 from minitx.ablation import Sweep, Variant
-from minitx.ablation.runner import RUN_FILE, given_arguments, make_run, whole_lines
+from minitx.ablation.runs.runner import RUN_FILE, given_arguments, make_run, whole_lines
 from minitx.fileio import write_json_atomically
 
 

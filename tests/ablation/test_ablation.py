@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from minitx import ablation
-from minitx.ablation import budget, eval_runs
+from minitx.ablation.plan import budget
+from minitx.ablation.runs import eval_runs
 from minitx.cli import ablate_main
 from minitx.errors import UserError
 from minitx.model import Transformer
@@ -504,7 +505,7 @@ def test_diagnostics_of_every_run_in_a_plain_sweep(tmp_path, monkeypatch):
 
 def test_no_diagnostics_for_synthetic_tasks_nor_without_evaluation(tmp_path, monkeypatch):
     from minitx.ablation.command import diagnose_runs
-    from minitx.ablation.report import BASE_PLOTS, DIAGNOSTIC_PLOTS
+    from minitx.ablation.report.plain import BASE_PLOTS, DIAGNOSTIC_PLOTS
 
     calls: list = []
     monkeypatch.setattr(eval_runs, "diagnose", fake_diagnostics(calls))
@@ -517,9 +518,9 @@ def test_no_diagnostics_for_synthetic_tasks_nor_without_evaluation(tmp_path, mon
     assert read_rows(tmp_path / "toy")[0]["sink_rate"] == ""
     # A variant that switches a text sweep to a task, and a task given after --, are tasks too.
     text_sweep = ablation.Sweep(base_text="data: {source: files}\n", overrides={}, variants=[])
-    assert not ablation.table.is_synthetic(text_sweep, ablation.Variant("v", {}))
-    assert ablation.table.is_synthetic(text_sweep, ablation.Variant("v", {"data.source": "mqar"}))
-    assert ablation.table.is_synthetic(text_sweep, ablation.Variant("v", {}), ["--data.source", "needle"])
+    assert not ablation.analysis.table.is_synthetic(text_sweep, ablation.Variant("v", {}))
+    assert ablation.analysis.table.is_synthetic(text_sweep, ablation.Variant("v", {"data.source": "mqar"}))
+    assert ablation.analysis.table.is_synthetic(text_sweep, ablation.Variant("v", {}), ["--data.source", "needle"])
 
     # eval: false keeps the old report: nothing diagnosed, no section, columns or plots.
     plain = planted_runs(tmp_path / "plain", {"mha": [2.0]})
@@ -528,7 +529,7 @@ def test_no_diagnostics_for_synthetic_tasks_nor_without_evaluation(tmp_path, mon
     ablation.write_results(plain, tmp_path / "plain", sweep=off)
     assert calls == [] and "Diagnostics" not in (tmp_path / "plain" / "results.md").read_text()
     assert "sink_rate" not in read_rows(tmp_path / "plain")[0]
-    assert ablation.report.plot_names(off) == BASE_PLOTS
+    assert ablation.report.plain.plot_names(off) == BASE_PLOTS
     assert not any((tmp_path / "plain" / name).exists() for name in DIAGNOSTIC_PLOTS)
 
 
@@ -648,8 +649,8 @@ def test_bad_eval_settings_are_user_errors(tmp_path, value, message):
 
 
 def test_data_is_prepared_once_per_setting_before_the_runs_and_a_missing_file_fails_only_its_runs(tmp_path):
-    from minitx.ablation.runner import BASE_SNAPSHOT, plan_runs, prepare_data
-    from minitx.ablation.sweep import load_sweep
+    from minitx.ablation.plan.sweep import load_sweep
+    from minitx.ablation.runs.runner import BASE_SNAPSHOT, plan_runs, prepare_data
 
     variants = [
         {"name": "mha", "overrides": {"model.attention.kind": "mha"}},

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from minitx import ablation
-from minitx.ablation import fit, significance
-from minitx.ablation.ladder import make_plan
-from minitx.ablation.sweep import load_sweep
+from minitx.ablation.analysis import fit, significance
+from minitx.ablation.plan.ladder import make_plan
+from minitx.ablation.plan.sweep import load_sweep
 from minitx.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ import pytest
 from test_ladder import BASE, ROOT, write
 
 from minitx import ablation
-from minitx.ablation.ladder import make_plan
-from minitx.ablation.sweep import load_sweep
+from minitx.ablation.plan.ladder import make_plan
+from minitx.ablation.plan.sweep import load_sweep
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from minitx import AttentionConfig, ModelConfig, Transformer
-from minitx.ablation import EvalSettings, Sweep, Variant, eval_runs, load_sweep, plan_runs
+from minitx.ablation import EvalSettings, Sweep, Variant, load_sweep, plan_runs
+from minitx.ablation.runs import eval_runs
 from minitx.ablation.summary import SUMMARY_FILE
 from minitx.checkpoint import UntrustedKindError, load_checkpoint
 from minitx.cli import eval_main, export_main, generate_main

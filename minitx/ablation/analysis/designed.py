@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..errors import UserError
+from ...errors import UserError
+from ..plan.ladder import Plan, Point
 from . import fit
-from .ladder import Plan, Point
 from .significance import Difference, compare_all
 
 
@@ -45,6 +45,12 @@ class Analysis:
 
 
 DIAGNOSTIC_KEYS = ("first_token_share", "sink_rate", "massive_ratio", "entropy")
+DIAGNOSTIC_NAMES = {
+    "first_token_share": "first-token share",
+    "sink_rate": "sink rate",
+    "massive_ratio": "massive act. (max/median)",
+    "entropy": "attention entropy (normalised)",
+}
 
 
 def analyse(plan: Plan, phases: tuple[list[Point], list[Point], list[Point]], diagnostics=None) -> Analysis:

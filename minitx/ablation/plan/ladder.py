@@ -29,11 +29,11 @@ from typing import Any
 
 import yaml
 
-from ..errors import UserError
-from ..fileio import read_json
+from ...errors import UserError
+from ...fileio import read_json
+from ..runs.runner import SUMMARY_FILE, Run, is_finished, make_run
 from .budget import budget_of, match_budgets, model_config_of
 from .design import Ladder, Size
-from .runner import SUMMARY_FILE, Run, is_finished, make_run
 from .sweep import Sweep, Variant
 
 LR_KEYS = ("model.lr", "model.min_lr", "model.muon_lr")  # every learning rate the optimiser has
@@ -234,7 +234,7 @@ def _section(sweep: Sweep, name: str) -> dict:
 
 def _module_default(name: str) -> Any:
     """The default of an optimiser or schedule setting (model.<name>), where it is declared."""
-    from ..training.optim import DEFAULTS  # torch, not Lightning: ablate starts without it
+    from ...training.optim import DEFAULTS  # torch, not Lightning: ablate starts without it
 
     return getattr(DEFAULTS, name)
 

@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
-from .table import length_key  # noqa: E402
+from ..analysis.table import length_key  # noqa: E402
 
 
 def _finished(table: list[dict]) -> list[dict]:

@@ -23,8 +23,8 @@ from typing import Any
 
 import yaml
 
-from ..configfiles import base_of, merged_config
-from ..errors import UserError
+from ...configfiles import base_of, merged_config
+from ...errors import UserError
 from .design import DESIGN_KEYS, Design, parse_design
 
 # Keys a variant may not change on its own: they decide the data, the seed or the token budget,
@@ -129,7 +129,7 @@ def load_sweep(path: str | Path) -> Sweep:
     data = read_yaml(path, "--config")
     if not isinstance(data, dict):
         raise UserError(
-            f"--config: {path} must hold a mapping with 'base' and 'variants'; see minitx/ablation/sweep.py"
+            f"--config: {path} must hold a mapping with 'base' and 'variants'; see minitx/ablation/plan/sweep.py"
         )
     unknown = sorted(set(data) - set(FILE_KEYS))
     if unknown:

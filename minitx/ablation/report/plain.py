@@ -9,11 +9,9 @@ import io
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..fileio import write_text_atomically
-from .runner import Run
-from .significance import CONFIDENCE, LEVEL, Difference, compare_all
-from .sweep import EvalSettings, Sweep
-from .table import (
+from ...fileio import write_text_atomically
+from ..analysis.significance import CONFIDENCE, LEVEL, Difference, compare_all
+from ..analysis.table import (
     DIAGNOSTIC_COLUMNS,
     TESTED_KEYS,
     aggregate,
@@ -22,6 +20,8 @@ from .table import (
     evaluated_lengths,
     length_key,
 )
+from ..plan.sweep import EvalSettings, Sweep
+from ..runs.runner import Run
 
 CSV_FIELDS = [
     "variant",
@@ -275,7 +275,7 @@ def write_results(
     reference = sweep.reference.name if sweep is not None and sweep.reference is not None else None
     text = markdown_table(table, title, [*standard_notes(rows, table, sweep), *notes], reference)
     write_text_atomically(output / "results.md", text)
-    from . import plots  # matplotlib: imported where a sweep draws, not at every ablate start
+    from . import plain_plots as plots
 
     plots.loss_curves(table, output / PLOTS[0])
     plots.cost_quality(table, output / PLOTS[1])

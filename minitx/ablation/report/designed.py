@@ -15,11 +15,11 @@ import io
 import math
 from pathlib import Path
 
-from ..fileio import read_json, write_text_atomically
-from .analysis import DIAGNOSTIC_KEYS, Analysis, share
-from .ladder import Plan, Point
-from .runner import RUN_FILE
-from .significance import CONFIDENCE, LEVEL
+from ...fileio import read_json, write_text_atomically
+from ..analysis.designed import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES, Analysis, share
+from ..analysis.significance import CONFIDENCE, LEVEL
+from ..plan.ladder import Plan, Point
+from ..runs.runner import RUN_FILE
 
 DESIGN_PLOTS = (
     "lr_sweep.png",
@@ -27,12 +27,6 @@ DESIGN_PLOTS = (
     *(f"diag_{key}.png" for key in DIAGNOSTIC_KEYS),
     "diag_loss_by_position.png",
 )
-DIAGNOSTIC_NAMES = {
-    "first_token_share": "first-token share",
-    "sink_rate": "sink rate",
-    "massive_ratio": "massive act. (max/median)",
-    "entropy": "attention entropy (normalised)",
-}
 CSV_FIELDS = [
     "arm", "size", "budget", "multiplier", "seed", "role", "status", "error", "steps", "tokens", "flops",
     "params", "flops_per_token", "final_val_loss", *DIAGNOSTIC_KEYS, "branch_of", "run_dir",
@@ -301,12 +295,12 @@ def _notes(plan: Plan, analysis: Analysis) -> list[str]:
 def write_design_results(
     plan: Plan, analysis: Analysis, all_points: list[Point], title: str, diagnostics
 ) -> None:
-    from . import design_plots
+    from . import designed_plots
 
     output = plan.output
     write_text_atomically(output / "results.csv", csv_text(all_points, diagnostics))
     write_text_atomically(output / "results.md", markdown(plan, analysis, title, all_points))
-    design_plots.draw_all(plan, analysis, all_points, diagnostics, output)
+    designed_plots.draw_all(plan, analysis, all_points, diagnostics, output)
 
 
 def plot_paths(output: Path) -> list[Path]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import UserError
+from ...errors import UserError
 
 MIN_POINTS = 5
 HUBER_DELTA = 1e-3

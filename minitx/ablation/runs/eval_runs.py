@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import BEST, LAST
-from ..errors import one_line
-from ..evaluation import evaluate_checkpoint
-from ..fileio import read_json, write_json_atomically
-from .budget import model_section
+from ...checkpoint import BEST, LAST
+from ...errors import one_line
+from ...evaluation import evaluate_checkpoint
+from ...fileio import read_json, write_json_atomically
+from ..plan.budget import model_section
 from .runner import SUMMARY_FILE, Run, is_finished
-from .sweep import EvalSettings, Sweep
+from ..plan.sweep import EvalSettings, Sweep
 
 EVAL_FILE = "evaluation.json"
 CHECKPOINT_DIR = "checkpoints"  # inside a run's directory (minitx/checkpoint.py's layout)
@@ -138,8 +138,8 @@ DIAGNOSTIC_SEQUENCES, DIAGNOSTIC_LENGTH = 100, 64  # Gu et al.'s sink-rate setti
 def diagnose(checkpoint: Path, trust_kind_modules: Sequence[str] = ()) -> dict:
     """minitx.evaluation.diagnostics on the run's own held-out text (its validation split):
     100 sequences of min(64, block_size) tokens, through each kind's materialised attention."""
-    from ..evaluation.diagnostics import run_diagnostics, validation_sequences
-    from ..evaluation.evaluate import load_checkpoint
+    from ...evaluation.diagnostics import run_diagnostics, validation_sequences
+    from ...evaluation.evaluate import load_checkpoint
 
     model, tokenizer, raw = load_checkpoint(
         str(checkpoint), label="diagnostics", trust_kind_modules=list(trust_kind_modules)

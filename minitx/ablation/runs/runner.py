@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
-from ..fileio import read_json, write_json_atomically, write_text_atomically
-from ..training import check_train_args
-from .sweep import Sweep, Variant
+from ...errors import UserError
+from ...fileio import read_json, write_json_atomically, write_text_atomically
+from ...training import check_train_args
+from ..plan.sweep import Sweep, Variant
 
 # How a run is launched: the training command's contract (minitx/training). A command string,
 # so the sweep depends on the command line, not on the command's module.
@@ -162,7 +162,7 @@ def prepare_data(runs: Sequence[Run], log: Any = print) -> None:
     """Prepare each distinct data setting of the runs once, before any starts: the runs then only
     open the shards (a run that prepared would make the others wait on its lock, or, run by run,
     repeat the check of every file)."""
-    from ..data.datamodule import TextDataModule
+    from ...data.datamodule import TextDataModule
 
     seen: set[str] = set()
     variants: set[str] = set()

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import UserError
+from ...errors import UserError
 
 DESIGN_KEYS = ("budget", "lr_sweep", "ladder", "seeds_at")
 

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 import yaml
 
-from ..config import ModelConfig
-from ..errors import UserError
-from ..model import Transformer
+from ...config import ModelConfig
+from ...errors import UserError
+from ...model import Transformer
 from .sweep import Sweep, Variant
 
 TOLERANCE = 0.02  # a matched variant's count is within 2% of the reference's

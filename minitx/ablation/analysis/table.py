@@ -10,13 +10,12 @@ from typing import Any
 
 import yaml
 
-from ..data.config import TASKS
-from ..fileio import read_json
-from .analysis import DIAGNOSTIC_KEYS
-from .design_report import DIAGNOSTIC_NAMES
-from .eval_runs import DIAGNOSTICS_FILE, evaluate_run, read_diagnostics
-from .runner import RUN_FILE, SUMMARY_FILE, Run
-from .sweep import EvalSettings, Sweep, Variant
+from ...data.config import TASKS
+from ...fileio import read_json
+from ..plan.sweep import EvalSettings, Sweep, Variant
+from ..runs.eval_runs import DIAGNOSTICS_FILE, evaluate_run, read_diagnostics
+from ..runs.runner import RUN_FILE, SUMMARY_FILE, Run
+from .designed import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES
 
 # (column in results.csv, heading in results.md, format, higher is better? None: not a quality)
 COLUMNS = [

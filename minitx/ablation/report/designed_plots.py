@@ -11,9 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 import numpy as np  # noqa: E402
 
-from .analysis import DIAGNOSTIC_KEYS, Analysis  # noqa: E402
-from .design_report import DIAGNOSTIC_NAMES  # noqa: E402
-from .ladder import Plan, Point  # noqa: E402
+from ..analysis.designed import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES, Analysis  # noqa: E402
+from ..plan.ladder import Plan, Point  # noqa: E402
 
 
 def _finish(fig, ax, path: Path, title: str, empty: str) -> None:

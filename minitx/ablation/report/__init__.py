@@ -1,0 +1,1 @@
+"""The report of a sweep: results.md, results.csv and the plots."""
