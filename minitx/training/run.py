@@ -42,7 +42,7 @@ class RunSettings:
         validations and at the end).
     keep_every_n_steps: keep each timed checkpoint as step-<N>.ckpt instead of only refreshing last.ckpt.
     keep_steps: also keep a checkpoint as step-<N>.ckpt at each of these optimiser steps (the
-        ablation ladder branches a learning-rate decay from each, see minitx/ablation/ladder.py).
+        ablation ladder branches a learning-rate decay from each, see minitx/ablation/plan/ladder.py).
     tensorboard: also write TensorBoard event files, beside the CSV logs in <run dir>/logs
         (`tensorboard --logdir <run dir>/logs`).
     wandb: also log to Weights & Biases (WANDB_MODE=offline works without an account).
