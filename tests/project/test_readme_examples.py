@@ -53,7 +53,7 @@ def small(words: list[str], tmp: Path) -> list[str]:
         return [*words, "--seeds", "1", "--only", "mha,mqa", "--output", str(tmp / name), "--", *TRAIN[:6]]
     if script == "evaluate.py" and "--attention-maps" in words:
         return words
-    return [*words, *SMALL[script]]
+    return [*words, *SMALL.get(script, [])]
 
 
 def test_readme_examples_run_in_order_on_a_fresh_clone(tmp_path):
