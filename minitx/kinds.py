@@ -55,8 +55,9 @@ class KindSpec:
     """What one attention kind knows about itself.
 
     name: the value of `attention.kind` / an entry of `attention.layers`.
-    module: the layer class (a subclass of minitx.attention.Attention), called as
-        module(model_config, layer_index); it reads its options with `config.options_at(layer)`.
+    module: the layer class (a subclass of minitx.KindLayer, or of minitx.Attention for a softmax
+        kind), called as module(model_config, layer_index); it reads its options with
+        `config.options_at(layer)`.
     options: the kind's options, a dataclass with a default for every field. Its annotations are
         checked (int, float, bool, str, Literal choices, lists, None), its __post_init__ checks the
         rest and raises OptionError(field, problem, fix); the user sees `attention.options.<kind>.<field>`.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..config import ModelConfig
 from ..kinds import KindSpec, register, registry
 from ..rope import apply_rope
-from . import diff, grouped, local, mla, mta
+from . import diff, gdn, grouped, local, mla, mta
 from .base import Attention, KindLayer
 
 register(grouped.MHA)  # n_kv_head = n_head
@@ -20,6 +20,7 @@ register(local.LOCAL)
 register(mta.MTA)
 register(mla.MLA)
 register(diff.DIFF)
+register(gdn.GDN)  # Gated DeltaNet: linear attention, a recurrent state
 
 
 def build(config: ModelConfig, layer: int) -> KindLayer:

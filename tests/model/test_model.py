@@ -120,6 +120,17 @@ KIND_CASES = {
             "local": {"window": 5},
         },
     ),
+    # Chunks of 16: T = 67 is four full chunks and a partial one.
+    "gdn": dict(kind="gdn", options={"gdn": {"chunk_size": 16}}),
+    "gdn-grouped-values-deltanet": dict(
+        kind="gdn",
+        options={"gdn": {"chunk_size": 16, "n_value_head": 8, "decay": False, "allow_neg_eigval": True}},
+    ),
+    "mixed-gdn-gated-mha": dict(
+        layers=["gdn", "gdn", "gdn", "mha"],
+        options={"gdn": {"chunk_size": 16}, "mha": {"gate": "head", "qk_norm": True}},
+        n_layer=4,
+    ),
 }
 
 

@@ -1,0 +1,259 @@
+"""Gated DeltaNet (gdn): its three paths against each other, transformers' Qwen3-Next, its cache.
+
+- the chunked form (WY/UT transform) equals the token loop in float64 at awkward sizes (T = 1, no
+  multiple of the chunk, grouped value heads, an initial state, documents starting mid-chunk);
+- the layer equals transformers' `Qwen3NextGatedDeltaNet` with copied weights, and the chunked
+  function its `torch_chunk_gated_delta_rule`, in float32;
+- prefill then one-token steps through the cache equal the full forward; greedy decoding with the
+  cache equals decoding without it; the cache (convolution window and float32 state) does not grow
+  with the context, and decoding goes on past block_size exactly;
+- bad options are one-line errors naming the option.
+
+Causality (gdn and the 3:1 hybrid) and documents ([doc A][doc B] at B's positions equals [doc B]
+alone, in one pass and through the cache) are the tables every kind is held to:
+tests/model/test_model.py (KIND_CASES) and tests/model/test_documents.py.
+
+transformers dispatches to flash-linear-attention and causal-conv1d whenever they import, with no
+device check: its torch functions are the reference only where they are not installed, so the
+comparisons skip with that reason otherwise.
+
+Each test draws a fresh seed (printed in the captured output of a failure); set MINITX_TEST_SEED
+to replay one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minitx import AttentionConfig, ModelConfig, Transformer, kv_cache_bytes
+from minitx.attention.gdn import GatedDeltaNet, chunk_gated_delta, recurrent_gated_delta
+from minitx.decoding import generate
+from minitx.errors import UserError
+from minitx.verify import cached_logits
+
+pytestmark = pytest.mark.usefixtures("seed", "one_thread")
+
+VOCAB = 32
+KERNELS = [name for name in ("fla", "causal_conv1d") if importlib.util.find_spec(name) is not None]
+needs_torch_reference = pytest.mark.skipif(
+    bool(KERNELS),
+    reason=f"{', '.join(KERNELS)} installed: transformers would run those kernels instead of its torch reference",
+)
+
+
+def inputs(B, Hk, Hv, T, dk, dv, dtype=torch.float64):
+    """Random q, k (unit keys, as the layer makes them), v, g <= 0 and beta in (0, 1); key heads
+    repeated over their value heads as the layer does."""
+    q = torch.randn(B, Hk, T, dk, dtype=dtype)
+    k = F.normalize(torch.randn(B, Hk, T, dk, dtype=dtype), dim=-1)
+    q, k = q.repeat_interleave(Hv // Hk, 1), k.repeat_interleave(Hv // Hk, 1)
+    v = torch.randn(B, Hv, T, dv, dtype=dtype)
+    g = -torch.rand(B, Hv, T, dtype=dtype) * 2
+    beta = torch.rand(B, Hv, T, dtype=dtype)
+    return q, k, v, g, beta
+
+
+@pytest.mark.parametrize("T", [1, 5, 37, 67])
+def test_chunked_form_equals_the_token_loop_in_float64(T):
+    q, k, v, g, beta = inputs(2, 2, 4, T, 6, 5)
+    state = torch.randn(2, 4, 6, 5, dtype=torch.float64)
+    resets = torch.rand(2, T) < 0.15  # documents starting anywhere, mid-chunk included
+    for reset in (None, resets):
+        for carried in (None, state):
+            want_o, want_h = recurrent_gated_delta(q, k, v, g, beta, 0.4, carried, reset)
+            for C in (1, 16, 64):
+                o, h = chunk_gated_delta(q, k, v, g, beta, 0.4, C, carried, reset)
+                assert (o - want_o).abs().max() < 1e-12, (C, reset is None, carried is None)
+                assert (h - want_h).abs().max() < 1e-12
+    # DeltaNet is the same rule without decay: g = 0.
+    o, _ = chunk_gated_delta(q, k, v, torch.zeros_like(g), beta, 0.4, 16)
+    assert (o - recurrent_gated_delta(q, k, v, torch.zeros_like(g), beta, 0.4)[0]).abs().max() < 1e-12
+
+
+@needs_torch_reference
+def test_chunked_function_equals_transformers_torch_chunk_gated_delta_rule():
+    from transformers.models.qwen3_next import modeling_qwen3_next as qwen3_next
+
+    B, Hk, Hv, T, dk, dv = 2, 2, 4, 75, 8, 6
+    q, k, v, g, beta = inputs(B, Hk, Hv, T, dk, dv, dtype=torch.float32)
+    state = torch.randn(B, Hv, dk, dv)
+    ours, our_state = chunk_gated_delta(q, k, v, g, beta, dk**-0.5, 64, state)
+    # transformers takes (B, T, H, D), key heads unrepeated, and repeats them itself.
+    theirs, their_state = qwen3_next.torch_chunk_gated_delta_rule(
+        *(t[:, :: Hv // Hk].transpose(1, 2) for t in (q, k)),
+        *(t.transpose(1, 2) for t in (v, g, beta)),
+        chunk_size=64,
+        initial_state=state,
+        output_final_state=True,
+    )
+    assert (ours - theirs.transpose(1, 2)).abs().max() < 1e-5
+    assert (our_state - their_state).abs().max() < 1e-5
+
+
+def gdn_config(block_size=96, n_layer=1, layers=None, **options) -> ModelConfig:
+    return ModelConfig(
+        vocab_size=VOCAB,
+        block_size=block_size,
+        n_layer=n_layer,
+        n_head=2,
+        d_model=32,
+        attention=AttentionConfig(kind="gdn", layers=layers, options={"gdn": options}),
+    )
+
+
+def copy_qwen3_next(theirs, ours: GatedDeltaNet) -> None:
+    """transformers' weights into minitx's layout. Its in_proj_qkvz interleaves per key head
+    [q (dk) | k (dk) | v (r dv) | z (r dv)] and its in_proj_ba [b (r) | a (r)], r value heads per
+    key head; minitx keeps one projection each, heads in order, so the rows are regrouped."""
+    Hk, dk, dv, d = ours.n_head, ours.key_dim, ours.value_dim, theirs.hidden_size
+    r = ours.n_value_head // Hk
+    q, k, v, z = theirs.in_proj_qkvz.weight.view(Hk, 2 * dk + 2 * r * dv, d).split(
+        [dk, dk, r * dv, r * dv], 1
+    )
+    b, a = theirs.in_proj_ba.weight.view(Hk, 2 * r, d).split([r, r], 1)
+    with torch.no_grad():
+        for mine, weight in [
+            ("q_proj", q),
+            ("k_proj", k),
+            ("v_proj", v),
+            ("g_proj", z),
+            ("b_proj", b),
+            ("a_proj", a),
+        ]:
+            getattr(ours, mine).weight.copy_(weight.reshape(-1, d))
+        ours.conv.weight.copy_(theirs.conv1d.weight)  # both convolve [q | k | v], heads in order
+        ours.A_log.copy_(theirs.A_log)
+        ours.dt_bias.copy_(theirs.dt_bias)
+        ours.norm.weight.copy_(theirs.norm.weight)
+        ours.out_proj.weight.copy_(theirs.out_proj.weight)
+
+
+@needs_torch_reference
+@pytest.mark.parametrize("value_heads", [2, 4])
+def test_layer_equals_transformers_qwen3_next_gated_deltanet(value_heads):
+    from transformers import Qwen3NextConfig
+    from transformers.models.qwen3_next import modeling_qwen3_next as qwen3_next
+
+    config = gdn_config(key_head_dim=8, value_head_dim=6, n_value_head=value_heads)
+    hf = Qwen3NextConfig(
+        hidden_size=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=value_heads,
+        linear_key_head_dim=8,
+        linear_value_head_dim=6,
+        linear_conv_kernel_dim=4,
+        rms_norm_eps=1e-6,
+        num_hidden_layers=1,
+        layer_types=["linear_attention"],
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    theirs = qwen3_next.Qwen3NextGatedDeltaNet(hf, 0).eval()
+    with torch.no_grad():  # far from the init, so every part matters (norm weights off 1)
+        for param in theirs.parameters():
+            param.normal_(0, 0.3)
+    ours = GatedDeltaNet(config, 0).eval()
+    copy_qwen3_next(theirs, ours)
+    x = torch.randn(2, 75, 32)  # a chunk of 64 and a partial one
+    with torch.no_grad():
+        assert (ours(x) - theirs(x)).abs().max() < 1e-5
+
+
+def random_model(config: ModelConfig) -> Transformer:
+    model = Transformer(config)
+    with torch.no_grad():  # random, not the init: logits far from ties, every part matters
+        for name, param in model.named_parameters():
+            if not name.endswith(("A_log", "dt_bias")):
+                param.copy_(0.4 * torch.randn_like(param))
+    return model.eval()
+
+
+CACHE_CASES = {
+    "gdn": dict(chunk_size=16),
+    "deltanet-grouped-neg-eigval": dict(chunk_size=16, n_value_head=4, decay=False, allow_neg_eigval=True),
+    "hybrid": dict(chunk_size=16, layers=["gdn", "gdn", "gdn", "mha"], n_layer=4),
+}
+
+
+def cache_config(name: str, **changes) -> ModelConfig:
+    options = dict(CACHE_CASES[name])
+    layers, n_layer = options.pop("layers", None), options.pop("n_layer", 2)
+    return gdn_config(n_layer=n_layer, layers=layers, **{**options, **changes})
+
+
+@pytest.mark.parametrize("name", list(CACHE_CASES))
+def test_prefill_and_steps_through_the_cache_equal_the_full_forward(name):
+    model = random_model(cache_config(name))
+    seq = torch.randint(0, VOCAB, (2, 40))
+    with torch.no_grad():
+        full = model(seq)
+    for prompt_len in (1, 19):  # one token; more than a chunk and not a multiple of it
+        assert (cached_logits(model, seq, prompt_len) - full[:, prompt_len - 1 :]).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("name", ["gdn", "hybrid"])
+def test_greedy_decoding_with_and_without_the_cache_agree(name):
+    model = random_model(cache_config(name, chunk_size=8))
+    prompt = torch.randint(0, VOCAB, (2, 3))
+    with_cache = generate(model, prompt, 40, temperature=0)
+    assert torch.equal(with_cache, generate(model, prompt, 40, temperature=0, use_cache=False))
+
+
+def test_cache_does_not_grow_with_the_context():
+    config = gdn_config(n_layer=2, key_head_dim=8, value_head_dim=6, n_value_head=4, conv_size=3)
+    # Per layer: the last 2 inputs of 2 x 2 x 8 + 4 x 6 channels, and 4 states of 8 x 6, float32.
+    per_layer = (2 * (2 * 2 * 8 + 4 * 6) + 4 * 8 * 6) * 4
+    for length in (1, 96, 100_000):
+        assert kv_cache_bytes(config, length, batch=3) == 2 * 3 * per_layer
+    assert Transformer(config).new_cache(batch=3, max_len=50).nbytes() == 2 * 3 * per_layer
+    # The state stays float32 under a half-precision cache; the window takes the model's dtype.
+    half = kv_cache_bytes(config, 10, dtype=torch.bfloat16)
+    assert half == 2 * ((2 * (2 * 2 * 8 + 4 * 6)) * 2 + 4 * 8 * 6 * 4)
+    # A hybrid's softmax layer grows with the context as its kind does; its gdn layers do not.
+    hybrid = gdn_config(n_layer=4, layers=["gdn", "gdn", "gdn", "mha"])
+    assert kv_cache_bytes(hybrid, 80) - kv_cache_bytes(hybrid, 40) == 2 * 40 * 32 * 4
+
+
+def test_decoding_past_block_size_is_exact():
+    """A gdn layer has no positions: with the cache it goes on past block_size as a model with a
+    longer context computes in one pass (a prompt longer than the block included)."""
+    short = random_model(gdn_config(block_size=16, n_layer=2, chunk_size=8))
+    long = Transformer(gdn_config(block_size=64, n_layer=2, chunk_size=8)).eval()
+    long.load_state_dict(short.state_dict())
+    seq = torch.randint(0, VOCAB, (2, 45))
+    with torch.no_grad():
+        full = long(seq)
+    for prompt_len in (5, 21):
+        assert (cached_logits(short, seq, prompt_len) - full[:, prompt_len - 1 :]).abs().max() < 1e-4
+    assert generate(short, seq[:, :3], 30, temperature=0).shape == (2, 33)
+
+
+def test_options_are_checked_in_one_line():
+    with pytest.raises(
+        UserError, match=r"attention\.options\.gdn\.n_value_head: is 3, not a multiple of n_head=2"
+    ):
+        gdn_config(n_value_head=3)
+    with pytest.raises(UserError, match=r"attention\.options\.gdn\.chunk_size: is 0; use a positive size"):
+        gdn_config(chunk_size=0)
+    with pytest.raises(UserError, match=r"attention\.options\.gdn\.backend: unknown value 'triton'"):
+        gdn_config(backend="triton")
+    if not importlib.util.find_spec("fla"):
+        with pytest.raises(UserError, match=r"backend: is fla, but flash-linear-attention is not installed"):
+            gdn_config(backend="fla")
+    model = Transformer(gdn_config())
+    with pytest.raises(UserError, match="layer 0 is gdn, a linear recurrence with no softmax map"):
+        model.attention_maps(torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_export_refuses_gdn_in_one_line(tmp_path):
+    from helpers import export_model
+
+    from minitx.data.tokenizer import CharTokenizer
+
+    model = Transformer(gdn_config(n_layer=4, layers=["gdn", "gdn", "gdn", "mha"]))
+    with pytest.raises(UserError, match=r"uses attention kind gdn, which export does not support yet"):
+        export_model(tmp_path, model, CharTokenizer("abcdefghijklmnopqrstuvwxyz ,.!?"))
