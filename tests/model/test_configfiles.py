@@ -19,7 +19,7 @@ from minitx.configfiles import (
 from minitx.errors import UserError
 from minitx.training.command import checked_config
 
-KIND_FILES = ["mha", "mqa", "gqa", "local", "mta"]
+KIND_FILES = ["mha", "mqa", "gqa", "local", "mta", "gdn"]
 
 
 def options_flag(args: list[str]) -> dict | None:
@@ -102,6 +102,19 @@ def test_each_variant_file_is_the_default_run_with_its_variant(name):
     attention = parsed["model"]["attention"]
     assert attention["kind"] == kind
     assert options.items() <= attention["options"][kind].items()
+
+
+def test_the_hybrid_file_is_the_default_run_with_three_gdn_layers_to_one_gated_softmax():
+    overlay = yaml.safe_load((REPO_ROOT / "configs" / "hybrid.yaml").read_text())
+    assert overlay["base"] == "default.yaml" and set(overlay) == {"base", "model"}
+    parsed = checked_config(with_config_files(["--config", "configs/hybrid.yaml"]))
+    default = checked_config(with_config_files([]))
+    for section in ("data", "trainer"):
+        assert parsed[section] == default[section], section
+    assert {k for k, v in parsed["model"].items() if v != default["model"][k]} == {"attention"}
+    attention = parsed["model"]["attention"]
+    assert attention["layers"] == ["gdn", "gdn", "gdn", "mha"]
+    assert attention["options"]["mha"]["qk_norm"] and attention["options"]["mha"]["gate"] == "elementwise"
 
 
 def test_an_option_flag_changes_one_option_and_keeps_the_others():
