@@ -15,7 +15,7 @@ goes through `reference`): fused attention never forms them. Every softmax map c
 so differential attention gives two per layer (A1 and A2, each over H/2 heads), and its heads are
 pooled with the layer's. MTA's map is the one its values read, after its post-softmax convolution
 and head mixing: a mixture of softmax rows, near them as trained from the identity, though a weight
-may fall below 0 (entropy counts only weights above 0). The functions below take `maps` as one
+may fall below 0 or a row rise above 1, and such a map has no entropy. The functions below take `maps` as one
 entry per layer, each a (B, H, T, T) tensor or a list of them (a layer's several maps); a single
 tensor is one layer.
 """
@@ -76,8 +76,12 @@ def key_zero_by_head(A: Tensor, visible: Tensor) -> tuple[Tensor, Tensor]:
 def entropy_sum(A: Tensor, visible: Tensor) -> tuple[float, int]:
     """The sum over sequences, heads and counted rows of each row's normalised entropy
     -sum_j A[i, j] log A[i, j] / log(n_i), and the number of rows counted: those that see
-    n_i >= 2 keys (a row of one key has entropy 0 of at most 0: no figure)."""
-    p = A.clamp(min=0)  # only a probability enters; MTA's post-softmax convolution may leave a weight < 0
+    n_i >= 2 keys (a row of one key has entropy 0 of at most 0: no figure). A map that is no
+    probability distribution, with a weight below 0 or a row above 1 (MTA's weights after its
+    post-softmax convolution and head mixing), has no entropy: it counts no rows."""
+    if bool((A < -1e-6).any()) or bool((A.sum(-1) > 1 + 1e-3).any()):
+        return 0.0, 0
+    p = A.clamp(min=0)  # rounding below 0
     per_row = -torch.special.xlogy(p, p).sum(-1)  # (B, H, T); 0 log 0 = 0
     seen = visible.sum(-1)  # (T,)
     rows = seen >= 2

@@ -268,3 +268,20 @@ def test_evaluate_diagnostics_end_to_end(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--diagnostics: the run trained on the synthetic task 'mqar'" in err
     assert math.isfinite(figures["entropy"])
+
+
+def test_a_map_that_is_no_distribution_has_no_entropy():
+    """MTA's weights after its post-softmax convolution and head mixing may exceed 1 in a row or
+    fall below 0: -sum p log p of them is no entropy (it goes negative), so such a layer has none."""
+    T = 6
+    uniform = torch.tril(torch.ones(T, T)) / torch.arange(1, T + 1).unsqueeze(1)
+    mixed = uniform.clone()
+    mixed[3] *= 3.0  # a row summing to 3
+    negative = uniform.clone()
+    negative[4, 0] = -0.1
+    mean, by_layer = attention_entropy(
+        [uniform.view(1, 1, T, T), mixed.view(1, 1, T, T), negative.view(1, 1, T, T)]
+    )
+    assert by_layer[0] == pytest.approx(1.0, abs=1e-6)
+    assert by_layer[1] is None and by_layer[2] is None
+    assert mean == pytest.approx(1.0, abs=1e-6)
