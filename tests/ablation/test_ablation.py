@@ -520,7 +520,9 @@ def test_no_diagnostics_for_synthetic_tasks_nor_without_evaluation(tmp_path, mon
     text_sweep = ablation.Sweep(base_text="data: {source: files}\n", overrides={}, variants=[])
     assert not ablation.analysis.table.is_synthetic(text_sweep, ablation.Variant("v", {}))
     assert ablation.analysis.table.is_synthetic(text_sweep, ablation.Variant("v", {"data.source": "mqar"}))
-    assert ablation.analysis.table.is_synthetic(text_sweep, ablation.Variant("v", {}), ["--data.source", "needle"])
+    assert ablation.analysis.table.is_synthetic(
+        text_sweep, ablation.Variant("v", {}), ["--data.source", "needle"]
+    )
 
     # eval: false keeps the old report: nothing diagnosed, no section, columns or plots.
     plain = planted_runs(tmp_path / "plain", {"mha": [2.0]})

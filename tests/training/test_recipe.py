@@ -22,6 +22,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from runs import (
+    SAVE_STEPS,
+    STEPS,
+    assert_resumed_losses_equal,
+    checkpoint_step,
+    finish,
+    tiny_config,
+    train_process,
+    with_callback,
+    write_config,
+)
 
 from minitx.checkpoint import LAST
 from minitx.cli import train_main
@@ -41,17 +52,6 @@ from minitx.training.optim import (
     optimizer_groups,
     optimizer_of_state,
     split_for_muon,
-)
-from runs import (
-    SAVE_STEPS,
-    STEPS,
-    assert_resumed_losses_equal,
-    checkpoint_step,
-    finish,
-    tiny_config,
-    train_process,
-    with_callback,
-    write_config,
 )
 
 # The recipe under test, on the tiny run of runs.tiny_config: 24 steps, warmup 5, the decay over

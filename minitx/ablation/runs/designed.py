@@ -14,9 +14,9 @@ from pathlib import Path
 from ...errors import UserError
 from ...fileio import write_text_atomically
 from ..analysis.designed import analyse
+from ..plan.ladder import Plan, Point, make_plan
 from ..report.designed import DESIGN_PLOTS, write_design_results
 from .eval_runs import diagnose_run, read_diagnostics
-from ..plan.ladder import Plan, Point, make_plan
 from .runner import BASE_SNAPSHOT, given_arguments, is_finished, run_sweep
 
 

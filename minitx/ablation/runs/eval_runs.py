@@ -23,8 +23,8 @@ from ...errors import one_line
 from ...evaluation import evaluate_checkpoint
 from ...fileio import read_json, write_json_atomically
 from ..plan.budget import model_section
-from .runner import SUMMARY_FILE, Run, is_finished
 from ..plan.sweep import EvalSettings, Sweep
+from .runner import SUMMARY_FILE, Run, is_finished
 
 EVAL_FILE = "evaluation.json"
 CHECKPOINT_DIR = "checkpoints"  # inside a run's directory (minitx/checkpoint.py's layout)
