@@ -17,7 +17,6 @@ E) has an unbounded multiplier, reported as infinity.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -53,11 +52,6 @@ class Fit:
         return {"E": self.E, "A": self.A, "alpha": self.alpha, "C0": self.C0}
 
 
-def scipy_module(name: str):
-    """A scipy module, imported (it is heavy; only the analysis needs it)."""
-    return importlib.import_module(name)
-
-
 @contextmanager
 def one_blas_thread():
     """BLAS on one thread while fitting: L-BFGS-B calls it on vectors of three, and OpenBLAS's
@@ -82,7 +76,8 @@ def fit_curve(
 ) -> Fit:
     """The Huber fit in log space of L(C) = E + A (C/C0)^-alpha to the points (see module doc),
     from a grid of starts, or from `start` and one other (a bootstrap refit near its point fit)."""
-    minimize = scipy_module("scipy.optimize").minimize
+    from scipy.optimize import minimize  # heavy: only a designed sweep's analysis needs it
+
     x, y = np.asarray(compute, dtype=float), np.asarray(loss, dtype=float)
     if len(x) < min_points:
         raise UserError(f"a fit of loss against compute needs {min_points} or more points, got {len(x)}")

@@ -12,8 +12,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .fit import scipy_module
-
 LEVEL = 0.01  # modded-nanogpt's bar for a record
 CONFIDENCE = 0.95
 
@@ -37,7 +35,8 @@ class Difference:
 
 def welch(arm: Sequence[float], baseline: Sequence[float], confidence: float = CONFIDENCE) -> Difference:
     """Welch's t-test of two samples of 2 or more values each (nan p when both have no spread)."""
-    stats = scipy_module("scipy.stats")
+    from scipy import stats  # heavy: only the report's tests need it
+
     a, b = list(arm), list(baseline)
     if len(a) < 2 or len(b) < 2:
         raise ValueError("Welch's test needs 2 or more values on each side")
