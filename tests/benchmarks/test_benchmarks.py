@@ -149,8 +149,9 @@ def test_mta_kernels_benchmark_times_the_c_loops_against_torch(tmp_path):
     assert all(float(row[2]) > 0 and float(row[3]) > 0 for row in rows) and all(row[5] for row in rows[::3])
 
 
-@pytest.mark.slow
-def test_train_throughput_benchmark_compares_the_loops(tmp_path):
+def tiny_files_config(tmp_path) -> None:
+    """tmp_path/tiny.yaml: a one-layer model on a few hundred lines of random words, so a
+    training benchmark runs its steps in seconds."""
     rng = random.Random(0)
     for name, lines in (("train.txt", 400), ("val.txt", 80)):
         (tmp_path / name).write_text(
@@ -167,6 +168,11 @@ def test_train_throughput_benchmark_compares_the_loops(tmp_path):
         },
     }
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(config))
+
+
+@pytest.mark.slow
+def test_train_throughput_benchmark_compares_the_loops(tmp_path):
+    tiny_files_config(tmp_path)
     out = run_script(
         "train_throughput.py",
         "--config",
@@ -185,22 +191,7 @@ def test_train_throughput_benchmark_compares_the_loops(tmp_path):
 
 @pytest.mark.slow
 def test_mfu_benchmark_prints_peak_ratio_and_profile(tmp_path):
-    rng = random.Random(0)
-    for name, lines in (("train.txt", 400), ("val.txt", 80)):
-        (tmp_path / name).write_text(
-            "".join(" ".join(rng.choices(WORDS, k=rng.randint(3, 9))) + ".\n" for _ in range(lines))
-        )
-    config = {
-        "model": {"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 32},
-        "data": {
-            "source": "files",
-            "train_files": str(tmp_path / "train.txt"),
-            "val_files": str(tmp_path / "val.txt"),
-            "batch_size": 4,
-            "cache_dir": str(tmp_path / "cache"),
-        },
-    }
-    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(config))
+    tiny_files_config(tmp_path)
     args = ("--steps", "4", "--skip", "1", "--size", "64", "--repeats", "2", "--profile-steps", "1")
     out = run_script("mfu.py", "--config", str(tmp_path / "tiny.yaml"), *args, cwd=tmp_path)
     assert re.search(r"peak: [\d.]+ GFLOP/s \(float32 64 x 64 matmul", out), out[-1000:]
