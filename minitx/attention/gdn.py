@@ -304,7 +304,11 @@ class GatedDeltaNet(KindLayer):
             source = source + torch.arange(K, device=mixed.device)
             seen = (source[None] >= docs.starts[:, :, None]).to(mixed.dtype)  # (B, T, K)
             out = torch.einsum("btck,btk,ck->btc", windows, seen, self.conv.weight.squeeze(1))
-        return F.silu(out), padded[:, padded.shape[1] - (K - 1) :]
+        window = padded[:, padded.shape[1] - (K - 1) :]
+        if docs is not None:  # keep only the running document's inputs: nothing from before it stays
+            kept = start + T - (K - 1) + torch.arange(K - 1, device=mixed.device)
+            window = window * (kept[None] >= docs.starts[:, -1:]).to(window.dtype)[..., None]
+        return F.silu(out), window
 
     def heads(self, x: Tensor, width: int) -> Tensor:
         B, T, _ = x.shape
@@ -317,14 +321,14 @@ class GatedDeltaNet(KindLayer):
         positions = torch.arange(docs.offset, docs.offset + T, device=docs.starts.device)
         return docs.starts == positions
 
-    def forward(
-        self, x: Tensor, rope=None, cache: GDNCache | None = None, docs: Documents | None = None
-    ) -> Tensor:
-        # `rope` is not used: the state has no positions, order enters through the recurrence.
+    def recurrence_inputs(
+        self, x: Tensor, window: Tensor | None, docs: Documents | None, start: int
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """q, k (unit, key heads repeated over their value heads), v, the decay's log g and beta
+        (B, value heads, T) of input x (B, T, d) whose first token sits at `start`, after the
+        convolution window `window`; and the convolution's new window."""
         B, T, _ = x.shape
-        start = cache.n_seen if cache is not None else 0
         mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        window = cache.conv if cache is not None and cache.n_seen > 0 else None
         mixed, new_window = self.convolve(mixed, window, docs, start)
         keys = self.n_head * self.key_dim
         q, k, v = mixed.split([keys, keys, self.n_value_head * self.value_dim], dim=-1)
@@ -341,6 +345,16 @@ class GatedDeltaNet(KindLayer):
         else:
             g = beta.new_zeros(beta.shape)
         beta, g = beta.transpose(1, 2), g.transpose(1, 2)  # (B, value heads, T)
+        return q, k, v, g, beta, new_window
+
+    def forward(
+        self, x: Tensor, rope=None, cache: GDNCache | None = None, docs: Documents | None = None
+    ) -> Tensor:
+        # `rope` is not used: the state has no positions, order enters through the recurrence.
+        B, T, _ = x.shape
+        start = cache.n_seen if cache is not None else 0
+        window = cache.conv if cache is not None and cache.n_seen > 0 else None
+        q, k, v, g, beta, new_window = self.recurrence_inputs(x, window, docs, start)
         state = cache.state if cache is not None and cache.n_seen > 0 else None
         resets = self.resets(docs, T)
         if self.use_fla(q, docs):
@@ -383,10 +397,20 @@ class GatedDeltaNet(KindLayer):
         return o.transpose(1, 2), h.float()
 
     def attention_weights(self, x: Tensor, rope=None) -> Tensor:
-        raise UserError(
-            f"attention maps: layer {self.layer} is gdn, a linear recurrence with no softmax map; "
-            "draw maps of a model whose layers are softmax kinds"
-        )
+        """The layer's materialised linear map M (B, value heads, T, T) over input x from an empty
+        state: its output before the norm and gate is o_t = sum_j M_tj v_j. The recurrence is
+        linear in v, so M is its output for the identity's rows as values (v_j = e_j). Lower
+        triangular, signed and unnormalised (the delta rule subtracts what a key already holds):
+        no probability distribution."""
+        q, k, v, g, beta, _ = self.recurrence_inputs(x, None, None, 0)
+        B, H, T, _ = v.shape
+        one_hot = torch.eye(T, dtype=v.dtype, device=v.device).expand(B, H, T, T)
+        return chunk_gated_delta(q, k, one_hot, g, beta, self.scale, self.chunk_size)[0]
+
+    def softmax_maps(self, x: Tensor, rope=None) -> list[Tensor]:
+        """No softmax map: the diagnostics' sink, first-token and entropy figures read
+        distributions, which a linear recurrence does not form (attention_weights is its map)."""
+        return []
 
     def flops_per_token(self, T: int) -> float:
         """The chunked form's products besides the projections, per value head and chunk of C

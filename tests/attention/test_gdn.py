@@ -7,6 +7,11 @@
 - prefill then one-token steps through the cache equal the full forward; greedy decoding with the
   cache equals decoding without it; the cache (convolution window and float32 state) does not grow
   with the context, and decoding goes on past block_size exactly;
+- padding: a step that neither decays nor writes is the identity on the state (flash-linear-
+  attention's #1272); padding before a prompt's document token changes neither the state nor the
+  convolution window, in one pass or token by token, and a left-padded batch decodes as each
+  prompt alone;
+- attention_weights is the linear map the layer applies (maps and diagnostics read it);
 - bad options are one-line errors naming the option.
 
 Causality (gdn and the 3:1 hybrid) and documents ([doc A][doc B] at B's positions equals [doc B]
@@ -94,13 +99,14 @@ def test_chunked_function_equals_transformers_torch_chunk_gated_delta_rule():
     assert (our_state - their_state).abs().max() < 1e-5
 
 
-def gdn_config(block_size=96, n_layer=1, layers=None, **options) -> ModelConfig:
+def gdn_config(block_size=96, n_layer=1, layers=None, document_token=None, **options) -> ModelConfig:
     return ModelConfig(
         vocab_size=VOCAB,
         block_size=block_size,
         n_layer=n_layer,
         n_head=2,
         d_model=32,
+        document_token=document_token,
         attention=AttentionConfig(kind="gdn", layers=layers, options={"gdn": options}),
     )
 
@@ -244,9 +250,6 @@ def test_options_are_checked_in_one_line():
     if not importlib.util.find_spec("fla"):
         with pytest.raises(UserError, match=r"backend: is fla, but flash-linear-attention is not installed"):
             gdn_config(backend="fla")
-    model = Transformer(gdn_config())
-    with pytest.raises(UserError, match="layer 0 is gdn, a linear recurrence with no softmax map"):
-        model.attention_maps(torch.zeros(1, 4, dtype=torch.long))
 
 
 def test_export_refuses_gdn_in_one_line(tmp_path):
@@ -257,3 +260,103 @@ def test_export_refuses_gdn_in_one_line(tmp_path):
     model = Transformer(gdn_config(n_layer=4, layers=["gdn", "gdn", "gdn", "mha"]))
     with pytest.raises(UserError, match=r"uses attention kind gdn, which export does not support yet"):
         export_model(tmp_path, model, CharTokenizer("abcdefghijklmnopqrstuvwxyz ,.!?"))
+
+
+def test_a_step_that_neither_decays_nor_writes_leaves_the_state_unchanged():
+    """A step with g = 0 and beta = 0 is the identity on the state, whatever its q, k and v: the
+    chunked form pads its last chunk with such steps. Masking a padded step's value but not its
+    decay is flash-linear-attention's issue #1272; here the decayed step must show."""
+    q, k, v, g, beta = inputs(2, 2, 4, 29, 6, 5)
+    state = torch.randn(2, 4, 6, 5, dtype=torch.float64)
+    want_o, want_h = chunk_gated_delta(q, k, v, g, beta, 0.4, 8, state)
+    real = torch.ones(29 + 7, dtype=torch.bool)
+    real[torch.randperm(29 + 7)[:7]] = False  # seven padded steps anywhere, mid-chunk included
+    padded = inputs(2, 2, 4, 29 + 7, 6, 5)  # their q, k, v: random content
+    q2, k2, v2, g2, beta2 = (p.clone() for p in padded)
+    for mine, ours in ((q2, q), (k2, k), (v2, v), (g2, g), (beta2, beta)):
+        mine[:, :, real] = ours
+    g2[:, :, ~real], beta2[:, :, ~real] = 0.0, 0.0
+    for C in (8, 64):
+        o, h = chunk_gated_delta(q2, k2, v2, g2, beta2, 0.4, C, state)
+        assert (o[:, :, real] - want_o).abs().max() < 1e-12 and (h - want_h).abs().max() < 1e-12
+    g2[:, :, ~real] = -0.5  # the value masked, the decay not
+    _, h = chunk_gated_delta(q2, k2, v2, g2, beta2, 0.4, 8, state)
+    assert (h - want_h).abs().max() > 1e-3
+
+
+DOC = 0  # the document token of the padding tests
+
+
+def gdn_layers(model: Transformer, cache) -> list:
+    return [c for block, c in zip(model.blocks, cache.layers) if isinstance(block.attn, GatedDeltaNet)]
+
+
+@pytest.mark.parametrize("name", ["gdn", "hybrid"])
+def test_padding_before_a_document_changes_neither_the_state_nor_the_window(name):
+    """Padding in minitx: prompts of unequal lengths in one batch are left-padded with any tokens,
+    each prompt starting with the document token (ModelConfig.document_token); there is no attention
+    mask. The document start empties the state and the convolution window, so whatever the padding
+    holds, each row's cache (state and window) after its prompt is the prompt's alone, prefilled in
+    one pass or fed token by token; its logits and greedy continuation are the prompt's alone. Without
+    documents the same padding does move the state: the comparison can see a leak."""
+    model = random_model(cache_config(name, chunk_size=8, document_token=DOC))
+    prompts = [torch.randint(1, VOCAB, (n,)) for n in (2, 13)]  # 2: the window reaches into the padding
+    for prompt in prompts:
+        prompt[0] = DOC
+    width = 19  # row 0: 17 tokens of padding; row 1: 6 (7 and 19: not multiples of the chunk)
+    alone_caches, alone_logits = [], []
+    with torch.no_grad():
+        for prompt in prompts:
+            cache = model.new_cache(1, width)
+            alone_logits.append(model(prompt[None], cache)[0])
+            alone_caches.append(gdn_layers(model, cache))
+        for fill in range(2):  # two paddings of different content
+            batch = torch.randint(1, VOCAB, (2, width))
+            for row, prompt in enumerate(prompts):
+                batch[row, width - len(prompt) :] = prompt
+            one_pass, stepped = model.new_cache(2, width), model.new_cache(2, width)
+            logits = model(batch, one_pass)
+            steps = torch.cat([model(batch[:, t : t + 1], stepped) for t in range(width)], dim=1)
+            for row, prompt in enumerate(prompts):
+                real = slice(width - len(prompt), width)
+                assert (logits[row, real] - alone_logits[row]).abs().max() < 1e-4, (fill, row)
+                assert (steps[row, real] - alone_logits[row]).abs().max() < 1e-4, (fill, row)
+                for cache in (one_pass, stepped):
+                    for ours, theirs in zip(gdn_layers(model, cache), alone_caches[row]):
+                        assert (ours.state[row] - theirs.state[0]).abs().max() < 1e-5, (fill, row)
+                        assert (ours.conv[row] - theirs.conv[0]).abs().max() < 1e-5, (fill, row)
+        continued = generate(model, batch, 12, temperature=0)[:, width:]
+        for row, prompt in enumerate(prompts):
+            assert torch.equal(
+                continued[row], generate(model, prompt[None], 12, temperature=0)[0, len(prompt) :]
+            )
+        leaky = Transformer(cache_config(name, chunk_size=8)).eval()
+        leaky.load_state_dict(model.state_dict())
+        cache = leaky.new_cache(2, width)
+        leaky(batch, cache)
+        state = gdn_layers(leaky, cache)[0].state[0]
+        alone = leaky.new_cache(1, width)
+        leaky(prompts[0][None], alone)
+        assert (state - gdn_layers(leaky, alone)[0].state[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("value_heads", [2, 4])
+def test_attention_map_is_the_linear_map_the_layer_applies(value_heads):
+    """attention_weights: the materialised M with o_t = sum_j M_tj v_j from an empty state (against
+    the token loop in float64), lower triangular; the maps of a hybrid: M for its gdn layers, the
+    softmax weights for its mha layer."""
+    model = random_model(
+        gdn_config(n_layer=4, layers=["gdn", "gdn", "gdn", "mha"], chunk_size=8, n_value_head=value_heads)
+    )
+    layer = model.blocks[0].attn
+    x = torch.randn(2, 21, 32)
+    with torch.no_grad():
+        M = layer.attention_weights(x)
+        q, k, v, g, beta, _ = layer.recurrence_inputs(x, None, None, 0)
+        o, _ = recurrent_gated_delta(*(t.double() for t in (q, k, v, g, beta)), layer.scale)
+    assert M.shape == (2, value_heads, 21, 21) and M.triu(1).abs().max() == 0
+    assert (M.double() @ v.double() - o).abs().max() < 1e-5
+    maps = model.attention_maps(torch.randint(0, VOCAB, (1, 21)))
+    assert [m.shape[1] for m in maps] == [value_heads] * 3 + [2]
+    assert torch.allclose(maps[3].sum(-1), torch.ones(1, 2, 21))  # the softmax layer's rows
+    assert layer.softmax_maps(x) == []  # no distribution for the diagnostics
