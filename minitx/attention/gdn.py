@@ -155,8 +155,11 @@ def chunk_gated_delta(
     C = min(chunk_size, T)  # a short sequence is one chunk of its own length, not a padded one
     n = -(-T // C)
     pad = n * C - T
-    q, k, v = (F.pad(t.to(dtype), (0, 0, 0, pad)).view(B, H, n, C, -1) for t in (q, k, v))
-    g, beta = (F.pad(t.to(dtype), (0, pad)).view(B, H, n, C) for t in (g, beta))
+    if pad:
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+        g, beta = (F.pad(t, (0, pad)) for t in (g, beta))
+    q, k, v = (t.to(dtype).view(B, H, n, C, -1) for t in (q, k, v))
+    g, beta = (t.to(dtype).view(B, H, n, C) for t in (g, beta))
     q = q * scale
     log_gamma = g.cumsum(-1)  # (B, H, n, C): log of the decay from the chunk's start to each token
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
@@ -175,8 +178,9 @@ def chunk_gated_delta(
     system = (k_beta @ k.transpose(-1, -2)) * decay  # the UT system below its unit diagonal
     gamma = log_gamma.exp()
     reads = gamma if carried is None else gamma * carried  # how much of the carried state a token sees
-    U = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False, unitriangular=True)
-    W = torch.linalg.solve_triangular(system, k_beta * reads[..., None], upper=False, unitriangular=True)
+    # One solve for both right-hand sides: U = A^-1 diag(beta) V and W = A^-1 diag(beta gamma) K.
+    both = torch.cat([v * beta[..., None], k_beta * reads[..., None]], dim=-1)
+    U, W = torch.linalg.solve_triangular(system, both, upper=False, unitriangular=True).split([dv, dk], -1)
     scores = (q @ k.transpose(-1, -2)) * decay
     q_read = q * reads[..., None]
     # What each token writes into the next chunk's state: decayed to the chunk's end, and only from
@@ -184,16 +188,19 @@ def chunk_gated_delta(
     writes = torch.exp(log_gamma[..., -1:] - log_gamma)
     if resets is not None:
         writes = writes * same[..., -1, :]
-    k_write = k * writes[..., None]
+    k_write = (k * writes[..., None]).transpose(-1, -2)  # (B, H, n, dk, C)
     keeps = gamma[..., -1] if carried is None else gamma[..., -1] * carried[..., -1]  # (B, H, n)
+    # Only the state runs chunk by chunk: two small products per chunk. The chunks are unbound
+    # up front, since indexing one at a time would cost each a full-sized gradient in backward.
     h = q.new_zeros(B, H, dk, dv) if state is None else state.to(dtype)
-    outputs = []
-    for i in range(n):
-        new_values = U[:, :, i] - W[:, :, i] @ h
-        outputs.append(q_read[:, :, i] @ h + scores[:, :, i] @ new_values)
-        h = h * keeps[:, :, i, None, None] + k_write[:, :, i].transpose(-1, -2) @ new_values
-    out = torch.stack(outputs, dim=2).view(B, H, n * C, dv)[:, :, :T]
-    return out, h
+    states, new_values = [], []
+    for U_i, W_i, k_i, keep_i in zip(U.unbind(2), W.unbind(2), k_write.unbind(2), keeps.unbind(2)):
+        states.append(h)  # the state each chunk starts from
+        new_values.append(U_i - W_i @ h)
+        h = h * keep_i[..., None, None] + k_i @ new_values[-1]
+    # The outputs of all chunks at once: O = diag(gamma) Q h + (Q K^T * P) V'.
+    out = q_read @ torch.stack(states, dim=2) + scores @ torch.stack(new_values, dim=2)
+    return out.view(B, H, n * C, dv)[:, :, :T], h
 
 
 # -- the layer ------------------------------------------------------------------------------------
