@@ -49,6 +49,9 @@ from ..kinds import KindSpec, OptionError, fail
 from .base import KindLayer, norm_float32
 
 NORM_EPS = 1e-6  # the L2 norms of q and k and the output RMSNorm (fla's and Qwen3-Next's)
+# Up to this many tokens the short convolution is a product and a sum: conv1d costs ~0.2 ms per
+# call on a CPU whatever the length, 30x the arithmetic of one token (benchmarks/RESULTS.md).
+FEW_TOKENS = 64
 
 
 @dataclass
@@ -303,7 +306,9 @@ class GatedDeltaNet(KindLayer):
             padded = F.pad(mixed, (0, 0, K - 1, 0))
         else:
             padded = torch.cat([window.to(mixed.dtype), mixed], dim=1)
-        if docs is None:
+        if docs is None and T <= FEW_TOKENS:  # decoding: the products, without conv1d's setup
+            out = (padded.unfold(1, K, 1) * self.conv.weight.squeeze(1)).sum(-1)
+        elif docs is None:
             out = F.conv1d(padded.transpose(1, 2), self.conv.weight, groups=self.channels).transpose(1, 2)
         else:
             windows = padded.unfold(1, K, 1)  # (B, T, channels, K): inputs at start + t - K + 1 + j

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from minitx import AttentionConfig, ModelConfig, Transformer, kv_cache_bytes
-from minitx.attention.gdn import GatedDeltaNet, chunk_gated_delta, recurrent_gated_delta
+from minitx.attention.gdn import FEW_TOKENS, GatedDeltaNet, chunk_gated_delta, recurrent_gated_delta
 from minitx.decoding import generate
 from minitx.errors import UserError
 from minitx.verify import cached_logits
@@ -140,7 +140,8 @@ def copy_qwen3_next(theirs, ours: GatedDeltaNet) -> None:
 
 @needs_torch_reference
 @pytest.mark.parametrize("value_heads", [2, 4])
-def test_layer_equals_transformers_qwen3_next_gated_deltanet(value_heads):
+@pytest.mark.parametrize("T", [1, 5, 75])  # the convolution as products (<= FEW_TOKENS) and conv1d
+def test_layer_equals_transformers_qwen3_next_gated_deltanet(value_heads, T):
     from transformers import Qwen3NextConfig
     from transformers.models.qwen3_next import modeling_qwen3_next as qwen3_next
 
@@ -164,7 +165,8 @@ def test_layer_equals_transformers_qwen3_next_gated_deltanet(value_heads):
             param.normal_(0, 0.3)
     ours = GatedDeltaNet(config, 0).eval()
     copy_qwen3_next(theirs, ours)
-    x = torch.randn(2, 75, 32)  # a chunk of 64 and a partial one
+    assert 5 <= FEW_TOKENS < 75
+    x = torch.randn(2, T, 32)  # 75: a chunk of 64 and a partial one
     with torch.no_grad():
         assert (ours(x) - theirs(x)).abs().max() < 1e-5
 
@@ -250,16 +252,6 @@ def test_options_are_checked_in_one_line():
     if not importlib.util.find_spec("fla"):
         with pytest.raises(UserError, match=r"backend: is fla, but flash-linear-attention is not installed"):
             gdn_config(backend="fla")
-
-
-def test_export_refuses_gdn_in_one_line(tmp_path):
-    from helpers import export_model
-
-    from minitx.data.tokenizer import CharTokenizer
-
-    model = Transformer(gdn_config(n_layer=4, layers=["gdn", "gdn", "gdn", "mha"]))
-    with pytest.raises(UserError, match=r"uses attention kind gdn, which export does not support yet"):
-        export_model(tmp_path, model, CharTokenizer("abcdefghijklmnopqrstuvwxyz ,.!?"))
 
 
 def test_a_step_that_neither_decays_nor_writes_leaves_the_state_unchanged():
