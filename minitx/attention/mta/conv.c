@@ -224,6 +224,19 @@ static double S(dot)(const T *x, const T *y, int64_t a, int64_t e) {
     return sum;
 }
 
+/* x . y over the D numbers of one head's row (a decoding step's scores): one vector sum, its lanes
+ * added in float, as a matrix product would (S(dot) sums lanes in double: slow per key). */
+static T S(dot_head)(const T *x, const T *y, int64_t D) {
+    typedef S(vec) V;
+    V acc = {0};
+    int64_t j = 0;
+    for (; j + LANES <= D; j += LANES) acc += *(const V *)(x + j) * *(const V *)(y + j);
+    T sum = 0;
+    for (int64_t l = 0; l < LANES; l++) sum += acc[l];
+    for (; j < D; j++) sum += x[j] * y[j];
+    return sum;
+}
+
 static T S(max)(const T *x, int64_t a, int64_t e) {
     typedef S(vec) V;
     T top = x[a];
@@ -435,11 +448,13 @@ void S(gated_norm)(const T *x, T *out, const T *weight, const T *gate, const T *
  *     out_h = gated_norm(o_h) if norm is given, else o_h,
  * for the last R - c_q + 1 rows (the first c_q - 1 are the convolution's history; a row that sees
  * nothing gets zeros). q: (B, H, R, D) and out: (B, H, R - c_q + 1, D), contiguous; k, v: rows of D
- * numbers, (b, g, j) at b * batch + g * head + j * D. */
+ * numbers, key j of (b, g) at b * batch + g * head + s * D with s = (first_slot + j) mod N: a cache's
+ * ring read in position order where it wrapped, without a copy (first_slot: its oldest key's slot). */
 void S(attend_rows)(const T *q, const T *k, const T *v, T *out, int64_t batch, int64_t head, const T *kernel,
                     const T *pre, const T *post, const T *norm, const T *gate, const T *bias, double eps, double scale,
                     int64_t b0, int64_t b1, int64_t H, int64_t G, int64_t R, int64_t N, int64_t D, int64_t c_q,
-                    int64_t c_k, int64_t c_pre, int64_t c_post, const int64_t *lo, const int64_t *hi) {
+                    int64_t c_k, int64_t c_pre, int64_t c_post, const int64_t *lo, const int64_t *hi,
+                    int64_t first_slot) {
     int64_t R_out = R - c_q + 1;
     T *scores = malloc((size_t)(H * R * N) * sizeof(T));
     T *conved = kernel ? malloc((size_t)(H * R_out * N) * sizeof(T)) : scores;
@@ -454,7 +469,10 @@ void S(attend_rows)(const T *q, const T *k, const T *v, T *out, int64_t batch, i
                 const T *qr = q + ((b * H + h) * R + r) * D;
                 T *dst = scores + (h * R + r) * N;
                 int64_t a = !lo || lo[r] < 0 ? 0 : lo[r], e = !hi || hi[r] > N - 1 ? N : hi[r] + 1;
-                for (int64_t j = a; j < e; j++) dst[j] = (T)(scale * S(dot)(qr, kg + j * D, 0, D));
+                for (int64_t j = a; j < e; j++) {
+                    int64_t s = j + first_slot < N ? j + first_slot : j + first_slot - N;
+                    dst[j] = (T)(scale * S(dot_head)(qr, kg + s * D, D));
+                }
             }
         }
         if (kernel) S(conv)(scores, conved, kernel, 0, H, H, R, R_out, N, c_q, c_k, 0, lo, hi, lo + c_q - 1, hi + c_q - 1);
@@ -470,8 +488,10 @@ void S(attend_rows)(const T *q, const T *k, const T *v, T *out, int64_t batch, i
             for (int64_t h = 0; h < H; h++) {
                 const T *vg = v + b * batch + h / (H / G) * head;
                 T *o = out + ((b * H + h) * R_out + i) * D;
-                for (int64_t j = a; j < e; j++)
-                    for (int64_t d = 0; d < D; d++) o[d] += w[h][j] * vg[j * D + d];
+                for (int64_t j = a; j < e; j++) {
+                    const T *vj = vg + (j + first_slot < N ? j + first_slot : j + first_slot - N) * D;
+                    for (int64_t d = 0; d < D; d++) o[d] += w[h][j] * vj[d];
+                }
                 if (norm) S(gated_norm)(o, o, norm, gate, bias, eps, 1, D);
             }
         }

@@ -387,6 +387,8 @@ class MultiTokenAttention(Attention):
             ).view(B, H, T, Tk)
             visible = None if mask is None else VisibleKeys.of_mask(~mask)
             return self.weigh(scores, visible, values.to(q.dtype), some_rows_empty=False)[0]
+        if cache.starts is None and self.kq_conv_post is None and self.one_call(q):
+            return self.decode_step(q, k, v, cache)
         T = q.shape[2]
         q_pos = torch.arange(cache.n_seen, cache.n_seen + T, device=q.device)
         rows = torch.cat([cache.queries.to(q.dtype), q], dim=2)  # n_hist > 0: the cache keeps queries
@@ -394,7 +396,7 @@ class MultiTokenAttention(Attention):
         # Append first, then read the cache: a token the new ones overwrite lies before first_key
         # below, so no row could see it anyway, and there is no copy of the whole cache to concatenate.
         cache.append(k, v)
-        cache.keep_rows(rows, rows_pos)
+        cache.keep_rows(rows)
         keys, values, k_pos = cache.contents(ordered=self.c_k > 1)  # only a key-axis convolution needs order
         first_key = cache.n_seen - cache.window  # n_seen already counts the new tokens
         in_order = (
@@ -405,12 +407,28 @@ class MultiTokenAttention(Attention):
             return self.rows_in_documents(
                 rows, keys, values, rows_pos, k_pos, first_key, in_order, cache.starts
             )
-        if self.kq_conv_post is None and in_order and self.one_call(q):
-            # The usual decoding step: one C call for the scores, convolution, softmax, mixes, @ V and norm.
-            visible = VisibleKeys(rows_pos, k_pos, first_key, consecutive=True)
-            return self.attend_rows(rows, keys, values, self.kq_conv[:, 0], visible.lo, visible.hi)
         out, _ = self.rows(rows, keys, values, rows_pos, k_pos, first_key, consecutive=in_order)
         return out
+
+    def decode_step(self, q: Tensor, k: Tensor, v: Tensor, cache: MTACache) -> Tensor:
+        """The usual decoding step of a convolution layer: one C call for the scores, convolution,
+        softmax, mixes, @ V and norm, and as little as can be around it (each small operation here
+        costs about what the arithmetic of the whole step does). The keys are read in position order
+        where the ring lies (first_slot), the visible ones worked out from counts:
+
+            R rows (kept queries, then the new ones) at positions n_seen - R + i,
+            N keys at positions n_seen - N + j,  so row i sees keys max(N - window, 0) .. N - R + i
+
+        (window: keys older than it slid out of the context; a row before the first token sees nothing)."""
+        rows = torch.cat([cache.queries.to(q.dtype), q], dim=2)
+        cache.append(k, v)  # first, as in attend_cached: what the new tokens overwrite, no row sees
+        cache.keep_rows(rows)
+        keys, values, first_slot = cache.ring()
+        R, N = rows.shape[2], keys.shape[2]
+        hi = torch.arange(N - R, N, device=q.device).clamp_(min=-1)
+        lo = torch.full_like(hi, max(N - cache.window, 0))
+        # kq_conv (H, 1, c_q, c_k) lies in memory as the (H, c_q, c_k) the C loops read.
+        return self.attend_rows(rows, keys.to(q.dtype), values.to(q.dtype), self.kq_conv, lo, hi, first_slot)
 
     def rows_in_documents(self, rows, keys, values, rows_pos, k_pos, first_key, in_order, starts) -> Tensor:
         """A decoding step with documents, row by row of the batch: the keys before the document are
@@ -437,17 +455,19 @@ class MultiTokenAttention(Attention):
         dropout."""
         return native.available(q) and not self.dropout_p and not torch.is_grad_enabled()
 
-    def attend_rows(self, q, keys, values, kernel=None, lo=None, hi=None) -> Tensor:
+    def attend_rows(self, q, keys, values, kernel=None, lo=None, hi=None, first_slot=0) -> Tensor:
         """A decoding step in one C call (native.attend_rows; lo, hi: the keys each row sees, None:
-        all); compiled, the same call as an operator (ops.py), which torch.compile can trace where
-        it cannot trace a ctypes call."""
+        all; first_slot: where a wrapped ring's oldest key lies); compiled, the same call as an
+        operator (ops.py), which torch.compile can trace where it cannot trace a ctypes call."""
         norm = (
             (None, None, None, 0.0)
             if self.norm is None
             else (self.norm.weight, self.gate.weight, self.gate.bias, self.norm.eps)
         )
         call = torch.ops.minitx.attend_rows if torch.compiler.is_compiling() else native.attend_rows
-        return call(q, keys, values, self.scale, self.mix_pre, self.mix_post, *norm, kernel, lo, hi)
+        return call(
+            q, keys, values, self.scale, self.mix_pre, self.mix_post, *norm, kernel, lo, hi, first_slot
+        )
 
     def on_prefill(self, q: Tensor, cache: MTACache) -> None:
         cache.remember_queries(q)  # the convolution of the next steps looks back on these

@@ -87,7 +87,7 @@ def library() -> ctypes.CDLL | None:
         getattr(lib, f"mix_{suffix}").argtypes = [ptr, ptr, ptr, i64, ptr, ptr] + [i64] * 6
         getattr(lib, f"gated_norm_{suffix}").argtypes = [ptr] * 5 + [ctypes.c_double, i64, i64]
         getattr(lib, f"attend_rows_{suffix}").argtypes = (
-            [ptr] * 4 + [i64] * 2 + [ptr] * 6 + [ctypes.c_double] * 2 + [i64] * 11 + [ptr] * 2
+            [ptr] * 4 + [i64] * 2 + [ptr] * 6 + [ctypes.c_double] * 2 + [i64] * 11 + [ptr] * 2 + [i64]
         )
     return lib
 
@@ -293,13 +293,15 @@ def attend_rows(
     kernel: Tensor | None = None,
     lo: Tensor | None = None,
     hi: Tensor | None = None,
+    first_slot: int = 0,
 ) -> Tensor:
     """A decoding step of a layer without gradients: post-mix(softmax(pre-mix(C))) V per head, C the
-    scores scale q K^T (with `kernel` (H, c_q, c_k): their pre-softmax convolution, q's first c_q - 1
+    scores scale q K^T (with `kernel` (H, [1,] c_q, c_k): their pre-softmax convolution, q's first c_q - 1
     rows being its history), then the gated norm if `weight` is given (gate weight, gate bias, eps).
     q (B, H, R, D); k, v (B, G, Tk, D); lo, hi (contiguous): the keys each of q's R rows sees (None:
-    every key). Returns (B, H, R - c_q + 1, D). The signature is ops.attend_rows', flat, so that
-    a layer hands the same arguments to either."""
+    every key); key j is k's and v's row (first_slot + j) mod Tk (a wrapped cache ring read in
+    position order). Returns (B, H, R - c_q + 1, D). The signature is ops.attend_rows', flat, so
+    that a layer hands the same arguments to either."""
     B, H, R, D = q.shape
     G, N = k.shape[1], k.shape[2]
     c_q, c_k = (1, 1) if kernel is None else kernel.shape[-2:]
@@ -314,6 +316,6 @@ def attend_rows(
     pointers = [address(t) for t in (q, k, v, out)]
     bounds = [address(t) for t in (lo, hi)]
     before = (*pointers, k.stride(0), k.stride(1), *[address(t) for t in params], eps, scale)
-    after = (H, G, R, N, D, c_q, c_k, *sizes, *bounds)
+    after = (H, G, R, N, D, c_q, c_k, *sizes, *bounds, first_slot)
     split(B, lambda b0, b1, _: fn(*before, b0, b1, *after))
     return out

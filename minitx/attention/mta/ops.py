@@ -12,7 +12,8 @@ an MTA model whole (fullgraph) on CPU: to the compiler each is one opaque call w
 - `mix(maps, matrix)`: head mixing within groups. Gradient: `mix_backward`.
 - `gated_norm(x, weight, gate_weight, gate_bias, eps)`: the output norm and gate, no gradient
   (decoding and inference only).
-- `attend_rows(q, k, v, scale, pre, post, norm_weight, gate_weight, gate_bias, eps, kernel, lo, hi)`:
+- `attend_rows(q, k, v, scale, pre, post, norm_weight, gate_weight, gate_bias, eps, kernel, lo, hi,
+  first_slot)`:
   a whole decoding step of a layer (native.attend_rows: scores, pre-softmax convolution, mixes,
   softmax, @ V, norm), no gradient: compiled decoding makes one call per layer, as eager does.
 
@@ -253,19 +254,22 @@ def _(x, weight, gate_weight, gate_bias, eps):
 # native.attend_rows' signature, spelt as the operator's schema (the operator passes its arguments on).
 _ATTEND_ROWS = (
     "(Tensor q, Tensor k, Tensor v, float scale, Tensor? pre, Tensor? post, Tensor? norm_weight, "
-    "Tensor? gate_weight, Tensor? gate_bias, float eps, Tensor? kernel, Tensor? lo, Tensor? hi) -> Tensor"
+    "Tensor? gate_weight, Tensor? gate_bias, float eps, Tensor? kernel, Tensor? lo, Tensor? hi, "
+    "SymInt first_slot=0) -> Tensor"
 )
 
 
 @torch.library.custom_op("minitx::attend_rows", mutates_args=(), device_types="cpu", schema=_ATTEND_ROWS)
-def attend_rows(q, k, v, scale, pre, post, norm_weight, gate_weight, gate_bias, eps, kernel, lo, hi):
+def attend_rows(
+    q, k, v, scale, pre, post, norm_weight, gate_weight, gate_bias, eps, kernel, lo, hi, first_slot=0
+):
     lo, hi = _rows(lo, hi) or (None, None)
     return native.attend_rows(
-        q, k, v, scale, pre, post, norm_weight, gate_weight, gate_bias, eps, kernel, lo, hi
+        q, k, v, scale, pre, post, norm_weight, gate_weight, gate_bias, eps, kernel, lo, hi, first_slot
     )
 
 
 @attend_rows.register_fake
-def _(q, k, v, scale, pre, post, norm_weight, gate_weight, gate_bias, eps, kernel, lo, hi):
+def _(q, k, v, scale, pre, post, norm_weight, gate_weight, gate_bias, eps, kernel, lo, hi, first_slot=0):
     B, H, R, D = q.shape
     return q.new_empty(B, H, R - (1 if kernel is None else kernel.shape[-2]) + 1, D)
