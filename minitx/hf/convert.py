@@ -51,9 +51,8 @@ TOP_NAMES = {"tok_emb": "model.embed_tokens", "norm": "model.norm", "lm_head": "
 
 
 # The kinds an export can carry: natively (see native.py) or in modeling_minitx.py.
-EXPORTABLE_KINDS = {"mha", "mqa", "gqa", "local", "mta", "mla", "diff"}
+EXPORTABLE_KINDS = {"mha", "mqa", "gqa", "local", "mta", "mla", "diff", "gdn"}
 NATIVE_ONLY_KINDS = {"mla", "diff"}  # modeling_minitx.py does not know them: native or refused
-NOT_YET_EXPORTABLE_KINDS = {"gdn"}  # built in, but neither a transformers class nor modeling_minitx.py yet
 FAMILY_KINDS = {"mha", "mqa", "gqa", "local"}  # the kinds of this family's layers
 
 

@@ -46,13 +46,6 @@ def export_checkpoint(
     except UntrustedKindError as error:
         # No kind from outside minitx can be exported, so its modules are never imported here.
         raise UserError(not_exportable(ckpt, error.kinds)) from None
-    not_yet = sorted(set(model.config.layer_kinds) & convert.NOT_YET_EXPORTABLE_KINDS)
-    if not_yet:
-        raise UserError(
-            f"--ckpt {ckpt}: uses attention kind {', '.join(not_yet)}, which export does not support yet (no transformers "
-            "class or exported code holds it); export works for "
-            + ", ".join(sorted(convert.EXPORTABLE_KINDS))
-        )
     outside = sorted(set(model.config.layer_kinds) - convert.EXPORTABLE_KINDS)
     if outside:
         raise UserError(not_exportable(ckpt, outside))
@@ -134,7 +127,10 @@ def save_model(hf_model, tokenizer, directory: Path, custom: bool) -> None:
     transformers = require("transformers")
     eos = tokenizer.eos_id
     hf_model.generation_config = transformers.GenerationConfig(
-        eos_token_id=eos, pad_token_id=eos, do_sample=False
+        eos_token_id=eos,
+        pad_token_id=eos,
+        do_sample=False,
+        use_cache=getattr(hf_model.config, "use_cache", True),
     )
     level = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()

@@ -2,15 +2,16 @@
 
 `minitx export` copies this file into the directory of every model that no native transformers
 class expresses (GELU MLPs, LayerNorm, learned positions, biases, local attention with global
-tokens, multi-token attention, per-layer mixes of key/value head counts), so that
+tokens, multi-token attention, per-layer mixes of key/value head counts, Gated DeltaNet beside
+softmax layers that Qwen3.5 cannot hold), so that
 
     AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
 
 runs it without minitx installed. It needs only torch and transformers: nothing here may import
 minitx. The parameter names are minitx's own, so the weights are minitx's state dict as it is.
 
-Every attention is computed the plain, materialised way (the whole T x T score matrix), which is
-what minitx's tests hold its fast paths to. There is no KV cache: `generate` re-runs the whole
+Every attention is computed the plain, materialised way (the whole T x T score matrix; Gated
+DeltaNet's recurrence token by token), which is what minitx's tests hold its fast paths to. There is no KV cache: `generate` re-runs the whole
 sequence at every step, which is exact for every kind and slow for long outputs.
 """
 
@@ -254,11 +255,89 @@ def mix_heads(maps: Tensor, mix: Tensor) -> Tensor:
     return (mix.to(maps.dtype).transpose(-1, -2) @ maps.reshape(B, groups, c_h, T * S)).view(B, H, T, S)
 
 
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet (Yang, Kautz, Hatamizadeh, ICLR 2025); `decay: false` is DeltaNet. Per value
+    head a state h (dk x dv), written by the delta rule one token at a time:
+
+        h <- alpha_t h;   u = beta_t (v_t - h^T k_t);   h <- h + k_t u^T;   o_t = h^T q_t / sqrt(dk)
+
+    with q, k, v the SiLU of a causal depthwise convolution over [W_q x | W_k x | W_v x], q and k
+    L2-normalised, beta_t = sigmoid(W_b x_t) (times 2 with allow_neg_eigval) and
+    alpha_t = exp(-exp(A_log) softplus(W_a x_t + dt_bias)). The output is an RMSNorm of each value
+    head times SiLU(W_z x), then W_o. The loop is the definition itself: no positions, no mask."""
+
+    def __init__(self, config: MinitxConfig, layer: int):
+        super().__init__()
+
+        def option(name, default):
+            return config.option("gdn", name, default)
+
+        head_dim = config.d_model // config.n_head
+        self.n_head = config.n_head  # key heads; each serves n_value_head / n_head value heads
+        self.key_dim = option("key_head_dim", None) or head_dim
+        self.value_dim = option("value_head_dim", None) or head_dim
+        self.n_value_head = option("n_value_head", None) or config.n_head
+        self.conv_size = option("conv_size", 4)
+        self.allow_neg_eigval = option("allow_neg_eigval", False)
+        decay = option("decay", True)
+        d, keys, values = config.d_model, self.n_head * self.key_dim, self.n_value_head * self.value_dim
+        self.q_proj = nn.Linear(d, keys, bias=config.bias)
+        self.k_proj = nn.Linear(d, keys, bias=config.bias)
+        self.v_proj = nn.Linear(d, values, bias=config.bias)
+        self.b_proj = nn.Linear(d, self.n_value_head, bias=config.bias)
+        self.a_proj = nn.Linear(d, self.n_value_head, bias=False) if decay else None
+        self.g_proj = nn.Linear(d, values, bias=config.bias)
+        channels = 2 * keys + values
+        self.conv = nn.Conv1d(channels, channels, self.conv_size, groups=channels, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(self.n_value_head)) if decay else None
+        self.dt_bias = nn.Parameter(torch.zeros(self.n_value_head)) if decay else None
+        self.norm = nn.RMSNorm(self.value_dim, eps=1e-6)
+        self.out_proj = nn.Linear(values, d, bias=config.bias)
+
+    def forward(self, x: Tensor, rope=None) -> Tensor:
+        B, T, _ = x.shape
+        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1).transpose(1, 2)
+        mixed = F.conv1d(F.pad(mixed, (self.conv_size - 1, 0)), self.conv.weight, groups=mixed.shape[1])
+        keys = self.n_head * self.key_dim
+        q, k, v = (
+            F.silu(mixed).transpose(1, 2).split([keys, keys, self.n_value_head * self.value_dim], dim=-1)
+        )
+        r = self.n_value_head // self.n_head
+        q, k = (unit(t.reshape(B, T, self.n_head, self.key_dim)) for t in (q, k))
+        q, k = q.repeat_interleave(r, dim=2).float(), k.repeat_interleave(r, dim=2).float()
+        v = v.reshape(B, T, self.n_value_head, self.value_dim).float()
+        beta = torch.sigmoid(self.b_proj(x).float()) * (2 if self.allow_neg_eigval else 1)
+        if self.A_log is None:
+            alpha = torch.ones_like(beta)
+        else:
+            alpha = torch.exp(
+                -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())
+            )
+        h = x.new_zeros(B, self.n_value_head, self.key_dim, self.value_dim, dtype=torch.float32)
+        outputs = []
+        for t in range(T):
+            h = h * alpha[:, t, :, None, None]
+            u = beta[:, t, :, None] * (v[:, t] - torch.einsum("bhkv,bhk->bhv", h, k[:, t]))
+            h = h + k[:, t, :, :, None] * u[:, :, None, :]
+            outputs.append(torch.einsum("bhkv,bhk->bhv", h, q[:, t]) * self.key_dim**-0.5)
+        o = self.norm(torch.stack(outputs, dim=1)).to(x.dtype)  # (B, T, value heads, dv)
+        z = F.silu(self.g_proj(x)).view(B, T, self.n_value_head, self.value_dim)
+        return self.out_proj((o * z).reshape(B, T, -1))
+
+
+def unit(x: Tensor) -> Tensor:
+    """x over its L2 norm along the last axis, eps 1e-6 under the root (minitx's, fla's, Qwen's)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+ATTENTION_CLASSES = {"mta": MultiTokenAttention, "gdn": GatedDeltaNet}  # any other kind: Attention
+
+
 class Block(nn.Module):
     def __init__(self, config: MinitxConfig, layer: int):
         super().__init__()
         self.norm1 = make_norm(config)
-        self.attn = (MultiTokenAttention if config.layer_kind(layer) == "mta" else Attention)(config, layer)
+        self.attn = ATTENTION_CLASSES.get(config.layer_kind(layer), Attention)(config, layer)
         self.norm2 = make_norm(config)
         self.mlp = MLP(config)
 

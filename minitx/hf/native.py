@@ -3,6 +3,7 @@
     convert.py       Llama, Mistral, Ministral, Qwen2, Qwen3   (mha, mqa, gqa, local; QK-norm)
     deepseek_v3.py   DeepseekV3                                (mla)
     diffllama.py     DiffLlama                                 (diff)
+    qwen3_5.py       Qwen3.5's dense text model                (gdn, alone or beside mha/mqa/gqa)
 
 A family module has:
     MODEL_TYPES                      {config.json model_type: class name} that it imports
@@ -22,9 +23,9 @@ from types import ModuleType
 
 from ..config import ModelConfig
 from ..errors import UserError
-from . import convert, deepseek_v3, diffllama
+from . import convert, deepseek_v3, diffllama, qwen3_5
 
-FAMILIES: tuple[ModuleType, ...] = (convert, deepseek_v3, diffllama)  # each claims kinds of its own
+FAMILIES: tuple[ModuleType, ...] = (convert, deepseek_v3, diffllama, qwen3_5)  # each claims kinds of its own
 
 
 def family_of(config: ModelConfig) -> ModuleType | None:

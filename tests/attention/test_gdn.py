@@ -254,16 +254,6 @@ def test_options_are_checked_in_one_line():
             gdn_config(backend="fla")
 
 
-def test_export_refuses_gdn_in_one_line(tmp_path):
-    from helpers import export_model
-
-    from minitx.data.tokenizer import CharTokenizer
-
-    model = Transformer(gdn_config(n_layer=4, layers=["gdn", "gdn", "gdn", "mha"]))
-    with pytest.raises(UserError, match=r"uses attention kind gdn, which export does not support yet"):
-        export_model(tmp_path, model, CharTokenizer("abcdefghijklmnopqrstuvwxyz ,.!?"))
-
-
 def test_a_step_that_neither_decays_nor_writes_leaves_the_state_unchanged():
     """A step with g = 0 and beta = 0 is the identity on the state, whatever its q, k and v: the
     chunked form pads its last chunk with such steps. Masking a padded step's value but not its

@@ -700,3 +700,202 @@ def test_a_missing_optional_package_is_one_line_naming_its_extra(monkeypatch):
         match=r'^no_such_package_xyz is not installed; install it with: pip install -e "\.\[eval\]"$',
     ):
         hf.require("no_such_package_xyz.sub")
+
+
+# -- Gated DeltaNet: Qwen3.5 natively, custom code otherwise ------------------------------------
+
+# transformers runs fla's and causal-conv1d's kernels whenever they import: its torch path is the
+# reference only where they are not installed.
+KERNELS = [name for name in ("fla", "causal_conv1d") if __import__("importlib").util.find_spec(name)]
+needs_torch_reference = pytest.mark.skipif(
+    bool(KERNELS),
+    reason=f"{', '.join(KERNELS)} installed: transformers would run those kernels instead of its torch path",
+)
+GDN = {"chunk_size": 8}  # the test sequences are no multiple of it
+QWEN3_NEXT_SOFTMAX = {"qk_norm": True, "gate": "elementwise"}
+
+# (name, model fields, expected class, import gives back the very weights)
+GDN_CASES = [
+    ("gdn", dict(SWIGLU, attention=dict(kind="gdn", options={"gdn": GDN})), "Qwen3_5ForCausalLM", True),
+    (
+        "hybrid_grouped_values",  # 3:1 as Qwen3-Next: two value heads per key head, own widths
+        dict(
+            SWIGLU,
+            n_layer=4,
+            attention=dict(
+                kind="gdn",
+                layers=["gdn", "gdn", "gdn", "mha"],
+                options={
+                    "gdn": dict(GDN, key_head_dim=6, value_head_dim=4, n_value_head=8),
+                    "mha": QWEN3_NEXT_SOFTMAX,
+                },
+            ),
+        ),
+        "Qwen3_5ForCausalLM",
+        True,
+    ),
+    (
+        "hybrid_head_gate_gqa",  # one gate per head: its row repeated; it comes back elementwise
+        dict(
+            SWIGLU,
+            n_layer=4,
+            attention=dict(
+                kind="gdn",
+                layers=["gdn", "gqa"],
+                n_kv_head=2,
+                options={"gdn": GDN, "gqa": {"qk_norm": True, "gate": "head"}},
+            ),
+        ),
+        "Qwen3_5ForCausalLM",
+        False,
+    ),
+    (
+        "hybrid_no_gate_mqa_untied",  # no gate: zero gate rows and a doubled o_proj
+        dict(
+            SWIGLU,
+            tie_embeddings=False,
+            attention=dict(kind="gdn", layers=["gdn", "mqa"], options={"gdn": GDN, "mqa": {"qk_norm": True}}),
+        ),
+        "Qwen3_5ForCausalLM",
+        False,
+    ),
+    (
+        "hybrid_yaml",  # configs/hybrid.yaml: the default run's GELU MLP
+        dict(
+            n_layer=4,
+            attention=dict(
+                kind="gdn",
+                layers=["gdn", "gdn", "gdn", "mha"],
+                options={"gdn": GDN, "mha": QWEN3_NEXT_SOFTMAX},
+            ),
+        ),
+        "MinitxForCausalLM",
+        True,
+    ),
+    (
+        "deltanet_neg_eigval",
+        dict(
+            SWIGLU,
+            attention=dict(
+                kind="gdn", options={"gdn": dict(GDN, decay=False, allow_neg_eigval=True, n_value_head=8)}
+            ),
+        ),
+        "MinitxForCausalLM",
+        True,
+    ),
+    (
+        "gdn_learned_layernorm_bias",
+        dict(
+            norm="layernorm",
+            positions="learned",
+            bias=True,
+            attention=dict(kind="gdn", layers=["gdn", "mha"], options={"gdn": GDN}),
+        ),
+        "MinitxForCausalLM",
+        True,
+    ),
+]
+
+
+@needs_torch_reference
+@pytest.mark.parametrize("name, fields, expected, identical", GDN_CASES, ids=[case[0] for case in GDN_CASES])
+def test_gdn_export_matches_minitx_and_imports_back(
+    tmp_path, one_thread, seed, name, fields, expected, identical
+):
+    tokenizer = CharTokenizer(TEXT)
+    model = make_model(fields, tokenizer, seed)
+    out = tmp_path / "hf"
+    ckpt = write_checkpoint(tmp_path / "m.ckpt", model, tokenizer)
+    assert export_checkpoint(str(ckpt), str(out), log=lambda _: None) == expected
+    hf_model = load_exported(out)
+    assert type(hf_model).__name__ == expected
+
+    tokens = torch.randint(0, tokenizer.vocab_size, (2, 21))  # two chunks and a partial one
+    with torch.no_grad():
+        for length in (1, 21):
+            assert (hf_model(tokens[:, :length]).logits - model(tokens[:, :length])).abs().max() < 1e-4
+
+    prompt = tokens[:1, :4]  # transformers decodes through its recurrent state (and KV cache)
+    ours = model.generate(prompt, 24, temperature=0)
+    assert torch.equal(ours, hf_model.generate(prompt, max_new_tokens=24, do_sample=False))
+
+    config, state, _ = read_hf_directory(str(out), log=lambda _: None)
+    assert config.layer_kinds == model.config.layer_kinds
+    original = model.state_dict()
+    if identical:
+        assert state.keys() == original.keys()
+        assert all(torch.equal(state[key], original[key]) for key in original)
+    imported = Transformer(config).eval()
+    imported.load_state_dict(state)
+    with torch.no_grad():
+        assert (imported(tokens) - model(tokens)).abs().max() < 1e-5
+
+
+@needs_torch_reference
+def test_import_of_a_qwen3_5_model_made_by_transformers_gives_its_logits(tmp_path, one_thread, seed):
+    """A Qwen3.5 text directory transformers wrote itself (whole RoPE): grouped value heads, GQA
+    softmax layers, zero-centred norms away from zero."""
+    from minitx.hf.load import load_hf_model
+
+    config = transformers.AutoConfig.for_model(
+        "qwen3_5_text",
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=72,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        linear_num_key_heads=4,
+        linear_num_value_heads=8,
+        linear_key_head_dim=8,
+        linear_value_head_dim=4,
+    )
+    torch.manual_seed(seed)
+    hf_model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for param in hf_model.parameters():
+            param.add_(torch.randn_like(param) * 0.1)
+    hf_model.save_pretrained(tmp_path / "qwen3_5")
+    model = load_hf_model(str(tmp_path / "qwen3_5"), log=lambda _: None)
+    assert model.config.layer_kinds == ["gdn", "gqa", "gdn", "gqa"]
+    assert model.config.options_at(1).gate == "elementwise" and model.config.options_at(1).qk_norm
+    tokens = torch.randint(0, 40, (2, 21))
+    with torch.no_grad():
+        assert (model(tokens) - hf_model(tokens).logits).abs().max() < 1e-4
+
+
+def test_import_refuses_qwen3_5_partial_rope_in_one_line(tmp_path):
+    config = transformers.AutoConfig.for_model(
+        "qwen3_5_text",
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=72,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        layer_types=["linear_attention", "full_attention"],
+    )  # Qwen3.5's own RoPE turns a quarter of each head
+    config.save_pretrained(tmp_path / "qwen3_5")
+    with pytest.raises(
+        UserError, match=r"partial_rotary_factor=0.25 cannot be imported; minitx's RoPE turns every"
+    ):
+        read_hf_directory(str(tmp_path / "qwen3_5"))
+
+
+def test_export_refuses_gdn_beside_a_native_only_kind_with_one_line(tmp_path, capsys):
+    from minitx.cli import export_main
+
+    tokenizer = CharTokenizer(TEXT)
+    model = make_model(dict(SWIGLU, attention=dict(kind="gdn", layers=["gdn", "mla"])), tokenizer)
+    ckpt = write_checkpoint(tmp_path / "m.ckpt", model, tokenizer)
+    assert export_main(["--ckpt", str(ckpt), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "attention gdn/mla: mla exports only as DeepseekV3ForCausalLM" in err, err
+    assert not (tmp_path / "hf").exists()
