@@ -12,11 +12,20 @@ differential head of twice the width:
 
 with lambda_init = 0.8 - 0.6 exp(-0.3 l) for 0-based layer l, and the y_i side by side into the
 output projection. The projections, RoPE and the KV cache are the shared ones (GQA included:
-`attention.n_kv_head`, even); only the attention step differs. Every query head's map multiplies
-its pair's 2D-wide values in one SDPA call, queries and keys padded with zeros to that width (no
-score changes; fused kernels want equal widths: on the CPU this is 10% faster than one call per
-value half, and three times faster than unequal widths, measured at T = 1024). The cost against
-MHA is that doubled value width: the difference of the maps is taken after they meet the values.
+`attention.n_kv_head`, even); only the attention step differs.
+
+Two ways to compute it, the same numbers:
+- on a CPU, `DifferenceOfMaps`: for a tile of queries at a time, both maps materialised, their
+  difference taken first, then one product with the 2D-wide values. That is MHA's arithmetic
+  (H/2 maps of 2D-wide values), at the price of maps that no fused kernel keeps in registers; a
+  tile of at most TILE_SCORES scores keeps memory linear in T, and the backward recomputes each
+  tile's maps instead of keeping them.
+- on a GPU, and for decoding's few queries anywhere, one fused SDPA call: every query head's map
+  meets its pair's 2D-wide values, queries and keys padded with zeros to that width (no score
+  changes; fused kernels want equal widths), and the difference is taken after the values: twice
+  the value-side work, but a fused kernel's.
+On the 2-core development CPU at T = 1024 the tiles take ~0.6 of the fused call's time for
+forward + backward (benchmarks/diff_attention.py; benchmarks/RESULTS.md, issue 34).
 """
 
 from __future__ import annotations
@@ -73,6 +82,130 @@ def check_diff_model(config: ModelConfig) -> None:
             )
 
 
+# A tile is a group of whole sequences by a chunk of queries: at most TILE_SCORES scores of one
+# map (4 MiB in float32) and QUERY_CHUNK queries. Smaller tiles pay per-call overheads, larger ones
+# leave the cache (measured on the development CPU at T = 256, 1024 and 4096).
+QUERY_CHUNK = 64
+TILE_SCORES = 1 << 20
+
+
+def fused_on(device: torch.device) -> bool:
+    """Whether differential attention takes the fused SDPA call (a GPU) rather than the tiles."""
+    return device.type not in ("cpu", "meta")
+
+
+def tiles(B: int, H: int, T: int, S: int) -> list[tuple[slice, slice]]:
+    """(sequences, queries): the tiles of B sequences of T queries of H heads against S keys."""
+    per_tile = max(1, TILE_SCORES // (H * QUERY_CHUNK * S))
+    return [
+        (slice(b, b + per_tile), slice(t, min(t + QUERY_CHUNK, T)))
+        for b in range(0, B, per_tile)
+        for t in range(0, T, QUERY_CHUNK)
+    ]
+
+
+def tile_rows(t: Tensor, tile, r: int) -> Tensor:
+    """The tile's queries of t (B, heads, T, width), r heads per group stacked as the rows of
+    one product: (b, heads / r, r * queries, width)."""
+    sequences, queries = tile
+    return t.unflatten(1, (-1, r))[sequences, :, :, queries].flatten(2, 3)
+
+
+def set_tile_rows(t: Tensor, tile, r: int, rows: Tensor) -> None:
+    sequences, queries = tile
+    t.unflatten(1, (-1, r))[sequences, :, :, queries] = rows.unflatten(2, (r, -1))
+
+
+def tile_keys(t: Tensor, tile, causal: bool) -> Tensor:
+    """The keys (or values) a tile's queries may see of t (B, heads, S, width): a view."""
+    sequences, queries = tile
+    return t[sequences, :, : queries.stop] if causal else t[sequences]
+
+
+class DifferenceOfMaps(torch.autograd.Function):
+    """(A1 - lambda A2) [v_g, v_{g+G/2}] of every pair of query heads, a tile of queries at a time.
+
+    q (B, H, T, D); k, v (B, G, S, D); lam a 0-dim tensor; mask None or boolean (B, 1, T, S),
+    True where a query may see a key; causal: query t sees keys up to t (T == S).
+    Out (B, H/2, T, 2D): pair i is query heads i and i + H/2 over key/value heads g and g + G/2,
+    g = i // r for r = H / G query heads per key/value head.
+
+    Maps are float32 (float64 for float64 inputs) whatever the inputs' dtype, as in SDPA. The backward recomputes each tile's
+    maps and goes through both softmaxes by hand: with M = A1 - lambda A2 and dM = dOut V^T,
+        dV = M^T dOut,   dS1 = A1 (dM - rowsum(dM A1)),   dS2 = -lambda A2 (dM - rowsum(dM A2)),
+        dlambda = -sum(dM A2),
+    then dS to q and k as in any attention (dS2's -lambda applied to the whole gradients).
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, mask: Tensor | None, causal: bool):
+        values = DifferentialAttention.pair_values(v)
+        B, H, T, D = q.shape
+        r = H // k.shape[1]
+        out = q.new_empty(B, H // 2, T, 2 * D)
+        future = torch.ones(QUERY_CHUNK, QUERY_CHUNK, dtype=torch.bool, device=q.device).triu(1)
+        for tile in tiles(B, H, T, k.shape[2]):
+            maps, _ = tile_maps(q, k, lam, mask, causal, future, tile)
+            set_tile_rows(out, tile, r, maps.to(values.dtype) @ tile_keys(values, tile, causal))
+        ctx.causal = causal
+        ctx.save_for_backward(q, k, values, lam, mask)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        q, k, values, lam, mask = ctx.saved_tensors
+        B, H, T, D = q.shape
+        G, causal = k.shape[1], ctx.causal
+        r = H // G
+        grad_q, grad_k, grad_values = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(values)
+        grad_lam = torch.zeros((), dtype=maps_dtype(q), device=q.device)
+        grad_out = grad_out.to(values.dtype)
+        future = torch.ones(QUERY_CHUNK, QUERY_CHUNK, dtype=torch.bool, device=q.device).triu(1)
+        for tile in tiles(B, H, T, k.shape[2]):
+            maps, probs = tile_maps(q, k, lam, mask, causal, future, tile)
+            grad_tile = tile_rows(grad_out, tile, r)
+            tile_keys(grad_values, tile, causal).add_(maps.to(values.dtype).transpose(-1, -2) @ grad_tile)
+            grad_maps = (grad_tile @ tile_keys(values, tile, causal).transpose(-1, -2)).to(probs.dtype)
+            grad_scores = probs * grad_maps.unsqueeze(1)  # both maps meet dM; A (dM - rowsum(dM A)):
+            row_sums = grad_scores.sum(-1, keepdim=True)  # (b, 2, G/2, rows, 1)
+            grad_lam -= row_sums[:, 1].sum()
+            grad_scores = grad_scores.addcmul_(probs, row_sums, value=-1).flatten(1, 2).to(q.dtype)
+            set_tile_rows(grad_q, tile, r, grad_scores @ tile_keys(k, tile, causal))
+            tile_keys(grad_k, tile, causal).add_(grad_scores.transpose(-1, -2) @ tile_rows(q, tile, r))
+        scale = D**-0.5
+        grad_q[:, : H // 2] *= scale
+        grad_q[:, H // 2 :] *= -lam.to(q.dtype) * scale  # the second map of each pair enters with -lambda
+        grad_k[:, : G // 2] *= scale
+        grad_k[:, G // 2 :] *= -lam.to(k.dtype) * scale
+        grad_v = torch.cat(grad_values.chunk(2, dim=-1), dim=1)
+        return grad_q, grad_k, grad_v, grad_lam.to(lam.dtype), None, None
+
+
+def maps_dtype(q: Tensor) -> torch.dtype:
+    """float32, or q's dtype where wider (float64, as the tests' gradients use)."""
+    return torch.promote_types(q.dtype, torch.float32)
+
+
+def tile_maps(
+    q: Tensor, k: Tensor, lam: Tensor, mask: Tensor | None, causal: bool, future: Tensor, tile
+) -> tuple[Tensor, Tensor]:
+    """(A1 - lambda A2 (b, G/2, rows, keys), both maps (b, 2, G/2, rows, keys)) of a tile in
+    `maps_dtype`; rows: the tile's queries of the r query heads of one key/value head. future: True
+    above the diagonal of a (QUERY_CHUNK, QUERY_CHUNK) block, made once per call."""
+    sequences, queries = tile
+    G, r = k.shape[1], q.shape[1] // k.shape[1]
+    keys = tile_keys(k, tile, causal)
+    scores = ((tile_rows(q, tile, r) * q.shape[-1] ** -0.5) @ keys.transpose(-1, -2)).to(maps_dtype(q))
+    grid = scores.view(scores.shape[0], G, r, -1, keys.shape[2])  # (b, G, r, queries, keys)
+    if causal:  # the tile's last keys are its own queries' positions: above the diagonal is future
+        n = queries.stop - queries.start
+        grid[..., -n:].masked_fill_(future[:n, :n], -math.inf)
+    if mask is not None:
+        grid.masked_fill_(~mask[sequences, :, queries].unsqueeze(2), -math.inf)
+    probs = torch.softmax(scores, dim=-1).unflatten(1, (2, G // 2))
+    return torch.addcmul(probs[:, 0], probs[:, 1], lam.to(probs.dtype), value=-1), probs
+
+
 class DifferentialAttention(Attention):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__(config, layer)
@@ -103,16 +236,25 @@ class DifferentialAttention(Attention):
     def combine(self, out: Tensor) -> Tensor:
         """(B, H, T, 2D) outputs of every query head -> (B, H/2, T, 2D): pair differences, normed."""
         first, second = out.chunk(2, dim=1)  # query heads i and i + H/2
-        diff = first - self.lambda_full().to(out.dtype) * second
-        normed = F.rms_norm(diff, (diff.shape[-1],), eps=NORM_EPS)
-        return (1 - self.lambda_init) * normed
+        return self.normed(first - self.lambda_full().to(out.dtype) * second)
+
+    def normed(self, diff: Tensor) -> Tensor:
+        """(1 - lambda_init) RMSNorm of each differential head's output (B, H/2, T, 2D)."""
+        return (1 - self.lambda_init) * F.rms_norm(diff, (diff.shape[-1],), eps=NORM_EPS)
 
     def flops_per_token(self, T: int) -> float:
-        """Both maps, at the padded width: every one of the n_head query heads (the two halves of
-        each differential head) meets the keys and its pair's values in one causal SDPA over
-        T x T, queries and keys padded with zeros to the values' 2 * head_dim (`differential`).
-        Twice MHA's count: the maps are two, and each multiplies values twice as wide."""
-        return self.sdpa_flops(T, T, T, 2 * self.head_dim)
+        """As `differential` computes on this layer's device. Tiles (a CPU, or the meta device that
+        sizes a model for one): each chunk of queries scores the keys up to its last query, n_head
+        maps head_dim wide, and the n_head / 2 differences meet values 2 * head_dim wide: MHA's
+        arithmetic over the tiles' keys. The backward's recomputation of each tile's maps is not
+        counted, as no recomputation is. The fused call (a GPU): all n_head maps over T x T,
+        queries and keys padded to the values' 2 * head_dim, twice MHA's count."""
+        if fused_on(self.qkv_proj.weight.device):
+            return self.sdpa_flops(T, T, T, 2 * self.head_dim)
+        scored = sum(
+            min(t + QUERY_CHUNK, T) * (min(t + QUERY_CHUNK, T) - t) for t in range(0, T, QUERY_CHUNK)
+        )
+        return 6 * self.n_head * scored * 2 * self.head_dim / T
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return self.differential(q, k, v, mask=None, causal=True)
@@ -123,19 +265,31 @@ class DifferentialAttention(Attention):
 
     def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
         keys, values, mask = cache.update(k, v)  # mask None: every cached key is visible
-        return self.differential(q, keys.to(q.dtype), values.to(q.dtype), mask=mask, causal=False)
+        # The fused call on any device: a step's few queries are a chain of small operations,
+        # fewer this way (decoding at 0.72 of MHA's tokens/s against 0.59 through the tiles).
+        out = self.fused(q, keys.to(q.dtype), values.to(q.dtype), mask=mask, causal=False)
+        return self.combine(out)
 
     def differential(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        """The differential heads (B, H/2, T, 2D) of q (B, H, T, D) and k, v (B, G, S, D); mask
+        None or boolean, broadcastable to (B, 1, T, S), True where a query may see a key."""
         # No dropout on the maps: the difference of two maps has no agreed dropout (DiffLlama
         # refuses it); the model's residual dropout still applies.
+        if fused_on(q.device):
+            return self.combine(self.fused(q, k, v, mask, causal))
+        if mask is not None:
+            mask = mask.expand(q.shape[0], 1, q.shape[2], k.shape[2])
+        return self.normed(DifferenceOfMaps.apply(q, k, v, self.lambda_full(), mask, causal))
+
+    def fused(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        """(B, H, T, 2D): every query head's map times its pair's values, in one SDPA call."""
         D = q.shape[-1]
         # Query head h reads key/value head g = h // (H/G); heads g and g + G/2 read one pair's values.
         values = self.pair_values(v).repeat(1, 2, 1, 1)  # (B, G, S, 2D)
         q, k = F.pad(q, (0, D)), F.pad(k, (0, D))  # zeros: the same scores, at the values' width
-        out = F.scaled_dot_product_attention(
+        return F.scaled_dot_product_attention(
             q, k, values, attn_mask=mask, is_causal=causal, scale=D**-0.5, enable_gqa=True
         )
-        return self.combine(out)
 
     def softmax_maps(self, x: Tensor, rope=None) -> list[Tensor]:
         """[A1, A2], (B, H/2, T, T) each: the two softmax maps before their difference, which is

@@ -1,7 +1,9 @@
 """Differential attention (diff): its paths against the oracle, its maps, and DiffLlama.
 
-- the fast path (one SDPA call over 2D-wide values) against the materialised reference and the
-  paper's formula written out head pair by head pair, at awkward lengths, with GQA, gradients too;
+- the fast path against the materialised reference and the paper's formula written out head pair
+  by head pair, at awkward lengths, with GQA, gradients too; the CPU's tiles (DifferenceOfMaps)
+  and their hand-written backward in float64 at several tiles, gradcheck, masks, CPU autocast;
+  the fused SDPA call (decoding's and a GPU's path) against the reference;
 - lambda_init by depth (0-based layers) or set; the attention maps (H/2 differential maps);
 - decoding from the KV cache against the full forward, with and without GQA;
 - the layer against transformers' `DiffLlamaAttention` with copied weights at several depths; the
@@ -25,9 +27,9 @@ import pytest
 import torch
 from helpers import export_model, load_quietly
 
-from minitx import AttentionConfig, ModelConfig, Transformer
-from minitx.attention import build
-from minitx.attention.diff import DifferentialAttention, lambda_init_at
+from minitx import AttentionConfig, ModelConfig, Transformer, functional
+from minitx.attention import build, diff
+from minitx.attention.diff import DifferenceOfMaps, DifferentialAttention, lambda_init_at
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import UserError
 from minitx.rope import RotaryEmbedding
@@ -107,6 +109,89 @@ def test_fast_path_equals_the_reference_and_the_formula(n_kv_head, T):
     got = torch.autograd.grad(fast, params, grad, retain_graph=True)  # q, k, v are shared
     for a, b in zip(got, torch.autograd.grad(slow, params, grad)):
         assert (a - b).abs().max() < 1e-4 * max(1.0, b.abs().max().item())
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """Tiles of one sequence by 8 queries: several of each at test sizes, the last one partial."""
+    monkeypatch.setattr(diff, "QUERY_CHUNK", 8)
+    monkeypatch.setattr(diff, "TILE_SCORES", 1)
+
+
+def float64_inputs(module: DifferentialAttention, T: int):
+    module.double()
+    x = torch.randn(3, T, 32, dtype=torch.float64)
+    q, k, v = (t.detach().requires_grad_() for t in module.project(x, RotaryEmbedding(8, 96)(0, T)))
+    return q, k, v, [q, k, v, module.lambda_q1, module.lambda_k1, module.lambda_q2, module.lambda_k2]
+
+
+@pytest.mark.parametrize("T", [1, 8, 21])
+@pytest.mark.parametrize("n_kv_head", [4, 2])
+def test_tiles_and_their_backward_equal_the_materialised_reference_in_float64(small_tiles, n_kv_head, T):
+    """The tiles (DifferenceOfMaps, a CPU's training path) against `reference` to float64's
+    precision: outputs, and the gradients of q, k, v and lambda's four vectors through the
+    hand-written backward; 21 tokens are three query chunks, the last one partial."""
+    module = layer(1, n_kv_head)
+    q, k, v, inputs = float64_inputs(module, T)
+    fast, (slow, _) = module.attend(q, k, v), module.reference(q, k, v)
+    assert (fast - slow).abs().max() < 1e-12
+    grad = torch.randn_like(fast)
+    got = torch.autograd.grad(fast, inputs, grad)
+    for n, (a, b) in enumerate(zip(got, torch.autograd.grad(slow, inputs, grad))):
+        # lambda's vectors: through lambda_full's float32 sums (as both paths; gradcheck holds dlambda)
+        tol = 1e-12 if n < 3 else 1e-6
+        assert (a - b).abs().max() < tol * max(1.0, b.abs().max().item()), n
+
+
+def test_tiles_pass_gradcheck_with_a_mask(small_tiles):
+    """torch's numerical gradcheck of DifferenceOfMaps in float64, causal and under a mask (a
+    window of 5 keys, as `differential` gets it from a cache or documents)."""
+    q = torch.randn(2, 4, 11, 3, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, 2, 11, 3, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    lam = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    positions = torch.arange(11)
+    window = functional.allowed_mask(positions, positions, window=5).expand(2, 1, 11, 11)
+    # fast_mode: the Jacobian's product with random vectors, against finite differences.
+    for mask, causal in ((None, True), (window, False)):
+        attend = lambda q, k, v, lam, m=mask, c=causal: DifferenceOfMaps.apply(q, k, v, lam, m, c)  # noqa: E731
+        assert torch.autograd.gradcheck(attend, (q, k, v, lam), fast_mode=True)
+
+
+def test_tiles_under_a_mask_equal_the_fused_call(small_tiles):
+    """What documents and a sliding context pass: a boolean mask, not causal; against the fused
+    SDPA call (decoding's and a GPU's path), which the reference tests above also hold."""
+    module = layer(1, 2)
+    q, k, v, _ = float64_inputs(module, 21)
+    positions = torch.arange(21)
+    for mask in (
+        functional.allowed_mask(positions, positions, window=6),
+        (torch.rand(3, 1, 21, 21) < 0.6) | torch.eye(21, dtype=torch.bool),  # documents' shape
+    ):
+        with torch.no_grad():
+            tiles = module.differential(q, k, v, mask=mask, causal=False)
+            fused = module.combine(module.fused(q, k, v, mask=mask, causal=False))
+        assert (tiles - fused).abs().max() < 1e-12
+
+
+def test_fused_call_equals_the_reference():
+    module = layer(2, 2)
+    q, k, v, _ = float64_inputs(module, 13)
+    with torch.no_grad():
+        fused = module.combine(module.fused(q, k, v, mask=None, causal=True))
+        assert (fused - module.reference(q, k, v)[0]).abs().max() < 1e-12
+
+
+def test_tiles_train_under_cpu_autocast(small_tiles):
+    """bf16 products, float32 maps: gradients within bf16's 2-3 digits of float32's."""
+    module = layer(1, 2).train()
+    x = torch.randn(2, 21, 32)
+    rope = RotaryEmbedding(8, 96)(0, 21)
+    expected = torch.autograd.grad(module(x, rope).square().sum(), module.qkv_proj.weight)[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = module(x, rope)
+    (grad,) = torch.autograd.grad(out.float().square().sum(), module.qkv_proj.weight)
+    assert grad.dtype == torch.float32
+    assert (grad - expected).norm() < 0.05 * expected.norm()
 
 
 def test_lambda_init_by_depth_or_set():
