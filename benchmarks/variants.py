@@ -1,10 +1,12 @@
-"""Speed and KV cache of the ten attention choices: the five kinds, two new kinds, three MHA options.
+"""Speed and KV cache of the attention choices: the five kinds, the new kinds, three MHA options.
 
     python benchmarks/variants.py                          # every variant available, a few minutes
     python benchmarks/variants.py --kinds mha gqa mla --repeats 3
+    python benchmarks/variants.py --kinds gdn hybrid       # and Gated DeltaNet's section up to T = 4096
     python benchmarks/variants.py --quick                  # toy sizes, seconds: the code runs
 
-Rows: mha (the baseline), mqa, gqa, local, mta, mla, diff, qknorm, sinks, gated. Each row's model
+Rows: mha (the baseline), mqa, gqa, local, mta, mla, diff, qknorm, sinks, gated, gdn and hybrid
+(configs/hybrid.yaml: layers [gdn, gdn, gdn, mha], as Qwen3-Next). Each row's model
 is configs/default.yaml's model shape (4 layers, 4 heads, width 128, GELU MLP, vocabulary 65, no
 dropout) with only the attention section of configs/<row>.yaml, so the rows differ in attention
 alone. configs/mla.yaml, diff.yaml and qknorm.yaml also set `mlp: swiglu` (so that their checkpoints
@@ -32,6 +34,16 @@ context (as above) and a long one (block_size --long-context, a --long-prompt-to
 decoding to the end of the context), with the prefill's time and the cache's size.
 MLA decodes through its absorbed projections (the cache's latents are never expanded per head);
 minitx has no switch to decode it expanded, so there is one mla row.
+
+Gated DeltaNet against MHA (when gdn is among the rows): a linear recurrence costs O(T) per
+sequence where softmax attention costs O(T^2), so the question is where the two cross. Training
+steps of --linear-tokens tokens each (batch = tokens / T, so a row's cost per token is what
+changes with T) at each T of --linear-seq-lens, for mha, gdn at each --chunk-sizes and the hybrid;
+the crossover is where gdn's ratio to mha's falls through 1, interpolated between the measured T
+in log-log. Then decoding at a long context: block_size --decode-context, a prompt filling all but
+--new-tokens of it, decoded to the end, with the cache's bytes at that context (gdn's state does
+not grow; mha's keys and values do). The issue's goals: gdn's training step at the longest T at
+most mha's, and its decoding at the long context at least as fast.
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import sys
@@ -55,7 +68,7 @@ from minitx.decoding import CachedSteps
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
-VARIANTS = ("mha", "mqa", "gqa", "local", "mta", "mla", "diff", "qknorm", "sinks", "gated")
+VARIANTS = ("mha", "mqa", "gqa", "local", "mta", "mla", "diff", "qknorm", "sinks", "gated", "gdn", "hybrid")
 BASELINE = "mha"
 VOCAB = 65  # the character vocabulary of the built-in Shakespeare, which default.yaml trains on
 # The issue's goals are for the 2024-25 variants: each one's training step at most TRAIN_GOAL x mha's
@@ -64,6 +77,7 @@ VOCAB = 65  # the character vocabulary of the built-in Shakespeare, which defaul
 GOAL_ROWS = ("mla", "diff", "qknorm", "sinks", "gated")
 TRAIN_GOAL = 1.3
 GQA2 = {"kind": "gqa", "n_kv_head": 2}  # the cache goal's yardstick: GQA with 2 key/value heads
+LINEAR = "gdn"  # the row whose chunk sizes, crossover and long-context decoding get their own section
 
 
 def default_shape() -> dict:
@@ -223,6 +237,18 @@ def main(argv=None) -> None:
     # synchronisation, and on a shared machine one thread waits less for a core.
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument(
+        "--linear-seq-lens", type=int, nargs="+", default=[256, 1024, 4096], help="gdn section: training T"
+    )
+    parser.add_argument(
+        "--linear-tokens", type=int, default=8192, help="gdn section: tokens per training step (batch x T)"
+    )
+    parser.add_argument(
+        "--chunk-sizes", type=int, nargs="+", default=[32, 64, 128], help="gdn section: its chunk sizes"
+    )
+    parser.add_argument(
+        "--decode-context", type=int, default=4096, help="gdn section: block_size of the long decoding"
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="toy sizes (T 16 32, batch 2, 8 new tokens, long context 48, 1 repeat): the code runs",
@@ -231,6 +257,12 @@ def main(argv=None) -> None:
     if args.quick:
         args.seq_lens, args.batch, args.repeats, args.prompt, args.new_tokens = [16, 32], 2, 1, 4, 8
         args.long_context, args.long_prompt = 48, 40
+        args.linear_seq_lens, args.linear_tokens, args.chunk_sizes, args.decode_context = (
+            [16, 64],
+            128,
+            [8, 16],
+            48,
+        )
     if not 0 < args.long_prompt < args.long_context:
         parser.error("--long-prompt: give fewer tokens than --long-context, so that some are decoded")
     torch.set_num_threads(args.threads)
@@ -302,6 +334,8 @@ def main(argv=None) -> None:
     )
 
     mla_comparison(shape, args, started)
+    if LINEAR in rows:
+        linear_comparison(shape, rows, args, started)
     print(
         f"\n({time.perf_counter() - started:.0f} s in all; load average {os.getloadavg()[0]:.1f} at the end)"
     )
@@ -314,6 +348,8 @@ def progress(what: str, started: float) -> None:
 def compact(attention: dict) -> str:
     """The attention section in one line: kind, n_kv_head and the options, YAML's flow style."""
     parts = [f"kind: {attention['kind']}"]
+    if attention.get("layers"):
+        parts = [f"layers: [{', '.join(attention['layers'])}]"]
     if attention.get("n_kv_head") is not None:
         parts.append(f"n_kv_head: {attention['n_kv_head']}")
     for kind, options in (attention.get("options") or {}).items():
@@ -359,6 +395,91 @@ def mla_comparison(shape: dict, args, started: float) -> None:
                 f"| {total / base_cache:.3f} |",
                 flush=True,
             )
+
+
+# -- Gated DeltaNet against MHA ----------------------------------------------------------------------
+
+
+def with_chunk_size(attention: dict, chunk_size: int) -> dict:
+    options = dict(attention.get("options") or {})
+    options[LINEAR] = dict(options.get(LINEAR) or {}, chunk_size=chunk_size)
+    return dict(attention, options=options)
+
+
+def crossover(ratios: dict[int, float]) -> str:
+    """Where a ratio to mha's falls through 1, interpolated linearly in log T and log ratio between
+    the two measured lengths around it; or that it is below 1 from the first or never reaches it."""
+    lengths = sorted(ratios)
+    if ratios[lengths[0]] <= 1:
+        return f"at or below T={lengths[0]} (ratio {ratios[lengths[0]]:.2f} there)"
+    for short, long in zip(lengths, lengths[1:]):
+        if ratios[long] <= 1:
+            a, b = math.log(ratios[short]), math.log(ratios[long])
+            at = math.exp(math.log(short) + (math.log(long) - math.log(short)) * a / (a - b))
+            return f"T ~ {at:,.0f} (between {short} and {long})"
+    return f"above T={lengths[-1]} (not reached: ratio {ratios[lengths[-1]]:.2f} there)"
+
+
+def linear_comparison(shape: dict, rows: dict[str, dict], args, started: float) -> None:
+    """mha, gdn at each chunk size and the hybrid: training steps of a fixed number of tokens at
+    each length, the crossover, and decoding at a long context."""
+    default_chunk = rows[LINEAR]["options"][LINEAR].get("chunk_size", 64)
+    chunk_sizes = list(dict.fromkeys([default_chunk, *args.chunk_sizes]))
+    gdn = f"gdn (chunk {default_chunk})"
+    arms = {BASELINE: rows[BASELINE]}
+    arms.update({f"gdn (chunk {c})": with_chunk_size(rows[LINEAR], c) for c in chunk_sizes})
+    if "hybrid" in rows:
+        arms["hybrid"] = rows["hybrid"]
+    print(
+        f"\n### Gated DeltaNet against MHA: training steps of {args.linear_tokens} tokens (batch x T), "
+        f"best of {args.repeats} round-robin runs\n"
+    )
+    train = {}
+    for T in args.linear_seq_lens:
+        progress(f"gdn section: training steps at T={T}", started)
+        train[T] = train_step_seconds(shape, arms, T, max(1, args.linear_tokens // T), args.repeats)
+    header = ["model"]
+    for T in args.linear_seq_lens:
+        header += [f"T={T}, batch {max(1, args.linear_tokens // T)} (ms)", "vs mha"]
+    print("| " + " | ".join(header + ["crossover with mha"]) + " |")
+    print("|---|" + "---:|" * (len(header) - 1) + "---|")
+    for name in arms:
+        ratios = {T: train[T][name] / train[T][BASELINE] for T in args.linear_seq_lens}
+        cells = [name]
+        for T in args.linear_seq_lens:
+            cells += [f"{1e3 * train[T][name]:,.1f}", f"{ratios[T]:.2f}"]
+        cells.append("(baseline)" if name == BASELINE else crossover(ratios))
+        print("| " + " | ".join(cells) + " |", flush=True)
+    longest = args.linear_seq_lens[-1]
+    train_ratio = train[longest][gdn] / train[longest][BASELINE]
+
+    context = args.decode_context
+    new_tokens = min(args.new_tokens, context - 1)
+    decoders = {name: arms[name] for name in (BASELINE, gdn, "hybrid") if name in arms}
+    progress(f"gdn section: decoding at a {context}-token context", started)
+    models = eval_models(shape, decoders, block_size=context)
+    measured = decoding(models, context - new_tokens, new_tokens, args.repeats)
+    print(
+        f"\n### Decoding at a {context}-token context: a {context - new_tokens}-token prompt, then "
+        f"{new_tokens} tokens through the cache to block_size {context}; batch 1, greedy, best of {args.repeats}\n"
+    )
+    print("| model | prefill (ms) | decode (tok/s) | vs mha | cache at the full context, fp32 (KiB) |")
+    print("|---|---:|---:|---:|---:|")
+    for name, attention in decoders.items():
+        prefill, speed = measured[name]
+        cache = kv_cache_bytes(config_of(shape, attention, block_size=context), context)
+        print(
+            f"| {name} | {1e3 * prefill:,.1f} | {speed:,.0f} | {speed / measured[BASELINE][1]:.2f} "
+            f"| {cache / 1024:,.0f} |",
+            flush=True,
+        )
+    decode_ratio = measured[gdn][1] / measured[BASELINE][1]
+    verdicts = [
+        f"training step at T={longest} {train_ratio:.2f}x mha's: {'met' if train_ratio <= 1 else '**missed**'}",
+        f"decoding at a {context}-token context {decode_ratio:.2f}x mha's tokens/s: "
+        f"{'met' if decode_ratio >= 1 else '**missed**'}",
+    ]
+    print(f"\nGoals ({gdn}): " + "; ".join(verdicts) + f". Load average {os.getloadavg()[0]:.1f} now.")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""benchmarks/variants.py: the table of the ten attention choices runs, and its figures add up.
+"""benchmarks/variants.py: the table of the attention choices runs, and its figures add up.
 
 Nothing is timed here (toy sizes): the speed is what running the script measures. The cache and
 parameter columns are exact, so they are compared with minitx computed independently.
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from minitx import AttentionConfig, ModelConfig, Transformer, kv_cache_bytes
+from minitx.configfiles import merged_config
 
 REPO = Path(__file__).resolve().parents[2]
-VARIANTS = ("mha", "mqa", "gqa", "local", "mta", "mla", "diff", "qknorm", "sinks", "gated")
+VARIANTS = ("mha", "mqa", "gqa", "local", "mta", "mla", "diff", "qknorm", "sinks", "gated", "gdn", "hybrid")
 SHAPE = dict(vocab_size=65, block_size=256, n_layer=4, n_head=4, d_model=128)  # configs/default.yaml's
 
 
@@ -28,7 +28,7 @@ def attention_of(name: str) -> dict | None:
     path = REPO / "configs" / f"{name}.yaml"
     if not path.is_file():
         return None
-    attention = yaml.safe_load(path.read_text())["model"]["attention"]
+    attention = merged_config(path)["model"]["attention"]  # with its bases: the hybrid's kind
     try:
         AttentionConfig(**attention)
     except ValueError:
@@ -70,6 +70,7 @@ def test_quick_run_prints_every_variant_with_exact_cache_and_positive_ratios(tmp
     out = done.stdout
     assert "torch " in out and "torch thread" in out  # the machine, torch and threads are stated
     main_text, mla_text = out.split("### MLA against MHA and GQA")
+    mla_text, linear_text = mla_text.split("### Gated DeltaNet against MHA")
     rows = table_rows(main_text)
     assert list(rows) == list(VARIANTS)
     header = [line for line in main_text.splitlines() if line.startswith("|")][0]
@@ -88,10 +89,19 @@ def test_quick_run_prints_every_variant_with_exact_cache_and_positive_ratios(tmp
             assert ratios == [1.0, 1.0, 1.0] and row[-1] == "(baseline)"
         for cell, dtype in ((row[9], torch.float32), (row[10], torch.bfloat16)):
             expected = kv_cache_bytes(config, 256, dtype=dtype) / 256 / 4
-            assert abs(value(cell) - expected) <= 0.05, (name, dtype, cell, expected)
+            assert abs(value(cell) - expected) <= 0.05 + 1e-9, (name, dtype, cell, expected)  # one decimal
         expected_ratio = kv_cache_bytes(config, 256) / kv_cache_bytes(ModelConfig(**SHAPE), 256)
         assert row[11] == f"{expected_ratio:.3f}", row
-        goal = {"mha": "(baseline)", "mqa": "-", "gqa": "-", "local": "-", "mta": "-"}.get(name)
+        goal = {
+            "mha": "(baseline)",
+            "mqa": "-",
+            "gqa": "-",
+            "local": "-",
+            "mta": "-",
+            "gdn": "-",
+            "hybrid": "-",
+        }
+        goal = goal.get(name)
         assert row[-1] == goal if goal else row[-1].startswith(("train met", "**missed**: train")), row
     if attention_of("mla") is None:
         assert "not run" in mla_text.splitlines()[0]
@@ -129,3 +139,46 @@ def test_rows_take_only_the_attention_section_of_their_config_files(bench):
         assert (section is None) == (attention_of(name) is None), (name, why)
         if section is not None:
             assert section == attention_of(name)
+
+
+def linear_section(out: str) -> tuple[dict, dict, str]:
+    """The gdn section of a run's output: its training rows, its decoding rows and its goals line."""
+    linear_text = out.split("### Gated DeltaNet against MHA")[1]
+    train_text, decode_text = linear_text.split("### Decoding at a")
+    return table_rows(train_text), table_rows(decode_text), decode_text.split("Goals (")[1]
+
+
+@pytest.mark.slow
+def test_quick_run_compares_gdn_with_mha_over_lengths_and_at_a_long_context(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "variants.py"), "--quick", "--kinds", "gdn", "hybrid"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    train, decode, goals = linear_section(done.stdout)
+    # Each chunk size of --quick's (8, 16) beside the config's 64, the hybrid, mha first.
+    assert list(train) == ["mha", "gdn (chunk 64)", "gdn (chunk 8)", "gdn (chunk 16)", "hybrid"]
+    for name, row in train.items():
+        assert [value(cell) > 0 for cell in row[1:5]] == [True] * 4, row
+        assert (
+            row[-1] == "(baseline)" if name == "mha" else row[-1].startswith(("at or below", "T ~", "above"))
+        ), row
+    assert list(decode) == ["mha", "gdn (chunk 64)", "hybrid"]
+    shape = dict(SHAPE, block_size=48)
+    for name, attention in (("mha", {"kind": "mha"}), ("gdn (chunk 64)", attention_of("gdn"))):
+        config = ModelConfig(**shape, attention=AttentionConfig(**attention))
+        assert value(decode[name][-1]) == round(kv_cache_bytes(config, 48) / 1024), decode[name]
+    assert goals.startswith("gdn (chunk 64)): training step at T=64") and "48-token context" in goals
+
+
+def test_crossover_is_interpolated_where_the_ratio_falls_through_one(bench):
+    assert bench.crossover({256: 0.9, 1024: 0.5}) == "at or below T=256 (ratio 0.90 there)"
+    assert bench.crossover({256: 2.0, 1024: 1.5}) == "above T=1024 (not reached: ratio 1.50 there)"
+    # log ratio falls from log 2 to -log 2 between 256 and 4096: it crosses halfway, at 1024.
+    assert bench.crossover({256: 3.0, 1024: 2.0, 4096: 0.5}) == "T ~ 2,048 (between 1024 and 4096)"
+    assert bench.crossover({256: 2.0, 4096: 0.5}) == "T ~ 1,024 (between 256 and 4096)"
