@@ -18,6 +18,11 @@ and head mixing: a mixture of softmax rows, near them as trained from the identi
 may fall below 0 or a row rise above 1, and such a map has no entropy. The functions below take `maps` as one
 entry per layer, each a (B, H, T, T) tensor or a list of them (a layer's several maps); a single
 tensor is one layer.
+
+A layer with no softmax map (gdn: a linear recurrence, whose materialised map is signed and
+unnormalised) gives an empty list: it has no first-token share, alpha_1 or entropy ("-" in the
+report, None in the figures), and the model's figures are over its softmax layers (None for a
+model with none). Its massive activations and the loss by position are measured as any layer's.
 """
 
 from __future__ import annotations
@@ -55,12 +60,12 @@ def causal_keys(T: int, device=None) -> Tensor:
 
 def layer_visible(visible: Tensor | Sequence[Tensor] | None, layers: list[list[Tensor]]) -> list[Tensor]:
     """The (T, T) visibility of each layer's maps: the causal mask unless given (one for all
-    layers, or one per layer)."""
+    layers, or one per layer); None for a layer with no map."""
     if visible is None:
-        return [causal_keys(maps[0].shape[-1], maps[0].device) for maps in layers]
+        return [causal_keys(maps[0].shape[-1], maps[0].device) if maps else None for maps in layers]
     if isinstance(visible, Tensor):
         visible = [visible] * len(layers)
-    return [v.to(maps[0].device) for v, maps in zip(visible, layers, strict=True)]
+    return [v.to(maps[0].device) if maps else v for v, maps in zip(visible, layers, strict=True)]
 
 
 # ------------------------------------------------------------------------------ per-map figures
@@ -92,11 +97,13 @@ def entropy_sum(A: Tensor, visible: Tensor) -> tuple[float, int]:
 # ------------------------------------------------------------------------- the pure functions
 
 
-def first_token_share(maps: Maps) -> float:
+def first_token_share(maps: Maps) -> float | None:
     """Attention on position 0 (Qiu et al. 2025's "F-Attn": 0.467 for their baseline, 0.048 gated):
     each map's weight A[i, 0] averaged over query rows i and sequences, then over the layer's heads
     (all its maps' heads pooled), then over layers. 1 when every query attends to key 0 alone."""
-    layers = layer_maps(maps)
+    layers = [layer for layer in layer_maps(maps) if layer]
+    if not layers:
+        return None
     shares = [torch.cat([m[..., 0].mean(dim=(0, 2)) for m in layer]).mean() for layer in layers]
     return float(torch.stack(shares).mean())
 
@@ -108,20 +115,20 @@ def alpha_1(maps: Maps, visible: Tensor | Sequence[Tensor] | None = None) -> lis
     With `visible` (T, T) (a window) the mean is over the queries whose window holds key 1."""
     layers = layer_maps(maps)
     return [
-        torch.cat([key_zero_by_head(m, v)[1].mean(0) for m in layer])
+        torch.cat([key_zero_by_head(m, v)[1].mean(0) for m in layer] or [torch.zeros(0)])
         for layer, v in zip(layers, layer_visible(visible, layers))
     ]
 
 
 def sink_rate(
     maps: Maps, epsilon: float = EPSILON, visible: Tensor | Sequence[Tensor] | None = None
-) -> float:
+) -> float | None:
     """Sink_1 (Gu et al., ICLR 2025, arXiv 2410.10781): the share, in [0, 1], of (layer, head)
     pairs whose alpha_1 (see `alpha_1`: the mean attention position 0 gets from the queries that
     see it, averaged over sequences) exceeds epsilon (0.3, theirs). Gu et al. measure it over 100
     sequences of 64 tokens; sinks appear only after enough training."""
     heads = torch.cat(alpha_1(maps, visible))
-    return float((heads > epsilon).float().mean())
+    return float((heads > epsilon).float().mean()) if heads.numel() else None
 
 
 def attention_entropy(
@@ -245,12 +252,13 @@ def batch_size(model, T: int) -> int:
 def run_diagnostics(model, tokens: Tensor, epsilon: float = EPSILON) -> dict:
     """Every diagnostic of `model` on tokens (N, T) of held-out text, as a JSON-able dict:
 
-        first_token_share   float, see first_token_share
-        sink_rate           float in [0, 1], see sink_rate (epsilon 0.3)
+        first_token_share   float, see first_token_share (None: no layer has a softmax map)
+        sink_rate           float in [0, 1], see sink_rate (epsilon 0.3; None as above)
         massive_ratio       float, the largest per-layer ratio of `massive`
         massive             per layer {"ratio", "position", "channel", "max"}, see massive_activations
         entropy             float, mean normalised entropy over all maps, layers, heads, rows
-        entropy_by_layer    per layer (None for a layer whose rows all see one key)
+        entropy_by_layer    per layer (None for a layer whose rows all see one key, or with no
+                            softmax map)
         loss_by_position    T - 1 floats, see loss_by_position
         n_sequences, seq_len
 
@@ -276,6 +284,9 @@ def run_diagnostics(model, tokens: Tensor, epsilon: float = EPSILON) -> dict:
             logits, maps, hidden = probe(model, batch)
             losses += position_losses(logits, batch)
             for layer, (own, v, h) in enumerate(zip(maps, visible, hidden)):
+                massive[layer].add(h)
+                if not own:  # no softmax map (gdn)
+                    continue
                 firsts, alphas = zip(*(key_zero_by_head(m.float(), v) for m in own))
                 share[layer] += float(torch.cat(firsts, dim=1).mean(1).sum())
                 heads = torch.cat(alphas, dim=1).sum(0)
@@ -284,15 +295,15 @@ def run_diagnostics(model, tokens: Tensor, epsilon: float = EPSILON) -> dict:
                     s, n = entropy_sum(m.float(), v)
                     entropy[layer][0] += s
                     entropy[layer][1] += n
-                massive[layer].add(h)
     finally:
         model.train(was_training)
-    heads = torch.cat(alpha) / N
+    softmax = [layer for layer, heads in enumerate(alpha) if heads is not None]
+    heads = torch.cat([alpha[layer] for layer in softmax]) / N if softmax else None
     counted = sum(n for _, n in entropy)
     per_layer = [stats.result() for stats in massive]
     return {
-        "first_token_share": sum(share) / (N * len(share)),
-        "sink_rate": float((heads > epsilon).float().mean()),
+        "first_token_share": sum(share[i] for i in softmax) / (N * len(softmax)) if softmax else None,
+        "sink_rate": float((heads > epsilon).float().mean()) if softmax else None,
         "massive_ratio": max(entry["ratio"] for entry in per_layer),
         "massive": per_layer,
         "entropy": sum(s for s, _ in entropy) / counted if counted else None,

@@ -21,6 +21,10 @@ def _save(fig, file) -> None:
     plt.close(fig)
 
 
+def _figure(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)  # None: no layer with a softmax map
+
+
 def _measured(by_length: dict) -> dict[int, dict]:
     return {int(length): entry for length, entry in by_length.items() if "skipped" not in entry}
 
@@ -102,7 +106,8 @@ def diagnostics(figures: dict) -> Callable:
         loss.set_xlabel("tokens of context")
         loss.set_ylabel("loss (nats per token)")
         fig.suptitle(
-            f"first-token share {figures['first_token_share']:.3f}, sink rate {figures['sink_rate']:.0%}",
+            f"first-token share {_figure(figures['first_token_share'], '.3f')}, "
+            f"sink rate {_figure(figures['sink_rate'], '.0%')}",
             fontsize=10,
         )
         for ax in (ratio, entropy, loss):

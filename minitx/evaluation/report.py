@@ -58,7 +58,8 @@ def diagnostic_rows(figures: dict, kinds: list[str]) -> list[str]:
     """The diagnostics (minitx/evaluation/diagnostics.py): the headline figures, then per layer."""
     rows = [
         f"diagnostics ({figures['n_sequences']} held-out sequences of {figures['seq_len']} tokens):",
-        f"first-token share {figures['first_token_share']:.3f}   sink rate {figures['sink_rate']:.0%}   "
+        f"first-token share {_figure(figures['first_token_share'], '.3f')}   "
+        f"sink rate {_figure(figures['sink_rate'], '.0%')}   "
         f"massive activation ratio {figures['massive_ratio']:.1f}   entropy {_figure(figures['entropy'], '.3f')}",
         f"  {'layer':>5}  {'kind':<8}  {'max/median':>10}  {'position':>8}  {'channel':>7}  {'entropy':>7}",
     ]
@@ -67,6 +68,10 @@ def diagnostic_rows(figures: dict, kinds: list[str]) -> list[str]:
         rows.append(
             f"  {layer:>5}  {kind:<8}  {massive['ratio']:>10.1f}  {massive['position']:>8}  "
             f"{massive['channel']:>7}  {_figure(entropy, '.3f'):>7}"
+        )
+    if "gdn" in kinds:  # the figures above read softmax maps, which a gdn layer has none of
+        rows.append(
+            "  (-: a gdn layer has no softmax map; share, sink rate and entropy are the softmax layers')"
         )
     losses = figures["loss_by_position"]
     rows.append(f"loss by position: {losses[0]:.4f} at 1 token of context, {losses[-1]:.4f} at {len(losses)}")

@@ -12,16 +12,17 @@ from minitx.evaluation import attention_maps
 from minitx.model import Transformer
 
 
-def _checkpoint(tmp_path):
+def _checkpoint(tmp_path, attention: dict | None = None):
     text = "ROMEO:\nBut, soft! what light through yonder window breaks?"
     tokenizer = tokenizer_from_dict({"kind": "char", "chars": sorted(set(text))})
+    attention = attention or dict(layers=["local", "mha"], options={"local": {"window": 4}})
     config = ModelConfig(
-        n_layer=2,
+        n_layer=len(attention["layers"]),
         n_head=2,
         d_model=16,
         block_size=64,
         vocab_size=tokenizer.vocab_size,
-        attention=AttentionConfig(layers=["local", "mha"], options={"local": {"window": 4}}),
+        attention=AttentionConfig(**attention),
     )
     model = Transformer(config)
     path = tmp_path / "tiny.ckpt"
@@ -55,6 +56,28 @@ def test_maps_draw_every_layer_and_head_through_the_materialised_attention(tmp_p
     assert imread(out).shape[0] > 100
     printed = capsys.readouterr().out
     assert "2 layers (local, mha) x 2 heads over 10 tokens" in printed
+
+
+def test_a_hybrid_draws_its_gdn_layers_linear_map_beside_the_softmax_weights(tmp_path, capsys, monkeypatch):
+    """A gdn layer has no softmax map: it draws the linear map it applies to its values
+    (GatedDeltaNet.attention_weights, signed: a diverging scale), one per value head."""
+    attention = dict(layers=["gdn", "gdn", "mha"], options={"gdn": {"n_value_head": 4, "chunk_size": 4}})
+    ckpt = _checkpoint(tmp_path, attention)
+    drawn = []
+    original = Transformer.attention_maps
+    monkeypatch.setattr(
+        Transformer, "attention_maps", lambda self, idx: drawn.append(original(self, idx)) or drawn[-1]
+    )
+    out = tmp_path / "maps.png"
+    assert (
+        eval_main(["--ckpt", str(ckpt), "--attention-maps", str(out), "--attention-prompt", "ROMEO:\nBut"])
+        == 0
+    )
+    maps = drawn[0]
+    assert [tuple(m.shape) for m in maps] == [(1, 4, 10, 10), (1, 4, 10, 10), (1, 2, 10, 10)]
+    assert (maps[0] < 0).any() and maps[0].triu(1).abs().max() == 0  # signed, causal
+    assert imread(out).shape[0] > 100
+    assert "3 layers (gdn, gdn, mha) x 4 heads over 10 tokens" in capsys.readouterr().out
 
 
 def test_maps_refuse_a_bad_output_or_prompt_in_one_line(tmp_path, capfd):

@@ -59,6 +59,9 @@ KINDS = {
     "sinks": dict(kind="mha", options={"mha": {"sinks": True, "qk_norm": True, "gate": "head"}}),
     "mixed": dict(kind="mha", layers=["mha", "local", "diff"], options={"local": {"window": 4}}),
     "custom": dict(kind="ssmax", kind_modules=["examples/custom_attention.py"]),
+    # gdn has no softmax map: its layers give no share, alpha_1 or entropy; the hybrid's mha does.
+    "gdn": dict(kind="gdn", options={"gdn": {"chunk_size": 5}}),
+    "hybrid": dict(layers=["gdn", "gdn", "gdn", "mha"], options={"gdn": {"chunk_size": 5}}),
 }
 
 
@@ -186,17 +189,23 @@ def test_run_diagnostics_on_every_kind(name, monkeypatch):
     assert len(figures["massive"]) == len(figures["entropy_by_layer"]) == n_layer
     assert len(figures["loss_by_position"]) == T - 1
     assert (figures["n_sequences"], figures["seq_len"]) == (5, T)
-    assert 0 <= figures["sink_rate"] <= 1
-    if name != "mta":  # MTA's maps are mixed after the softmax (weights below 0 are possible)
+    softmax = [kind != "gdn" for kind in model.config.layer_kinds]  # gdn: no softmax map
+    assert all(e is None for e, s in zip(figures["entropy_by_layer"], softmax) if not s)
+    if not any(softmax):
+        assert figures["first_token_share"] is figures["sink_rate"] is figures["entropy"] is None
+    else:
+        assert 0 <= figures["sink_rate"] <= 1
+    if name not in ("mta", "gdn"):  # MTA's maps are mixed after the softmax (weights below 0 are possible)
         assert 0 < figures["first_token_share"] <= 1
-        assert all(0 < e <= 1 + 1e-6 for e in figures["entropy_by_layer"])
+        assert all(0 < e <= 1 + 1e-6 for e, s in zip(figures["entropy_by_layer"], softmax) if s)
     assert figures["massive_ratio"] == max(entry["ratio"] for entry in figures["massive"]) > 1
     # the layers ran as the model's forward runs them
     assert figures["loss_by_position"] == pytest.approx(loss_by_position(model, tokens), abs=1e-5)
 
 
-def test_run_diagnostics_agrees_with_the_pure_functions_and_does_not_depend_on_batching(monkeypatch):
-    model = tiny_model("mixed", monkeypatch)
+@pytest.mark.parametrize("name", ["mixed", "hybrid"])
+def test_run_diagnostics_agrees_with_the_pure_functions_and_does_not_depend_on_batching(name, monkeypatch):
+    model = tiny_model(name, monkeypatch)
     tokens = torch.randint(0, 11, (5, T))
     whole = run_diagnostics(model, tokens)
     with torch.no_grad():
@@ -268,6 +277,28 @@ def test_evaluate_diagnostics_end_to_end(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--diagnostics: the run trained on the synthetic task 'mqar'" in err
     assert math.isfinite(figures["entropy"])
+
+
+@pytest.mark.parametrize("layers", [["gdn", "mha"], ["gdn", "gdn"]])
+def test_evaluate_diagnostics_marks_layers_with_no_softmax_map(tmp_path, capsys, layers):
+    """A hybrid's figures come from its softmax layer; its gdn layers and a model of gdn alone show
+    "-" where a figure reads a softmax map, and the report says why. The plots are drawn as well."""
+    text = "\n".join(" ".join(random.Random(i).choices(WORDS, k=12)) for i in range(40)) + "\n"
+    attention = dict(layers=layers, options={"gdn": {"chunk_size": 5}})
+    ckpt = write_checkpoint(tmp_path, text, attention=attention)
+    out_json, plots = tmp_path / "out.json", tmp_path / "plots"
+    argv = ["--ckpt", str(ckpt), "--lengths", "16", "--diagnostics", "--json", str(out_json)]
+    assert eval_main(argv + ["--plots", str(plots)]) == 0
+    out = capsys.readouterr().out
+    figures = json.loads(out_json.read_text())["diagnostics"]
+    assert figures["entropy_by_layer"][0] is None and len(figures["massive"]) == len(layers)
+    rows = [line.split() for line in out.splitlines() if line.split()[1:2] == ["gdn"]]
+    assert len(rows) == layers.count("gdn") and all(row[-1] == "-" for row in rows)
+    assert "a gdn layer has no softmax map" in out and (plots / "diagnostics.png").is_file()
+    if "mha" in layers:
+        assert 0 < figures["first_token_share"] <= 1 and f"sink rate {figures['sink_rate']:.0%}" in out
+    else:
+        assert figures["first_token_share"] is None and "first-token share -   sink rate -" in out
 
 
 def test_a_map_that_is_no_distribution_has_no_entropy():
