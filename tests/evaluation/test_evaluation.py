@@ -36,6 +36,9 @@ KINDS = {
     "local_sinks_gated": dict(kind="local", options={"local": {"window": 3, "sinks": True, "gate": "head"}}),
     "mha_qknorm": dict(kind="mha", options={"mha": {"qk_norm": True}}),
     "mta": dict(kind="mta", options={"mta": {"query_kernel": 2, "key_kernel": 3, "conv_layers": [0]}}),
+    # Chunks of 3: windows of 8 tokens cross two chunk boundaries and end in a partial chunk.
+    "gdn": dict(kind="gdn", options={"gdn": {"chunk_size": 3}}),
+    "hybrid": dict(layers=["gdn", "mha"], options={"gdn": {"chunk_size": 3}, "mha": {"gate": "head"}}),
 }
 
 
@@ -212,11 +215,13 @@ def test_rope_runs_past_block_size_and_learned_positions_are_skipped_with_the_re
 # ----------------------------------------------------------------------------------- the command
 
 
-def write_checkpoint(directory: Path, text: str, positions: str = "rope", block_size: int = 16) -> Path:
+def write_checkpoint(
+    directory: Path, text: str, positions: str = "rope", block_size: int = 16, attention: dict | None = None
+) -> Path:
     """A checkpoint in the training format whose run trained on data.source=files over `text`."""
     (directory / "corpus.txt").write_text(text)
     tokenizer = CharTokenizer(text)
-    model = wide_model(tokenizer.vocab_size, block_size, positions)
+    model = wide_model(tokenizer.vocab_size, block_size, positions, attention)
     data = {"source": "files", "train_files": str(directory / "corpus.txt"), "val_fraction": 0.25}
     path = directory / f"{positions}.ckpt"
     torch.save(

@@ -20,6 +20,12 @@ ATTENTION = {
     "gqa": dict(kind="gqa", n_kv_head=2),
     "local": dict(kind="local", options={"local": {"window": 8}}),
     "mta": dict(kind="mta", options={"mta": {"conv_layers": [1], "conv_placement": "both"}}),
+    # Chunks of 8 at T = 32 and 19: the recurrence carries its state across chunks.
+    "gdn": dict(kind="gdn", options={"gdn": {"chunk_size": 8}}),
+    "hybrid": dict(
+        layers=["gdn", "gdn", "gdn", "mha"],
+        options={"gdn": {"chunk_size": 8}, "mha": {"gate": "elementwise", "qk_norm": True}},
+    ),
 }
 
 
@@ -72,7 +78,7 @@ def tiny_model(kind: str, dropout: float) -> Transformer:
     torch.manual_seed(0)
     config = ModelConfig(
         vocab_size=64,
-        n_layer=2,
+        n_layer=len(ATTENTION[kind].get("layers") or [0, 0]),
         n_head=4,
         d_model=32,
         block_size=32,
@@ -82,16 +88,17 @@ def tiny_model(kind: str, dropout: float) -> Transformer:
     return Transformer(config).train()
 
 
-def test_checkpointed_blocks_trace_without_a_graph_break():
+@pytest.mark.parametrize("kind", ["mta", "hybrid"])
+def test_checkpointed_blocks_trace_without_a_graph_break(kind):
     torch._dynamo.reset()
-    model = tiny_model("mta", dropout=0.1)
+    model = tiny_model(kind, dropout=0.1)
     model.checkpoint_activations = True
     assert torch._dynamo.explain(model)(torch.randint(0, 64, (2, 19))).graph_break_count == 0
     torch._dynamo.reset()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["mha", "mta"])
+@pytest.mark.parametrize("kind", ["mha", "mta", "hybrid"])
 def test_a_compiled_step_with_checkpointing_equals_eager(kind):
     torch._dynamo.reset()
     model = tiny_model(kind, dropout=0.0)  # compiled dropout draws other masks than eager's

@@ -165,6 +165,41 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     )
 
 
+def test_muon_takes_gdns_projections_and_adamw_its_convolution_decay_and_norm(one_thread):
+    """gdn's 2-D projections (q, k, v, the output gate z, beta's and the decay's rates: a row per
+    value head, as the softmax kinds' per-head gate) are hidden matrices for Muon; the depthwise
+    convolution (3-D), A_log and dt_bias (a number per head) and the output norm stay on AdamW.
+    A few steps on one batch move every parameter and lower the loss."""
+    torch.manual_seed(0)
+    attention = AttentionConfig(
+        layers=["gdn", "gdn", "mha"], options={"gdn": {"chunk_size": 8, "n_value_head": 8}}
+    )
+    model = model_of(attention)
+    params = dict(model.named_parameters())
+    layer = {
+        name.removeprefix("blocks.0.attn."): p
+        for name, p in params.items()
+        if name.startswith("blocks.0.attn.")
+    }
+    on_muon = {name for name, p in layer.items() if muon_matrix("blocks.0.attn." + name, p)}
+    projections = ("q_proj", "k_proj", "v_proj", "g_proj", "b_proj", "a_proj", "out_proj")
+    assert on_muon == {f"{name}.weight" for name in projections}
+    assert set(layer) - on_muon == {"conv.weight", "A_log", "dt_bias", "norm.weight"}
+    optimizer = muon_with_adamw(model)
+    before = {name: p.detach().clone() for name, p in params.items()}
+    x = torch.randint(0, 50, (2, 16))
+    losses = []
+    for _ in range(5):
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.roll(-1, 1).flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] and all(math.isfinite(v) for v in losses)
+    for name, p in params.items():
+        assert not torch.equal(p, before[name]), name
+
+
 def muon_with_adamw(model: Transformer) -> MuonWithAdamW:
     names = {n for n, p in model.named_parameters() if muon_matrix(n, p)}
     muon, rest = split_for_muon(list(model.named_parameters()), names)
