@@ -1,10 +1,11 @@
 """torch.compile sees every attention kind and variant whole: no graph break, compiled = eager.
 
-Each config file's attention section (configs/<name>.yaml) on a tiny model whose parameters are
-all moved off their initial values (so a gate at one half, a sink at zero or a norm of ones
-cannot hide a difference). `torch._dynamo.explain` traces training, inference and a cached
+Each config file's attention section (configs/<name>.yaml; hybrid.yaml: three gdn layers and a
+gated mha) on a tiny model whose parameters are all moved off their initial values (so a gate at
+one half, a sink at zero or a norm of ones cannot hide a difference). `torch._dynamo.explain` traces training, inference and a cached
 decoding step and counts graph breaks (fast: dynamo only, no code generation); the `slow` test
-compiles with inductor and fullgraph=True and holds loss and gradients to eager.
+compiles with inductor and fullgraph=True and holds loss and gradients to eager, and for the kinds
+whose decoding step is a recurrence of their own (gdn, the hybrid) the cached step's logits too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("seed", "one_thread")
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 VOCAB, BLOCK = 23, 32
-NAMES = ["mha", "mqa", "gqa", "local", "mta", "mla", "diff", "qknorm", "sinks", "gated"]
+NAMES = ["mha", "mqa", "gqa", "local", "mta", "mla", "diff", "qknorm", "sinks", "gated", "gdn", "hybrid"]
 
 
 def attention_of(name: str) -> dict:
@@ -34,6 +35,8 @@ def attention_of(name: str) -> dict:
         options["local"]["window"] = 5  # shorter than the inputs: the windowed path runs
     if "mta" in options:
         options["mta"].update(conv_layers=[1], query_chunk=8)  # several chunks at T = 19
+    if "gdn" in options:
+        options["gdn"]["chunk_size"] = 8  # several chunks at T = 19, the last one partial
     return attention
 
 
@@ -44,7 +47,7 @@ def tiny_model(name: str) -> Transformer:
     config = ModelConfig(
         vocab_size=VOCAB,
         block_size=BLOCK,
-        n_layer=2,
+        n_layer=len(attention.get("layers") or [0, 0]),  # the hybrid: its 3:1 pattern once
         n_head=4,
         d_model=32,
         attention=AttentionConfig(**attention),
@@ -90,4 +93,21 @@ def test_fullgraph_inductor_compile_equals_eager(name):
     torch.testing.assert_close(fast_loss, loss, rtol=1e-5, atol=1e-5)
     for param_name, grad in grads.items():
         torch.testing.assert_close(fast_grads[param_name], grad, rtol=1e-4, atol=1e-5, msg=param_name)
+    torch._dynamo.reset()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gdn", "hybrid"])
+def test_fullgraph_inductor_decoding_step_equals_eager(name):
+    """The cached step: gdn's one-token recurrence and convolution window, compiled whole."""
+    torch._dynamo.reset()
+    model = tiny_model(name).eval()
+    x = torch.randint(0, VOCAB, (2, 12))
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        eager_cache, fast_cache = model.new_cache(2, BLOCK), model.new_cache(2, BLOCK)
+        torch.testing.assert_close(compiled(x[:, :9], fast_cache), model(x[:, :9], eager_cache))
+        for t in (9, 10):  # the second step reads the state the first wrote
+            want = model(x[:, t : t + 1], eager_cache)
+            torch.testing.assert_close(compiled(x[:, t : t + 1], fast_cache), want, rtol=1e-5, atol=1e-5)
     torch._dynamo.reset()
