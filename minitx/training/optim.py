@@ -120,17 +120,25 @@ def orthogonalise(updates: Tensor, coefficients: Sequence[float], steps: int, ep
     """Newton-Schulz on a batch of same-shaped matrices (n, rows, columns), as torch.optim.Muon's
     on one: each scaled to Frobenius norm 1, then `steps` quintic iterations pushing its singular
     values towards 1. In float32 on the CPU, where bfloat16 products are slower than float32 ones
-    (no native bfloat16 arithmetic on most CPUs), and bfloat16 elsewhere, as torch's."""
+    (no native bfloat16 arithmetic on most CPUs), and bfloat16 elsewhere, as torch's.
+
+    `updates` is scaled in place when it already has that dtype (BatchedMuon hands over a stack
+    of its own). Each iteration writes into buffers made once, not into new tensors: the same
+    products in the same layouts, so the same numbers, without an allocation per product."""
     a, b, c = coefficients
     x = updates.to(torch.float32 if updates.device.type == "cpu" else torch.bfloat16)
     tall = x.size(-2) > x.size(-1)
     if tall:  # iterate on the smaller Gram matrix
         x = x.mT
-    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
-    for _ in range(steps):
-        gram = x @ x.mT
-        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.baddbmm(x, poly, x, beta=a)
+    x.div_(x.norm(dim=(-2, -1), keepdim=True).clamp_(min=eps))
+    n, rows, columns = x.shape
+    gram, poly = x.new_empty(n, rows, rows), x.new_empty(n, rows, rows)
+    # x itself may be a transposed view; the iterates are contiguous, as baddbmm would make them.
+    iterates = [x.new_empty(n, rows, columns), x.new_empty(n, rows, columns)]
+    for step in range(steps):
+        torch.bmm(x, x.mT, out=gram)
+        torch.baddbmm(gram, gram, gram, beta=b, alpha=c, out=poly)  # b A + c A^2
+        x = torch.baddbmm(x, poly, x, beta=a, out=iterates[step % 2])  # a X + (b A + c A^2) X
     return x.mT if tall else x
 
 
@@ -146,7 +154,11 @@ class BatchedMuon(torch.optim.Muon):
     """torch.optim.Muon (same settings, same state: a momentum buffer per matrix) whose
     Newton-Schulz runs once per shape on the stacked matrices of that shape, rather than once
     per matrix, in float32 on the CPU (orthogonalise). The default model's 16 matrices come in 4
-    shapes; benchmarks/optimizers.py times this step against torch's."""
+    shapes; benchmarks/optimizers.py times this step against torch's.
+
+    The arithmetic around the iteration is one call per group or shape where torch has one
+    (torch._foreach_*), and the Nesterov update is written straight into the stack that
+    orthogonalise scales in place: each step's numbers are those of the loop per matrix."""
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -155,30 +167,38 @@ class BatchedMuon(torch.optim.Muon):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            momentum, lr = group["momentum"], group["lr"]
-            by_shape: dict[tuple, list[tuple[Tensor, Tensor]]] = defaultdict(list)
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                state = self.state[param]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(param.grad)
-                buffer = state["momentum_buffer"]
-                buffer.lerp_(param.grad, 1 - momentum)
-                update = param.grad.lerp(buffer, momentum) if group["nesterov"] else buffer
-                by_shape[tuple(param.shape)].append((param, update))
-            for shape, pairs in by_shape.items():
-                ortho = orthogonalise(
-                    torch.stack([update for _, update in pairs]),
-                    group["ns_coefficients"],
-                    group["ns_steps"],
-                    group["eps"],
-                )
-                scale = muon_lr_scale(shape, group["adjust_lr_fn"])
-                for (param, _), matrix in zip(pairs, ortho):
-                    param.mul_(1 - lr * group["weight_decay"])
-                    param.add_(matrix.to(param.dtype), alpha=-lr * scale)
+            params = [param for param in group["params"] if param.grad is not None]
+            if params:
+                self._step_group(group, params)
         return loss
+
+    def _step_group(self, group: dict, params: list[Tensor]) -> None:
+        momentum, lr, decay = group["momentum"], group["lr"], group["weight_decay"]
+        grads = [param.grad for param in params]
+        buffers = []
+        for param in params:
+            state = self.state[param]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(param.grad)
+            buffers.append(state["momentum_buffer"])
+        torch._foreach_lerp_(buffers, grads, 1 - momentum)  # buffer = m buffer + (1 - m) grad
+        if decay:  # decoupled, before the update, as torch's
+            torch._foreach_mul_(params, 1 - lr * decay)
+
+        by_shape: dict[tuple, list[int]] = defaultdict(list)
+        for i, param in enumerate(params):
+            by_shape[tuple(param.shape)].append(i)
+        for shape, members in by_shape.items():
+            stack = grads[members[0]].new_empty((len(members), *shape))
+            for row, i in enumerate(members):
+                if group["nesterov"]:  # grad + m (buffer - grad), into its row of the stack
+                    torch.lerp(grads[i], buffers[i], momentum, out=stack[row])
+                else:
+                    stack[row].copy_(buffers[i])
+            ortho = orthogonalise(stack, group["ns_coefficients"], group["ns_steps"], group["eps"])
+            scale = muon_lr_scale(shape, group["adjust_lr_fn"])
+            matrices = [matrix.to(params[i].dtype) for i, matrix in zip(members, ortho)]
+            torch._foreach_add_([params[i] for i in members], matrices, alpha=-lr * scale)
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
