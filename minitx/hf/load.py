@@ -1,5 +1,5 @@
-"""A local transformers directory (Llama, Mistral, Ministral, Qwen2, or one that minitx exported with
-custom code) -> minitx config and weights.
+"""A local transformers directory (Llama, Mistral, Ministral, Qwen2, Qwen3, DiffLlama, DeepseekV3,
+Qwen3.5, or one that minitx exported with custom code) -> minitx config and weights.
 
     config, weights, tokenizer_file = read_hf_directory(DIR)     # the model as it is
     init_model(model, DIR, log)                                   # into a run's model: same shape,

@@ -825,10 +825,10 @@ def test_gdn_export_matches_minitx_and_imports_back(
     if identical:
         assert state.keys() == original.keys()
         assert all(torch.equal(state[key], original[key]) for key in original)
-    imported = Transformer(config).eval()
+    imported = Transformer(config).eval()  # with the default chunk_size: a setting, not a weight
     imported.load_state_dict(state)
     with torch.no_grad():
-        assert (imported(tokens) - model(tokens)).abs().max() < 1e-5
+        assert (imported(tokens) - model(tokens)).abs().max() < 1e-4
 
 
 @needs_torch_reference
