@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from train_throughput import build, lightning_tokens_per_sec  # noqa: E402
 
+from minitx.allocator import keep_freed_memory  # noqa: E402
 from minitx.configfiles import merged_config  # noqa: E402
 from minitx.training import DEFAULT_CONFIG, lm_loss  # noqa: E402
 from minitx.training.throughput import MATMUL_SIZE, matmul_dtype, matmul_flops  # noqa: E402
@@ -125,6 +126,9 @@ def main() -> None:
     )
     args = parser.parse_args()
 
+    # As the train command does (minitx/cli.py): freed activations stay in the process, so the
+    # training measured is the training `python train.py` runs.
+    keep_freed_memory()
     device = device_of()
     config = merged_config(args.config)
     dtype = str(matmul_dtype(device)).removeprefix("torch.")

@@ -228,8 +228,11 @@ class Attention(KindLayer):
             q, k, v = qkv.split([H, G, G], dim=1)
             q, k = norm_float32(self.q_norm, q), norm_float32(self.k_norm, k)
             return apply_rope(q, rope), apply_rope(k, rope), v
-        q, k = apply_rope(qkv[:, : H + G], rope).split([H, G], dim=1)  # q and k turn by the same angles
-        return q, k, qkv[:, H + G :]
+        # q and k turn by the same angles. One split rather than two slices: the backward joins
+        # the two gradients with one cat, where each slice's filled a zero qkv-sized tensor.
+        qk, v = qkv.split([H + G, G], dim=1)
+        q, k = apply_rope(qk, rope).split([H, G], dim=1)
+        return q, k, v
 
     def merge(self, y: Tensor, x: Tensor) -> Tensor:
         """The heads y (B, H, T, D) side by side through the output projection; with a gate, each
