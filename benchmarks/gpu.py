@@ -15,8 +15,10 @@ each with the attention section of its file: mla (configs/mla.yaml: multi-head l
 diff (configs/diff.yaml: differential attention), qknorm, sinks and gated (configs/qknorm.yaml,
 sinks.yaml, gated.yaml: mha with QK-norm, learned sinks, an elementwise output gate); the MLP stays
 gpu.yaml's (the swiglu that mla.yaml, diff.yaml and qknorm.yaml set for export is not taken), so the
-models differ in attention alone. A variant whose file is missing or whose kind is not registered
-is listed as skipped and the rest run. And one mix of the five kinds (checks only), which also
+models differ in attention alone. Linear attention by its files too: gdn (configs/gdn.yaml: Gated
+DeltaNet in every layer) and hybrid (configs/hybrid.yaml: three gdn layers, then gated mha with
+QK-norm, as Qwen3-Next), through every check, training (compiled too) and decoding. A variant whose
+file is missing or whose kind is not registered is listed as skipped and the rest run. And one mix of the five kinds (checks only), which also
 carries the three options, each on another kind: sinks on its local layers, the gate on gqa's,
 QK-norm on mha's (MIX_OPTIONS). --tiny shrinks every size, not the code path.
 
@@ -32,6 +34,10 @@ says which path ran, counted by wrapping both functions.
 - triton vs conv (CUDA only): the mta model (released setting) and the same with the pre-softmax
   convolution only, without dropout, through the MTA backend triton against the same weights through
   conv, on --device in float32 with TF32 off: logits and every parameter's gradient (TRITON_TOL).
+- fla vs torch (CUDA, with flash-linear-attention installed): gdn and the hybrid through fla's Triton
+  kernels (backend fla) against the torch chunked form, same weights, float32 with TF32 off: logits
+  and every gradient (FLA_TOL), and fla's kernels counted in every gdn layer. On auto, CUDA takes
+  fla's kernels when installed, so the other checks and the rows run them there.
 
 Measurements: training tokens/s and MFU of each kind (bare loop, bf16 autocast, AdamW), compiled
 and not (the options qknorm, sinks and gated eager only: COMPILED_TRAINING_KINDS); one attention
@@ -106,7 +112,10 @@ KINDS = ("mha", "mqa", "gqa", "local", "mta")
 # softmax kind, which their files set on mha (qknorm, sinks, gated). The suite runs those whose file
 # exists and whose kind is registered (available_kinds).
 VARIANTS = ("mla", "diff", "qknorm", "sinks", "gated")
-ALL_KINDS = (*KINDS, *VARIANTS)
+# Linear attention, by its config files: Gated DeltaNet in every layer (configs/gdn.yaml) and
+# Qwen3-Next's 3:1 hybrid (configs/hybrid.yaml: three gdn layers, then gated mha with QK-norm).
+LINEAR = ("gdn", "hybrid")
+ALL_KINDS = (*KINDS, *VARIANTS, *LINEAR)
 # The mix also carries the variants that are options, each on a kind other than mha (where its
 # config file sets it): sinks on local (the head that may attend to nothing where it sees least),
 # the gate on gqa, QK-norm on mha. The two new kinds stay out of it: the mix is the five kinds.
@@ -159,12 +168,20 @@ COMPILED_DECODING_KINDS = ("mha", "mta")
 # Compiled training for the five kinds and the two new kinds; the three options' graphs are mha's with
 # one small op more, so they are trained eager only: inductor takes 20-60 s per model, and three more
 # would cost a couple of minutes of the slot.
-COMPILED_TRAINING_KINDS = (*KINDS, "mla", "diff")
+COMPILED_TRAINING_KINDS = (*KINDS, "mla", "diff", *LINEAR)
 # The issue's goal for the variants: a training step within this factor of mha's (training tokens/s at
 # least 1 / TRAIN_GOAL of mha's), compiled where the variant is compiled, else eager.
 TRAIN_GOAL = 1.3
 TRITON_ROWS = ("mta-triton", "mta-both-triton")
+# gdn through flash-linear-attention's Triton kernels (backend fla) against its torch path (the
+# chunked WY/UT form), same weights, same device, float32 with TF32 off. Both sum the same chunked
+# products in another order and fla may round its dot products' inputs to TF32 inside the kernels
+# (10-bit mantissa, 5e-4 per rounding): errors of 1e-4 to 1e-3 of the logits' spread are expected
+# (not yet measured on a GPU). A real fault (the decay missed, a head order swapped, beta or the
+# scale applied twice) moves the logits by tens of percent.
+FLA_TOL = 5e-3
 CUDA_ONLY = "skipped: CUDA only (on the CPU the Triton kernels run in Triton's interpreter, seconds per step)"
+NO_FLA = "skipped: flash-linear-attention is not installed (pip install flash-linear-attention)"
 
 
 @dataclass
@@ -536,6 +553,56 @@ def check_triton(
     results.check("triton vs conv", kind, ok, detail, value=max(rel, *errors.values()))
 
 
+def with_gdn(config: ModelConfig, backend: str) -> ModelConfig:
+    """config without dropout and with gdn's backend set (auto would pick fla on CUDA when installed)."""
+    return dataclasses.replace(
+        config, dropout=0.0, attention=config.attention.with_options("gdn", backend=backend)
+    )
+
+
+def check_fla(results: Results, kind: str, config: ModelConfig, device: torch.device) -> None:
+    """config's gdn layers through fla's Triton kernels (backend fla) against the torch path (backend
+    torch): same weights, same device, float32 with TF32 off; logits and every gradient."""
+    from minitx.attention.gdn import GatedDeltaNet
+
+    torch_path = Transformer(with_gdn(config, "torch")).to(device).eval()
+    fla_path = Transformer(with_gdn(config, "fla")).to(device).eval()
+    fla_path.load_state_dict(torch_path.state_dict())
+    idx = torch.randint(0, VOCAB, (2, config.block_size - 5 + 1), device=device)  # a partial last chunk
+    logits, grads, calls = {}, {}, {}
+    with ieee_float32():
+        for name, model in (("torch", torch_path), ("fla", fla_path)):
+            with counting_calls(GatedDeltaNet, "fla_chunk") as counts:
+                out = model(idx[:, :-1])
+            lm_loss(out, idx[:, 1:]).backward()
+            logits[name] = out.detach().double().cpu()
+            grads[name] = {
+                n: p.grad.double().cpu() for n, p in model.named_parameters() if p.grad is not None
+            }
+            calls[name] = counts["fla_chunk"]
+    reference = logits["torch"]
+    spread = (reference - reference.mean(-1, keepdim=True)).pow(2).mean().sqrt()
+    rel = ((logits["fla"] - reference).pow(2).mean().sqrt() / spread).item()
+    missing = sorted(set(grads["torch"]) ^ set(grads["fla"]))
+    errors = {
+        n: ((grads["fla"][n] - g).norm() / g.norm().clamp_min(1e-30)).item()
+        for n, g in grads["torch"].items()
+        if n in grads["fla"]
+    }
+    worst = max(errors, key=errors.get)
+    n_gdn = config.layer_kinds.count("gdn")
+    ok = rel <= FLA_TOL and errors[worst] <= FLA_TOL and not missing
+    ok = ok and calls["torch"] == 0 and calls["fla"] == n_gdn  # each model took the path it names
+    detail = (
+        f"float32 {device.type} (TF32 off), T={idx.shape[1] - 1}: logits rel. RMS error {rel:.1e} "
+        f"(<= {FLA_TOL}); largest gradient rel. error {errors[worst]:.1e} ({worst}); fla's kernels ran in "
+        f"{calls['fla']} of {n_gdn} gdn layers (torch model: {calls['torch']})"
+    )
+    if missing:
+        detail += f"; gradient in one model only: {', '.join(missing[:5])}"
+    results.check("fla vs torch", kind, ok, detail, value=max(rel, errors[worst]))
+
+
 def run_checks(results: Results, configs: dict[str, ModelConfig], device: torch.device) -> None:
     for kind, config in configs.items():
         for name, check in (
@@ -548,6 +615,17 @@ def run_checks(results: Results, configs: dict[str, ModelConfig], device: torch.
             torch.manual_seed(0)
             with results.guarded(name, kind):
                 check(results, kind, config, device)
+    from minitx.attention.gdn import fla_installed
+
+    for kind, config in configs.items():  # gdn's CUDA fast path: fla's kernels where installed
+        if "gdn" not in config.layer_kinds:
+            continue
+        if device.type != "cuda" or not fla_installed():
+            results.skip("fla vs torch", kind, CUDA_ONLY if device.type != "cuda" else NO_FLA)
+            continue
+        torch.manual_seed(0)
+        with results.guarded("fla vs torch", kind):
+            check_fla(results, kind, config, device)
     if "mta" not in configs:
         return
     # The released setting (configs/mta.yaml: pre and post convolutions) and the pre-softmax

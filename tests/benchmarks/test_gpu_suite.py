@@ -6,6 +6,7 @@ show that its checks fail on broken attention, and that bad input is one line an
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -23,7 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 KINDS = ("mha", "mqa", "gqa", "local", "mta")
 # The 2024-25 variants: the suite runs each one whose config file exists and whose kind is registered.
 VARIANTS = ("mla", "diff", "qknorm", "sinks", "gated")
-COMPILED_TRAINING = (*KINDS, "mla", "diff")
+LINEAR = ("gdn", "hybrid")  # Gated DeltaNet, and the 3:1 hybrid with gated mha
+COMPILED_TRAINING = (*KINDS, "mla", "diff", *LINEAR)
 
 
 def available(name: str) -> bool:
@@ -41,7 +43,7 @@ def available(name: str) -> bool:
     return True
 
 
-RUN = tuple(name for name in (*KINDS, *VARIANTS) if available(name))
+RUN = tuple(name for name in (*KINDS, *VARIANTS, *LINEAR) if available(name))
 
 
 def run_suite(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -121,7 +123,8 @@ def test_tiny_cpu_run_passes_every_check_and_writes_the_report(tmp_path):
     assert all(s["detail"].startswith("skipped: CUDA only") for s in cuda_only)
     # A variant still missing here (its file or its kind) is listed, not silently left out.
     missing = {s["kind"] for s in report["skipped"] if s["name"] == "every section"}
-    assert missing == set(VARIANTS) - set(RUN)
+    assert missing == set(VARIANTS + LINEAR) - set(RUN)
+    assert {("fla vs torch", kind) for kind in set(LINEAR) & set(RUN)} <= skipped  # fla: CUDA only
     assert not {"mta-triton", "mta-both-triton"} & {m["kind"] for m in report["measurements"]}
     assert "Not run on this device" in markdown
 
@@ -140,7 +143,7 @@ def test_variants_take_their_config_files_and_the_mix_carries_the_options(gpu_su
             sections[name]
             == yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())["model"]["attention"]
         )
-    for name in (*KINDS, *VARIANTS):
+    for name in (*KINDS, *VARIANTS, *LINEAR):
         assert (gpu_suite.unavailable(name) is None) == (name in RUN), name
     # The mix: still the five kinds, now with sinks on local, the gate on gqa and QK-norm on mha.
     config = gpu_suite.model_config(size.model, sections["mix"])
@@ -249,6 +252,40 @@ def test_documents_check_passes_and_fails_when_attention_crosses_a_document(gpu_
     monkeypatch.setattr(gpu_suite, "with_documents", lambda config: config)  # attends across starts
     gpu_suite.check_documents(results, kind, config, torch.device("cpu"))
     assert not results.checks[-1]["ok"], results.checks[-1]
+
+
+def test_fla_check_passes_on_a_matching_kernel_and_fails_on_one_that_misses_the_decay(gpu_suite, monkeypatch):
+    """check_fla (CUDA with flash-linear-attention only in the suite) rehearsed on the CPU: fla's
+    entry point (GatedDeltaNet.fla_chunk) stands in as the torch chunked form at another chunk size,
+    as a kernel blocks the work its own way; the check passes on it, and fails on one that ignores
+    the decay or that the model does not call."""
+    from minitx.attention import gdn
+    from minitx.attention.gdn import GatedDeltaNet, chunk_gated_delta
+
+    def kernel(decays: bool):
+        def fla_chunk(self, q, k, v, g, beta, state):
+            return chunk_gated_delta(
+                q, k, v, g if decays else torch.zeros_like(g), beta, self.scale, 16, state
+            )
+
+        return fla_chunk
+
+    monkeypatch.setattr(gdn, "fla_installed", lambda: True)
+    monkeypatch.setattr(
+        GatedDeltaNet, "use_fla", lambda self, q, docs: self.backend == "fla" and docs is None
+    )
+    kind = "hybrid"  # two gdn layers of its pattern: T = 75 is a chunk of 64 and a partial one
+    config = dataclasses.replace(tiny_config(gpu_suite, kind), n_layer=2)
+    results = gpu_suite.Results(torch.device("cpu"), tiny=True)
+    monkeypatch.setattr(GatedDeltaNet, "fla_chunk", kernel(decays=True))
+    gpu_suite.check_fla(results, kind, config, torch.device("cpu"))
+    assert results.checks[-1]["ok"], results.checks[-1]["detail"]
+    monkeypatch.setattr(GatedDeltaNet, "fla_chunk", kernel(decays=False))
+    gpu_suite.check_fla(results, kind, config, torch.device("cpu"))
+    assert not results.checks[-1]["ok"], results.checks[-1]["detail"]
+    monkeypatch.setattr(GatedDeltaNet, "use_fla", lambda self, q, docs: False)  # fla never runs
+    gpu_suite.check_fla(results, kind, config, torch.device("cpu"))
+    assert not results.checks[-1]["ok"] and "ran in 0 of" in results.checks[-1]["detail"]
 
 
 @pytest.mark.slow
