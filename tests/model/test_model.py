@@ -4,8 +4,8 @@ Causality is checked two ways on a tiny model: (1) changing the tokens at positi
 the logits before t unchanged; (2) the gradient of the logits at position i with respect to the
 input embedding at any j > i is exactly zero. Sizes are awkward on purpose: T = 67 is not a
 multiple of local attention's block (64) nor of MTA's query chunk (5). The checker is shown to
-have teeth: it flags a local window that peeks one token ahead and an MTA convolution padded
-symmetrically along the query axis.
+have teeth: it flags a local window that peeks one token ahead, an MTA convolution padded
+symmetrically along the query axis, and gdn's short convolution centred or its keys one token early.
 
 Each test draws a fresh seed (printed in the captured output of a failure); set MINITX_TEST_SEED
 to replay one.
@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 import minitx.rope
 from minitx import AttentionConfig, ModelConfig, Transformer, attention, verify
-from minitx.attention import local
+from minitx.attention import gdn, local
+from minitx.attention.gdn import GatedDeltaNet
 from minitx.attention.mta.layer import MTACache, MultiTokenAttention
 from minitx.cache import KVCache
 from minitx.rope import RotaryEmbedding, apply_rope
@@ -204,6 +205,38 @@ def test_checker_catches_mta_padded_symmetrically(monkeypatch, placement):
     )
     assert isinstance(model.blocks[0].attn, SymmetricQueryPaddingMTA)
     changed, leak = causality_violation(model)
+    assert changed > 1e-3 and leak > 0
+
+
+class SymmetricConvolutionGDN(GatedDeltaNet):
+    """gdn whose short convolution is centred instead of causal: each token mixes in the inputs of
+    the next ones (conv_size // 2 of them) before the recurrence, which itself is causal."""
+
+    def convolve(self, mixed, window, docs, start):
+        K = self.conv_size
+        padded = F.pad(mixed, (0, 0, K // 2, K - 1 - K // 2)).transpose(1, 2)
+        out = F.conv1d(padded, self.conv.weight, groups=self.channels).transpose(1, 2)
+        return F.silu(out), padded.transpose(1, 2)[:, -(K - 1) :]
+
+
+def test_checker_catches_a_gdn_convolution_that_sees_the_next_tokens(monkeypatch):
+    spec = dataclasses.replace(attention.registry["gdn"], module=SymmetricConvolutionGDN)
+    monkeypatch.setitem(attention.registry, "gdn", spec)
+    model = build(case_config("mixed-gdn-gated-mha"))
+    assert isinstance(model.blocks[0].attn, SymmetricConvolutionGDN)
+    changed, leak = causality_violation(model)
+    assert changed > 1e-3 and leak > 0
+
+
+def test_checker_catches_gdn_keys_one_token_early(monkeypatch):
+    """The chunked form fed each token's key one step too early: token t writes k_{t+1}."""
+    real = gdn.chunk_gated_delta
+
+    def early_keys(q, k, v, *args, **kwargs):
+        return real(q, k.roll(-1, dims=2), v, *args, **kwargs)
+
+    monkeypatch.setattr(gdn, "chunk_gated_delta", early_keys)
+    changed, leak = causality_violation(build(case_config("gdn")))
     assert changed > 1e-3 and leak > 0
 
 
