@@ -320,7 +320,9 @@ class GatedDeltaNet(nn.Module):
             u = beta[:, t, :, None] * (v[:, t] - torch.einsum("bhkv,bhk->bhv", h, k[:, t]))
             h = h + k[:, t, :, :, None] * u[:, :, None, :]
             outputs.append(torch.einsum("bhkv,bhk->bhv", h, q[:, t]) * self.key_dim**-0.5)
-        o = self.norm(torch.stack(outputs, dim=1)).to(x.dtype)  # (B, T, value heads, dv)
+        # (B, T, value heads, dv), normalised in float32 as minitx does, whatever the weights' dtype
+        o = torch.stack(outputs, dim=1).to(x.dtype).float()
+        o = F.rms_norm(o, (self.value_dim,), self.norm.weight.float(), self.norm.eps).to(x.dtype)
         z = F.silu(self.g_proj(x)).view(B, T, self.n_value_head, self.value_dim)
         return self.out_proj((o * z).reshape(B, T, -1))
 
