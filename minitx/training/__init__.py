@@ -4,13 +4,15 @@
     optim.py       the optimiser (Muon or AdamW, decay on matrices only) and its schedule
                    (warmup, then cosine or WSD)
     throughput.py  tokens/s and MFU (the device peak table), one meter for every consumer
-    run.py         RunSettings (the `run` section), run directory, atomic CheckpointIO, last/best callback
+    runsection.py  RunSettings (the `run` section), the run's name and directory
+    run.py         how a run saves: the trainer's directory and loggers, atomic CheckpointIO, last/best callback
     resume.py      checks that a checkpoint can be resumed, made before anything is written
     changes.py     what a resumed run changes from its checkpoint's settings, said in one line
     inputs.py      checks of the parsed config that need no data, model or trainer
     classpaths.py  what a command line may make jsonargparse import, checked before parsing
     interrupt.py   Ctrl-C: finish the step, save last.ckpt, exit with status 130
     messages.py    jsonargparse's errors as one line
+    precheck.py    train's front: --help and input mistakes answered before Lightning is imported
     command.py     TrainCLI (LightningCLI), `main`, check_train_args
     prepare_command.py  the prepare command: the train config's data, ahead of time
 
@@ -37,7 +39,7 @@ _HOMES = {
     "optimizer_groups": "optim",
     "AtomicCheckpointIO": "run",
     "RunCheckpoints": "run",
-    "RunSettings": "run",
+    "RunSettings": "runsection",
     "ThroughputMeter": "throughput",
     "format_mfu": "throughput",
     "peak_flops": "throughput",
@@ -49,8 +51,13 @@ __all__ = sorted([*_HOMES, "check_train_args"])
 
 def check_train_args(args):
     """command.check_train_args, the train command imported at the first call: ablate imports this
-    name at start, and its --help and its sweep file's errors come before any run is checked."""
-    from .command import check_train_args as check
+    name at start, and its --help and its sweep file's errors come before any run is checked. A
+    mistake in a key or a value's type is found first without Lightning (precheck.py)."""
+    from ..configfiles import config_arguments
+    from .precheck import check_arguments
+
+    check_arguments(config_arguments(args))
+    from .command import check_train_args as check  # Lightning: seconds
 
     return check(args)
 

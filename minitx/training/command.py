@@ -46,7 +46,8 @@ from .messages import config_files, find_user_error, parse_error_message
 from .module import MinitxLM, check_model_section
 from .optim import DEFAULTS
 from .resume import check_resume_checkpoint, dict_diff, resolve_ckpt_path
-from .run import RunCheckpoints, RunSettings, run_settings, settle_run_section, trainer_arguments
+from .run import RunCheckpoints, trainer_arguments
+from .runsection import RunSettings, run_settings, settle_run_section
 from .throughput import device_name, peak_source
 
 

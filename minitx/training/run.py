@@ -1,4 +1,5 @@
-"""A run: its settings (the `run` section), its directory, and how it saves.
+"""How a run saves: its trainer's directory, checkpointing and loggers (the `run` section's
+settings are runsection.py's).
 
     <run.root>/<run.name>/      config.yaml, logs/version_<k>/, checkpoints/{last,best}.ckpt
 
@@ -10,121 +11,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-import yaml
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint, ProgressBar
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 
 from ..checkpoint import BEST, LAST, load_file, remove_stale_temporaries
-from ..configfiles import DEFAULT_CONFIG
-from ..errors import UserError
 from ..fileio import copy_atomically, write_atomically
 from .progress import progress_callback
-
-DEFAULT_ROOT = "runs"
-
-
-@dataclass
-class RunSettings:
-    """Where a run writes and what it does besides training.
-
-    name: the run directory is <root>/<name>; --ckpt_path last resumes from it. Unset: the name
-        of the (last) config file, e.g. "gqa" for --config configs/gqa.yaml.
-    root: parent directory of run directories (--trainer.default_root_dir sets it too).
-    checkpoint_every_n_steps: also refresh last.ckpt every N optimiser steps (0: only at
-        validations and at the end).
-    keep_every_n_steps: keep each timed checkpoint as step-<N>.ckpt instead of only refreshing last.ckpt.
-    keep_steps: also keep a checkpoint as step-<N>.ckpt at each of these optimiser steps (the
-        ablation ladder branches a learning-rate decay from each, see minitx/ablation/plan/ladder.py).
-    tensorboard: also write TensorBoard event files, beside the CSV logs in <run dir>/logs
-        (`tensorboard --logdir <run dir>/logs`).
-    wandb: also log to Weights & Biases (WANDB_MODE=offline works without an account).
-    wandb_project: the W&B project.
-    wandb_group: the W&B run group (the ablation command puts one sweep in one group).
-    sample_tokens: tokens sampled from the trained model at the end (0: none).
-    sample_prompt: text the sample starts from.
-    sample_temperature: softmax temperature of that sample.
-    """
-
-    name: str | None = None
-    root: str = DEFAULT_ROOT
-    checkpoint_every_n_steps: int = 0
-    keep_every_n_steps: bool = False
-    keep_steps: list[int] | None = None
-    tensorboard: bool = False
-    wandb: bool = False
-    wandb_project: str = "minitx"
-    wandb_group: str | None = None
-    sample_tokens: int = 200
-    sample_prompt: str = "\n"
-    sample_temperature: float = 0.8
-
-    @property
-    def dir(self) -> Path:
-        return Path(self.root).expanduser() / (self.name or "default")
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.dir / "checkpoints"
-
-
-def run_settings(value: Any) -> RunSettings:
-    """The `run` section (a RunSettings, a jsonargparse Namespace or a dict) as RunSettings."""
-    if isinstance(value, RunSettings):
-        return value
-    return RunSettings(**(value.as_dict() if hasattr(value, "as_dict") else dict(value)))
-
-
-def settle_run_section(
-    run: Any, config_files: list, default_root_dir: str | None, attention: Any = None
-) -> None:
-    """Fill in what the `run` section leaves to others, in place (a parsed section: item access).
-
-    run.name unset: the stem of the last config file; for the default config with another
-    attention (`--model.attention.kind local`), the kind, so that it does not collide with the
-    default run in runs/default (see default_run_name). trainer.default_root_dir, Lightning's
-    place for a run's files, is honoured as the parent of run directories (run.root), since a run
-    directory holds what Lightning would put there; given together with a different run.root it
-    is refused, as one of the two would be ignored.
-    """
-    if run["name"] is None:
-        run["name"] = default_run_name(config_files, attention)
-    if default_root_dir is None or str(default_root_dir) == str(run["root"]):
-        return
-    if str(run["root"]) != DEFAULT_ROOT:
-        raise UserError(
-            f"trainer.default_root_dir: {str(default_root_dir)!r} and run.root {str(run['root'])!r} both say where runs go; "
-            "give only one (runs are written to <run.root>/<run.name>)"
-        )
-    run["root"] = str(default_root_dir)
-
-
-def default_run_name(config_files: list, attention: Any = None) -> str:
-    """The run name when none is given: the last config file's stem; for configs/default.yaml
-    with an attention other than its own, the kind or the per-layer kinds ("local",
-    "local-mta"), as configs/<kind>.yaml would be named."""
-    if not config_files:
-        return "default"
-    last = Path(str(config_files[-1]))
-    if attention is None or not (
-        last.is_file() and DEFAULT_CONFIG.is_file() and last.samefile(DEFAULT_CONFIG)
-    ):
-        return last.stem
-    default = (yaml.safe_load(DEFAULT_CONFIG.read_text(encoding="utf-8")) or {}).get("model", {})
-    default = default.get("attention") or {}
-    layers, kind = attention.get("layers"), attention.get("kind")
-    if layers and layers != default.get("layers"):
-        return "-".join(dict.fromkeys(str(layer) for layer in layers))
-    if kind and kind != default.get("kind", kind) and not layers:
-        return str(kind)
-    return last.stem
+from .runsection import RunSettings
 
 
 def trainer_arguments(run: RunSettings, config: dict[str, Any]) -> dict[str, Any]:
