@@ -18,9 +18,10 @@ from .errors import UserError
 
 # Each command's module is imported when that command runs, not before: `generate` and `export`
 # need no Lightning, and importing Lightning (which imports torchmetrics, which imports
-# transformers when it is installed) costs seconds at every start.
+# transformers when it is installed) costs seconds at every start. `train` starts at its
+# precheck, which answers --help and input mistakes before it imports Lightning for a run.
 COMMANDS = {
-    "train": "minitx.training.command",
+    "train": "minitx.training.precheck",
     "generate": "minitx.generation",
     "ablate": "minitx.ablation.command",
     "evaluate": "minitx.evaluation.command",

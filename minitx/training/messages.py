@@ -23,6 +23,15 @@ def parse_error_message(err: BaseException, parser: Any = None, config_files: Se
             message += "; config files are read as plain YAML (safe loading): remove the tag"
         else:
             message += "; fix the YAML there"
+    elif _MISSING_FILE.match(message):
+        missing = _MISSING_FILE.match(message)["path"]
+        message = f"--config: {missing} does not exist; give a YAML config file such as configs/default.yaml"
+    elif _LINKED.match(message):  # a key the train command sets from another
+        key, source = _LINKED.match(message).group("key", "source")
+        if source == "data.vocab_size":
+            message = f"{key}: is the tokenizer's size (data.tokenizer); leave it out"
+        else:
+            message = f"{key}: is set from {source}; leave it out and give --{source}"
     elif message.startswith("Unexpected config"):  # the file is YAML, but not a mapping
         message = f"--config: {files} is not a mapping of sections (model:, data:, trainer:, run:); see configs/default.yaml"
     message = _plain_type_error(message)
@@ -37,6 +46,8 @@ def parse_error_message(err: BaseException, parser: Any = None, config_files: Se
     return message
 
 
+_MISSING_FILE = re.compile(r'^Parser key "config": File does not exist: (?P<path>.*)$')
+_LINKED = re.compile(r'^Linked "(?P<key>[\w.]+)" must be given via "(?P<source>[\w.]+)"\.?$')
 _WRONG_TYPE = re.compile(
     r'^Parser key "(?P<key>[\w.]+)": Expected a (?P<type>.+?)\. Got value: (?P<value>.*)$'
 )

@@ -26,13 +26,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "-h" in args or "--help" in args:
         print(__doc__.strip() + "\n\nEvery --data.* flag of `python train.py --help` applies.")
         return
+    from .precheck import check_arguments
+
+    args = with_config_files(args)
+    check_arguments(args)  # a mistake in a key, a value or a file: said before Lightning is imported
     # Here, past --help: the train command's parser and the data module import Lightning (seconds).
     # Beside the train command, whose parser reads the config: data/ knows nothing of commands.
     from ..data.datamodule import TextDataModule
     from ..data.prepare import verify_prepared
     from .command import check_train_args
 
-    data = TextDataModule(**check_train_args(with_config_files(args)))
+    data = TextDataModule(**check_train_args(args))
     if data.task is not None:
         print(
             f"prepare: data.source={data.source} is a synthetic task, generated as it trains; nothing to prepare"

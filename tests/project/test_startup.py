@@ -30,8 +30,16 @@ HEAVY = (
     "matplotlib",
     "scipy",
 )
-# train's --help is LightningCLI's (the parser is built from the Trainer's signature): it is left out.
-LIGHT_HELP = ("generate", "evaluate", "ablate", "prepare", "export")
+LIGHT_HELP = ("train", "generate", "evaluate", "ablate", "prepare", "export")
+# Mistakes train answers before it imports Lightning (minitx/training/precheck.py): a flag, a
+# value, a key in a config file, a missing config file.
+TRAIN_MISTAKES = {
+    "bad flag": ["--model.n_layerz", "3"],
+    "bad value": ["--model.n_layer", "zero"],
+    "bad key in a file": ["--config", "{tmp}/unknown.yaml"],
+    "missing file": ["--config", "{tmp}/missing.yaml"],
+    "bad trainer key": ["--trainer.max_stepz", "3"],
+}
 
 
 def loaded_after(code: str) -> dict:
@@ -66,6 +74,29 @@ def test_import_minitx_and_the_commands_help_load_nothing_heavy():
     found = loaded_after(code)
     assert found == {label: [] for label in found}
     assert list(found) == ["import minitx", *(f"{c} --help" for c in LIGHT_HELP)]
+
+
+def test_trains_mistakes_and_help_load_nothing_heavy(tmp_path):
+    (tmp_path / "unknown.yaml").write_text("model:\n  n_layerz: 2\n")
+    code = "from minitx.cli import run_command\n"
+    for label, args in TRAIN_MISTAKES.items():
+        args = [arg.format(tmp=tmp_path) for arg in args]
+        code += (
+            "with contextlib.redirect_stderr(io.StringIO()) as err:\n"
+            f"    assert run_command('train', {args!r}) == 2\n"
+            "assert len(err.getvalue().splitlines()) == 1, err.getvalue()\n"
+            f"report({label!r})\n"
+        )
+    code += (
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    assert run_command('train', ['--help']) == 0\n"
+        "for key in ('--model.d_model', '--model.attention.kind', '--model.lr', '--data.batch_size', "
+        "'--run.name', '--trainer.max_steps'):\n"
+        "    assert key in out.getvalue(), key\n"
+        "report('train --help')\n"
+    )
+    found = loaded_after(code)
+    assert found == {label: [] for label in [*TRAIN_MISTAKES, "train --help"]}
 
 
 def test_a_model_infers_without_the_compiler():

@@ -1,0 +1,298 @@
+"""The train command's front: --help and every mistake in a command line's keys and values,
+answered before Lightning is imported.
+
+LightningCLI builds its parser from the Trainer's signature, so it imports Lightning (and with
+it torchmetrics, torch._dynamo and, where installed, transformers): seconds before a user who
+asked for --help or mistyped a key hears anything. So `train` first parses its command line with
+a parser of the same library (jsonargparse) built from the settings' own declarations:
+
+    model.*     ModelConfig's fields and Optimisation's (training/optim.py), and MinitxLM's switches
+    data.*      DataConfig (data/config.py)
+    run.*       RunSettings (training/runsection.py)
+    trainer.*   the names of the Trainer's arguments, read from Lightning's source, not imported
+
+A command line it refuses is refused here, with the line LightningCLI's parse would give
+(messages.py); one it accepts is parsed again, from the start, by LightningCLI, which alone decides
+what a run is. So this parser may refuse only what LightningCLI refuses: it takes the trainer's
+values as they come (Lightning's types are Lightning's), and steps aside for what only
+LightningCLI knows (a `.help` of a class, --print_shtab). tests/training/test_precheck.py holds
+its keys and LightningCLI's equal.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import importlib.util
+import json
+import re
+import sys
+import textwrap
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from ..config import ModelConfig
+from ..configfiles import with_config_files
+from ..data.config import DataConfig
+from ..errors import UserError
+from .classpaths import check_command_line
+from .messages import config_files, parse_error_message
+from .optim import Optimisation
+from .runsection import RunSettings
+
+HELP_TRAINER = "--help-trainer"  # LightningCLI's own --help: every trainer option, typed and described
+
+# MinitxLM's arguments besides Optimisation's and ModelConfig's (module.py; LightningCLI reads
+# them from its signature): (name, type, default, help).
+TRAINING_SWITCHES = (
+    ("compile", bool, False, "torch.compile the Transformer for training and validation steps"),
+    (
+        "activation_checkpointing",
+        bool,
+        False,
+        "recompute each block's activations in backward: less memory, about one more forward",
+    ),
+    ("init_from", Optional[str], None, "a local transformers directory the run starts from"),  # noqa: UP045
+)
+# Keys the train command fills in from others (TrainCLI.add_arguments_to_parser links them): a
+# config file may hold them (a run's saved config.yaml does), a flag may not.
+LINKED = {
+    "model.vocab_size": "data.vocab_size",
+    "model.max_steps": "trainer.max_steps",
+    "data.block_size": "model.block_size",
+    "model.document_token": "data.documents",  # the tokenizer's end-of-text, with data.documents
+}
+# Whole command lines left to LightningCLI: a class's help, a shell completion script.
+ONLY_LIGHTNING = (".help", "--print_shtab")
+
+
+@functools.cache
+def trainer_argument_names() -> tuple[str, ...] | None:
+    """The Trainer's keyword arguments, from lightning/pytorch/trainer/trainer.py's source (None
+    where that file is not found or has no Trainer.__init__: trainer keys are then not checked)."""
+    spec = importlib.util.find_spec("lightning")  # finds, does not import
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    source = Path(spec.submodule_search_locations[0]) / "pytorch" / "trainer" / "trainer.py"
+    try:
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Trainer":
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    arguments = item.args
+                    names = [a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs]
+                    return tuple(name for name in names if name != "self")
+    return None
+
+
+def declared(cls: type) -> list[tuple[str, Any, Any]]:
+    """(name, type, field) of each field of a dataclass, as make_dataclass takes them."""
+    hints = typing.get_type_hints(cls)
+    return [
+        (f.name, hints[f.name], dataclasses.field(default=f.default, default_factory=f.default_factory))
+        for f in fields(cls)
+    ]
+
+
+def model_arguments() -> type:
+    """MinitxLM's arguments as one dataclass: Optimisation's fields, max_steps and the switches,
+    then ModelConfig's (LightningCLI reads the same from MinitxLM's signature and its **model)."""
+    switches = [
+        (name, kind, dataclasses.field(default=default)) for name, kind, default, _ in TRAINING_SWITCHES
+    ]
+    return dataclasses.make_dataclass(
+        "MinitxLMArguments",
+        [
+            *declared(Optimisation),
+            ("max_steps", int, dataclasses.field(default=-1)),
+            *switches,
+            *declared(ModelConfig),
+        ],
+    )
+
+
+def light_parser() -> Any:
+    """A parser of the train command's keys, LightningCLI's in all but the trainer's types."""
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    parser = ArgumentParser(prog="train.py", exit_on_error=False)
+    parser.add_argument("-c", "--config", action=ActionConfigFile)
+    parser.add_argument("--seed_everything", type=Union[bool, int], default=1337)  # noqa: UP007
+    # The Trainer's arguments by name, any value: their types are Lightning's, judged by LightningCLI.
+    trainer = [(name, Any, dataclasses.field(default=None)) for name in trainer_argument_names() or ()]
+    parser.add_class_arguments(dataclasses.make_dataclass("TrainerArguments", trainer), "trainer")
+    parser.add_class_arguments(model_arguments(), "model")
+    parser.add_class_arguments(DataConfig, "data")
+    parser.add_class_arguments(RunSettings, "run")
+    parser.add_argument("--base", type=Optional[str], default=None)  # noqa: UP045
+    parser.add_argument("--ckpt_path", type=Optional[str], default=None)  # noqa: UP045
+    return parser
+
+
+def to_judge(args: Sequence[str], trainer_names: Sequence[str]) -> list[str]:
+    """args without what the light parser does not judge, each flag with its value:
+    --print_config (LightningCLI's parse prints the config it resolves), and the trainer flags
+    of a key inside an argument (`--trainer.logger.init_args.save_dir`) or of an append
+    (`--trainer.callbacks+`) whose first name is the Trainer's."""
+    out: list[str] = []
+    words = list(args)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        flag, eq, _ = word.partition("=")
+        name = flag[len("--trainer.") :].rstrip("+") if flag.startswith("--trainer.") else ""
+        if flag == "--print_config" or (
+            ("." in name or flag.endswith("+")) and name.split(".")[0] in trainer_names
+        ):
+            has_value = not eq and i + 1 < len(words) and not words[i + 1].startswith("--")
+            i += 2 if has_value else 1
+            continue
+        out.append(word)
+        i += 1
+    return out
+
+
+def check_arguments(args: Sequence[str]) -> None:
+    """Raise the UserError LightningCLI's parse would raise for a mistake in `args` (settled: see
+    configfiles.with_config_files), without importing Lightning; return where it finds none, or
+    where the command line asks what only LightningCLI answers."""
+    if any(word.partition("=")[0].endswith(ONLY_LIGHTNING) for word in args if word.startswith("--")):
+        return
+    check_command_line(args)
+    for flag in (word.partition("=")[0][2:] for word in args if word.startswith("--")):
+        if flag in LINKED:  # jsonargparse's words, as LightningCLI's parse says them
+            raise UserError(
+                parse_error_message(ValueError(f'Linked "{flag}" must be given via "{LINKED[flag]}".'))
+            )
+    trainer_names = trainer_argument_names()
+    if trainer_names is None:
+        return  # Lightning's source is not where it was: its parser alone can judge the trainer keys
+    from jsonargparse import ArgumentError
+
+    parser = light_parser()
+    try:
+        parser.parse_args(to_judge(args, trainer_names))
+    except ArgumentError as err:
+        raise UserError(parse_error_message(err, parser, config_files(args))) from None
+
+
+# ------------------------------------------------------------------------------------------------
+# --help: every key of minitx's sections with its type, default and description, the trainer's names
+
+
+def described(dataclass: type) -> dict[str, str]:
+    """{field: its description} from the dataclass's docstring, where it has `name: text` entries."""
+    found: dict[str, str] = {}
+    name = None
+    for line in (dataclass.__doc__ or "").splitlines():
+        entry = re.fullmatch(r"\s{4,8}(\w+): (.*)", line)
+        if entry and entry[1] in dataclass.__dataclass_fields__:
+            name = entry[1]
+            found[name] = entry[2].strip()
+        elif name and line.startswith(" " * 8) and line.strip():
+            found[name] += " " + line.strip()
+        else:
+            name = None
+    return found
+
+
+def type_words(hint: Any) -> str:
+    """int, float | None, one of gelu/swiglu, list[int] ...: a type as a reader of --help knows it."""
+    if typing.get_origin(hint) is Literal:
+        return "one of " + "/".join(str(choice) for choice in typing.get_args(hint))
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        return " | ".join("null" if a is type(None) else type_words(a) for a in typing.get_args(hint))
+    return (
+        getattr(hint, "__name__", str(hint))
+        if not typing.get_args(hint)
+        else str(hint).replace("typing.", "")
+    )
+
+
+def key_entry(key: str, hint: Any, default: Any, description: str | None) -> str:
+    """`  --model.lr  float, default 0.001` and its description, if any, wrapped beneath."""
+    head = f"  {key}  {type_words(hint)}, default {json.dumps(default)}"
+    if not description:
+        return head
+    return head + "\n" + textwrap.fill(description, 100, initial_indent=" " * 6, subsequent_indent=" " * 6)
+
+
+def key_entries(section: str, dataclass: type) -> list[str]:
+    """One entry per settable field of `dataclass` as `section`'s keys; a nested dataclass's too."""
+    hints, descriptions = typing.get_type_hints(dataclass), described(dataclass)
+    entries = []
+    for field in fields(dataclass):
+        if f"{section}.{field.name}" in LINKED:
+            continue
+        hint = hints[field.name]
+        if dataclasses.is_dataclass(hint):  # a section inside the section: model.attention
+            entries += key_entries(f"{section}.{field.name}", hint)
+            continue
+        default = field.default if field.default is not MISSING else field.default_factory()
+        entries.append(key_entry(f"--{section}.{field.name}", hint, default, descriptions.get(field.name)))
+    return entries
+
+
+HELP_HEAD = f"""usage: train.py [-c CONFIG ...] [--KEY VALUE ...] [--print_config] [--ckpt_path PATH]
+
+Train a minitx language model. Every key of a config file is also a flag (`--model.d_model 192`);
+flags override the files, a file given later overrides an earlier one, and without --config the
+run is configs/default.yaml's. A config file's sections are these keys' first names. The defaults
+below are the settings' own; configs/default.yaml changes some (--print_config shows a run's).
+
+  -h, --help              this text
+  {HELP_TRAINER}          LightningCLI's full help: every trainer option, typed and described
+                          (it imports Lightning: seconds)
+  -c, --config CONFIG     a config file (YAML); repeat to overlay one on another
+  --print_config          print the resolved config and exit
+  --seed_everything SEED  the seed of the run, or true for a random one (int | bool, default 1337)
+  --ckpt_path PATH        resume from this checkpoint: a path, or 'last' / 'best' in
+                          <run.root>/<run.name>/checkpoints/
+  --base FILE             a config file's key, not a flag: the file it overlays, read first
+"""
+
+
+def help_text() -> str:
+    """What `python train.py --help` prints: made from the declarations, so it lists every key."""
+    switches = [key_entry(f"--model.{name}", *rest) for name, *rest in TRAINING_SWITCHES]
+    sections = {
+        "model: the network (ModelConfig), its optimiser and schedule (Optimisation)": [
+            *key_entries("model", Optimisation),
+            *switches,
+            *key_entries("model", ModelConfig),
+        ],
+        "data: the text, its tokenizer and the batches (DataConfig)": key_entries("data", DataConfig),
+        "run: where the run writes and what it does besides training": key_entries("run", RunSettings),
+    }
+    out = [HELP_HEAD]
+    for title, entries in sections.items():
+        out += [title, *entries, ""]
+    names = "  ".join(f"--trainer.{name}" for name in trainer_argument_names() or ())
+    out.append(
+        f"trainer: the arguments of Lightning's Trainer; `python train.py {HELP_TRAINER}` describes them"
+    )
+    out.append(textwrap.fill(names, 100, initial_indent="  ", subsequent_indent="  "))
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The `train` command: --help and mistakes answered here, a run by command.main."""
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if HELP_TRAINER in raw:
+        raw = ["--help"]
+    elif "-h" in raw or "--help" in raw:
+        print(help_text(), end="")
+        return
+    else:
+        check_arguments(with_config_files(raw))
+    from .command import main as train
+
+    train(raw)

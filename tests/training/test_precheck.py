@@ -1,0 +1,190 @@
+"""The train command's precheck (minitx/training/precheck.py) refuses what LightningCLI refuses, with
+the same line, and lets through what LightningCLI accepts: its keys and their types are
+LightningCLI's, its answers on command lines of every form equal. (That it imports no Lightning:
+tests/project/test_startup.py.)"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import yaml
+
+from minitx.configfiles import DEFAULT_CONFIG, with_config_files
+from minitx.errors import UserError
+from minitx.training.command import checked_config
+from minitx.training.precheck import (
+    LINKED,
+    check_arguments,
+    help_text,
+    light_parser,
+    to_judge,
+    trainer_argument_names,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def parser_keys(parser) -> dict[str, object]:
+    """{key: its type} of every settable key of a jsonargparse parser (not the .help flags)."""
+    keys = {}
+    for action in parser._actions:
+        hint = getattr(action, "_typehint", None)
+        if type(action).__name__ == "ActionTypeHint":
+            keys[action.dest] = hint
+    return keys
+
+
+@pytest.fixture(scope="module")
+def lightning_parser():
+    # The parser of a run of the default config, built as `train` builds it (nothing instantiated).
+    from minitx.training.command import _CheckOnlyCLI
+
+    return _CheckOnlyCLI(with_config_files([])).parser
+
+
+def test_the_light_parser_has_lightningclis_keys_and_types(lightning_parser):
+    theirs, ours = parser_keys(lightning_parser), parser_keys(light_parser())
+    # A linked key is a key of config files (a run's saved config.yaml holds them), not of flags.
+    assert sorted(set(ours) - set(LINKED)) == sorted(theirs)
+    # The trainer's types are Lightning's, left to it; every other key is typed as LightningCLI types it.
+    different = {
+        key: (ours[key], theirs[key])
+        for key in theirs
+        if not key.startswith("trainer.") and ours[key] != theirs[key] and theirs[key] != Optional[ours[key]]  # noqa: UP045
+    }
+    assert different == {}
+    assert set(trainer_argument_names()) == {k.split(".")[1] for k in theirs if k.startswith("trainer.")}
+
+
+def lightningcli_says(args: list[str]) -> str | None:
+    try:
+        checked_config(with_config_files(args))
+    except UserError as error:
+        return str(error)
+    return None
+
+
+def precheck_says(args: list[str]) -> str | None:
+    try:
+        check_arguments(with_config_files(args))
+    except UserError as error:
+        return str(error)
+    return None
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_the_precheck_refuses_as_lightningcli_does(tmp_path):
+    unknown_in_file = write(tmp_path / "unknown.yaml", "model:\n  n_layerz: 2\n")
+    wrong_type_in_file = write(tmp_path / "type.yaml", "data:\n  batch_size: many\n")
+    not_yaml = write(tmp_path / "broken.yaml", "model: [1, 2\n")
+    not_a_mapping = write(tmp_path / "list.yaml", "- 1\n- 2\n")
+    unknown_trainer_key = write(tmp_path / "trainer.yaml", "trainer:\n  max_stepz: 3\n")
+    bad = [
+        ["--model.n_layer", "zero"],
+        ["--model.n_layerz", "3"],
+        ["--foo", "1"],
+        ["--trainer.max_stepz", "3"],
+        ["--run.nmae", "x"],
+        ["--model.mlp", "relu"],
+        ["--model.attention.n_kv_head", "two"],
+        ["--model.betas", "0.9"],
+        ["--data.block_size", "64"],  # linked from model.block_size: not a flag of its own
+        ["--model.vocab_size", "64"],
+        ["--model.max_steps=64"],
+        ["--run.keep_steps+", "x"],
+        ["--seed_everything", "abc"],
+        ["--config", str(tmp_path / "missing.yaml")],
+        ["--config", unknown_in_file],
+        ["--config", wrong_type_in_file],
+        ["--config", not_yaml],
+        ["--config", not_a_mapping],
+        ["--config", unknown_trainer_key],
+        ["--trainer.callbacks+=json.JSONDecoder"],  # outside the modules a config may import
+    ]
+    for args in bad:
+        expected = lightningcli_says(args)
+        assert expected is not None, args
+        assert precheck_says(args) == expected, args
+
+
+def test_the_precheck_passes_what_lightningcli_accepts(tmp_path, lightning_parser):
+    logger = write(
+        tmp_path / "logger.yaml",
+        "trainer:\n  logger:\n    class_path: lightning.pytorch.loggers.CSVLogger\n"
+        "    init_args: {save_dir: somewhere}\n",
+    )
+    saved = write(
+        tmp_path / "saved.yaml",
+        "model:\n  vocab_size: 65\n  max_steps: 5\n  document_token: null\ndata:\n  block_size: 256\n",
+    )
+    good = [
+        [],
+        ["--config", str(ROOT / "configs" / "mta.yaml"), "--model.attention.options.mta.query_kernel", "4"],
+        ["--config", str(ROOT / "configs" / "gqa.yaml"), "--config", str(ROOT / "configs" / "mla.yaml")],
+        ["--config", str(ROOT / "examples" / "custom_attention.yaml")],
+        [
+            "--model.d_model",
+            "192",
+            "--model.attention.layers",
+            "[local, mta]",
+            "--model.attention.layers+",
+            "mha",
+        ],
+        ["--trainer.max_steps", "7", "--trainer.precision=bf16-mixed", "--run.keep_steps", "[2, 4]"],
+        ["--trainer.callbacks+=minitx.ablation.summary.RunSummary", "--trainer.max_steps", "3"],
+        [
+            "--trainer.logger.class_path",
+            "lightning.pytorch.loggers.CSVLogger",
+            "--trainer.logger.init_args.save_dir=logs",
+        ],
+        ["--config", logger],
+        ["--config", saved],  # a run's config.yaml holds the linked keys
+        ["--data.sourc", "toy"],  # a unique prefix of a key is that key (argparse)
+        ["--print_config"],
+        ["--print_config=skip_null", "--model.n_layer", "2"],
+        ["--seed_everything", "true", "--ckpt_path", "last"],
+        ["--data.train_files", "[a.txt, b.txt]", "--data.source", "files"],
+    ]
+    for args in good:
+        assert precheck_says(args) is None, args
+        if not any(arg.startswith("--print_config") for arg in args):  # it would print and exit
+            lightning_parser.parse_args(with_config_files(args))  # the list holds only good lines
+
+
+def test_to_judge_leaves_out_what_only_lightning_judges():
+    names = trainer_argument_names()
+    args = [
+        "--trainer.callbacks+",
+        "x.Y",
+        "--model.n_layer",
+        "2",
+        "--print_config",
+        "--trainer.logger.init_args.a=1",
+    ]
+    assert to_judge(args, names) == ["--model.n_layer", "2"]
+    assert to_judge(["--trainer.nonsense.x", "1"], names) == ["--trainer.nonsense.x", "1"]  # refused, then
+
+
+def test_help_lists_every_key():
+    text = help_text()
+    for key in set(parser_keys(light_parser())) - set(LINKED):
+        assert f"--{key}" in text, key
+    assert "--help-trainer" in text
+    assert yaml.safe_load(DEFAULT_CONFIG.read_text())  # the defaults it points at exist
+
+
+def test_help_trainer_is_lightningclis_help():
+    from minitx.cli import train_main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        train_main(["--help-trainer"])
+    assert "--trainer.accelerator.help" in out.getvalue()  # only LightningCLI lists these
