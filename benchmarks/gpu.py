@@ -181,6 +181,7 @@ TRITON_ROWS = ("mta-triton", "mta-both-triton")
 # scale applied twice) moves the logits by tens of percent.
 FLA_TOL = 5e-3
 CUDA_ONLY = "skipped: CUDA only (on the CPU the Triton kernels run in Triton's interpreter, seconds per step)"
+FLA_CUDA_ONLY = "skipped: CUDA only (flash-linear-attention's kernels have no CPU path)"
 NO_FLA = "skipped: flash-linear-attention is not installed (pip install flash-linear-attention)"
 
 
@@ -621,7 +622,7 @@ def run_checks(results: Results, configs: dict[str, ModelConfig], device: torch.
         if "gdn" not in config.layer_kinds:
             continue
         if device.type != "cuda" or not fla_installed():
-            results.skip("fla vs torch", kind, CUDA_ONLY if device.type != "cuda" else NO_FLA)
+            results.skip("fla vs torch", kind, FLA_CUDA_ONLY if device.type != "cuda" else NO_FLA)
             continue
         torch.manual_seed(0)
         with results.guarded("fla vs torch", kind):
