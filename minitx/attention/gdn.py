@@ -139,6 +139,30 @@ def recurrent_gated_delta(
     return torch.stack(outputs, dim=2), h
 
 
+def step_gated_delta(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    scale: float,
+    state: Tensor,
+    resets: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """One token of `recurrent_gated_delta` (decoding), its loop's products as batched matrix
+    products with the token as a row: q, k (B, H, 1, dk), v (B, H, 1, dv), g and beta (B, H, 1),
+    state h (B, H, dk, dv), resets (B, 1) or None. Returns the output (B, H, 1, dv) and the state."""
+    dtype = state_dtype(q.dtype)
+    q, k, v, g, beta = (t.to(dtype) for t in (q, k, v, g, beta))
+    h = state.to(dtype)
+    if resets is not None:
+        h = h.masked_fill(resets.view(-1, 1, 1, 1), 0.0)
+    h = h * g.exp()[..., None]  # alpha_t h
+    u = beta[..., None] * (v - k @ h)  # beta_t (v_t - h^T k_t), a row
+    h = h + k.transpose(-1, -2) @ u  # h + k_t u^T
+    return (q @ h) * scale, h
+
+
 def chunk_gated_delta(
     q: Tensor,
     k: Tensor,
@@ -343,8 +367,8 @@ class GatedDeltaNet(KindLayer):
         mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         mixed, new_window = self.convolve(mixed, window, docs, start)
         keys = self.n_head * self.key_dim
-        q, k, v = mixed.split([keys, keys, self.n_value_head * self.value_dim], dim=-1)
-        q, k = l2_normalise(self.heads(q, self.key_dim)), l2_normalise(self.heads(k, self.key_dim))
+        qk, v = mixed.split([2 * keys, self.n_value_head * self.value_dim], dim=-1)
+        q, k = l2_normalise(self.heads(qk, self.key_dim)).split(self.n_head, dim=1)  # per head, in one go
         v = self.heads(v, self.value_dim)
         if self.n_value_head != self.n_head:  # each key head serves consecutive value heads
             r = self.n_value_head // self.n_head
@@ -372,7 +396,7 @@ class GatedDeltaNet(KindLayer):
         if self.use_fla(q, docs):
             o, h = self.fla_chunk(q, k, v, g, beta, state)
         elif T == 1 and state is not None:  # decoding: one step of the recurrence
-            o, h = recurrent_gated_delta(q, k, v, g, beta, self.scale, state, resets)
+            o, h = step_gated_delta(q, k, v, g, beta, self.scale, state, resets)
         else:
             o, h = chunk_gated_delta(q, k, v, g, beta, self.scale, self.chunk_size, state, resets)
         if cache is not None:

@@ -35,7 +35,13 @@ import torch
 import torch.nn.functional as F
 
 from minitx import AttentionConfig, ModelConfig, Transformer, kv_cache_bytes
-from minitx.attention.gdn import FEW_TOKENS, GatedDeltaNet, chunk_gated_delta, recurrent_gated_delta
+from minitx.attention.gdn import (
+    FEW_TOKENS,
+    GatedDeltaNet,
+    chunk_gated_delta,
+    recurrent_gated_delta,
+    step_gated_delta,
+)
 from minitx.decoding import generate
 from minitx.errors import UserError
 from minitx.verify import cached_logits
@@ -77,6 +83,15 @@ def test_chunked_form_equals_the_token_loop_in_float64(T):
     # DeltaNet is the same rule without decay: g = 0.
     o, _ = chunk_gated_delta(q, k, v, torch.zeros_like(g), beta, 0.4, 16)
     assert (o - recurrent_gated_delta(q, k, v, torch.zeros_like(g), beta, 0.4)[0]).abs().max() < 1e-12
+
+
+def test_decoding_step_equals_the_token_loop_in_float64():
+    q, k, v, g, beta = inputs(3, 2, 4, 1, 6, 5)
+    state = torch.randn(3, 4, 6, 5, dtype=torch.float64)
+    for reset in (None, torch.tensor([[True], [False], [True]])):
+        want_o, want_h = recurrent_gated_delta(q, k, v, g, beta, 0.4, state, reset)
+        o, h = step_gated_delta(q, k, v, g, beta, 0.4, state, reset)
+        assert (o - want_o).abs().max() < 1e-12 and (h - want_h).abs().max() < 1e-12, reset
 
 
 @needs_torch_reference
