@@ -217,12 +217,18 @@ def type_words(hint: Any) -> str:
     )
 
 
+def wrapped(text: str, indent: int) -> str:
+    """text in lines of 100 characters, indented; a flag is never cut at its hyphens."""
+    margin = " " * indent
+    return textwrap.fill(text, 100, initial_indent=margin, subsequent_indent=margin, break_on_hyphens=False)
+
+
 def key_entry(key: str, hint: Any, default: Any, description: str | None) -> str:
     """`  --model.lr  float, default 0.001` and its description, if any, wrapped beneath."""
     head = f"  {key}  {type_words(hint)}, default {json.dumps(default)}"
     if not description:
         return head
-    return head + "\n" + textwrap.fill(description, 100, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return head + "\n" + wrapped(description, 6)
 
 
 def key_entries(section: str, dataclass: type) -> list[str]:
@@ -279,7 +285,7 @@ def help_text() -> str:
     out.append(
         f"trainer: the arguments of Lightning's Trainer; `python train.py {HELP_TRAINER}` describes them"
     )
-    out.append(textwrap.fill(names, 100, initial_indent="  ", subsequent_indent="  "))
+    out.append(wrapped(names, 2))
     return "\n".join(out) + "\n"
 
 
