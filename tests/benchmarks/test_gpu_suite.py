@@ -54,7 +54,7 @@ def run_suite(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         text=True,
         env=env,
         cwd=cwd,
-        timeout=300,
+        timeout=900,  # the whole rehearsal, every kind and gdn, on two busy CPU cores
     )
 
 
