@@ -173,6 +173,9 @@ def test_quick_run_compares_gdn_with_mha_over_lengths_and_at_a_long_context(tmp_
     for name, attention in (("mha", {"kind": "mha"}), ("gdn (chunk 64)", attention_of("gdn"))):
         config = ModelConfig(**shape, attention=AttentionConfig(**attention))
         assert value(decode[name][-1]) == round(kv_cache_bytes(config, 48) / 1024), decode[name]
+    for row in decode.values():  # prefill, tok/s, ratio, tok/CPU-s, ratio: positive
+        assert all(value(cell) > 0 for cell in row[1:6]), row
+    assert decode["mha"][3] == decode["mha"][5] == "1.00"
     assert goals.startswith("gdn (chunk 64)): training step at T=64") and "48-token context" in goals
 
 
