@@ -302,20 +302,35 @@ def attend_rows(
     every key); key j is k's and v's row (first_slot + j) mod Tk (a wrapped cache ring read in
     position order). Returns (B, H, R - c_q + 1, D). The signature is ops.attend_rows', flat, so
     that a layer hands the same arguments to either."""
+    # Plain Python, as little as will do: a decoding step makes one of these calls per layer, and
+    # each small step here costs about what a tenth of the C call's arithmetic does.
     B, H, R, D = q.shape
     G, N = k.shape[1], k.shape[2]
     c_q, c_k = (1, 1) if kernel is None else kernel.shape[-2:]
-    k, v = [t if t.stride(-1) == 1 and t.stride(-2) == D else t.contiguous() for t in (k, v)]
-    if k.stride()[:2] != v.stride()[:2]:  # one batch and head stride for both (a cache's views share them)
+    k_strides, v_strides = k.stride(), v.stride()
+    # One batch and head stride for both, rows of D contiguous numbers (a cache's views are so).
+    if k_strides != v_strides or k_strides[2:] != (D, 1):
         k, v = k.contiguous(), v.contiguous()
     q = q.contiguous()
     out = q.new_empty(B, H, R - c_q + 1, D)
-    params = [as_dtype(t, q.dtype) for t in (kernel, pre, post, weight, gate, bias)]
+    params = [as_dtype(t, q.dtype) for t in (kernel, pre, post, weight, gate, bias)]  # alive till the call
     fn = getattr(library(), f"attend_rows_{SUFFIX[q.dtype]}")
-    sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
-    pointers = [address(t) for t in (q, k, v, out)]
-    bounds = [address(t) for t in (lo, hi)]
-    before = (*pointers, k.stride(0), k.stride(1), *[address(t) for t in params], eps, scale)
-    after = (H, G, R, N, D, c_q, c_k, *sizes, *bounds, first_slot)
-    split(B, lambda b0, b1, _: fn(*before, b0, b1, *after))
+    before = [t.data_ptr() for t in (q, k, v, out)] + [k.stride(0), k.stride(1)]
+    before += [None if t is None else t.data_ptr() for t in params] + [eps, scale]
+    after = [
+        H,
+        G,
+        R,
+        N,
+        D,
+        c_q,
+        c_k,
+        1 if pre is None else pre.shape[-1],
+        1 if post is None else post.shape[-1],
+    ]
+    after += [None if lo is None else lo.data_ptr(), None if hi is None else hi.data_ptr(), first_slot]
+    if B == 1:
+        fn(*before, 0, 1, *after)
+    else:
+        split(B, lambda b0, b1, _: fn(*before, b0, b1, *after))
     return out
