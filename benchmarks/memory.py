@@ -3,6 +3,7 @@
     python benchmarks/memory.py                         # default model at T = 4096, batch 1, CPU
     python benchmarks/memory.py --kinds mha mta --batch 4 --seq-len 8192
     python benchmarks/memory.py --device cuda --batch 8
+    python benchmarks/memory.py --kinds mha gdn hybrid --seq-lens 1024 2048 4096 8192   # memory vs T
 
 The model is configs/default.yaml's shape (4 layers, 4 heads, width 128, GELU MLP, vocabulary 65)
 with block_size = --seq-len and each row's attention kind; random weights and tokens. A step is
@@ -21,6 +22,10 @@ Peak memory is the step's own: what it adds at its highest over what was allocat
   every block of 64 KiB or more back to the kernel when it is freed, so that the resident set
   follows what is live instead of keeping the freed blocks of earlier steps; it includes what
   the tensors miss (operator scratch, the allocator's own overhead).
+With --seq-lens, the peak memory of a step without checkpointing at each length instead, per kind,
+with the exponent of its growth between consecutive lengths (log peak ratio / log T ratio): 1 is
+linear in T, 2 quadratic. Gated DeltaNet's chunked form keeps C x C blocks per chunk, so its
+memory should grow as T, not T^2.
 Time: the median of --repeats steps after --warmup, in this process with glibc keeping freed
 memory as minitx's commands do (minitx/allocator.py); a kind's two models take turns, so that a
 busy spell of the machine slows both alike.
@@ -32,6 +37,7 @@ import argparse
 import ctypes
 import datetime
 import json
+import math
 import platform
 import statistics
 import subprocess
@@ -58,6 +64,9 @@ KINDS = {
     "local": {"kind": "local", "options": {"local": {"window": 256}}},
     # default.yaml's MTA (configs/mta.yaml): the convolutions on layer 2, pre- and post-softmax
     "mta": merged_config(REPO / "configs" / "mta.yaml")["model"]["attention"],
+    "gdn": merged_config(REPO / "configs" / "gdn.yaml")["model"]["attention"],
+    # configs/hybrid.yaml: layers [gdn, gdn, gdn, mha], the softmax layer with QK-norm and a gate
+    "hybrid": merged_config(REPO / "configs" / "hybrid.yaml")["model"]["attention"],
 }
 
 
@@ -171,11 +180,39 @@ def mib(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f}"
 
 
+def growth(peaks: list[float | None], lengths: list[int]) -> str:
+    """The exponent of T between consecutive lengths, e.g. "1.00, 0.98": peak ~ T^exponent."""
+    exponents = [
+        f"{math.log(b / a) / math.log(m / n):.2f}" if a and b else "-"
+        for a, b, n, m in zip(peaks, peaks[1:], lengths, lengths[1:])
+    ]
+    return ", ".join(exponents)
+
+
+def memory_by_length(args, argv: list[str]) -> None:
+    """Peak memory of a step without checkpointing at each --seq-lens length, each in its own process."""
+    lengths = args.seq_lens
+    print(
+        f"# {platform.processor() or platform.machine()} CPU, torch {torch.__version__}, {datetime.date.today()}; "
+        f"configs/default.yaml's shape, batch {args.batch}, dropout {args.dropout}; forward + backward, "
+        "no checkpointing; peak MiB over what was allocated before the step\n"
+    )
+    print("| kind | measure | " + " | ".join(f"T={T}" for T in lengths) + " | growth exponent, T to 2T |")
+    print("|---|---|" + "---:|" * len(lengths) + "---|")
+    for kind in args.kinds:
+        rows = [in_own_process(kind, False, [*argv, "--seq-len", str(T)]) for T in lengths]
+        for key, label in (("tensors", "live tensors (lower bound)"), ("process", "process")):
+            peaks = [row[key] for row in rows]
+            cells = " | ".join(mib(peak) for peak in peaks)
+            print(f"| {kind} | {label} | {cells} | {growth(peaks, lengths)} |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--kinds", nargs="+", choices=list(KINDS), default=["mha", "mta"])
     parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--seq-lens", type=int, nargs="+", help="instead: peak memory at each of these T")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--repeats", type=int, default=3)
@@ -187,6 +224,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--device cuda: no CUDA device is visible; use --device cpu")
     if args.row:
         print(json.dumps(peak_memory(args.row[0], args.row[1] == "1", args)))
+        return
+    if args.seq_lens:
+        memory_by_length(args, argv)
         return
     if args.device == "cpu":
         keep_freed_memory()  # time the steps as minitx's commands run

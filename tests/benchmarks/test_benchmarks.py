@@ -261,3 +261,15 @@ def test_startup_benchmark_prints_its_table(tmp_path):
     rows = {row[0]: row[1:] for row in table_rows(out, "import")}
     assert set(rows) == {"import torch", "import minitx"}
     assert re.match(r"[+-]\d+\.\d\d", rows["import minitx"][0]) and rows["import minitx"][1] == "+0.3"
+
+
+def test_memory_benchmark_growth_is_the_exponent_of_t(monkeypatch):
+    """memory.py --seq-lens: peak ~ T^exponent between consecutive lengths (1 linear, 2 quadratic)."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # memory.py imports attention.py beside it
+    spec = importlib.util.spec_from_file_location("memory_benchmark", REPO / "benchmarks" / "memory.py")
+    memory = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(memory)
+    assert memory.growth([10.0, 20.0, 80.0], [1024, 2048, 4096]) == "1.00, 2.00"
+    assert memory.growth([10.0, None, 40.0], [1, 2, 4]) == "-, -"
