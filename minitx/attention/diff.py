@@ -140,7 +140,9 @@ class DifferenceOfMaps(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, mask: Tensor | None, causal: bool):
-        values = DifferentialAttention.pair_values(v)
+        # Contiguous once: every tile reads the keys up to its end, and a strided slice of the
+        # fused projection would be copied by each product.
+        q, k, values = q.contiguous(), k.contiguous(), DifferentialAttention.pair_values(v)
         B, H, T, D = q.shape
         r = H // k.shape[1]
         out = q.new_empty(B, H // 2, T, 2 * D)
