@@ -200,7 +200,10 @@ def memory_by_length(args, argv: list[str]) -> None:
     print("| kind | measure | " + " | ".join(f"T={T}" for T in lengths) + " | growth exponent, T to 2T |")
     print("|---|---|" + "---:|" * len(lengths) + "---|")
     for kind in args.kinds:
-        rows = [in_own_process(kind, False, [*argv, "--seq-len", str(T)]) for T in lengths]
+        rows = []
+        for T in lengths:
+            rows.append(in_own_process(kind, False, [*argv, "--seq-len", str(T)]))
+            print(f"{kind}, T={T}: {rows[-1]}", file=sys.stderr, flush=True)  # a long run shows progress
         for key, label in (("tensors", "live tensors (lower bound)"), ("process", "process")):
             peaks = [row[key] for row in rows]
             cells = " | ".join(mib(peak) for peak in peaks)
