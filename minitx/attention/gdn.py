@@ -12,9 +12,10 @@ Per value head, with a state S in R^{dv x dk} (kept here as h = S^T, dk x dv):
     out       = W_o [RMSNorm(o_t) * SiLU(W_z x_t)]  per value head
 
 One token at a time: h *= alpha_t; u = beta_t (v_t - h^T k_t); h += k_t u^T; o_t = h^T q_t. That
-loop is `recurrent_gated_delta`, the oracle of the tests and the decoding step. Training and
-prefill go through `chunk_gated_delta`: inside each chunk of C tokens the sequential updates fold
-into one unit lower triangular solve (the WY / UT transform), and only the chunks run in sequence:
+loop is `recurrent_gated_delta`, the oracle of the tests; `step_gated_delta` is one token of it
+as batched products (decoding). Training and prefill go through `chunk_gated_delta`: inside each
+chunk of C tokens the sequential updates fold into one unit lower triangular solve (the WY / UT
+transform), and only the state passes from chunk to chunk in sequence:
 
     gamma_r = prod of alpha up to r in the chunk;  P_ij = gamma_i / gamma_j (j <= i)
     A       = I + strict_lower(diag(beta) (K K^T * P));   U = A^-1 diag(beta) V;   W = A^-1 diag(beta gamma) K
