@@ -40,6 +40,7 @@ CASES = [
     ("prepare: no such --config", ["prepare.py", "--config", f"{MISSING}.yaml"], 1.0),
     ("train: no such --config", ["train.py", "--config", f"{MISSING}.yaml"], 1.0),
     ("train: bad --model.n_layer", ["train.py", "--model.n_layer", "zero"], 1.0),
+    ("train: unknown --model.n_layerz", ["train.py", "--model.n_layerz", "3"], 1.0),
 ]
 
 
