@@ -46,17 +46,22 @@ _HOMES = {
     "peak_source": "throughput",
 }
 
-__all__ = sorted([*_HOMES, "check_train_args"])
+__all__ = sorted([*_HOMES, "check_train_args", "check_train_keys"])
 
 
-def check_train_args(args):
-    """command.check_train_args, the train command imported at the first call: ablate imports this
-    name at start, and its --help and its sweep file's errors come before any run is checked. A
-    mistake in a key or a value's type is found first without Lightning (precheck.py)."""
+def check_train_keys(args):
+    """The UserError `train` raises for a mistake in a key, a value's type or a config file,
+    found without importing Lightning (precheck.py); check_train_args makes it first."""
     from ..configfiles import config_arguments
     from .precheck import check_arguments
 
     check_arguments(config_arguments(args))
+
+
+def check_train_args(args):
+    """command.check_train_args, the train command imported at the first call: ablate imports this
+    name at start, and its --help and its sweep file's errors come before any run is checked."""
+    check_train_keys(args)
     from .command import check_train_args as check  # Lightning: seconds
 
     return check(args)

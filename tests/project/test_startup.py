@@ -76,7 +76,7 @@ def test_import_minitx_and_the_commands_help_load_nothing_heavy():
     assert list(found) == ["import minitx", *(f"{c} --help" for c in LIGHT_HELP)]
 
 
-def test_trains_mistakes_and_help_load_nothing_heavy(tmp_path):
+def test_train_and_ablate_mistakes_and_train_help_load_nothing_heavy(tmp_path):
     (tmp_path / "unknown.yaml").write_text("model:\n  n_layerz: 2\n")
     code = "from minitx.cli import run_command\n"
     for label, args in TRAIN_MISTAKES.items():
@@ -87,6 +87,17 @@ def test_trains_mistakes_and_help_load_nothing_heavy(tmp_path):
             "assert len(err.getvalue().splitlines()) == 1, err.getvalue()\n"
             f"report({label!r})\n"
         )
+    # A sweep's variant with a mistyped key: ablate checks it with train's precheck.
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(
+        f"base: {ROOT / 'configs' / 'default.yaml'}\nvariants:\n  - name: bad\n    overrides: {{model.n_layerz: 2}}\n"
+    )
+    code += (
+        "with contextlib.redirect_stderr(io.StringIO()) as err:\n"
+        f"    assert run_command('ablate', ['--config', {str(sweep)!r}, '--output', {str(tmp_path / 'out')!r}]) == 2\n"
+        "assert 'n_layerz' in err.getvalue(), err.getvalue()\n"
+        "report('ablate: bad key in a variant')\n"
+    )
     code += (
         "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
         "    assert run_command('train', ['--help']) == 0\n"
@@ -96,7 +107,7 @@ def test_trains_mistakes_and_help_load_nothing_heavy(tmp_path):
         "report('train --help')\n"
     )
     found = loaded_after(code)
-    assert found == {label: [] for label in [*TRAIN_MISTAKES, "train --help"]}
+    assert found == {label: [] for label in [*TRAIN_MISTAKES, "ablate: bad key in a variant", "train --help"]}
 
 
 def test_a_model_infers_without_the_compiler():
