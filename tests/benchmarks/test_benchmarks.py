@@ -235,6 +235,24 @@ def test_sdpa_widths_prints_every_width_pair(tmp_path):
     assert rows[0][3] == "1.00" and all(float(row[2]) > 0 for row in rows)
 
 
+def test_diff_attention_benchmark_prints_every_way_at_every_length(tmp_path):
+    out = run_script(
+        "diff_attention.py", "--seq-lens", "1", "70", "--batch", "2", "--repeats", "1", cwd=tmp_path
+    )
+    rows = [row for row in table_rows(out, "") if row[0].isdigit()]
+    assert [row[0] for row in rows] == ["1", "70"]
+    assert all(len(row) == 9 and row[2] == "1.00" and float(row[7]) > 0 for row in rows)
+
+
+@pytest.mark.slow
+def test_diff_attention_benchmark_times_whole_steps(tmp_path):
+    out = run_script(
+        "diff_attention.py", "--step", "--seq-lens", "9", "--batch", "1", "--repeats", "1", cwd=tmp_path
+    )
+    (row,) = [row for row in table_rows(out, "") if row[0].isdigit()]
+    assert row[0] == "9" and len(row) == 14 and row[2] == row[4] == "1.00"
+
+
 @pytest.mark.slow
 def test_memory_benchmark_prints_both_rows_of_each_kind(tmp_path):
     out = run_script(
