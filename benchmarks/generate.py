@@ -3,6 +3,7 @@
     python benchmarks/generate.py                  # 512 new tokens, every kind, Markdown tables
     python benchmarks/generate.py --kinds mha --new-tokens 256
     python benchmarks/generate.py --compile        # also cached decoding compiled (torch.compile)
+    python benchmarks/generate.py --kinds mha "mta (paper defaults)" --cpu-steps 6   # a step's CPU time only
 
 The model has the shape of configs/default.yaml (vocab 65 = the character vocabulary of the
 built-in Shakespeare) with random weights: speed does not depend on what the weights are. Batch 1,
@@ -164,6 +165,34 @@ def step_table(shape: dict, kinds: list[str], repeats: int, steps: int = 300) ->
     return "\n".join(rows)
 
 
+def cpu_step_table(shape: dict, kinds: list[str], rounds: int, steps: int = 511) -> str:
+    """Median thread-CPU microseconds of one cached model step (inference_mode, a one-token
+    prompt, then `steps` steps: past block_size the ring wraps), the kinds taking turns for
+    `rounds` rounds in this process (the first a warm-up), and each kind's speed against the
+    first's. CPU time leaves out waiting for a core, so on a busy machine this ratio holds where
+    tokens per wall-second do not."""
+    models = {}
+    for kind in kinds:
+        torch.manual_seed(0)
+        models[kind] = Transformer(ModelConfig(**shape, attention=AttentionConfig(**KINDS[kind]))).eval()
+    times: dict[str, list[int]] = {kind: [] for kind in kinds}
+    token = torch.zeros(1, 1, dtype=torch.long)
+    with torch.inference_mode():
+        for n in range(rounds):
+            for kind, model in models.items():
+                cache = model.new_cache(1, steps + 1)
+                model(token, cache=cache)
+                for _ in range(steps):
+                    start = time.thread_time_ns()
+                    model(token, cache=cache)
+                    if n:
+                        times[kind].append(time.thread_time_ns() - start)
+    medians = {kind: sorted(t)[len(t) // 2] / 1e3 for kind, t in times.items()}
+    rows = [f"| model | median step (us CPU) | speed against {kinds[0]} |", "|---|---:|---:|"]
+    rows += [f"| {kind} | {us:,.0f} | {medians[kinds[0]] / us:.3f} |" for kind, us in medians.items()]
+    return "\n".join(rows)
+
+
 def memory_table(shape: dict, lengths: list[int]) -> str:
     """fp32 cache bytes of a batch of 1, from the config alone (equal to what new_cache allocates)."""
     config_shape = dict(shape, block_size=max(lengths))  # a context long enough to show growth
@@ -199,6 +228,13 @@ def main() -> None:
     parser.add_argument(
         "--compile", action="store_true", help="also time cached decoding of torch.compile(model)"
     )
+    parser.add_argument(
+        "--cpu-steps",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="only the CPU time of a step, kinds alternating",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     shape, source = default_shape()
@@ -206,6 +242,13 @@ def main() -> None:
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     )
     print(f"model: {shape} from {source}; random weights, batch 1, 1-token prompt, temperature 0.8\n")
+    if args.cpu_steps:
+        print(
+            f"### One cached model step in CPU time ({args.cpu_steps} rounds, load average {os.getloadavg()[0]:.1f})\n"
+        )
+        print(cpu_step_table(shape, args.kinds, args.cpu_steps))
+        print(f"(load average {os.getloadavg()[0]:.1f} at the end)")
+        return
     print(
         f"### Decoding speed, {args.new_tokens} new tokens (best of {args.repeats}; load average {os.getloadavg()[0]:.1f} at the start)\n"
     )
