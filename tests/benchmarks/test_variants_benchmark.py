@@ -55,17 +55,16 @@ def bench():
     return module
 
 
+def run_quick(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """benchmarks/variants.py --quick as a user runs it, on one thread."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    command = [sys.executable, str(REPO / "benchmarks" / "variants.py"), "--quick", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
+
+
 @pytest.mark.slow
 def test_quick_run_prints_every_variant_with_exact_cache_and_positive_ratios(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "variants.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
+    done = run_quick(tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert "torch " in out and "torch thread" in out  # the machine, torch and threads are stated
@@ -150,15 +149,7 @@ def linear_section(out: str) -> tuple[dict, dict, str]:
 
 @pytest.mark.slow
 def test_quick_run_compares_gdn_with_mha_over_lengths_and_at_a_long_context(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "variants.py"), "--quick", "--kinds", "gdn", "hybrid"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
+    done = run_quick(tmp_path, "--kinds", "gdn", "hybrid")
     assert done.returncode == 0, done.stderr[-3000:]
     train, decode, goals = linear_section(done.stdout)
     # Each chunk size of --quick's (8, 16) beside the config's 64, the hybrid, mha first.
