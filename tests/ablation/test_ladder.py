@@ -206,7 +206,7 @@ def test_a_variant_may_not_set_what_the_design_sets(tmp_path):
 def test_equal_compute_gives_each_arm_steps_from_its_own_flops(tmp_path):
     arms = """variants:
   - {name: mha, overrides: {model.attention.kind: mha}}
-  - {name: diff, overrides: {model.attention.kind: diff}}
+  - {name: mta, overrides: {model.attention.kind: mta}}
 """
     sweep = load_sweep(write(tmp_path, BASE + "budget: {flops: 2.0e11}\n" + arms))
     plan = make_plan(sweep, tmp_path / "out")
@@ -216,8 +216,8 @@ def test_equal_compute_gives_each_arm_steps_from_its_own_flops(tmp_path):
         per_step = point.flops_per_token * plan.tokens_per_step
         assert abs(point.flops - 2.0e11) <= per_step / 2  # equal to within one step's rounding
         assert f"--trainer.max_steps {point.steps}" in " ".join(point.run.command)
-    assert first_seed["diff"].flops_per_token > first_seed["mha"].flops_per_token
-    assert first_seed["diff"].steps < first_seed["mha"].steps
+    assert first_seed["mta"].flops_per_token > first_seed["mha"].flops_per_token  # its convolutions
+    assert first_seed["mta"].steps < first_seed["mha"].steps
 
 
 def test_branches_start_where_their_decay_starts(tmp_path):
