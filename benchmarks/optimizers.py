@@ -14,6 +14,13 @@ trainer.max_steps would be), and its final val loss.
 
     python benchmarks/optimizers.py                                # 1000 steps, validation every 100
     python benchmarks/optimizers.py --steps 200 --val-every 50 --schedule wsd
+    python benchmarks/optimizers.py --newton-schulz --threads 1   # the iteration alone, per shape
+
+--newton-schulz: Newton-Schulz alone on the stacks BatchedMuon orthogonalises for the config's
+model (one per shape, tall ones turned), the plain iteration against the Gram-side one that
+orthogonalise picks for wide matrices, timed in turn (median thread-CPU time), with each one's
+largest error against a float64 run of the plain iteration, on Gaussian updates and on updates
+whose singular values span nine orders of magnitude (as gradients, near low rank).
 """
 
 from __future__ import annotations
@@ -33,7 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minitx.configfiles import merged_config  # noqa: E402
 from minitx.data.datamodule import TextDataModule  # noqa: E402
 from minitx.training import DEFAULT_CONFIG, MinitxLM, lm_loss  # noqa: E402
-from minitx.training.optim import BatchedMuon  # noqa: E402
+from minitx.training.optim import (  # noqa: E402
+    BatchedMuon,
+    gram_side,
+    gram_side_iteration,
+    plain_iteration,
+)
 
 SKIP = 10  # first steps of each optimiser left out of the step time (allocation, warm-up)
 
@@ -97,6 +109,52 @@ def time_muon_steps(module: MinitxLM, repeats: int = 20) -> tuple[float, float]:
     return statistics.median(times["torch"]) * 1e3, statistics.median(times["batched"]) * 1e3
 
 
+def newton_schulz_table(module: MinitxLM, repeats: int = 21) -> None:
+    """The plain and Gram-side iterations on the model's Muon stacks: time and error (module doc)."""
+    group = BatchedMuon([torch.nn.Parameter(torch.zeros(2, 2))]).param_groups[0]  # torch's defaults
+    coefficients, steps = group["ns_coefficients"], group["ns_steps"]
+    shapes: dict[tuple[int, int], int] = {}
+    for name, param in module.model.named_parameters():
+        if name in module.muon_names:
+            shapes[tuple(param.shape)] = shapes.get(tuple(param.shape), 0) + 1
+    print(
+        f"Newton-Schulz, {steps} steps, coefficients {coefficients}, float32, {torch.get_num_threads()} thread(s)"
+    )
+    print(
+        "| stack | picked | plain ms | Gram-side ms | ratio | error vs float64: plain / Gram-side, Gaussian | ill-conditioned |"
+    )
+    print("|---|---|---:|---:|---:|---|---|")
+    generator = torch.Generator().manual_seed(0)
+    for (rows, columns), count in shapes.items():
+        r, c = min(rows, columns), max(rows, columns)  # as orthogonalise turns tall matrices
+        errors = []
+        for spread in (0.0, 9.0):
+            u, _ = torch.linalg.qr(torch.randn(count, c, r, dtype=torch.float64, generator=generator))
+            v, _ = torch.linalg.qr(torch.randn(count, r, r, dtype=torch.float64, generator=generator))
+            singular = torch.logspace(0, -spread, r, dtype=torch.float64) if spread else None
+            x = torch.randn(count, r, c, dtype=torch.float64, generator=generator)
+            if singular is not None:
+                x = ((u * singular) @ v.mT).mT
+            x = x / x.norm(dim=(-2, -1), keepdim=True)
+            reference = plain_iteration(x, coefficients, steps)
+            for form in (plain_iteration, gram_side_iteration):
+                errors.append(float((form(x.float(), coefficients, steps).double() - reference).abs().max()))
+        x = torch.randn(count, r, c, generator=generator)
+        x = x / x.norm(dim=(-2, -1), keepdim=True)
+        times: dict[str, list[float]] = {"plain": [], "gram": []}
+        for _ in range(repeats):
+            for key, form in (("plain", plain_iteration), ("gram", gram_side_iteration)):
+                start = time.thread_time()
+                form(x, coefficients, steps)
+                times[key].append(time.thread_time() - start)
+        plain, gram = (statistics.median(times[key]) * 1e3 for key in ("plain", "gram"))
+        picked = "Gram-side" if gram_side(r, c, steps) else "plain"
+        print(
+            f"| {count} x {rows} x {columns} | {picked} | {plain:.2f} | {gram:.2f} | {gram / plain:.2f} | "
+            f"{errors[0]:.1e} / {errors[1]:.1e} | {errors[2]:.1e} / {errors[3]:.1e} |"
+        )
+
+
 def with_optimizer(config: dict, optimizer: str, args: argparse.Namespace) -> dict:
     model = {**config["model"], "optimizer": optimizer}
     if args.schedule:
@@ -138,6 +196,11 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument(
+        "--newton-schulz",
+        action="store_true",
+        help="time the iteration alone per shape (module doc), then stop",
+    )
+    parser.add_argument(
         "--no-equal-time", action="store_true", help="skip the third run (the slower optimiser at equal time)"
     )
     args = parser.parse_args()
@@ -161,6 +224,9 @@ def main() -> None:
         f"{data.batch_size} x {data.block_size} tokens a step, gradient clipping {clip}"
     )
 
+    if args.newton_schulz:
+        newton_schulz_table(Run("muon", with_optimizer(config, "muon", args), data, steps, clip).module)
+        return
     runs = [Run(name, with_optimizer(config, name, args), data, steps, clip) for name in ("adamw", "muon")]
     plain, batched = time_muon_steps(runs[1].module)
     print(

@@ -123,6 +123,7 @@ class MinitxLM(L.LightningModule):
         decay_steps: int | None = DEFAULTS.decay_steps,
         decay_fraction: float = DEFAULTS.decay_fraction,
         decay_shape: str = DEFAULTS.decay_shape,
+        muon_precision: str = DEFAULTS.muon_precision,
         compile: bool = False,
         activation_checkpointing: bool = False,
         init_from: str | None = None,

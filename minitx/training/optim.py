@@ -116,27 +116,43 @@ class _JointState(Mapping):
         return sum(len(optimizer.state) for optimizer in self.optimizers)
 
 
-def orthogonalise(updates: Tensor, coefficients: Sequence[float], steps: int, eps: float) -> Tensor:
+def orthogonalise(
+    updates: Tensor, coefficients: Sequence[float], steps: int, eps: float, precision: str = "auto"
+) -> Tensor:
     """Newton-Schulz on a batch of same-shaped matrices (n, rows, columns), as torch.optim.Muon's
     on one: each scaled to Frobenius norm 1, then `steps` quintic iterations pushing its singular
-    values towards 1. In float32 on the CPU, where bfloat16 products are slower than float32 ones
-    (no native bfloat16 arithmetic on most CPUs), and bfloat16 elsewhere, as torch's.
+    values towards 1. In the dtype `precision` names (muon_dtype): by default float32 on the CPU,
+    where most CPUs have no native bfloat16 products, and bfloat16 elsewhere, as torch's.
 
     `updates` is scaled in place when it already has that dtype (BatchedMuon hands over a stack
     of its own). Matrices much wider than tall (after turning tall ones) take the same iteration
     on their Gram matrix (gram_side_iteration), which needs fewer products."""
-    x = updates.to(torch.float32 if updates.device.type == "cpu" else torch.bfloat16)
+    x = updates.to(muon_dtype(precision, updates.device))
     tall = x.size(-2) > x.size(-1)
     if tall:  # iterate on the smaller Gram matrix
         x = x.mT
     x.div_(x.norm(dim=(-2, -1), keepdim=True).clamp_(min=eps))
     rows, columns = x.shape[-2:]
-    # 2 * rows**2 * columns products a step against about (4 rows**2 * columns + 14 rows**3) / 5
-    if steps > 1 and 2 * columns > 3 * rows:
+    if gram_side(rows, columns, steps) and x.dtype == torch.float32:  # see gram_side_iteration
         x = gram_side_iteration(x, coefficients, steps)
     else:
         x = plain_iteration(x, coefficients, steps)
     return x.mT if tall else x
+
+
+def muon_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The dtype of Newton-Schulz's products for model.muon_precision: "auto" is float32 on a CPU
+    and bfloat16 elsewhere; "bfloat16" everywhere is torch.optim.Muon's own choice, and on a CPU
+    with native bfloat16 products (AVX512-BF16, AMX) about half float32's time (RESULTS)."""
+    if precision == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[precision]
+
+
+def gram_side(rows: int, columns: int, steps: int) -> bool:
+    """Whether the Gram-side iteration is the cheaper for (rows <= columns) matrices: the plain one
+    costs 2 rows^2 columns + rows^3 a step, the Gram side about (4 rows^2 columns + 14 rows^3) / 5."""
+    return steps > 1 and 2 * columns > 3 * rows
 
 
 def plain_iteration(x: Tensor, coefficients: Sequence[float], steps: int) -> Tensor:
@@ -166,7 +182,7 @@ def gram_side_iteration(x: Tensor, coefficients: Sequence[float], steps: int) ->
     small, and with it the rounding of A carried from step to step: 5 steps in one run err 30-80x
     more than the plain form on ill-conditioned updates, so the iterate is formed again every
     RESTART steps, which keeps float32's error that of the plain form (tests/training/
-    test_muon_step.py). The default model's 128 x 512 matrices: 0.6x the plain form's time."""
+    test_muon_step.py). In float32 only: bfloat16's rounding is 2^16 times float32's. The default model's 128 x 512 matrices: 0.6x the plain form's time."""
     a, b, c = coefficients
     for start in range(0, steps, RESTART):
         gram = torch.bmm(x, x.mT)  # A_0 of this run
@@ -201,7 +217,13 @@ class BatchedMuon(torch.optim.Muon):
 
     The arithmetic around the iteration is one call per group or shape where torch has one
     (torch._foreach_*), and the Nesterov update is written straight into the stack that
-    orthogonalise scales in place: each step's numbers are those of the loop per matrix."""
+    orthogonalise scales in place: each step's numbers are those of the loop per matrix.
+
+    `precision`: the dtype of Newton-Schulz's products (muon_dtype), a setting, not state."""
+
+    def __init__(self, params, *args, precision: str = "auto", **kwargs):
+        super().__init__(params, *args, **kwargs)
+        self.precision = precision
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -238,7 +260,9 @@ class BatchedMuon(torch.optim.Muon):
                     torch.lerp(grads[i], buffers[i], momentum, out=stack[row])
                 else:
                     stack[row].copy_(buffers[i])
-            ortho = orthogonalise(stack, group["ns_coefficients"], group["ns_steps"], group["eps"])
+            ortho = orthogonalise(
+                stack, group["ns_coefficients"], group["ns_steps"], group["eps"], self.precision
+            )
             scale = muon_lr_scale(shape, group["adjust_lr_fn"])
             matrices = [matrix.to(params[i].dtype) for i, matrix in zip(members, ortho)]
             torch._foreach_add_([params[i] for i in members], matrices, alpha=-lr * scale)
@@ -262,6 +286,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         muon_lr: float,
         muon_momentum: float,
         muon_weight_decay: float,
+        muon_precision: str = "auto",
         lr: float,
         betas: Sequence[float],
         eps: float,
@@ -269,7 +294,11 @@ class MuonWithAdamW(torch.optim.Optimizer):
     ):
         self.adamw = torch.optim.AdamW(adamw_groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
         self.muon = BatchedMuon(
-            muon_params, lr=muon_lr, momentum=muon_momentum, weight_decay=muon_weight_decay
+            muon_params,
+            lr=muon_lr,
+            momentum=muon_momentum,
+            weight_decay=muon_weight_decay,
+            precision=muon_precision,
         )
         # Optimizer.__init__ adds the given group dicts themselves (no copies): ours are the two
         # optimisers' own, so a change of lr through either view is seen by both.
@@ -331,6 +360,7 @@ def build_muon(settings: Optimisation, params: Parameters) -> torch.optim.Optimi
         muon_lr=settings.muon_lr,
         muon_momentum=settings.muon_momentum,
         muon_weight_decay=settings.muon_weight_decay,
+        muon_precision=settings.muon_precision,
         lr=settings.lr,
         betas=settings.betas,
         eps=settings.eps,
@@ -355,6 +385,7 @@ OPTIMIZERS: dict[str, OptimiserSpec] = {
 }
 SCHEDULES = ("cosine", "wsd")
 DECAY_SHAPES = ("linear", "1-sqrt")
+MUON_PRECISIONS = ("auto", "float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -374,6 +405,9 @@ class Optimisation:
         muon_lr: Muon's peak learning rate.
         muon_momentum: Muon's (Nesterov) momentum.
         muon_weight_decay: Muon's decoupled weight decay (multiplied by its lr, as AdamW's).
+        muon_precision: the dtype of Muon's Newton-Schulz products: "auto" (float32 on a CPU,
+            bfloat16 on a GPU), "float32" or "bfloat16" (torch.optim.Muon's everywhere; on a CPU
+            with native bfloat16 products, about half float32's time).
         schedule: after the warmup, "cosine" down to min_lr over the run, or "wsd": lr held,
             then down to min_lr over the last decay_steps (or decay_fraction of max_steps).
         decay_steps: wsd's decay in steps; when unset, decay_fraction * max_steps.
@@ -398,6 +432,7 @@ class Optimisation:
     decay_steps: int | None = None
     decay_fraction: float = 0.2
     decay_shape: str = "linear"
+    muon_precision: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))  # a config gives a list
@@ -449,6 +484,8 @@ class Optimisation:
             fail("decay_fraction", "use a fraction of max_steps in [0, 1], e.g. 0.2")
         if self.decay_shape not in DECAY_SHAPES:
             fail("decay_shape", f"use one of {', '.join(DECAY_SHAPES)}")
+        if self.muon_precision not in MUON_PRECISIONS:
+            fail("muon_precision", f"use one of {', '.join(MUON_PRECISIONS)}")
 
     def lr_at(self, step: int, max_steps: int) -> float:
         """The peak lr's value at optimiser step `step` of a run of `max_steps` (see lr_at)."""

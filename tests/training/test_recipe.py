@@ -281,6 +281,30 @@ def test_batched_muon_takes_torch_muons_step(one_thread):
         assert torch.allclose(ours, theirs, rtol=1e-4, atol=1e-4)
 
 
+def test_muon_in_bfloat16_is_torch_muons_precision(one_thread):
+    # model.muon_precision bfloat16: Newton-Schulz's products in bfloat16, as torch.optim.Muon's
+    # on every device; each update as far from the float32 one as torch's is, and not closer.
+    torch.manual_seed(1)
+    shapes = [(48, 16), (16, 16), (16, 48), (48, 16), (16, 64)]
+    start = [torch.randn(shape) * 0.1 for shape in shapes]
+    grads = [torch.randn(shape) for shape in shapes]
+    moved = {}
+    for name, kind, settings in (
+        ("torch", torch.optim.Muon, {}),
+        ("float32", BatchedMuon, {}),
+        ("bfloat16", BatchedMuon, {"precision": "bfloat16"}),
+    ):
+        params = [torch.nn.Parameter(w.clone()) for w in start]
+        for param, grad in zip(params, grads):
+            param.grad = grad.clone()
+        kind(params, lr=0.02, momentum=0.95, **settings).step()
+        moved[name] = [(p - w).detach() for p, w in zip(params, start)]
+    for n, (ours, theirs, exact) in enumerate(zip(moved["bfloat16"], moved["torch"], moved["float32"])):
+        size = exact.norm()
+        assert (ours - theirs).norm() < 0.01 * size, n  # torch's step, up to the order of products
+        assert 1e-4 * size < (ours - exact).norm() < 0.03 * size, n  # bfloat16's rounding, not float32's
+
+
 # ------------------------------------------------------------------------------- settings
 
 
@@ -293,6 +317,7 @@ BAD_SETTINGS = {
     "decay_steps": (-5, "use 0 or more"),
     "decay_fraction": (1.5, "[0, 1]"),
     "decay_shape": ("cubic", "use one of linear, 1-sqrt"),
+    "muon_precision": ("float16", "use one of auto, float32, bfloat16"),
 }
 
 
@@ -338,6 +363,7 @@ def test_older_runs_resume_with_what_they_ran():
         "decay_steps": None,
         "decay_fraction": 0.2,
         "decay_shape": "linear",
+        "muon_precision": "auto",  # float32 on a CPU, bfloat16 on a GPU: what BatchedMuon always did
     }
     assert Optimisation.of({"lr": 3e-3, "betas": [0.9, 0.95], "block_size": 32}) == Optimisation(lr=3e-3)
     assert optimizer_of_state(None) == optimizer_of_state({"state": {}, "param_groups": []}) == "adamw"
