@@ -17,10 +17,10 @@ trainer.max_steps would be), and its final val loss.
     python benchmarks/optimizers.py --newton-schulz --threads 1   # the iteration alone, per shape
 
 --newton-schulz: Newton-Schulz alone on the stacks BatchedMuon orthogonalises for the config's
-model (one per shape, tall ones turned), the plain iteration against the Gram-side one that
-orthogonalise picks for wide matrices, timed in turn (median thread-CPU time), with each one's
-largest error against a float64 run of the plain iteration, on Gaussian updates and on updates
-whose singular values span nine orders of magnitude (as gradients, near low rank).
+model (one per shape, tall ones turned), in float32 and in bfloat16 (model.muon_precision), timed
+in turn (median thread-CPU time), with each one's largest error against a float64 run, on
+Gaussian updates and on updates whose singular values span nine orders of magnitude (as
+gradients, near low rank).
 """
 
 from __future__ import annotations
@@ -40,12 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minitx.configfiles import merged_config  # noqa: E402
 from minitx.data.datamodule import TextDataModule  # noqa: E402
 from minitx.training import DEFAULT_CONFIG, MinitxLM, lm_loss  # noqa: E402
-from minitx.training.optim import (  # noqa: E402
-    BatchedMuon,
-    gram_side,
-    gram_side_iteration,
-    plain_iteration,
-)
+from minitx.training.optim import BatchedMuon, newton_schulz  # noqa: E402
 
 SKIP = 10  # first steps of each optimiser left out of the step time (allocation, warm-up)
 
@@ -110,49 +105,54 @@ def time_muon_steps(module: MinitxLM, repeats: int = 20) -> tuple[float, float]:
 
 
 def newton_schulz_table(module: MinitxLM, repeats: int = 21) -> None:
-    """The plain and Gram-side iterations on the model's Muon stacks: time and error (module doc)."""
+    """Newton-Schulz per stack in float32 and bfloat16: time and error (module doc)."""
     group = BatchedMuon([torch.nn.Parameter(torch.zeros(2, 2))]).param_groups[0]  # torch's defaults
     coefficients, steps = group["ns_coefficients"], group["ns_steps"]
     shapes: dict[tuple[int, int], int] = {}
     for name, param in module.model.named_parameters():
         if name in module.muon_names:
             shapes[tuple(param.shape)] = shapes.get(tuple(param.shape), 0) + 1
+    print(f"Newton-Schulz, {steps} steps, coefficients {coefficients}, {torch.get_num_threads()} thread(s)")
     print(
-        f"Newton-Schulz, {steps} steps, coefficients {coefficients}, float32, {torch.get_num_threads()} thread(s)"
+        "| stack | float32 ms | bfloat16 ms | ratio | error vs float64: float32 / bfloat16, Gaussian | ill-conditioned |"
     )
-    print(
-        "| stack | picked | plain ms | Gram-side ms | ratio | error vs float64: plain / Gram-side, Gaussian | ill-conditioned |"
-    )
-    print("|---|---|---:|---:|---:|---|---|")
+    print("|---|---:|---:|---:|---|---|")
     generator = torch.Generator().manual_seed(0)
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    totals = dict.fromkeys(dtypes, 0.0)
     for (rows, columns), count in shapes.items():
         r, c = min(rows, columns), max(rows, columns)  # as orthogonalise turns tall matrices
         errors = []
         for spread in (0.0, 9.0):
-            u, _ = torch.linalg.qr(torch.randn(count, c, r, dtype=torch.float64, generator=generator))
-            v, _ = torch.linalg.qr(torch.randn(count, r, r, dtype=torch.float64, generator=generator))
-            singular = torch.logspace(0, -spread, r, dtype=torch.float64) if spread else None
             x = torch.randn(count, r, c, dtype=torch.float64, generator=generator)
-            if singular is not None:
-                x = ((u * singular) @ v.mT).mT
+            if spread:
+                u, _ = torch.linalg.qr(torch.randn(count, r, r, dtype=torch.float64, generator=generator))
+                v, _ = torch.linalg.qr(torch.randn(count, c, r, dtype=torch.float64, generator=generator))
+                x = (u * torch.logspace(0, -spread, r, dtype=torch.float64)) @ v.mT
             x = x / x.norm(dim=(-2, -1), keepdim=True)
-            reference = plain_iteration(x, coefficients, steps)
-            for form in (plain_iteration, gram_side_iteration):
-                errors.append(float((form(x.float(), coefficients, steps).double() - reference).abs().max()))
+            reference = newton_schulz(x, coefficients, steps)
+            for dtype in dtypes.values():
+                errors.append(
+                    float((newton_schulz(x.to(dtype), coefficients, steps).double() - reference).abs().max())
+                )
         x = torch.randn(count, r, c, generator=generator)
         x = x / x.norm(dim=(-2, -1), keepdim=True)
-        times: dict[str, list[float]] = {"plain": [], "gram": []}
+        times: dict[str, list[float]] = {key: [] for key in dtypes}
         for _ in range(repeats):
-            for key, form in (("plain", plain_iteration), ("gram", gram_side_iteration)):
+            for key, dtype in dtypes.items():
+                cast = x.to(dtype)
                 start = time.thread_time()
-                form(x, coefficients, steps)
+                newton_schulz(cast, coefficients, steps)
                 times[key].append(time.thread_time() - start)
-        plain, gram = (statistics.median(times[key]) * 1e3 for key in ("plain", "gram"))
-        picked = "Gram-side" if gram_side(r, c, steps) else "plain"
+        f32, bf16 = (statistics.median(times[key]) * 1e3 for key in dtypes)
+        totals["float32"] += f32
+        totals["bfloat16"] += bf16
         print(
-            f"| {count} x {rows} x {columns} | {picked} | {plain:.2f} | {gram:.2f} | {gram / plain:.2f} | "
+            f"| {count} x {rows} x {columns} | {f32:.2f} | {bf16:.2f} | {bf16 / f32:.2f} | "
             f"{errors[0]:.1e} / {errors[1]:.1e} | {errors[2]:.1e} / {errors[3]:.1e} |"
         )
+    f32, bf16 = totals.values()
+    print(f"| all | {f32:.2f} | {bf16:.2f} | {bf16 / f32:.2f} | | |")
 
 
 def with_optimizer(config: dict, optimizer: str, args: argparse.Namespace) -> dict:

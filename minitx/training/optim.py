@@ -125,18 +125,13 @@ def orthogonalise(
     where most CPUs have no native bfloat16 products, and bfloat16 elsewhere, as torch's.
 
     `updates` is scaled in place when it already has that dtype (BatchedMuon hands over a stack
-    of its own). Matrices much wider than tall (after turning tall ones) take the same iteration
-    on their Gram matrix (gram_side_iteration), which needs fewer products."""
+    of its own)."""
     x = updates.to(muon_dtype(precision, updates.device))
     tall = x.size(-2) > x.size(-1)
     if tall:  # iterate on the smaller Gram matrix
         x = x.mT
     x.div_(x.norm(dim=(-2, -1), keepdim=True).clamp_(min=eps))
-    rows, columns = x.shape[-2:]
-    if gram_side(rows, columns, steps) and x.dtype == torch.float32:  # see gram_side_iteration
-        x = gram_side_iteration(x, coefficients, steps)
-    else:
-        x = plain_iteration(x, coefficients, steps)
+    x = newton_schulz(x, coefficients, steps)
     return x.mT if tall else x
 
 
@@ -149,13 +144,7 @@ def muon_dtype(precision: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[precision]
 
 
-def gram_side(rows: int, columns: int, steps: int) -> bool:
-    """Whether the Gram-side iteration is the cheaper for (rows <= columns) matrices: the plain one
-    costs 2 rows^2 columns + rows^3 a step, the Gram side about (4 rows^2 columns + 14 rows^3) / 5."""
-    return steps > 1 and 2 * columns > 3 * rows
-
-
-def plain_iteration(x: Tensor, coefficients: Sequence[float], steps: int) -> Tensor:
+def newton_schulz(x: Tensor, coefficients: Sequence[float], steps: int) -> Tensor:
     """X' = a X + (b A + c A^2) X with A = X X^T, `steps` times, in buffers made once."""
     a, b, c = coefficients
     n, rows, columns = x.shape
@@ -167,38 +156,6 @@ def plain_iteration(x: Tensor, coefficients: Sequence[float], steps: int) -> Ten
         torch.baddbmm(gram, gram, gram, beta=b, alpha=c, out=poly)  # b A + c A^2
         x = torch.baddbmm(x, poly, x, beta=a, out=iterates[step % 2])  # a X + (b A + c A^2) X
     return x
-
-
-def gram_side_iteration(x: Tensor, coefficients: Sequence[float], steps: int) -> Tensor:
-    """The Newton-Schulz iterates of `x` (n, r, c), computed on r x r matrices and met with x
-    only every RESTART steps.
-
-    Each step is X' = Q X with Q = a I + b A + c A^2 and A = X X^T, a polynomial in A. So every
-    iterate is X_k = P_k X_0, and with A_0 = X_0 X_0^T the pair follows without X:
-        P_{k+1} = Q_k P_k,    A_{k+1} = X_{k+1} X_{k+1}^T = Q_k A_k Q_k.
-    A run of s steps costs 4s - 3 products of r x r (P_1 = Q_0; the last A is not needed) and
-    two with X (A_0, then P X_0), against the plain form's 2 of r x r x c and one of r x r x r
-    a step. P grows as a^s (a = 3.4 at the default coefficients) where a singular value is
-    small, and with it the rounding of A carried from step to step: 5 steps in one run err 30-80x
-    more than the plain form on ill-conditioned updates, so the iterate is formed again every
-    RESTART steps, which keeps float32's error that of the plain form (tests/training/
-    test_muon_step.py). In float32 only: bfloat16's rounding is 2^16 times float32's. The default model's 128 x 512 matrices: 0.6x the plain form's time."""
-    a, b, c = coefficients
-    for start in range(0, steps, RESTART):
-        gram = torch.bmm(x, x.mT)  # A_0 of this run
-        poly = None  # P_k
-        run = min(RESTART, steps - start)
-        for step in range(run):
-            q = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b A + c A^2 ...
-            q.diagonal(dim1=-2, dim2=-1).add_(a)  # ... + a I
-            poly = q if poly is None else torch.bmm(q, poly)
-            if step < run - 1:
-                gram = torch.bmm(torch.bmm(q, gram), q)
-        x = torch.bmm(poly, x)
-    return x
-
-
-RESTART = 3  # Newton-Schulz steps on the Gram side between two products with the update itself
 
 
 def muon_lr_scale(shape: Sequence[int], adjust_lr_fn: str | None) -> float:
