@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from minitx import AttentionConfig, ModelConfig, Transformer
+from minitx.attention.base import Attention
 from minitx.attention.mta import kernels as mta_kernels
 from minitx.attention.mta import native
 from minitx.attention.mta.kernels import (
@@ -31,6 +32,7 @@ from minitx.attention.mta.kernels import (
     run,
 )
 from minitx.attention.mta.layer import MultiTokenAttention
+from minitx.documents import Documents
 from minitx.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")
@@ -276,9 +278,25 @@ def test_whole_rows_with_documents_equal_each_document_alone(placement, chunk, c
         assert error(module.attend(*inputs, starts=starts), expected) < 1e-10
 
 
-def test_documents_take_whole_rows_where_they_cost_less_than_pieces(c_loops):
-    from minitx.documents import Documents
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_documents_in_pieces_equal_each_document_alone(placement, kernels):
+    # The other way (and the only one without the C loops): each document's piece through attend
+    # alone, pieces padded into groups, gathered and put back by index (Documents.gathers).
+    module = mta_module(conv_placement=placement, backend="conv", query_chunk=4)
+    starts = document_starts(13)
+    inputs = [t.requires_grad_() for t in qkv(module, 13, B=starts.shape[0])]
+    names, params = zip(*[(n, p) for n, p in module.named_parameters() if "proj" not in n])
+    out = Attention.attend_documents(module, *inputs, Documents(starts))
+    expected = each_document_alone(module, *inputs, starts)
+    assert error(out, expected) < 1e-10
+    grad_out = torch.randn(out.shape, dtype=out.dtype)
+    fast = torch.autograd.grad((out * grad_out).sum(), inputs + list(params))
+    slow = torch.autograd.grad((expected * grad_out).sum(), inputs + list(params))
+    for name, a, b in zip(("q", "k", "v") + names, fast, slow):
+        assert error(a, b) < 1e-10, name
 
+
+def test_documents_take_whole_rows_where_they_cost_less_than_pieces(c_loops):
     module = mta_module(backend="conv")
     B, T = 8, 256
     q, k, v = qkv(module, T, B=B)
