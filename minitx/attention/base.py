@@ -307,7 +307,7 @@ class Attention(KindLayer):
             outs.append(y.transpose(1, 2).flatten(0, 1))  # (pieces x longest, heads, width) token rows
         # A kind's output may differ from q in heads and width (diff, MLA): y's, token by token.
         B, T = q.shape[0], q.shape[2]
-        return torch.cat(outs)[place].view(B, T, *outs[0].shape[1:]).transpose(1, 2)
+        return torch.cat(outs).index_select(0, place).view(B, T, *outs[0].shape[1:]).transpose(1, 2)
 
     def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
         """New tokens against the cache, which says which of its keys each new query may see."""
