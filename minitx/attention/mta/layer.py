@@ -482,16 +482,21 @@ class MultiTokenAttention(Attention):
         return self.attend_rows(rows, keys.to(q.dtype), values.to(q.dtype), self.kq_conv, lo, hi, first_slot)
 
     def rows_in_documents(self, rows, keys, values, rows_pos, k_pos, first_key, in_order, starts) -> Tensor:
-        """A decoding step with documents, row by row of the batch: the keys before the document are
-        out of view of every row, so the rows of an earlier document (which see only keys before
-        their own position) see nothing and act as the convolution's zero padding, exactly as for
-        a document that began the sequence."""
+        """A decoding step with documents: each batch row's keys before its document are out of
+        view of every row, so the rows of an earlier document (which see only keys before their
+        own position) see nothing and act as the convolution's zero padding, exactly as for a
+        document that began the sequence. One call with the C loops and keys in order (per batch
+        row key intervals), else row by row of the batch."""
         if starts.shape[1] != 1:
             # Several new tokens could each start a document of their own, which one window of
             # keys per row cannot say; decoding feeds MTA one token per call (extends_in_chunks).
             raise ValueError(
                 "MTA decodes documents one token per call (its cache's extends_in_chunks is False)"
             )
+        if in_order and native.available(rows):
+            # One call: each batch row's keys from its own document's start (VisibleKeys' starts).
+            row_starts = starts[:, :1].expand(-1, rows.shape[2])
+            return self.rows(rows, keys, values, rows_pos, k_pos, first_key, True, row_starts)[0]
         outs = []
         for b, start in enumerate(starts[:, 0].tolist()):
             one = slice(b, b + 1)
