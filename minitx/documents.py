@@ -28,8 +28,9 @@ from torch import Tensor
 class Documents:
     starts: Tensor  # (B, T) long: absolute position where each token's document begins
     offset: int = 0  # absolute position of the window's first token (a cache's n_seen)
-    # Masks, flex attention's block masks and the padded groups: made once per forward and shared
-    # by the layers (mask, flex_mask, groups). Nothing may change them in place.
+    # Masks, flex attention's block masks, the padded groups and their indices: made once per
+    # forward and shared by the layers (mask, flex_mask, groups, gathers). Nothing may change them
+    # in place.
     _made: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -82,6 +83,27 @@ class Documents:
         if "groups" not in self._made:
             self._made["groups"] = padded_groups(self.pieces())
         return self._made["groups"]
+
+    def gathers(self) -> tuple[list[Tensor], Tensor]:
+        """Where the groups' pieces lie in the batch flattened to B * T token rows (Attention's
+        attend_documents gathers them with one index per group, and puts the outputs back with one
+        more, where a copy per piece would cost a whole-size gradient per piece in the backward):
+        per group a (pieces, longest) index of each piece's tokens, B * T (a row of zeros) past its
+        end; and (B * T,) each token's row among the groups' outputs, flattened and laid end to end."""
+        if "gathers" not in self._made:
+            B, T = self.starts.shape
+            indices, place, first = [], [0] * (B * T), 0
+            for group in self.groups():
+                length = max(end - begin for _, begin, end in group)
+                index = [[B * T] * length for _ in group]
+                for n, (row, begin, end) in enumerate(group):
+                    index[n][: end - begin] = range(row * T + begin, row * T + end)
+                    at = first + n * length
+                    place[row * T + begin : row * T + end] = range(at, at + end - begin)
+                indices.append(torch.tensor(index, device=self.starts.device))
+                first += len(group) * length
+            self._made["gathers"] = indices, torch.tensor(place, device=self.starts.device)
+        return self._made["gathers"]
 
     def pieces(self) -> list[list[tuple[int, int]]]:
         """For each row, the (begin, end) index ranges of its documents' pieces within the window."""
@@ -138,10 +160,15 @@ def padded_groups(pieces: list[list[tuple[int, int]]]) -> list[list[tuple[int, i
     return groups[::-1]
 
 
-def stack_pieces(t: Tensor, group: list[tuple[int, int, int]]) -> Tensor:
-    """The pieces (row, begin, end) of t (B, heads, T, D) as a batch, right-padded with zeros."""
-    length = max(end - begin for _, begin, end in group)
-    return torch.stack([F.pad(t[row, :, b:e], (0, 0, 0, length - (e - b))) for row, b, e in group])
+def stack_pieces(t: Tensor, index: Tensor) -> Tensor:
+    """The pieces of t (B, heads, T, D) at index (pieces, longest), Documents.gathers' index of a
+    group, as a batch (pieces, heads, longest, D), right-padded with zeros."""
+    B, heads, T, D = t.shape
+    rows = F.pad(t.transpose(1, 2).reshape(B * T, heads, D), (0, 0, 0, 0, 0, 1))  # row B * T: zeros
+    # index_select rather than rows[index]: its gradient is an index_add, where indexing's is an
+    # accumulating index_put (on the CPU 2-3x the time: it sorts the indices first).
+    picked = rows.index_select(0, index.flatten()).view(*index.shape, heads, D)
+    return picked.transpose(1, 2).contiguous()
 
 
 # Queries per block of `masked_attention`: at T = 1024 on the CPU, blocks of 256 took 1.12x causal

@@ -300,14 +300,14 @@ class Attention(KindLayer):
         convolutions included). Pieces of similar lengths share one call (Documents.groups),
         right-padded with zeros: what comes after a query never reaches it (every kind is causal), so the padding
         changes no real output. Kinds with a mask-based path override this."""
-        out = None
-        for group in docs.groups():
-            y = self.attend(*(stack_pieces(t, group) for t in (q, k, v)))
-            if out is None:  # a kind's output may differ from q in heads and width (diff, MLA)
-                out = y.new_empty(q.shape[0], y.shape[1], q.shape[2], y.shape[3])
-            for n, (row, begin, end) in enumerate(group):
-                out[row, :, begin:end] = y[n, :, : end - begin]
-        return out
+        indices, place = docs.gathers()
+        outs = []
+        for index in indices:
+            y = self.attend(*(stack_pieces(t, index) for t in (q, k, v)))
+            outs.append(y.transpose(1, 2).flatten(0, 1))  # (pieces x longest, heads, width) token rows
+        # A kind's output may differ from q in heads and width (diff, MLA): y's, token by token.
+        B, T = q.shape[0], q.shape[2]
+        return torch.cat(outs).index_select(0, place).view(B, T, *outs[0].shape[1:]).transpose(1, 2)
 
     def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache) -> Tensor:
         """New tokens against the cache, which says which of its keys each new query may see."""

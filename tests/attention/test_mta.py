@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from minitx import AttentionConfig, ModelConfig, Transformer
+from minitx.attention.base import Attention
 from minitx.attention.mta import kernels as mta_kernels
 from minitx.attention.mta import native
 from minitx.attention.mta.kernels import (
@@ -31,6 +32,7 @@ from minitx.attention.mta.kernels import (
     run,
 )
 from minitx.attention.mta.layer import MultiTokenAttention
+from minitx.documents import Documents
 from minitx.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")
@@ -226,6 +228,85 @@ def test_gradients_match_the_formula(placement, backend, kernels):
     )
     for name, a, b in zip(("q", "k", "v") + names, fast, slow):
         assert error(a, b) < 1e-10, name
+
+
+# -- documents: every row of the batch whole, each row seeing its own document --------------------------
+
+
+def document_starts(T: int = 13) -> torch.Tensor:
+    """(B, T) where each token's document begins: one boundary at every place 1 .. T - 1 (a row
+    each), a row of one-token documents, a row of one document, and documents of 1, 2, 3, 4, 3."""
+    rows = [torch.where(torch.arange(T) < cut, 0, cut) for cut in range(1, T)]
+    rows += [torch.arange(T), torch.zeros(T, dtype=torch.long)]
+    lengths = [1, 2, 3, 4, 3]
+    rows.append(torch.cat([torch.full((n,), sum(lengths[:i])) for i, n in enumerate(lengths)]))
+    return torch.stack(rows)
+
+
+def each_document_alone(module: MultiTokenAttention, q, k, v, starts: torch.Tensor) -> torch.Tensor:
+    """The oracle on each document's piece alone, pieces put back in place."""
+    rows = []
+    for b, row in enumerate(starts.tolist()):
+        begins = sorted(set(row)) + [len(row)]
+        pieces = [slice(s, e) for s, e in zip(begins, begins[1:])]
+        eps = module.norm.eps if module.norm is not None else 0
+        one = [oracle(module, *(t[b : b + 1, :, p] for t in (q, k, v)), eps)[0] for p in pieces]
+        rows.append(torch.cat(one, dim=2))
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("chunk", [4, 256])  # 13 tokens: chunks of 4 recompute, the last one short
+@pytest.mark.parametrize("case", CASES[:3], ids=["LM", "gqa-group2", "mqa-3x5"])
+def test_whole_rows_with_documents_equal_each_document_alone(placement, chunk, case, c_loops):
+    # One call for the whole batch, the C loops reading each row's keys from its document's start
+    # and each convolution only its own document's rows: outputs and gradients as the oracle on
+    # each document alone, for a boundary at every place, documents of one token and of T.
+    module = mta_module(conv_placement=placement, backend="conv", query_chunk=chunk, **case)
+    starts = document_starts(13)
+    inputs = [t.requires_grad_() for t in qkv(module, 13, B=starts.shape[0])]
+    names, params = zip(*[(n, p) for n, p in module.named_parameters() if "proj" not in n])
+    out = module.attend(*inputs, starts=starts)
+    expected = each_document_alone(module, *inputs, starts)
+    assert error(out, expected) < 1e-10
+    grad_out = torch.randn_like(out)
+    fast = torch.autograd.grad((out * grad_out).sum(), inputs + list(params))
+    slow = torch.autograd.grad((expected * grad_out).sum(), inputs + list(params))
+    for name, a, b in zip(("q", "k", "v") + names, fast, slow):
+        assert error(a, b) < 1e-10, name
+    with torch.no_grad():  # without autograd the C loops are called bare (kernels.run)
+        assert error(module.attend(*inputs, starts=starts), expected) < 1e-10
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_documents_in_pieces_equal_each_document_alone(placement, kernels):
+    # The other way (and the only one without the C loops): each document's piece through attend
+    # alone, pieces padded into groups, gathered and put back by index (Documents.gathers).
+    module = mta_module(conv_placement=placement, backend="conv", query_chunk=4)
+    starts = document_starts(13)
+    inputs = [t.requires_grad_() for t in qkv(module, 13, B=starts.shape[0])]
+    names, params = zip(*[(n, p) for n, p in module.named_parameters() if "proj" not in n])
+    out = Attention.attend_documents(module, *inputs, Documents(starts))
+    expected = each_document_alone(module, *inputs, starts)
+    assert error(out, expected) < 1e-10
+    grad_out = torch.randn(out.shape, dtype=out.dtype)
+    fast = torch.autograd.grad((out * grad_out).sum(), inputs + list(params))
+    slow = torch.autograd.grad((expected * grad_out).sum(), inputs + list(params))
+    for name, a, b in zip(("q", "k", "v") + names, fast, slow):
+        assert error(a, b) < 1e-10, name
+
+
+def test_documents_take_whole_rows_where_they_cost_less_than_pieces(c_loops):
+    module = mta_module(backend="conv")
+    B, T = 8, 256
+    q, k, v = qkv(module, T, B=B)
+    long = torch.zeros(B, T, dtype=torch.long)
+    long[0, 128] = 1  # documents of T but for one row's two halves: pieces padded to T anyway
+    short = torch.zeros(B, T, dtype=torch.long)
+    short[:, ::8] = 1  # documents of 8 tokens: their pieces are far fewer scores
+    assert module.whole_rows(q, k, v, Documents.of(long, 1))
+    assert not module.whole_rows(q, k, v, Documents.of(short, 1))
+    assert not mta_module(backend="factorised").whole_rows(q, k, v, Documents.of(long, 1))
 
 
 # -- causality and decoding ----------------------------------------------------------------------------

@@ -84,6 +84,29 @@ def test_mixed_softmax_opcheck(dtype, pre_groups, post_groups, masked):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_ops_with_documents_opcheck(dtype):
+    # Intervals per batch row (B, R): rows of several documents, each seeing keys from its start
+    # (the first two rows are history, without a position).
+    B, H, R, N, c_q, c_k = 3, 2, 9, 7, 3, 5
+    q_pos = torch.cat([torch.full((2,), -1), torch.arange(N)])
+    starts = torch.tensor([[0] * 9, [0, 0, 0, 0, 0, 3, 3, 3, 3], [0, 0, 0, 1, 1, 1, 4, 4, 6]])
+    visible = VisibleKeys(q_pos, torch.arange(N), consecutive=True, starts=starts)
+    rows = (visible.lo, visible.hi, visible.lo[:, c_q - 1 :], visible.hi[:, c_q - 1 :])
+    maps, kernel = randn(B, H, R, N, dtype=dtype), randn(H, 1, c_q, c_k, dtype=dtype)
+    torch.library.opcheck(ops.kq_conv, (maps, kernel, *rows))
+    gradcheck(lambda m, k: ops.kq_conv(m, k, *rows), maps, kernel)
+    grad = torch.randn(B, H, R - c_q + 1, N, dtype=dtype)
+    torch.library.opcheck(ops.kq_conv_backward, (grad, maps.detach(), kernel.detach(), *rows, True, True))
+    scores, pre, post = (
+        randn(B, H, R, N, dtype=dtype),
+        randn(1, H, H, dtype=dtype),
+        randn(1, H, H, dtype=dtype),
+    )
+    torch.library.opcheck(ops.mixed_softmax, (scores, pre, post, *rows[:2], True))
+    gradcheck(lambda s, a, b: ops.mixed_softmax(s, a, b, *rows[:2], True)[0], scores, pre, post)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_mix_opcheck(dtype):
     maps, matrix = randn(3, 6, 5, 7, dtype=dtype), randn(2, 3, 3, dtype=dtype)
     torch.library.opcheck(ops.mix, (maps, matrix))

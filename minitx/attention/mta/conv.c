@@ -183,6 +183,60 @@ done:
 }
 
 
+/* conv and kernel_grad for maps whose rows hold several documents (a packed training batch):
+ * the intervals are per batch row, (B, R_in) and (B, R_out), map m reading those of row m / H, and
+ * an output row reads only the input rows of its own document. Each row's lo is its document's
+ * first key, so the rows of one document are the rows with one lo. Each run of output rows of one
+ * document is the plain loop on that document's input rows alone, every other row read as zero:
+ * what the document gives when it begins the map, so nothing crosses a document boundary. */
+void S(conv_documents)(const T *in, T *out, const T *kernel, int64_t m0, int64_t m1, int64_t H, int64_t R_in,
+                       int64_t R_out, int64_t N, int64_t c_q, int64_t c_k, int64_t offset, const int64_t *in_lo,
+                       const int64_t *in_hi, const int64_t *out_lo, const int64_t *out_hi) {
+    for (int64_t m = m0; m < m1; m++) {
+        int64_t b = m / H;
+        const int64_t *il = in_lo + b * R_in, *ih = in_hi + b * R_in, *ol = out_lo + b * R_out, *oh = out_hi + b * R_out;
+        for (int64_t i0 = 0, i1; i0 < R_out; i0 = i1) {
+            for (i1 = i0 + 1; i1 < R_out && ol[i1] == ol[i0]; i1++) {}
+            /* Output rows i0 .. i1 - 1 read input rows i0 + offset .. i1 - 1 + offset + c_q - 1; of
+             * these, the document's (contiguous: documents are) are ra .. rb - 1. */
+            int64_t ra = i0 + offset < 0 ? 0 : i0 + offset, rb = i1 + offset + c_q - 1 > R_in ? R_in : i1 + offset + c_q - 1;
+            while (ra < rb && il[ra] != ol[i0]) ra++;
+            while (rb > ra && il[rb - 1] != ol[i0]) rb--;
+            S(conv)(in + (m * R_in + ra) * N, out + (m * R_out + i0) * N, kernel + (m % H) * c_q * c_k, 0, 1, 1,
+                    rb - ra, i1 - i0, N, c_q, c_k, i0 + offset - ra, il + ra, ih + ra, ol + i0, oh + i0);
+        }
+    }
+}
+
+void S(kernel_grad_documents)(const T *in, const T *dout, double *grad, int64_t m0, int64_t m1, int64_t H,
+                              int64_t R_in, int64_t R_out, int64_t N, int64_t c_q, int64_t c_k, const int64_t *in_lo,
+                              const int64_t *in_hi, const int64_t *out_lo, const int64_t *out_hi) {
+    int64_t *lo = malloc((size_t)(2 * (R_out + c_q)) * sizeof(int64_t)), *hi = lo + R_out + c_q;
+    double *part = malloc((size_t)(c_q * c_k) * sizeof(double));
+    if (!lo || !part) goto done;
+    for (int64_t m = m0; m < m1; m++) {
+        int64_t b = m / H;
+        const int64_t *il = in_lo + b * R_in, *ih = in_hi + b * R_in, *ol = out_lo + b * R_out, *oh = out_hi + b * R_out;
+        double *g = grad + m * c_q * c_k;
+        memset(g, 0, (size_t)(c_q * c_k) * sizeof(double));
+        for (int64_t i0 = 0, i1; i0 < R_out; i0 = i1) {
+            for (i1 = i0 + 1; i1 < R_out && ol[i1] == ol[i0]; i1++) {}
+            /* kernel_grad's output row i reads input rows i .. i + c_q - 1: its input from row i0,
+             * the rows of other documents given no visible key. */
+            int64_t n_in = i1 - i0 + c_q - 1 > R_in - i0 ? R_in - i0 : i1 - i0 + c_q - 1;
+            for (int64_t r = 0; r < n_in; r++) {
+                int same = il[i0 + r] == ol[i0];
+                lo[r] = same ? il[i0 + r] : 0, hi[r] = same ? ih[i0 + r] : -1;
+            }
+            S(kernel_grad)(in + (m * R_in + i0) * N, dout + (m * R_out + i0) * N, part, 0, 1, n_in, i1 - i0, N, c_q,
+                           c_k, lo, hi, ol + i0, oh + i0);
+            for (int64_t t = 0; t < c_q * c_k; t++) g[t] += part[t];
+        }
+    }
+done:
+    free(lo), free(part);
+}
+
 /* exp of every lane. float: Cephes' reduction to r in [-ln2/2, ln2/2] and its degree-6 polynomial
  * (about 1 ulp), branch-free so that it stays in vector registers; inputs below -87 (where expf
  * leaves the normal range) give exp(-87) ~ 1.6e-38 instead of less. double: libm, lane by lane. */
@@ -400,6 +454,31 @@ void S(mixed_softmax_grad)(const T *scores, const T *probs, const T *grad, T *gr
     }
 done:
     free(buffer), free(rows);
+}
+
+/* mixed_softmax and its gradient with intervals per batch row, lo and hi (B, R): the documents
+ * of a packed batch. Each batch row's units are the plain loop's on that row alone. */
+void S(mixed_softmax_documents)(const T *scores, T *out, T *probs, const T *pre, const T *post, int64_t u0,
+                                int64_t u1, int64_t H, int64_t R, int64_t N, int64_t c_pre, int64_t c_post,
+                                const int64_t *lo, const int64_t *hi) {
+    for (int64_t b = u0 / R; b * R < u1; b++) {
+        int64_t a = u0 > b * R ? u0 - b * R : 0, e = u1 < (b + 1) * R ? u1 - b * R : R;
+        size_t at = (size_t)(b * H * R * N);
+        S(mixed_softmax)(scores + at, out + at, probs ? probs + at : NULL, pre, post, a, e, H, R, N, c_pre, c_post,
+                         lo + b * R, hi + b * R);
+    }
+}
+
+void S(mixed_softmax_grad_documents)(const T *scores, const T *probs, const T *grad, T *grad_scores, const T *pre,
+                                     const T *post, double *grad_pre, double *grad_post, int64_t u0, int64_t u1,
+                                     int64_t H, int64_t R, int64_t N, int64_t c_pre, int64_t c_post,
+                                     const int64_t *lo, const int64_t *hi) {
+    for (int64_t b = u0 / R; b * R < u1; b++) {
+        int64_t a = u0 > b * R ? u0 - b * R : 0, e = u1 < (b + 1) * R ? u1 - b * R : R;
+        size_t at = (size_t)(b * H * R * N);
+        S(mixed_softmax_grad)(scores + at, probs + at, grad + at, grad_scores + at, pre, post, grad_pre, grad_post, a,
+                              e, H, R, N, c_pre, c_post, lo + b * R, hi + b * R);
+    }
 }
 
 /* Head mixing of whole rows (b, i), u = b * R + i from u0 to u1 (mix_rows over every key),

@@ -93,17 +93,35 @@ class VisibleKeys:
     sees nothing). `hidden` (R, Tk) is True where a row may not see. Where the caller knows that
     k_pos[j] = k_pos[0] + j (`consecutive`: training chunks, a cache read in order), this is an
     interval of key indices lo[r] .. hi[r] per row (empty when lo > hi), which the C loops read
-    directly; elsewhere lo and hi are None, and the mask does the work."""
+    directly; elsewhere lo and hi are None, and the mask does the work.
 
-    def __init__(self, q_pos: Tensor, k_pos: Tensor, first_key: int = 0, consecutive: bool = False):
-        self.q_pos, self.k_pos, self.first_key = q_pos, k_pos, max(first_key, 0)
+    With `starts` (B, R), the position where each row's document begins in each batch row (rows
+    holding several documents, consecutive keys only), a row sees only its document's keys: lo and
+    hi are (B, R), `hidden` (B, 1, R, Tk), and lo, the first key of the row's document, tells the C
+    convolution which rows belong together (native.conv)."""
+
+    def __init__(
+        self,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        first_key: int = 0,
+        consecutive: bool = False,
+        starts: Tensor | None = None,
+    ):
+        self.q_pos, self.k_pos, self.first_key, self.starts = q_pos, k_pos, max(first_key, 0), starts
         self._hidden: Tensor | None = None
         self.lo = self.hi = None
+        if starts is not None and not consecutive:
+            raise ValueError("documents' key intervals need consecutive keys")
         if consecutive and len(k_pos):
             # As tensors, not Python ints: reading k_pos[0] back would stop torch.compile's graph.
             start = k_pos[:1]
-            self.lo = (self.first_key - start).clamp_(min=0).expand(len(q_pos)).contiguous()
             self.hi = (q_pos - start).clamp_(-1, len(k_pos) - 1)
+            if starts is None:
+                self.lo = (self.first_key - start).clamp_(min=0).expand(len(q_pos)).contiguous()
+            else:
+                self.lo = (starts.clamp(min=self.first_key) - start).clamp_(min=0)
+                self.hi = self.hi.expand_as(self.lo).contiguous()
 
     @classmethod
     def of_mask(cls, hidden: Tensor) -> VisibleKeys:
@@ -113,7 +131,10 @@ class VisibleKeys:
 
     @property
     def hidden(self) -> Tensor:
-        if self._hidden is None:  # only the torch paths need it: two comparisons, made when asked
+        if self._hidden is None and self.starts is not None:
+            first = self.starts.clamp(min=self.first_key)[:, None, :, None]
+            self._hidden = (self.k_pos > self.q_pos[:, None]) | (self.k_pos < first)
+        elif self._hidden is None:  # only the torch paths need it: two comparisons, made when asked
             self._hidden = (self.k_pos[None, :] > self.q_pos[:, None]) | (self.k_pos < self.first_key)[
                 None, :
             ]
@@ -125,8 +146,9 @@ class VisibleKeys:
             return VisibleKeys.of_mask(self._hidden[first:])
         rows = VisibleKeys.__new__(VisibleKeys)
         rows.q_pos, rows.k_pos, rows.first_key = self.q_pos[first:], self.k_pos, self.first_key
-        rows._hidden = None if self._hidden is None else self._hidden[first:]
-        rows.lo, rows.hi = (None, None) if self.lo is None else (self.lo[first:], self.hi[first:])
+        rows.starts = None if self.starts is None else self.starts[:, first:]
+        rows._hidden = None if self._hidden is None else self._hidden[..., first:, :]
+        rows.lo, rows.hi = (None, None) if self.lo is None else (self.lo[..., first:], self.hi[..., first:])
         return rows
 
 
@@ -162,7 +184,7 @@ def convolve(maps: Tensor, kernel: Tensor, visible: VisibleKeys | None = None) -
             lo, hi = full_rows(maps)
         else:
             lo, hi = visible.lo, visible.hi
-        return run(NativeKeyQueryConv, maps, kernel, lo, hi, lo[c_q - 1 :], hi[c_q - 1 :])
+        return run(NativeKeyQueryConv, maps, kernel, lo, hi, lo[..., c_q - 1 :], hi[..., c_q - 1 :])
     if visible is not None:
         maps = maps.masked_fill_(visible.hidden, 0.0)
     if maps.shape[2] == c_q and not torch.is_grad_enabled():
@@ -194,7 +216,7 @@ class NativeKeyQueryConv:
     def forward(
         ctx, maps: Tensor, kernel: Tensor, lo: Tensor, hi: Tensor, out_lo: Tensor, out_hi: Tensor
     ) -> Tensor:
-        return native.conv(maps, kernel[:, 0], 0, len(out_lo), (lo, hi), (out_lo, out_hi))
+        return native.conv(maps, kernel[:, 0], 0, out_lo.shape[-1], (lo, hi), (out_lo, out_hi))
 
 
 class MixedSoftmax:

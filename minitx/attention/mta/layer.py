@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ...config import ModelConfig
+from ...documents import CALL_SCORES, Documents
 from ...kinds import KindSpec, fail
 from ..base import Attention
 from . import flops, native
@@ -145,6 +146,7 @@ class MultiTokenAttention(Attention):
         k_pos: Tensor,
         first_key: int = 0,
         consecutive: bool = True,
+        starts: Tensor | None = None,
     ):
         """Attention for query rows q (B, H, R, D) of which the first n_hist are history only.
 
@@ -153,6 +155,8 @@ class MultiTokenAttention(Attention):
         Keys before `first_key` are invisible to every row: past block_size the context slides,
         and the rows the convolution looks back on must see the same keys as a fresh run would.
         consecutive: k_pos[j] = k_pos[0] + j (False: the keys may lie in any order).
+        starts: (B, R) where each row's document begins, for rows holding several documents (see
+        `attend_documents`; consecutive keys), or None: one document.
         Returns (out, weights) for the last R - n_hist rows.
         """
         B, H, R, D = q.shape
@@ -160,7 +164,7 @@ class MultiTokenAttention(Attention):
         # Scores per query head without copying k: fold the heads sharing a kv head into rows.
         # The scale goes on q, which has D numbers per row where the scores have Tk.
         scores = ((q * self.scale).reshape(B, G, (H // G) * R, D) @ k.transpose(-2, -1)).view(B, H, R, Tk)
-        visible = VisibleKeys(q_pos, k_pos, first_key, consecutive)
+        visible = VisibleKeys(q_pos, k_pos, first_key, consecutive, starts)
         if self.kq_conv is not None:
             # Hidden scores count as zero in the convolution (it may zero them in place: a fresh
             # product, which autograd does not keep). What it leaves in hidden entries needs no
@@ -234,17 +238,20 @@ class MultiTokenAttention(Attention):
         return normed * torch.sigmoid(self.gate(normed))
 
     # -- training, prefill and decoding ---------------------------------------------------------
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, starts: Tensor | None = None) -> Tensor:
         """Chunks of queries; each needs its rows plus the n_hist rows above it, against the keys
         up to its last query. With a pre-softmax convolution and the factorised backend, the
-        chunk's scores come from one matrix product plus the exact band (see kernels.py)."""
+        chunk's scores come from one matrix product plus the exact band (see kernels.py).
+        starts (B, T): where each query's document begins, as a key index (`attend_documents`)."""
+        if starts is not None:
+            if not native.available(q):  # torch's convolution would read across the documents' rows
+                raise ValueError("MTA takes documents' starts only where its C loops run")
+            return self.attend_chunks(
+                q, k, v, (q, starts[:, None, :, None]), (k, v), self.n_hist, self.rows_of
+            )
         if self.fused(q, k, v):
             return self.normalise(torch.ops.minitx.mta_fused(*self.triton_inputs(q, k, v))[0])
-        T = q.shape[2]
-        factorised = self.backend == "factorised" or (
-            self.backend == "auto" and T > FACTORISED_FROM and not native.available(q)
-        )
-        if self.kq_conv is not None and factorised:
+        if self.kq_conv is not None and self.factorised(q):
             qcat, kcat, band = self.factorised_parts(q, k)
             row_parts, key_parts, n_pad, chunk_fn = (
                 (qcat, band),
@@ -254,6 +261,14 @@ class MultiTokenAttention(Attention):
             )
         else:
             row_parts, key_parts, n_pad, chunk_fn = (q,), (k, v), self.n_hist, self.rows
+        return self.attend_chunks(q, k, v, row_parts, key_parts, n_pad, chunk_fn)
+
+    def attend_chunks(
+        self, q: Tensor, k: Tensor, v: Tensor, row_parts, key_parts, n_pad: int, chunk_fn
+    ) -> Tensor:
+        """chunk_fn(*row parts, *key parts, q_pos, k_pos) over chunks of queries: row parts (q's
+        rows, n_pad zero rows above the first) at the chunk's rows, key parts up to its last query."""
+        T = q.shape[2]
         positions = torch.arange(T, device=q.device)
         row_parts = [F.pad(part, (0, 0, n_pad, 0)) for part in row_parts]  # zero rows above the first query
         q_pos = torch.cat([torch.full((n_pad,), -1, device=q.device), positions])
@@ -301,6 +316,42 @@ class MultiTokenAttention(Attention):
         return ChunkedRows.apply(
             chunk_fn, spans, (q_pos, positions), len(row_parts), len(params), *parts, *params
         )
+
+    def factorised(self, q: Tensor) -> bool:
+        """Whether the pre-softmax convolution takes the factorised path (see FACTORISED_FROM)."""
+        return self.backend == "factorised" or (
+            self.backend == "auto" and q.shape[2] > FACTORISED_FROM and not native.available(q)
+        )
+
+    def attend_documents(self, q: Tensor, k: Tensor, v: Tensor, docs: Documents) -> Tensor:
+        """Attention inside each document. Either each document's piece alone (Attention's way:
+        pieces of similar lengths padded into one call), or, where the C loops run the plain
+        chunked convolution, every row of the batch whole in one call, each row seeing the keys
+        from its own document's start (VisibleKeys' starts): the convolutions read the rows and
+        keys of other documents as zero, which is what the document alone computes. Whole rows
+        compute all of B x T^2 scores; the pieces only theirs but in several padded calls: the
+        cheaper by the measure of documents.padded_groups (benchmarks/documents.py's batches:
+        whole rows at T = 256, pieces at T = 1024)."""
+        if not self.whole_rows(q, k, v, docs):
+            return super().attend_documents(q, k, v, docs)
+        return self.attend(q, k, v, starts=docs.starts - docs.offset)
+
+    def whole_rows(self, q: Tensor, k: Tensor, v: Tensor, docs: Documents) -> bool:
+        B, _, T, _ = q.shape
+        if (
+            not native.available(q)
+            or self.fused(q, k, v)
+            or (self.kq_conv is not None and self.factorised(q))
+        ):
+            return False
+        pieces = sum(
+            CALL_SCORES + len(group) * max(e - b for _, b, e in group) ** 2 for group in docs.groups()
+        )
+        return CALL_SCORES + B * T * T <= pieces
+
+    def rows_of(self, q: Tensor, starts: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor):
+        """`rows` for the chunks of `attend` with documents: starts (B, 1, R, 1), a row part."""
+        return self.rows(q, k, v, q_pos, k_pos, starts=starts[:, 0, :, 0])
 
     def fused(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
         """Whether the Triton kernels do this layer's work: asked for, or `auto` on CUDA where they
@@ -431,16 +482,21 @@ class MultiTokenAttention(Attention):
         return self.attend_rows(rows, keys.to(q.dtype), values.to(q.dtype), self.kq_conv, lo, hi, first_slot)
 
     def rows_in_documents(self, rows, keys, values, rows_pos, k_pos, first_key, in_order, starts) -> Tensor:
-        """A decoding step with documents, row by row of the batch: the keys before the document are
-        out of view of every row, so the rows of an earlier document (which see only keys before
-        their own position) see nothing and act as the convolution's zero padding, exactly as for
-        a document that began the sequence."""
+        """A decoding step with documents: each batch row's keys before its document are out of
+        view of every row, so the rows of an earlier document (which see only keys before their
+        own position) see nothing and act as the convolution's zero padding, exactly as for a
+        document that began the sequence. One call with the C loops and keys in order (per batch
+        row key intervals), else row by row of the batch."""
         if starts.shape[1] != 1:
             # Several new tokens could each start a document of their own, which one window of
             # keys per row cannot say; decoding feeds MTA one token per call (extends_in_chunks).
             raise ValueError(
                 "MTA decodes documents one token per call (its cache's extends_in_chunks is False)"
             )
+        if in_order and native.available(rows):
+            # One call: each batch row's keys from its own document's start (VisibleKeys' starts).
+            row_starts = starts[:, :1].expand(-1, rows.shape[2])
+            return self.rows(rows, keys, values, rows_pos, k_pos, first_key, True, row_starts)[0]
         outs = []
         for b, start in enumerate(starts[:, 0].tolist()):
             one = slice(b, b + 1)

@@ -80,10 +80,14 @@ def library() -> ctypes.CDLL | None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     for suffix in SUFFIX.values():
-        getattr(lib, f"conv_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 9 + [ptr] * 4
+        for documents in ("", "_documents"):  # the same arguments, intervals per batch row (B, R)
+            getattr(lib, f"conv{documents}_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 9 + [ptr] * 4
+            getattr(lib, f"mixed_softmax{documents}_{suffix}").argtypes = [ptr] * 5 + [i64] * 7 + [ptr] * 2
+            getattr(lib, f"mixed_softmax_grad{documents}_{suffix}").argtypes = (
+                [ptr] * 8 + [i64] * 7 + [ptr] * 2
+            )
         getattr(lib, f"kernel_grad_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 7 + [ptr] * 4
-        getattr(lib, f"mixed_softmax_{suffix}").argtypes = [ptr] * 5 + [i64] * 7 + [ptr] * 2
-        getattr(lib, f"mixed_softmax_grad_{suffix}").argtypes = [ptr] * 8 + [i64] * 7 + [ptr] * 2
+        getattr(lib, f"kernel_grad_documents_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 8 + [ptr] * 4
         getattr(lib, f"mix_{suffix}").argtypes = [ptr, ptr, ptr, i64, ptr, ptr] + [i64] * 6
         getattr(lib, f"gated_norm_{suffix}").argtypes = [ptr] * 5 + [ctypes.c_double, i64, i64]
         getattr(lib, f"attend_rows_{suffix}").argtypes = (
@@ -133,6 +137,19 @@ def split(n_items: int, call) -> None:
         future.result()
 
 
+def documents(rows) -> str:
+    """The C functions' name part for row intervals (lo, hi): "" for one interval per row shared by
+    the batch, "_documents" for (B, R) intervals per batch row, whose rows hold several documents
+    (conv.c: an output row of the convolution then reads only its own document's rows)."""
+    return "_documents" if rows is not None and rows[0].dim() == 2 else ""
+
+
+def contiguous(rows):
+    """Row intervals (lo, hi) as the C loops read them (a slice of documents' (B, R) intervals is
+    not); bound to a name until the call returns."""
+    return None if rows is None else tuple(t.contiguous() for t in rows)
+
+
 def address(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -155,12 +172,14 @@ def conv(
 ) -> Tensor:
     """out[..., i, j] = sum_{u,w} kernel[h, u, w] maps~[..., i + offset + u, j + w - c_k // 2] for
     out_rows' lo_i <= j <= hi_i (0 elsewhere), maps~ = maps zero outside in_rows' [lo_r, hi_r].
-    maps (B, H, R_in, N); kernel (H, c_q, c_k); rows: (lo, hi) int64 vectors of R_in and n_out."""
+    maps (B, H, R_in, N); kernel (H, c_q, c_k); rows: (lo, hi) int64 vectors of R_in and n_out, or
+    (B, R_in) and (B, n_out) per batch row, lo the first key of the row's document: then row i
+    reads only the rows r with in lo_r = out lo_i (see `documents`)."""
     B, H, R_in, N = maps.shape
-    maps = maps.contiguous()
+    maps, in_rows, out_rows = maps.contiguous(), contiguous(in_rows), contiguous(out_rows)
     kernel = as_dtype(kernel, maps.dtype)
     out = maps.new_empty(B, H, n_out, N)
-    fn = getattr(library(), f"conv_{SUFFIX[maps.dtype]}")
+    fn = getattr(library(), f"conv{documents(in_rows)}_{SUFFIX[maps.dtype]}")
     c_q, c_k = kernel.shape[-2:]
     sizes = (H, R_in, n_out, N, c_q, c_k, offset, *[t.data_ptr() for t in (*in_rows, *out_rows)])
     split(B * H, lambda m0, m1, _: fn(maps.data_ptr(), out.data_ptr(), kernel.data_ptr(), m0, m1, *sizes))
@@ -171,9 +190,12 @@ def kernel_grad(maps: Tensor, grad: Tensor, c_q: int, c_k: int, in_rows, out_row
     """(B * H, c_q, c_k) float64: sum over i, j of grad[i, j] * maps~[i + u, j + w - c_k // 2]."""
     B, H, R_in, N = maps.shape
     maps, grad = maps.contiguous(), grad.to(maps.dtype).contiguous()
+    in_rows, out_rows = contiguous(in_rows), contiguous(out_rows)
     out = torch.empty(B * H, c_q, c_k, dtype=torch.float64)
-    fn = getattr(library(), f"kernel_grad_{SUFFIX[maps.dtype]}")
+    fn = getattr(library(), f"kernel_grad{documents(in_rows)}_{SUFFIX[maps.dtype]}")
     sizes = (R_in, grad.shape[2], N, c_q, c_k, *[t.data_ptr() for t in (*in_rows, *out_rows)])
+    if documents(in_rows):
+        sizes = (H, *sizes)
     split(B * H, lambda m0, m1, _: fn(maps.data_ptr(), grad.data_ptr(), out.data_ptr(), m0, m1, *sizes))
     return out
 
@@ -184,14 +206,15 @@ def mixed_softmax(
     """(out, probs): probs = softmax over each row's visible keys lo..hi of the head-mixed scores
     M_h = sum_h' pre[g, h', h] C_h' (pre None: M = C), out = the same mix of probs by post (None:
     out = probs); 0 outside the visible keys and in rows that see nothing. scores (B, H, R, N);
-    pre, post (groups, c, c). probs is None unless keep_probs (the gradient needs it)."""
+    pre, post (groups, c, c); rows: (lo, hi) of R, or of (B, R) per batch row. probs is None unless
+    keep_probs (the gradient needs it)."""
     B, H, R, N = scores.shape
-    scores = scores.contiguous()
+    scores, rows = scores.contiguous(), contiguous(rows)
     pre, post = [as_dtype(m, scores.dtype) for m in (pre, post)]
     out = torch.empty_like(scores)
     probs = torch.empty_like(scores) if keep_probs and post is not None else None
     sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
-    fn = getattr(library(), f"mixed_softmax_{SUFFIX[scores.dtype]}")
+    fn = getattr(library(), f"mixed_softmax{documents(rows)}_{SUFFIX[scores.dtype]}")
     pointers = [address(t) for t in (scores, out, probs, pre, post)]
     bounds = [None, None] if rows is None else [t.data_ptr() for t in rows]
     split(B * R, lambda u0, u1, _: fn(*pointers, u0, u1, H, R, N, *sizes, *bounds))
@@ -204,7 +227,7 @@ def mixed_softmax_grad(
     """(d scores, d pre, d post) for `mixed_softmax`'s output gradient grad; the mixes' gradients in
     float64, None for a mix that is None."""
     B, H, R, N = scores.shape
-    grad = grad.to(scores.dtype).contiguous()
+    grad, rows = grad.to(scores.dtype).contiguous(), contiguous(rows)
     pre_t, post_t = [as_dtype(m, scores.dtype) for m in (pre, post)]
     grad_scores = torch.empty_like(scores)
     n = workers(B * R)
@@ -212,7 +235,7 @@ def mixed_softmax_grad(
         None if m is None else torch.zeros(n, *m.shape, dtype=torch.float64) for m in (pre, post)
     ]
     sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
-    fn = getattr(library(), f"mixed_softmax_grad_{SUFFIX[scores.dtype]}")
+    fn = getattr(library(), f"mixed_softmax_grad{documents(rows)}_{SUFFIX[scores.dtype]}")
     pointers = [address(t) for t in (scores, probs, grad, grad_scores, pre_t, post_t)]
     bounds = [None, None] if rows is None else [t.data_ptr() for t in rows]
 

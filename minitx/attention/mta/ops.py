@@ -4,7 +4,8 @@ an MTA model whole (fullgraph) on CPU: to the compiler each is one opaque call w
 
 - `kq_conv(maps, kernel, lo, hi, out_lo, out_hi)`: the key-query convolution of (B, H, R, N)
   maps read as zero outside each row's visible keys lo..hi, computed at out_lo..out_hi of its
-  len(out_lo) output rows (zero elsewhere); kernel (H, 1, c_q, c_k). Gradient: `kq_conv_backward`.
+  out_lo.shape[-1] output rows (zero elsewhere); kernel (H, 1, c_q, c_k); intervals per row, or
+  (B, rows) per batch row for documents (native.conv). Gradient: `kq_conv_backward`.
 - `mixed_softmax(scores, pre, post, lo, hi, keep_probs)`: (out, probs), the pre mix, mask, softmax
   and post mix in one pass (lo, hi None: every key visible); probs is the softmax before the post
   mix where the gradient needs it (keep_probs and post given), else empty. Gradient:
@@ -47,13 +48,13 @@ def _rows(lo: Tensor | None, hi: Tensor | None):
 
 @torch.library.custom_op("minitx::kq_conv", mutates_args=(), device_types="cpu")
 def kq_conv(maps: Tensor, kernel: Tensor, lo: Tensor, hi: Tensor, out_lo: Tensor, out_hi: Tensor) -> Tensor:
-    return native.conv(maps, kernel[:, 0], 0, out_lo.shape[0], _rows(lo, hi), _rows(out_lo, out_hi))
+    return native.conv(maps, kernel[:, 0], 0, out_lo.shape[-1], _rows(lo, hi), _rows(out_lo, out_hi))
 
 
 @kq_conv.register_fake
 def _(maps, kernel, lo, hi, out_lo, out_hi):
     B, H, _, N = maps.shape
-    return maps.new_empty(B, H, out_lo.shape[0], N)
+    return maps.new_empty(B, H, out_lo.shape[-1], N)
 
 
 @torch.library.custom_op("minitx::kq_conv_backward", mutates_args=(), device_types="cpu")
