@@ -39,8 +39,12 @@ CASES = [
     ("ablate: no such --config", ["ablate.py", "--config", f"{MISSING}.yaml"], 1.0),
     ("prepare: no such --config", ["prepare.py", "--config", f"{MISSING}.yaml"], 1.0),
     ("train: no such --config", ["train.py", "--config", f"{MISSING}.yaml"], 1.0),
-    ("train: bad --model.n_layer", ["train.py", "--model.n_layer", "zero"], 1.0),
+    ("train: bad --model.n_layer", ["train.py", "--model.n_layer", "zero"], 1.0),  # its type
     ("train: unknown --model.n_layerz", ["train.py", "--model.n_layerz", "3"], 1.0),
+    # Values of the right type that the settings' own checks refuse
+    ("train: --model.n_layer 0", ["train.py", "--model.n_layer", "0"], 1.0),
+    ("train: --model.d_model 130 (4 heads)", ["train.py", "--model.d_model", "130"], 1.0),
+    ("prepare: --data.batch_size 0", ["prepare.py", "--data.batch_size", "0"], 1.0),
 ]
 
 

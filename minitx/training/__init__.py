@@ -50,8 +50,9 @@ __all__ = sorted([*_HOMES, "check_train_args", "check_train_keys"])
 
 
 def check_train_keys(args):
-    """The UserError `train` raises for a mistake in a key, a value's type or a config file,
-    found without importing Lightning (precheck.py); check_train_args makes it first."""
+    """The UserError `train` raises for a mistake in a key, a value (its type, or one the model's,
+    optimiser's, data's or run's checks refuse) or a config file, found without importing
+    Lightning (precheck.py); check_train_args makes it first."""
     from ..configfiles import config_arguments
     from .precheck import check_arguments
 

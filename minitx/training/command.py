@@ -35,7 +35,6 @@ from ..data.datamodule import TextDataModule
 from ..errors import UserError, one_line
 from ..generation import generate
 from ..hf.load import check_init_from, init_model, run_model_fields
-from ..kinds import import_config_kinds
 from ..model import Transformer
 from ..runlock import RunLock
 from .changes import report_resume_changes
@@ -43,7 +42,7 @@ from .classpaths import check_command_line
 from .inputs import check_config
 from .interrupt import RunInterrupted, StopOnInterrupt
 from .messages import config_files, find_user_error, parse_error_message
-from .module import MinitxLM, check_model_section
+from .module import MinitxLM
 from .optim import DEFAULTS
 from .resume import check_resume_checkpoint, dict_diff, resolve_ckpt_path
 from .run import RunCheckpoints, trainer_arguments
@@ -106,12 +105,9 @@ class TrainCLI(LightningCLI):
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # exit_on_error=False: jsonargparse raises instead of exiting
             raise UserError(parse_error_message(err, parser, config_files(args))) from None
-        # The modules of the config's own kinds: the user named them, so importing them (running
-        # their code) is what they asked for. A resumed run's config names them again.
-        import_config_kinds(self.config["model"]["attention"], "model.")
-        # Before the seed is set or anything is built (the data module reads and tokenises its text).
+        # Before the seed is set or anything is built (the data module reads and tokenises its
+        # text); check_config imports the config's own kinds first (a resumed run's names them again).
         check_config(self.config)
-        check_model_section(self.config["model"].as_dict())
         self._imported_vocab: int | None = None
         init_from = self.config["model"].get("init_from")
         if init_from:  # checked now; imported weights need their own tokenizer, and give the shape
@@ -176,20 +172,21 @@ class TrainCLI(LightningCLI):
 
 
 class _CheckOnlyCLI(TrainCLI):
-    """Parses a train command line exactly as `train` does and runs the model and optimiser
-    checks, but builds nothing: no data is read, no network allocated, no seed set."""
+    """Parses a train command line exactly as `train` does and makes the checks of its parse
+    (check_config: the model, optimiser, data and run settings), but builds nothing: no data is
+    read, no network allocated, no seed set."""
 
     def _set_seed(self) -> None:
         pass
 
     def instantiate_classes(self) -> None:
-        check_model_section(self.config["model"].as_dict())
+        pass
 
 
 def check_train_args(args: Sequence[str]) -> dict[str, Any]:
     """Raise the UserError `train` would raise for a mistake in the config (unknown key, wrong
-    type, bad model or optimiser value), in a second or two: `ablate` checks every variant
-    this way before any run starts. Data and checkpoints are not looked at. Returns the data
+    type, bad model, optimiser, data or run value), in a second or two: `ablate` checks every
+    variant this way before any run starts. The text and checkpoints are not read. Returns the data
     section as parsed (TextDataModule's arguments), so the caller can prepare it once."""
     return checked_config(args)["data"]
 

@@ -1,5 +1,7 @@
 """Checks of a parsed train config that need no data, model or trainer: made right after parsing,
 before the seed is set or anything is built, read or written (also by ablate's pre-check).
+Those that read no trainer setting (check_settings) are made twice: by the train command's
+precheck, before Lightning is imported, and again first of all on LightningCLI's parse.
 
 Lightning and torch find most of these late (a ZeroDivisionError at fit start, a KeyError after
 the whole run, an optimiser that refuses eps=-1 after config.yaml is written) or never (a run name
@@ -10,14 +12,20 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..data.config import TASKS, DataConfig
+from ..config import ModelConfig
+from ..data.config import DataConfig
 from ..errors import UserError
 from ..generate_inputs import machine_memory
+from ..kinds import import_config_kinds
+from .optim import Optimisation
 
 SEED_RANGE = (0, 2**32 - 1)  # numpy's seeds, which Lightning's seed_everything also sets
 BYTES_PER_TRAINED_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
@@ -166,19 +174,48 @@ def device_memory(accelerator: Any) -> tuple[int | None, str]:
 
 def check_config(config: Any) -> None:
     """Every check of this module on a parsed train config (jsonargparse Namespace: item access)."""
-    check_seed(config.get("seed_everything"))
+    check_settings(config)
     check_trainer_section(config["trainer"])
+    check_model_memory(config["model"], config["trainer"])
+
+
+def check_settings(config: Any) -> None:
+    """The checks of the seed and the model, data and run sections, in the order a mistake is
+    reported: they read no trainer setting but trainer.default_root_dir (a path), so the precheck
+    (precheck.py), whose trainer values are untyped, makes them too and answers the same line."""
+    # The modules of the config's own kinds: the user named them, so importing them (running
+    # their code) is what they asked for. The model's checks look their kinds up.
+    import_config_kinds(config["model"]["attention"], "model.")
+    check_seed(config.get("seed_everything"))
     eps = config["model"].get("eps")
     if eps is not None and not (isinstance(eps, (int, float)) and eps > 0 and math.isfinite(eps)):
         raise UserError(f"model.eps: is {eps}; use a small positive number such as 1e-8")
     check_run_section(config["run"], config["trainer"].get("default_root_dir"))
-    check_model_memory(config["model"], config["trainer"])
-    check_task_settings(config["data"])
+    model = config["model"]
+    check_model_section(model.as_dict() if hasattr(model, "as_dict") else dict(model))
+    # After the model's: data.block_size is model.block_size (linked), named as the model's.
+    check_data_section(config["data"])
 
 
-def check_task_settings(data: Any) -> None:
-    """A synthetic task's settings (data.mqar_*, data.needle_*, data.toy_*), checked by building the
-    task's config: before the seed is set, whose log line would come before the error otherwise."""
-    source = data.get("source")
-    if source in TASKS:
-        DataConfig.from_config(data).task()
+def check_data_section(data: Any) -> None:
+    """The data section's checks (DataConfig's, a synthetic task's included), made by building it as
+    the data module will: before the seed is set, whose log line would come before the error."""
+    DataConfig.from_config(data.as_dict() if hasattr(data, "as_dict") else data)
+
+
+@contextmanager
+def errors_named(prefix: str) -> Iterator[None]:
+    """A config's error (a ValueError naming the field, e.g. "attention.n_kv_head: ...") as a
+    UserError naming the config key ("model.attention.n_kv_head: ...")."""
+    try:
+        yield
+    except (ValueError, TypeError) as err:  # UserError is a ValueError
+        raise UserError(f"{prefix}.{err}") from None
+
+
+def check_model_section(section: dict) -> None:
+    """The checks MinitxLM's constructor makes, without building the network (see check_train_args)."""
+    config_fields = {f.name for f in fields(ModelConfig)}
+    with errors_named("model"):
+        ModelConfig.from_dict({key: value for key, value in section.items() if key in config_fields})
+    Optimisation.of(section)

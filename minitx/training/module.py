@@ -15,9 +15,7 @@ or not the run was interrupted before it, whatever else drew random numbers in b
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, fields, is_dataclass
+from dataclasses import asdict, is_dataclass
 from typing import Any
 
 import lightning as L
@@ -31,6 +29,7 @@ from ..config import ModelConfig
 from ..data.toy import IGNORE_INDEX, exact_match
 from ..errors import UserError
 from ..model import Transformer
+from .inputs import errors_named
 from .optim import DEFAULTS, Optimisation, Parameters, apply_schedule, decays, muon_matrix
 from .resume import check_same_model
 from .throughput import ThroughputMeter
@@ -43,24 +42,6 @@ def lm_loss(logits: Tensor, y: Tensor) -> Tensor:
 
 class NonFiniteLossError(UserError):
     """The loss became NaN or infinite: the run stops before the bad update is applied."""
-
-
-@contextmanager
-def errors_named(prefix: str) -> Iterator[None]:
-    """A config's error (a ValueError naming the field, e.g. "attention.n_kv_head: ...") as a
-    UserError naming the config key ("model.attention.n_kv_head: ...")."""
-    try:
-        yield
-    except (ValueError, TypeError) as err:  # UserError is a ValueError
-        raise UserError(f"{prefix}.{err}") from None
-
-
-def check_model_section(section: dict) -> None:
-    """The checks MinitxLM's constructor makes, without building the network (see check_train_args)."""
-    config_fields = {f.name for f in fields(ModelConfig)}
-    with errors_named("model"):
-        ModelConfig.from_dict({key: value for key, value in section.items() if key in config_fields})
-    Optimisation.of(section)
 
 
 def _step_seed(seed: int, rank: int, step: int, micro: int) -> int:

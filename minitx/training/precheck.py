@@ -11,6 +11,9 @@ a parser of the same library (jsonargparse) built from the settings' own declara
     run.*       RunSettings (training/runsection.py)
     trainer.*   the names of the Trainer's arguments, read from Lightning's source, not imported
 
+It then makes the value checks of the model, data and run sections (inputs.check_settings: a
+layer count of 0, a width its heads do not divide, an unknown attention kind, a negative batch
+size, an optimiser setting out of range), the same calls LightningCLI's parse makes first.
 A command line it refuses is refused here, with the line LightningCLI's parse would give
 (messages.py); one it accepts is parsed again, from the start, by LightningCLI, which alone decides
 what a run is. So this parser may refuse only what LightningCLI refuses: it takes the trainer's
@@ -41,6 +44,7 @@ from ..configfiles import with_config_files
 from ..data.config import DataConfig
 from ..errors import UserError
 from .classpaths import check_command_line
+from .inputs import check_settings
 from .messages import config_files, parse_error_message
 from .optim import Optimisation
 from .runsection import RunSettings
@@ -179,9 +183,16 @@ def check_arguments(args: Sequence[str]) -> None:
 
     parser = light_parser()
     try:
-        parser.parse_args(to_judge(args, trainer_names))
+        config = parser.parse_args(to_judge(args, trainer_names))
     except ArgumentError as err:
         raise UserError(parse_error_message(err, parser, config_files(args))) from None
+    if any(word.partition("=")[0] == "--print_config" for word in args):
+        return  # LightningCLI prints the config it parsed and exits before it checks a value
+    # The values: the checks LightningCLI's parse makes first (inputs.check_settings), on the
+    # sections as it parses them. Of its links (LINKED), the one applied at parse that a check
+    # reads: the data's block_size is the model's, whatever a config file holds.
+    config["data"]["block_size"] = config["model"]["block_size"]
+    check_settings(config)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -32,13 +32,23 @@ HEAVY = (
 )
 LIGHT_HELP = ("train", "generate", "evaluate", "ablate", "prepare", "export")
 # Mistakes train answers before it imports Lightning (minitx/training/precheck.py): a flag, a
-# value, a key in a config file, a missing config file.
+# value's type, a key in a config file, a missing config file, a value out of range.
 TRAIN_MISTAKES = {
     "bad flag": ["--model.n_layerz", "3"],
     "bad value": ["--model.n_layer", "zero"],
     "bad key in a file": ["--config", "{tmp}/unknown.yaml"],
     "missing file": ["--config", "{tmp}/missing.yaml"],
     "bad trainer key": ["--trainer.max_stepz", "3"],
+    # Values the settings' own checks refuse (inputs.check_settings)
+    "no layers": ["--model.n_layer", "0"],
+    "heads not dividing the width": ["--model.d_model", "130", "--model.n_head", "4"],
+    "unknown attention kind": ["--model.attention.kind", "nosuch"],
+    "bad kind option": ["--config", "configs/local.yaml", "--model.attention.options.local.window", "0"],
+    "dropout over 1": ["--model.dropout", "1.5"],
+    "bad optimiser value": ["--model.muon_momentum", "1"],
+    "negative batch size": ["--data.batch_size", "-1"],
+    "bad task setting": ["--data.source", "mqar", "--data.mqar_pairs", "0"],
+    "bad values in a file": ["--config", "{tmp}/values.yaml"],
 }
 
 
@@ -78,6 +88,7 @@ def test_import_minitx_and_the_commands_help_load_nothing_heavy():
 
 def test_train_and_ablate_mistakes_and_train_help_load_nothing_heavy(tmp_path):
     (tmp_path / "unknown.yaml").write_text("model:\n  n_layerz: 2\n")
+    (tmp_path / "values.yaml").write_text("model:\n  dropout: 1.5\ndata:\n  batch_size: 0\n")
     code = "from minitx.cli import run_command\n"
     for label, args in TRAIN_MISTAKES.items():
         args = [arg.format(tmp=tmp_path) for arg in args]
@@ -98,6 +109,13 @@ def test_train_and_ablate_mistakes_and_train_help_load_nothing_heavy(tmp_path):
         "assert 'n_layerz' in err.getvalue(), err.getvalue()\n"
         "report('ablate: bad key in a variant')\n"
     )
+    # prepare checks its command line with train's precheck, values included.
+    code += (
+        "with contextlib.redirect_stderr(io.StringIO()) as err:\n"
+        "    assert run_command('prepare', ['--data.batch_size', '-1']) == 2\n"
+        "assert err.getvalue() == 'prepare: error: data.batch_size: must be at least 1, got -1\\n', err.getvalue()\n"
+        "report('prepare: negative batch size')\n"
+    )
     code += (
         "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
         "    assert run_command('train', ['--help']) == 0\n"
@@ -107,7 +125,15 @@ def test_train_and_ablate_mistakes_and_train_help_load_nothing_heavy(tmp_path):
         "report('train --help')\n"
     )
     found = loaded_after(code)
-    assert found == {label: [] for label in [*TRAIN_MISTAKES, "ablate: bad key in a variant", "train --help"]}
+    assert found == {
+        label: []
+        for label in [
+            *TRAIN_MISTAKES,
+            "ablate: bad key in a variant",
+            "prepare: negative batch size",
+            "train --help",
+        ]
+    }
 
 
 def test_a_model_infers_without_the_compiler():

@@ -1,6 +1,7 @@
 """The train command's precheck (minitx/training/precheck.py) refuses what LightningCLI refuses, with
 the same line, and lets through what LightningCLI accepts: its keys and their types are
-LightningCLI's, its answers on command lines of every form equal. (That it imports no Lightning:
+LightningCLI's, its answers on command lines of every form equal, bad values included (the value
+checks are the settings' own, which LightningCLI's parse makes too). (That it imports no Lightning:
 tests/project/test_startup.py.)"""
 
 from __future__ import annotations
@@ -115,7 +116,49 @@ def test_the_precheck_refuses_as_lightningcli_does(tmp_path):
         assert precheck_says(args) == expected, args
 
 
-def test_the_precheck_passes_what_lightningcli_accepts(tmp_path, lightning_parser):
+def test_the_precheck_refuses_bad_values_as_lightningcli_does(tmp_path):
+    # Values of the right type that the settings' own checks refuse: ModelConfig's and the kinds',
+    # Optimisation's, DataConfig's (a task's included), the run section's and the seed's.
+    bad_in_file = write(tmp_path / "values.yaml", "model:\n  n_layer: 0\ndata:\n  batch_size: 0\n")
+    saved_token = write(tmp_path / "token.yaml", "model:\n  vocab_size: 65\n  document_token: 100\n")
+    gqa, local = str(ROOT / "configs" / "gqa.yaml"), str(ROOT / "configs" / "local.yaml")
+    bad = [
+        ["--model.n_layer", "0"],
+        ["--model.d_model", "130", "--model.n_head", "4"],
+        ["--model.d_model", "132", "--model.n_head", "4"],  # an odd head dimension under RoPE
+        ["--model.dropout", "1.5"],
+        ["--model.mlp_hidden_size", "0"],
+        ["--model.attention.kind", "nosuch"],
+        ["--model.attention.layers", "[mha, nosuch]"],
+        ["--model.attention.n_kv_head", "3"],  # mha reads no n_kv_head
+        ["--config", gqa, "--model.attention.n_kv_head", "3"],
+        ["--config", local, "--model.attention.options.local.window", "0"],
+        ["--model.attention.options.mta.query_kernel", "4"],  # options of a kind no layer uses
+        ["--model.attention.kind_modules", "[no_such_module_of_kinds]"],
+        ["--model.lr", "-1"],
+        ["--model.min_lr", "1"],
+        ["--model.betas", "[0.9, 1.5]"],
+        ["--model.eps", "0"],
+        ["--model.optimizer", "sgd"],
+        ["--model.muon_momentum", "1"],
+        ["--model.decay_fraction", "2"],
+        ["--data.batch_size", "-1"],
+        ["--data.num_workers", "-1"],
+        ["--data.source", "nosuch"],
+        ["--data.source", "mqar", "--data.mqar_pairs", "0"],
+        ["--seed_everything", "-1"],
+        ["--run.name", "../x"],
+        ["--run.sample_temperature", "-1"],
+        ["--config", bad_in_file],  # two mistakes: the first LightningCLI's checks meet
+        ["--config", saved_token],  # a run's config holds the linked keys: its token is checked
+    ]
+    for args in bad:
+        expected = lightningcli_says(args)
+        assert expected is not None, args
+        assert precheck_says(args) == expected, args
+
+
+def test_the_precheck_passes_what_lightningcli_accepts(tmp_path):
     logger = write(
         tmp_path / "logger.yaml",
         "trainer:\n  logger:\n    class_path: lightning.pytorch.loggers.CSVLogger\n"
@@ -125,10 +168,12 @@ def test_the_precheck_passes_what_lightningcli_accepts(tmp_path, lightning_parse
         tmp_path / "saved.yaml",
         "model:\n  vocab_size: 65\n  max_steps: 5\n  document_token: null\ndata:\n  block_size: 256\n",
     )
+    data_block = write(tmp_path / "block.yaml", "data:\n  block_size: 0\n")
+    saved_token = write(tmp_path / "token.yaml", "model:\n  vocab_size: 50257\n  document_token: 50256\n")
     good = [
         [],
         ["--config", str(ROOT / "configs" / "mta.yaml"), "--model.attention.options.mta.query_kernel", "4"],
-        ["--config", str(ROOT / "configs" / "gqa.yaml"), "--config", str(ROOT / "configs" / "mla.yaml")],
+        ["--config", str(ROOT / "configs" / "gqa.yaml"), "--config", str(ROOT / "configs" / "local.yaml")],
         ["--config", str(ROOT / "examples" / "custom_attention.yaml")],
         [
             "--model.d_model",
@@ -152,11 +197,17 @@ def test_the_precheck_passes_what_lightningcli_accepts(tmp_path, lightning_parse
         ["--print_config=skip_null", "--model.n_layer", "2"],
         ["--seed_everything", "true", "--ckpt_path", "last"],
         ["--data.train_files", "[a.txt, b.txt]", "--data.source", "files"],
+        # Values at the edge of what the checks allow.
+        ["--model.dropout", "0.5", "--model.lr", "1e-2", "--model.min_lr", "1e-2", "--data.num_workers", "0"],
+        ["--config", str(ROOT / "configs" / "gqa.yaml"), "--model.attention.n_kv_head", "1"],
+        ["--config", data_block],  # the data's block_size is the model's (linked), whatever the file says
+        ["--config", saved_token],  # the run's own vocabulary, not the default's, bounds its token
+        ["--print_config", "--model.n_layer", "0"],  # printed: LightningCLI checks no value then
     ]
     for args in good:
         assert precheck_says(args) is None, args
         if not any(arg.startswith("--print_config") for arg in args):  # it would print and exit
-            lightning_parser.parse_args(with_config_files(args))  # the list holds only good lines
+            assert lightningcli_says(args) is None, args  # the list holds only good lines
 
 
 def test_to_judge_leaves_out_what_only_lightning_judges():

@@ -39,7 +39,7 @@ from minitx.cli import train_main
 from minitx.config import AttentionConfig, ModelConfig
 from minitx.errors import UserError
 from minitx.model import Transformer
-from minitx.training.module import check_model_section
+from minitx.training.inputs import check_model_section
 from minitx.training.optim import (
     ADDED_LATER,
     DEFAULTS,

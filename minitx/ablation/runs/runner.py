@@ -153,7 +153,7 @@ def check_variants(sweep: Sweep, sweep_path: Path, extra: Sequence[str] = ()) ->
             if problem is None:
                 continue
             # The same mistake without the variant's overrides is the base's (or the shared overrides').
-            # A mistake in a key or a value's type is looked for in the base as it was found in the
+            # A mistake in a key or a value is looked for in the base as it was found in the
             # variant, without Lightning: a sweep's typo is answered in a second.
             keys_only = check(variant.overrides, variant.name, keys_only=True) is not None
             if not variant.overrides or check({}, "base", keys_only) == problem:
