@@ -167,7 +167,8 @@ def check_model_memory(model: Any, trainer: Any) -> None:
 
 def device_memory(accelerator: Any) -> tuple[int | None, str]:
     """(bytes, description) of the memory one training process can use: a GPU's, or the machine's."""
-    if str(accelerator) in ("gpu", "cuda", "auto") and torch.cuda.is_available():
+    # None: unset in the precheck, whose trainer keys have no defaults; Lightning's is "auto".
+    if (accelerator is None or str(accelerator) in ("gpu", "cuda", "auto")) and torch.cuda.is_available():
         return torch.cuda.get_device_properties(0).total_memory, "GPU memory"
     return machine_memory(), "this machine's memory"
 
@@ -176,13 +177,13 @@ def check_config(config: Any) -> None:
     """Every check of this module on a parsed train config (jsonargparse Namespace: item access)."""
     check_settings(config)
     check_trainer_section(config["trainer"])
-    check_model_memory(config["model"], config["trainer"])
 
 
 def check_settings(config: Any) -> None:
     """The checks of the seed and the model, data and run sections, in the order a mistake is
-    reported: they read no trainer setting but trainer.default_root_dir (a path), so the precheck
-    (precheck.py), whose trainer values are untyped, makes them too and answers the same line."""
+    reported: they read no trainer setting but trainer.default_root_dir (a path) and
+    trainer.accelerator (a name), so the precheck (precheck.py), whose trainer values are untyped,
+    makes them too and answers the same line."""
     # The modules of the config's own kinds: the user named them, so importing them (running
     # their code) is what they asked for. The model's checks look their kinds up.
     import_config_kinds(config["model"]["attention"], "model.")
@@ -191,6 +192,8 @@ def check_settings(config: Any) -> None:
     if eps is not None and not (isinstance(eps, (int, float)) and eps > 0 and math.isfinite(eps)):
         raise UserError(f"model.eps: is {eps}; use a small positive number such as 1e-8")
     check_run_section(config["run"], config["trainer"].get("default_root_dir"))
+    # Before the model's own checks, which list its layers: n_layer 10**20 is refused at once.
+    check_model_memory(config["model"], config["trainer"])
     model = config["model"]
     check_model_section(model.as_dict() if hasattr(model, "as_dict") else dict(model))
     # After the model's: data.block_size is model.block_size (linked), named as the model's.

@@ -121,6 +121,7 @@ def test_the_precheck_refuses_bad_values_as_lightningcli_does(tmp_path):
     # Optimisation's, DataConfig's (a task's included), the run section's and the seed's.
     bad_in_file = write(tmp_path / "values.yaml", "model:\n  n_layer: 0\ndata:\n  batch_size: 0\n")
     saved_token = write(tmp_path / "token.yaml", "model:\n  vocab_size: 65\n  document_token: 100\n")
+    huge = write(tmp_path / "huge.yaml", f"model:\n  n_layer: {10**20}\n")  # the memory bound, at once
     gqa, local = str(ROOT / "configs" / "gqa.yaml"), str(ROOT / "configs" / "local.yaml")
     bad = [
         ["--model.n_layer", "0"],
@@ -151,6 +152,7 @@ def test_the_precheck_refuses_bad_values_as_lightningcli_does(tmp_path):
         ["--run.sample_temperature", "-1"],
         ["--config", bad_in_file],  # two mistakes: the first LightningCLI's checks meet
         ["--config", saved_token],  # a run's config holds the linked keys: its token is checked
+        ["--config", huge],
     ]
     for args in bad:
         expected = lightningcli_says(args)
