@@ -50,10 +50,14 @@
 
 typedef T S(vec) __attribute__((vector_size(64), aligned(sizeof(T))));
 #define LANES ((int64_t)(64 / sizeof(T)))
-/* Independent sums in flight: enough to hide the latency of a multiply-add on two units. */
-#define ACCUMULATORS 8
-/* Kernel columns whose gradients one pass over a row pair sums at once (11, the LM setting, in one). */
-#define TAPS 12
+/* The convolution's tile: output rows x vectors of keys summed in registers (16 of 32). */
+#define TILE_ROWS 4
+#define TILE_VECTORS 4
+/* The kernel gradient's tile: kernel rows x kernel columns summed in registers (18 of 32), over
+ * blocks of keys of the band's rows that stay in L1. */
+#define GRAD_ROWS 3
+#define GRAD_TAPS 6
+#define GRAD_KEYS 256
 /* Rows whose kernel-gradient terms each lane sums in T before they go into a double. */
 #define ROW_BLOCK 16
 
@@ -70,116 +74,161 @@ static int S(row_empty)(int64_t r, int64_t n_rows, const int64_t *lo, const int6
     return r < 0 || r >= n_rows || hi[r] < 0 || lo[r] > N - 1 || lo[r] > hi[r];
 }
 
-/* Maps m0 .. m1 - 1 of in (n_maps, R_in, N) into out (n_maps, R_out, N); map m uses kernel m % H. */
+/* Maps m0 .. m1 - 1 of in (n_maps, R_in, N) into out (n_maps, R_out, N); map m uses kernel m % H.
+ * A tile of TILE_ROWS output rows x TILE_VECTORS vectors of keys is summed in registers: each
+ * input vector loaded feeds every output row of the tile that reads its row (up to c_q of them),
+ * so that the loop runs on multiply-adds rather than on loads (one load per multiply-add, as a
+ * row at a time needs, ran at about half the multiply-add rate). Each output row still adds its
+ * terms in the order (u, w), so the result is the same to the bit as a row at a time. */
 void S(conv)(const T *in, T *out, const T *kernel, int64_t m0, int64_t m1, int64_t H, int64_t R_in, int64_t R_out,
              int64_t N, int64_t c_q, int64_t c_k, int64_t offset, const int64_t *in_lo, const int64_t *in_hi,
              const int64_t *out_lo, const int64_t *out_hi) {
     typedef S(vec) V;
-    const int64_t p = c_k / 2, block = ACCUMULATORS * LANES;
+    const int64_t p = c_k / 2, block = TILE_VECTORS * LANES, n_slots = c_q + TILE_ROWS - 1;
     const int64_t width = N + 2 * p + block;  /* the slack lets a block read past the row's end */
-    T *ring = malloc((size_t)(c_q * width) * sizeof(T));
-    const T **rows = malloc((size_t)c_q * sizeof(T *)), **taps = malloc((size_t)c_q * sizeof(T *));
-    T tail[ACCUMULATORS * LANES];
-    if (!ring || !rows || !taps) goto done;
+    T *ring = malloc((size_t)(n_slots * width) * sizeof(T));
+    int64_t *held = malloc((size_t)n_slots * sizeof(int64_t));  /* the input row each slot holds */
+    const T **rows = malloc((size_t)n_slots * sizeof(T *));
+    T tail[TILE_VECTORS * LANES];
+    if (!ring || !held || !rows) goto done;
     for (int64_t m = m0; m < m1; m++) {
         const T *map = in + m * R_in * N, *k = kernel + (m % H) * c_q * c_k;
         T *dst = out + m * R_out * N;
-        for (int64_t u = 0; u < c_q - 1; u++)  /* input row offset + u lives in slot (offset + u) mod c_q */
-            S(pad_row)(ring + (((offset + u) % c_q + c_q) % c_q) * width, width, map, offset + u, R_in, N, in_lo, in_hi, p);
-        for (int64_t i = 0; i < R_out; i++) {
-            int64_t newest = i + offset + c_q - 1;
-            S(pad_row)(ring + ((newest % c_q + c_q) % c_q) * width, width, map, newest, R_in, N, in_lo, in_hi, p);
-            T *row_out = dst + i * N;
-            int64_t lo = out_lo[i] < 0 ? 0 : out_lo[i], hi = out_hi[i] > N - 1 ? N - 1 : out_hi[i];
-            if (lo > hi) {
-                memset(row_out, 0, (size_t)N * sizeof(T));
-                continue;
-            }
-            memset(row_out, 0, (size_t)lo * sizeof(T));
-            memset(row_out + hi + 1, 0, (size_t)(N - 1 - hi) * sizeof(T));
-            int64_t n_rows = 0;  /* the input rows this output row reads that have anything visible */
-            for (int64_t u = 0; u < c_q; u++) {
-                int64_t r = i + offset + u;
+        for (int64_t s = 0; s < n_slots; s++) held[s] = INT64_MIN;
+        for (int64_t i0 = 0; i0 < R_out; i0 += TILE_ROWS) {
+            const int64_t n_out = R_out - i0 < TILE_ROWS ? R_out - i0 : TILE_ROWS, n_in = n_out + c_q - 1;
+            /* The tile's input rows, each padded and masked once into the ring (NULL: sees nothing). */
+            for (int64_t n = 0; n < n_in; n++) {
+                int64_t r = i0 + offset + n, s = (r % n_slots + n_slots) % n_slots;
+                rows[n] = NULL;
                 if (S(row_empty)(r, R_in, in_lo, in_hi, N)) continue;
-                rows[n_rows] = ring + ((r % c_q + c_q) % c_q) * width;
-                taps[n_rows++] = k + u * c_k;
+                if (held[s] != r) S(pad_row)(ring + s * width, width, map, r, R_in, N, in_lo, in_hi, p), held[s] = r;
+                rows[n] = ring + s * width;
+            }
+            int64_t lo = N, hi = -1;  /* the keys any row of the tile keeps */
+            for (int64_t t = 0; t < n_out; t++) {
+                int64_t a = out_lo[i0 + t] < 0 ? 0 : out_lo[i0 + t], b = out_hi[i0 + t] > N - 1 ? N - 1 : out_hi[i0 + t];
+                if (a <= b) lo = a < lo ? a : lo, hi = b > hi ? b : hi;
             }
             for (int64_t j = lo; j <= hi; j += block) {
-                V a[ACCUMULATORS] = {{0}};
-                for (int64_t n = 0; n < n_rows; n++) {
+                V a[TILE_ROWS][TILE_VECTORS] = {{{0}}};
+                for (int64_t n = 0; n < n_in; n++) {
+                    if (!rows[n]) continue;
                     const T *x = rows[n] + j;  /* in~[r][j + w - p] is ring[p + j + w - p] */
-                    const T *ku = taps[n];
+                    /* output row t reads this input row through kernel row u = n - t */
+                    const int64_t t0 = n - c_q + 1 > 0 ? n - c_q + 1 : 0, t1 = n < n_out - 1 ? n : n_out - 1;
                     for (int64_t w = 0; w < c_k; w++) {
-                        V c = (V){0} + ku[w];
-                        for (int t = 0; t < ACCUMULATORS; t++) a[t] += c * *(const V *)(x + w + t * LANES);
+                        V xv[TILE_VECTORS];
+                        for (int v = 0; v < TILE_VECTORS; v++) xv[v] = *(const V *)(x + w + v * LANES);
+                        for (int t = 0; t < TILE_ROWS; t++) {
+                            if (t < t0 || t > t1) continue;
+                            V c = (V){0} + k[(n - t) * c_k + w];
+                            for (int v = 0; v < TILE_VECTORS; v++) a[t][v] += c * xv[v];
+                        }
                     }
                 }
-                T *to = j + block <= hi + 1 ? row_out + j : tail;
-                for (int t = 0; t < ACCUMULATORS; t++) *(V *)(to + t * LANES) = a[t];
-                if (to == tail) memcpy(row_out + j, tail, (size_t)(hi + 1 - j) * sizeof(T));
+                for (int t = 0; t < TILE_ROWS; t++) {
+                    if (t >= n_out) break;
+                    T *to = j + block <= N ? dst + (i0 + t) * N + j : tail;
+                    for (int v = 0; v < TILE_VECTORS; v++) *(V *)(to + v * LANES) = a[t][v];
+                    if (to == tail) memcpy(dst + (i0 + t) * N + j, tail, (size_t)(N - j) * sizeof(T));
+                }
+            }
+            /* Zeros outside each row's keys (the tile wrote its whole span, and nothing else). */
+            for (int64_t t = 0; t < n_out; t++) {
+                T *row_out = dst + (i0 + t) * N;
+                int64_t a = out_lo[i0 + t] < 0 ? 0 : out_lo[i0 + t], b = out_hi[i0 + t] > N - 1 ? N - 1 : out_hi[i0 + t];
+                if (a > b) a = N, b = N - 1;
+                memset(row_out, 0, (size_t)(a < N ? a : N) * sizeof(T));
+                if (a < N) memset(row_out + b + 1, 0, (size_t)(N - 1 - b) * sizeof(T));
             }
         }
     }
 done:
-    free(ring), free(rows), free(taps);
+    free(ring), free(held), free(rows);
 }
 
 /* grad[m][u][w] = sum_i sum_j dout[i][j] * in~[i + u][j + w - p] over each output row's visible
- * keys (the forward wrote zeros elsewhere, so those entries pass no gradient). Each lane sums in
- * T over a block of ROW_BLOCK rows, then the block's sums go into double. */
+ * keys (the forward wrote zeros elsewhere, so those entries pass no gradient). Rows go in bands of
+ * ROW_BLOCK output rows; within a band, a tile of GRAD_ROWS kernel rows x GRAD_TAPS kernel columns
+ * is summed in registers over a block of GRAD_KEYS keys at a time (the band's rows of that block
+ * stay in L1), each input vector loaded feeding every kernel row that meets it. Each lane sums in T
+ * over a band, then the band's sums go into double. */
 void S(kernel_grad)(const T *in, const T *dout, double *grad, int64_t m0, int64_t m1, int64_t R_in, int64_t R_out,
                     int64_t N, int64_t c_q, int64_t c_k, const int64_t *in_lo, const int64_t *in_hi,
                     const int64_t *out_lo, const int64_t *out_hi) {
     typedef S(vec) V;
-    const int64_t p = c_k / 2, taps = (c_k + TAPS - 1) / TAPS * TAPS;
-    const int64_t width = N + 2 * p + taps + 2 * LANES;
-    T *ring = malloc((size_t)(c_q * width) * sizeof(T)), *d = malloc((size_t)(N + LANES) * sizeof(T));
-    V *sums = malloc((size_t)(c_q * taps) * sizeof(V));
-    if (!ring || !d || !sums) goto done;
+    const int64_t p = c_k / 2, n_slots = ROW_BLOCK + c_q - 1;
+    const int64_t u_tiles = (c_q + GRAD_ROWS - 1) / GRAD_ROWS, w_tiles = (c_k + GRAD_TAPS - 1) / GRAD_TAPS;
+    const int64_t qs = u_tiles * GRAD_ROWS, ks = w_tiles * GRAD_TAPS;  /* the sums' padded shape */
+    const int64_t width = N + 2 * p + ks + GRAD_KEYS, d_width = N + GRAD_KEYS;
+    T *ring = malloc((size_t)(n_slots * width) * sizeof(T)), *d = malloc((size_t)(ROW_BLOCK * d_width) * sizeof(T));
+    int64_t *held = malloc((size_t)n_slots * sizeof(int64_t));
+    const T **rows = malloc((size_t)n_slots * sizeof(T *));
+    V *sums = malloc((size_t)(qs * ks) * sizeof(V));
+    if (!ring || !d || !held || !rows || !sums) goto done;
     for (int64_t m = m0; m < m1; m++) {
         const T *map = in + m * R_in * N, *dmap = dout + m * R_out * N;
         double *g = grad + m * c_q * c_k;
         memset(g, 0, (size_t)(c_q * c_k) * sizeof(double));
-        memset(sums, 0, (size_t)(c_q * taps) * sizeof(V));
-        for (int64_t u = 0; u < c_q - 1; u++)
-            S(pad_row)(ring + (u % c_q) * width, width, map, u, R_in, N, in_lo, in_hi, p);
-        for (int64_t i = 0; i < R_out; i++) {
-            int64_t newest = i + c_q - 1;
-            S(pad_row)(ring + (newest % c_q) * width, width, map, newest, R_in, N, in_lo, in_hi, p);
-            int64_t lo = out_lo[i] < 0 ? 0 : out_lo[i], hi = out_hi[i] > N - 1 ? N - 1 : out_hi[i];
-            if (lo <= hi) {
-                /* The row's visible gradient, zero-padded to whole vectors: no single-entry tail. */
-                int64_t end = lo + (hi + 1 - lo + LANES - 1) / LANES * LANES;
-                memcpy(d + lo, dmap + i * N + lo, (size_t)(hi + 1 - lo) * sizeof(T));
-                memset(d + hi + 1, 0, (size_t)(end - hi - 1) * sizeof(T));
-                for (int64_t u = 0; u < c_q; u++) {
-                    if (S(row_empty)(i + u, R_in, in_lo, in_hi, N)) continue;
-                    const T *x = ring + ((i + u) % c_q) * width;
-                    for (int64_t w0 = 0; w0 < c_k; w0 += TAPS) {
-                        V a[TAPS];
-                        for (int t = 0; t < TAPS; t++) a[t] = sums[u * taps + w0 + t];
-                        for (int64_t j = lo; j < end; j += LANES) {
-                            V dv = *(const V *)(d + j);
-                            for (int t = 0; t < TAPS; t++)  /* taps past c_k read the slack: unused */
-                                a[t] += dv * *(const V *)(x + j + w0 + t);
+        for (int64_t s = 0; s < n_slots; s++) held[s] = INT64_MIN;
+        for (int64_t i0 = 0; i0 < R_out; i0 += ROW_BLOCK) {
+            const int64_t n_out = R_out - i0 < ROW_BLOCK ? R_out - i0 : ROW_BLOCK, n_in = n_out + c_q - 1;
+            int64_t lo = N, hi = -1;  /* the keys any row of the band keeps */
+            for (int64_t t = 0; t < n_out; t++) {
+                /* The row's visible gradient, zeros elsewhere: the band's span may pass its ends. */
+                int64_t a = out_lo[i0 + t] < 0 ? 0 : out_lo[i0 + t], b = out_hi[i0 + t] > N - 1 ? N - 1 : out_hi[i0 + t];
+                T *dt = d + t * d_width;
+                memset(dt, 0, (size_t)d_width * sizeof(T));
+                if (a > b) continue;
+                memcpy(dt + a, dmap + (i0 + t) * N + a, (size_t)(b - a + 1) * sizeof(T));
+                lo = a < lo ? a : lo, hi = b > hi ? b : hi;
+            }
+            if (lo > hi) continue;
+            for (int64_t n = 0; n < n_in; n++) {
+                int64_t r = i0 + n, s = r % n_slots;
+                rows[n] = NULL;
+                if (S(row_empty)(r, R_in, in_lo, in_hi, N)) continue;
+                if (held[s] != r) S(pad_row)(ring + s * width, width, map, r, R_in, N, in_lo, in_hi, p), held[s] = r;
+                rows[n] = ring + s * width;
+            }
+            memset(sums, 0, (size_t)(qs * ks) * sizeof(V));
+            for (int64_t j0 = lo; j0 <= hi; j0 += GRAD_KEYS) {
+                const int64_t j1 = j0 + GRAD_KEYS < hi + 1 ? j0 + GRAD_KEYS : hi + 1;
+                for (int64_t u0 = 0; u0 < c_q; u0 += GRAD_ROWS)
+                    for (int64_t w0 = 0; w0 < c_k; w0 += GRAD_TAPS) {
+                        V a[GRAD_ROWS][GRAD_TAPS];
+                        for (int uu = 0; uu < GRAD_ROWS; uu++)
+                            for (int ww = 0; ww < GRAD_TAPS; ww++) a[uu][ww] = sums[(u0 + uu) * ks + w0 + ww];
+                        /* input row n meets output row n - u: kernel rows u0 + uu with 0 <= n - u < n_out */
+                        for (int64_t n = u0; n < n_out + u0 + GRAD_ROWS - 1 && n < n_in; n++) {
+                            if (!rows[n]) continue;
+                            const T *x = rows[n] + w0;  /* in~[r][j + w - p] is ring[j + w] */
+                            for (int64_t j = j0; j < j1; j += LANES) {
+                                V xv[GRAD_TAPS];
+                                for (int ww = 0; ww < GRAD_TAPS; ww++) xv[ww] = *(const V *)(x + j + ww);
+                                for (int uu = 0; uu < GRAD_ROWS; uu++) {
+                                    int64_t t = n - u0 - uu;  /* the output row, within the band */
+                                    if (t < 0 || t >= n_out || u0 + uu >= c_q) continue;
+                                    V dv = *(const V *)(d + t * d_width + j);
+                                    for (int ww = 0; ww < GRAD_TAPS; ww++) a[uu][ww] += dv * xv[ww];
+                                }
+                            }
                         }
-                        for (int t = 0; t < TAPS; t++) sums[u * taps + w0 + t] = a[t];
+                        for (int uu = 0; uu < GRAD_ROWS; uu++)
+                            for (int ww = 0; ww < GRAD_TAPS; ww++) sums[(u0 + uu) * ks + w0 + ww] = a[uu][ww];
                     }
+            }
+            for (int64_t u = 0; u < c_q; u++)  /* taps past c_k, rows past c_q: unused */
+                for (int64_t w = 0; w < c_k; w++) {
+                    double total = 0;
+                    for (int64_t l = 0; l < LANES; l++) total += sums[u * ks + w][l];
+                    g[u * c_k + w] += total;
                 }
-            }
-            if ((i + 1) % ROW_BLOCK == 0 || i == R_out - 1) {
-                for (int64_t u = 0; u < c_q; u++)
-                    for (int64_t w = 0; w < c_k; w++) {
-                        double total = 0;
-                        for (int64_t l = 0; l < LANES; l++) total += sums[u * taps + w][l];
-                        g[u * c_k + w] += total;
-                    }
-                memset(sums, 0, (size_t)(c_q * taps) * sizeof(V));
-            }
         }
     }
 done:
-    free(ring), free(d), free(sums);
+    free(ring), free(d), free(held), free(rows), free(sums);
 }
 
 
@@ -502,7 +551,10 @@ done:
 }
 
 #undef LANES
-#undef ACCUMULATORS
-#undef TAPS
+#undef TILE_ROWS
+#undef TILE_VECTORS
+#undef GRAD_ROWS
+#undef GRAD_TAPS
+#undef GRAD_KEYS
 #undef ROW_BLOCK
 #endif
