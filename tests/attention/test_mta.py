@@ -434,7 +434,15 @@ def causal_rows(R: int, N: int, n_hist: int, first_key: int = 0):
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 @pytest.mark.parametrize(
     "c_q, c_k, R, N",
-    [(6, 11, 6, 1), (6, 11, 9, 4), (6, 11, 40, 300), (1, 1, 3, 5), (3, 5, 19, 19), (2, 9, 7, 131), (4, 7, 37, 531)],
+    [
+        (6, 11, 6, 1),
+        (6, 11, 9, 4),
+        (6, 11, 40, 300),
+        (1, 1, 3, 5),
+        (3, 5, 19, 19),
+        (2, 9, 7, 131),
+        (4, 7, 37, 531),
+    ],
 )
 def test_c_convolution_and_its_gradients_are_torch_s(c_loops, dtype, tolerance, c_q, c_k, R, N):
     # Hidden entries count as zero going in and come out zero; the gradients of both inputs
