@@ -477,15 +477,23 @@ def test_c_convolution_passes_gradcheck(c_loops):
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
 @pytest.mark.parametrize(
-    "pre_group, post_group, R, N",
-    [(4, 2, 7, 9), (2, None, 33, 100), (None, None, 5, 1), (4, 4, 20, 261), (None, 1, 9, 37)],
+    "H, pre_group, post_group, R, N",
+    [
+        (4, 4, 2, 7, 9),
+        (4, 2, None, 33, 100),
+        (4, None, None, 5, 1),
+        (4, 4, 4, 20, 261),
+        (4, None, 1, 9, 37),
+        (6, 6, 3, 8, 45),  # groups of 6 and 3 heads: the mixes' 4 x 4 tiles part full
+        (8, 8, 8, 4, 70),
+    ],
 )
-def test_fused_softmax_is_mix_mask_softmax_mix(c_loops, dtype, tolerance, pre_group, post_group, R, N):
+def test_fused_softmax_is_mix_mask_softmax_mix(c_loops, dtype, tolerance, H, pre_group, post_group, R, N):
     # Rows without a position see nothing (their softmax is 0, where torch's is NaN).
     q_pos, k_pos, visible = causal_rows(R, N, n_hist=2)
-    scores = (3 * torch.randn(2, 4, R, N, dtype=dtype)).requires_grad_()
+    scores = (3 * torch.randn(2, H, R, N, dtype=dtype)).requires_grad_()
     pre, post = [
-        None if g is None else torch.randn(4 // g, g, g, dtype=dtype, requires_grad=True)
+        None if g is None else torch.randn(H // g, g, g, dtype=dtype, requires_grad=True)
         for g in (pre_group, post_group)
     ]
     mixed = scores.double() if pre is None else mix_formula(scores.double(), pre)  # the reference in float64

@@ -58,6 +58,8 @@ typedef T S(vec) __attribute__((vector_size(64), aligned(sizeof(T))));
 #define GRAD_ROWS 3
 #define GRAD_TAPS 6
 #define GRAD_KEYS 256
+/* Dot products of head rows summed at once by the mixes' gradients: 4 x 4, a group of 4 heads. */
+#define MIX_TILE 4
 /* Rows whose kernel-gradient terms each lane sums in T before they go into a double. */
 #define ROW_BLOCK 16
 
@@ -327,33 +329,67 @@ static void S(softmax_row)(T *x, int64_t a, int64_t e) {
 }
 
 /* Head mixing of one row of every head over keys a .. e - 1: within groups of c heads,
- * dst_h = sum_k mix[g][k][h] src_k (transposed: mix[g][h][k]). dst and src: H row pointers. */
+ * dst_h = sum_k mix[g][k][h] src_k (transposed: mix[g][h][k]). dst and src: H row pointers (dst
+ * must not be src). Each output vector is summed in registers over the c inputs, in order k = 0, 1, ..,
+ * and stored once. */
 static void S(mix_rows)(T **dst, T *const *src, const T *mix, int64_t transposed, int64_t H, int64_t c, int64_t a,
                         int64_t e) {
+    typedef S(vec) V;
     for (int64_t j0 = a; j0 < e; j0 += 512) {  /* a block of each row stays in L1 */
         int64_t j1 = j0 + 512 < e ? j0 + 512 : e;
         for (int64_t h = 0; h < H; h++) {
             int64_t first = h / c * c;
             const T *m = mix + first * c;  /* this group's c x c block */
             T *d = dst[h];
-            for (int64_t k = 0; k < c; k++) {
-                const T *x = src[first + k];
-                T weight = transposed ? m[(h - first) * c + k] : m[k * c + h - first];
-                if (k == 0)
-                    for (int64_t j = j0; j < j1; j++) d[j] = weight * x[j];
-                else
-                    for (int64_t j = j0; j < j1; j++) d[j] += weight * x[j];
+            int64_t j = j0;
+            for (; j + 2 * LANES <= j1; j += 2 * LANES) {
+                V s0 = {0}, s1 = {0};
+                for (int64_t k = 0; k < c; k++) {
+                    const T *x = src[first + k] + j;
+                    V weight = (V){0} + (transposed ? m[(h - first) * c + k] : m[k * c + h - first]);
+                    s0 += weight * *(const V *)x;
+                    s1 += weight * *(const V *)(x + LANES);
+                }
+                *(V *)(d + j) = s0, *(V *)(d + j + LANES) = s1;
+            }
+            for (; j < j1; j++) {
+                T sum = 0;
+                for (int64_t k = 0; k < c; k++)
+                    sum += (transposed ? m[(h - first) * c + k] : m[k * c + h - first]) * src[first + k][j];
+                d[j] = sum;
             }
         }
     }
 }
 
-/* grad_mix[g][k][h] += x_k . y_h over keys a .. e - 1, within groups of c heads (in double). */
+/* grad_mix[g][k][h] += x_k . y_h over keys a .. e - 1, within groups of c heads (in double): a tile
+ * of MIX_TILE x MIX_TILE dot products summed in registers per lane, then lane by lane in double. */
 static void S(mix_grad_rows)(double *grad_mix, T *const *x, T *const *y, int64_t H, int64_t c, int64_t a, int64_t e) {
+    typedef S(vec) V;
+    int64_t whole = a + (e - a) / LANES * LANES;
     for (int64_t first = 0; first < H; first += c)
-        for (int64_t k = 0; k < c; k++)
-            for (int64_t h = 0; h < c; h++)
-                grad_mix[first * c + k * c + h] += S(dot)(x[first + k], y[first + h], a, e);
+        for (int64_t k0 = 0; k0 < c; k0 += MIX_TILE)
+            for (int64_t h0 = 0; h0 < c; h0 += MIX_TILE) {
+                V acc[MIX_TILE][MIX_TILE] = {{{0}}};
+                const T *xs[MIX_TILE], *ys[MIX_TILE];
+                for (int t = 0; t < MIX_TILE; t++) {  /* past the group's end: any row, unused */
+                    xs[t] = x[first + (k0 + t < c ? k0 + t : k0)];
+                    ys[t] = y[first + (h0 + t < c ? h0 + t : h0)];
+                }
+                for (int64_t j = a; j < whole; j += LANES) {
+                    V xv[MIX_TILE], yv[MIX_TILE];
+                    for (int t = 0; t < MIX_TILE; t++) xv[t] = *(const V *)(xs[t] + j), yv[t] = *(const V *)(ys[t] + j);
+                    for (int kk = 0; kk < MIX_TILE; kk++)
+                        for (int hh = 0; hh < MIX_TILE; hh++) acc[kk][hh] += xv[kk] * yv[hh];
+                }
+                for (int kk = 0; kk < MIX_TILE && k0 + kk < c; kk++)
+                    for (int hh = 0; hh < MIX_TILE && h0 + hh < c; hh++) {
+                        double total = 0;
+                        for (int64_t l = 0; l < LANES; l++) total += acc[kk][hh][l];
+                        for (int64_t j = whole; j < e; j++) total += (double)xs[kk][j] * ys[hh][j];
+                        grad_mix[first * c + (k0 + kk) * c + h0 + hh] += total;
+                    }
+            }
 }
 
 static void S(zero_outside)(T *row, int64_t N, int64_t a, int64_t e) {
@@ -556,5 +592,6 @@ done:
 #undef GRAD_ROWS
 #undef GRAD_TAPS
 #undef GRAD_KEYS
+#undef MIX_TILE
 #undef ROW_BLOCK
 #endif
