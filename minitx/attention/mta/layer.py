@@ -50,6 +50,7 @@ from .kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
     mix_heads,
     run,
     shifted_queries,
+    values,
     write_band,
 )
 from .options import MTAOptions, check_mta_model
@@ -155,6 +156,13 @@ class MultiTokenAttention(Attention):
         consecutive: k_pos[j] = k_pos[0] + j (False: the keys may lie in any order).
         Returns (out, weights) for the last R - n_hist rows.
         """
+        scores, visible = self.row_scores(q, k, q_pos, k_pos, first_key, consecutive)
+        return self.weigh(scores, visible, v, some_rows_empty=self.kq_conv_post is not None or first_key > 0)
+
+    def row_scores(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, first_key: int = 0, consecutive: bool = True
+    ) -> tuple[Tensor, VisibleKeys]:
+        """`rows`' scores after the pre-softmax convolution (if any), and the keys each row sees."""
         B, H, R, D = q.shape
         G, Tk = k.shape[1], k.shape[2]
         # Scores per query head without copying k: fold the heads sharing a kv head into rows.
@@ -167,12 +175,23 @@ class MultiTokenAttention(Attention):
             # zeroing: head mixing works entry by entry, and the softmax sets them to -inf.
             scores = self.convolve(scores, self.kq_conv, visible)
             visible = visible.from_row(self.c_q - 1)
-        return self.weigh(scores, visible, v, some_rows_empty=self.kq_conv_post is not None or first_key > 0)
+        return scores, visible
+
+    def row_weights(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """A training chunk's weights, `rows` short of the product with V (see ChunkedRows)."""
+        scores, visible = self.row_scores(q, k, q_pos, k_pos)
+        return self.weights(scores, visible, some_rows_empty=self.kq_conv_post is not None)
 
     def weigh(self, scores: Tensor, visible: VisibleKeys | None, v: Tensor, some_rows_empty: bool):
         """From pre-softmax scores (B, H, R, Tk), pre-convolution done, to (out, weights): the rest
         of the released order: pre mix, softmax, post conv, re-zero the future, post mix, dropout, @ V.
         visible: the keys each row may see (None: all)."""
+        weights = self.weights(scores, visible, some_rows_empty)
+        dropped = F.dropout(weights, self.dropout_p, self.training) if self.dropout_p else weights
+        return self.normalise(values(dropped, v)), weights
+
+    def weights(self, scores: Tensor, visible: VisibleKeys | None, some_rows_empty: bool) -> Tensor:
+        """`weigh` up to the weights: pre mix, softmax, post conv, re-zero the future, post mix."""
         mix_post = self.mix_post
         if native.available(scores) and (visible is None or visible.lo is not None):
             # Pre mix, mask, softmax and (unless a convolution comes between) post mix in one pass
@@ -197,11 +216,7 @@ class MultiTokenAttention(Attention):
             weights = weights.masked_fill_(visible.from_row(self.c_q - 1).hidden, 0.0)
         if mix_post is not None:
             weights = mix_heads(weights, mix_post)
-        dropped = F.dropout(weights, self.dropout_p, self.training) if self.dropout_p else weights
-        B, H, R, Tk = weights.shape
-        G, D = v.shape[1], v.shape[-1]
-        out = (dropped.reshape(B, G, (H // G) * R, Tk) @ v).view(B, H, R, D)
-        return self.normalise(out), weights
+        return weights
 
     def convolve(self, maps: Tensor, kernel: Tensor, visible: VisibleKeys) -> Tensor:
         return convolve(maps, kernel, visible)  # a method, so that tests can plant a wrong convolution
@@ -246,14 +261,21 @@ class MultiTokenAttention(Attention):
         )
         if self.kq_conv is not None and factorised:
             qcat, kcat, band = self.factorised_parts(q, k)
-            row_parts, key_parts, n_pad, chunk_fn = (
+            row_parts, key_parts, n_pad, chunk_fn, weights_fn = (
                 (qcat, band),
                 (kcat, v),
                 self.n_hist - (self.c_q - 1),
                 self.far_and_band,
+                self.far_and_band_weights,
             )
         else:
-            row_parts, key_parts, n_pad, chunk_fn = (q,), (k, v), self.n_hist, self.rows
+            row_parts, key_parts, n_pad, chunk_fn, weights_fn = (
+                (q,),
+                (k, v),
+                self.n_hist,
+                self.rows,
+                self.row_weights,
+            )
         positions = torch.arange(T, device=q.device)
         row_parts = [F.pad(part, (0, 0, n_pad, 0)) for part in row_parts]  # zero rows above the first query
         q_pos = torch.cat([torch.full((n_pad,), -1, device=q.device), positions])
@@ -298,8 +320,12 @@ class MultiTokenAttention(Attention):
             for name, p in self.named_parameters()
             if p.requires_grad and not name.startswith(("qkv_proj.", "out_proj."))
         ]
-        return ChunkedRows.apply(
-            chunk_fn, spans, (q_pos, positions), len(row_parts), len(params), *parts, *params
+        # The chunks give the output before the norm, which works row by row: normalised whole here,
+        # its backward needs no chunk's product with V again (ChunkedRows).
+        return self.normalise(
+            ChunkedRows.apply(
+                weights_fn, spans, (q_pos, positions), len(row_parts), len(params), *parts, *params
+            )
         )
 
     def fused(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -357,14 +383,18 @@ class MultiTokenAttention(Attention):
     def far_and_band(self, qcat: Tensor, band: Tensor, kcat: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor):
         """`rows` for the factorised backend: the pre-convolved scores of the chunk's rows as
         Qcat . K'cat, exact for keys at least `off` behind each row, the band written over."""
+        scores, visible = self.far_and_band_scores(qcat, band, kcat, q_pos, k_pos)
+        return self.weigh(scores, visible, v, some_rows_empty=self.kq_conv_post is not None)
+
+    def far_and_band_scores(self, qcat: Tensor, band: Tensor, kcat: Tensor, q_pos: Tensor, k_pos: Tensor):
         first_row = kcat.shape[2] - qcat.shape[2]  # the chunk's rows end at its last key
         scores = write_band(qcat @ kcat.transpose(-2, -1), band, first_row)
-        return self.weigh(
-            scores,
-            VisibleKeys(q_pos, k_pos, consecutive=True),
-            v,
-            some_rows_empty=self.kq_conv_post is not None,
-        )
+        return scores, VisibleKeys(q_pos, k_pos, consecutive=True)
+
+    def far_and_band_weights(self, qcat: Tensor, band: Tensor, kcat: Tensor, q_pos: Tensor, k_pos: Tensor):
+        """A training chunk's weights on the factorised backend (see ChunkedRows)."""
+        scores, visible = self.far_and_band_scores(qcat, band, kcat, q_pos, k_pos)
+        return self.weights(scores, visible, some_rows_empty=self.kq_conv_post is not None)
 
     def reference(self, q: Tensor, k: Tensor, v: Tensor):
         T, n_hist = q.shape[2], self.n_hist
