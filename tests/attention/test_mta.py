@@ -216,16 +216,17 @@ def test_gradients_match_the_formula(placement, backend, kernels):
         conv_placement=placement,
         query_chunk=4,
         backend=backend,
-    )  # chunks recompute
-    inputs = [t.requires_grad_() for t in qkv(module, 19)]
+    )  # chunks recompute (ChunkedRows) past one chunk: T = 8 fills two, 19 ends part full
     names, params = zip(*[(n, p) for n, p in module.named_parameters() if "proj" not in n])  # MTA's own
-    grad_out = torch.randn(2, 4, 19, 8, dtype=torch.float64)
-    fast = torch.autograd.grad((module.attend(*inputs) * grad_out).sum(), inputs + list(params))
-    slow = torch.autograd.grad(
-        (oracle(module, *inputs, module.norm.eps)[0] * grad_out).sum(), inputs + list(params)
-    )
-    for name, a, b in zip(("q", "k", "v") + names, fast, slow):
-        assert error(a, b) < 1e-10, name
+    for T in (1, 8, 19):
+        inputs = [t.requires_grad_() for t in qkv(module, T)]
+        grad_out = torch.randn(2, 4, T, 8, dtype=torch.float64)
+        fast = torch.autograd.grad((module.attend(*inputs) * grad_out).sum(), inputs + list(params))
+        slow = torch.autograd.grad(
+            (oracle(module, *inputs, module.norm.eps)[0] * grad_out).sum(), inputs + list(params)
+        )
+        for name, a, b in zip(("q", "k", "v") + names, fast, slow):
+            assert error(a, b) < 1e-10, (name, T)
 
 
 # -- causality and decoding ----------------------------------------------------------------------------
