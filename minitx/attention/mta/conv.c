@@ -66,10 +66,15 @@ typedef T S(vec) __attribute__((vector_size(64), aligned(sizeof(T))));
 /* Row r of the map, padded by p zeros on the left and masked to its visible keys, into dst. */
 static void S(pad_row)(T *dst, int64_t width, const T *map, int64_t r, int64_t n_rows, int64_t N,
                        const int64_t *lo, const int64_t *hi, int64_t p) {
-    memset(dst, 0, (size_t)width * sizeof(T));
-    if (r < 0 || r >= n_rows) return;
-    int64_t a = lo[r] < 0 ? 0 : lo[r], b = hi[r] > N - 1 ? N - 1 : hi[r];
-    if (a <= b) memcpy(dst + p + a, map + r * N + a, (size_t)(b - a + 1) * sizeof(T));
+    int64_t a = r < 0 || r >= n_rows || lo[r] < 0 ? 0 : lo[r], b = r < 0 || r >= n_rows ? -1 : hi[r] > N - 1 ? N - 1 : hi[r];
+    if (a > b) {
+        memset(dst, 0, (size_t)width * sizeof(T));
+        return;
+    }
+    /* zeros around the visible keys only: the row is written once */
+    memset(dst, 0, (size_t)(p + a) * sizeof(T));
+    memcpy(dst + p + a, map + r * N + a, (size_t)(b - a + 1) * sizeof(T));
+    memset(dst + p + b + 1, 0, (size_t)(width - p - b - 1) * sizeof(T));
 }
 
 static int S(row_empty)(int64_t r, int64_t n_rows, const int64_t *lo, const int64_t *hi, int64_t N) {
@@ -82,69 +87,80 @@ static int S(row_empty)(int64_t r, int64_t n_rows, const int64_t *lo, const int6
  * so that the loop runs on multiply-adds rather than on loads (one load per multiply-add, as a
  * row at a time needs, ran at about half the multiply-add rate). Each output row still adds its
  * terms in the order (u, w), so the result is the same to the bit as a row at a time. */
+static void S(conv_tile)(const T *map, T *dst, const T *k, T *ring, int64_t *held, const T **rows, int64_t i0,
+                        int64_t n_out, int64_t R_in, int64_t N, int64_t c_q, int64_t c_k, int64_t offset,
+                        const int64_t *in_lo, const int64_t *in_hi, const int64_t *out_lo, const int64_t *out_hi) {
+    typedef S(vec) V;
+    const int64_t p = c_k / 2, block = TILE_VECTORS * LANES, n_slots = c_q + TILE_ROWS - 1;
+    const int64_t width = N + 2 * p + block, n_in = n_out + c_q - 1;
+    T tail[TILE_VECTORS * LANES];
+    /* The tile's input rows, each padded and masked once into the ring (NULL: sees nothing). */
+    for (int64_t n = 0; n < n_in; n++) {
+        int64_t r = i0 + offset + n, s = (r % n_slots + n_slots) % n_slots;
+        rows[n] = NULL;
+        if (S(row_empty)(r, R_in, in_lo, in_hi, N)) continue;
+        if (held[s] != r) S(pad_row)(ring + s * width, width, map, r, R_in, N, in_lo, in_hi, p), held[s] = r;
+        rows[n] = ring + s * width;
+    }
+    int64_t lo = N, hi = -1;  /* the keys any row of the tile keeps */
+    for (int64_t t = 0; t < n_out; t++) {
+        int64_t a = out_lo[i0 + t] < 0 ? 0 : out_lo[i0 + t], b = out_hi[i0 + t] > N - 1 ? N - 1 : out_hi[i0 + t];
+        if (a <= b) lo = a < lo ? a : lo, hi = b > hi ? b : hi;
+    }
+    for (int64_t j = lo; j <= hi; j += block) {
+        V a[TILE_ROWS][TILE_VECTORS] = {{{0}}};
+        for (int64_t n = 0; n < n_in; n++) {
+            if (!rows[n]) continue;
+            const T *x = rows[n] + j;  /* in~[r][j + w - p] is ring[p + j + w - p] */
+            /* output row t reads this input row through kernel row u = n - t */
+            const int64_t t0 = n - c_q + 1 > 0 ? n - c_q + 1 : 0, t1 = n < n_out - 1 ? n : n_out - 1;
+            for (int64_t w = 0; w < c_k; w++) {
+                V xv[TILE_VECTORS];
+                for (int v = 0; v < TILE_VECTORS; v++) xv[v] = *(const V *)(x + w + v * LANES);
+                for (int t = 0; t < TILE_ROWS; t++) {
+                    if (t < t0 || t > t1) continue;
+                    V c = (V){0} + k[(n - t) * c_k + w];
+                    for (int v = 0; v < TILE_VECTORS; v++) a[t][v] += c * xv[v];
+                }
+            }
+        }
+        for (int t = 0; t < TILE_ROWS; t++) {
+            if (t >= n_out) break;
+            T *to = j + block <= N ? dst + t * N + j : tail;
+            for (int v = 0; v < TILE_VECTORS; v++) *(V *)(to + v * LANES) = a[t][v];
+            if (to == tail) memcpy(dst + t * N + j, tail, (size_t)(N - j) * sizeof(T));
+        }
+    }
+    /* Zeros outside each row's keys (the tile wrote its whole span, and nothing else). */
+    for (int64_t t = 0; t < n_out; t++) {
+        T *row_out = dst + t * N;
+        int64_t a = out_lo[i0 + t] < 0 ? 0 : out_lo[i0 + t], b = out_hi[i0 + t] > N - 1 ? N - 1 : out_hi[i0 + t];
+        if (a > b) a = N, b = N - 1;
+        memset(row_out, 0, (size_t)(a < N ? a : N) * sizeof(T));
+        if (a < N) memset(row_out + b + 1, 0, (size_t)(N - 1 - b) * sizeof(T));
+    }
+}
+
+/* Maps m0 .. m1 - 1 of in (n_maps, R_in, N) into out (n_maps, R_out, N); map m uses kernel m % H.
+ * A tile of TILE_ROWS output rows x TILE_VECTORS vectors of keys is summed in registers: each
+ * input vector loaded feeds every output row of the tile that reads its row (up to c_q of them),
+ * so that the loop runs on multiply-adds rather than on loads (one load per multiply-add, as a
+ * row at a time needs, ran at about half the multiply-add rate). Each output row still adds its
+ * terms in the order (u, w), so the result is the same to the bit as a row at a time. */
 void S(conv)(const T *in, T *out, const T *kernel, int64_t m0, int64_t m1, int64_t H, int64_t R_in, int64_t R_out,
              int64_t N, int64_t c_q, int64_t c_k, int64_t offset, const int64_t *in_lo, const int64_t *in_hi,
              const int64_t *out_lo, const int64_t *out_hi) {
-    typedef S(vec) V;
-    const int64_t p = c_k / 2, block = TILE_VECTORS * LANES, n_slots = c_q + TILE_ROWS - 1;
-    const int64_t width = N + 2 * p + block;  /* the slack lets a block read past the row's end */
+    const int64_t n_slots = c_q + TILE_ROWS - 1, width = N + 2 * (c_k / 2) + TILE_VECTORS * LANES;
     T *ring = malloc((size_t)(n_slots * width) * sizeof(T));
     int64_t *held = malloc((size_t)n_slots * sizeof(int64_t));  /* the input row each slot holds */
     const T **rows = malloc((size_t)n_slots * sizeof(T *));
-    T tail[TILE_VECTORS * LANES];
     if (!ring || !held || !rows) goto done;
     for (int64_t m = m0; m < m1; m++) {
-        const T *map = in + m * R_in * N, *k = kernel + (m % H) * c_q * c_k;
-        T *dst = out + m * R_out * N;
         for (int64_t s = 0; s < n_slots; s++) held[s] = INT64_MIN;
-        for (int64_t i0 = 0; i0 < R_out; i0 += TILE_ROWS) {
-            const int64_t n_out = R_out - i0 < TILE_ROWS ? R_out - i0 : TILE_ROWS, n_in = n_out + c_q - 1;
-            /* The tile's input rows, each padded and masked once into the ring (NULL: sees nothing). */
-            for (int64_t n = 0; n < n_in; n++) {
-                int64_t r = i0 + offset + n, s = (r % n_slots + n_slots) % n_slots;
-                rows[n] = NULL;
-                if (S(row_empty)(r, R_in, in_lo, in_hi, N)) continue;
-                if (held[s] != r) S(pad_row)(ring + s * width, width, map, r, R_in, N, in_lo, in_hi, p), held[s] = r;
-                rows[n] = ring + s * width;
-            }
-            int64_t lo = N, hi = -1;  /* the keys any row of the tile keeps */
-            for (int64_t t = 0; t < n_out; t++) {
-                int64_t a = out_lo[i0 + t] < 0 ? 0 : out_lo[i0 + t], b = out_hi[i0 + t] > N - 1 ? N - 1 : out_hi[i0 + t];
-                if (a <= b) lo = a < lo ? a : lo, hi = b > hi ? b : hi;
-            }
-            for (int64_t j = lo; j <= hi; j += block) {
-                V a[TILE_ROWS][TILE_VECTORS] = {{{0}}};
-                for (int64_t n = 0; n < n_in; n++) {
-                    if (!rows[n]) continue;
-                    const T *x = rows[n] + j;  /* in~[r][j + w - p] is ring[p + j + w - p] */
-                    /* output row t reads this input row through kernel row u = n - t */
-                    const int64_t t0 = n - c_q + 1 > 0 ? n - c_q + 1 : 0, t1 = n < n_out - 1 ? n : n_out - 1;
-                    for (int64_t w = 0; w < c_k; w++) {
-                        V xv[TILE_VECTORS];
-                        for (int v = 0; v < TILE_VECTORS; v++) xv[v] = *(const V *)(x + w + v * LANES);
-                        for (int t = 0; t < TILE_ROWS; t++) {
-                            if (t < t0 || t > t1) continue;
-                            V c = (V){0} + k[(n - t) * c_k + w];
-                            for (int v = 0; v < TILE_VECTORS; v++) a[t][v] += c * xv[v];
-                        }
-                    }
-                }
-                for (int t = 0; t < TILE_ROWS; t++) {
-                    if (t >= n_out) break;
-                    T *to = j + block <= N ? dst + (i0 + t) * N + j : tail;
-                    for (int v = 0; v < TILE_VECTORS; v++) *(V *)(to + v * LANES) = a[t][v];
-                    if (to == tail) memcpy(dst + (i0 + t) * N + j, tail, (size_t)(N - j) * sizeof(T));
-                }
-            }
-            /* Zeros outside each row's keys (the tile wrote its whole span, and nothing else). */
-            for (int64_t t = 0; t < n_out; t++) {
-                T *row_out = dst + (i0 + t) * N;
-                int64_t a = out_lo[i0 + t] < 0 ? 0 : out_lo[i0 + t], b = out_hi[i0 + t] > N - 1 ? N - 1 : out_hi[i0 + t];
-                if (a > b) a = N, b = N - 1;
-                memset(row_out, 0, (size_t)(a < N ? a : N) * sizeof(T));
-                if (a < N) memset(row_out + b + 1, 0, (size_t)(N - 1 - b) * sizeof(T));
-            }
-        }
+        for (int64_t i0 = 0; i0 < R_out; i0 += TILE_ROWS)
+            S(conv_tile)(in + m * R_in * N, out + (m * R_out + i0) * N, kernel + (m % H) * c_q * c_k, ring, held, rows,
+                         i0, R_out - i0 < TILE_ROWS ? R_out - i0 : TILE_ROWS, R_in, N, c_q, c_k, offset, in_lo, in_hi,
+                         out_lo, out_hi);
     }
 done:
     free(ring), free(held), free(rows);
@@ -181,9 +197,13 @@ void S(kernel_grad)(const T *in, const T *dout, double *grad, int64_t m0, int64_
                 /* The row's visible gradient, zeros elsewhere: the band's span may pass its ends. */
                 int64_t a = out_lo[i0 + t] < 0 ? 0 : out_lo[i0 + t], b = out_hi[i0 + t] > N - 1 ? N - 1 : out_hi[i0 + t];
                 T *dt = d + t * d_width;
-                memset(dt, 0, (size_t)d_width * sizeof(T));
-                if (a > b) continue;
+                if (a > b) {
+                    memset(dt, 0, (size_t)d_width * sizeof(T));
+                    continue;
+                }
+                memset(dt, 0, (size_t)a * sizeof(T));
                 memcpy(dt + a, dmap + (i0 + t) * N + a, (size_t)(b - a + 1) * sizeof(T));
+                memset(dt + b + 1, 0, (size_t)(d_width - b - 1) * sizeof(T));
                 lo = a < lo ? a : lo, hi = b > hi ? b : hi;
             }
             if (lo > hi) continue;
@@ -407,6 +427,25 @@ static void S(weigh_row)(T **dst, T **p, T *const *src, const T *pre, const T *p
     if (post) S(mix_rows)(dst, p, post, 0, H, c_post, a, e);
 }
 
+/* One row i of every head (row pointers src, p, dst as weigh_row's) for mixed_softmax: over the
+ * row's keys lo_i .. hi_i (lo, hi NULL: every key), zeros elsewhere (in p too if keep_p). */
+static void S(softmax_unit)(T **dst, T **p, T *const *src, int keep_p, const T *pre, const T *post, int64_t H,
+                            int64_t N, int64_t c_pre, int64_t c_post, int64_t i, const int64_t *lo, const int64_t *hi) {
+    int64_t a = !lo || lo[i] < 0 ? 0 : lo[i], e = !hi || hi[i] > N - 1 ? N : hi[i] + 1;
+    if (a >= e) {
+        for (int64_t h = 0; h < H; h++) {
+            memset(dst[h], 0, (size_t)N * sizeof(T));
+            if (keep_p) memset(p[h], 0, (size_t)N * sizeof(T));
+        }
+        return;
+    }
+    S(weigh_row)(dst, p, src, pre, post, H, c_pre, c_post, a, e);
+    for (int64_t h = 0; h < H; h++) {
+        S(zero_outside)(dst[h], N, a, e);
+        if (keep_p) S(zero_outside)(p[h], N, a, e);
+    }
+}
+
 /* Rows (b, i), unit u = b * R + i from u0 to u1, of (B, H, R, N) maps; row i sees keys lo_i..hi_i:
  *     M = pre-mix of C (pre NULL: M = C),  P = softmax of M over the visible keys,
  *     out = post-mix of P (post NULL: out = P);  probs (if not NULL) gets P.
@@ -420,27 +459,60 @@ void S(mixed_softmax)(const T *scores, T *out, T *probs, const T *pre, const T *
     T **src = rows, **p = rows + H, **dst = rows + 2 * H;
     for (int64_t unit = u0; unit < u1; unit++) {
         int64_t b = unit / R, i = unit % R;
-        int64_t a = !lo || lo[i] < 0 ? 0 : lo[i], e = !hi || hi[i] > N - 1 ? N : hi[i] + 1;
         for (int64_t h = 0; h < H; h++) {
             size_t at = ((b * H + h) * R + i) * N;
             src[h] = (T *)scores + at, dst[h] = out + at;
             p[h] = probs ? probs + at : (post ? buffer + h * N : out + at);
         }
-        if (a >= e) {
-            for (int64_t h = 0; h < H; h++) {
-                memset(dst[h], 0, (size_t)N * sizeof(T));
-                if (probs) memset(p[h], 0, (size_t)N * sizeof(T));
-            }
-            continue;
-        }
-        S(weigh_row)(dst, p, src, pre, post, H, c_pre, c_post, a, e);
-        for (int64_t h = 0; h < H; h++) {
-            S(zero_outside)(dst[h], N, a, e);
-            if (probs) S(zero_outside)(p[h], N, a, e);
-        }
+        S(softmax_unit)(dst, p, src, probs != NULL, pre, post, H, N, c_pre, c_post, i, lo, hi);
     }
 done:
     free(buffer), free(rows);
+}
+
+/* conv (offset 0) then mixed_softmax, a tile of TILE_ROWS rows of every head at a time, so that
+ * the convolved scores go from the convolution to the softmax in cache rather than through memory:
+ * tiles u = b * n_tiles + i0 / TILE_ROWS from u0 to u1 of scores (B, H, R_in, N) with kernel
+ * (H, c_q, c_k); out, probs as
+ * mixed_softmax's on (B, H, R_out, N) with the output rows' keys out_lo..out_hi; conved (NULL:
+ * not kept) gets the convolved scores. The same numbers as the two calls. */
+void S(conv_softmax)(const T *scores, T *conved, T *out, T *probs, const T *kernel, const T *pre, const T *post,
+                     int64_t u0, int64_t u1, int64_t H, int64_t R_in, int64_t R_out, int64_t N, int64_t c_q, int64_t c_k,
+                     int64_t c_pre, int64_t c_post, const int64_t *in_lo, const int64_t *in_hi, const int64_t *out_lo,
+                     const int64_t *out_hi) {
+    const int64_t n_slots = c_q + TILE_ROWS - 1, width = N + 2 * (c_k / 2) + TILE_VECTORS * LANES;
+    T *ring = malloc((size_t)(H * n_slots * width) * sizeof(T));
+    int64_t *held = malloc((size_t)(H * n_slots) * sizeof(int64_t));
+    const T **in_rows = malloc((size_t)n_slots * sizeof(T *));
+    T *tile = conved ? NULL : malloc((size_t)(H * TILE_ROWS * N) * sizeof(T));
+    T *buffer = malloc((size_t)(H * N + LANES) * sizeof(T));
+    T **rows = malloc((size_t)(3 * H) * sizeof(T *));
+    if (!ring || !held || !in_rows || (!conved && !tile) || !buffer || !rows) goto done;
+    T **src = rows, **p = rows + H, **dst = rows + 2 * H;
+    const int64_t n_tiles = (R_out + TILE_ROWS - 1) / TILE_ROWS;
+    for (int64_t unit = u0, b = -1; unit < u1; unit++) {
+        if (unit / n_tiles != b)  /* a new map: its rows are in no slot */
+            for (int64_t s = 0; s < H * n_slots; s++) held[s] = INT64_MIN;
+        b = unit / n_tiles;
+        {
+            const int64_t i0 = unit % n_tiles * TILE_ROWS, n_out = R_out - i0 < TILE_ROWS ? R_out - i0 : TILE_ROWS;
+            for (int64_t h = 0; h < H; h++) {
+                T *to = conved ? conved + ((b * H + h) * R_out + i0) * N : tile + h * TILE_ROWS * N;
+                S(conv_tile)(scores + (b * H + h) * R_in * N, to, kernel + h * c_q * c_k, ring + h * n_slots * width,
+                             held + h * n_slots, in_rows, i0, n_out, R_in, N, c_q, c_k, 0, in_lo, in_hi, out_lo, out_hi);
+            }
+            for (int64_t t = 0; t < n_out; t++) {
+                for (int64_t h = 0; h < H; h++) {
+                    size_t at = ((b * H + h) * R_out + i0 + t) * N;
+                    src[h] = conved ? conved + at : tile + (h * TILE_ROWS + t) * N, dst[h] = out + at;
+                    p[h] = probs ? probs + at : (post ? buffer + h * N : out + at);
+                }
+                S(softmax_unit)(dst, p, src, probs != NULL, pre, post, H, N, c_pre, c_post, i0 + t, out_lo, out_hi);
+            }
+        }
+    }
+done:
+    free(ring), free(held), free(in_rows), free(tile), free(buffer), free(rows);
 }
 
 /* The gradient of mixed_softmax for the same rows, from out's gradient `grad` and the saved P:

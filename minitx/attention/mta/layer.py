@@ -156,8 +156,42 @@ class MultiTokenAttention(Attention):
         consecutive: k_pos[j] = k_pos[0] + j (False: the keys may lie in any order).
         Returns (out, weights) for the last R - n_hist rows.
         """
+        weights = self.one_pass_weights(q, k, q_pos, k_pos, first_key, consecutive)
+        if weights is not None:
+            dropped = F.dropout(weights, self.dropout_p, self.training) if self.dropout_p else weights
+            return self.normalise(values(dropped, v)), weights
         scores, visible = self.row_scores(q, k, q_pos, k_pos, first_key, consecutive)
         return self.weigh(scores, visible, v, some_rows_empty=self.kq_conv_post is not None or first_key > 0)
+
+    def one_pass_weights(self, q, k, q_pos, k_pos, first_key: int = 0, consecutive: bool = True):
+        """`rows`' weights by one C call for the convolution, mixes and softmax (native.conv_softmax),
+        where it applies: the pre placement, keys in order, nothing needing a gradient (a forward
+        without autograd, or ChunkedRows' forward), not compiled, no subclass's own convolution
+        (tests plant wrong ones). Else None."""
+        if (
+            self.kq_conv is None
+            or self.kq_conv_post is not None
+            or not consecutive
+            or not len(k_pos)
+            or not native.available(q)
+            or torch.compiler.is_compiling()
+            or type(self).convolve is not MultiTokenAttention.convolve
+            or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, *self.parameters())))
+        ):
+            return None
+        B, H, R, D = q.shape
+        G, Tk = k.shape[1], k.shape[2]
+        scores = ((q * self.scale).reshape(B, G, (H // G) * R, D) @ k.transpose(-2, -1)).view(B, H, R, Tk)
+        visible = VisibleKeys(q_pos, k_pos, first_key, consecutive)
+        out_rows = visible.from_row(self.c_q - 1)
+        return native.conv_softmax(
+            scores,
+            self.kq_conv[:, 0],
+            self.mix_pre,
+            self.mix_post,
+            (visible.lo, visible.hi),
+            (out_rows.lo, out_rows.hi),
+        )
 
     def row_scores(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, first_key: int = 0, consecutive: bool = True
@@ -179,6 +213,9 @@ class MultiTokenAttention(Attention):
 
     def row_weights(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """A training chunk's weights, `rows` short of the product with V (see ChunkedRows)."""
+        weights = self.one_pass_weights(q, k, q_pos, k_pos)
+        if weights is not None:
+            return weights
         scores, visible = self.row_scores(q, k, q_pos, k_pos)
         return self.weights(scores, visible, some_rows_empty=self.kq_conv_post is not None)
 
