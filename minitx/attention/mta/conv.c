@@ -77,6 +77,24 @@ static void S(pad_row)(T *dst, int64_t width, const T *map, int64_t r, int64_t n
     memset(dst + p + b + 1, 0, (size_t)(width - p - b - 1) * sizeof(T));
 }
 
+/* pad_row for the convolution's tiles, which read a block's keys straight from the map where all
+ * of them are visible (conv_tile): only the parts of the padded row a block near either end of
+ * the visible keys a..b reads are written, keys up to a + 2p + block and from b - 2p - block. */
+static void S(pad_edges)(T *dst, int64_t width, const T *map, int64_t r, int64_t n_rows, int64_t N,
+                         const int64_t *lo, const int64_t *hi, int64_t p, int64_t block) {
+    int64_t a = lo[r] < 0 ? 0 : lo[r], b = hi[r] > N - 1 ? N - 1 : hi[r];
+    int64_t left_end = a + 2 * p + block < b + 1 ? a + 2 * p + block : b + 1;  /* keys a .. left_end - 1 */
+    int64_t right = b - 2 * p - block > left_end ? b - 2 * p - block : left_end;  /* keys right .. b */
+    if (right - left_end < 4 * LANES || r < 0 || r >= n_rows) {  /* little in between: the whole row */
+        S(pad_row)(dst, width, map, r, n_rows, N, lo, hi, p);
+        return;
+    }
+    memset(dst, 0, (size_t)(p + a) * sizeof(T));
+    memcpy(dst + p + a, map + r * N + a, (size_t)(left_end - a) * sizeof(T));
+    memcpy(dst + p + right, map + r * N + right, (size_t)(b + 1 - right) * sizeof(T));
+    memset(dst + p + b + 1, 0, (size_t)(width - p - b - 1) * sizeof(T));
+}
+
 static int S(row_empty)(int64_t r, int64_t n_rows, const int64_t *lo, const int64_t *hi, int64_t N) {
     return r < 0 || r >= n_rows || hi[r] < 0 || lo[r] > N - 1 || lo[r] > hi[r];
 }
@@ -94,13 +112,27 @@ static void S(conv_tile)(const T *map, T *dst, const T *k, T *ring, int64_t *hel
     const int64_t p = c_k / 2, block = TILE_VECTORS * LANES, n_slots = c_q + TILE_ROWS - 1;
     const int64_t width = N + 2 * p + block, n_in = n_out + c_q - 1;
     T tail[TILE_VECTORS * LANES];
-    /* The tile's input rows, each padded and masked once into the ring (NULL: sees nothing). */
+    /* The tile's input rows, each padded and masked once into the ring (NULL: sees nothing), near
+     * the ends of its visible keys; a block whose keys are all visible reads the map itself. */
+    const T *direct[TILE_ROWS + 16];  /* c_q <= 17 (else every block reads the ring) */
+    int64_t first[TILE_ROWS + 16], last[TILE_ROWS + 16];
+    const int use_map = n_in <= TILE_ROWS + 16;
     for (int64_t n = 0; n < n_in; n++) {
         int64_t r = i0 + offset + n, s = (r % n_slots + n_slots) % n_slots;
         rows[n] = NULL;
         if (S(row_empty)(r, R_in, in_lo, in_hi, N)) continue;
-        if (held[s] != r) S(pad_row)(ring + s * width, width, map, r, R_in, N, in_lo, in_hi, p), held[s] = r;
+        if (held[s] != r) {
+            if (use_map) S(pad_edges)(ring + s * width, width, map, r, R_in, N, in_lo, in_hi, p, block);
+            else S(pad_row)(ring + s * width, width, map, r, R_in, N, in_lo, in_hi, p);
+            held[s] = r;
+        }
         rows[n] = ring + s * width;
+        if (use_map) {
+            direct[n] = map + r * N - p;  /* direct[n][j + w] is in[r][j + w - p] */
+            /* blocks j with first <= j <= last read only visible keys j - p .. j + block + p - 1 */
+            first[n] = (in_lo[r] < 0 ? 0 : in_lo[r]) + p;
+            last[n] = (in_hi[r] > N - 1 ? N - 1 : in_hi[r]) - block - p + 1;
+        }
     }
     int64_t lo = N, hi = -1;  /* the keys any row of the tile keeps */
     for (int64_t t = 0; t < n_out; t++) {
@@ -111,7 +143,8 @@ static void S(conv_tile)(const T *map, T *dst, const T *k, T *ring, int64_t *hel
         V a[TILE_ROWS][TILE_VECTORS] = {{{0}}};
         for (int64_t n = 0; n < n_in; n++) {
             if (!rows[n]) continue;
-            const T *x = rows[n] + j;  /* in~[r][j + w - p] is ring[p + j + w - p] */
+            /* in~[r][j + w - p] is ring[p + j + w - p], or the map's where all is visible */
+            const T *x = use_map && j >= first[n] && j <= last[n] ? direct[n] + j : rows[n] + j;
             /* output row t reads this input row through kernel row u = n - t */
             const int64_t t0 = n - c_q + 1 > 0 ? n - c_q + 1 : 0, t1 = n < n_out - 1 ? n : n_out - 1;
             for (int64_t w = 0; w < c_k; w++) {
