@@ -12,7 +12,8 @@
  * axes is its transpose (the gradient with respect to the input). kernel_grad: the gradient with
  * respect to the kernel.
  * mixed_softmax (and _grad): pre-softmax head mix, mask, softmax and post-softmax head mix, a row
- * of every head at a time. mix: head mixing alone. gated_norm: the output norm and gate.
+ * of every head at a time; conv_softmax: the convolution and mixed_softmax together, a tile of rows
+ * of every head at a time (no gradient). mix: head mixing alone. gated_norm: the output norm and gate.
  * attend_rows: a whole decoding step of a layer, from q, the cached k and v.
  *
  * Why by hand: oneDNN's depthwise convolution of these maps runs at a tenth of matrix-product

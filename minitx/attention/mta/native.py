@@ -2,9 +2,10 @@
 
 They cover the work MTA does on (rows x keys) maps that torch has no fused kernel for: the
 key-query convolution and its two gradients, the pre-softmax head mix + mask + softmax + post-
-softmax head mix in one pass and its gradient, head mixing alone, and (for decoding) the output
-norm and gate. Used for float32 and float64 on CPU; everything else (CUDA, bfloat16, no compiler)
-runs the same maths on torch's operations, equal to rounding (the tests hold both to one oracle).
+softmax head mix in one pass and its gradient, the convolution and that pass as one call where
+nothing needs a gradient (conv_softmax), head mixing alone, and (for decoding) the output norm
+and gate. Used for float32 and float64 on CPU; everything else (CUDA, bfloat16, no compiler) runs
+the same maths on torch's operations, equal to rounding (the tests hold both to one oracle).
 MINITX_NATIVE=0 turns them off.
 
 The library is built once per source and machine into ~/.cache/minitx (or $MINITX_CACHE) under a
