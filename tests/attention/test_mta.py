@@ -218,16 +218,17 @@ def test_gradients_match_the_formula(placement, backend, kernels):
         conv_placement=placement,
         query_chunk=4,
         backend=backend,
-    )  # chunks recompute
-    inputs = [t.requires_grad_() for t in qkv(module, 19)]
+    )  # chunks recompute (ChunkedRows) past one chunk: T = 8 fills two, 19 ends part full
     names, params = zip(*[(n, p) for n, p in module.named_parameters() if "proj" not in n])  # MTA's own
-    grad_out = torch.randn(2, 4, 19, 8, dtype=torch.float64)
-    fast = torch.autograd.grad((module.attend(*inputs) * grad_out).sum(), inputs + list(params))
-    slow = torch.autograd.grad(
-        (oracle(module, *inputs, module.norm.eps)[0] * grad_out).sum(), inputs + list(params)
-    )
-    for name, a, b in zip(("q", "k", "v") + names, fast, slow):
-        assert error(a, b) < 1e-10, name
+    for T in (1, 8, 19):
+        inputs = [t.requires_grad_() for t in qkv(module, T)]
+        grad_out = torch.randn(2, 4, T, 8, dtype=torch.float64)
+        fast = torch.autograd.grad((module.attend(*inputs) * grad_out).sum(), inputs + list(params))
+        slow = torch.autograd.grad(
+            (oracle(module, *inputs, module.norm.eps)[0] * grad_out).sum(), inputs + list(params)
+        )
+        for name, a, b in zip(("q", "k", "v") + names, fast, slow):
+            assert error(a, b) < 1e-10, (name, T)
 
 
 # -- documents: every row of the batch whole, each row seeing its own document --------------------------
@@ -515,11 +516,20 @@ def causal_rows(R: int, N: int, n_hist: int, first_key: int = 0):
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 @pytest.mark.parametrize(
     "c_q, c_k, R, N",
-    [(6, 11, 6, 1), (6, 11, 9, 4), (6, 11, 40, 300), (1, 1, 3, 5), (3, 5, 19, 19), (2, 9, 7, 131)],
+    [
+        (6, 11, 6, 1),
+        (6, 11, 9, 4),
+        (6, 11, 40, 300),
+        (1, 1, 3, 5),
+        (3, 5, 19, 19),
+        (2, 9, 7, 131),
+        (4, 7, 37, 531),
+    ],
 )
 def test_c_convolution_and_its_gradients_are_torch_s(c_loops, dtype, tolerance, c_q, c_k, R, N):
     # Hidden entries count as zero going in and come out zero; the gradients of both inputs
-    # through torch's conv2d of the masked maps. N = 131, 300: not a multiple of any vector width.
+    # through torch's conv2d of the masked maps. N = 131, 300, 531: not a multiple of any vector width
+    # or block of keys; R = 37, 40: several tiles and bands of rows, the last one part full.
     _, _, visible = causal_rows(R, N, n_hist=c_q - 1, first_key=2)
     maps = (3 * torch.randn(2, 3, R, N, dtype=dtype)).requires_grad_()
     kernel = torch.randn(3, 1, c_q, c_k, dtype=dtype, requires_grad=True)
@@ -549,15 +559,23 @@ def test_c_convolution_passes_gradcheck(c_loops):
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
 @pytest.mark.parametrize(
-    "pre_group, post_group, R, N",
-    [(4, 2, 7, 9), (2, None, 33, 100), (None, None, 5, 1), (4, 4, 20, 261), (None, 1, 9, 37)],
+    "H, pre_group, post_group, R, N",
+    [
+        (4, 4, 2, 7, 9),
+        (4, 2, None, 33, 100),
+        (4, None, None, 5, 1),
+        (4, 4, 4, 20, 261),
+        (4, None, 1, 9, 37),
+        (6, 6, 3, 8, 45),  # groups of 6 and 3 heads: the mixes' 4 x 4 tiles part full
+        (8, 8, 8, 4, 70),
+    ],
 )
-def test_fused_softmax_is_mix_mask_softmax_mix(c_loops, dtype, tolerance, pre_group, post_group, R, N):
+def test_fused_softmax_is_mix_mask_softmax_mix(c_loops, dtype, tolerance, H, pre_group, post_group, R, N):
     # Rows without a position see nothing (their softmax is 0, where torch's is NaN).
     q_pos, k_pos, visible = causal_rows(R, N, n_hist=2)
-    scores = (3 * torch.randn(2, 4, R, N, dtype=dtype)).requires_grad_()
+    scores = (3 * torch.randn(2, H, R, N, dtype=dtype)).requires_grad_()
     pre, post = [
-        None if g is None else torch.randn(4 // g, g, g, dtype=dtype, requires_grad=True)
+        None if g is None else torch.randn(H // g, g, g, dtype=dtype, requires_grad=True)
         for g in (pre_group, post_group)
     ]
     mixed = scores.double() if pre is None else mix_formula(scores.double(), pre)  # the reference in float64

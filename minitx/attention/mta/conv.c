@@ -12,7 +12,8 @@
  * axes is its transpose (the gradient with respect to the input). kernel_grad: the gradient with
  * respect to the kernel.
  * mixed_softmax (and _grad): pre-softmax head mix, mask, softmax and post-softmax head mix, a row
- * of every head at a time. mix: head mixing alone. gated_norm: the output norm and gate.
+ * of every head at a time; conv_softmax: the convolution and mixed_softmax together, a tile of rows
+ * of every head at a time (no gradient). mix: head mixing alone. gated_norm: the output norm and gate.
  * attend_rows: a whole decoding step of a layer, from q, the cached k and v.
  *
  * Why by hand: oneDNN's depthwise convolution of these maps runs at a tenth of matrix-product
@@ -50,136 +51,240 @@
 
 typedef T S(vec) __attribute__((vector_size(64), aligned(sizeof(T))));
 #define LANES ((int64_t)(64 / sizeof(T)))
-/* Independent sums in flight: enough to hide the latency of a multiply-add on two units. */
-#define ACCUMULATORS 8
-/* Kernel columns whose gradients one pass over a row pair sums at once (11, the LM setting, in one). */
-#define TAPS 12
+/* The convolution's tile: output rows x vectors of keys summed in registers (16 of 32). */
+#define TILE_ROWS 4
+#define TILE_VECTORS 4
+/* The kernel gradient's tile: kernel rows x kernel columns summed in registers (18 of 32), over
+ * blocks of keys of the band's rows that stay in L1. */
+#define GRAD_ROWS 3
+#define GRAD_TAPS 6
+#define GRAD_KEYS 256
+/* Dot products of head rows summed at once by the mixes' gradients: 4 x 4, a group of 4 heads. */
+#define MIX_TILE 4
 /* Rows whose kernel-gradient terms each lane sums in T before they go into a double. */
 #define ROW_BLOCK 16
 
 /* Row r of the map, padded by p zeros on the left and masked to its visible keys, into dst. */
 static void S(pad_row)(T *dst, int64_t width, const T *map, int64_t r, int64_t n_rows, int64_t N,
                        const int64_t *lo, const int64_t *hi, int64_t p) {
-    memset(dst, 0, (size_t)width * sizeof(T));
-    if (r < 0 || r >= n_rows) return;
+    int64_t a = r < 0 || r >= n_rows || lo[r] < 0 ? 0 : lo[r], b = r < 0 || r >= n_rows ? -1 : hi[r] > N - 1 ? N - 1 : hi[r];
+    if (a > b) {
+        memset(dst, 0, (size_t)width * sizeof(T));
+        return;
+    }
+    /* zeros around the visible keys only: the row is written once */
+    memset(dst, 0, (size_t)(p + a) * sizeof(T));
+    memcpy(dst + p + a, map + r * N + a, (size_t)(b - a + 1) * sizeof(T));
+    memset(dst + p + b + 1, 0, (size_t)(width - p - b - 1) * sizeof(T));
+}
+
+/* pad_row for the convolution's tiles, which read a block's keys straight from the map where all
+ * of them are visible (conv_tile): only the parts of the padded row a block near either end of
+ * the visible keys a..b reads are written, keys up to a + 2p + block and from b - 2p - block. */
+static void S(pad_edges)(T *dst, int64_t width, const T *map, int64_t r, int64_t n_rows, int64_t N,
+                         const int64_t *lo, const int64_t *hi, int64_t p, int64_t block) {
     int64_t a = lo[r] < 0 ? 0 : lo[r], b = hi[r] > N - 1 ? N - 1 : hi[r];
-    if (a <= b) memcpy(dst + p + a, map + r * N + a, (size_t)(b - a + 1) * sizeof(T));
+    int64_t left_end = a + 2 * p + block < b + 1 ? a + 2 * p + block : b + 1;  /* keys a .. left_end - 1 */
+    int64_t right = b - 2 * p - block > left_end ? b - 2 * p - block : left_end;  /* keys right .. b */
+    if (right - left_end < 4 * LANES || r < 0 || r >= n_rows) {  /* little in between: the whole row */
+        S(pad_row)(dst, width, map, r, n_rows, N, lo, hi, p);
+        return;
+    }
+    memset(dst, 0, (size_t)(p + a) * sizeof(T));
+    memcpy(dst + p + a, map + r * N + a, (size_t)(left_end - a) * sizeof(T));
+    memcpy(dst + p + right, map + r * N + right, (size_t)(b + 1 - right) * sizeof(T));
+    memset(dst + p + b + 1, 0, (size_t)(width - p - b - 1) * sizeof(T));
 }
 
 static int S(row_empty)(int64_t r, int64_t n_rows, const int64_t *lo, const int64_t *hi, int64_t N) {
     return r < 0 || r >= n_rows || hi[r] < 0 || lo[r] > N - 1 || lo[r] > hi[r];
 }
 
-/* Maps m0 .. m1 - 1 of in (n_maps, R_in, N) into out (n_maps, R_out, N); map m uses kernel m % H. */
+/* Maps m0 .. m1 - 1 of in (n_maps, R_in, N) into out (n_maps, R_out, N); map m uses kernel m % H.
+ * A tile of TILE_ROWS output rows x TILE_VECTORS vectors of keys is summed in registers: each
+ * input vector loaded feeds every output row of the tile that reads its row (up to c_q of them),
+ * so that the loop runs on multiply-adds rather than on loads (one load per multiply-add, as a
+ * row at a time needs, ran at about half the multiply-add rate). Each output row still adds its
+ * terms in the order (u, w), so the result is the same to the bit as a row at a time. */
+static void S(conv_tile)(const T *map, T *dst, const T *k, T *ring, int64_t *held, const T **rows, int64_t i0,
+                        int64_t n_out, int64_t R_in, int64_t N, int64_t c_q, int64_t c_k, int64_t offset,
+                        const int64_t *in_lo, const int64_t *in_hi, const int64_t *out_lo, const int64_t *out_hi) {
+    typedef S(vec) V;
+    const int64_t p = c_k / 2, block = TILE_VECTORS * LANES, n_slots = c_q + TILE_ROWS - 1;
+    const int64_t width = N + 2 * p + block, n_in = n_out + c_q - 1;
+    T tail[TILE_VECTORS * LANES];
+    /* The tile's input rows, each padded and masked once into the ring (NULL: sees nothing), near
+     * the ends of its visible keys; a block whose keys are all visible reads the map itself. */
+    const T *direct[TILE_ROWS + 16];  /* c_q <= 17 (else every block reads the ring) */
+    int64_t first[TILE_ROWS + 16], last[TILE_ROWS + 16];
+    const int use_map = n_in <= TILE_ROWS + 16;
+    for (int64_t n = 0; n < n_in; n++) {
+        int64_t r = i0 + offset + n, s = (r % n_slots + n_slots) % n_slots;
+        rows[n] = NULL;
+        if (S(row_empty)(r, R_in, in_lo, in_hi, N)) continue;
+        if (held[s] != r) {
+            if (use_map) S(pad_edges)(ring + s * width, width, map, r, R_in, N, in_lo, in_hi, p, block);
+            else S(pad_row)(ring + s * width, width, map, r, R_in, N, in_lo, in_hi, p);
+            held[s] = r;
+        }
+        rows[n] = ring + s * width;
+        if (use_map) {
+            direct[n] = map + r * N - p;  /* direct[n][j + w] is in[r][j + w - p] */
+            /* blocks j with first <= j <= last read only visible keys j - p .. j + block + p - 1 */
+            first[n] = (in_lo[r] < 0 ? 0 : in_lo[r]) + p;
+            last[n] = (in_hi[r] > N - 1 ? N - 1 : in_hi[r]) - block - p + 1;
+        }
+    }
+    int64_t lo = N, hi = -1;  /* the keys any row of the tile keeps */
+    for (int64_t t = 0; t < n_out; t++) {
+        int64_t a = out_lo[i0 + t] < 0 ? 0 : out_lo[i0 + t], b = out_hi[i0 + t] > N - 1 ? N - 1 : out_hi[i0 + t];
+        if (a <= b) lo = a < lo ? a : lo, hi = b > hi ? b : hi;
+    }
+    for (int64_t j = lo; j <= hi; j += block) {
+        V a[TILE_ROWS][TILE_VECTORS] = {{{0}}};
+        for (int64_t n = 0; n < n_in; n++) {
+            if (!rows[n]) continue;
+            /* in~[r][j + w - p] is ring[p + j + w - p], or the map's where all is visible */
+            const T *x = use_map && j >= first[n] && j <= last[n] ? direct[n] + j : rows[n] + j;
+            /* output row t reads this input row through kernel row u = n - t */
+            const int64_t t0 = n - c_q + 1 > 0 ? n - c_q + 1 : 0, t1 = n < n_out - 1 ? n : n_out - 1;
+            for (int64_t w = 0; w < c_k; w++) {
+                V xv[TILE_VECTORS];
+                for (int v = 0; v < TILE_VECTORS; v++) xv[v] = *(const V *)(x + w + v * LANES);
+                for (int t = 0; t < TILE_ROWS; t++) {
+                    if (t < t0 || t > t1) continue;
+                    V c = (V){0} + k[(n - t) * c_k + w];
+                    for (int v = 0; v < TILE_VECTORS; v++) a[t][v] += c * xv[v];
+                }
+            }
+        }
+        for (int t = 0; t < TILE_ROWS; t++) {
+            if (t >= n_out) break;
+            T *to = j + block <= N ? dst + t * N + j : tail;
+            for (int v = 0; v < TILE_VECTORS; v++) *(V *)(to + v * LANES) = a[t][v];
+            if (to == tail) memcpy(dst + t * N + j, tail, (size_t)(N - j) * sizeof(T));
+        }
+    }
+    /* Zeros outside each row's keys (the tile wrote its whole span, and nothing else). */
+    for (int64_t t = 0; t < n_out; t++) {
+        T *row_out = dst + t * N;
+        int64_t a = out_lo[i0 + t] < 0 ? 0 : out_lo[i0 + t], b = out_hi[i0 + t] > N - 1 ? N - 1 : out_hi[i0 + t];
+        if (a > b) a = N, b = N - 1;
+        memset(row_out, 0, (size_t)(a < N ? a : N) * sizeof(T));
+        if (a < N) memset(row_out + b + 1, 0, (size_t)(N - 1 - b) * sizeof(T));
+    }
+}
+
+/* Maps m0 .. m1 - 1 of in (n_maps, R_in, N) into out (n_maps, R_out, N); map m uses kernel m % H.
+ * A tile of TILE_ROWS output rows x TILE_VECTORS vectors of keys is summed in registers: each
+ * input vector loaded feeds every output row of the tile that reads its row (up to c_q of them),
+ * so that the loop runs on multiply-adds rather than on loads (one load per multiply-add, as a
+ * row at a time needs, ran at about half the multiply-add rate). Each output row still adds its
+ * terms in the order (u, w), so the result is the same to the bit as a row at a time. */
 void S(conv)(const T *in, T *out, const T *kernel, int64_t m0, int64_t m1, int64_t H, int64_t R_in, int64_t R_out,
              int64_t N, int64_t c_q, int64_t c_k, int64_t offset, const int64_t *in_lo, const int64_t *in_hi,
              const int64_t *out_lo, const int64_t *out_hi) {
-    typedef S(vec) V;
-    const int64_t p = c_k / 2, block = ACCUMULATORS * LANES;
-    const int64_t width = N + 2 * p + block;  /* the slack lets a block read past the row's end */
-    T *ring = malloc((size_t)(c_q * width) * sizeof(T));
-    const T **rows = malloc((size_t)c_q * sizeof(T *)), **taps = malloc((size_t)c_q * sizeof(T *));
-    T tail[ACCUMULATORS * LANES];
-    if (!ring || !rows || !taps) goto done;
+    const int64_t n_slots = c_q + TILE_ROWS - 1, width = N + 2 * (c_k / 2) + TILE_VECTORS * LANES;
+    T *ring = malloc((size_t)(n_slots * width) * sizeof(T));
+    int64_t *held = malloc((size_t)n_slots * sizeof(int64_t));  /* the input row each slot holds */
+    const T **rows = malloc((size_t)n_slots * sizeof(T *));
+    if (!ring || !held || !rows) goto done;
     for (int64_t m = m0; m < m1; m++) {
-        const T *map = in + m * R_in * N, *k = kernel + (m % H) * c_q * c_k;
-        T *dst = out + m * R_out * N;
-        for (int64_t u = 0; u < c_q - 1; u++)  /* input row offset + u lives in slot (offset + u) mod c_q */
-            S(pad_row)(ring + (((offset + u) % c_q + c_q) % c_q) * width, width, map, offset + u, R_in, N, in_lo, in_hi, p);
-        for (int64_t i = 0; i < R_out; i++) {
-            int64_t newest = i + offset + c_q - 1;
-            S(pad_row)(ring + ((newest % c_q + c_q) % c_q) * width, width, map, newest, R_in, N, in_lo, in_hi, p);
-            T *row_out = dst + i * N;
-            int64_t lo = out_lo[i] < 0 ? 0 : out_lo[i], hi = out_hi[i] > N - 1 ? N - 1 : out_hi[i];
-            if (lo > hi) {
-                memset(row_out, 0, (size_t)N * sizeof(T));
-                continue;
-            }
-            memset(row_out, 0, (size_t)lo * sizeof(T));
-            memset(row_out + hi + 1, 0, (size_t)(N - 1 - hi) * sizeof(T));
-            int64_t n_rows = 0;  /* the input rows this output row reads that have anything visible */
-            for (int64_t u = 0; u < c_q; u++) {
-                int64_t r = i + offset + u;
-                if (S(row_empty)(r, R_in, in_lo, in_hi, N)) continue;
-                rows[n_rows] = ring + ((r % c_q + c_q) % c_q) * width;
-                taps[n_rows++] = k + u * c_k;
-            }
-            for (int64_t j = lo; j <= hi; j += block) {
-                V a[ACCUMULATORS] = {{0}};
-                for (int64_t n = 0; n < n_rows; n++) {
-                    const T *x = rows[n] + j;  /* in~[r][j + w - p] is ring[p + j + w - p] */
-                    const T *ku = taps[n];
-                    for (int64_t w = 0; w < c_k; w++) {
-                        V c = (V){0} + ku[w];
-                        for (int t = 0; t < ACCUMULATORS; t++) a[t] += c * *(const V *)(x + w + t * LANES);
-                    }
-                }
-                T *to = j + block <= hi + 1 ? row_out + j : tail;
-                for (int t = 0; t < ACCUMULATORS; t++) *(V *)(to + t * LANES) = a[t];
-                if (to == tail) memcpy(row_out + j, tail, (size_t)(hi + 1 - j) * sizeof(T));
-            }
-        }
+        for (int64_t s = 0; s < n_slots; s++) held[s] = INT64_MIN;
+        for (int64_t i0 = 0; i0 < R_out; i0 += TILE_ROWS)
+            S(conv_tile)(in + m * R_in * N, out + (m * R_out + i0) * N, kernel + (m % H) * c_q * c_k, ring, held, rows,
+                         i0, R_out - i0 < TILE_ROWS ? R_out - i0 : TILE_ROWS, R_in, N, c_q, c_k, offset, in_lo, in_hi,
+                         out_lo, out_hi);
     }
 done:
-    free(ring), free(rows), free(taps);
+    free(ring), free(held), free(rows);
 }
 
 /* grad[m][u][w] = sum_i sum_j dout[i][j] * in~[i + u][j + w - p] over each output row's visible
- * keys (the forward wrote zeros elsewhere, so those entries pass no gradient). Each lane sums in
- * T over a block of ROW_BLOCK rows, then the block's sums go into double. */
+ * keys (the forward wrote zeros elsewhere, so those entries pass no gradient). Rows go in bands of
+ * ROW_BLOCK output rows; within a band, a tile of GRAD_ROWS kernel rows x GRAD_TAPS kernel columns
+ * is summed in registers over a block of GRAD_KEYS keys at a time (the band's rows of that block
+ * stay in L1), each input vector loaded feeding every kernel row that meets it. Each lane sums in T
+ * over a band, then the band's sums go into double. */
 void S(kernel_grad)(const T *in, const T *dout, double *grad, int64_t m0, int64_t m1, int64_t R_in, int64_t R_out,
                     int64_t N, int64_t c_q, int64_t c_k, const int64_t *in_lo, const int64_t *in_hi,
                     const int64_t *out_lo, const int64_t *out_hi) {
     typedef S(vec) V;
-    const int64_t p = c_k / 2, taps = (c_k + TAPS - 1) / TAPS * TAPS;
-    const int64_t width = N + 2 * p + taps + 2 * LANES;
-    T *ring = malloc((size_t)(c_q * width) * sizeof(T)), *d = malloc((size_t)(N + LANES) * sizeof(T));
-    V *sums = malloc((size_t)(c_q * taps) * sizeof(V));
-    if (!ring || !d || !sums) goto done;
+    const int64_t p = c_k / 2, n_slots = ROW_BLOCK + c_q - 1;
+    const int64_t u_tiles = (c_q + GRAD_ROWS - 1) / GRAD_ROWS, w_tiles = (c_k + GRAD_TAPS - 1) / GRAD_TAPS;
+    const int64_t qs = u_tiles * GRAD_ROWS, ks = w_tiles * GRAD_TAPS;  /* the sums' padded shape */
+    const int64_t width = N + 2 * p + ks + GRAD_KEYS, d_width = N + GRAD_KEYS;
+    T *ring = malloc((size_t)(n_slots * width) * sizeof(T)), *d = malloc((size_t)(ROW_BLOCK * d_width) * sizeof(T));
+    int64_t *held = malloc((size_t)n_slots * sizeof(int64_t));
+    const T **rows = malloc((size_t)n_slots * sizeof(T *));
+    V *sums = malloc((size_t)(qs * ks) * sizeof(V));
+    if (!ring || !d || !held || !rows || !sums) goto done;
     for (int64_t m = m0; m < m1; m++) {
         const T *map = in + m * R_in * N, *dmap = dout + m * R_out * N;
         double *g = grad + m * c_q * c_k;
         memset(g, 0, (size_t)(c_q * c_k) * sizeof(double));
-        memset(sums, 0, (size_t)(c_q * taps) * sizeof(V));
-        for (int64_t u = 0; u < c_q - 1; u++)
-            S(pad_row)(ring + (u % c_q) * width, width, map, u, R_in, N, in_lo, in_hi, p);
-        for (int64_t i = 0; i < R_out; i++) {
-            int64_t newest = i + c_q - 1;
-            S(pad_row)(ring + (newest % c_q) * width, width, map, newest, R_in, N, in_lo, in_hi, p);
-            int64_t lo = out_lo[i] < 0 ? 0 : out_lo[i], hi = out_hi[i] > N - 1 ? N - 1 : out_hi[i];
-            if (lo <= hi) {
-                /* The row's visible gradient, zero-padded to whole vectors: no single-entry tail. */
-                int64_t end = lo + (hi + 1 - lo + LANES - 1) / LANES * LANES;
-                memcpy(d + lo, dmap + i * N + lo, (size_t)(hi + 1 - lo) * sizeof(T));
-                memset(d + hi + 1, 0, (size_t)(end - hi - 1) * sizeof(T));
-                for (int64_t u = 0; u < c_q; u++) {
-                    if (S(row_empty)(i + u, R_in, in_lo, in_hi, N)) continue;
-                    const T *x = ring + ((i + u) % c_q) * width;
-                    for (int64_t w0 = 0; w0 < c_k; w0 += TAPS) {
-                        V a[TAPS];
-                        for (int t = 0; t < TAPS; t++) a[t] = sums[u * taps + w0 + t];
-                        for (int64_t j = lo; j < end; j += LANES) {
-                            V dv = *(const V *)(d + j);
-                            for (int t = 0; t < TAPS; t++)  /* taps past c_k read the slack: unused */
-                                a[t] += dv * *(const V *)(x + j + w0 + t);
-                        }
-                        for (int t = 0; t < TAPS; t++) sums[u * taps + w0 + t] = a[t];
-                    }
+        for (int64_t s = 0; s < n_slots; s++) held[s] = INT64_MIN;
+        for (int64_t i0 = 0; i0 < R_out; i0 += ROW_BLOCK) {
+            const int64_t n_out = R_out - i0 < ROW_BLOCK ? R_out - i0 : ROW_BLOCK, n_in = n_out + c_q - 1;
+            int64_t lo = N, hi = -1;  /* the keys any row of the band keeps */
+            for (int64_t t = 0; t < n_out; t++) {
+                /* The row's visible gradient, zeros elsewhere: the band's span may pass its ends. */
+                int64_t a = out_lo[i0 + t] < 0 ? 0 : out_lo[i0 + t], b = out_hi[i0 + t] > N - 1 ? N - 1 : out_hi[i0 + t];
+                T *dt = d + t * d_width;
+                if (a > b) {
+                    memset(dt, 0, (size_t)d_width * sizeof(T));
+                    continue;
                 }
+                memset(dt, 0, (size_t)a * sizeof(T));
+                memcpy(dt + a, dmap + (i0 + t) * N + a, (size_t)(b - a + 1) * sizeof(T));
+                memset(dt + b + 1, 0, (size_t)(d_width - b - 1) * sizeof(T));
+                lo = a < lo ? a : lo, hi = b > hi ? b : hi;
             }
-            if ((i + 1) % ROW_BLOCK == 0 || i == R_out - 1) {
-                for (int64_t u = 0; u < c_q; u++)
-                    for (int64_t w = 0; w < c_k; w++) {
-                        double total = 0;
-                        for (int64_t l = 0; l < LANES; l++) total += sums[u * taps + w][l];
-                        g[u * c_k + w] += total;
+            if (lo > hi) continue;
+            for (int64_t n = 0; n < n_in; n++) {
+                int64_t r = i0 + n, s = r % n_slots;
+                rows[n] = NULL;
+                if (S(row_empty)(r, R_in, in_lo, in_hi, N)) continue;
+                if (held[s] != r) S(pad_row)(ring + s * width, width, map, r, R_in, N, in_lo, in_hi, p), held[s] = r;
+                rows[n] = ring + s * width;
+            }
+            memset(sums, 0, (size_t)(qs * ks) * sizeof(V));
+            for (int64_t j0 = lo; j0 <= hi; j0 += GRAD_KEYS) {
+                const int64_t j1 = j0 + GRAD_KEYS < hi + 1 ? j0 + GRAD_KEYS : hi + 1;
+                for (int64_t u0 = 0; u0 < c_q; u0 += GRAD_ROWS)
+                    for (int64_t w0 = 0; w0 < c_k; w0 += GRAD_TAPS) {
+                        V a[GRAD_ROWS][GRAD_TAPS];
+                        for (int uu = 0; uu < GRAD_ROWS; uu++)
+                            for (int ww = 0; ww < GRAD_TAPS; ww++) a[uu][ww] = sums[(u0 + uu) * ks + w0 + ww];
+                        /* input row n meets output row n - u: kernel rows u0 + uu with 0 <= n - u < n_out */
+                        for (int64_t n = u0; n < n_out + u0 + GRAD_ROWS - 1 && n < n_in; n++) {
+                            if (!rows[n]) continue;
+                            const T *x = rows[n] + w0;  /* in~[r][j + w - p] is ring[j + w] */
+                            for (int64_t j = j0; j < j1; j += LANES) {
+                                V xv[GRAD_TAPS];
+                                for (int ww = 0; ww < GRAD_TAPS; ww++) xv[ww] = *(const V *)(x + j + ww);
+                                for (int uu = 0; uu < GRAD_ROWS; uu++) {
+                                    int64_t t = n - u0 - uu;  /* the output row, within the band */
+                                    if (t < 0 || t >= n_out || u0 + uu >= c_q) continue;
+                                    V dv = *(const V *)(d + t * d_width + j);
+                                    for (int ww = 0; ww < GRAD_TAPS; ww++) a[uu][ww] += dv * xv[ww];
+                                }
+                            }
+                        }
+                        for (int uu = 0; uu < GRAD_ROWS; uu++)
+                            for (int ww = 0; ww < GRAD_TAPS; ww++) sums[(u0 + uu) * ks + w0 + ww] = a[uu][ww];
                     }
-                memset(sums, 0, (size_t)(c_q * taps) * sizeof(V));
             }
+            for (int64_t u = 0; u < c_q; u++)  /* taps past c_k, rows past c_q: unused */
+                for (int64_t w = 0; w < c_k; w++) {
+                    double total = 0;
+                    for (int64_t l = 0; l < LANES; l++) total += sums[u * ks + w][l];
+                    g[u * c_k + w] += total;
+                }
         }
     }
 done:
-    free(ring), free(d), free(sums);
+    free(ring), free(d), free(held), free(rows), free(sums);
 }
 
 
@@ -332,33 +437,67 @@ static void S(softmax_row)(T *x, int64_t a, int64_t e) {
 }
 
 /* Head mixing of one row of every head over keys a .. e - 1: within groups of c heads,
- * dst_h = sum_k mix[g][k][h] src_k (transposed: mix[g][h][k]). dst and src: H row pointers. */
+ * dst_h = sum_k mix[g][k][h] src_k (transposed: mix[g][h][k]). dst and src: H row pointers (dst
+ * must not be src). Each output vector is summed in registers over the c inputs, in order k = 0, 1, ..,
+ * and stored once. */
 static void S(mix_rows)(T **dst, T *const *src, const T *mix, int64_t transposed, int64_t H, int64_t c, int64_t a,
                         int64_t e) {
+    typedef S(vec) V;
     for (int64_t j0 = a; j0 < e; j0 += 512) {  /* a block of each row stays in L1 */
         int64_t j1 = j0 + 512 < e ? j0 + 512 : e;
         for (int64_t h = 0; h < H; h++) {
             int64_t first = h / c * c;
             const T *m = mix + first * c;  /* this group's c x c block */
             T *d = dst[h];
-            for (int64_t k = 0; k < c; k++) {
-                const T *x = src[first + k];
-                T weight = transposed ? m[(h - first) * c + k] : m[k * c + h - first];
-                if (k == 0)
-                    for (int64_t j = j0; j < j1; j++) d[j] = weight * x[j];
-                else
-                    for (int64_t j = j0; j < j1; j++) d[j] += weight * x[j];
+            int64_t j = j0;
+            for (; j + 2 * LANES <= j1; j += 2 * LANES) {
+                V s0 = {0}, s1 = {0};
+                for (int64_t k = 0; k < c; k++) {
+                    const T *x = src[first + k] + j;
+                    V weight = (V){0} + (transposed ? m[(h - first) * c + k] : m[k * c + h - first]);
+                    s0 += weight * *(const V *)x;
+                    s1 += weight * *(const V *)(x + LANES);
+                }
+                *(V *)(d + j) = s0, *(V *)(d + j + LANES) = s1;
+            }
+            for (; j < j1; j++) {
+                T sum = 0;
+                for (int64_t k = 0; k < c; k++)
+                    sum += (transposed ? m[(h - first) * c + k] : m[k * c + h - first]) * src[first + k][j];
+                d[j] = sum;
             }
         }
     }
 }
 
-/* grad_mix[g][k][h] += x_k . y_h over keys a .. e - 1, within groups of c heads (in double). */
+/* grad_mix[g][k][h] += x_k . y_h over keys a .. e - 1, within groups of c heads (in double): a tile
+ * of MIX_TILE x MIX_TILE dot products summed in registers per lane, then lane by lane in double. */
 static void S(mix_grad_rows)(double *grad_mix, T *const *x, T *const *y, int64_t H, int64_t c, int64_t a, int64_t e) {
+    typedef S(vec) V;
+    int64_t whole = a + (e - a) / LANES * LANES;
     for (int64_t first = 0; first < H; first += c)
-        for (int64_t k = 0; k < c; k++)
-            for (int64_t h = 0; h < c; h++)
-                grad_mix[first * c + k * c + h] += S(dot)(x[first + k], y[first + h], a, e);
+        for (int64_t k0 = 0; k0 < c; k0 += MIX_TILE)
+            for (int64_t h0 = 0; h0 < c; h0 += MIX_TILE) {
+                V acc[MIX_TILE][MIX_TILE] = {{{0}}};
+                const T *xs[MIX_TILE], *ys[MIX_TILE];
+                for (int t = 0; t < MIX_TILE; t++) {  /* past the group's end: any row, unused */
+                    xs[t] = x[first + (k0 + t < c ? k0 + t : k0)];
+                    ys[t] = y[first + (h0 + t < c ? h0 + t : h0)];
+                }
+                for (int64_t j = a; j < whole; j += LANES) {
+                    V xv[MIX_TILE], yv[MIX_TILE];
+                    for (int t = 0; t < MIX_TILE; t++) xv[t] = *(const V *)(xs[t] + j), yv[t] = *(const V *)(ys[t] + j);
+                    for (int kk = 0; kk < MIX_TILE; kk++)
+                        for (int hh = 0; hh < MIX_TILE; hh++) acc[kk][hh] += xv[kk] * yv[hh];
+                }
+                for (int kk = 0; kk < MIX_TILE && k0 + kk < c; kk++)
+                    for (int hh = 0; hh < MIX_TILE && h0 + hh < c; hh++) {
+                        double total = 0;
+                        for (int64_t l = 0; l < LANES; l++) total += acc[kk][hh][l];
+                        for (int64_t j = whole; j < e; j++) total += (double)xs[kk][j] * ys[hh][j];
+                        grad_mix[first * c + (k0 + kk) * c + h0 + hh] += total;
+                    }
+            }
 }
 
 static void S(zero_outside)(T *row, int64_t N, int64_t a, int64_t e) {
@@ -376,6 +515,25 @@ static void S(weigh_row)(T **dst, T **p, T *const *src, const T *pre, const T *p
     if (post) S(mix_rows)(dst, p, post, 0, H, c_post, a, e);
 }
 
+/* One row i of every head (row pointers src, p, dst as weigh_row's) for mixed_softmax: over the
+ * row's keys lo_i .. hi_i (lo, hi NULL: every key), zeros elsewhere (in p too if keep_p). */
+static void S(softmax_unit)(T **dst, T **p, T *const *src, int keep_p, const T *pre, const T *post, int64_t H,
+                            int64_t N, int64_t c_pre, int64_t c_post, int64_t i, const int64_t *lo, const int64_t *hi) {
+    int64_t a = !lo || lo[i] < 0 ? 0 : lo[i], e = !hi || hi[i] > N - 1 ? N : hi[i] + 1;
+    if (a >= e) {
+        for (int64_t h = 0; h < H; h++) {
+            memset(dst[h], 0, (size_t)N * sizeof(T));
+            if (keep_p) memset(p[h], 0, (size_t)N * sizeof(T));
+        }
+        return;
+    }
+    S(weigh_row)(dst, p, src, pre, post, H, c_pre, c_post, a, e);
+    for (int64_t h = 0; h < H; h++) {
+        S(zero_outside)(dst[h], N, a, e);
+        if (keep_p) S(zero_outside)(p[h], N, a, e);
+    }
+}
+
 /* Rows (b, i), unit u = b * R + i from u0 to u1, of (B, H, R, N) maps; row i sees keys lo_i..hi_i:
  *     M = pre-mix of C (pre NULL: M = C),  P = softmax of M over the visible keys,
  *     out = post-mix of P (post NULL: out = P);  probs (if not NULL) gets P.
@@ -389,27 +547,60 @@ void S(mixed_softmax)(const T *scores, T *out, T *probs, const T *pre, const T *
     T **src = rows, **p = rows + H, **dst = rows + 2 * H;
     for (int64_t unit = u0; unit < u1; unit++) {
         int64_t b = unit / R, i = unit % R;
-        int64_t a = !lo || lo[i] < 0 ? 0 : lo[i], e = !hi || hi[i] > N - 1 ? N : hi[i] + 1;
         for (int64_t h = 0; h < H; h++) {
             size_t at = ((b * H + h) * R + i) * N;
             src[h] = (T *)scores + at, dst[h] = out + at;
             p[h] = probs ? probs + at : (post ? buffer + h * N : out + at);
         }
-        if (a >= e) {
-            for (int64_t h = 0; h < H; h++) {
-                memset(dst[h], 0, (size_t)N * sizeof(T));
-                if (probs) memset(p[h], 0, (size_t)N * sizeof(T));
-            }
-            continue;
-        }
-        S(weigh_row)(dst, p, src, pre, post, H, c_pre, c_post, a, e);
-        for (int64_t h = 0; h < H; h++) {
-            S(zero_outside)(dst[h], N, a, e);
-            if (probs) S(zero_outside)(p[h], N, a, e);
-        }
+        S(softmax_unit)(dst, p, src, probs != NULL, pre, post, H, N, c_pre, c_post, i, lo, hi);
     }
 done:
     free(buffer), free(rows);
+}
+
+/* conv (offset 0) then mixed_softmax, a tile of TILE_ROWS rows of every head at a time, so that
+ * the convolved scores go from the convolution to the softmax in cache rather than through memory:
+ * tiles u = b * n_tiles + i0 / TILE_ROWS from u0 to u1 of scores (B, H, R_in, N) with kernel
+ * (H, c_q, c_k); out, probs as
+ * mixed_softmax's on (B, H, R_out, N) with the output rows' keys out_lo..out_hi; conved (NULL:
+ * not kept) gets the convolved scores. The same numbers as the two calls. */
+void S(conv_softmax)(const T *scores, T *conved, T *out, T *probs, const T *kernel, const T *pre, const T *post,
+                     int64_t u0, int64_t u1, int64_t H, int64_t R_in, int64_t R_out, int64_t N, int64_t c_q, int64_t c_k,
+                     int64_t c_pre, int64_t c_post, const int64_t *in_lo, const int64_t *in_hi, const int64_t *out_lo,
+                     const int64_t *out_hi) {
+    const int64_t n_slots = c_q + TILE_ROWS - 1, width = N + 2 * (c_k / 2) + TILE_VECTORS * LANES;
+    T *ring = malloc((size_t)(H * n_slots * width) * sizeof(T));
+    int64_t *held = malloc((size_t)(H * n_slots) * sizeof(int64_t));
+    const T **in_rows = malloc((size_t)n_slots * sizeof(T *));
+    T *tile = conved ? NULL : malloc((size_t)(H * TILE_ROWS * N) * sizeof(T));
+    T *buffer = malloc((size_t)(H * N + LANES) * sizeof(T));
+    T **rows = malloc((size_t)(3 * H) * sizeof(T *));
+    if (!ring || !held || !in_rows || (!conved && !tile) || !buffer || !rows) goto done;
+    T **src = rows, **p = rows + H, **dst = rows + 2 * H;
+    const int64_t n_tiles = (R_out + TILE_ROWS - 1) / TILE_ROWS;
+    for (int64_t unit = u0, b = -1; unit < u1; unit++) {
+        if (unit / n_tiles != b)  /* a new map: its rows are in no slot */
+            for (int64_t s = 0; s < H * n_slots; s++) held[s] = INT64_MIN;
+        b = unit / n_tiles;
+        {
+            const int64_t i0 = unit % n_tiles * TILE_ROWS, n_out = R_out - i0 < TILE_ROWS ? R_out - i0 : TILE_ROWS;
+            for (int64_t h = 0; h < H; h++) {
+                T *to = conved ? conved + ((b * H + h) * R_out + i0) * N : tile + h * TILE_ROWS * N;
+                S(conv_tile)(scores + (b * H + h) * R_in * N, to, kernel + h * c_q * c_k, ring + h * n_slots * width,
+                             held + h * n_slots, in_rows, i0, n_out, R_in, N, c_q, c_k, 0, in_lo, in_hi, out_lo, out_hi);
+            }
+            for (int64_t t = 0; t < n_out; t++) {
+                for (int64_t h = 0; h < H; h++) {
+                    size_t at = ((b * H + h) * R_out + i0 + t) * N;
+                    src[h] = conved ? conved + at : tile + (h * TILE_ROWS + t) * N, dst[h] = out + at;
+                    p[h] = probs ? probs + at : (post ? buffer + h * N : out + at);
+                }
+                S(softmax_unit)(dst, p, src, probs != NULL, pre, post, H, N, c_pre, c_post, i0 + t, out_lo, out_hi);
+            }
+        }
+    }
+done:
+    free(ring), free(held), free(in_rows), free(tile), free(buffer), free(rows);
 }
 
 /* The gradient of mixed_softmax for the same rows, from out's gradient `grad` and the saved P:
@@ -581,7 +772,11 @@ done:
 }
 
 #undef LANES
-#undef ACCUMULATORS
-#undef TAPS
+#undef TILE_ROWS
+#undef TILE_VECTORS
+#undef GRAD_ROWS
+#undef GRAD_TAPS
+#undef GRAD_KEYS
+#undef MIX_TILE
 #undef ROW_BLOCK
 #endif

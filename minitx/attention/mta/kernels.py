@@ -380,15 +380,25 @@ def write_band(scores: Tensor, band: Tensor, first_row: int) -> Tensor:
 # -- chunks of query rows, recomputed in the backward pass ---------------------------------------------
 
 
-class ChunkedRows(torch.autograd.Function):
-    """cat over chunks of fn(*row parts[the chunk's rows], *key parts[keys up to its end], q_pos, k_pos)[0].
+def values(weights: Tensor, v: Tensor) -> Tensor:
+    """weights (B, H, R, Tk) @ v (B, G, Tk, D) per query head, without copying v: the heads sharing a
+    kv head are folded into rows. (B, H, R, D)."""
+    B, H, R, Tk = weights.shape
+    G, D = v.shape[1], v.shape[-1]
+    return (weights.reshape(B, G, (H // G) * R, Tk) @ v).view(B, H, R, D)
 
-    Keeps no chunk's (rows x keys) maps: the backward recomputes each chunk, as torch's checkpoint
-    would, but adds its gradients into slices of whole-size buffers in place. (Checkpointing each
-    chunk separately hands every sliced input a whole-size gradient, zero outside the slice, to be
-    added up: at T = 4096 that is 16 passes over each input's gradient, K'cat's c_q x D wide.)
-    The last n_params tensors are the parameters fn reads (so that they get gradients). fn must not
-    draw random numbers (dropout): the recomputation would draw others.
+
+class ChunkedRows(torch.autograd.Function):
+    """cat over chunks of values(fn(*row parts[the chunk's rows], *key parts[keys up to its end],
+    q_pos, k_pos), v[keys up to its end]), where v is the last key part, which fn does not read.
+
+    Keeps no chunk's (rows x keys) maps: the backward recomputes each chunk's weights, as torch's
+    checkpoint would, but not their product with V, whose gradients need only the weights (d
+    weights = g V^T, d V = weights^T g); and it adds its gradients into slices of whole-size buffers
+    in place. (Checkpointing each chunk separately hands every sliced input a whole-size gradient,
+    zero outside the slice, to be added up: at T = 4096 that is 16 passes over each input's
+    gradient, K'cat's c_q x D wide.) The last n_params tensors are the parameters fn reads (so that
+    they get gradients). fn must not draw random numbers (dropout): the recomputation would draw others.
     """
 
     @staticmethod
@@ -404,8 +414,13 @@ class ChunkedRows(torch.autograd.Function):
         device = parts[0].device.type
         ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         ctx.save_for_backward(*parts)
+        v = parts[-1]
         outs = [
-            fn(*chunk_parts(parts, n_row_parts, span), *chunk_positions(positions, span))[0] for span in spans
+            values(
+                fn(*chunk_parts(parts[:-1], n_row_parts, span), *chunk_positions(positions, span)),
+                v[:, :, : span[2]],
+            )
+            for span in spans
         ]
         return torch.cat(outs, dim=2)
 
@@ -418,22 +433,29 @@ class ChunkedRows(torch.autograd.Function):
             torch.zeros_like(p) if need else None for p, need in zip(ctx.params, needs[len(parts) :])
         ]
         device, autocast_on, autocast_dtype = ctx.autocast
+        v, grad_v = parts[-1], part_grads[-1]
+        B, G, _, D = v.shape
         row = 0
         for span in ctx.spans:
             inputs = [
                 t.detach().requires_grad_(g is not None)
-                for t, g in zip(chunk_parts(parts, ctx.n_row_parts, span), part_grads)
+                for t, g in zip(chunk_parts(parts[:-1], ctx.n_row_parts, span), part_grads)
             ]
             with torch.enable_grad(), torch.autocast(device, dtype=autocast_dtype, enabled=autocast_on):
-                out = ctx.fn(*inputs, *chunk_positions(ctx.positions, span))[0]
+                weights = ctx.fn(*inputs, *chunk_positions(ctx.positions, span))
+            _, H, R, Tk = weights.shape
+            start, stop, key_end = span
+            with torch.autocast(device, dtype=autocast_dtype, enabled=autocast_on):
+                # The product's gradients by hand, the heads sharing a kv head folded into rows.
+                g = grad[:, :, row : row + R].reshape(B, G, (H // G) * R, D)
+                grad_weights = (g @ v[:, :, :key_end].transpose(-2, -1)).view(B, H, R, Tk).to(weights.dtype)
+                if grad_v is not None:
+                    add_into(grad_v[:, :, :key_end], weights.detach().reshape(B, G, (H // G) * R, Tk).mT @ g)
+            row += R
             targets = [x for x, g in zip(inputs, part_grads) if g is not None]
             targets += [p for p, g in zip(ctx.params, param_grads) if g is not None]
-            grads = iter(
-                torch.autograd.grad(out, targets, grad[:, :, row : row + out.shape[2]], allow_unused=True)
-            )
-            row += out.shape[2]
-            start, stop, key_end = span
-            for i, buffer in enumerate(part_grads):
+            grads = iter(torch.autograd.grad(weights, targets, grad_weights, allow_unused=True))
+            for i, buffer in enumerate(part_grads[:-1]):
                 if buffer is not None:
                     add_into(
                         buffer[:, :, start:stop] if i < ctx.n_row_parts else buffer[:, :, :key_end],

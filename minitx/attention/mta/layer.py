@@ -51,6 +51,7 @@ from .kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
     mix_heads,
     run,
     shifted_queries,
+    values,
     write_band,
 )
 from .options import MTAOptions, check_mta_model
@@ -159,6 +160,56 @@ class MultiTokenAttention(Attention):
         `attend_documents`; consecutive keys), or None: one document.
         Returns (out, weights) for the last R - n_hist rows.
         """
+        weights = (
+            None if starts is not None else self.one_pass_weights(q, k, q_pos, k_pos, first_key, consecutive)
+        )
+        if weights is not None:
+            dropped = F.dropout(weights, self.dropout_p, self.training) if self.dropout_p else weights
+            return self.normalise(values(dropped, v)), weights
+        scores, visible = self.row_scores(q, k, q_pos, k_pos, first_key, consecutive, starts)
+        return self.weigh(scores, visible, v, some_rows_empty=self.kq_conv_post is not None or first_key > 0)
+
+    def one_pass_weights(self, q, k, q_pos, k_pos, first_key: int = 0, consecutive: bool = True):
+        """`rows`' weights by one C call for the convolution, mixes and softmax (native.conv_softmax),
+        where it applies: the pre placement, keys in order, nothing needing a gradient (a forward
+        without autograd, or ChunkedRows' forward), not compiled, no subclass's own convolution
+        (tests plant wrong ones). Else None."""
+        if (
+            self.kq_conv is None
+            or self.kq_conv_post is not None
+            or not consecutive
+            or not len(k_pos)
+            or not native.available(q)
+            or torch.compiler.is_compiling()
+            or type(self).convolve is not MultiTokenAttention.convolve
+            or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, *self.parameters())))
+        ):
+            return None
+        B, H, R, D = q.shape
+        G, Tk = k.shape[1], k.shape[2]
+        scores = ((q * self.scale).reshape(B, G, (H // G) * R, D) @ k.transpose(-2, -1)).view(B, H, R, Tk)
+        visible = VisibleKeys(q_pos, k_pos, first_key, consecutive)
+        out_rows = visible.from_row(self.c_q - 1)
+        return native.conv_softmax(
+            scores,
+            self.kq_conv[:, 0],
+            self.mix_pre,
+            self.mix_post,
+            (visible.lo, visible.hi),
+            (out_rows.lo, out_rows.hi),
+        )
+
+    def row_scores(
+        self,
+        q: Tensor,
+        k: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        first_key: int = 0,
+        consecutive: bool = True,
+        starts: Tensor | None = None,
+    ) -> tuple[Tensor, VisibleKeys]:
+        """`rows`' scores after the pre-softmax convolution (if any), and the keys each row sees."""
         B, H, R, D = q.shape
         G, Tk = k.shape[1], k.shape[2]
         # Scores per query head without copying k: fold the heads sharing a kv head into rows.
@@ -171,12 +222,28 @@ class MultiTokenAttention(Attention):
             # zeroing: head mixing works entry by entry, and the softmax sets them to -inf.
             scores = self.convolve(scores, self.kq_conv, visible)
             visible = visible.from_row(self.c_q - 1)
-        return self.weigh(scores, visible, v, some_rows_empty=self.kq_conv_post is not None or first_key > 0)
+        return scores, visible
+
+    def row_weights(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, starts: Tensor | None = None
+    ) -> Tensor:
+        """A training chunk's weights, `rows` short of the product with V (see ChunkedRows)."""
+        weights = None if starts is not None else self.one_pass_weights(q, k, q_pos, k_pos)
+        if weights is not None:
+            return weights
+        scores, visible = self.row_scores(q, k, q_pos, k_pos, starts=starts)
+        return self.weights(scores, visible, some_rows_empty=self.kq_conv_post is not None)
 
     def weigh(self, scores: Tensor, visible: VisibleKeys | None, v: Tensor, some_rows_empty: bool):
         """From pre-softmax scores (B, H, R, Tk), pre-convolution done, to (out, weights): the rest
         of the released order: pre mix, softmax, post conv, re-zero the future, post mix, dropout, @ V.
         visible: the keys each row may see (None: all)."""
+        weights = self.weights(scores, visible, some_rows_empty)
+        dropped = F.dropout(weights, self.dropout_p, self.training) if self.dropout_p else weights
+        return self.normalise(values(dropped, v)), weights
+
+    def weights(self, scores: Tensor, visible: VisibleKeys | None, some_rows_empty: bool) -> Tensor:
+        """`weigh` up to the weights: pre mix, softmax, post conv, re-zero the future, post mix."""
         mix_post = self.mix_post
         if native.available(scores) and (visible is None or visible.lo is not None):
             # Pre mix, mask, softmax and (unless a convolution comes between) post mix in one pass
@@ -201,11 +268,7 @@ class MultiTokenAttention(Attention):
             weights = weights.masked_fill_(visible.from_row(self.c_q - 1).hidden, 0.0)
         if mix_post is not None:
             weights = mix_heads(weights, mix_post)
-        dropped = F.dropout(weights, self.dropout_p, self.training) if self.dropout_p else weights
-        B, H, R, Tk = weights.shape
-        G, D = v.shape[1], v.shape[-1]
-        out = (dropped.reshape(B, G, (H // G) * R, Tk) @ v).view(B, H, R, D)
-        return self.normalise(out), weights
+        return weights
 
     def convolve(self, maps: Tensor, kernel: Tensor, visible: VisibleKeys) -> Tensor:
         return convolve(maps, kernel, visible)  # a method, so that tests can plant a wrong convolution
@@ -246,28 +309,38 @@ class MultiTokenAttention(Attention):
         if starts is not None:
             if not native.available(q):  # torch's convolution would read across the documents' rows
                 raise ValueError("MTA takes documents' starts only where its C loops run")
+            row_parts = (q, starts[:, None, :, None])
             return self.attend_chunks(
-                q, k, v, (q, starts[:, None, :, None]), (k, v), self.n_hist, self.rows_of
+                q, k, v, row_parts, (k, v), self.n_hist, self.rows_of, self.row_weights_of
             )
         if self.fused(q, k, v):
             return self.normalise(torch.ops.minitx.mta_fused(*self.triton_inputs(q, k, v))[0])
         if self.kq_conv is not None and self.factorised(q):
             qcat, kcat, band = self.factorised_parts(q, k)
-            row_parts, key_parts, n_pad, chunk_fn = (
+            row_parts, key_parts, n_pad, chunk_fn, weights_fn = (
                 (qcat, band),
                 (kcat, v),
                 self.n_hist - (self.c_q - 1),
                 self.far_and_band,
+                self.far_and_band_weights,
             )
         else:
-            row_parts, key_parts, n_pad, chunk_fn = (q,), (k, v), self.n_hist, self.rows
-        return self.attend_chunks(q, k, v, row_parts, key_parts, n_pad, chunk_fn)
+            row_parts, key_parts, n_pad, chunk_fn, weights_fn = (
+                (q,),
+                (k, v),
+                self.n_hist,
+                self.rows,
+                self.row_weights,
+            )
+        return self.attend_chunks(q, k, v, row_parts, key_parts, n_pad, chunk_fn, weights_fn)
 
     def attend_chunks(
-        self, q: Tensor, k: Tensor, v: Tensor, row_parts, key_parts, n_pad: int, chunk_fn
+        self, q: Tensor, k: Tensor, v: Tensor, row_parts, key_parts, n_pad: int, chunk_fn, weights_fn
     ) -> Tensor:
         """chunk_fn(*row parts, *key parts, q_pos, k_pos) over chunks of queries: row parts (q's
-        rows, n_pad zero rows above the first) at the chunk's rows, key parts up to its last query."""
+        rows, n_pad zero rows above the first) at the chunk's rows, key parts up to its last query.
+        weights_fn: the same short of the product with V (its last key part) and the norm, for
+        ChunkedRows when training."""
         T = q.shape[2]
         positions = torch.arange(T, device=q.device)
         row_parts = [F.pad(part, (0, 0, n_pad, 0)) for part in row_parts]  # zero rows above the first query
@@ -313,8 +386,12 @@ class MultiTokenAttention(Attention):
             for name, p in self.named_parameters()
             if p.requires_grad and not name.startswith(("qkv_proj.", "out_proj."))
         ]
-        return ChunkedRows.apply(
-            chunk_fn, spans, (q_pos, positions), len(row_parts), len(params), *parts, *params
+        # The chunks give the output before the norm, which works row by row: normalised whole here,
+        # its backward needs no chunk's product with V again (ChunkedRows).
+        return self.normalise(
+            ChunkedRows.apply(
+                weights_fn, spans, (q_pos, positions), len(row_parts), len(params), *parts, *params
+            )
         )
 
     def factorised(self, q: Tensor) -> bool:
@@ -352,6 +429,10 @@ class MultiTokenAttention(Attention):
     def rows_of(self, q: Tensor, starts: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor):
         """`rows` for the chunks of `attend` with documents: starts (B, 1, R, 1), a row part."""
         return self.rows(q, k, v, q_pos, k_pos, starts=starts[:, 0, :, 0])
+
+    def row_weights_of(self, q: Tensor, starts: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor):
+        """`row_weights` for the chunks of `attend` with documents (ChunkedRows), as `rows_of`."""
+        return self.row_weights(q, k, q_pos, k_pos, starts=starts[:, 0, :, 0])
 
     def fused(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
         """Whether the Triton kernels do this layer's work: asked for, or `auto` on CUDA where they
@@ -408,14 +489,18 @@ class MultiTokenAttention(Attention):
     def far_and_band(self, qcat: Tensor, band: Tensor, kcat: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor):
         """`rows` for the factorised backend: the pre-convolved scores of the chunk's rows as
         Qcat . K'cat, exact for keys at least `off` behind each row, the band written over."""
+        scores, visible = self.far_and_band_scores(qcat, band, kcat, q_pos, k_pos)
+        return self.weigh(scores, visible, v, some_rows_empty=self.kq_conv_post is not None)
+
+    def far_and_band_scores(self, qcat: Tensor, band: Tensor, kcat: Tensor, q_pos: Tensor, k_pos: Tensor):
         first_row = kcat.shape[2] - qcat.shape[2]  # the chunk's rows end at its last key
         scores = write_band(qcat @ kcat.transpose(-2, -1), band, first_row)
-        return self.weigh(
-            scores,
-            VisibleKeys(q_pos, k_pos, consecutive=True),
-            v,
-            some_rows_empty=self.kq_conv_post is not None,
-        )
+        return scores, VisibleKeys(q_pos, k_pos, consecutive=True)
+
+    def far_and_band_weights(self, qcat: Tensor, band: Tensor, kcat: Tensor, q_pos: Tensor, k_pos: Tensor):
+        """A training chunk's weights on the factorised backend (see ChunkedRows)."""
+        scores, visible = self.far_and_band_scores(qcat, band, kcat, q_pos, k_pos)
+        return self.weights(scores, visible, some_rows_empty=self.kq_conv_post is not None)
 
     def reference(self, q: Tensor, k: Tensor, v: Tensor):
         T, n_hist = q.shape[2], self.n_hist

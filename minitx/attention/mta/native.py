@@ -2,9 +2,10 @@
 
 They cover the work MTA does on (rows x keys) maps that torch has no fused kernel for: the
 key-query convolution and its two gradients, the pre-softmax head mix + mask + softmax + post-
-softmax head mix in one pass and its gradient, head mixing alone, and (for decoding) the output
-norm and gate. Used for float32 and float64 on CPU; everything else (CUDA, bfloat16, no compiler)
-runs the same maths on torch's operations, equal to rounding (the tests hold both to one oracle).
+softmax head mix in one pass and its gradient, the convolution and that pass as one call where
+nothing needs a gradient (conv_softmax), head mixing alone, and (for decoding) the output norm
+and gate. Used for float32 and float64 on CPU; everything else (CUDA, bfloat16, no compiler) runs
+the same maths on torch's operations, equal to rounding (the tests hold both to one oracle).
 MINITX_NATIVE=0 turns them off.
 
 The library is built once per source and machine into ~/.cache/minitx (or $MINITX_CACHE) under a
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("conv.c")
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC"]
 SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+TILE_ROWS = 4  # conv.c's: conv_softmax's units of work are tiles of this many rows
 
 
 def cache_dir() -> Path:
@@ -88,6 +90,7 @@ def library() -> ctypes.CDLL | None:
             )
         getattr(lib, f"kernel_grad_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 7 + [ptr] * 4
         getattr(lib, f"kernel_grad_documents_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 8 + [ptr] * 4
+        getattr(lib, f"conv_softmax_{suffix}").argtypes = [ptr] * 7 + [i64] * 10 + [ptr] * 4
         getattr(lib, f"mix_{suffix}").argtypes = [ptr, ptr, ptr, i64, ptr, ptr] + [i64] * 6
         getattr(lib, f"gated_norm_{suffix}").argtypes = [ptr] * 5 + [ctypes.c_double, i64, i64]
         getattr(lib, f"attend_rows_{suffix}").argtypes = (
@@ -219,6 +222,31 @@ def mixed_softmax(
     bounds = [None, None] if rows is None else [t.data_ptr() for t in rows]
     split(B * R, lambda u0, u1, _: fn(*pointers, u0, u1, H, R, N, *sizes, *bounds))
     return out, (out if post is None else probs) if keep_probs else None
+
+
+def conv_softmax(
+    scores: Tensor,
+    kernel: Tensor,
+    pre: Tensor | None,
+    post: Tensor | None,
+    in_rows: tuple[Tensor, Tensor],
+    out_rows: tuple[Tensor, Tensor],
+) -> Tensor:
+    """mixed_softmax(conv(scores, kernel, 0, n_out, in_rows, out_rows), pre, post, out_rows)'s out
+    (no gradient), a tile of rows of every head at a time: the convolved scores stay in cache."""
+    B, H, R_in, N = scores.shape
+    scores = scores.contiguous()
+    kernel, pre, post = [as_dtype(t, scores.dtype) for t in (kernel, pre, post)]
+    R_out = len(out_rows[0])
+    out = scores.new_empty(B, H, R_out, N)
+    c_q, c_k = kernel.shape[-2:]
+    sizes = (H, R_in, R_out, N, c_q, c_k, *[1 if m is None else m.shape[-1] for m in (pre, post)])
+    pointers = (scores.data_ptr(), None, out.data_ptr(), None, kernel.data_ptr(), address(pre), address(post))
+    bounds = [t.data_ptr() for t in (*in_rows, *out_rows)]
+    fn = getattr(library(), f"conv_softmax_{SUFFIX[scores.dtype]}")
+    n_tiles = -(-R_out // TILE_ROWS)
+    split(B * n_tiles, lambda u0, u1, _: fn(*pointers, u0, u1, *sizes, *bounds))
+    return out
 
 
 def mixed_softmax_grad(
