@@ -31,7 +31,7 @@ from variants import VARIANTS, VOCAB, attention_section, config_of, default_shap
 
 from minitx import Transformer
 
-GOAL = 1.2
+GOAL = 1.1  # issue 34 (1.2 before it)
 DOC = 0  # the document token of these batches
 
 

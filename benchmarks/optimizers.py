@@ -161,6 +161,8 @@ def with_optimizer(config: dict, optimizer: str, args: argparse.Namespace) -> di
         model["schedule"] = args.schedule
     if optimizer == "muon" and args.muon_lr is not None:
         model["muon_lr"] = args.muon_lr
+    if optimizer == "muon" and args.muon_precision is not None:
+        model["muon_precision"] = args.muon_precision
     return {**config, "model": model}
 
 
@@ -193,6 +195,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--muon-lr", type=float, default=None, help="Muon's model.muon_lr (default: the config's)"
+    )
+    parser.add_argument(
+        "--muon-precision",
+        choices=("auto", "float32", "bfloat16"),
+        default=None,
+        help="Muon's model.muon_precision (default: the config's)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument(
@@ -236,7 +244,9 @@ def main() -> None:
     for run in runs:
         hp = run.module.hparams
         lrs = ", ".join(f"{g['lr']:g}" for g in run.optimizer.param_groups)
-        print(f"{run.name}: {type(run.optimizer).__name__}, group lrs {lrs}, schedule {hp.schedule}")
+        print(
+            f"{run.name}: {type(run.optimizer).__name__}, group lrs {lrs}, schedule {hp.schedule}, muon_precision {hp.muon_precision}"
+        )
     train(runs, data, steps, args.val_every, val_batches)
     adamw, muon = runs
 
