@@ -546,6 +546,37 @@ def test_c_convolution_and_its_gradients_are_torch_s(c_loops, dtype, tolerance, 
     assert error(fast[0], slow[0]) < tolerance and error(fast[1], slow[1]) < tolerance * scale
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize(
+    "c_q, c_k, H, pre_group, post_group, R, N, first_key",
+    [
+        (6, 11, 4, 4, 2, 9, 4, 0),
+        (4, 7, 6, 6, 3, 37, 531, 2),  # several row tiles and key blocks, the last part full
+        (3, 5, 4, None, None, 19, 19, 0),
+        (2, 9, 8, 8, 8, 7, 131, 5),
+        (1, 1, 4, 2, None, 3, 5, 0),
+    ],
+)
+def test_c_one_pass_is_the_convolution_then_the_fused_softmax(
+    c_loops, one_thread, dtype, c_q, c_k, H, pre_group, post_group, R, N, first_key
+):
+    # native.conv_softmax (inference and training chunks' forward) against its two calls: the
+    # same numbers, at sizes past one key block, keys sliding out (first_key), both threads.
+    _, _, visible = causal_rows(R, N, n_hist=c_q - 1, first_key=first_key)
+    out_rows = visible.from_row(c_q - 1)
+    scores = 3 * torch.randn(2, H, R, N, dtype=dtype)
+    kernel = torch.randn(H, c_q, c_k, dtype=dtype)
+    pre, post = [
+        None if g is None else torch.randn(H // g, g, g, dtype=dtype) for g in (pre_group, post_group)
+    ]
+    rows_in, rows_out = (visible.lo, visible.hi), (out_rows.lo, out_rows.hi)
+    convolved = native.conv(scores, kernel, 0, R - (c_q - 1), rows_in, rows_out)
+    expected, _ = native.mixed_softmax(convolved, pre, post, rows_out, keep_probs=False)
+    for threads in (1, 2):  # the one_thread fixture puts the count back
+        torch.set_num_threads(threads)
+        assert torch.equal(native.conv_softmax(scores, kernel, pre, post, rows_in, rows_out), expected)
+
+
 def test_c_convolution_passes_gradcheck(c_loops):
     _, _, visible = causal_rows(7, 9, n_hist=2)
     out_rows = visible.from_row(2)
