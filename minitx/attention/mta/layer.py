@@ -161,14 +161,7 @@ class MultiTokenAttention(CachedDecoding, Attention):
         `attend_documents`; consecutive keys), or None: one document.
         Returns (out, weights) for the last R - n_hist rows.
         """
-        weights = (
-            None if starts is not None else self.one_pass_weights(q, k, q_pos, k_pos, first_key, consecutive)
-        )
-        if weights is not None:
-            dropped = F.dropout(weights, self.dropout_p, self.training) if self.dropout_p else weights
-            return self.normalise(values(dropped, v)), weights
-        scores, visible = self.row_scores(q, k, q_pos, k_pos, first_key, consecutive, starts)
-        return self.weigh(scores, visible, v, some_rows_empty=self.kq_conv_post is not None or first_key > 0)
+        return self.finish(self.row_weights(q, k, q_pos, k_pos, first_key, consecutive, starts), v)
 
     def one_pass_weights(self, q, k, q_pos, k_pos, first_key: int = 0, consecutive: bool = True):
         """`rows`' weights by one C call for the convolution, mixes and softmax (native.conv_softmax),
@@ -226,20 +219,32 @@ class MultiTokenAttention(CachedDecoding, Attention):
         return scores, visible
 
     def row_weights(
-        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, starts: Tensor | None = None
+        self,
+        q: Tensor,
+        k: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        first_key: int = 0,
+        consecutive: bool = True,
+        starts: Tensor | None = None,
     ) -> Tensor:
-        """A training chunk's weights, `rows` short of the product with V (see ChunkedRows)."""
-        weights = None if starts is not None else self.one_pass_weights(q, k, q_pos, k_pos)
-        if weights is not None:
-            return weights
-        scores, visible = self.row_scores(q, k, q_pos, k_pos, starts=starts)
-        return self.weights(scores, visible, some_rows_empty=self.kq_conv_post is not None)
+        """`rows` short of the product with V and the norm: the weights (a training chunk's, for
+        ChunkedRows, which does the product itself)."""
+        if starts is None:
+            weights = self.one_pass_weights(q, k, q_pos, k_pos, first_key, consecutive)
+            if weights is not None:
+                return weights
+        scores, visible = self.row_scores(q, k, q_pos, k_pos, first_key, consecutive, starts)
+        return self.weights(scores, visible, some_rows_empty=self.kq_conv_post is not None or first_key > 0)
 
     def weigh(self, scores: Tensor, visible: VisibleKeys | None, v: Tensor, some_rows_empty: bool):
         """From pre-softmax scores (B, H, R, Tk), pre-convolution done, to (out, weights): the rest
         of the released order: pre mix, softmax, post conv, re-zero the future, post mix, dropout, @ V.
         visible: the keys each row may see (None: all)."""
-        weights = self.weights(scores, visible, some_rows_empty)
+        return self.finish(self.weights(scores, visible, some_rows_empty), v)
+
+    def finish(self, weights: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """(out, weights) from the weights: dropout, @ V, the output norm."""
         dropped = F.dropout(weights, self.dropout_p, self.training) if self.dropout_p else weights
         return self.normalise(values(dropped, v)), weights
 
