@@ -236,6 +236,8 @@ def main() -> None:
         help="only the CPU time of a step, kinds alternating",
     )
     args = parser.parse_args()
+    if args.cpu_steps == 1:  # the first round of each kind warms up and is not timed
+        parser.error("--cpu-steps: use 2 or more rounds (the first is a warm-up), or 0 for the full run")
     torch.set_num_threads(args.threads)
     shape, source = default_shape()
     print(

@@ -14,11 +14,11 @@ trainer.max_steps would be), and its final val loss.
 
     python benchmarks/optimizers.py                                # 1000 steps, validation every 100
     python benchmarks/optimizers.py --steps 200 --val-every 50 --schedule wsd
-    python benchmarks/optimizers.py --newton-schulz --threads 1   # the iteration alone, per shape
+    python benchmarks/optimizers.py --newton-schulz        # the iteration alone, per shape
 
 --newton-schulz: Newton-Schulz alone on the stacks BatchedMuon orthogonalises for the config's
 model (one per shape, tall ones turned), in float32 and in bfloat16 (model.muon_precision), timed
-in turn (median thread-CPU time), with each one's largest error against a float64 run, on
+in turn on one thread (median thread-CPU time), with each one's largest error against a float64 run, on
 Gaussian updates and on updates whose singular values span nine orders of magnitude (as
 gradients, near low rank).
 """
@@ -30,6 +30,7 @@ import math
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import lightning as L
@@ -40,8 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minitx.configfiles import merged_config  # noqa: E402
 from minitx.data.datamodule import TextDataModule  # noqa: E402
 from minitx.training import DEFAULT_CONFIG, MinitxLM, lm_loss  # noqa: E402
-from minitx.training.optim import BatchedMuon, newton_schulz  # noqa: E402
+from minitx.training.optim import MUON_DTYPES, MUON_PRECISIONS, BatchedMuon, newton_schulz  # noqa: E402
 
+SHAPES_VOCAB = 65  # --newton-schulz builds the model for its shapes only
 SKIP = 10  # first steps of each optimiser left out of the step time (allocation, warm-up)
 
 
@@ -106,19 +108,16 @@ def time_muon_steps(module: MinitxLM, repeats: int = 20) -> tuple[float, float]:
 
 def newton_schulz_table(module: MinitxLM, repeats: int = 21) -> None:
     """Newton-Schulz per stack in float32 and bfloat16: time and error (module doc)."""
-    group = BatchedMuon([torch.nn.Parameter(torch.zeros(2, 2))]).param_groups[0]  # torch's defaults
+    group = module.configure_optimizers()["optimizer"].muon.param_groups[0]
     coefficients, steps = group["ns_coefficients"], group["ns_steps"]
-    shapes: dict[tuple[int, int], int] = {}
-    for name, param in module.model.named_parameters():
-        if name in module.muon_names:
-            shapes[tuple(param.shape)] = shapes.get(tuple(param.shape), 0) + 1
+    shapes = Counter(tuple(p.shape) for n, p in module.model.named_parameters() if n in module.muon_names)
     print(f"Newton-Schulz, {steps} steps, coefficients {coefficients}, {torch.get_num_threads()} thread(s)")
     print(
         "| stack | float32 ms | bfloat16 ms | ratio | error vs float64: float32 / bfloat16, Gaussian | ill-conditioned |"
     )
     print("|---|---:|---:|---:|---|---|")
     generator = torch.Generator().manual_seed(0)
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    dtypes = MUON_DTYPES
     totals = dict.fromkeys(dtypes, 0.0)
     for (rows, columns), count in shapes.items():
         r, c = min(rows, columns), max(rows, columns)  # as orthogonalise turns tall matrices
@@ -198,7 +197,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--muon-precision",
-        choices=("auto", "float32", "bfloat16"),
+        choices=MUON_PRECISIONS,
         default=None,
         help="Muon's model.muon_precision (default: the config's)",
     )
@@ -216,6 +215,13 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     config = merged_config(args.config)
+    if args.newton_schulz:
+        # Thread-CPU time counts the calling thread only: one thread, so that it is all the work.
+        # The Muon matrices' shapes do not depend on the vocabulary: no data is read.
+        torch.set_num_threads(1)
+        model = with_optimizer(config, "muon", args)["model"]
+        newton_schulz_table(MinitxLM(**model, vocab_size=SHAPES_VOCAB, max_steps=1))
+        return
     steps = args.steps or int(config.get("trainer", {}).get("max_steps", 1000))
     clip = float(config.get("trainer", {}).get("gradient_clip_val") or 1.0)
     data_args = {
@@ -232,9 +238,6 @@ def main() -> None:
         f"{data.batch_size} x {data.block_size} tokens a step, gradient clipping {clip}"
     )
 
-    if args.newton_schulz:
-        newton_schulz_table(Run("muon", with_optimizer(config, "muon", args), data, steps, clip).module)
-        return
     runs = [Run(name, with_optimizer(config, name, args), data, steps, clip) for name in ("adamw", "muon")]
     plain, batched = time_muon_steps(runs[1].module)
     print(

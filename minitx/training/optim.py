@@ -141,7 +141,7 @@ def muon_dtype(precision: str, device: torch.device) -> torch.dtype:
     with native bfloat16 products (AVX512-BF16, AMX) about half float32's time (RESULTS)."""
     if precision == "auto":
         return torch.float32 if device.type == "cpu" else torch.bfloat16
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[precision]
+    return MUON_DTYPES[precision]
 
 
 def newton_schulz(x: Tensor, coefficients: Sequence[float], steps: int) -> Tensor:
@@ -243,7 +243,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         muon_lr: float,
         muon_momentum: float,
         muon_weight_decay: float,
-        muon_precision: str = "auto",
+        muon_precision: str,
         lr: float,
         betas: Sequence[float],
         eps: float,
@@ -342,7 +342,8 @@ OPTIMIZERS: dict[str, OptimiserSpec] = {
 }
 SCHEDULES = ("cosine", "wsd")
 DECAY_SHAPES = ("linear", "1-sqrt")
-MUON_PRECISIONS = ("auto", "float32", "bfloat16")
+MUON_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+MUON_PRECISIONS = ("auto", *MUON_DTYPES)
 
 
 @dataclass(frozen=True)

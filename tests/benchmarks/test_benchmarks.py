@@ -291,3 +291,17 @@ def test_memory_benchmark_growth_is_the_exponent_of_t(monkeypatch):
     spec.loader.exec_module(memory)
     assert memory.growth([10.0, 20.0, 80.0], [1024, 2048, 4096]) == "1.00, 2.00"
     assert memory.growth([10.0, None, 40.0], [1, 2, 4]) == "-, -"
+
+
+def test_newton_schulz_table_times_and_checks_both_precisions(tmp_path):
+    # optimizers.py --newton-schulz: a row per stack of the default model's Muon matrices, float32
+    # against float64 at float32's rounding and bfloat16 at bfloat16's, with the two times.
+    out = run_script("optimizers.py", "--newton-schulz", cwd=tmp_path)
+    rows = {row[0]: row for row in table_rows(out, "")[2:]}
+    assert set(rows) == {"4 x 384 x 128", "4 x 128 x 128", "4 x 512 x 128", "4 x 128 x 512", "all"}
+    for name, row in rows.items():
+        assert float(row[1]) > 0 and float(row[2]) > 0, name
+        if name != "all":
+            for cell in row[4:6]:
+                float32, bfloat16 = (float(x) for x in cell.split(" / "))
+                assert float32 < 1e-5 < 1e-4 < bfloat16 < 0.2, (name, cell)

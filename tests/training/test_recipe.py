@@ -209,6 +209,7 @@ def muon_with_adamw(model: Transformer) -> MuonWithAdamW:
         muon_lr=0.02,
         muon_momentum=0.95,
         muon_weight_decay=0.0,
+        muon_precision="auto",
         lr=1e-3,
         betas=(0.9, 0.95),
         eps=1e-8,
@@ -301,7 +302,8 @@ def test_muon_in_bfloat16_is_torch_muons_precision(one_thread):
         moved[name] = [(p - w).detach() for p, w in zip(params, start)]
     for n, (ours, theirs, exact) in enumerate(zip(moved["bfloat16"], moved["torch"], moved["float32"])):
         size = exact.norm()
-        assert (ours - theirs).norm() < 0.01 * size, n  # torch's step, up to the order of products
+        # torch's step (bitwise on one thread; float16's products would miss by about 1e-2 of it)
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4 * size.item(), msg=f"matrix {n}")
         assert 1e-4 * size < (ours - exact).norm() < 0.03 * size, n  # bfloat16's rounding, not float32's
 
 
