@@ -176,10 +176,15 @@ def _mixed_softmax_setup(ctx, inputs, output) -> None:
     out, probs = output
     ctx.has_pre, ctx.has_post, ctx.keep = pre is not None, post is not None, keep_probs
     ctx.mark_non_differentiable(probs)
+    # probs gets no gradient: without this autograd would hand the backward a map of zeros for it
+    # (a fill of a whole chunk's map, every chunk).
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(scores, probs if post is not None else out, pre, post, lo, hi)
 
 
-def _mixed_softmax_grad(ctx, grad: Tensor, _grad_probs):
+def _mixed_softmax_grad(ctx, grad: Tensor | None, _grad_probs):
+    if grad is None:  # out reached no loss (grads are not materialised)
+        return None, None, None, None, None, None
     if not ctx.keep:
         raise RuntimeError("minitx::mixed_softmax ran with keep_probs=False: it has no gradient")
     scores, probs, pre, post, lo, hi = ctx.saved_tensors
