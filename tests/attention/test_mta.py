@@ -574,7 +574,55 @@ def test_c_one_pass_is_the_convolution_then_the_fused_softmax(
     expected, _ = native.mixed_softmax(convolved, pre, post, rows_out, keep_probs=False)
     for threads in (1, 2):  # the one_thread fixture puts the count back
         torch.set_num_threads(threads)
-        assert torch.equal(native.conv_softmax(scores, kernel, pre, post, rows_in, rows_out), expected)
+        assert torch.equal(native.conv_softmax(scores, kernel, pre, post, rows_in, rows_out)[0], expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize(
+    "B, c_q, c_k, H, pre_group, post_group, R, N, first_key",
+    [
+        (1, 6, 11, 4, 4, 2, 70, 90, 0),  # five bands: on two threads the second starts mid-map
+        (2, 6, 11, 4, 4, 2, 9, 4, 0),
+        (1, 4, 7, 6, 6, 3, 101, 531, 2),  # keys sliding out, the last band part full
+        (3, 3, 5, 4, None, None, 19, 19, 0),
+        (1, 20, 3, 2, 2, None, 60, 70, 0),  # c_q - 1 past a band: rows read two bands back
+        (2, 1, 1, 4, 2, 2, 3, 5, 0),
+        (1, 6, 11, 4, None, 4, 6, 1, 0),  # one output row, one key
+    ],
+)
+def test_c_one_pass_gradient_is_the_three_calls(
+    c_loops, one_thread, dtype, B, c_q, c_k, H, pre_group, post_group, R, N, first_key
+):
+    # native.conv_softmax_grad (the training chunks' backward) against mixed_softmax_grad, then the
+    # convolution's input gradient and its kernel gradient: the same d scores to the bit (every
+    # row's sum in the same order), the kernel's and mixes' gradients to double rounding (their
+    # double sums are added in another order), on one and two threads.
+    _, _, visible = causal_rows(R, N, n_hist=c_q - 1, first_key=first_key)
+    out_rows = visible.from_row(c_q - 1)
+    scores = 3 * torch.randn(B, H, R, N, dtype=dtype)
+    kernel = torch.randn(H, c_q, c_k, dtype=dtype)
+    pre, post = [
+        None if g is None else torch.randn(H // g, g, g, dtype=dtype) for g in (pre_group, post_group)
+    ]
+    rows_in, rows_out = (visible.lo, visible.hi), (out_rows.lo, out_rows.hi)
+    out, conved, probs = native.conv_softmax(scores, kernel, pre, post, rows_in, rows_out, keep=True)
+    grad = torch.randn_like(out)
+    assert torch.equal(conved, native.conv(scores, kernel, 0, R - (c_q - 1), rows_in, rows_out))
+    d_conved, d_pre, d_post = native.mixed_softmax_grad(conved, probs, grad, pre, post, rows_out)
+    expected = (
+        native.conv(d_conved, kernel.flip(-1, -2), -(c_q - 1), R, rows_out, rows_in),
+        native.kernel_grad(scores, d_conved, c_q, c_k, rows_in, rows_out).view(B, H, c_q, c_k).sum(0),
+        d_pre,
+        d_post,
+    )
+    for threads in (1, 2):  # the one_thread fixture puts the count back
+        torch.set_num_threads(threads)
+        grads = native.conv_softmax_grad(scores, conved, probs, grad, kernel, pre, post, rows_in, rows_out)
+        assert torch.equal(grads[0], expected[0])
+        for got, want in zip(grads[1:], expected[1:]):
+            assert (got is None) == (want is None)
+            if want is not None:
+                torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_c_convolution_passes_gradcheck(c_loops):

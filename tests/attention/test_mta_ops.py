@@ -84,6 +84,25 @@ def test_mixed_softmax_opcheck(dtype, pre_groups, post_groups, masked):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("c_q, c_k, pre_groups, post_groups", [(3, 5, 1, 3), (2, 3, None, 2), (1, 1, 6, None)])
+def test_conv_softmax_opcheck(dtype, c_q, c_k, pre_groups, post_groups):
+    B, H, R, N = 2, 6, 7, 6
+    lo, hi = rows(R, N, n_hist=c_q - 1, first_key=1)
+    scores, kernel = randn(B, H, R, N, dtype=dtype), randn(H, 1, c_q, c_k, dtype=dtype)
+    pre, post = [
+        None if g is None else randn(g, H // g, H // g, dtype=dtype) for g in (pre_groups, post_groups)
+    ]
+    args = (lo, hi, lo[c_q - 1 :], hi[c_q - 1 :])
+    torch.library.opcheck(ops.conv_softmax, (scores, kernel, pre, post, *args))
+    gradcheck(lambda s, k, a, b: ops.conv_softmax(s, k, a, b, *args)[0], scores, kernel, pre, post)
+    detached = [None if t is None else t.detach() for t in (scores, kernel, pre, post)]
+    out, conved, probs = ops.conv_softmax(*detached, *args)
+    saved = out if post is None else probs  # what the gradient reads: the softmax before the post mix
+    grad = torch.randn_like(out)
+    torch.library.opcheck(ops.conv_softmax_backward, (grad, detached[0], conved, saved, *detached[1:], *args))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_ops_with_documents_opcheck(dtype):
     # Intervals per batch row (B, R): rows of several documents, each seeing keys from its start
     # (the first two rows are history, without a position).

@@ -100,8 +100,9 @@ static int S(row_empty)(int64_t r, int64_t n_rows, const int64_t *lo, const int6
     return r < 0 || r >= n_rows || hi[r] < 0 || lo[r] > N - 1 || lo[r] > hi[r];
 }
 
-/* Maps m0 .. m1 - 1 of in (n_maps, R_in, N) into out (n_maps, R_out, N); map m uses kernel m % H.
- * A tile of TILE_ROWS output rows x TILE_VECTORS vectors of keys is summed in registers: each
+/* Output rows i0 .. i0 + n_out - 1 (n_out <= TILE_ROWS) of one map into dst (its row i0), rows
+ * read through the ring of padded rows (held: the row each slot holds, kept across calls on one
+ * map). A tile of TILE_ROWS output rows x TILE_VECTORS vectors of keys is summed in registers: each
  * input vector loaded feeds every output row of the tile that reads its row (up to c_q of them),
  * so that the loop runs on multiply-adds rather than on loads (one load per multiply-add, as a
  * row at a time needs, ran at about half the multiply-add rate). Each output row still adds its
@@ -175,15 +176,11 @@ static void S(conv_tile)(const T *map, T *dst, const T *k, T *ring, int64_t *hel
     }
 }
 
-/* Maps m0 .. m1 - 1 of in (n_maps, R_in, N) into out (n_maps, R_out, N); map m uses kernel m % H.
- * A tile of TILE_ROWS output rows x TILE_VECTORS vectors of keys is summed in registers: each
- * input vector loaded feeds every output row of the tile that reads its row (up to c_q of them),
- * so that the loop runs on multiply-adds rather than on loads (one load per multiply-add, as a
- * row at a time needs, ran at about half the multiply-add rate). Each output row still adds its
- * terms in the order (u, w), so the result is the same to the bit as a row at a time. */
-void S(conv)(const T *in, T *out, const T *kernel, int64_t m0, int64_t m1, int64_t H, int64_t R_in, int64_t R_out,
-             int64_t N, int64_t c_q, int64_t c_k, int64_t offset, const int64_t *in_lo, const int64_t *in_hi,
-             const int64_t *out_lo, const int64_t *out_hi) {
+/* Output rows r0 .. r1 - 1 of maps m0 .. m1 - 1 of in (n_maps, R_in, N) into out (n_maps, R_out, N)
+ * (other rows are not written); map m uses kernel m % H. Tiles of conv_tile. */
+void S(conv_rows)(const T *in, T *out, const T *kernel, int64_t m0, int64_t m1, int64_t H, int64_t R_in,
+                  int64_t R_out, int64_t N, int64_t c_q, int64_t c_k, int64_t offset, int64_t r0, int64_t r1,
+                  const int64_t *in_lo, const int64_t *in_hi, const int64_t *out_lo, const int64_t *out_hi) {
     const int64_t n_slots = c_q + TILE_ROWS - 1, width = N + 2 * (c_k / 2) + TILE_VECTORS * LANES;
     T *ring = malloc((size_t)(n_slots * width) * sizeof(T));
     int64_t *held = malloc((size_t)n_slots * sizeof(int64_t));  /* the input row each slot holds */
@@ -191,100 +188,136 @@ void S(conv)(const T *in, T *out, const T *kernel, int64_t m0, int64_t m1, int64
     if (!ring || !held || !rows) goto done;
     for (int64_t m = m0; m < m1; m++) {
         for (int64_t s = 0; s < n_slots; s++) held[s] = INT64_MIN;
-        for (int64_t i0 = 0; i0 < R_out; i0 += TILE_ROWS)
+        for (int64_t i0 = r0; i0 < r1; i0 += TILE_ROWS)
             S(conv_tile)(in + m * R_in * N, out + (m * R_out + i0) * N, kernel + (m % H) * c_q * c_k, ring, held, rows,
-                         i0, R_out - i0 < TILE_ROWS ? R_out - i0 : TILE_ROWS, R_in, N, c_q, c_k, offset, in_lo, in_hi,
+                         i0, r1 - i0 < TILE_ROWS ? r1 - i0 : TILE_ROWS, R_in, N, c_q, c_k, offset, in_lo, in_hi,
                          out_lo, out_hi);
     }
 done:
     free(ring), free(held), free(rows);
 }
 
-/* grad[m][u][w] = sum_i sum_j dout[i][j] * in~[i + u][j + w - p] over each output row's visible
- * keys (the forward wrote zeros elsewhere, so those entries pass no gradient). Rows go in bands of
- * ROW_BLOCK output rows; within a band, a tile of GRAD_ROWS kernel rows x GRAD_TAPS kernel columns
- * is summed in registers over a block of GRAD_KEYS keys at a time (the band's rows of that block
- * stay in L1), each input vector loaded feeding every kernel row that meets it. Each lane sums in T
- * over a band, then the band's sums go into double. */
+/* Maps m0 .. m1 - 1 of in (n_maps, R_in, N) into out (n_maps, R_out, N), every output row. */
+void S(conv)(const T *in, T *out, const T *kernel, int64_t m0, int64_t m1, int64_t H, int64_t R_in, int64_t R_out,
+             int64_t N, int64_t c_q, int64_t c_k, int64_t offset, const int64_t *in_lo, const int64_t *in_hi,
+             const int64_t *out_lo, const int64_t *out_hi) {
+    S(conv_rows)(in, out, kernel, m0, m1, H, R_in, R_out, N, c_q, c_k, offset, 0, R_out, in_lo, in_hi, out_lo, out_hi);
+}
+
+/* The kernel gradient's scratch for one map at a time (kernel_grad_band): a ring of padded input
+ * rows, the row each slot holds, row pointers, the band's output gradient rows, the sums. */
+typedef struct {
+    T *ring, *d;
+    int64_t *held;
+    const T **rows;
+    S(vec) *sums;
+} S(grad_scratch);
+
+static int S(grad_scratch_new)(S(grad_scratch) *g, int64_t n_maps, int64_t N, int64_t c_q, int64_t c_k) {
+    const int64_t n_slots = ROW_BLOCK + c_q - 1, qs = (c_q + GRAD_ROWS - 1) / GRAD_ROWS * GRAD_ROWS;
+    const int64_t ks = (c_k + GRAD_TAPS - 1) / GRAD_TAPS * GRAD_TAPS, width = N + 2 * (c_k / 2) + ks + GRAD_KEYS;
+    g->ring = malloc((size_t)(n_maps * n_slots * width) * sizeof(T));
+    g->d = malloc((size_t)(ROW_BLOCK * (N + GRAD_KEYS)) * sizeof(T));
+    g->held = malloc((size_t)(n_maps * n_slots) * sizeof(int64_t));
+    g->rows = malloc((size_t)n_slots * sizeof(T *));
+    g->sums = malloc((size_t)(qs * ks) * sizeof(S(vec)));
+    return g->ring && g->d && g->held && g->rows && g->sums;
+}
+
+static void S(grad_scratch_free)(S(grad_scratch) *g) { free(g->ring), free(g->d), free(g->held), free(g->rows), free(g->sums); }
+
+/* grad[u][w] += sum_i sum_j dout[i][j] * in~[i + u][j + w - p] over output rows i0 .. i0 + n_out - 1
+ * (n_out <= ROW_BLOCK) of one map and each row's visible keys (the forward wrote zeros elsewhere,
+ * so those entries pass no gradient); scratch map `slot` of g (its ring is kept across the bands
+ * of one map). A tile of GRAD_ROWS kernel rows x GRAD_TAPS kernel columns is summed in registers
+ * over a block of GRAD_KEYS keys at a time (the band's rows of that block stay in L1), each input
+ * vector loaded feeding every kernel row that meets it. Each lane sums in T over the band, then
+ * the band's sums go into double. */
+static void S(kernel_grad_band)(const T *map, const T *dmap, double *grad, S(grad_scratch) *g, int64_t slot,
+                                int64_t i0, int64_t n_out, int64_t R_in, int64_t N, int64_t c_q, int64_t c_k,
+                                const int64_t *in_lo, const int64_t *in_hi, const int64_t *out_lo,
+                                const int64_t *out_hi) {
+    typedef S(vec) V;
+    const int64_t p = c_k / 2, n_slots = ROW_BLOCK + c_q - 1, n_in = n_out + c_q - 1;
+    const int64_t qs = (c_q + GRAD_ROWS - 1) / GRAD_ROWS * GRAD_ROWS, ks = (c_k + GRAD_TAPS - 1) / GRAD_TAPS * GRAD_TAPS;
+    const int64_t width = N + 2 * p + ks + GRAD_KEYS, d_width = N + GRAD_KEYS;
+    T *ring = g->ring + slot * n_slots * width, *d = g->d;
+    int64_t *held = g->held + slot * n_slots;
+    const T **rows = g->rows;
+    V *sums = g->sums;
+    int64_t lo = N, hi = -1;  /* the keys any row of the band keeps */
+    for (int64_t t = 0; t < n_out; t++) {
+        /* The row's visible gradient, zeros elsewhere: the band's span may pass its ends. */
+        int64_t a = out_lo[i0 + t] < 0 ? 0 : out_lo[i0 + t], b = out_hi[i0 + t] > N - 1 ? N - 1 : out_hi[i0 + t];
+        T *dt = d + t * d_width;
+        if (a > b) {
+            memset(dt, 0, (size_t)d_width * sizeof(T));
+            continue;
+        }
+        memset(dt, 0, (size_t)a * sizeof(T));
+        memcpy(dt + a, dmap + (i0 + t) * N + a, (size_t)(b - a + 1) * sizeof(T));
+        memset(dt + b + 1, 0, (size_t)(d_width - b - 1) * sizeof(T));
+        lo = a < lo ? a : lo, hi = b > hi ? b : hi;
+    }
+    if (lo > hi) return;
+    for (int64_t n = 0; n < n_in; n++) {
+        int64_t r = i0 + n, s = r % n_slots;
+        rows[n] = NULL;
+        if (S(row_empty)(r, R_in, in_lo, in_hi, N)) continue;
+        if (held[s] != r) S(pad_row)(ring + s * width, width, map, r, R_in, N, in_lo, in_hi, p), held[s] = r;
+        rows[n] = ring + s * width;
+    }
+    memset(sums, 0, (size_t)(qs * ks) * sizeof(V));
+    for (int64_t j0 = lo; j0 <= hi; j0 += GRAD_KEYS) {
+        const int64_t j1 = j0 + GRAD_KEYS < hi + 1 ? j0 + GRAD_KEYS : hi + 1;
+        for (int64_t u0 = 0; u0 < c_q; u0 += GRAD_ROWS)
+            for (int64_t w0 = 0; w0 < c_k; w0 += GRAD_TAPS) {
+                V a[GRAD_ROWS][GRAD_TAPS];
+                for (int uu = 0; uu < GRAD_ROWS; uu++)
+                    for (int ww = 0; ww < GRAD_TAPS; ww++) a[uu][ww] = sums[(u0 + uu) * ks + w0 + ww];
+                /* input row n meets output row n - u: kernel rows u0 + uu with 0 <= n - u < n_out */
+                for (int64_t n = u0; n < n_out + u0 + GRAD_ROWS - 1 && n < n_in; n++) {
+                    if (!rows[n]) continue;
+                    const T *x = rows[n] + w0;  /* in~[r][j + w - p] is ring[j + w] */
+                    for (int64_t j = j0; j < j1; j += LANES) {
+                        V xv[GRAD_TAPS];
+                        for (int ww = 0; ww < GRAD_TAPS; ww++) xv[ww] = *(const V *)(x + j + ww);
+                        for (int uu = 0; uu < GRAD_ROWS; uu++) {
+                            int64_t t = n - u0 - uu;  /* the output row, within the band */
+                            if (t < 0 || t >= n_out || u0 + uu >= c_q) continue;
+                            V dv = *(const V *)(d + t * d_width + j);
+                            for (int ww = 0; ww < GRAD_TAPS; ww++) a[uu][ww] += dv * xv[ww];
+                        }
+                    }
+                }
+                for (int uu = 0; uu < GRAD_ROWS; uu++)
+                    for (int ww = 0; ww < GRAD_TAPS; ww++) sums[(u0 + uu) * ks + w0 + ww] = a[uu][ww];
+            }
+    }
+    for (int64_t u = 0; u < c_q; u++)  /* taps past c_k, rows past c_q: unused */
+        for (int64_t w = 0; w < c_k; w++) {
+            double total = 0;
+            for (int64_t l = 0; l < LANES; l++) total += sums[u * ks + w][l];
+            grad[u * c_k + w] += total;
+        }
+}
+
+/* grad[m][u][w] = sum_i sum_j dout[i][j] * in~[i + u][j + w - p], maps m0 .. m1 - 1, in bands of
+ * ROW_BLOCK output rows (kernel_grad_band). */
 void S(kernel_grad)(const T *in, const T *dout, double *grad, int64_t m0, int64_t m1, int64_t R_in, int64_t R_out,
                     int64_t N, int64_t c_q, int64_t c_k, const int64_t *in_lo, const int64_t *in_hi,
                     const int64_t *out_lo, const int64_t *out_hi) {
-    typedef S(vec) V;
-    const int64_t p = c_k / 2, n_slots = ROW_BLOCK + c_q - 1;
-    const int64_t u_tiles = (c_q + GRAD_ROWS - 1) / GRAD_ROWS, w_tiles = (c_k + GRAD_TAPS - 1) / GRAD_TAPS;
-    const int64_t qs = u_tiles * GRAD_ROWS, ks = w_tiles * GRAD_TAPS;  /* the sums' padded shape */
-    const int64_t width = N + 2 * p + ks + GRAD_KEYS, d_width = N + GRAD_KEYS;
-    T *ring = malloc((size_t)(n_slots * width) * sizeof(T)), *d = malloc((size_t)(ROW_BLOCK * d_width) * sizeof(T));
-    int64_t *held = malloc((size_t)n_slots * sizeof(int64_t));
-    const T **rows = malloc((size_t)n_slots * sizeof(T *));
-    V *sums = malloc((size_t)(qs * ks) * sizeof(V));
-    if (!ring || !d || !held || !rows || !sums) goto done;
-    for (int64_t m = m0; m < m1; m++) {
-        const T *map = in + m * R_in * N, *dmap = dout + m * R_out * N;
-        double *g = grad + m * c_q * c_k;
-        memset(g, 0, (size_t)(c_q * c_k) * sizeof(double));
-        for (int64_t s = 0; s < n_slots; s++) held[s] = INT64_MIN;
-        for (int64_t i0 = 0; i0 < R_out; i0 += ROW_BLOCK) {
-            const int64_t n_out = R_out - i0 < ROW_BLOCK ? R_out - i0 : ROW_BLOCK, n_in = n_out + c_q - 1;
-            int64_t lo = N, hi = -1;  /* the keys any row of the band keeps */
-            for (int64_t t = 0; t < n_out; t++) {
-                /* The row's visible gradient, zeros elsewhere: the band's span may pass its ends. */
-                int64_t a = out_lo[i0 + t] < 0 ? 0 : out_lo[i0 + t], b = out_hi[i0 + t] > N - 1 ? N - 1 : out_hi[i0 + t];
-                T *dt = d + t * d_width;
-                if (a > b) {
-                    memset(dt, 0, (size_t)d_width * sizeof(T));
-                    continue;
-                }
-                memset(dt, 0, (size_t)a * sizeof(T));
-                memcpy(dt + a, dmap + (i0 + t) * N + a, (size_t)(b - a + 1) * sizeof(T));
-                memset(dt + b + 1, 0, (size_t)(d_width - b - 1) * sizeof(T));
-                lo = a < lo ? a : lo, hi = b > hi ? b : hi;
-            }
-            if (lo > hi) continue;
-            for (int64_t n = 0; n < n_in; n++) {
-                int64_t r = i0 + n, s = r % n_slots;
-                rows[n] = NULL;
-                if (S(row_empty)(r, R_in, in_lo, in_hi, N)) continue;
-                if (held[s] != r) S(pad_row)(ring + s * width, width, map, r, R_in, N, in_lo, in_hi, p), held[s] = r;
-                rows[n] = ring + s * width;
-            }
-            memset(sums, 0, (size_t)(qs * ks) * sizeof(V));
-            for (int64_t j0 = lo; j0 <= hi; j0 += GRAD_KEYS) {
-                const int64_t j1 = j0 + GRAD_KEYS < hi + 1 ? j0 + GRAD_KEYS : hi + 1;
-                for (int64_t u0 = 0; u0 < c_q; u0 += GRAD_ROWS)
-                    for (int64_t w0 = 0; w0 < c_k; w0 += GRAD_TAPS) {
-                        V a[GRAD_ROWS][GRAD_TAPS];
-                        for (int uu = 0; uu < GRAD_ROWS; uu++)
-                            for (int ww = 0; ww < GRAD_TAPS; ww++) a[uu][ww] = sums[(u0 + uu) * ks + w0 + ww];
-                        /* input row n meets output row n - u: kernel rows u0 + uu with 0 <= n - u < n_out */
-                        for (int64_t n = u0; n < n_out + u0 + GRAD_ROWS - 1 && n < n_in; n++) {
-                            if (!rows[n]) continue;
-                            const T *x = rows[n] + w0;  /* in~[r][j + w - p] is ring[j + w] */
-                            for (int64_t j = j0; j < j1; j += LANES) {
-                                V xv[GRAD_TAPS];
-                                for (int ww = 0; ww < GRAD_TAPS; ww++) xv[ww] = *(const V *)(x + j + ww);
-                                for (int uu = 0; uu < GRAD_ROWS; uu++) {
-                                    int64_t t = n - u0 - uu;  /* the output row, within the band */
-                                    if (t < 0 || t >= n_out || u0 + uu >= c_q) continue;
-                                    V dv = *(const V *)(d + t * d_width + j);
-                                    for (int ww = 0; ww < GRAD_TAPS; ww++) a[uu][ww] += dv * xv[ww];
-                                }
-                            }
-                        }
-                        for (int uu = 0; uu < GRAD_ROWS; uu++)
-                            for (int ww = 0; ww < GRAD_TAPS; ww++) sums[(u0 + uu) * ks + w0 + ww] = a[uu][ww];
-                    }
-            }
-            for (int64_t u = 0; u < c_q; u++)  /* taps past c_k, rows past c_q: unused */
-                for (int64_t w = 0; w < c_k; w++) {
-                    double total = 0;
-                    for (int64_t l = 0; l < LANES; l++) total += sums[u * ks + w][l];
-                    g[u * c_k + w] += total;
-                }
+    S(grad_scratch) g;
+    if (S(grad_scratch_new)(&g, 1, N, c_q, c_k))
+        for (int64_t m = m0; m < m1; m++) {
+            memset(grad + m * c_q * c_k, 0, (size_t)(c_q * c_k) * sizeof(double));
+            for (int64_t s = 0; s < ROW_BLOCK + c_q - 1; s++) g.held[s] = INT64_MIN;
+            for (int64_t i0 = 0; i0 < R_out; i0 += ROW_BLOCK)
+                S(kernel_grad_band)(in + m * R_in * N, dout + m * R_out * N, grad + m * c_q * c_k, &g, 0, i0,
+                                    R_out - i0 < ROW_BLOCK ? R_out - i0 : ROW_BLOCK, R_in, N, c_q, c_k, in_lo, in_hi,
+                                    out_lo, out_hi);
         }
-    }
-done:
-    free(ring), free(d), free(held), free(rows), free(sums);
+    S(grad_scratch_free)(&g);
 }
 
 
@@ -603,48 +636,125 @@ done:
     free(ring), free(held), free(in_rows), free(tile), free(buffer), free(rows);
 }
 
-/* The gradient of mixed_softmax for the same rows, from out's gradient `grad` and the saved P:
- *     dP = post-mix transposed of grad,   d post[g][k][h] += P_k . grad_h
+/* The gradient of mixed_softmax for one row of every head over keys a .. e - 1 (a >= e: the row
+ * sees nothing), from out's gradient g and the saved P:
+ *     dP = post-mix transposed of g,    d post[g][k][h] += P_k . g_h
  *     dM_h = P_h (dP_h - P_h . dP_h)
- *     dC = pre-mix transposed of dM,       d pre[g][k][h] += C_k . dM_h
- * (d pre, d post: in double, may be NULL when pre, post are). dC is 0 outside the visible keys. */
+ *     dC = pre-mix transposed of dM,    d pre[g][k][h] += C_k . dM_h
+ * c, p, g: H row pointers (C, P, g); dc gets dC, 0 outside the keys. (d pre, d post: in double, may
+ * be NULL when pre, post are.) buffer: 2 H N scratch; dp, dm: H row pointers each, scratch. */
+static void S(softmax_grad_row)(T *const *c, T *const *p, T *const *g, T **dc, T *buffer, T **dp, T **dm,
+                                const T *pre, const T *post, double *grad_pre, double *grad_post, int64_t H,
+                                int64_t N, int64_t c_pre, int64_t c_post, int64_t a, int64_t e) {
+    for (int64_t h = 0; h < H; h++) {
+        dp[h] = post ? buffer + h * N : g[h];
+        dm[h] = pre ? buffer + (H + h) * N : dc[h];
+    }
+    if (a < e) {
+        if (post) {
+            S(mix_rows)(dp, g, post, 1, H, c_post, a, e);
+            S(mix_grad_rows)(grad_post, p, g, H, c_post, a, e);
+        }
+        for (int64_t h = 0; h < H; h++) {
+            T dot = (T)S(dot)(p[h], dp[h], a, e);
+            for (int64_t j = a; j < e; j++) dm[h][j] = p[h][j] * (dp[h][j] - dot);
+        }
+        if (pre) {
+            S(mix_rows)(dc, dm, pre, 1, H, c_pre, a, e);
+            S(mix_grad_rows)(grad_pre, c, dm, H, c_pre, a, e);
+        }
+    } else {
+        a = e = 0;
+    }
+    for (int64_t h = 0; h < H; h++) S(zero_outside)(dc[h], N, a, e);
+}
+
+/* mixed_softmax's gradient for rows (b, i), unit u = b * R + i from u0 to u1 (softmax_grad_row):
+ * scores are its C, probs its saved P, grad out's gradient; grad_scores gets dC. */
 void S(mixed_softmax_grad)(const T *scores, const T *probs, const T *grad, T *grad_scores, const T *pre, const T *post,
                            double *grad_pre, double *grad_post, int64_t u0, int64_t u1, int64_t H, int64_t R, int64_t N,
                            int64_t c_pre, int64_t c_post, const int64_t *lo, const int64_t *hi) {
     T *buffer = malloc((size_t)(2 * H * N + LANES) * sizeof(T));
-    T **rows = malloc((size_t)(5 * H) * sizeof(T *));
+    T **rows = malloc((size_t)(6 * H) * sizeof(T *));
     if (!buffer || !rows) goto done;
-    T **c = rows, **p = rows + H, **g = rows + 2 * H, **dp = rows + 3 * H, **dm = rows + 4 * H;
+    T **c = rows, **p = rows + H, **g = rows + 2 * H, **dc = rows + 3 * H;
     for (int64_t unit = u0; unit < u1; unit++) {
         int64_t b = unit / R, i = unit % R;
         int64_t a = !lo || lo[i] < 0 ? 0 : lo[i], e = !hi || hi[i] > N - 1 ? N : hi[i] + 1;
         for (int64_t h = 0; h < H; h++) {
             size_t at = ((b * H + h) * R + i) * N;
-            c[h] = (T *)scores + at, p[h] = (T *)probs + at, g[h] = (T *)grad + at;
-            dp[h] = post ? buffer + h * N : g[h];
-            dm[h] = pre ? buffer + (H + h) * N : grad_scores + at;
+            c[h] = (T *)scores + at, p[h] = (T *)probs + at, g[h] = (T *)grad + at, dc[h] = grad_scores + at;
         }
-        if (a < e) {
-            if (post) {
-                S(mix_rows)(dp, g, post, 1, H, c_post, a, e);
-                S(mix_grad_rows)(grad_post, p, g, H, c_post, a, e);
-            }
-            for (int64_t h = 0; h < H; h++) {
-                T dot = (T)S(dot)(p[h], dp[h], a, e);
-                for (int64_t j = a; j < e; j++) dm[h][j] = p[h][j] * (dp[h][j] - dot);
-            }
-            if (pre) {
-                for (int64_t h = 0; h < H; h++) dp[h] = grad_scores + ((b * H + h) * R + i) * N;
-                S(mix_rows)(dp, dm, pre, 1, H, c_pre, a, e);
-                S(mix_grad_rows)(grad_pre, c, dm, H, c_pre, a, e);
-            }
-        } else {
-            a = e = 0;
-        }
-        for (int64_t h = 0; h < H; h++) S(zero_outside)(grad_scores + ((b * H + h) * R + i) * N, N, a, e);
+        S(softmax_grad_row)(c, p, g, dc, buffer, rows + 4 * H, rows + 5 * H, pre, post, grad_pre, grad_post, H, N, c_pre,
+                            c_post, a, e);
     }
 done:
     free(buffer), free(rows);
+}
+
+/* The gradient of conv_softmax whose forward kept the convolved scores C and P (conved; probs, which
+ * is out where there is no post mix), from out's gradient `grad`: the gradients of the scores
+ * (B, H, R_in, N), of the kernel and of the mixes, in bands of ROW_BLOCK output rows of every head,
+ * units u = b * n_bands + band from u0 to u1. A band's rows of dC (softmax_grad_row) go into
+ * dconved, where the band's kernel gradient (kernel_grad_band) and the convolution's input gradient
+ * (conv_tile with the kernel flipped on both axes, offset -(c_q - 1)) read them while they are in
+ * cache: two passes over the map fewer than the three calls, whose numbers these are (the double
+ * sums aside, added in another order). Input-gradient row i reads dC rows i - c_q + 1 .. i: rows
+ * of u0's map before u0's band's row i0 + c_q - 1 read rows another worker writes, so unless u0's
+ * band is its map's first they are left to conv_rows once every worker is done (native.py).
+ * grad_kernel (H, c_q, c_k), grad_pre and grad_post (NULL where pre, post are): this worker's sums,
+ * in double. */
+void S(conv_softmax_grad)(const T *scores, const T *conved, const T *probs, const T *grad, T *dconved, T *grad_scores,
+                          const T *flipped, const T *pre, const T *post, double *grad_kernel, double *grad_pre,
+                          double *grad_post, int64_t u0, int64_t u1, int64_t H, int64_t R_in, int64_t R_out, int64_t N,
+                          int64_t c_q, int64_t c_k, int64_t c_pre, int64_t c_post, const int64_t *in_lo,
+                          const int64_t *in_hi, const int64_t *out_lo, const int64_t *out_hi) {
+    const int64_t n_bands = (R_out + ROW_BLOCK - 1) / ROW_BLOCK;
+    const int64_t n_slots = c_q + TILE_ROWS - 1, width = N + 2 * (c_k / 2) + TILE_VECTORS * LANES;
+    const int64_t first_map = u0 / n_bands, first_band = u0 % n_bands;
+    const int64_t safe = first_band ? first_band * ROW_BLOCK + c_q - 1 : 0;  /* first_map's rows from here */
+    S(grad_scratch) g;
+    int ok = S(grad_scratch_new)(&g, H, N, c_q, c_k);
+    T *ring = malloc((size_t)(H * n_slots * width) * sizeof(T));
+    int64_t *held = malloc((size_t)(H * n_slots) * sizeof(int64_t));
+    const T **in_rows = malloc((size_t)n_slots * sizeof(T *));
+    T *buffer = malloc((size_t)(2 * H * N + LANES) * sizeof(T));
+    T **rows = malloc((size_t)(6 * H) * sizeof(T *));
+    if (!ok || !ring || !held || !in_rows || !buffer || !rows) goto done;
+    T **c = rows, **p = rows + H, **gr = rows + 2 * H, **dc = rows + 3 * H;
+    for (int64_t unit = u0, b = -1; unit < u1; unit++) {
+        if (unit / n_bands != b) {  /* a new map: its rows are in no slot */
+            for (int64_t s = 0; s < H * (ROW_BLOCK + c_q - 1); s++) g.held[s] = INT64_MIN;
+            for (int64_t s = 0; s < H * n_slots; s++) held[s] = INT64_MIN;
+        }
+        b = unit / n_bands;
+        const int64_t i0 = unit % n_bands * ROW_BLOCK, n_out = R_out - i0 < ROW_BLOCK ? R_out - i0 : ROW_BLOCK;
+        for (int64_t i = i0; i < i0 + n_out; i++) {
+            int64_t a = out_lo[i] < 0 ? 0 : out_lo[i], e = out_hi[i] > N - 1 ? N : out_hi[i] + 1;
+            for (int64_t h = 0; h < H; h++) {
+                size_t at = ((b * H + h) * R_out + i) * N;
+                c[h] = (T *)conved + at, p[h] = (T *)probs + at, gr[h] = (T *)grad + at, dc[h] = dconved + at;
+            }
+            S(softmax_grad_row)(c, p, gr, dc, buffer, rows + 4 * H, rows + 5 * H, pre, post, grad_pre, grad_post, H, N,
+                                c_pre, c_post, a, e);
+        }
+        for (int64_t h = 0; h < H; h++)
+            S(kernel_grad_band)(scores + (b * H + h) * R_in * N, dconved + (b * H + h) * R_out * N,
+                                grad_kernel + h * c_q * c_k, &g, h, i0, n_out, R_in, N, c_q, c_k, in_lo, in_hi, out_lo,
+                                out_hi);
+        /* input-gradient rows first .. last - 1: the band's (and, after the map's last band, the
+         * c_q - 1 rows past R_out) */
+        int64_t first = b == first_map && i0 < safe ? safe : i0, last = i0 + n_out == R_out ? R_in : i0 + n_out;
+        for (int64_t r0 = first; r0 < last; r0 += TILE_ROWS)
+            for (int64_t h = 0; h < H; h++)
+                S(conv_tile)(dconved + (b * H + h) * R_out * N, grad_scores + ((b * H + h) * R_in + r0) * N,
+                             flipped + h * c_q * c_k, ring + h * n_slots * width, held + h * n_slots, in_rows, r0,
+                             last - r0 < TILE_ROWS ? last - r0 : TILE_ROWS, R_out, N, c_q, c_k, -(c_q - 1), out_lo,
+                             out_hi, in_lo, in_hi);
+    }
+done:
+    S(grad_scratch_free)(&g);
+    free(ring), free(held), free(in_rows), free(buffer), free(rows);
 }
 
 /* mixed_softmax and its gradient with intervals per batch row, lo and hi (B, R): the documents

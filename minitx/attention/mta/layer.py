@@ -165,9 +165,9 @@ class MultiTokenAttention(CachedDecoding, Attention):
 
     def one_pass_weights(self, q, k, q_pos, k_pos, first_key: int = 0, consecutive: bool = True):
         """`rows`' weights by one C call for the convolution, mixes and softmax (native.conv_softmax),
-        where it applies: the pre placement, keys in order, nothing needing a gradient (a forward
-        without autograd, or ChunkedRows' forward), not compiled, no subclass's own convolution
-        (tests plant wrong ones). Else None."""
+        where it applies: the pre placement, keys in order, not compiled, no subclass's own
+        convolution (tests plant wrong ones). Where a gradient is needed, through its operator
+        (ops.py), whose backward is one C call too. Else None."""
         if (
             self.kq_conv is None
             or self.kq_conv_post is not None
@@ -176,7 +176,6 @@ class MultiTokenAttention(CachedDecoding, Attention):
             or not native.available(q)
             or torch.compiler.is_compiling()
             or type(self).convolve is not MultiTokenAttention.convolve
-            or (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, *self.parameters())))
         ):
             return None
         B, H, R, D = q.shape
@@ -184,14 +183,10 @@ class MultiTokenAttention(CachedDecoding, Attention):
         scores = ((q * self.scale).reshape(B, G, (H // G) * R, D) @ k.transpose(-2, -1)).view(B, H, R, Tk)
         visible = VisibleKeys(q_pos, k_pos, first_key, consecutive)
         out_rows = visible.from_row(self.c_q - 1)
-        return native.conv_softmax(
-            scores,
-            self.kq_conv[:, 0],
-            self.mix_pre,
-            self.mix_post,
-            (visible.lo, visible.hi),
-            (out_rows.lo, out_rows.hi),
-        )
+        rows = (visible.lo, visible.hi, out_rows.lo, out_rows.hi)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (scores, *self.parameters())):
+            return torch.ops.minitx.conv_softmax(scores, self.kq_conv, self.mix_pre, self.mix_post, *rows)[0]
+        return native.conv_softmax(scores, self.kq_conv[:, 0], self.mix_pre, self.mix_post, rows[:2], rows[2:])[0]
 
     def row_scores(
         self,

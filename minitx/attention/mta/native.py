@@ -39,6 +39,7 @@ SOURCE = Path(__file__).with_name("conv.c")
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC"]
 SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 TILE_ROWS = 4  # conv.c's: conv_softmax's units of work are tiles of this many rows
+ROW_BLOCK = 16  # conv.c's: conv_softmax_grad's units of work are bands of this many rows
 
 
 def cache_dir() -> Path:
@@ -91,6 +92,8 @@ def library() -> ctypes.CDLL | None:
         getattr(lib, f"kernel_grad_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 7 + [ptr] * 4
         getattr(lib, f"kernel_grad_documents_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 8 + [ptr] * 4
         getattr(lib, f"conv_softmax_{suffix}").argtypes = [ptr] * 7 + [i64] * 10 + [ptr] * 4
+        getattr(lib, f"conv_softmax_grad_{suffix}").argtypes = [ptr] * 12 + [i64] * 10 + [ptr] * 4
+        getattr(lib, f"conv_rows_{suffix}").argtypes = [ptr] * 3 + [i64] * 11 + [ptr] * 4
         getattr(lib, f"mix_{suffix}").argtypes = [ptr, ptr, ptr, i64, ptr, ptr] + [i64] * 6
         getattr(lib, f"gated_norm_{suffix}").argtypes = [ptr] * 5 + [ctypes.c_double, i64, i64]
         getattr(lib, f"attend_rows_{suffix}").argtypes = (
@@ -129,14 +132,20 @@ def workers(n_items: int) -> int:
     return max(1, min(torch.get_num_threads(), n_items))
 
 
-def split(n_items: int, call) -> None:
-    """call(first, end, worker) over ranges of items, one per CPU thread torch may use."""
+def ranges(n_items: int) -> list[tuple[int, int]]:
+    """The ranges of items `split` hands its workers, one per CPU thread torch may use."""
     n = workers(n_items)
     bounds = [n_items * t // n for t in range(n + 1)]
-    if n == 1:
+    return list(zip(bounds, bounds[1:]))
+
+
+def split(n_items: int, call) -> None:
+    """call(first, end, worker) over `ranges(n_items)`, each on its own thread."""
+    parts = ranges(n_items)
+    if len(parts) == 1:
         call(0, n_items, 0)
         return
-    for future in [pool(n).submit(call, a, b, t) for t, (a, b) in enumerate(zip(bounds, bounds[1:]))]:
+    for future in [pool(len(parts)).submit(call, a, b, t) for t, (a, b) in enumerate(parts)]:
         future.result()
 
 
@@ -231,22 +240,81 @@ def conv_softmax(
     post: Tensor | None,
     in_rows: tuple[Tensor, Tensor],
     out_rows: tuple[Tensor, Tensor],
-) -> Tensor:
-    """mixed_softmax(conv(scores, kernel, 0, n_out, in_rows, out_rows), pre, post, out_rows)'s out
-    (no gradient), a tile of rows of every head at a time: the convolved scores stay in cache."""
+    keep: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """(out, conved, probs): out = mixed_softmax(conv(scores, kernel, 0, n_out, in_rows, out_rows),
+    pre, post, out_rows)'s out, a tile of rows of every head at a time (the convolved scores go to
+    the softmax in cache). keep: also the convolved scores and the softmax before the post mix (out
+    itself where there is no post mix), which conv_softmax_grad reads; else both None."""
     B, H, R_in, N = scores.shape
     scores = scores.contiguous()
     kernel, pre, post = [as_dtype(t, scores.dtype) for t in (kernel, pre, post)]
     R_out = len(out_rows[0])
     out = scores.new_empty(B, H, R_out, N)
+    conved = scores.new_empty(B, H, R_out, N) if keep else None
+    probs = scores.new_empty(B, H, R_out, N) if keep and post is not None else None
     c_q, c_k = kernel.shape[-2:]
     sizes = (H, R_in, R_out, N, c_q, c_k, *[1 if m is None else m.shape[-1] for m in (pre, post)])
-    pointers = (scores.data_ptr(), None, out.data_ptr(), None, kernel.data_ptr(), address(pre), address(post))
+    pointers = [address(t) for t in (scores, conved, out, probs, kernel, pre, post)]
     bounds = [t.data_ptr() for t in (*in_rows, *out_rows)]
     fn = getattr(library(), f"conv_softmax_{SUFFIX[scores.dtype]}")
     n_tiles = -(-R_out // TILE_ROWS)
     split(B * n_tiles, lambda u0, u1, _: fn(*pointers, u0, u1, *sizes, *bounds))
-    return out
+    return out, conved, (out if keep and post is None else probs)
+
+
+def conv_softmax_grad(
+    scores: Tensor,
+    conved: Tensor,
+    probs: Tensor,
+    grad: Tensor,
+    kernel: Tensor,
+    pre: Tensor | None,
+    post: Tensor | None,
+    in_rows: tuple[Tensor, Tensor],
+    out_rows: tuple[Tensor, Tensor],
+):
+    """(d scores, d kernel, d pre, d post) of conv_softmax's out for its gradient grad, from the
+    maps its forward kept (keep): the gradient of mixed_softmax, then both of the convolution's, in
+    one pass over bands of ROW_BLOCK rows of every head (conv.c). Kernel (H, c_q, c_k); the
+    kernel's and the mixes' gradients in float64 (None for a mix that is None)."""
+    B, H, R_in, N = scores.shape
+    R_out = conved.shape[2]
+    c_q, c_k = kernel.shape[-2:]
+    scores, grad = scores.contiguous(), grad.to(scores.dtype).contiguous()
+    flipped = kernel.detach().to(scores.dtype).flip(-1, -2).contiguous()
+    pre_t, post_t = [as_dtype(m, scores.dtype) for m in (pre, post)]
+    dconved, grad_scores = torch.empty_like(conved), scores.new_empty(B, H, R_in, N)
+    n_bands = -(-R_out // ROW_BLOCK)
+    parts = ranges(B * n_bands)
+    grad_kernel = torch.zeros(len(parts), H, c_q, c_k, dtype=torch.float64)
+    grad_pre, grad_post = [
+        None if m is None else torch.zeros(len(parts), *m.shape, dtype=torch.float64) for m in (pre, post)
+    ]
+    sizes = (H, R_in, R_out, N, c_q, c_k, *[1 if m is None else m.shape[-1] for m in (pre, post)])
+    maps = [address(t) for t in (scores, conved, probs, grad, dconved, grad_scores, flipped, pre_t, post_t)]
+    bounds = [t.data_ptr() for t in (*in_rows, *out_rows)]
+    fn = getattr(library(), f"conv_softmax_grad_{SUFFIX[scores.dtype]}")
+
+    def call(u0, u1, worker):
+        sums = [None if g is None else g[worker].data_ptr() for g in (grad_kernel, grad_pre, grad_post)]
+        fn(*maps, *sums, u0, u1, *sizes, *bounds)
+
+    split(B * n_bands, call)
+    # Input-gradient rows that read another worker's rows of d conved (conv.c), now that all are written.
+    rows_fn = getattr(library(), f"conv_rows_{SUFFIX[scores.dtype]}")
+    for u0, u1 in parts[1:]:
+        b, i0 = divmod(u0, n_bands)
+        i0 *= ROW_BLOCK
+        if i0 == 0:
+            continue
+        last_b, last_band = divmod(u1 - 1, n_bands)
+        end = R_in if last_b > b or last_band == n_bands - 1 else (last_band + 1) * ROW_BLOCK
+        rows_fn(
+            dconved.data_ptr(), grad_scores.data_ptr(), flipped.data_ptr(), b * H, (b + 1) * H, H, R_out,
+            R_in, N, c_q, c_k, -(c_q - 1), i0, min(i0 + c_q - 1, end), *bounds[2:], *bounds[:2],
+        )
+    return grad_scores, grad_kernel.sum(0), *[None if g is None else g.sum(0) for g in (grad_pre, grad_post)]
 
 
 def mixed_softmax_grad(

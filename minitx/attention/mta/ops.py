@@ -204,6 +204,102 @@ def _mixed_softmax_grad(ctx, grad: Tensor | None, _grad_probs):
 mixed_softmax.register_autograd(_mixed_softmax_grad, setup_context=_mixed_softmax_setup)
 
 
+# -- the convolution, mixes and softmax as one call -------------------------------------------------
+
+
+@torch.library.custom_op("minitx::conv_softmax", mutates_args=(), device_types="cpu")
+def conv_softmax(
+    scores: Tensor,
+    kernel: Tensor,
+    pre: Tensor | None,
+    post: Tensor | None,
+    lo: Tensor,
+    hi: Tensor,
+    out_lo: Tensor,
+    out_hi: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    out, conved, probs = native.conv_softmax(
+        scores, kernel[:, 0], pre, post, (lo, hi), (out_lo, out_hi), keep=True
+    )
+    return out, conved, _nothing(out) if post is None else probs
+
+
+@conv_softmax.register_fake
+def _(scores, kernel, pre, post, lo, hi, out_lo, out_hi):
+    B, H, _, N = scores.shape
+    shape = (B, H, out_lo.shape[-1], N)
+    return scores.new_empty(shape), scores.new_empty(shape), scores.new_empty(NOTHING if post is None else shape)
+
+
+@torch.library.custom_op("minitx::conv_softmax_backward", mutates_args=(), device_types="cpu")
+def conv_softmax_backward(
+    grad: Tensor,
+    scores: Tensor,
+    conved: Tensor,
+    probs: Tensor,
+    kernel: Tensor,
+    pre: Tensor | None,
+    post: Tensor | None,
+    lo: Tensor,
+    hi: Tensor,
+    out_lo: Tensor,
+    out_hi: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(d scores, d kernel, d pre, d post) of conv_softmax's out for its gradient grad; probs: the
+    softmax before the post mix (with no post mix: out itself). d pre, d post empty where pre, post
+    are None."""
+    grad_scores, grad_kernel, grad_pre, grad_post = native.conv_softmax_grad(
+        scores, conved, probs, grad, kernel[:, 0], pre, post, (lo, hi), (out_lo, out_hi)
+    )
+    return (
+        grad_scores,
+        grad_kernel.to(kernel.dtype).view_as(kernel),
+        _nothing(scores) if grad_pre is None else grad_pre.to(pre.dtype),
+        _nothing(scores) if grad_post is None else grad_post.to(post.dtype),
+    )
+
+
+@conv_softmax_backward.register_fake
+def _(grad, scores, conved, probs, kernel, pre, post, lo, hi, out_lo, out_hi):
+    return (
+        scores.new_empty(scores.shape),
+        kernel.new_empty(kernel.shape),
+        scores.new_empty(NOTHING) if pre is None else pre.new_empty(pre.shape),
+        scores.new_empty(NOTHING) if post is None else post.new_empty(post.shape),
+    )
+
+
+def _conv_softmax_setup(ctx, inputs, output) -> None:
+    scores, kernel, pre, post, lo, hi, out_lo, out_hi = inputs
+    out, conved, probs = output
+    ctx.has_pre, ctx.has_post = pre is not None, post is not None
+    ctx.mark_non_differentiable(conved, probs)
+    ctx.set_materialize_grads(False)  # no maps of zeros for conved's and probs' gradients
+    ctx.save_for_backward(scores, conved, probs if post is not None else out, kernel, pre, post, lo, hi, out_lo, out_hi)
+
+
+def _conv_softmax_grad(ctx, grad: Tensor | None, _grad_conved, _grad_probs):
+    if grad is None:  # out reached no loss
+        return (None,) * 8
+    scores, conved, probs, kernel, pre, post, lo, hi, out_lo, out_hi = ctx.saved_tensors
+    grad_scores, grad_kernel, grad_pre, grad_post = torch.ops.minitx.conv_softmax_backward(
+        grad, scores, conved, probs, kernel, pre, post, lo, hi, out_lo, out_hi
+    )
+    return (
+        grad_scores,
+        grad_kernel,
+        grad_pre if ctx.has_pre else None,
+        grad_post if ctx.has_post else None,
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+conv_softmax.register_autograd(_conv_softmax_grad, setup_context=_conv_softmax_setup)
+
+
 # -- head mixing ----------------------------------------------------------------------------------------
 
 
