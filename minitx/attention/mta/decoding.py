@@ -14,7 +14,7 @@ from torch import Tensor
 
 from . import native
 from .cache import MTACache
-from .kernels import VisibleKeys
+from .kernels import VisibleKeys, product
 
 
 class CachedDecoding:
@@ -28,13 +28,9 @@ class CachedDecoding:
             if mask is None and self.one_call(q):
                 # The usual decoding step: one C call for the scores, softmax, mixes, @ V and the norm.
                 return self.attend_rows(q, keys.to(q.dtype), values.to(q.dtype))
-            B, H, T, D = q.shape
-            G, Tk = keys.shape[1], keys.shape[2]
-            scores = (
-                (q * self.scale).reshape(B, G, (H // G) * T, D) @ keys.to(q.dtype).transpose(-2, -1)
-            ).view(B, H, T, Tk)
+            scores = product(q, keys.to(q.dtype).transpose(-2, -1), self.scale)
             visible = None if mask is None else VisibleKeys.of_mask(~mask)
-            return self.weigh(scores, visible, values.to(q.dtype), some_rows_empty=False)[0]
+            return self.finish(self.weights(scores, visible, some_rows_empty=False), values.to(q.dtype))[0]
         if cache.starts is None and self.kq_conv_post is None and self.one_call(q):
             return self.decode_step(q, k, v, cache)
         T = q.shape[2]

@@ -380,6 +380,24 @@ def write_band(scores: Tensor, band: Tensor, first_row: int) -> Tensor:
 # -- chunks of query rows, recomputed in the backward pass ---------------------------------------------
 
 
+def product(q: Tensor, k_t: Tensor, scale: float) -> Tensor:
+    """scale * q (B, H, R, D) @ k_t (B, G, D, Tk) per query head, (B, H, R, Tk): a view of
+    `folded_product`. k_t: k.transpose(-2, -1), a view, or a contiguous copy, whose products run
+    about 15% faster (no transposed operand)."""
+    B, H, R, _ = q.shape
+    return folded_product(q, k_t, scale).view(B, H, R, k_t.shape[-1])
+
+
+def folded_product(q: Tensor, k_t: Tensor, scale: float) -> Tensor:
+    """`product` without copying the keys: the heads sharing a key head folded into rows,
+    (B, G, (H // G) * R, Tk)."""
+    B, H, R, D = q.shape
+    G = k_t.shape[1]
+    # The scale goes on q, which has D numbers per row where the scores have Tk.
+    q = q if scale == 1 else q * scale
+    return q.reshape(B, G, (H // G) * R, D) @ k_t
+
+
 def values(weights: Tensor, v: Tensor) -> Tensor:
     """weights (B, H, R, Tk) @ v (B, G, Tk, D) per query head, without copying v: the heads sharing a
     kv head are folded into rows. (B, H, R, D)."""
@@ -389,82 +407,115 @@ def values(weights: Tensor, v: Tensor) -> Tensor:
 
 
 class ChunkedRows(torch.autograd.Function):
-    """cat over chunks of values(fn(*row parts[the chunk's rows], *key parts[keys up to its end],
-    q_pos, k_pos), v[keys up to its end]), where v is the last key part, which fn does not read.
+    """cat over chunks of values(fn(product(q, k^T, scale), *row parts, *key parts, q_pos, k_pos), v)
+    where q is the first row part (at the chunk's rows), k the first key part and v the last (at
+    keys up to the chunk's last), fn the weights from the scores (its other parts: the rest).
 
     Keeps no chunk's (rows x keys) maps: the backward recomputes each chunk's weights, as torch's
-    checkpoint would, but not their product with V, whose gradients need only the weights (d
-    weights = g V^T, d V = weights^T g); and it adds its gradients into slices of whole-size buffers
-    in place. (Checkpointing each chunk separately hands every sliced input a whole-size gradient,
-    zero outside the slice, to be added up: at T = 4096 that is 16 passes over each input's
-    gradient, K'cat's c_q x D wide.) The last n_params tensors are the parameters fn reads (so that
-    they get gradients). fn must not draw random numbers (dropout): the recomputation would draw others.
+    checkpoint would. The two products it makes by hand, and their gradients: d weights = g V^T,
+    d V = weights^T g, d q = scale dS K, d k = scale dS^T q (dS: the scores' gradient, through fn by
+    autograd), the products with k and v against contiguous transposed copies, and the gradients of
+    k and v added into their whole-size buffers by the products themselves (baddbmm_). (Checkpointing
+    each chunk separately hands every sliced input a whole-size gradient, zero outside the slice, to
+    be added up: at T = 4096 that is 16 passes over each input's gradient.) The last n_params tensors
+    are the parameters fn reads (so that they get gradients). fn must not draw random numbers
+    (dropout): the recomputation would draw others.
     """
 
     @staticmethod
-    def forward(ctx, fn, spans, positions, n_row_parts, n_params, *tensors):
+    def forward(ctx, fn, spans, positions, n_row_parts, n_params, scale, *tensors):
         parts, params = tensors[: len(tensors) - n_params], tensors[len(tensors) - n_params :]
-        ctx.fn, ctx.spans, ctx.positions, ctx.n_row_parts, ctx.params = (
+        ctx.fn, ctx.spans, ctx.positions, ctx.n_row_parts, ctx.params, ctx.scale = (
             fn,
             spans,
             positions,
             n_row_parts,
             params,
+            scale,
         )
         device = parts[0].device.type
         ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         ctx.save_for_backward(*parts)
-        v = parts[-1]
-        outs = [
-            values(
-                fn(*chunk_parts(parts[:-1], n_row_parts, span), *chunk_positions(positions, span)),
-                v[:, :, : span[2]],
-            )
-            for span in spans
-        ]
+        _, k, v, _ = roles(parts, n_row_parts)
+        k_t = transposed(k)
+        outs = []
+        for span in spans:
+            q, _, _, rest = roles(chunk_parts(parts, n_row_parts, span), n_row_parts)
+            weights = fn(product(q, k_t[..., : span[2]], scale), *rest, *chunk_positions(positions, span))
+            outs.append(values(weights, v[:, :, : span[2]]))
         return torch.cat(outs, dim=2)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        parts = ctx.saved_tensors
-        needs = ctx.needs_input_grad[5:]
+        parts, n = ctx.saved_tensors, ctx.n_row_parts
+        needs = ctx.needs_input_grad[6:]
         part_grads = [torch.zeros_like(p) if need else None for p, need in zip(parts, needs)]
         param_grads = [
             torch.zeros_like(p) if need else None for p, need in zip(ctx.params, needs[len(parts) :])
         ]
         device, autocast_on, autocast_dtype = ctx.autocast
-        v, grad_v = parts[-1], part_grads[-1]
+        _, k, v, _ = roles(parts, n)
+        grad_q, grad_k, grad_v, rest_grads = roles(part_grads, n)
+        k_t, v_t = transposed(k), transposed(v)
         B, G, _, D = v.shape
         row = 0
         for span in ctx.spans:
-            inputs = [
-                t.detach().requires_grad_(g is not None)
-                for t, g in zip(chunk_parts(parts[:-1], ctx.n_row_parts, span), part_grads)
-            ]
-            with torch.enable_grad(), torch.autocast(device, dtype=autocast_dtype, enabled=autocast_on):
-                weights = ctx.fn(*inputs, *chunk_positions(ctx.positions, span))
-            _, H, R, Tk = weights.shape
             start, stop, key_end = span
-            with torch.autocast(device, dtype=autocast_dtype, enabled=autocast_on):
-                # The product's gradients by hand, the heads sharing a kv head folded into rows.
-                g = grad[:, :, row : row + R].reshape(B, G, (H // G) * R, D)
-                grad_weights = (g @ v[:, :, :key_end].transpose(-2, -1)).view(B, H, R, Tk).to(weights.dtype)
-                if grad_v is not None:
-                    add_into(grad_v[:, :, :key_end], weights.detach().reshape(B, G, (H // G) * R, Tk).mT @ g)
+            q, _, _, rest = roles(chunk_parts(parts, n, span), n)
+            rest = [t.detach().requires_grad_(g is not None) for t, g in zip(rest, rest_grads)]
+            box = []  # the scores' gradient, once autograd has been through fn
+            anchor = torch.empty(0, requires_grad=grad_q is not None or grad_k is not None)
+            with torch.enable_grad(), torch.autocast(device, dtype=autocast_dtype, enabled=autocast_on):
+                scores = KeepGradient.apply(anchor, folded_product(q, k_t[..., :key_end], ctx.scale), box)
+                scores = scores.view(*q.shape[:3], key_end)
+                weights = ctx.fn(scores, *rest, *chunk_positions(ctx.positions, span))
+            _, H, R, Tk = weights.shape
+            g = grad[:, :, row : row + R].reshape(B, G, (H // G) * R, D)
             row += R
-            targets = [x for x, g in zip(inputs, part_grads) if g is not None]
+            with torch.autocast(device, dtype=autocast_dtype, enabled=autocast_on):
+                grad_weights = (g @ v_t[..., :key_end]).view(B, H, R, Tk).to(weights.dtype)
+            if grad_v is not None:
+                add_product(grad_v[:, :, :key_end], weights.detach().reshape(B, G, (H // G) * R, Tk).mT, g)
+            targets = [anchor] if anchor.requires_grad else []
+            targets += [x for x in rest if x.requires_grad]
             targets += [p for p, g in zip(ctx.params, param_grads) if g is not None]
             grads = iter(torch.autograd.grad(weights, targets, grad_weights, allow_unused=True))
-            for i, buffer in enumerate(part_grads[:-1]):
+            if anchor.requires_grad:
+                next(grads)
+            if box:  # folded as `folded_product` folds: by the key heads (G, or H for K'cat)
+                grad_scores = box[0]
+                if grad_q is not None:
+                    with torch.autocast(device, dtype=autocast_dtype, enabled=autocast_on):
+                        grad_rows = (grad_scores @ k[:, :, :key_end]).view_as(q)
+                    grad_q[:, :, start:stop].add_(grad_rows.to(grad_q.dtype), alpha=ctx.scale)
+                if grad_k is not None:
+                    q_folded = q.reshape(*grad_scores.shape[:3], q.shape[-1])
+                    add_product(grad_k[:, :, :key_end], grad_scores.mT, q_folded, ctx.scale)
+            for i, buffer in enumerate(rest_grads):
                 if buffer is not None:
-                    add_into(
-                        buffer[:, :, start:stop] if i < ctx.n_row_parts else buffer[:, :, :key_end],
-                        next(grads),
-                    )
+                    add_into(buffer[:, :, start:stop] if i < n - 1 else buffer[:, :, :key_end], next(grads))
             for buffer in param_grads:
                 if buffer is not None:
                     add_into(buffer, next(grads))
-        return (None, None, None, None, None, *part_grads, *param_grads)
+        return (None, None, None, None, None, None, *part_grads, *param_grads)
+
+
+class KeepGradient(torch.autograd.Function):
+    """scores as they are (a product's output, not a view), in a node whose backward puts their
+    gradient in `box` and passes nothing on: ChunkedRows takes the products' gradients from it by
+    hand. anchor: an empty tensor that requires grad, so that the output does; being no leaf, fn
+    may change it in place (its maps are fresh, and a map-sized copy is not free)."""
+
+    @staticmethod
+    def forward(ctx, anchor: Tensor, scores: Tensor, box: list) -> Tensor:
+        ctx.box = box
+        ctx.mark_dirty(scores)
+        return scores
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        ctx.box.append(grad)
+        return None, None, None
 
 
 def chunk_parts(parts, n_row_parts: int, span) -> list:
@@ -473,11 +524,33 @@ def chunk_parts(parts, n_row_parts: int, span) -> list:
     return [t[:, :, start:stop] if i < n_row_parts else t[:, :, :key_end] for i, t in enumerate(parts)]
 
 
+def roles(parts, n_row_parts: int) -> tuple[Tensor, Tensor, Tensor, list]:
+    """(q, k, v, rest) of ChunkedRows' parts: the first row part, the first key part, the last key
+    part, and what its fn reads besides the scores: the other row parts, then the key parts
+    between k and v."""
+    return parts[0], parts[n_row_parts], parts[-1], [*parts[1:n_row_parts], *parts[n_row_parts + 1 : -1]]
+
+
 def chunk_positions(positions, span) -> list:
     q_pos, k_pos = positions
     return [q_pos[span[0] : span[1]], k_pos[: span[2]]]
 
 
+def transposed(t: Tensor) -> Tensor:
+    """t (..., N, D) as a contiguous (..., D, N): made contiguous first, which is faster where t is a
+    strided view (V, a slice of the projection's output: 1.3 against 2.4 ms at T = 4096)."""
+    return t.contiguous().transpose(-2, -1).contiguous()
+
+
 def add_into(buffer: Tensor, grad) -> None:
     if grad is not None:
         buffer.add_(grad)
+
+
+def add_product(buffer: Tensor, a: Tensor, b: Tensor, alpha: float = 1.0) -> None:
+    """buffer (B, G, M, N) += alpha * a (B, G, M, K) @ b (B, G, K, N), the product adding into the
+    buffer itself (no product-sized temporary, no second pass). buffer: a slice along dim 2 of a
+    contiguous tensor, so that (B, G) merge into one batch dimension as a view."""
+    B, G, M, N = buffer.shape
+    a, b = a.to(buffer.dtype), b.to(buffer.dtype)
+    buffer.view(B * G, M, N).baddbmm_(a.reshape(B * G, M, -1), b.reshape(B * G, -1, N), alpha=alpha)

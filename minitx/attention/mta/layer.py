@@ -23,6 +23,9 @@ plain attention.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -50,6 +53,8 @@ from .kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
     identity_kernel,
     identity_mix,
     mix_heads,
+    product,
+    roles,
     run,
     shifted_queries,
     values,
@@ -62,6 +67,18 @@ from .options import MTAOptions, check_mta_model
 # without them, the factorised path from this many tokens on (torch's convolution 20-30% faster at
 # T = 256, the factorised path 20-25% faster at 1024 and 40-70% at 4096).
 FACTORISED_FROM = 512
+
+
+class Chunks(NamedTuple):
+    """What `attend_chunks` runs over chunks of queries: the scores are scale times the first row
+    part (queries, or Qcat) by the first key part (keys, or K'cat); weights(scores, *the other
+    row parts, *the key parts between, q_pos, k_pos) makes the weights, and the last key part is V."""
+
+    row_parts: tuple
+    key_parts: tuple
+    n_pad: int  # zero rows above the first query: the history of the first chunk
+    scale: float
+    weights: Callable
 
 
 class MultiTokenAttention(CachedDecoding, Attention):
@@ -161,10 +178,35 @@ class MultiTokenAttention(CachedDecoding, Attention):
         `attend_documents`; consecutive keys), or None: one document.
         Returns (out, weights) for the last R - n_hist rows.
         """
-        return self.finish(self.row_weights(q, k, q_pos, k_pos, first_key, consecutive, starts), v)
+        scores = product(q, k.transpose(-2, -1), self.scale)
+        return self.finish(self.weights_of(scores, q_pos, k_pos, first_key, consecutive, starts), v)
 
-    def one_pass_weights(self, q, k, q_pos, k_pos, first_key: int = 0, consecutive: bool = True):
-        """`rows`' weights by one C call for the convolution, mixes and softmax (native.conv_softmax),
+    def weights_of(
+        self,
+        scores: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        first_key: int = 0,
+        consecutive: bool = True,
+        starts: Tensor | None = None,
+    ) -> Tensor:
+        """`rows`' weights from its scores q k^T / sqrt(D) (B, H, R, Tk): the released order up to
+        the product with V."""
+        if starts is None:
+            weights = self.one_pass_weights(scores, q_pos, k_pos, first_key, consecutive)
+            if weights is not None:
+                return weights
+        visible = VisibleKeys(q_pos, k_pos, first_key, consecutive, starts)
+        if self.kq_conv is not None:
+            # Hidden scores count as zero in the convolution (it may zero them in place: a fresh
+            # product, which autograd does not keep). What it leaves in hidden entries needs no
+            # zeroing: head mixing works entry by entry, and the softmax sets them to -inf.
+            scores = self.convolve(scores, self.kq_conv, visible)
+            visible = visible.from_row(self.c_q - 1)
+        return self.weights(scores, visible, some_rows_empty=self.kq_conv_post is not None or first_key > 0)
+
+    def one_pass_weights(self, scores, q_pos, k_pos, first_key: int = 0, consecutive: bool = True):
+        """`weights_of` by one C call for the convolution, mixes and softmax (native.conv_softmax),
         where it applies: the pre placement, keys in order, not compiled, no subclass's own
         convolution (tests plant wrong ones). Where a gradient is needed, through its operator
         (ops.py), whose backward is one C call too. Else None."""
@@ -173,75 +215,28 @@ class MultiTokenAttention(CachedDecoding, Attention):
             or self.kq_conv_post is not None
             or not consecutive
             or not len(k_pos)
-            or not native.available(q)
+            or not native.available(scores)
             or torch.compiler.is_compiling()
             or type(self).convolve is not MultiTokenAttention.convolve
         ):
             return None
-        B, H, R, D = q.shape
-        G, Tk = k.shape[1], k.shape[2]
-        scores = ((q * self.scale).reshape(B, G, (H // G) * R, D) @ k.transpose(-2, -1)).view(B, H, R, Tk)
         visible = VisibleKeys(q_pos, k_pos, first_key, consecutive)
         out_rows = visible.from_row(self.c_q - 1)
         rows = (visible.lo, visible.hi, out_rows.lo, out_rows.hi)
         if torch.is_grad_enabled() and any(t.requires_grad for t in (scores, *self.parameters())):
             return torch.ops.minitx.conv_softmax(scores, self.kq_conv, self.mix_pre, self.mix_post, *rows)[0]
-        return native.conv_softmax(scores, self.kq_conv[:, 0], self.mix_pre, self.mix_post, rows[:2], rows[2:])[0]
-
-    def row_scores(
-        self,
-        q: Tensor,
-        k: Tensor,
-        q_pos: Tensor,
-        k_pos: Tensor,
-        first_key: int = 0,
-        consecutive: bool = True,
-        starts: Tensor | None = None,
-    ) -> tuple[Tensor, VisibleKeys]:
-        """`rows`' scores after the pre-softmax convolution (if any), and the keys each row sees."""
-        B, H, R, D = q.shape
-        G, Tk = k.shape[1], k.shape[2]
-        # Scores per query head without copying k: fold the heads sharing a kv head into rows.
-        # The scale goes on q, which has D numbers per row where the scores have Tk.
-        scores = ((q * self.scale).reshape(B, G, (H // G) * R, D) @ k.transpose(-2, -1)).view(B, H, R, Tk)
-        visible = VisibleKeys(q_pos, k_pos, first_key, consecutive, starts)
-        if self.kq_conv is not None:
-            # Hidden scores count as zero in the convolution (it may zero them in place: a fresh
-            # product, which autograd does not keep). What it leaves in hidden entries needs no
-            # zeroing: head mixing works entry by entry, and the softmax sets them to -inf.
-            scores = self.convolve(scores, self.kq_conv, visible)
-            visible = visible.from_row(self.c_q - 1)
-        return scores, visible
-
-    def row_weights(
-        self,
-        q: Tensor,
-        k: Tensor,
-        q_pos: Tensor,
-        k_pos: Tensor,
-        first_key: int = 0,
-        consecutive: bool = True,
-        starts: Tensor | None = None,
-    ) -> Tensor:
-        """`rows` short of the product with V and the norm: the weights (a training chunk's, for
-        ChunkedRows, which does the product itself)."""
-        if starts is None:
-            weights = self.one_pass_weights(q, k, q_pos, k_pos, first_key, consecutive)
-            if weights is not None:
-                return weights
-        scores, visible = self.row_scores(q, k, q_pos, k_pos, first_key, consecutive, starts)
-        return self.weights(scores, visible, some_rows_empty=self.kq_conv_post is not None or first_key > 0)
-
-    def weigh(self, scores: Tensor, visible: VisibleKeys | None, v: Tensor, some_rows_empty: bool):
-        """From pre-softmax scores (B, H, R, Tk), pre-convolution done, to (out, weights): the rest
-        of the released order: pre mix, softmax, post conv, re-zero the future, post mix, dropout, @ V.
-        visible: the keys each row may see (None: all)."""
-        return self.finish(self.weights(scores, visible, some_rows_empty), v)
+        return native.conv_softmax(
+            scores, self.kq_conv[:, 0], self.mix_pre, self.mix_post, rows[:2], rows[2:]
+        )[0]
 
     def finish(self, weights: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """(out, weights) from the weights: dropout, @ V, the output norm."""
+        return self.normalise(self.weighed_values(weights, v)), weights
+
+    def weighed_values(self, weights: Tensor, v: Tensor) -> Tensor:
+        """dropout(weights) @ V, before the output norm (which works row by row)."""
         dropped = F.dropout(weights, self.dropout_p, self.training) if self.dropout_p else weights
-        return self.normalise(values(dropped, v)), weights
+        return values(dropped, v)
 
     def weights(self, scores: Tensor, visible: VisibleKeys | None, some_rows_empty: bool) -> Tensor:
         """`weigh` up to the weights: pre mix, softmax, post conv, re-zero the future, post mix."""
@@ -310,62 +305,52 @@ class MultiTokenAttention(CachedDecoding, Attention):
         if starts is not None:
             if not native.available(q):  # torch's convolution would read across the documents' rows
                 raise ValueError("MTA takes documents' starts only where its C loops run")
-            row_parts = (q, starts[:, None, :, None])
-            return self.attend_chunks(
-                q, k, v, row_parts, (k, v), self.n_hist, self.rows_of, self.row_weights_of
+            chunks = Chunks(
+                (q, starts[:, None, :, None]), (k, v), self.n_hist, self.scale, self.document_weights
             )
-        if self.fused(q, k, v):
+        elif self.fused(q, k, v):
             return self.normalise(torch.ops.minitx.mta_fused(*self.triton_inputs(q, k, v))[0])
-        if self.kq_conv is not None and self.factorised(q):
-            qcat, kcat, band = self.factorised_parts(q, k)
-            row_parts, key_parts, n_pad, chunk_fn, weights_fn = (
-                (qcat, band),
-                (kcat, v),
-                self.n_hist - (self.c_q - 1),
-                self.far_and_band,
-                self.far_and_band_weights,
-            )
+        elif self.kq_conv is not None and self.factorised(q):
+            qcat, kcat, band = self.factorised_parts(q, k)  # q pre-scaled
+            chunks = Chunks((qcat, band), (kcat, v), self.n_hist - (self.c_q - 1), 1.0, self.band_weights)
         else:
-            row_parts, key_parts, n_pad, chunk_fn, weights_fn = (
-                (q,),
-                (k, v),
-                self.n_hist,
-                self.rows,
-                self.row_weights,
-            )
-        return self.attend_chunks(q, k, v, row_parts, key_parts, n_pad, chunk_fn, weights_fn)
+            chunks = Chunks((q,), (k, v), self.n_hist, self.scale, self.weights_of)
+        return self.normalise(self.attend_chunks(q.shape[2], chunks))
 
-    def attend_chunks(
-        self, q: Tensor, k: Tensor, v: Tensor, row_parts, key_parts, n_pad: int, chunk_fn, weights_fn
-    ) -> Tensor:
-        """chunk_fn(*row parts, *key parts, q_pos, k_pos) over chunks of queries: row parts (q's
-        rows, n_pad zero rows above the first) at the chunk's rows, key parts up to its last query.
-        weights_fn: the same short of the product with V (its last key part) and the norm, for
-        ChunkedRows when training."""
-        T = q.shape[2]
-        positions = torch.arange(T, device=q.device)
-        row_parts = [F.pad(part, (0, 0, n_pad, 0)) for part in row_parts]  # zero rows above the first query
-        q_pos = torch.cat([torch.full((n_pad,), -1, device=q.device), positions])
+    def attend_chunks(self, T: int, chunks: Chunks) -> Tensor:
+        """The output before the norm (which works row by row, so it runs once on the whole): over
+        chunks of queries, each chunk's row parts (n_pad zero rows above the first query) at its
+        rows, its key parts up to its last query, weighed_values(weights(product of the first
+        row part and the first key part, the other parts, q_pos, k_pos), v)."""
+        device = chunks.row_parts[0].device
+        positions = torch.arange(T, device=device)
+        n_pad = chunks.n_pad
+        row_parts = [
+            F.pad(part, (0, 0, n_pad, 0)) for part in chunks.row_parts
+        ]  # zero rows above the first query
+        q_pos = torch.cat([torch.full((n_pad,), -1, device=device), positions])
         # Rows start - n_pad .. end - 1 (shifted by the padding), keys up to the chunk's last query.
         spans = [
             (start, min(start + self.query_chunk, T) + n_pad, min(start + self.query_chunk, T))
             for start in range(0, T, self.query_chunk)
         ]
-        parts = [*row_parts, *key_parts]
+        parts = [*row_parts, *chunks.key_parts]
+        n_rows = len(row_parts)
+
+        def chunk(*tensors):  # one chunk's output, from its parts' slices, q_pos and k_pos
+            q, k, v, rest = roles(tensors[:-2], n_rows)
+            weights = chunks.weights(product(q, k.transpose(-2, -1), chunks.scale), *rest, *tensors[-2:])
+            return self.weighed_values(weights, v)
+
         # Compiled with dropout: no recomputation. torch's checkpoint, traced around the MTA
         # operators, replays a different sequence of casts in the backward and fails ("not found
         # in storage"), and ChunkedRows would draw new dropout masks; the chunks' maps are kept.
         compiled_dropout = self.dropout_p and torch.compiler.is_compiling()
         if not torch.is_grad_enabled() or T <= self.query_chunk or compiled_dropout:
-            return torch.cat(
-                [
-                    chunk_fn(*chunk_parts(parts, len(row_parts), s), *chunk_positions((q_pos, positions), s))[
-                        0
-                    ]
-                    for s in spans
-                ],
-                dim=2,
-            )
+            outs = [
+                chunk(*chunk_parts(parts, n_rows, s), *chunk_positions((q_pos, positions), s)) for s in spans
+            ]
+            return torch.cat(outs, dim=2)
         # Training would keep every chunk's (rows x keys) maps for the backward pass, O(T^2) again;
         # recomputing a chunk's maps in the backward keeps only its inputs and output (measured at
         # T=4096: 6x less peak memory, 15-20% more time). query_chunk >= T skips it.
@@ -374,11 +359,11 @@ class MultiTokenAttention(CachedDecoding, Attention):
         if self.dropout_p or torch.compiler.is_compiling():
             outs = [
                 checkpoint(
-                    chunk_fn,
-                    *chunk_parts(parts, len(row_parts), s),
+                    chunk,
+                    *chunk_parts(parts, n_rows, s),
                     *chunk_positions((q_pos, positions), s),
                     use_reentrant=False,
-                )[0]
+                )
                 for s in spans
             ]
             return torch.cat(outs, dim=2)
@@ -387,12 +372,8 @@ class MultiTokenAttention(CachedDecoding, Attention):
             for name, p in self.named_parameters()
             if p.requires_grad and not name.startswith(("qkv_proj.", "out_proj."))
         ]
-        # The chunks give the output before the norm, which works row by row: normalised whole here,
-        # its backward needs no chunk's product with V again (ChunkedRows).
-        return self.normalise(
-            ChunkedRows.apply(
-                weights_fn, spans, (q_pos, positions), len(row_parts), len(params), *parts, *params
-            )
+        return ChunkedRows.apply(
+            chunks.weights, spans, (q_pos, positions), n_rows, len(params), chunks.scale, *parts, *params
         )
 
     def factorised(self, q: Tensor) -> bool:
@@ -427,13 +408,9 @@ class MultiTokenAttention(CachedDecoding, Attention):
         )
         return CALL_SCORES + B * T * T <= pieces
 
-    def rows_of(self, q: Tensor, starts: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor):
-        """`rows` for the chunks of `attend` with documents: starts (B, 1, R, 1), a row part."""
-        return self.rows(q, k, v, q_pos, k_pos, starts=starts[:, 0, :, 0])
-
-    def row_weights_of(self, q: Tensor, starts: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor):
-        """`row_weights` for the chunks of `attend` with documents (ChunkedRows), as `rows_of`."""
-        return self.row_weights(q, k, q_pos, k_pos, starts=starts[:, 0, :, 0])
+    def document_weights(self, scores: Tensor, starts: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """`weights_of` for the chunks of `attend` with documents: starts (B, 1, R, 1), a row part."""
+        return self.weights_of(scores, q_pos, k_pos, starts=starts[:, 0, :, 0])
 
     def fused(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
         """Whether the Triton kernels do this layer's work: asked for, or `auto` on CUDA where they
@@ -487,20 +464,12 @@ class MultiTokenAttention(CachedDecoding, Attention):
         q = q * self.scale
         return shifted_queries(q, self.c_q), convolved_keys(k, self.kq_conv), band_scores(q, k, self.kq_conv)
 
-    def far_and_band(self, qcat: Tensor, band: Tensor, kcat: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor):
-        """`rows` for the factorised backend: the pre-convolved scores of the chunk's rows as
-        Qcat . K'cat, exact for keys at least `off` behind each row, the band written over."""
-        scores, visible = self.far_and_band_scores(qcat, band, kcat, q_pos, k_pos)
-        return self.weigh(scores, visible, v, some_rows_empty=self.kq_conv_post is not None)
-
-    def far_and_band_scores(self, qcat: Tensor, band: Tensor, kcat: Tensor, q_pos: Tensor, k_pos: Tensor):
-        first_row = kcat.shape[2] - qcat.shape[2]  # the chunk's rows end at its last key
-        scores = write_band(qcat @ kcat.transpose(-2, -1), band, first_row)
-        return scores, VisibleKeys(q_pos, k_pos, consecutive=True)
-
-    def far_and_band_weights(self, qcat: Tensor, band: Tensor, kcat: Tensor, q_pos: Tensor, k_pos: Tensor):
-        """A training chunk's weights on the factorised backend (see ChunkedRows)."""
-        scores, visible = self.far_and_band_scores(qcat, band, kcat, q_pos, k_pos)
+    def band_weights(self, scores: Tensor, band: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """A chunk's weights on the factorised backend from Qcat . K'cat (its scores): the
+        pre-convolved scores, exact for keys at least `off` behind each row, the band written over."""
+        first_row = scores.shape[3] - scores.shape[2]  # the chunk's rows end at its last key
+        scores = write_band(scores, band, first_row)
+        visible = VisibleKeys(q_pos, k_pos, consecutive=True)
         return self.weights(scores, visible, some_rows_empty=self.kq_conv_post is not None)
 
     def reference(self, q: Tensor, k: Tensor, v: Tensor):

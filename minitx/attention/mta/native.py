@@ -311,8 +311,22 @@ def conv_softmax_grad(
         last_b, last_band = divmod(u1 - 1, n_bands)
         end = R_in if last_b > b or last_band == n_bands - 1 else (last_band + 1) * ROW_BLOCK
         rows_fn(
-            dconved.data_ptr(), grad_scores.data_ptr(), flipped.data_ptr(), b * H, (b + 1) * H, H, R_out,
-            R_in, N, c_q, c_k, -(c_q - 1), i0, min(i0 + c_q - 1, end), *bounds[2:], *bounds[:2],
+            dconved.data_ptr(),
+            grad_scores.data_ptr(),
+            flipped.data_ptr(),
+            b * H,
+            (b + 1) * H,
+            H,
+            R_out,
+            R_in,
+            N,
+            c_q,
+            c_k,
+            -(c_q - 1),
+            i0,
+            min(i0 + c_q - 1, end),
+            *bounds[2:],
+            *bounds[:2],
         )
     return grad_scores, grad_kernel.sum(0), *[None if g is None else g.sum(0) for g in (grad_pre, grad_post)]
 

@@ -228,7 +228,11 @@ def conv_softmax(
 def _(scores, kernel, pre, post, lo, hi, out_lo, out_hi):
     B, H, _, N = scores.shape
     shape = (B, H, out_lo.shape[-1], N)
-    return scores.new_empty(shape), scores.new_empty(shape), scores.new_empty(NOTHING if post is None else shape)
+    return (
+        scores.new_empty(shape),
+        scores.new_empty(shape),
+        scores.new_empty(NOTHING if post is None else shape),
+    )
 
 
 @torch.library.custom_op("minitx::conv_softmax_backward", mutates_args=(), device_types="cpu")
@@ -275,7 +279,9 @@ def _conv_softmax_setup(ctx, inputs, output) -> None:
     ctx.has_pre, ctx.has_post = pre is not None, post is not None
     ctx.mark_non_differentiable(conved, probs)
     ctx.set_materialize_grads(False)  # no maps of zeros for conved's and probs' gradients
-    ctx.save_for_backward(scores, conved, probs if post is not None else out, kernel, pre, post, lo, hi, out_lo, out_hi)
+    ctx.save_for_backward(
+        scores, conved, probs if post is not None else out, kernel, pre, post, lo, hi, out_lo, out_hi
+    )
 
 
 def _conv_softmax_grad(ctx, grad: Tensor | None, _grad_conved, _grad_probs):
