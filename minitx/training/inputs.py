@@ -188,9 +188,6 @@ def check_settings(config: Any) -> None:
     # their code) is what they asked for. The model's checks look their kinds up.
     import_config_kinds(config["model"]["attention"], "model.")
     check_seed(config.get("seed_everything"))
-    eps = config["model"].get("eps")
-    if eps is not None and not (isinstance(eps, (int, float)) and eps > 0 and math.isfinite(eps)):
-        raise UserError(f"model.eps: is {eps}; use a small positive number such as 1e-8")
     check_run_section(config["run"], config["trainer"].get("default_root_dir"))
     # Before the model's own checks, which list its layers: n_layer 10**20 is refused at once.
     check_model_memory(config["model"], config["trainer"])
