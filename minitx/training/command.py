@@ -44,6 +44,7 @@ from .interrupt import RunInterrupted, StopOnInterrupt
 from .messages import config_files, find_user_error, parse_error_message
 from .module import MinitxLM
 from .optim import DEFAULTS
+from .precheck import LINKED, LINKED_AT_PARSE
 from .resume import check_resume_checkpoint, dict_diff, resolve_ckpt_path
 from .run import RunCheckpoints, trainer_arguments
 from .runsection import RunSettings, run_settings, settle_run_section
@@ -91,8 +92,10 @@ class TrainCLI(LightningCLI):
             default=None,
             help="Resume from this checkpoint: a path, or 'last' / 'best' in <run.root>/<run.name>/checkpoints/.",
         )
-        parser.link_arguments("model.block_size", "data.block_size")
-        parser.link_arguments("trainer.max_steps", "model.max_steps")
+        # data.block_size from model.block_size, model.max_steps from trainer.max_steps: the
+        # precheck applies the same table, as this parse does, before the checks.
+        for key in LINKED_AT_PARSE:
+            parser.link_arguments(LINKED[key], key)
         # The tokenizer's size, known once the data is built; a model imported with init_from keeps its own.
         parser.link_arguments(
             "data.vocab_size", "model.vocab_size", compute_fn=self._model_vocab, apply_on="instantiate"
