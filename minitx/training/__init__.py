@@ -46,10 +46,10 @@ _HOMES = {
     "peak_source": "throughput",
 }
 
-__all__ = sorted([*_HOMES, "check_train_args", "check_train_keys"])
+__all__ = sorted([*_HOMES, "check_train_args", "precheck_train_args"])
 
 
-def check_train_keys(args):
+def precheck_train_args(args):
     """The UserError `train` raises for a mistake in a key, a value (its type, or one the model's,
     optimiser's, data's or run's checks refuse) or a config file, found without importing
     Lightning (precheck.py); check_train_args makes it first."""
@@ -62,7 +62,7 @@ def check_train_keys(args):
 def check_train_args(args):
     """command.check_train_args, the train command imported at the first call: ablate imports this
     name at start, and its --help and its sweep file's errors come before any run is checked."""
-    check_train_keys(args)
+    precheck_train_args(args)
     from .command import check_train_args as check  # Lightning: seconds
 
     return check(args)

@@ -44,9 +44,10 @@ from .interrupt import RunInterrupted, StopOnInterrupt
 from .messages import config_files, find_user_error, parse_error_message
 from .module import MinitxLM
 from .optim import DEFAULTS
+from .precheck import LINKED, LINKED_AT_PARSE
 from .resume import check_resume_checkpoint, dict_diff, resolve_ckpt_path
 from .run import RunCheckpoints, trainer_arguments
-from .runsection import RunSettings, run_settings, settle_run_section
+from .runsection import RunSettings, settle_run_section
 from .throughput import device_name, peak_source
 
 
@@ -91,8 +92,10 @@ class TrainCLI(LightningCLI):
             default=None,
             help="Resume from this checkpoint: a path, or 'last' / 'best' in <run.root>/<run.name>/checkpoints/.",
         )
-        parser.link_arguments("model.block_size", "data.block_size")
-        parser.link_arguments("trainer.max_steps", "model.max_steps")
+        # data.block_size from model.block_size, model.max_steps from trainer.max_steps: the
+        # precheck applies the same table, as this parse does, before the checks.
+        for key in LINKED_AT_PARSE:
+            parser.link_arguments(LINKED[key], key)
         # The tokenizer's size, known once the data is built; a model imported with init_from keeps its own.
         parser.link_arguments(
             "data.vocab_size", "model.vocab_size", compute_fn=self._model_vocab, apply_on="instantiate"
@@ -162,7 +165,8 @@ class TrainCLI(LightningCLI):
             init_model(self.model.model, self.config["model"]["init_from"])
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> L.Trainer:
-        config = trainer_arguments(run_settings(self.config_init["run"]), config)
+        # The run section as built: jsonargparse instantiates the `run` group, a RunSettings.
+        config = trainer_arguments(self.config_init["run"], config)
         try:
             return super()._instantiate_trainer(config, callbacks)
         except UserError:
@@ -340,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     model: MinitxLM = cli.model
     data: TextDataModule = cli.datamodule
     trainer: L.Trainer = cli.trainer
-    run = run_settings(cli.config_init["run"])
+    run: RunSettings = cli.config_init["run"]  # the `run` group, instantiated by jsonargparse
     RunLock(run.dir).refuse_if_held()  # a directory another process trains into is named as busy
     ckpt_path = check_run(cli, run)
     if ckpt_path is not None:

@@ -183,27 +183,24 @@ def check_settings(config: Any) -> None:
     """The checks of the seed and the model, data and run sections, in the order a mistake is
     reported: they read no trainer setting but trainer.default_root_dir (a path) and
     trainer.accelerator (a name), so the precheck (precheck.py), whose trainer values are untyped,
-    makes them too and answers the same line."""
+    makes them too and answers the same line. `config` is a jsonargparse Namespace on both
+    paths (the precheck's parse and LightningCLI's), its sections Namespaces too."""
     # The modules of the config's own kinds: the user named them, so importing them (running
     # their code) is what they asked for. The model's checks look their kinds up.
     import_config_kinds(config["model"]["attention"], "model.")
     check_seed(config.get("seed_everything"))
-    eps = config["model"].get("eps")
-    if eps is not None and not (isinstance(eps, (int, float)) and eps > 0 and math.isfinite(eps)):
-        raise UserError(f"model.eps: is {eps}; use a small positive number such as 1e-8")
     check_run_section(config["run"], config["trainer"].get("default_root_dir"))
     # Before the model's own checks, which list its layers: n_layer 10**20 is refused at once.
     check_model_memory(config["model"], config["trainer"])
-    model = config["model"]
-    check_model_section(model.as_dict() if hasattr(model, "as_dict") else dict(model))
+    check_model_section(config["model"].as_dict())
     # After the model's: data.block_size is model.block_size (linked), named as the model's.
-    check_data_section(config["data"])
+    check_data_section(config["data"].as_dict())
 
 
-def check_data_section(data: Any) -> None:
+def check_data_section(data: dict) -> None:
     """The data section's checks (DataConfig's, a synthetic task's included), made by building it as
     the data module will: before the seed is set, whose log line would come before the error."""
-    DataConfig.from_config(data.as_dict() if hasattr(data, "as_dict") else data)
+    DataConfig.from_config(data)
 
 
 @contextmanager

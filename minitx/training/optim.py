@@ -426,6 +426,8 @@ class Optimisation:
             fail("weight_decay", "use 0 or more")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             fail("betas", "use two numbers in [0, 1), e.g. [0.9, 0.95]")
+        if not (self.eps > 0 and math.isfinite(self.eps)):
+            fail("eps", "use a small positive number such as 1e-8")
         if self.optimizer not in OPTIMIZERS:
             fail("optimizer", f"use one of {', '.join(sorted(OPTIMIZERS))}")
         if not self.muon_lr > 0:

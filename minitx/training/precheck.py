@@ -71,6 +71,9 @@ LINKED = {
     "data.block_size": "model.block_size",
     "model.document_token": "data.documents",  # the tokenizer's end-of-text, with data.documents
 }
+# Those LightningCLI fills in as it parses, before its checks (TrainCLI links them from here); the
+# others are filled in when the data module is built.
+LINKED_AT_PARSE = ("data.block_size", "model.max_steps")
 # Whole command lines left to LightningCLI: a class's help, a shell completion script.
 ONLY_LIGHTNING = (".help", "--print_shtab")
 
@@ -189,9 +192,11 @@ def check_arguments(args: Sequence[str]) -> None:
     if any(word.partition("=")[0] == "--print_config" for word in args):
         return  # LightningCLI prints the config it parsed and exits before it checks a value
     # The values: the checks LightningCLI's parse makes first (inputs.check_settings), on the
-    # sections as it parses them. Of its links (LINKED), the one applied at parse that a check
-    # reads: the data's block_size is the model's, whatever a config file holds.
-    config["data"]["block_size"] = config["model"]["block_size"]
+    # sections as it parses them, its links applied: the data's block_size is the model's,
+    # whatever a config file holds. (model.max_steps takes trainer.max_steps as given, None where
+    # unset, not LightningCLI's default: no check reads it.)
+    for key in LINKED_AT_PARSE:
+        config[key] = config[LINKED[key]]
     check_settings(config)
 
 

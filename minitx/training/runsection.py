@@ -64,13 +64,6 @@ class RunSettings:
         return self.dir / "checkpoints"
 
 
-def run_settings(value: Any) -> RunSettings:
-    """The `run` section (a RunSettings, a jsonargparse Namespace or a dict) as RunSettings."""
-    if isinstance(value, RunSettings):
-        return value
-    return RunSettings(**(value.as_dict() if hasattr(value, "as_dict") else dict(value)))
-
-
 def settle_run_section(
     run: Any, config_files: list, default_root_dir: str | None, attention: Any = None
 ) -> None:

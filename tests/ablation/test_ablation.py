@@ -209,6 +209,22 @@ def test_variants_may_not_change_the_budget_unless_allowed(tmp_path):
     assert ablation.load_sweep(path).overrides == {"trainer.max_steps": 9}
 
 
+def test_a_config_mistake_is_named_as_the_variants_or_the_bases(tmp_path):
+    # A variant with overrides first: one without any is the base's at once.
+    variants = [{"name": "b", "overrides": {"model.dropout": 0.0}}, {"name": "a", "overrides": {}}]
+    mistakes = [
+        ({"model.eps": 0}, "model.eps: is 0.0"),  # found before Lightning is imported
+        ({"trainer.precision": "bogus"}, "trainer.precision"),  # found by LightningCLI's parse alone
+    ]
+    for overrides, found in mistakes:
+        shared = write_sweep(tmp_path, variants, overrides=overrides)
+        with pytest.raises(UserError, match=f"base config or shared overrides: {found}"):
+            ablation.check_variants(ablation.load_sweep(shared), shared)
+        own = write_sweep(tmp_path, [variants[1], {"name": "b", "overrides": overrides}])
+        with pytest.raises(UserError, match=f"variant 'b': {found}"):
+            ablation.check_variants(ablation.load_sweep(own), own)
+
+
 @pytest.mark.parametrize(
     "variants,extra,message",
     [

@@ -140,6 +140,7 @@ def test_the_precheck_refuses_bad_values_as_lightningcli_does(tmp_path):
         ["--model.min_lr", "1"],
         ["--model.betas", "[0.9, 1.5]"],
         ["--model.eps", "0"],
+        ["--model.eps", "-1"],
         ["--model.optimizer", "sgd"],
         ["--model.muon_momentum", "1"],
         ["--model.decay_fraction", "2"],

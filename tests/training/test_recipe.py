@@ -311,6 +311,7 @@ def test_muon_in_bfloat16_is_torch_muons_precision(one_thread):
 
 
 BAD_SETTINGS = {
+    "eps": (0.0, "use a small positive number such as 1e-8"),
     "optimizer": ("sgd", "use one of adamw, muon"),
     "muon_lr": (0.0, "use a positive learning rate"),
     "muon_momentum": (1.0, "[0, 1)"),

@@ -26,7 +26,7 @@ from typing import Any
 
 from ...errors import UserError
 from ...fileio import read_json, write_json_atomically, write_text_atomically
-from ...training import check_train_args, check_train_keys
+from ...training import check_train_args, precheck_train_args
 from ..plan.sweep import Sweep, Variant
 
 # How a run is launched: the training command's contract (minitx/training). A command string,
@@ -138,12 +138,12 @@ def check_variants(sweep: Sweep, sweep_path: Path, extra: Sequence[str] = ()) ->
         base.write_text(sweep.base_text, encoding="utf-8")
         root = Path(scratch) / "runs"  # never written: checking builds nothing
 
-        def check(variant_overrides: dict[str, Any], name: str, keys_only: bool = False) -> str | None:
+        def check(variant_overrides: dict[str, Any], name: str, before_lightning: bool = False) -> str | None:
             arguments = train_arguments(
                 base, root, name, run_overrides(sweep, variant_overrides, sweep.seed), extra
             )
             try:
-                (check_train_keys if keys_only else check_train_args)(arguments)
+                (precheck_train_args if before_lightning else check_train_args)(arguments)
             except UserError as error:
                 return str(error)
             return None
@@ -155,8 +155,8 @@ def check_variants(sweep: Sweep, sweep_path: Path, extra: Sequence[str] = ()) ->
             # The same mistake without the variant's overrides is the base's (or the shared overrides').
             # A mistake in a key or a value is looked for in the base as it was found in the
             # variant, without Lightning: a sweep's typo is answered in a second.
-            keys_only = check(variant.overrides, variant.name, keys_only=True) is not None
-            if not variant.overrides or check({}, "base", keys_only) == problem:
+            prechecked = check(variant.overrides, variant.name, before_lightning=True) is not None
+            if not variant.overrides or check({}, "base", before_lightning=prechecked) == problem:
                 raise UserError(f"{sweep_path}: base config or shared overrides: {problem}")
             raise UserError(f"{sweep_path}: variant {variant.name!r}: {problem}")
 
