@@ -14,6 +14,9 @@ Each test draws a fresh seed (printed on failure; MINITX_TEST_SEED replays it).
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -208,6 +211,21 @@ def test_fast_paths_are_exact_for_every_kernel_shape(c_q, backend, kernels):
                     c_k,
                     T,
                 )
+
+
+@pytest.mark.parametrize("backend", ["factorised", "conv"])
+def test_chunked_gradients_of_strided_inputs(backend, kernels):
+    # q, k and v as the projection makes them: views of one (B, T, H + 2G, D) tensor, whose rows
+    # are H + 2G heads apart. ChunkedRows' gradients are theirs as for contiguous copies.
+    module = mta_module(n_kv_head=2, query_chunk=4, backend=backend)
+    B, T, H, G, D = 2, 11, module.n_head, module.n_kv_head, module.head_dim
+    packed = torch.randn(B, T, H + 2 * G, D, dtype=torch.float64, requires_grad=True)
+    strided = packed.transpose(1, 2).split([H, G, G], dim=1)
+    copies = [t.detach().contiguous().requires_grad_() for t in strided]
+    grad_out = torch.randn(B, H, T, D, dtype=torch.float64)
+    (got,) = torch.autograd.grad((module.attend(*strided) * grad_out).sum(), packed)
+    want = torch.autograd.grad((module.attend(*copies) * grad_out).sum(), copies)
+    assert error(got, torch.cat(want, dim=1).transpose(1, 2)) < 1e-12
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
@@ -623,6 +641,37 @@ def test_c_one_pass_gradient_is_the_three_calls(
             assert (got is None) == (want is None)
             if want is not None:
                 torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_c_loops_without_openmp_give_the_same_bits(c_loops, tmp_path):
+    # The library built without OpenMP splits work over a pool of its own threads: the same ranges,
+    # so the same numbers as the OpenMP build's, on two threads.
+    script = """
+import sys, torch
+from minitx.attention.mta import native
+from minitx.attention.mta.kernels import VisibleKeys
+torch.manual_seed(0)
+torch.set_num_threads(2)
+q_pos = torch.cat([torch.full((5,), -1), torch.arange(30, 100)])
+visible = VisibleKeys(q_pos, torch.arange(100), 0, True)
+out_rows = visible.from_row(5)
+rows_in, rows_out = (visible.lo, visible.hi), (out_rows.lo, out_rows.hi)
+scores, kernel = torch.randn(1, 4, 75, 100), torch.randn(4, 6, 11)
+pre, post = torch.randn(1, 4, 4), torch.randn(2, 2, 2)
+out, conved, probs = native.conv_softmax(scores, kernel, pre, post, rows_in, rows_out, keep=True)
+grads = native.conv_softmax_grad(scores, conved, probs, torch.ones_like(out), kernel, pre, post, rows_in, rows_out)
+torch.save([native.library().openmp(), out, *grads], sys.argv[1])
+"""
+    results = []
+    for openmp in ("1", "0"):
+        path = tmp_path / f"openmp{openmp}.pt"
+        env = {**os.environ, "MINITX_NATIVE_OPENMP": openmp}
+        subprocess.run([sys.executable, "-c", script, str(path)], check=True, env=env)
+        results.append(torch.load(path, weights_only=True))
+    (_, *first), (without, *second) = results
+    assert without == 0
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
 
 
 def test_c_convolution_passes_gradcheck(c_loops):

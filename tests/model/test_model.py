@@ -184,6 +184,9 @@ class SymmetricQueryPaddingMTA(MultiTokenAttention):
         padded = F.pad(rows, (self.c_k // 2, self.c_k // 2, top, self.c_q - 1 - top))
         return F.conv2d(padded, kernel, groups=self.n_head)
 
+    def one_pass_weights(self, *args, **kwargs):
+        return None  # the one C call for convolution and softmax would bypass the planted convolution
+
 
 @pytest.mark.parametrize("placement", ["pre", "post", "both"])
 def test_checker_catches_mta_padded_symmetrically(monkeypatch, placement):

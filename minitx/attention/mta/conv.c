@@ -31,6 +31,41 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The convolution's tile: output rows x vectors of keys summed in registers (16 of 32). */
+#define TILE_ROWS 4
+#define TILE_VECTORS 4
+/* The kernel gradient's tile: kernel rows x kernel columns summed in registers (18 of 32), over
+ * blocks of keys of the band's rows that stay in L1. */
+#define GRAD_ROWS 3
+#define GRAD_TAPS 6
+#define GRAD_KEYS 256
+/* Dot products of head rows summed at once by the mixes' gradients: 4 x 4, a group of 4 heads. */
+#define MIX_TILE 4
+/* Rows whose kernel-gradient terms each lane sums in T before they go into a double. */
+#define ROW_BLOCK 16
+
+/* The units of work native.py hands the workers: conv_softmax's tiles of rows, conv_softmax_grad's
+ * bands of rows. */
+const int64_t tile_rows = TILE_ROWS, row_block = ROW_BLOCK;
+
+/* task(worker) for workers 0 .. n_workers - 1, one per thread of OpenMP's team (built with
+ * OpenMP; native.py's split, whose task is a Python function making one C call on its worker's
+ * range of items); without OpenMP one after the other. */
+typedef void (*worker_task)(int64_t worker);
+
+void parallel_workers(worker_task task, int64_t n_workers) {
+#pragma omp parallel for schedule(static, 1) num_threads(n_workers)
+    for (int64_t t = 0; t < n_workers; t++) task(t);
+}
+
+int64_t openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 #define T float
 #define IS_FLOAT 1
 #define S(name) name##_f32
@@ -51,18 +86,6 @@
 
 typedef T S(vec) __attribute__((vector_size(64), aligned(sizeof(T))));
 #define LANES ((int64_t)(64 / sizeof(T)))
-/* The convolution's tile: output rows x vectors of keys summed in registers (16 of 32). */
-#define TILE_ROWS 4
-#define TILE_VECTORS 4
-/* The kernel gradient's tile: kernel rows x kernel columns summed in registers (18 of 32), over
- * blocks of keys of the band's rows that stay in L1. */
-#define GRAD_ROWS 3
-#define GRAD_TAPS 6
-#define GRAD_KEYS 256
-/* Dot products of head rows summed at once by the mixes' gradients: 4 x 4, a group of 4 heads. */
-#define MIX_TILE 4
-/* Rows whose kernel-gradient terms each lane sums in T before they go into a double. */
-#define ROW_BLOCK 16
 
 /* Row r of the map, padded by p zeros on the left and masked to its visible keys, into dst. */
 static void S(pad_row)(T *dst, int64_t width, const T *map, int64_t r, int64_t n_rows, int64_t N,
@@ -882,11 +905,4 @@ done:
 }
 
 #undef LANES
-#undef TILE_ROWS
-#undef TILE_VECTORS
-#undef GRAD_ROWS
-#undef GRAD_TAPS
-#undef GRAD_KEYS
-#undef MIX_TILE
-#undef ROW_BLOCK
 #endif

@@ -449,7 +449,12 @@ class ChunkedRows(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         parts, n = ctx.saved_tensors, ctx.n_row_parts
         needs = ctx.needs_input_grad[6:]
-        part_grads = [torch.zeros_like(p) if need else None for p, need in zip(parts, needs)]
+        # Contiguous whatever the parts' strides (V is a slice of the projection's output): add_product
+        # views a buffer's (B, G) as one batch dimension.
+        part_grads = [
+            torch.zeros_like(p, memory_format=torch.contiguous_format) if need else None
+            for p, need in zip(parts, needs)
+        ]
         param_grads = [
             torch.zeros_like(p) if need else None for p, need in zip(ctx.params, needs[len(parts) :])
         ]

@@ -207,9 +207,8 @@ class MultiTokenAttention(CachedDecoding, Attention):
 
     def one_pass_weights(self, scores, q_pos, k_pos, first_key: int = 0, consecutive: bool = True):
         """`weights_of` by one C call for the convolution, mixes and softmax (native.conv_softmax),
-        where it applies: the pre placement, keys in order, not compiled, no subclass's own
-        convolution (tests plant wrong ones). Where a gradient is needed, through its operator
-        (ops.py), whose backward is one C call too. Else None."""
+        where it applies: the pre placement, keys in order, not compiled. Where a gradient is
+        needed, through its operator (ops.py), whose backward is one C call too. Else None."""
         if (
             self.kq_conv is None
             or self.kq_conv_post is not None
@@ -217,7 +216,6 @@ class MultiTokenAttention(CachedDecoding, Attention):
             or not len(k_pos)
             or not native.available(scores)
             or torch.compiler.is_compiling()
-            or type(self).convolve is not MultiTokenAttention.convolve
         ):
             return None
         visible = VisibleKeys(q_pos, k_pos, first_key, consecutive)

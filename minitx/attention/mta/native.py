@@ -6,13 +6,15 @@ softmax head mix in one pass and its gradient, the convolution and that pass as 
 nothing needs a gradient (conv_softmax), head mixing alone, and (for decoding) the output norm
 and gate. Used for float32 and float64 on CPU; everything else (CUDA, bfloat16, no compiler) runs
 the same maths on torch's operations, equal to rounding (the tests hold both to one oracle).
-MINITX_NATIVE=0 turns them off.
+MINITX_NATIVE=0 turns them off; MINITX_NATIVE_OPENMP=0 builds them without OpenMP (their threads
+are then a pool of their own).
 
 The library is built once per source and machine into ~/.cache/minitx (or $MINITX_CACHE) under a
 name that includes the source's hash, written under a temporary name and renamed into place, so
 that processes starting together (DDP ranks, parallel ablation runs) never load a half-written file.
-Work is split over maps or rows between torch's CPU threads (ctypes releases the GIL); gradients
-of the small mixing matrices are summed per thread, then added up.
+Work is split over maps or rows between torch's CPU threads, on the threads of torch's own OpenMP
+team where the compiler has OpenMP (the library then shares torch's runtime; ctypes releases the
+GIL); gradients of the small mixing matrices are summed per thread, then added up.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ from ...compiling import constant_result
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("conv.c")
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC"]
+OPENMP = ["-fopenmp"]
+WORKER_TASK = ctypes.CFUNCTYPE(None, ctypes.c_int64)
 SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
-TILE_ROWS = 4  # conv.c's: conv_softmax's units of work are tiles of this many rows
-ROW_BLOCK = 16  # conv.c's: conv_softmax_grad's units of work are bands of this many rows
 
 
 def cache_dir() -> Path:
@@ -55,25 +57,19 @@ def library() -> ctypes.CDLL | None:
     if compiler is None:
         log.info("no C compiler found: MTA runs on torch's operations (slower on CPU)")
         return None
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(
-        source + " ".join([compiler, *FLAGS, platform.machine(), cpu_model()]).encode()
-    ).hexdigest()[:16]
-    target = cache_dir() / f"mta_conv-{key}.so"
-    try:
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-                built = Path(scratch) / target.name
-                subprocess.run(
-                    [compiler, *FLAGS, str(SOURCE), "-o", str(built)],
-                    check=True,
-                    capture_output=True,
-                    timeout=120,
-                )
-                os.replace(built, target)
-        lib = ctypes.CDLL(str(target))
-    except (OSError, subprocess.SubprocessError) as error:
+    source, error = SOURCE.read_bytes(), None
+    # With OpenMP where the compiler has it: the loops then run on the threads of torch's own
+    # OpenMP team (the library shares its runtime), not on a pool of their own, which shared two
+    # cores with that team's threads still spinning after each matrix product (measured: the C
+    # calls of a T = 4096 step took as long on two threads as on one).
+    with_openmp = os.environ.get("MINITX_NATIVE_OPENMP", "1") != "0"
+    for flags in [FLAGS + OPENMP] * with_openmp + [FLAGS]:
+        try:
+            lib = ctypes.CDLL(str(built(compiler, flags, source)))
+            break
+        except (OSError, subprocess.SubprocessError) as failure:
+            error = failure
+    else:
         detail = getattr(error, "stderr", b"") or b""
         log.warning(
             "MTA's C loops could not be built (%s%s); using torch's operations",
@@ -99,7 +95,34 @@ def library() -> ctypes.CDLL | None:
         getattr(lib, f"attend_rows_{suffix}").argtypes = (
             [ptr] * 4 + [i64] * 2 + [ptr] * 6 + [ctypes.c_double] * 2 + [i64] * 11 + [ptr] * 2 + [i64]
         )
+    lib.parallel_workers.argtypes = [WORKER_TASK, i64]
+    lib.openmp.restype = ctypes.c_int64
     return lib
+
+
+def built(compiler: str, flags: list[str], source: bytes) -> Path:
+    """The library compiled from source with these flags, built once per source, flags and
+    machine (the name holds their hash)."""
+    key = hashlib.sha256(source + " ".join([compiler, *flags, platform.machine(), cpu_model()]).encode())
+    target = cache_dir() / f"mta_conv-{key.hexdigest()[:16]}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+            scratch_target = Path(scratch) / target.name
+            subprocess.run(
+                [compiler, *flags, str(SOURCE), "-o", str(scratch_target)],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+            os.replace(scratch_target, target)
+    return target
+
+
+@cache
+def unit_rows(name: str) -> int:
+    """conv.c's rows per unit of work: "tile_rows" (conv_softmax's) or "row_block" (conv_softmax_grad's)."""
+    return ctypes.c_int64.in_dll(library(), name).value
 
 
 def cpu_model() -> str:
@@ -140,10 +163,25 @@ def ranges(n_items: int) -> list[tuple[int, int]]:
 
 
 def split(n_items: int, call) -> None:
-    """call(first, end, worker) over `ranges(n_items)`, each on its own thread."""
+    """call(first, end, worker) over `ranges(n_items)`, each on its own thread: those of OpenMP's
+    team where the library has OpenMP (conv.c's parallel_workers; call makes one C call, which
+    releases the GIL), else of a pool."""
     parts = ranges(n_items)
     if len(parts) == 1:
         call(0, n_items, 0)
+        return
+    if library().openmp():
+        errors = []
+
+        def task(worker: int) -> None:
+            try:
+                call(*parts[worker], worker)
+            except BaseException as error:  # raised below, on the calling thread
+                errors.append(error)
+
+        library().parallel_workers(WORKER_TASK(task), len(parts))
+        if errors:
+            raise errors[0]
         return
     for future in [pool(len(parts)).submit(call, a, b, t) for t, (a, b) in enumerate(parts)]:
         future.result()
@@ -258,7 +296,7 @@ def conv_softmax(
     pointers = [address(t) for t in (scores, conved, out, probs, kernel, pre, post)]
     bounds = [t.data_ptr() for t in (*in_rows, *out_rows)]
     fn = getattr(library(), f"conv_softmax_{SUFFIX[scores.dtype]}")
-    n_tiles = -(-R_out // TILE_ROWS)
+    n_tiles = -(-R_out // unit_rows("tile_rows"))
     split(B * n_tiles, lambda u0, u1, _: fn(*pointers, u0, u1, *sizes, *bounds))
     return out, conved, (out if keep and post is None else probs)
 
@@ -276,7 +314,7 @@ def conv_softmax_grad(
 ):
     """(d scores, d kernel, d pre, d post) of conv_softmax's out for its gradient grad, from the
     maps its forward kept (keep): the gradient of mixed_softmax, then both of the convolution's, in
-    one pass over bands of ROW_BLOCK rows of every head (conv.c). Kernel (H, c_q, c_k); the
+    one pass over bands of rows of every head (conv.c's ROW_BLOCK). Kernel (H, c_q, c_k); the
     kernel's and the mixes' gradients in float64 (None for a mix that is None)."""
     B, H, R_in, N = scores.shape
     R_out = conved.shape[2]
@@ -285,7 +323,8 @@ def conv_softmax_grad(
     flipped = kernel.detach().to(scores.dtype).flip(-1, -2).contiguous()
     pre_t, post_t = [as_dtype(m, scores.dtype) for m in (pre, post)]
     dconved, grad_scores = torch.empty_like(conved), scores.new_empty(B, H, R_in, N)
-    n_bands = -(-R_out // ROW_BLOCK)
+    row_block = unit_rows("row_block")
+    n_bands = -(-R_out // row_block)
     parts = ranges(B * n_bands)
     grad_kernel = torch.zeros(len(parts), H, c_q, c_k, dtype=torch.float64)
     grad_pre, grad_post = [
@@ -305,11 +344,11 @@ def conv_softmax_grad(
     rows_fn = getattr(library(), f"conv_rows_{SUFFIX[scores.dtype]}")
     for u0, u1 in parts[1:]:
         b, i0 = divmod(u0, n_bands)
-        i0 *= ROW_BLOCK
+        i0 *= row_block
         if i0 == 0:
             continue
         last_b, last_band = divmod(u1 - 1, n_bands)
-        end = R_in if last_b > b or last_band == n_bands - 1 else (last_band + 1) * ROW_BLOCK
+        end = R_in if last_b > b or last_band == n_bands - 1 else (last_band + 1) * row_block
         rows_fn(
             dconved.data_ptr(),
             grad_scores.data_ptr(),
