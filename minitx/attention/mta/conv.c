@@ -590,13 +590,16 @@ static void S(softmax_unit)(T **dst, T **p, T *const *src, int keep_p, const T *
     }
 }
 
-/* Rows (b, i), unit u = b * R + i from u0 to u1, of (B, H, R, N) maps; row i sees keys lo_i..hi_i:
+/* Rows (b, i), unit u = b * R + i from u0 to u1, of (B, H, R, N) maps; row i of batch row b sees
+ * keys lo[b * stride + i] .. hi[b * stride + i] (stride 0: the batch rows share R intervals; R:
+ * (B, R) intervals, the documents of a packed batch):
  *     M = pre-mix of C (pre NULL: M = C),  P = softmax of M over the visible keys,
  *     out = post-mix of P (post NULL: out = P);  probs (if not NULL) gets P.
  * pre mixes groups of c_pre heads, post of c_post; everything is 0 outside the visible keys, and a
  * row that sees nothing is 0. lo and hi NULL: every row sees every key. */
 void S(mixed_softmax)(const T *scores, T *out, T *probs, const T *pre, const T *post, int64_t u0, int64_t u1, int64_t H,
-                      int64_t R, int64_t N, int64_t c_pre, int64_t c_post, const int64_t *lo, const int64_t *hi) {
+                      int64_t R, int64_t N, int64_t c_pre, int64_t c_post, const int64_t *lo, const int64_t *hi,
+                      int64_t stride) {
     T *buffer = malloc((size_t)(H * N + LANES) * sizeof(T));
     T **rows = malloc((size_t)(3 * H) * sizeof(T *));
     if (!buffer || !rows) goto done;
@@ -608,7 +611,8 @@ void S(mixed_softmax)(const T *scores, T *out, T *probs, const T *pre, const T *
             src[h] = (T *)scores + at, dst[h] = out + at;
             p[h] = probs ? probs + at : (post ? buffer + h * N : out + at);
         }
-        S(softmax_unit)(dst, p, src, probs != NULL, pre, post, H, N, c_pre, c_post, i, lo, hi);
+        S(softmax_unit)(dst, p, src, probs != NULL, pre, post, H, N, c_pre, c_post, i, lo ? lo + b * stride : NULL,
+                        hi ? hi + b * stride : NULL);
     }
 done:
     free(buffer), free(rows);
@@ -693,17 +697,18 @@ static void S(softmax_grad_row)(T *const *c, T *const *p, T *const *g, T **dc, T
 }
 
 /* mixed_softmax's gradient for rows (b, i), unit u = b * R + i from u0 to u1 (softmax_grad_row):
- * scores are its C, probs its saved P, grad out's gradient; grad_scores gets dC. */
+ * scores are its C, probs its saved P, grad out's gradient; grad_scores gets dC. Intervals as
+ * mixed_softmax's. */
 void S(mixed_softmax_grad)(const T *scores, const T *probs, const T *grad, T *grad_scores, const T *pre, const T *post,
                            double *grad_pre, double *grad_post, int64_t u0, int64_t u1, int64_t H, int64_t R, int64_t N,
-                           int64_t c_pre, int64_t c_post, const int64_t *lo, const int64_t *hi) {
+                           int64_t c_pre, int64_t c_post, const int64_t *lo, const int64_t *hi, int64_t stride) {
     T *buffer = malloc((size_t)(2 * H * N + LANES) * sizeof(T));
     T **rows = malloc((size_t)(6 * H) * sizeof(T *));
     if (!buffer || !rows) goto done;
     T **c = rows, **p = rows + H, **g = rows + 2 * H, **dc = rows + 3 * H;
     for (int64_t unit = u0; unit < u1; unit++) {
-        int64_t b = unit / R, i = unit % R;
-        int64_t a = !lo || lo[i] < 0 ? 0 : lo[i], e = !hi || hi[i] > N - 1 ? N : hi[i] + 1;
+        int64_t b = unit / R, i = unit % R, r = b * stride + i;
+        int64_t a = !lo || lo[r] < 0 ? 0 : lo[r], e = !hi || hi[r] > N - 1 ? N : hi[r] + 1;
         for (int64_t h = 0; h < H; h++) {
             size_t at = ((b * H + h) * R + i) * N;
             c[h] = (T *)scores + at, p[h] = (T *)probs + at, g[h] = (T *)grad + at, dc[h] = grad_scores + at;
@@ -778,31 +783,6 @@ void S(conv_softmax_grad)(const T *scores, const T *conved, const T *probs, cons
 done:
     S(grad_scratch_free)(&g);
     free(ring), free(held), free(in_rows), free(buffer), free(rows);
-}
-
-/* mixed_softmax and its gradient with intervals per batch row, lo and hi (B, R): the documents
- * of a packed batch. Each batch row's units are the plain loop's on that row alone. */
-void S(mixed_softmax_documents)(const T *scores, T *out, T *probs, const T *pre, const T *post, int64_t u0,
-                                int64_t u1, int64_t H, int64_t R, int64_t N, int64_t c_pre, int64_t c_post,
-                                const int64_t *lo, const int64_t *hi) {
-    for (int64_t b = u0 / R; b * R < u1; b++) {
-        int64_t a = u0 > b * R ? u0 - b * R : 0, e = u1 < (b + 1) * R ? u1 - b * R : R;
-        size_t at = (size_t)(b * H * R * N);
-        S(mixed_softmax)(scores + at, out + at, probs ? probs + at : NULL, pre, post, a, e, H, R, N, c_pre, c_post,
-                         lo + b * R, hi + b * R);
-    }
-}
-
-void S(mixed_softmax_grad_documents)(const T *scores, const T *probs, const T *grad, T *grad_scores, const T *pre,
-                                     const T *post, double *grad_pre, double *grad_post, int64_t u0, int64_t u1,
-                                     int64_t H, int64_t R, int64_t N, int64_t c_pre, int64_t c_post,
-                                     const int64_t *lo, const int64_t *hi) {
-    for (int64_t b = u0 / R; b * R < u1; b++) {
-        int64_t a = u0 > b * R ? u0 - b * R : 0, e = u1 < (b + 1) * R ? u1 - b * R : R;
-        size_t at = (size_t)(b * H * R * N);
-        S(mixed_softmax_grad)(scores + at, probs + at, grad + at, grad_scores + at, pre, post, grad_pre, grad_post, a,
-                              e, H, R, N, c_pre, c_post, lo + b * R, hi + b * R);
-    }
 }
 
 /* Head mixing of whole rows (b, i), u = b * R + i from u0 to u1 (mix_rows over every key),

@@ -81,10 +81,8 @@ def library() -> ctypes.CDLL | None:
     for suffix in SUFFIX.values():
         for documents in ("", "_documents"):  # the same arguments, intervals per batch row (B, R)
             getattr(lib, f"conv{documents}_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 9 + [ptr] * 4
-            getattr(lib, f"mixed_softmax{documents}_{suffix}").argtypes = [ptr] * 5 + [i64] * 7 + [ptr] * 2
-            getattr(lib, f"mixed_softmax_grad{documents}_{suffix}").argtypes = (
-                [ptr] * 8 + [i64] * 7 + [ptr] * 2
-            )
+        getattr(lib, f"mixed_softmax_{suffix}").argtypes = [ptr] * 5 + [i64] * 7 + [ptr] * 2 + [i64]
+        getattr(lib, f"mixed_softmax_grad_{suffix}").argtypes = [ptr] * 8 + [i64] * 7 + [ptr] * 2 + [i64]
         getattr(lib, f"kernel_grad_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 7 + [ptr] * 4
         getattr(lib, f"kernel_grad_documents_{suffix}").argtypes = [ptr, ptr, ptr] + [i64] * 8 + [ptr] * 4
         getattr(lib, f"conv_softmax_{suffix}").argtypes = [ptr] * 7 + [i64] * 10 + [ptr] * 4
@@ -188,10 +186,19 @@ def split(n_items: int, call) -> None:
 
 
 def documents(rows) -> str:
-    """The C functions' name part for row intervals (lo, hi): "" for one interval per row shared by
-    the batch, "_documents" for (B, R) intervals per batch row, whose rows hold several documents
-    (conv.c: an output row of the convolution then reads only its own document's rows)."""
+    """The convolution's C functions' name part for row intervals (lo, hi): "" for one interval per
+    row shared by the batch, "_documents" for (B, R) intervals per batch row, whose rows hold several
+    documents (conv.c: an output row of the convolution then reads only its own document's rows)."""
     return "_documents" if rows is not None and rows[0].dim() == 2 else ""
+
+
+def interval_pointers(rows) -> list:
+    """mixed_softmax's (and its gradient's) last arguments for row intervals (lo, hi): their
+    addresses (None, None: every key) and their stride per batch row (0: one interval per row
+    shared by the batch; R: (B, R) intervals, a packed batch's documents)."""
+    if rows is None:
+        return [None, None, 0]
+    return [rows[0].data_ptr(), rows[1].data_ptr(), rows[0].shape[-1] if rows[0].dim() == 2 else 0]
 
 
 def contiguous(rows):
@@ -264,9 +271,9 @@ def mixed_softmax(
     out = torch.empty_like(scores)
     probs = torch.empty_like(scores) if keep_probs and post is not None else None
     sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
-    fn = getattr(library(), f"mixed_softmax{documents(rows)}_{SUFFIX[scores.dtype]}")
+    fn = getattr(library(), f"mixed_softmax_{SUFFIX[scores.dtype]}")
     pointers = [address(t) for t in (scores, out, probs, pre, post)]
-    bounds = [None, None] if rows is None else [t.data_ptr() for t in rows]
+    bounds = interval_pointers(rows)
     split(B * R, lambda u0, u1, _: fn(*pointers, u0, u1, H, R, N, *sizes, *bounds))
     return out, (out if post is None else probs) if keep_probs else None
 
@@ -384,9 +391,9 @@ def mixed_softmax_grad(
         None if m is None else torch.zeros(n, *m.shape, dtype=torch.float64) for m in (pre, post)
     ]
     sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
-    fn = getattr(library(), f"mixed_softmax_grad{documents(rows)}_{SUFFIX[scores.dtype]}")
+    fn = getattr(library(), f"mixed_softmax_grad_{SUFFIX[scores.dtype]}")
     pointers = [address(t) for t in (scores, probs, grad, grad_scores, pre_t, post_t)]
-    bounds = [None, None] if rows is None else [t.data_ptr() for t in rows]
+    bounds = interval_pointers(rows)
 
     def call(u0, u1, worker):
         per_worker = [None if g is None else g[worker].data_ptr() for g in (grad_pre, grad_post)]
