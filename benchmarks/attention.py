@@ -147,13 +147,14 @@ def median_ms(layers: dict, args) -> dict[str, float]:
         for layer, x, rope, grad in layers.values():
             step(layer, x, rope, grad)
     times = {name: [] for name in layers}
+    clock = time.thread_time if args.cpu_time else time.perf_counter
     for _ in range(args.repeats):
         for name, (layer, x, rope, grad) in layers.items():
             sync(args.device)
-            start = time.perf_counter()
+            start = clock()
             step(layer, x, rope, grad)
             sync(args.device)
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return {name: 1000 * statistics.median(t) for name, t in times.items()}
 
 
@@ -226,6 +227,12 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     parser.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
     parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time steps by this thread's CPU time (time.thread_time), not the wall clock: steadier "
+        "beside other work; with --threads 1 and --device cpu, where all of a step's work runs on this thread",
+    )
+    parser.add_argument(
         "--variants",
         nargs="+",
         help="a subset of: mha mqa gqa local local-dense mta mta-fact mta-conv mta-both mta-full "
@@ -252,7 +259,8 @@ def main(argv=None) -> None:
     )
     print(
         f"# {machine}, torch {torch.__version__}, {datetime.date.today()}, B={args.batch} d_model={args.d_model} "
-        f"n_head={args.n_head} window={args.window} {args.dtype}, median of {args.repeats}\n"
+        f"n_head={args.n_head} window={args.window} {args.dtype}, median of {args.repeats}"
+        f"{', thread CPU time' if args.cpu_time else ''}\n"
     )
     if args.device == "cuda":
         print(

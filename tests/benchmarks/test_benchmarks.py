@@ -62,8 +62,10 @@ def test_attention_benchmark_times_every_variant(tmp_path):
         "4",
         "--threads",
         "1",
+        "--cpu-time",
         cwd=tmp_path,
     )
+    assert "thread CPU time" in out
     for variant in ("mha", "mqa", "gqa", "local", "local-dense", "mta", "mta-full"):
         rows = [row for row in table_rows(out, variant) if row[0] == variant]
         assert [row[1] for row in rows] == ["8", "20"], (variant, rows)
