@@ -160,14 +160,19 @@ def padded_groups(pieces: list[list[tuple[int, int]]]) -> list[list[tuple[int, i
     return groups[::-1]
 
 
-def stack_pieces(t: Tensor, index: Tensor) -> Tensor:
-    """The pieces of t (B, heads, T, D) at index (pieces, longest), Documents.gathers' index of a
-    group, as a batch (pieces, heads, longest, D), right-padded with zeros."""
+def token_rows(t: Tensor) -> Tensor:
+    """t (B, heads, T, D) as token rows (B * T + 1, heads, D), the last a row of zeros: what
+    `stack_pieces` gathers from, made once per tensor for all of Documents.gathers' groups."""
     B, heads, T, D = t.shape
-    rows = F.pad(t.transpose(1, 2).reshape(B * T, heads, D), (0, 0, 0, 0, 0, 1))  # row B * T: zeros
+    return F.pad(t.transpose(1, 2).reshape(B * T, heads, D), (0, 0, 0, 0, 0, 1))
+
+
+def stack_pieces(rows: Tensor, index: Tensor) -> Tensor:
+    """The pieces at index (pieces, longest), Documents.gathers' index of a group, of token rows
+    (`token_rows`), as a batch (pieces, heads, longest, D), right-padded with zeros."""
     # index_select rather than rows[index]: its gradient is an index_add, where indexing's is an
     # accumulating index_put (on the CPU 2-3x the time: it sorts the indices first).
-    picked = rows.index_select(0, index.flatten()).view(*index.shape, heads, D)
+    picked = rows.index_select(0, index.flatten()).view(*index.shape, *rows.shape[1:])
     return picked.transpose(1, 2).contiguous()
 
 

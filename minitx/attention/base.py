@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from .. import functional
 from ..cache import KVCache
 from ..config import ModelConfig
-from ..documents import Documents, stack_pieces
+from ..documents import Documents, stack_pieces, token_rows
 from ..rope import apply_rope
 
 # The features `with_sink` adds to each head: the sink's, padded so that widths stay aligned.
@@ -301,9 +301,10 @@ class Attention(KindLayer):
         right-padded with zeros: what comes after a query never reaches it (every kind is causal), so the padding
         changes no real output. Kinds with a mask-based path override this."""
         indices, place = docs.gathers()
+        rows = [token_rows(t) for t in (q, k, v)]  # once, not once per group
         outs = []
         for index in indices:
-            y = self.attend(*(stack_pieces(t, index) for t in (q, k, v)))
+            y = self.attend(*(stack_pieces(r, index) for r in rows))
             outs.append(y.transpose(1, 2).flatten(0, 1))  # (pieces x longest, heads, width) token rows
         # A kind's output may differ from q in heads and width (diff, MLA): y's, token by token.
         B, T = q.shape[0], q.shape[2]
