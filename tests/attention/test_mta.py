@@ -188,7 +188,9 @@ def test_attend_and_reference_match_the_formula(placement, case, backend, kernel
         assert error(out, expected) < 1e-10 and error(weights, expected_weights) < 1e-10
         module32 = module.float()
         with torch.no_grad():
-            assert error(module32.attend(q.float(), k.float(), v.float()), expected) < 1e-5, (T, chunk)
+            # float32 against the float64 oracle: a bound of 1e-5 failed about once in 80 runs
+            # (1.8e-5, at T = 1); a wrong path errs by O(1).
+            assert error(module32.attend(q.float(), k.float(), v.float()), expected) < 1e-4, (T, chunk)
 
 
 @pytest.mark.parametrize("c_q", range(1, 7))
