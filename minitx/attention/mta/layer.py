@@ -237,7 +237,9 @@ class MultiTokenAttention(CachedDecoding, Attention):
         return values(dropped, v)
 
     def weights(self, scores: Tensor, visible: VisibleKeys | None, some_rows_empty: bool) -> Tensor:
-        """`weigh` up to the weights: pre mix, softmax, post conv, re-zero the future, post mix."""
+        """The weights from pre-softmax scores (B, H, R, Tk), the pre-softmax convolution done: the
+        rest of the released order up to the product with V: pre mix, softmax, post conv, re-zero
+        the future, post mix. visible: the keys each row may see (None: all)."""
         mix_post = self.mix_post
         if native.available(scores) and (visible is None or visible.lo is not None):
             # Pre mix, mask, softmax and (unless a convolution comes between) post mix in one pass
@@ -323,9 +325,8 @@ class MultiTokenAttention(CachedDecoding, Attention):
         device = chunks.row_parts[0].device
         positions = torch.arange(T, device=device)
         n_pad = chunks.n_pad
-        row_parts = [
-            F.pad(part, (0, 0, n_pad, 0)) for part in chunks.row_parts
-        ]  # zero rows above the first query
+        # n_pad zero rows above the first query: the first chunk's history
+        row_parts = [F.pad(part, (0, 0, n_pad, 0)) for part in chunks.row_parts]
         q_pos = torch.cat([torch.full((n_pad,), -1, device=device), positions])
         # Rows start - n_pad .. end - 1 (shifted by the padding), keys up to the chunk's last query.
         spans = [
