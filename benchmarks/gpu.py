@@ -770,6 +770,7 @@ def measure_attention(
             d_model=shape["d_model"],
             warmup=size.attention_warmup,
             repeats=size.attention_repeats,
+            cpu_time=False,  # the wall clock, synchronised: the GPU's time
         )
         layers = {}
         for name, attention in variants.items():
