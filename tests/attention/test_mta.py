@@ -645,9 +645,10 @@ def test_c_one_pass_gradient_is_the_three_calls(
                 torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_c_loops_without_openmp_give_the_same_bits(c_loops, tmp_path):
     # The library built without OpenMP splits work over a pool of its own threads: the same ranges,
-    # so the same numbers as the OpenMP build's, on two threads.
+    # so the same numbers as the OpenMP build's, on two threads. Slow: it compiles a second library.
     script = """
 import sys, torch
 from minitx.attention.mta import native
