@@ -475,12 +475,17 @@ class ChunkedRows(torch.autograd.Function):
                 scores = scores.view(*q.shape[:3], key_end)
                 weights = ctx.fn(scores, *rest, *chunk_positions(ctx.positions, span))
             _, H, R, Tk = weights.shape
-            g = grad[:, :, row : row + R].reshape(B, G, (H // G) * R, D)
+            grad_out = grad[:, :, row : row + R]  # the chunk's rows of the output's gradient
             row += R
             with torch.autocast(device, dtype=autocast_dtype, enabled=autocast_on):
-                grad_weights = (g @ v_t[..., :key_end]).view(B, H, R, Tk).to(weights.dtype)
+                grad_weights = product(grad_out, v_t[..., :key_end], 1.0).to(weights.dtype)
             if grad_v is not None:
-                add_product(grad_v[:, :, :key_end], weights.detach().reshape(B, G, (H // G) * R, Tk).mT, g)
+                folded = (B, G, (H // G) * R)  # the heads sharing a kv head as rows, as `values` folds
+                add_product(
+                    grad_v[:, :, :key_end],
+                    weights.detach().reshape(*folded, Tk).mT,
+                    grad_out.reshape(*folded, D),
+                )
             targets = [anchor] if anchor.requires_grad else []
             targets += [x for x in rest if x.requires_grad]
             targets += [p for p, g in zip(ctx.params, param_grads) if g is not None]

@@ -201,6 +201,11 @@ def interval_pointers(rows) -> list:
     return [rows[0].data_ptr(), rows[1].data_ptr(), rows[0].shape[-1] if rows[0].dim() == 2 else 0]
 
 
+def mix_widths(pre: Tensor | None, post: Tensor | None) -> list[int]:
+    """The head groups' widths of the pre and post mixes as the C loops take them (1: no mix)."""
+    return [1 if m is None else m.shape[-1] for m in (pre, post)]
+
+
 def contiguous(rows):
     """Row intervals (lo, hi) as the C loops read them (a slice of documents' (B, R) intervals is
     not); bound to a name until the call returns."""
@@ -270,7 +275,7 @@ def mixed_softmax(
     pre, post = [as_dtype(m, scores.dtype) for m in (pre, post)]
     out = torch.empty_like(scores)
     probs = torch.empty_like(scores) if keep_probs and post is not None else None
-    sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
+    sizes = mix_widths(pre, post)
     fn = getattr(library(), f"mixed_softmax_{SUFFIX[scores.dtype]}")
     pointers = [address(t) for t in (scores, out, probs, pre, post)]
     bounds = interval_pointers(rows)
@@ -292,14 +297,14 @@ def conv_softmax(
     the softmax in cache). keep: also the convolved scores and the softmax before the post mix (out
     itself where there is no post mix), which conv_softmax_grad reads; else both None."""
     B, H, R_in, N = scores.shape
-    scores = scores.contiguous()
+    scores, in_rows, out_rows = scores.contiguous(), contiguous(in_rows), contiguous(out_rows)
     kernel, pre, post = [as_dtype(t, scores.dtype) for t in (kernel, pre, post)]
     R_out = len(out_rows[0])
     out = scores.new_empty(B, H, R_out, N)
     conved = scores.new_empty(B, H, R_out, N) if keep else None
     probs = scores.new_empty(B, H, R_out, N) if keep and post is not None else None
     c_q, c_k = kernel.shape[-2:]
-    sizes = (H, R_in, R_out, N, c_q, c_k, *[1 if m is None else m.shape[-1] for m in (pre, post)])
+    sizes = (H, R_in, R_out, N, c_q, c_k, *mix_widths(pre, post))
     pointers = [address(t) for t in (scores, conved, out, probs, kernel, pre, post)]
     bounds = [t.data_ptr() for t in (*in_rows, *out_rows)]
     fn = getattr(library(), f"conv_softmax_{SUFFIX[scores.dtype]}")
@@ -327,6 +332,7 @@ def conv_softmax_grad(
     R_out = conved.shape[2]
     c_q, c_k = kernel.shape[-2:]
     scores, grad = scores.contiguous(), grad.to(scores.dtype).contiguous()
+    in_rows, out_rows = contiguous(in_rows), contiguous(out_rows)
     flipped = kernel.detach().to(scores.dtype).flip(-1, -2).contiguous()
     pre_t, post_t = [as_dtype(m, scores.dtype) for m in (pre, post)]
     dconved, grad_scores = torch.empty_like(conved), scores.new_empty(B, H, R_in, N)
@@ -337,7 +343,7 @@ def conv_softmax_grad(
     grad_pre, grad_post = [
         None if m is None else torch.zeros(len(parts), *m.shape, dtype=torch.float64) for m in (pre, post)
     ]
-    sizes = (H, R_in, R_out, N, c_q, c_k, *[1 if m is None else m.shape[-1] for m in (pre, post)])
+    sizes = (H, R_in, R_out, N, c_q, c_k, *mix_widths(pre, post))
     maps = [address(t) for t in (scores, conved, probs, grad, dconved, grad_scores, flipped, pre_t, post_t)]
     bounds = [t.data_ptr() for t in (*in_rows, *out_rows)]
     fn = getattr(library(), f"conv_softmax_grad_{SUFFIX[scores.dtype]}")
@@ -390,7 +396,7 @@ def mixed_softmax_grad(
     grad_pre, grad_post = [
         None if m is None else torch.zeros(n, *m.shape, dtype=torch.float64) for m in (pre, post)
     ]
-    sizes = [1 if m is None else m.shape[-1] for m in (pre, post)]
+    sizes = mix_widths(pre, post)
     fn = getattr(library(), f"mixed_softmax_grad_{SUFFIX[scores.dtype]}")
     pointers = [address(t) for t in (scores, probs, grad, grad_scores, pre_t, post_t)]
     bounds = interval_pointers(rows)
