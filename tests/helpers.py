@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 
 
@@ -52,3 +53,22 @@ def load_quietly(directory: Path):
     finally:
         transformers.logging.set_verbosity(level)
         transformers.utils.logging.enable_progress_bar()
+
+
+def assert_figures_close(ours, theirs, rel: float, what: str = "figure") -> None:
+    """Equal structure, None exactly where the other has None (a statistic with no meaning, such as
+    a gdn layer's entropy), and numbers within `rel`. Written out rather than left to
+    pytest.approx, whose handling of None differs between releases (9.2 raises on it)."""
+    if isinstance(ours, (list, tuple)) or isinstance(theirs, (list, tuple)):
+        assert isinstance(ours, (list, tuple)) and isinstance(theirs, (list, tuple)), (what, ours, theirs)
+        assert len(ours) == len(theirs), (what, ours, theirs)
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            assert_figures_close(a, b, rel, f"{what}[{i}]")
+    elif isinstance(ours, dict) or isinstance(theirs, dict):
+        assert isinstance(ours, dict) and isinstance(theirs, dict) and ours.keys() == theirs.keys(), (what, ours, theirs)
+        for key in ours:
+            assert_figures_close(ours[key], theirs[key], rel, f"{what}[{key!r}]")
+    elif ours is None or theirs is None:
+        assert ours is None and theirs is None, f"{what}: {ours!r} against {theirs!r} (None only where both have no value)"
+    else:
+        assert math.isclose(float(ours), float(theirs), rel_tol=rel, abs_tol=1e-12), f"{what}: {ours!r} against {theirs!r}"
