@@ -490,3 +490,62 @@ def test_report_of_a_planted_ladder(tmp_path, monkeypatch):
     assert len(csv_rows) == 1 + len({p.run.directory for p in sum(plan.all_points(), [])})
     for name in ablation.DESIGN_PLOTS:
         assert (output / name).stat().st_size > 1000
+
+
+def test_a_two_size_ladder_says_its_fits_are_fragile_and_old_summaries_still_report(tmp_path):
+    """Two sizes: a 3-parameter curve on 2 sizes is fragile, and the report says so beside each
+    multiplier. The summaries hold only the final loss, as older minitx wrote them."""
+    two = LADDER.replace("    - {name: d32, overrides: {model.d_model: 32}}\n", "")
+    path = write(tmp_path, BASE + two + ARMS)
+    output = tmp_path / "out"
+    plan = make_plan(load_sweep(path), output)
+    rng = np.random.default_rng(FIXED)
+
+    def loss(p):
+        return float(curve(p.flops, C0=1e9) * math.exp(rng.normal(0, 0.002)))
+
+    def plant_old(points):
+        for p in points:
+            p.run.directory.mkdir(parents=True, exist_ok=True)
+            (p.run.directory / "run.json").write_text(json.dumps({"status": "ok"}))
+            (p.run.directory / "summary.json").write_text(json.dumps({"final_val_loss": loss(p)}))
+
+    plant_old(plan.all_points()[0])
+    plant_old([p for p in plan.all_points()[1] if not p.summary])
+    plant_old(plan.all_points()[2])
+    ablation.main(["--config", str(path), "--output", str(output), "--report-only"])
+    ladder = (output / "results.md").read_text().split("## The ladder")[1].split("## Seeds")[0]
+    for name in ("twin", "handicap"):
+        row = next(line for line in ladder.splitlines() if line.startswith(f"| {name} "))
+        assert "(2 sizes: fragile)" in row and row.split("|")[3].strip() == "2"
+    assert "Fragile: an arm whose points cover fewer than 3 sizes" in ladder
+
+
+def test_report_only_on_the_recorded_showcase_refuses_in_one_line(tmp_path):
+    """docs/results/ladder/ keeps the tables, not the runs: --report-only has nothing to rebuild
+    from and says so in one line, exit status 2, leaving the folder as it was."""
+    import shutil
+
+    recorded = tmp_path / "ladder"
+    shutil.copytree(ROOT / "docs" / "results" / "ladder", recorded)
+    before = sorted((p.name, p.stat().st_size) for p in recorded.iterdir())
+    config = str(ROOT / "configs" / "ablation_ladder.yaml")
+    with pytest.raises(UserError) as caught:  # the command line prints it and exits with status 2
+        ablation.main(["--config", config, "--output", str(recorded), "--report-only"])
+    assert "\n" not in str(caught.value) and "holds no finished run of this sweep" in str(caught.value)
+    assert sorted((p.name, p.stat().st_size) for p in recorded.iterdir()) == before
+
+
+def test_chinchilla_fit_recovers_a_planted_law():
+    rng = np.random.default_rng(FIXED)
+    N = np.repeat([2e4, 4e4, 8e4, 1.6e5], 3)
+    D = N * np.tile([5.0, 10.0, 20.0], 4)
+    truth = fit.NDFit(1.6, 0.4, 0.35, 0.5, 0.3, 5e4, 5e5)
+    loss = truth.loss(N, D) * np.exp(rng.normal(0, 0.001, N.size))
+    found = fit.fit_nd(N, D, loss)
+    grid_N, grid_D = np.geomspace(2e4, 1.6e5, 5), np.geomspace(1e5, 3e6, 5)
+    assert np.allclose(found.loss(grid_N, grid_D), truth.loss(grid_N, grid_D), rtol=0.01)
+    assert found.tokens_for(8e4, float(truth.loss(8e4, 1e6))) == pytest.approx(1e6, rel=0.2)
+    assert found.tokens_for(8e4, 1.0) == math.inf  # below what the size can reach
+    with pytest.raises(UserError, match="3 or more sizes"):
+        fit.fit_nd(N[:6], D[:6], loss[:6])
