@@ -434,9 +434,11 @@ def plant(plan, points, loss_of, status_failed=()):
 def test_report_of_a_planted_ladder(tmp_path, monkeypatch):
     """Three arms, all MHA underneath: mha, its twin (same curve, other noise) and an arm whose
     losses are those of half its compute. Learning rates planted to be best at x1, x2 and at the
-    sweep's edge x2... the report must find each."""
+    sweep's edge x2... the report must find each. 3 sizes x 3 budgets: L(N, D) too."""
     monkeypatch.setattr(fit, "BOOTSTRAP", 40)  # the intervals' width is not what is tested here
-    path = write(tmp_path, BASE + LADDER + ARMS)
+    path = write(
+        tmp_path, BASE + LADDER.replace("[1, 2]", "[1, 2, 4]").replace("budget: 2}", "budget: 4}") + ARMS
+    )
     sweep = load_sweep(path)
     output = tmp_path / "out"
     plan = make_plan(sweep, output)
@@ -475,9 +477,12 @@ def test_report_of_a_planted_ladder(tmp_path, monkeypatch):
     # what equal compute bought each arm: steps and tokens per point (issue: only in results.csv)
     steps = ladder.split("Steps and tokens at equal compute")[1]
     for p in second:
-        if p.seed == 1 and p.arm == "twin" and p.budget == 2:
-            row = next(line for line in steps.splitlines() if line.startswith(f"| {p.size} @ 2 tokens/param"))
+        if p.seed == 1 and p.arm == "twin" and p.budget == 4:
+            row = next(line for line in steps.splitlines() if line.startswith(f"| {p.size} @ 4 tokens/param"))
             assert f"{p.steps:,} · " in row.split("|")[4]
+    nd = text.split("## A second view: L(N, D)")[1].split("## Seeds")[0]
+    nd_handicap = next(line for line in nd.splitlines() if line.startswith("| handicap "))
+    assert float(nd_handicap.split("|")[-2]) == pytest.approx(0.5, rel=0.3)
     seeds = text.split("## Seeds")[1].split("##")[0]
     assert "Seed 1 chose the learning rates" in seeds and "not sweep runs" in seeds
     seeds = text.split("## Seeds")[1].split("##")[0]
