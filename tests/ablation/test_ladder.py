@@ -499,9 +499,10 @@ def test_report_of_a_planted_ladder(tmp_path, monkeypatch):
 
 def test_a_two_size_ladder_says_its_fits_are_fragile_and_old_summaries_still_report(tmp_path):
     """Two sizes: a 3-parameter curve on 2 sizes is fragile, and the report says so beside each
-    multiplier. The summaries hold only the final loss, as older minitx wrote them."""
+    multiplier. The summaries hold only the final loss, as older minitx wrote them. One seed: the
+    intervals carry the fit's residual scatter, and the notes say so."""
     two = LADDER.replace("    - {name: d32, overrides: {model.d_model: 32}}\n", "")
-    path = write(tmp_path, BASE + two + ARMS)
+    path = write(tmp_path, BASE.replace("seeds: 3", "seeds: 1") + two + ARMS)
     output = tmp_path / "out"
     plan = make_plan(load_sweep(path), output)
     rng = np.random.default_rng(FIXED)
@@ -524,6 +525,8 @@ def test_a_two_size_ladder_says_its_fits_are_fragile_and_old_summaries_still_rep
         row = next(line for line in ladder.splitlines() if line.startswith(f"| {name} "))
         assert "(2 sizes: fragile)" in row and row.split("|")[3].strip() == "2"
     assert "Fragile: an arm whose points cover fewer than 3 sizes" in ladder
+    notes = (output / "results.md").read_text().split("## How these were measured")[1]
+    assert "no arm has 2 or more seeds: the intervals carry the fit's residual scatter instead" in notes
 
 
 def test_report_only_on_the_recorded_showcase_refuses_in_one_line(tmp_path):

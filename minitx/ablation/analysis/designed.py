@@ -180,15 +180,16 @@ def _noise(analysis: Analysis, arms, group, shared, x, y, index) -> tuple[fit.No
     """The bootstrap's Noise and the Huber delta (1.345 sd: 95% as efficient as least squares
     under normal noise, robust to an outlier). From the seeds; without seeds, from the scatter of
     a first fit's residuals (its freedom: points less parameters), said in the report."""
-    if analysis.noise is not None:
+    if analysis.noise is not None and analysis.noise.pooled > 0:
         sd = analysis.noise.pooled
-        return analysis.noise.noise(arms, group, shared), 1.345 * sd if sd > 0 else fit.HUBER_DELTA
+        return analysis.noise.noise(arms, group, shared), 1.345 * sd
     first = fit.fit_joint(x, y, index)
     residuals = [math.log(float(first.curve(k).loss(c))) - math.log(v) for k, c, v in zip(index, x, y)]
     dof = max(1, len(y) - 3 - (max(index)))
     sd = math.sqrt(sum(r * r for r in residuals) / dof)
+    why = "no arm has 2 or more seeds" if analysis.noise is None else "the seeds show no spread"
     analysis.noise_note = (
-        f"no arm has 2 or more seeds: the intervals carry the fit's residual scatter instead "
+        f"{why}: the intervals carry the fit's residual scatter instead "
         f"(sd of log loss {sd:.4f}, {dof} degrees of freedom)"
     )
     noise = fit.Noise(
@@ -215,7 +216,7 @@ def _params_share(plan: Plan, analysis: Analysis, fitted: list[ArmResult], delta
     x, y = [float(p.params) for _, p in points], [p.loss for _, p in points]
     group = list(range(len(points)))  # separate runs: no trunk shared
     try:
-        if analysis.noise is not None:
+        if analysis.noise is not None and analysis.noise.pooled > 0:
             noise = analysis.noise.noise(names, group, 0.0)
         else:
             noise, _ = _noise(analysis, names, group, 0.0, x, y, index)

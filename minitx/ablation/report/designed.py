@@ -417,7 +417,7 @@ def _noise_note(plan: Plan, analysis: Analysis) -> str:
     )
     head = f"intervals: a parametric bootstrap, {_draws()} refits of the joint fit to losses redrawn about it"
     noise = analysis.noise
-    if noise is None:
+    if noise is None or analysis.noise_note:
         return f"{head}; {analysis.noise_note}{trunk}"
     own = [f"{name} {noise.sd[name]:.4f}" for name in noise.sd if noise.own[name]]
     pooled_dof = next((noise.dof[n] for n in noise.sd if not noise.own[n]), None)
