@@ -234,6 +234,11 @@ def _nd_view(plan: Plan, analysis: Analysis) -> None:
     for each arm's fitted loss at the arm's largest size (more tokens, same size), over the arm's."""
     if len(plan.sizes) < 3 or len(plan.budgets) < 3:
         return
+    base_points = analysis.arms[0].points
+    if not base_points:
+        return
+    N0 = float(np.exp(np.mean([math.log(p.params) for p in base_points])))
+    D0 = float(np.exp(np.mean([math.log(p.tokens) for p in base_points])))
     for arm in analysis.arms:
         sizes = {p.size for p in arm.points}
         budgets = {p.budget for p in arm.points}
@@ -241,7 +246,7 @@ def _nd_view(plan: Plan, analysis: Analysis) -> None:
             continue
         try:
             arm.nd = fit.fit_nd([p.params for p in arm.points], [p.tokens for p in arm.points],
-                                [p.loss for p in arm.points])  # fmt: skip
+                                [p.loss for p in arm.points], N0, D0)  # fmt: skip
         except UserError:
             continue
     base = analysis.arms[0]

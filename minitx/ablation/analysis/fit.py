@@ -497,15 +497,23 @@ class NDFit:
         return self.D0 * (reducible / self.B) ** (-1.0 / self.b)
 
 
-def fit_nd(params: Sequence[float], tokens: Sequence[float], loss: Sequence[float]) -> NDFit:
+def fit_nd(
+    params: Sequence[float],
+    tokens: Sequence[float],
+    loss: Sequence[float],
+    N0: float | None = None,
+    D0: float | None = None,
+) -> NDFit:
     """The Huber fit in log space of L(N, D), written as log L = LSE(e, log A - a log n,
     log B - b log d) (n, d: N and D over their geometric means) so every term stays positive,
-    from a grid of 3^4 starts in (e, a, b, the split of the reducible loss). Needs points at
+    from a grid of 3^4 starts in (e, a, b, the split of the reducible loss). N0, D0: the
+    reference sizes (default: the points' geometric means). Needs points at
     3 or more sizes and 3 or more token counts: five parameters need both axes to vary."""
     N, D, y = (np.asarray(v, dtype=float) for v in (params, tokens, loss))
     if len(set(N.tolist())) < 3 or len(set(D.tolist())) < 3 or len(y) < 7:
         raise UserError("L(N, D) needs 3 or more sizes and 3 or more token counts (7 or more points)")
-    N0, D0 = float(np.exp(np.mean(np.log(N)))), float(np.exp(np.mean(np.log(D))))
+    N0 = N0 or float(np.exp(np.mean(np.log(N))))  # given: A and B comparable across arms
+    D0 = D0 or float(np.exp(np.mean(np.log(D))))
     log_n, log_d, log_y = np.log(N / N0), np.log(D / D0), np.log(y)
     low = float(y.min())
 

@@ -298,7 +298,12 @@ def _nd_section(analysis: Analysis) -> list[str]:
         m = "1 (baseline)" if arm.name == analysis.baseline else _ratio(arm.nd_multiplier)
         lines.append(f"| {arm.name} | {f.E:.3f} | {f.A:.3f} | {f.a:.3f} | {f.B:.3f} | {f.b:.3f} | {m} |")
     f = arms[0].nd
-    return [*lines, "", f"N0 {f.N0:,.0f} parameters, D0 {f.D0:.3g} tokens (each arm's geometric means).", ""]
+    return [
+        *lines,
+        "",
+        f"N0 {f.N0:,.0f} parameters, D0 {f.D0:.3g} tokens (the baseline's geometric means, for every arm).",
+        "",
+    ]
 
 
 def _seeds_section(plan: Plan, analysis: Analysis) -> list[str]:
