@@ -11,7 +11,7 @@ any run starts, every variant's config is checked as the training command will c
     sweep.py      the sweep file: parsing and checks; design.py its budget, lr_sweep, ladder, seeds_at
     ladder.py     the plan of a designed sweep: learning-rate sweep, ladder, branched decays, seeds
     designed.py   running a designed sweep's phases, diagnostics, then its analysis and report
-    fit.py        L(C) = E + A C^-alpha fits, bootstrap, compute multipliers
+    fit.py        one L(C) for all arms with a compute multiplier each, seed-noise bootstrap, L(N, D)
     significance.py  Welch's t-test against the baseline, Holm's correction
     analysis.py   a designed sweep's numbers; design_report.py, design_plots.py its report
     budget.py     parameters and FLOPs per token; `match: params|flops` resizes the MLP to equal budgets

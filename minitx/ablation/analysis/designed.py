@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ...errors import UserError
 from ..plan.ladder import Plan, Point
 from . import fit
@@ -23,13 +25,25 @@ class ArmResult:
     multiplier: float | None = None  # the chosen one
     at_edge: bool = False
     points: list[Point] = field(default_factory=list)  # the ladder's finished points (seed 0)
-    curve: fit.Curve | None = None
+    curve: fit.Curve | None = None  # the arm's curve under the joint fit, with its bootstrap draws
+    own: fit.Fit | None = None  # the arm's own curve (a check of the joint model's shared shape)
+    scatter: float | None = None  # rms of the arm's log-loss residuals about the joint curve
     fit_note: str = ""
     compute: fit.Comparison | None = None
     params: fit.Comparison | None = None  # the baseline's parameters at equal loss, over the arm's
+    nd: fit.NDFit | None = None  # L(N, D), the second view
+    nd_multiplier: float | None = (
+        None  # the baseline's compute for the arm's loss at its largest size, by L(N, D)
+    )
     seeds: list[float] = field(default_factory=list)  # losses at the seeds rung
+    seed_chose_lr: bool = False  # the rung's first-seed run is the learning-rate sweep's chosen run
     test: Difference | None = None
     diagnostics: dict[str, float] = field(default_factory=dict)  # means over the rung's seeds
+
+    @property
+    def sizes(self) -> int:
+        """The distinct sizes among the arm's fitted points."""
+        return len({p.size for p in self.points})
 
 
 @dataclass
@@ -39,6 +53,11 @@ class Analysis:
     rung: tuple[str, float | None]
     failed: list[Point]
     notes: list[str]
+    noise: fit.SeedNoise | None = None  # the seed noise the intervals carry
+    noise_note: str = ""  # where the noise came from, when not from seeds
+    joint: fit.JointFit | None = None
+    lr_seeds: list[int] = field(default_factory=list)  # the seeds of the learning-rate sweep's runs
+    rung_seeds: list[int] = field(default_factory=list)  # the seeds of the seeds rung's runs
 
     def arm(self, name: str) -> ArmResult:
         return next(a for a in self.arms if a.name == name)
@@ -79,6 +98,8 @@ def analyse(plan: Plan, phases: tuple[list[Point], list[Point], list[Point]], di
             p for p in [*second, *third] if p.arm == arm.name and (p.size, p.budget) == plan.seeds_rung
         ]
         arm.seeds = [p.loss for p in _unique(rung_points) if p.loss is not None]
+        swept = {p.run.directory for p in first}
+        arm.seed_chose_lr = any(p.run.directory in swept and p.loss is not None for p in rung_points)
         if diagnostics is not None:
             values = [diagnostics(p) for p in _unique(rung_points)]
             values = [v for v in values if v]
@@ -86,12 +107,18 @@ def analyse(plan: Plan, phases: tuple[list[Point], list[Point], list[Point]], di
                 found = [v[key] for v in values if v.get(key) is not None]
                 if found:
                     arm.diagnostics[key] = sum(found) / len(found)
+    analysis = Analysis(plan.arms[0], results, plan.seeds_rung, failed, notes)
+    analysis.lr_seeds = sorted({p.seed for p in first if p.loss is not None})
+    analysis.rung_seeds = sorted(
+        {p.seed for p in [*second, *third] if (p.size, p.budget) == plan.seeds_rung and p.loss is not None}
+    )
+    analysis.noise = fit.seed_noise({a.name: a.seeds for a in results})
     if plan.ladder is not None:
-        _fit_all(plan, results, notes)
+        _fit_all(plan, analysis)
     tests = compare_all({a.name: a.seeds for a in results}, plan.arms[0])
     for arm in results:
         arm.test = tests.get(arm.name)
-    return Analysis(plan.arms[0], results, plan.seeds_rung, failed, notes)
+    return analysis
 
 
 def _unique(points: list[Point]) -> list[Point]:
@@ -101,38 +128,141 @@ def _unique(points: list[Point]) -> list[Point]:
     return list(seen.values())
 
 
-def _fit_all(plan: Plan, results: list[ArmResult], notes: list[str]) -> None:
-    for i, arm in enumerate(results):
-        try:
-            arm.curve = fit.fit_with_bootstrap(
-                [p.trained_flops for p in arm.points], [p.loss for p in arm.points], seed=2 * i
-            )
-        except UserError as error:
-            arm.fit_note = f"no fit: {error}"
+def _fit_all(plan: Plan, analysis: Analysis) -> None:
+    """The joint fit over the arms with 2 or more points, its bootstrap; each arm's own curve;
+    the parameter share; L(N, D) where the ladder allows it."""
+    results, notes = analysis.arms, analysis.notes
     baseline = results[0]
-    if baseline.curve is None:
+    for arm in results:
+        try:
+            arm.own = fit.fit_curve([p.trained_flops for p in arm.points], [p.loss for p in arm.points])
+        except UserError:
+            arm.own = None  # too few points for a curve of its own; the joint fit may still place it
+    fitted = [a for a in results if len(a.points) >= 2]
+    for arm in results:
+        if arm not in fitted:
+            arm.fit_note = f"no fit: {len(arm.points)} finished point(s), needs 2 or more"
+    if baseline not in fitted:
         notes.append(f"the baseline {baseline.name} has no fit ({baseline.fit_note}), so no multipliers")
         return
-    for arm in results[1:]:
-        if arm.curve is not None:
-            arm.compute = fit.compare_curves(baseline.curve, arm.curve)
-    # The parameter form needs one token ratio across sizes: the largest budget, per parameter.
+    fitted.remove(baseline)
+    fitted.insert(0, baseline)
+    points = [(k, p) for k, a in enumerate(fitted) for p in a.points]
+    x = [p.trained_flops for _, p in points]
+    y = [p.loss for _, p in points]
+    index = [k for k, _ in points]
+    groups = {key: g for g, key in enumerate(dict.fromkeys((k, p.size) for k, p in points))}
+    group = [groups[k, p.size] for k, p in points]
+    shared = 1 - plan.decay_fraction if len(plan.budgets) > 1 else 0.0
+    try:
+        noise, delta = _noise(analysis, [fitted[k].name for k in index], group, shared, x, y, index)
+        joint = fit.fit_joint(x, y, index, len(fitted), delta=delta)
+    except UserError as error:
+        for arm in fitted:
+            arm.fit_note = f"no fit: {error}"
+        notes.append(f"no joint fit: {error}")
+        return
+    analysis.joint = joint
+    boot = fit.bootstrap_joint(joint, x, index, noise, seed=0, delta=delta)
+    for k, arm in enumerate(fitted):
+        mine = [i for i, j in enumerate(index) if j == k]
+        curve = joint.curve(k)
+        arm.curve = fit.Curve(curve, [d.curve(k) for d in boot.draws], float(max(x[i] for i in mine)))
+        residuals = [math.log(float(curve.loss(x[i]))) - math.log(y[i]) for i in mine]
+        arm.scatter = math.sqrt(sum(r * r for r in residuals) / len(residuals))
+        if k:
+            arm.compute = boot.comparison(k)
+    _params_share(plan, analysis, fitted, delta)
+    _nd_view(plan, analysis)
+
+
+def _noise(analysis: Analysis, arms, group, shared, x, y, index) -> tuple[fit.Noise, float]:
+    """The bootstrap's Noise and the Huber delta (1.345 sd: 95% as efficient as least squares
+    under normal noise, robust to an outlier). From the seeds; without seeds, from the scatter of
+    a first fit's residuals (its freedom: points less parameters), said in the report."""
+    if analysis.noise is not None and analysis.noise.pooled > 0:
+        sd = analysis.noise.pooled
+        return analysis.noise.noise(arms, group, shared), 1.345 * sd
+    first = fit.fit_joint(x, y, index)
+    residuals = [math.log(float(first.curve(k).loss(c))) - math.log(v) for k, c, v in zip(index, x, y)]
+    dof = max(1, len(y) - 3 - (max(index)))
+    sd = math.sqrt(sum(r * r for r in residuals) / dof)
+    why = "no arm has 2 or more seeds" if analysis.noise is None else "the seeds show no spread"
+    analysis.noise_note = (
+        f"{why}: the intervals carry the fit's residual scatter instead "
+        f"(sd of log loss {sd:.4f}, {dof} degrees of freedom)"
+    )
+    noise = fit.Noise(
+        np.full(len(y), sd), shared, np.asarray(group), np.zeros(len(y), dtype=int), [float(dof)]
+    )
+    return noise, 1.345 * sd if sd > 0 else fit.HUBER_DELTA
+
+
+def _params_share(plan: Plan, analysis: Analysis, fitted: list[ArmResult], delta: float) -> None:
+    """The parameter form needs one token ratio across sizes: the largest budget, per parameter;
+    the joint model of loss against parameters there gives each arm's parameter multiplier."""
     if plan.ladder.unit != "tokens_per_param" or len(plan.sizes) < 4:
-        notes.append(
+        analysis.notes.append(
             "parameter share at equal loss: needs ladder.budgets in tokens_per_param and 4 or more sizes"
         )
         return
     top = plan.budgets[-1]
-    curves = {}
-    for i, arm in enumerate(results):
-        points = [p for p in arm.points if p.budget == top]
-        if len(points) >= 4:
-            x, y = [p.params for p in points], [p.loss for p in points]
-            curves[arm.name] = fit.fit_with_bootstrap(x, y, seed=100 + 2 * i, min_points=4)
-    if baseline.name in curves:
-        for arm in results[1:]:
-            if arm.name in curves:
-                arm.params = fit.compare_curves(curves[baseline.name], curves[arm.name])
+    arms = [a for a in fitted if sum(p.budget == top for p in a.points) >= 2]
+    if not arms or arms[0] is not fitted[0]:
+        return
+    points = [(k, p) for k, a in enumerate(arms) for p in a.points if p.budget == top]
+    index = [k for k, _ in points]
+    names = [arms[k].name for k in index]
+    x, y = [float(p.params) for _, p in points], [p.loss for _, p in points]
+    group = list(range(len(points)))  # separate runs: no trunk shared
+    try:
+        if analysis.noise is not None and analysis.noise.pooled > 0:
+            noise = analysis.noise.noise(names, group, 0.0)
+        else:
+            noise, _ = _noise(analysis, names, group, 0.0, x, y, index)
+        joint = fit.fit_joint(x, y, index, len(arms), min_points=4, delta=delta)
+    except UserError as error:
+        analysis.notes.append(f"parameter share at equal loss: {error}")
+        return
+    boot = fit.bootstrap_joint(joint, x, index, noise, seed=1, delta=delta)
+    for k, arm in enumerate(arms[1:], start=1):
+        arm.params = boot.comparison(k)
+
+
+def _nd_view(plan: Plan, analysis: Analysis) -> None:
+    """L(N, D) per arm where the ladder has 3 or more sizes and budgets; the baseline's compute
+    for each arm's fitted loss at the arm's largest size (more tokens, same size), over the arm's."""
+    if len(plan.sizes) < 3 or len(plan.budgets) < 3:
+        return
+    base_points = analysis.arms[0].points
+    if not base_points:
+        return
+    N0 = float(np.exp(np.mean([math.log(p.params) for p in base_points])))
+    D0 = float(np.exp(np.mean([math.log(p.tokens) for p in base_points])))
+    for arm in analysis.arms:
+        sizes = {p.size for p in arm.points}
+        budgets = {p.budget for p in arm.points}
+        if len(sizes) < 3 or len(budgets) < 3:
+            continue
+        try:
+            arm.nd = fit.fit_nd([p.params for p in arm.points], [p.tokens for p in arm.points],
+                                [p.loss for p in arm.points], N0, D0)  # fmt: skip
+        except UserError:
+            continue
+    base = analysis.arms[0]
+    if base.nd is None:
+        return
+    for arm in analysis.arms[1:]:
+        if arm.nd is None:
+            continue
+        last = max(arm.points, key=lambda p: p.trained_flops)
+        same_size = next((p for p in base.points if p.size == last.size), None)
+        if same_size is None:
+            continue
+        loss = float(arm.nd.loss(last.params, last.tokens))
+        tokens = base.nd.tokens_for(same_size.params, loss)
+        per_token = same_size.trained_flops / same_size.tokens
+        arm.nd_multiplier = tokens * per_token / last.trained_flops if not math.isnan(tokens) else math.nan
 
 
 def share(comparison: fit.Comparison) -> tuple[float, float, float]:

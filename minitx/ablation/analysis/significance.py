@@ -55,11 +55,14 @@ def welch(arm: Sequence[float], baseline: Sequence[float], confidence: float = C
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm's adjusted p-values, in the given order: the k-th smallest of m is multiplied by
-    (m - k + 1), made non-decreasing along that order, capped at 1."""
-    m = len(pvalues)
-    order = sorted(range(m), key=lambda i: pvalues[i])
-    adjusted = [0.0] * m
+    """Holm's adjusted p-values, in the given order: the k-th smallest of the m p-values that
+    are numbers is multiplied by (m - k + 1), made non-decreasing along that order, capped at 1.
+    A NaN p (a test with no answer) stays NaN and is not counted in m: it is no test, so it
+    neither passes nor makes the others harder to pass."""
+    numbers = [i for i, p in enumerate(pvalues) if not math.isnan(p)]
+    m = len(numbers)
+    order = sorted(numbers, key=lambda i: pvalues[i])
+    adjusted = [math.nan] * len(pvalues)
     running = 0.0
     for rank, i in enumerate(order):
         running = max(running, min(1.0, (m - rank) * pvalues[i]))

@@ -68,15 +68,27 @@ def csv_text(points: list[Point], diagnostics) -> str:
 
 
 def _num(value: float | None, fmt: str = "{:.4f}") -> str:
-    if value is None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     if math.isinf(value):
-        return "∞"
+        return "unbounded"
     return fmt.format(value)
 
 
+def _ratio(value: float | None) -> str:
+    """A multiplier or share: three significant figures, a word where there is no number (0 and
+    inf are the two ends of log scale: a fit or draw at the multiplier's bound)."""
+    if value is None or math.isnan(value):
+        return "–"
+    if value == 0 or math.isinf(value):
+        return "unbounded"
+    if 0.01 <= value < 1000:
+        return f"{value:.3g}" if value < 10 else f"{value:.1f}"
+    return f"{value:.2g}"
+
+
 def _interval(value: float, low: float, high: float) -> str:
-    return f"{_num(value, '{:.2f}')} [{_num(low, '{:.2f}')}, {_num(high, '{:.2f}')}]"
+    return f"{_ratio(value)} [{_ratio(low)}, {_ratio(high)}]"
 
 
 def _budget_text(plan: Plan, budget: float | None) -> str:
@@ -145,22 +157,33 @@ def _lr_section(plan: Plan, analysis: Analysis) -> list[str]:
 
 
 def _ladder_section(plan: Plan, analysis: Analysis) -> list[str]:
+    joint = analysis.joint
+    shape = (
+        f"E {joint.E:.3f}, A {joint.A:.3f}, alpha {joint.alpha:.3f}, C0 {joint.C0:.3g} FLOPs"
+        if joint
+        else "no joint fit"
+    )
     lines = [
         "## The ladder: loss against compute",
         "",
-        "L(C) = E + A (C / C0)^-alpha per arm (Huber in log space, 100 bootstrap refits); the compute "
-        "multiplier is the baseline's compute for the arm's fitted loss at its largest compute, over that "
-        "compute, with its 90% bootstrap interval (> 1: the arm is worth more compute than it spends).",
+        "One curve for every arm, L_arm(C) = E + A (m_arm C / C0)^-alpha with m = 1 for "
+        f"{analysis.baseline} ({shape}; Huber in log space): an arm's **compute multiplier** m is the "
+        f"compute {analysis.baseline} needs for the arm's loss, over the arm's compute (> 1: the arm is worth "
+        f"more compute than it spends). Its 90% interval comes from {_draws()} refits to losses redrawn "
+        "with the measured seed noise (see the notes); † the interval excludes 1.",
         "",
-        "| arm | points (branches) | E | A | alpha | compute multiplier [90%] | params share at equal loss [90%] |",
-        "|---|---:|---:|---:|---:|---|---|",
+        "| arm | points (branches) | sizes | compute multiplier [90%] | params share at equal loss [90%] "
+        "| own curve: E, alpha | scatter about the curve |",
+        "|---|---:|---:|---|---|---|---:|",
     ]
+    fragile = False
     for arm in analysis.arms:
         branches = sum(p.role == "branch" for p in arm.points)
+        head = f"| {arm.name} | {len(arm.points)} ({branches}) | {arm.sizes} |"
+        own = "–" if arm.own is None else f"{arm.own.E:.3f}, {arm.own.alpha:.3f}"
         if arm.curve is None:
-            lines.append(f"| {arm.name} | {len(arm.points)} ({branches}) | {arm.fit_note or '–'} | | | | |")
+            lines.append(f"{head} {arm.fit_note or '–'} | | {own} | |")
             continue
-        f = arm.curve.fit
         if arm.name == analysis.baseline:
             multiplier, params = "1 (baseline)", "1 (baseline)"
         else:
@@ -171,18 +194,28 @@ def _ladder_section(plan: Plan, analysis: Analysis) -> list[str]:
                 else _interval(c.multiplier, c.low, c.high) + (" †" if c.excludes_one else "")
             )
             params = "–" if arm.params is None else _interval(*share(arm.params))
-        lines.append(
-            f"| {arm.name} | {len(arm.points)} ({branches}) | {f.E:.3f} | {f.A:.3f} | {f.alpha:.3f} | "
-            f"{multiplier} | {params} |"
-        )
-    c0 = next((a.curve.fit.C0 for a in analysis.arms if a.curve), None)
+        if arm.sizes < 3:
+            multiplier += " (2 sizes: fragile)" if arm.sizes == 2 else " (1 size: fragile)"
+            fragile = True
+        scatter = "–" if arm.scatter is None else f"{arm.scatter:.4f}"
+        lines.append(f"{head} {multiplier} | {params} | {own} | {scatter} |")
+    sd = analysis.noise.pooled if analysis.noise else None
     lines += [
         "",
-        "† the interval excludes 1." + (f" C0 = {c0:.3g} FLOPs." if c0 else ""),
-        "Parameter share: the arm's non-embedding parameters over the baseline's at equal loss, from "
-        "L(N) fitted over the sizes at the largest budget (< 1: the arm needs fewer).",
-        "",
-    ]
+        "Parameter share: the arm's non-embedding parameters over the baseline's at equal loss, from the "
+        "same joint form in N over the sizes at the largest budget (< 1: the arm needs fewer).",
+        "Own curve: each arm fitted alone (E + A (C/C0)^-alpha, 5 or more points), a check of the shared shape. "
+        "Scatter: rms of the arm's log-loss residuals about its joint curve"
+        + (f", to set beside the seed noise (sd of log loss {sd:.4f}): much larger says the arm's curve has "
+           "another shape and its multiplier is an average over the ladder." if sd else ".")
+        ,
+    ]  # fmt: skip
+    if fragile:
+        lines.append(
+            "Fragile: an arm whose points cover fewer than 3 sizes pins its place on the curve by too few "
+            "independent runs (a size's budgets share one trunk); read its multiplier as a rough guide."
+        )
+    lines.append("")
     rows = ["| size | " + " | ".join(analysis.arms[i].name for i in range(len(analysis.arms))) + " |"]
     rows.append("|---|" + "---:|" * len(analysis.arms))
     for size in plan.sizes:
@@ -199,6 +232,76 @@ def _ladder_section(plan: Plan, analysis: Analysis) -> list[str]:
         "Final val loss per point (ᵇ: a decay branched from the size's longest run):",
         "",
         *rows,
+        "",
+        *_steps_table(plan, analysis),
+        *_nd_section(analysis),
+    ]
+
+
+def _draws() -> int:
+    from ..analysis import fit
+
+    return fit.BOOTSTRAP
+
+
+def _steps_table(plan: Plan, analysis: Analysis) -> list[str]:
+    """What equal compute bought each arm: the steps and tokens of each point (as trained)."""
+    rows = [
+        f"Steps and tokens at equal compute (tokens = steps x {plan.tokens_per_step:,}; an arm whose "
+        "token costs more FLOPs trains fewer steps):",
+        "",
+        "| size @ budget | FLOPs | " + " | ".join(a.name for a in analysis.arms) + " |",
+        "|---|---:|" + "---:|" * len(analysis.arms),
+    ]
+    for size in plan.sizes:
+        for budget in plan.budgets:
+            cells = []
+            for arm in analysis.arms:
+                p = next((q for q in arm.points if q.size == size.name and q.budget == budget), None)
+                if p is None:
+                    cells.append("–")
+                    continue
+                steps = (p.summary or {}).get("steps") or p.steps
+                cells.append(f"{steps:,} · {_count(steps * plan.tokens_per_step)}")
+            compute = plan.compute.get((size.name, budget))
+            flops = "–" if compute is None else f"{compute:.3g}"
+            rows.append(
+                f"| {size.name} @ {_budget_text(plan, budget)} | {flops} | " + " | ".join(cells) + " |"
+            )
+    return [*rows, "", "Each cell: steps · tokens.", ""]
+
+
+def _count(n: float) -> str:
+    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def _nd_section(analysis: Analysis) -> list[str]:
+    arms = [a for a in analysis.arms if a.nd is not None]
+    if not arms:
+        return []
+    lines = [
+        "## A second view: L(N, D) = E + A (N/N0)^-a + B (D/D0)^-b per arm",
+        "",
+        "Chinchilla's third approach, each arm alone (Huber in log space, 81 starts): how loss splits "
+        "between parameters (a) and tokens (b). The multiplier here is the baseline's compute for the arm's "
+        "fitted loss at the arm's largest point, reached with more tokens at the same size, over the arm's "
+        "compute; a point estimate to set beside the joint fit's, not a test.",
+        "",
+        "| arm | E | A | a | B | b | compute multiplier at its largest size |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for arm in arms:
+        f = arm.nd
+        m = "1 (baseline)" if arm.name == analysis.baseline else _ratio(arm.nd_multiplier)
+        lines.append(f"| {arm.name} | {f.E:.3f} | {f.A:.3f} | {f.a:.3f} | {f.B:.3f} | {f.b:.3f} | {m} |")
+    f = arms[0].nd
+    return [
+        *lines,
+        "",
+        f"N0 {f.N0:,.0f} parameters, D0 {f.D0:.3g} tokens (the baseline's geometric means, for every arm).",
         "",
     ]
 
@@ -227,11 +330,27 @@ def _seeds_section(plan: Plan, analysis: Analysis) -> list[str]:
             lines.append(f"| {arm.name} | {n} | {cell} | {note} | | |")
             continue
         diff = f"{t.difference:+.4f} [{t.low:+.4f}, {t.high:+.4f}]"
-        p_holm = f"{t.p_holm:.2g}"
+        p_holm = _num(t.p_holm, "{:.2g}")
         if t.significant:
             diff, p_holm = f"**{diff}**", f"**{p_holm}**"
-        lines.append(f"| {arm.name} | {n} | {cell} | {diff} | {t.p:.2g} | {p_holm} |")
-    return [*lines, ""]
+        lines.append(f"| {arm.name} | {n} | {cell} | {diff} | {_num(t.p, '{:.2g}')} | {p_holm} |")
+    lines.append("")
+    both = sorted(set(analysis.lr_seeds) & set(analysis.rung_seeds))
+    if both:
+        seeds = ", ".join(str(s) for s in both)
+        chose = [a.name for a in analysis.arms if a.seed_chose_lr]
+        where = (
+            f"for {', '.join(chose)} the run at this rung is the chosen sweep run itself, the lowest of "
+            f"{len(plan.sweep.design.multipliers)} noisy runs, so its loss is biased low"
+            if chose
+            else f"its runs here are not sweep runs (the sweep trained at size {plan.sizes[0].name}), so only "
+            "the rate, not these losses, was selected on it"
+        )
+        lines += [
+            f"Seed {seeds} chose the learning rates (the sweep's runs) and counts in this test too: {where}.",
+            "",
+        ]
+    return lines
 
 
 def _diagnostics_section(plan: Plan, analysis: Analysis) -> list[str]:
@@ -284,12 +403,39 @@ def _notes(plan: Plan, analysis: Analysis) -> list[str]:
                 f"budgets: tokens per non-embedding parameter of {analysis.baseline} at each size, times its FLOPs "
                 "per token: every arm of a size gets the same compute, in its own number of steps"
             )
+        notes.append(_noise_note(plan, analysis))
     if plan.sweep.match:
         notes.append(
             f"match: {plan.sweep.match}: each arm's MLP width set to the baseline's budget at each size"
         )
     notes += analysis.notes
     return notes
+
+
+def _noise_note(plan: Plan, analysis: Analysis) -> str:
+    shared = 1 - plan.decay_fraction if len(plan.budgets) > 1 else 0.0
+    trunk = (
+        f"; {shared:.0%} of a point's noise variance is shared by the points of its arm and size (a size's "
+        "smaller budgets are decays branched from its longest run: they share its trunk)"
+        if shared
+        else ""
+    )
+    head = f"intervals: a parametric bootstrap, {_draws()} refits of the joint fit to losses redrawn about it"
+    noise = analysis.noise
+    if noise is None or analysis.noise_note:
+        return f"{head}; {analysis.noise_note}{trunk}"
+    own = [f"{name} {noise.sd[name]:.4f}" for name in noise.sd if noise.own[name]]
+    pooled_dof = next((noise.dof[n] for n in noise.sd if not noise.own[n]), None)
+    text = f"{head} with the seeds rung's noise: sd of log loss {noise.pooled:.4f} pooled over the arms"
+    if pooled_dof is not None:
+        text += f" ({pooled_dof:g} degrees of freedom)"
+    if own:
+        text += f", own sd for the arms whose seeds are noisier (F-test, p < 0.01): {', '.join(own)}"
+    return (
+        text + trunk + "; each draw also redraws each sd from its own uncertainty (few seeds, wide tails); "
+        "Huber's delta 1.345 sd. A 90% interval: rerun with other seeds, the multiplier found falls in it "
+        "9 times in 10"
+    )
 
 
 def write_design_results(
