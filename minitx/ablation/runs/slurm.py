@@ -70,6 +70,16 @@ class SlurmOptions:
                 raise UserError(f"{name}: must be {least} or more, got {value}")
 
 
+def import_submitit() -> Any:
+    try:
+        import submitit
+    except ImportError:
+        raise UserError(
+            "--launcher slurm: needs submitit; install it with pip install -c constraints.txt -e '.[slurm]'"
+        ) from None
+    return submitit
+
+
 def parse_sbatch_options(given: list[str]) -> dict[str, str]:
     """--slurm-option KEY=VALUE (repeatable) as submitit's additional sbatch parameters."""
     options = {}
@@ -194,8 +204,7 @@ class SlurmLauncher:
     cluster: str = "slurm"
 
     def executor(self, folder: Path) -> Any:
-        import submitit
-
+        submitit = import_submitit()
         o = self.options
         executor = submitit.AutoExecutor(
             folder=folder, cluster=self.cluster, slurm_max_num_timeout=o.max_requeues
@@ -261,8 +270,7 @@ class SlurmLauncher:
 
     def _still_queued(self, runs: list[Run], folder: Path) -> dict[str, Any]:
         """Runs whose job, submitted by an earlier ablate, SLURM still holds: label -> job."""
-        import submitit
-
+        submitit = import_submitit()
         submitted = {}
         for run in runs:
             record = read_json(run.directory / RUN_FILE) or {}
