@@ -83,7 +83,17 @@ EOF
 
 stop() {
     [ -d "$dir" ] || return 0
-    # Each daemon this script started, by the pid file it wrote in DIR.
+    dir=$(cd "$dir" && pwd)
+    # Its jobs first (their steps would outlive slurmd), then each daemon it started.
+    if [ -f "$dir/slurmctld.pid" ] && kill -0 "$(cat "$dir/slurmctld.pid")" 2>/dev/null; then
+        export SLURM_CONF="$dir/slurm.conf"
+        scancel --full --quiet --user="$(id -un)" 2>/dev/null || true
+        for _ in $(seq 60); do
+            [ -z "$(squeue -h -o %A 2>/dev/null)" ] && break
+            sleep 1
+        done
+    fi
+    # By the pid files it wrote in DIR.
     for pidfile in "$dir/slurmd.pid" "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
         if [ -f "$pidfile" ]; then
             pid=$(cat "$pidfile")

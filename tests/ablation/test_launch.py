@@ -183,3 +183,20 @@ def test_submitit_local_sweep_makes_a_row_of_a_failed_job_and_skips_finished_run
     assert "ablate: skip   a seed 1 (finished)" in said and len(given(runs[0])) == 1
     assert len(given(runs[1])) == 1  # the failed run was submitted again, afresh
     assert (runs[0].directory / SUMMARY_FILE).is_file()
+
+
+def test_a_submission_sbatch_refuses_is_one_line_and_leaves_no_run_behind(tmp_path, monkeypatch):
+    pytest.importorskip("submitit")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"  # a cluster that refuses the job, as sbatch says it
+    sbatch.write_text("#!/bin/sh\necho 'sbatch: error: invalid partition specified: gpu' >&2\nexit 1\n")
+    sbatch.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    runs = fake_runs(tmp_path, ["a", "b"])
+    launcher = SlurmLauncher(SlurmOptions(partition="gpu"))
+    with pytest.raises(
+        UserError, match="--launcher slurm: submission failed: .*invalid partition specified: gpu"
+    ):
+        launcher.launch(runs, tmp_path, log=lambda line: None)
+    assert not any(run.directory.exists() for run in runs)

@@ -116,17 +116,23 @@ def test_a_sweep_on_slurm_requeues_a_warned_run_from_its_checkpoint_and_equals_t
         env=env,
         cwd=tmp_path,
     )
-    # Warn the first run that has saved a checkpoint, as SLURM does before the end of its time.
-    warned, deadline = None, time.monotonic() + 900
-    while warned is None and ablate.poll() is None and time.monotonic() < deadline:
-        for run in sorted((output / "runs").glob("*")) if (output / "runs").is_dir() else []:
-            record = json.loads((run / "run.json").read_text())
-            if record.get("status") == "running" and (run / "checkpoints" / "last.ckpt").is_file():
-                subprocess.run(["scancel", "--signal=USR2", record["job_id"]], check=True, env=env)
-                warned = run.name
-                break
-        time.sleep(0.5)
-    assert ablate.wait(timeout=1800) == 0, (tmp_path / "ablate.log").read_text()
+    try:
+        # Warn the first run that has saved a checkpoint, as SLURM does before the end of its time.
+        warned, deadline = None, time.monotonic() + 900
+        while warned is None and ablate.poll() is None and time.monotonic() < deadline:
+            for run in sorted((output / "runs").glob("*")) if (output / "runs").is_dir() else []:
+                record = json.loads((run / "run.json").read_text())
+                if record.get("status") == "running" and (run / "checkpoints" / "last.ckpt").is_file():
+                    # scancel may say "Job can not be altered now" of an array task it did signal.
+                    subprocess.run(["scancel", "--signal=USR2", record["job_id"]], env=env)
+                    warned = run.name
+                    break
+            time.sleep(0.5)
+        assert ablate.wait(timeout=1800) == 0, (tmp_path / "ablate.log").read_text()
+    finally:
+        if ablate.poll() is None:
+            ablate.terminate()
+            ablate.wait(timeout=60)
     said = (tmp_path / "ablate.log").read_text()
     print(said)  # the submission, each run's end (with its requeue) and the table
     assert warned is not None, said

@@ -17,6 +17,7 @@ the way and a run of several GPUs is started by Lightning on its node, as locall
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -251,6 +252,8 @@ class SlurmLauncher:
                 with executor.batch():
                     submitted = [executor.submit(RunJob(run)) for run in fresh]
             except Exception as error:  # noqa: BLE001 - sbatch's own message says what is wrong
+                for run in fresh:  # nothing half-written: these runs were never submitted
+                    shutil.rmtree(run.directory, ignore_errors=True)
                 raise UserError(
                     f"--launcher {self.cluster}: submission failed: {str(error).strip()}"
                 ) from None
