@@ -142,8 +142,25 @@ def prepare(args: argparse.Namespace) -> tuple[Sweep, Path]:
         raise UserError(f"--parallel: must be 1 or more, got {args.parallel}")
     if args.devices_per_run is not None and args.devices_per_run < (0 if args.launcher == "slurm" else 1):
         raise UserError(f"--devices-per-run: must be 1 or more, got {args.devices_per_run}")
-    if args.no_wait and args.launcher != "slurm":
-        raise UserError("--no-wait: only with --launcher slurm (local runs are this process's children)")
+    if args.launcher == "slurm" and args.parallel != 1:
+        raise UserError(
+            "--parallel: runs on this machine at once; with --launcher slurm give --slurm-array-parallelism N"
+        )
+    if args.launcher != "slurm":
+        given = [
+            flag
+            for flag, value in (
+                ("--slurm-partition", args.slurm_partition),
+                ("--slurm-time", args.slurm_time != 60 or None),
+                ("--slurm-cpus-per-run", args.slurm_cpus_per_run),
+                ("--slurm-array-parallelism", args.slurm_array_parallelism),
+                ("--slurm-option", args.slurm_option or None),
+                ("--no-wait", args.no_wait or None),
+            )
+            if value is not None
+        ]
+        if given:
+            raise UserError(f"{given[0]}: only with --launcher slurm; add --launcher slurm or leave it out")
     if args.devices_per_run and args.devices_per_run > 1:
         given = [a for a in args.train_args if a == "--trainer.devices" or a.startswith("--trainer.devices=")]
         if given:

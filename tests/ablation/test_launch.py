@@ -131,6 +131,8 @@ def test_devices_per_run_is_refused_where_there_is_no_gpu_and_sets_trainer_devic
     assert "--devices-per-run: no GPU is visible here" in capsys.readouterr().err
     assert ablate_main(["--config", str(sweep), "--no-wait"]) == 2
     assert "--no-wait: only with --launcher slurm" in capsys.readouterr().err
+    assert ablate_main(["--config", str(sweep), "--launcher", "slurm", "--parallel", "4"]) == 2
+    assert "with --launcher slurm give --slurm-array-parallelism" in capsys.readouterr().err
     assert ablate_main(["--config", str(sweep), "--launcher", "slurm", "--slurm-option", "qos"]) == 2
     assert "--slurm-option: 'qos' is not KEY=VALUE" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()

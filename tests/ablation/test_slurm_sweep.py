@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from minitx.fileio import read_json
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local_slurm.sh"
 # What a run computed, from results.csv: equal to the last digit between SLURM and local runs.
@@ -121,7 +123,7 @@ def test_a_sweep_on_slurm_requeues_a_warned_run_from_its_checkpoint_and_equals_t
         warned, deadline = None, time.monotonic() + 900
         while warned is None and ablate.poll() is None and time.monotonic() < deadline:
             for run in sorted((output / "runs").glob("*")) if (output / "runs").is_dir() else []:
-                record = json.loads((run / "run.json").read_text())
+                record = read_json(run / "run.json") or {}  # None while a job writes its first
                 if record.get("status") == "running" and (run / "checkpoints" / "last.ckpt").is_file():
                     # scancel may say "Job can not be altered now" of an array task it did signal.
                     subprocess.run(["scancel", "--signal=USR2", record["job_id"]], env=env)
