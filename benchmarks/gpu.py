@@ -888,7 +888,7 @@ def check_sweep_devices(results: Results, out: Path, device: torch.device) -> No
     (root / "ablate.log").write_text("\n".join(said) + "\n")
     seen = [json.loads((run.directory / "summary.json").read_text()) for run in runs]
     given = [json.loads((run.directory / "run.json").read_text()).get("gpus") for run in runs]
-    owned = {uuid for s in seen for uuid in [s["uuid"]]}
+    owned = {s["uuid"] for s in seen}
     ok = all(s["count"] == 1 and [s["visible"]] == g for s, g in zip(seen, given)) and len(owned) == min(
         len(runs), len(gpus)
     )
