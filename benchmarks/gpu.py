@@ -843,6 +843,65 @@ def measure_decoding(results: Results, configs: dict[str, ModelConfig], device: 
                 )  # fmt: skip
 
 
+# A run of ablate's as the GPU sweep check launches it: says which GPUs it saw and which one it
+# used, and holds its GPU for a moment so that runs launched together overlap.
+SWEEP_RUN = r"""
+import json, os, sys, time, torch
+directory = sys.argv[1]
+visible = torch.cuda.device_count()
+uuid = str(torch.cuda.get_device_properties(0).uuid) if visible else None
+x = torch.ones(1, device="cuda") if visible else None
+time.sleep(2)
+json.dump({"visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "count": visible, "uuid": uuid,
+           "device": "cuda:0" if visible else "cpu"}, open(os.path.join(directory, "summary.json"), "w"))
+"""
+
+
+def check_sweep_devices(results: Results, out: Path, device: torch.device) -> None:
+    """ablate --parallel on this machine's GPUs (minitx/ablation/runs/launch.py): as many runs as
+    GPUs, launched together; each must see exactly one GPU, its own, and no two the same one."""
+    if device.type != "cuda":
+        results.skip(
+            "sweep devices",
+            "ablate",
+            "skipped: CUDA only (on a machine without GPUs ablate --parallel runs as before)",
+        )
+        return
+    from minitx.ablation.plan.sweep import Variant
+    from minitx.ablation.runs.launch import local_launcher, visible_gpus
+    from minitx.ablation.runs.runner import Run
+
+    gpus = visible_gpus()
+    root = out / "sweep_devices"
+    runs = [
+        Run(
+            Variant(f"gpu{i}", {}),
+            0,
+            root / f"run{i}",
+            [sys.executable, "-c", SWEEP_RUN, str(root / f"run{i}")],
+            "",
+        )
+        for i in range(max(2, len(gpus)))
+    ]
+    said: list[str] = []
+    local_launcher(len(runs), None, log=said.append).launch(runs, root, said.append)
+    (root / "ablate.log").write_text("\n".join(said) + "\n")
+    seen = [json.loads((run.directory / "summary.json").read_text()) for run in runs]
+    given = [json.loads((run.directory / "run.json").read_text()).get("gpus") for run in runs]
+    owned = {s["uuid"] for s in seen}
+    ok = all(s["count"] == 1 and [s["visible"]] == g for s, g in zip(seen, given)) and len(owned) == min(
+        len(runs), len(gpus)
+    )
+    results.check(
+        "sweep devices",
+        "ablate",
+        ok,
+        f"{len(runs)} runs on {len(gpus)} GPU(s): given {[','.join(g or []) for g in given]}, each saw "
+        f"{sorted({s['count'] for s in seen})} device(s), {len(owned)} distinct GPU(s) used"
+        + (f"; {said[0]}" if said and "cut to" in said[0] else ""),
+    )
+
+
 def measure_end_to_end(results: Results, out: Path, device: torch.device, size: Sizes) -> None:
     root = out / "e2e"
     shutil.rmtree(root, ignore_errors=True)  # this suite's own run from an earlier call
@@ -1056,7 +1115,10 @@ def run(args: argparse.Namespace) -> dict:
         "train": lambda: measure_training(results, kind_configs, device, size),
         "attention": lambda: measure_attention(results, sections, device, size, chosen),
         "decode": lambda: measure_decoding(results, kind_configs, device, size),
-        "e2e": lambda: measure_end_to_end(results, args.out, device, size),
+        "e2e": lambda: (
+            check_sweep_devices(results, args.out, device),
+            measure_end_to_end(results, args.out, device, size),
+        ),
     }
     for section in args.only or SECTIONS:
         log(f"== {section} ({time.perf_counter() - started:.0f} s)")

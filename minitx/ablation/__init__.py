@@ -15,7 +15,9 @@ any run starts, every variant's config is checked as the training command will c
     significance.py  Welch's t-test against the baseline, Holm's correction
     analysis.py   a designed sweep's numbers; design_report.py, design_plots.py its report
     budget.py     parameters and FLOPs per token; `match: params|flops` resizes the MLP to equal budgets
-    runner.py     planning the runs, the training subprocesses, parallel runs, skipping finished ones
+    runner.py     planning the runs, the training subprocesses, skipping finished ones
+    launch.py     where runs go: this machine, N at a time, each on GPUs of its own where there are GPUs
+    slurm.py      a SLURM cluster through submitit: one job of an array per run, requeued from last.ckpt
     summary.py    RunSummary, the callback that writes each run's summary.json
     eval_runs.py  evaluating each finished run's best checkpoint (cached per run)
     table.py      rows per run, mean and spread per variant, each run's cached diagnostics

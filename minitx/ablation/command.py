@@ -16,6 +16,7 @@ from .plan.sweep import Sweep, load_sweep
 from .report.plain import plot_names, write_results
 from .runs.designed import run_designed
 from .runs.eval_runs import diagnose_run, evaluate_runs, sweep_kind_modules
+from .runs.launch import Launcher, local_launcher
 from .runs.runner import (
     BASE_SNAPSHOT,
     LOG_FILE,
@@ -26,6 +27,7 @@ from .runs.runner import (
     plan_runs,
     run_sweep,
 )
+from .runs.slurm import SlurmLauncher, SlurmOptions, SweepSubmitted, parse_sbatch_options
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -40,7 +42,53 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--seeds", type=int, default=None, help="seeds per variant (default: the file's 'seeds')"
     )
-    parser.add_argument("--parallel", type=int, default=1, help="training processes at once (default 1)")
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="training processes at once (default 1); with GPUs, at most one run per --devices-per-run GPUs",
+    )
+    parser.add_argument(
+        "--devices-per-run",
+        type=int,
+        default=None,
+        metavar="K",
+        help="GPUs each run is given (default 1 where there are GPUs; with --launcher slurm, "
+        "the GPUs each job asks for, default none); K > 1 also sets --trainer.devices K",
+    )
+    parser.add_argument(
+        "--launcher",
+        choices=("local", "slurm"),
+        default="local",
+        help="where the runs go: this machine (default) or a SLURM cluster, one job of an array per run",
+    )
+    slurm = parser.add_argument_group("SLURM (with --launcher slurm; docs/scale.md)")
+    slurm.add_argument(
+        "--slurm-partition", default=None, help="partition of every job (default the cluster's)"
+    )
+    slurm.add_argument(
+        "--slurm-time", type=int, default=60, metavar="MINUTES", help="time limit of each job (default 60)"
+    )
+    slurm.add_argument("--slurm-cpus-per-run", type=int, default=None, metavar="N", help="CPUs of each job")
+    slurm.add_argument(
+        "--slurm-array-parallelism",
+        type=int,
+        default=None,
+        metavar="N",
+        help="jobs of the array running at once",
+    )
+    slurm.add_argument(
+        "--slurm-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a further sbatch option for every job, e.g. account=myproject (repeatable)",
+    )
+    slurm.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="submit and return; run the same command again for the next phase, or with --report-only at the end",
+    )
     parser.add_argument("--only", default=None, help="comma-separated variant names to run (default all)")
     parser.add_argument(
         "--wandb", action="store_true", help="log every run to Weights & Biases, one group per sweep"
@@ -92,6 +140,35 @@ def prepare(args: argparse.Namespace) -> tuple[Sweep, Path]:
         raise UserError(f"--seeds: must be 1 or more, got {args.seeds}")
     if args.parallel < 1:
         raise UserError(f"--parallel: must be 1 or more, got {args.parallel}")
+    if args.devices_per_run is not None and args.devices_per_run < (0 if args.launcher == "slurm" else 1):
+        raise UserError(f"--devices-per-run: must be 1 or more, got {args.devices_per_run}")
+    if args.launcher == "slurm" and args.parallel != 1:
+        raise UserError(
+            "--parallel: runs on this machine at once; with --launcher slurm give --slurm-array-parallelism N"
+        )
+    if args.launcher != "slurm":
+        given = [
+            flag
+            for flag, value in (
+                ("--slurm-partition", args.slurm_partition),
+                ("--slurm-time", args.slurm_time != 60 or None),
+                ("--slurm-cpus-per-run", args.slurm_cpus_per_run),
+                ("--slurm-array-parallelism", args.slurm_array_parallelism),
+                ("--slurm-option", args.slurm_option or None),
+                ("--no-wait", args.no_wait or None),
+            )
+            if value is not None
+        ]
+        if given:
+            raise UserError(f"{given[0]}: only with --launcher slurm; add --launcher slurm or leave it out")
+    if args.devices_per_run and args.devices_per_run > 1:
+        given = [a for a in args.train_args if a == "--trainer.devices" or a.startswith("--trainer.devices=")]
+        if given:
+            raise UserError(
+                "--devices-per-run: sets --trainer.devices itself; leave --trainer.devices out of the training arguments"
+            )
+        # Part of what each run computes (K processes, K times the batch): in its fingerprint.
+        args.train_args = [*args.train_args, "--trainer.devices", str(args.devices_per_run)]
     config_path = Path(args.config)
     check_readable(config_path)
     sweep = load_sweep(config_path)
@@ -112,19 +189,45 @@ def prepare(args: argparse.Namespace) -> tuple[Sweep, Path]:
     return sweep, config_path
 
 
+def make_launcher(args: argparse.Namespace, log=print) -> Launcher:
+    """Where the runs go: this machine (each run on its own GPUs where there are some) or SLURM."""
+    if args.launcher == "slurm":
+        options = SlurmOptions(
+            partition=args.slurm_partition,
+            time_min=args.slurm_time,
+            gpus_per_run=args.devices_per_run or 0,
+            cpus_per_run=args.slurm_cpus_per_run,
+            array_parallelism=args.slurm_array_parallelism,
+            sbatch=parse_sbatch_options(args.slurm_option),
+        )
+        return SlurmLauncher(options, wait=not args.no_wait)
+    return local_launcher(args.parallel, args.devices_per_run, log=log)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     sweep, config_path = prepare(args)
+    try:
+        run_and_report(args, sweep, config_path)
+    except SweepSubmitted as submitted:
+        print(
+            f"ablate: {submitted}; run the same command again once they end (it waits for them, then goes on "
+            "to the next phase), or add --report-only for the table of what has finished"
+        )
+
+
+def run_and_report(args: argparse.Namespace, sweep: Sweep, config_path: Path) -> None:
     output = Path(args.output) if args.output else Path("runs") / "ablation" / config_path.stem
     if output.exists() and not output.is_dir():
         raise UserError(f"--output: {str(output)!r} is a file; give a directory (new or of this sweep)")
     logging = wandb_arguments(args.wandb_project, group=output.resolve().name) if args.wandb else []
+    launcher = None if args.report_only or args.dry_run else make_launcher(args)
     if sweep.design.active:  # a budget, a learning-rate sweep or a ladder: designed.py
         run_designed(
             sweep,
             output,
             f"Ablation: {config_path.name}",
-            args.parallel,
+            launcher,
             args.train_args,
             logging,
             args.report_only,
@@ -144,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     output.mkdir(parents=True, exist_ok=True)  # only once the sweep is known to be sound
     if not args.report_only:
-        run_sweep(runs, sweep, output, args.parallel)
+        run_sweep(runs, sweep, output, launcher)
         trusted = sweep_kind_modules(sweep, args.train_args)
         evaluate_runs(runs, sweep.evaluation, trust_kind_modules=trusted)
         diagnose_runs(runs, sweep, args.train_args, trusted)

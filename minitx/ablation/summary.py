@@ -54,16 +54,32 @@ class RunSummary(Callback):
         self.path = path
         self.curve: list[dict] = []
         self._fit_start = 0.0
+        # What the attempts before a resume trained (a requeued run resumes from last.ckpt): the
+        # module's meter counts from this attempt's start, the summary from the run's.
+        self._tokens_before = 0
+        self._seconds_before = 0.0
+        self._module = None
 
-    @staticmethod
-    def _tokens(pl_module) -> int:
+    def _tokens(self, pl_module) -> int:
         meter = getattr(pl_module, "throughput", None)
-        return meter.tokens_seen if meter is not None else 0
+        return self._tokens_before + (meter.tokens_seen if meter is not None else 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Saved in every checkpoint, so that a resumed run's summary covers the whole run."""
+        tokens = self._tokens(self._module) if self._module is not None else self._tokens_before
+        seconds = self._seconds_before + (time.perf_counter() - self._fit_start if self._fit_start else 0.0)
+        return {"curve": list(self.curve), "tokens": tokens, "train_seconds": seconds}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.curve = list(state_dict.get("curve", []))
+        self._tokens_before = int(state_dict.get("tokens", 0))
+        self._seconds_before = float(state_dict.get("train_seconds", 0.0))
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
         self._fit_start = time.perf_counter()
+        self._module = pl_module
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
@@ -92,9 +108,9 @@ class RunSummary(Callback):
         summary: dict[str, Any] = {
             "status": "ok",
             "steps": int(trainer.global_step),
-            "tokens_seen": meter.tokens_seen,
-            "tokens_per_s": meter.mean_tokens_per_sec,
-            "train_seconds": time.perf_counter() - self._fit_start,
+            "tokens_seen": self._tokens(pl_module),
+            "tokens_per_s": meter.mean_tokens_per_sec,  # of the last attempt where a run resumed
+            "train_seconds": self._seconds_before + time.perf_counter() - self._fit_start,
             "peak_memory_bytes": peak,
             "memory_kind": memory_kind,
             "device": str(pl_module.device),

@@ -119,6 +119,7 @@ def test_tiny_cpu_run_passes_every_check_and_writes_the_report(tmp_path):
     # The Triton work is CUDA only (on the CPU it would run in Triton's interpreter): listed, not run.
     skipped = {(s["name"], s["kind"]) for s in report["skipped"]}
     assert {("triton vs conv", "mta"), ("triton vs conv", "mta (pre only)")} <= skipped
+    assert ("sweep devices", "ablate") in skipped  # each sweep run on a GPU of its own: CUDA only
     cuda_only = [s for s in report["skipped"] if s["name"] != "every section"]
     assert all(s["detail"].startswith("skipped: CUDA only") for s in cuda_only)
     # A variant still missing here (its file or its kind) is listed, not silently left out.

@@ -126,6 +126,14 @@ def diagnostic_fields(run: Run, evaluation: EvalSettings) -> dict[str, Any]:
     return fields
 
 
+def device_label(device: str | None, gpus: list[str] | None) -> str | None:
+    """The device a run trained on, and which of the machine's GPUs it was given, where it was
+    given some (launch.py): every such run sees its own as cuda:0."""
+    if device is None or not gpus:
+        return device
+    return f"{device} (GPU {','.join(gpus)})"
+
+
 def _status(run: Run, record: dict, summary: dict | None) -> tuple[str, str]:
     if summary is not None:
         return "ok", ""
@@ -158,7 +166,7 @@ def collect(runs: list[Run], evaluation: EvalSettings | None = None) -> list[dic
             process_seconds=record.get("process_seconds"),
             parallel=record.get("parallel", 1),
             steps=summary.get("steps"),
-            device=summary.get("device"),
+            device=device_label(summary.get("device"), record.get("gpus")),
             mlp_hidden=summary.get("mlp_hidden"),
             budget_changes=json.dumps(changes) if changes else "",
             resized=run.variant.resized,

@@ -18,8 +18,9 @@ from pathlib import Path
 from ...fileio import read_json, write_text_atomically
 from ..analysis.designed import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES, Analysis, share
 from ..analysis.significance import CONFIDENCE, LEVEL
+from ..analysis.table import device_label
 from ..plan.ladder import Plan, Point
-from ..runs.runner import RUN_FILE
+from ..runs.runner import RUN_FILE, SUMMARY_FILE
 
 DESIGN_PLOTS = (
     "lr_sweep.png",
@@ -29,7 +30,7 @@ DESIGN_PLOTS = (
 )
 CSV_FIELDS = [
     "arm", "size", "budget", "multiplier", "seed", "role", "status", "error", "steps", "tokens", "flops",
-    "params", "flops_per_token", "final_val_loss", *DIAGNOSTIC_KEYS, "branch_of", "run_dir",
+    "params", "flops_per_token", "final_val_loss", *DIAGNOSTIC_KEYS, "branch_of", "device", "run_dir",
 ]  # fmt: skip
 
 
@@ -40,6 +41,13 @@ def _status(point: Point) -> tuple[str, str]:
     if record.get("status") == "failed":
         return "failed", record.get("error", "")
     return "not run", ""
+
+
+def run_device(run) -> str | None:
+    """Where the run trained, with the machine's GPUs it was given (table.device_label)."""
+    summary = read_json(run.directory / SUMMARY_FILE) or {}
+    record = read_json(run.directory / RUN_FILE) or {}
+    return device_label(summary.get("device"), record.get("gpus"))
 
 
 def csv_text(points: list[Point], diagnostics) -> str:
@@ -61,6 +69,7 @@ def csv_text(points: list[Point], diagnostics) -> str:
                 "final_val_loss": "" if p.loss is None else f"{p.loss:.5f}",
                 **{k: "" if found.get(k) is None else f"{found[k]:.5g}" for k in DIAGNOSTIC_KEYS},
                 "branch_of": "" if p.branch_of is None else p.branch_of.run.directory.name,
+                "device": run_device(p.run) or "",
                 "run_dir": str(p.run.directory),
             }
         )  # fmt: skip

@@ -31,7 +31,7 @@ def run_designed(
     sweep,
     output: Path,
     title: str,
-    parallel: int = 1,
+    launcher=1,
     extra: Sequence[str] = (),
     logging: Sequence[str] = (),
     report_only: bool = False,
@@ -62,7 +62,7 @@ def run_designed(
             if points:
                 log(f"ablate: phase {phase + 1} of 3 ({('learning-rate sweep', 'ladder', 'branches')[phase]}): "
                     f"{len(_unique_runs(points))} runs")  # fmt: skip
-                run_sweep(_unique_runs(points), sweep, output, parallel, log)
+                run_sweep(_unique_runs(points), sweep, output, launcher, log)
         for point in sum(plan.all_points(), []):
             diagnose_run(point.run, trust_kind_modules, log)
     phases = plan.all_points()

@@ -19,7 +19,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,11 +208,13 @@ def check_same_settings(run: Run) -> None:
         )
 
 
-def _environment(threads: int | None) -> dict[str, str]:
+def _environment(threads: int | None, gpus: Sequence[str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     if threads is not None:  # parallel runs share the cores instead of fighting over them
         env.setdefault("OMP_NUM_THREADS", str(threads))
+    if gpus is not None:  # the run's own GPUs (launch.py): it sees them as cuda:0, cuda:1, ...
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     return env
 
 
@@ -228,44 +229,73 @@ def _failure(run: Run, returncode: int) -> str:
     return reason
 
 
-def execute(run: Run, threads: int | None, log: Any = print, parallel: int = 1) -> dict:
-    """Run one training subprocess to the end; never raises for the run's own failure."""
+def start_record(run: Run, **fields: Any) -> dict:
+    """A fresh directory for the run and its run.json saying it runs (an unfinished earlier
+    attempt is removed: it starts afresh)."""
     if run.directory.exists():
-        shutil.rmtree(run.directory)  # an unfinished earlier attempt: start it afresh
+        shutil.rmtree(run.directory)
     run.directory.mkdir(parents=True)
     record = {
         "variant": run.variant.name,
         "seed": run.seed,
         "fingerprint": run.fingerprint,
         "command": run.command,
-        "parallel": parallel,  # runs sharing the machine with this one: the table says so
+        **fields,
         "status": "running",
     }
     write_json_atomically(run.directory / RUN_FILE, record)
-    log(f"ablate: start  {run.label}")
+    return record
+
+
+def finish_record(run: Run, record: dict, returncode: int, seconds: float) -> dict:
+    """run.json once the training process has ended: ok, or failed and why."""
+    record["process_seconds"] = seconds
+    record["returncode"] = returncode
+    record.pop("error", None)
+    if returncode == 0 and is_finished(run):
+        record["status"] = "ok"
+    else:
+        record["status"], record["error"] = "failed", _failure(run, returncode)
+    write_json_atomically(run.directory / RUN_FILE, record)
+    return record
+
+
+def outcome_line(run: Run, record: dict, where: str = "") -> str:
+    error = f": {record['error']}" if record.get("error") else ""
+    return (
+        f"ablate: {record['status']:<6} {run.label} ({where}{record.get('process_seconds', 0):.0f} s){error}"
+    )
+
+
+def execute(
+    run: Run, threads: int | None, log: Any = print, parallel: int = 1, gpus: Sequence[str] | None = None
+) -> dict:
+    """Run one training subprocess to the end; never raises for the run's own failure. `gpus`:
+    the GPUs the run is given (CUDA_VISIBLE_DEVICES), None where it is given no device of its own."""
+    # parallel: runs sharing the machine with this one, the table says so; gpus: which it had.
+    record = start_record(run, parallel=parallel, **({"gpus": list(gpus)} if gpus is not None else {}))
+    on = f" on GPU {','.join(gpus)}" if gpus else ""
+    log(f"ablate: start  {run.label}{on}")
     start = time.perf_counter()
     with open(run.directory / LOG_FILE, "w", encoding="utf-8") as out:
         process = subprocess.run(
             run.command,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=_environment(threads),
+            env=_environment(threads, gpus),
             stdin=subprocess.DEVNULL,
         )
-    record["process_seconds"] = time.perf_counter() - start
-    record["returncode"] = process.returncode
-    if process.returncode == 0 and is_finished(run):
-        record["status"] = "ok"
-    else:
-        record["status"], record["error"] = "failed", _failure(run, process.returncode)
-    write_json_atomically(run.directory / RUN_FILE, record)
-    error = f": {record['error']}" if record.get("error") else ""
-    log(f"ablate: {record['status']:<6} {run.label} ({record['process_seconds']:.0f} s){error}")
+    record = finish_record(run, record, process.returncode, time.perf_counter() - start)
+    log(outcome_line(run, record))
     return record
 
 
-def run_sweep(runs: list[Run], sweep: Sweep, output: Path, parallel: int = 1, log: Any = print) -> None:
-    """Run every unfinished run; finished ones are skipped (after checking their settings)."""
+def run_sweep(runs: list[Run], sweep: Sweep, output: Path, launcher: Any = 1, log: Any = print) -> None:
+    """Run every unfinished run; finished ones are skipped (after checking their settings).
+    `launcher`: where the runs go (launch.py: this machine, N at a time, or a SLURM cluster);
+    a number is that many at a time on this machine."""
+    from .launch import LocalLauncher  # launch.py builds on this module
+
     todo = []
     for run in runs:
         if is_finished(run):
@@ -277,14 +307,9 @@ def run_sweep(runs: list[Run], sweep: Sweep, output: Path, parallel: int = 1, lo
         return
     write_text_atomically(output / BASE_SNAPSHOT, sweep.base_text)
     prepare_data(todo, log)
-    threads = max(1, (os.cpu_count() or 1) // parallel) if parallel > 1 else None
-    if parallel == 1:
-        for run in todo:
-            execute(run, threads, log)
-    else:
-        whole = whole_lines(log)
-        with ThreadPoolExecutor(max_workers=parallel) as pool:
-            list(pool.map(lambda run: execute(run, threads, whole, parallel), todo))
+    if isinstance(launcher, int):
+        launcher = LocalLauncher(parallel=launcher)
+    launcher.launch(todo, output, log)
 
 
 def whole_lines(log: Any) -> Any:

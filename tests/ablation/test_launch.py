@@ -1,0 +1,204 @@
+"""Where a sweep's runs go: each run on GPUs of its own (a fake list of GPUs: what each run is
+given), the CPU machine as before, and SLURM's job path through submitit's local executor."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from minitx.ablation import Sweep, Variant
+from minitx.ablation.analysis.table import collect
+from minitx.ablation.runs import runner
+from minitx.ablation.runs.launch import LocalLauncher, device_groups, local_launcher
+from minitx.ablation.runs.runner import RUN_FILE, SUMMARY_FILE, Run, run_sweep
+from minitx.ablation.runs.slurm import RunJob, SlurmLauncher, SlurmOptions, parse_sbatch_options
+from minitx.cli import ablate_main
+from minitx.errors import UserError
+
+# A stand-in for the training command: records what it was given (its GPUs, its arguments, the
+# runs alive beside it), trains "steps" of 0.05 s, saves checkpoints/last.ckpt and exits 130 on
+# SIGINT as training does, resumes from it with --ckpt_path last, and writes summary.json.
+FAKE_TRAINING = r"""
+import json, os, signal, sys, time
+from pathlib import Path
+
+directory, steps, fail = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "fail"
+alive = directory.parent / "alive"
+alive.mkdir(exist_ok=True)
+me = alive / directory.name
+me.write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "-"))
+stop = []
+signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+checkpoint = directory / "checkpoints" / "last.ckpt"
+start = int(checkpoint.read_text()) if "--ckpt_path" in sys.argv else 0
+with open(directory / "given.jsonl", "a") as out:
+    others = sorted(p.read_text() for p in alive.iterdir() if p != me)
+    out.write(json.dumps({"gpus": me.read_text(), "others": others, "argv": sys.argv[1:], "start": start,
+                          "omp": os.environ.get("OMP_NUM_THREADS"), "parent": os.getppid(), "slurm": [k for k in os.environ if k.startswith("SLURM_")]}) + "\n")
+for step in range(start, steps):
+    if stop:
+        checkpoint.parent.mkdir(exist_ok=True)
+        checkpoint.write_text(str(step))
+        me.unlink()
+        print(f"train: interrupted at step {step}")
+        sys.exit(130)
+    time.sleep(0.05)
+me.unlink()
+if fail:
+    print("train: the loss went NaN at step 3")
+    sys.exit(1)
+(directory / "summary.json").write_text(json.dumps({"status": "ok", "device": "cuda:0" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu", "steps": steps}))
+"""
+
+
+def fake_runs(tmp_path: Path, names: list[str], steps: int = 6, fail: tuple[str, ...] = ()) -> list[Run]:
+    runs = []
+    for name in names:
+        directory = tmp_path / "runs" / f"{name}-seed1"
+        command = [
+            sys.executable,
+            "-c",
+            FAKE_TRAINING,
+            str(directory),
+            str(steps),
+            "fail" if name in fail else "ok",
+        ]
+        runs.append(Run(Variant(name, {}), 1, directory, command, fingerprint=name))
+    return runs
+
+
+def given(run: Run) -> list[dict]:
+    lines = (run.directory / "given.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_gpus_are_cut_into_shares_and_parallel_is_capped_with_a_notice():
+    assert device_groups(["0", "1", "2", "3", "4"], 2) == [["0", "1"], ["2", "3"]]
+    said: list[str] = []
+    launcher = local_launcher(8, 2, gpus=["0", "1", "2", "3"], log=said.append)
+    assert (launcher.parallel, launcher.per_run) == (2, 2)
+    assert said == ["ablate: --parallel 8 cut to 2: 4 GPUs give 2 runs of 2 GPU(s) at a time"]
+    said.clear()
+    assert local_launcher(3, None, gpus=["a", "b", "c", "d"], log=said.append).parallel == 3 and not said
+    with pytest.raises(UserError, match=r"--devices-per-run: 4 GPUs per run, but this machine shows 2"):
+        local_launcher(1, 4, gpus=["0", "1"])
+    # A CPU machine: --parallel as it always was, and no GPUs to share out.
+    assert local_launcher(3, None, gpus=[]) == LocalLauncher(3)
+    with pytest.raises(UserError, match="--devices-per-run: no GPU is visible here"):
+        local_launcher(2, 1, gpus=[])
+
+
+def test_each_run_gets_gpus_no_other_run_holds_while_it_runs(tmp_path):
+    runs = fake_runs(tmp_path, ["a", "b", "c", "d", "e"])
+    launcher = local_launcher(4, 2, gpus=["3", "5", "6", "7", "9"], log=lambda line: None)  # 2 shares
+    launcher.launch(runs, tmp_path, log=lambda line: None)
+    shares = {"3,5", "6,7"}
+    for run in runs:
+        (seen,) = given(run)
+        assert seen["gpus"] in shares and seen["gpus"] not in seen["others"]  # its own, whole
+        assert set(seen["others"]) <= shares and len(seen["others"]) <= 1  # never more runs than shares
+        record = json.loads((run.directory / RUN_FILE).read_text())
+        assert record["gpus"] == seen["gpus"].split(",") and record["parallel"] == 2
+    # The table's device column says which GPUs each run had.
+    rows = collect(runs)
+    assert {row["device"] for row in rows} == {"cuda:0 (GPU 3,5)", "cuda:0 (GPU 6,7)"}
+
+
+def test_a_cpu_machine_runs_parallel_processes_as_before(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    runs = fake_runs(tmp_path, ["a", "b", "c"])
+    local_launcher(2, None, gpus=[]).launch(runs, tmp_path, log=lambda line: None)
+    for run in runs:
+        (seen,) = given(run)
+        assert seen["gpus"] == "-" and seen["omp"] is not None  # no device of its own; the cores shared
+        assert "gpus" not in json.loads((run.directory / RUN_FILE).read_text())
+    assert [row["device"] for row in collect(runs)] == ["cpu"] * 3
+
+
+def test_devices_per_run_is_refused_where_there_is_no_gpu_and_sets_trainer_devices(tmp_path, capsys):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("base: {}\nvariants: [{name: a}]\n")
+    assert ablate_main(["--config", str(sweep), "--devices-per-run", "2", "--dry-run"]) == 0
+    assert "--trainer.devices 2" in capsys.readouterr().out  # K GPUs per run: K devices in its trainer
+    assert ablate_main(["--config", str(sweep), "--devices-per-run", "1"]) == 2
+    assert "--devices-per-run: no GPU is visible here" in capsys.readouterr().err
+    assert ablate_main(["--config", str(sweep), "--no-wait"]) == 2
+    assert "--no-wait: only with --launcher slurm" in capsys.readouterr().err
+    assert ablate_main(["--config", str(sweep), "--launcher", "slurm", "--parallel", "4"]) == 2
+    assert "with --launcher slurm give --slurm-array-parallelism" in capsys.readouterr().err
+    assert ablate_main(["--config", str(sweep), "--launcher", "slurm", "--slurm-option", "qos"]) == 2
+    assert "--slurm-option: 'qos' is not KEY=VALUE" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+    assert parse_sbatch_options(["account=lab", "--mail-type=END"]) == {"account": "lab", "mail_type": "END"}
+    with pytest.raises(UserError, match="--slurm-time: must be 1 or more"):
+        SlurmOptions(time_min=0)
+
+
+def test_a_job_warned_by_usr2_saves_requeues_and_resumes_from_its_checkpoint(tmp_path):
+    submitit = pytest.importorskip("submitit")
+    (run,) = fake_runs(tmp_path, ["a"], steps=60)
+    run.directory.mkdir(parents=True)
+    (run.directory / RUN_FILE).write_text(json.dumps({"variant": "a", "status": "submitted"}))
+    executor = submitit.LocalExecutor(folder=tmp_path / "jobs")
+    executor.update_parameters(timeout_min=5)
+    job = executor.submit(RunJob(run, stop_timeout_s=30))
+    while not (run.directory / "given.jsonl").exists():
+        assert not job.done(), job.stderr()
+        time.sleep(0.1)
+    time.sleep(0.5)
+    # What SLURM sends the job before a time limit or a preemption (submitit asks for USR2).
+    os.kill(given(run)[0]["parent"], signal.SIGUSR2)
+    record = job.result()
+    first, second = given(run)
+    assert first["start"] == 0 and "--ckpt_path" not in first["argv"]
+    assert second["argv"][-2:] == ["--ckpt_path", "last"] and 0 < second["start"] < 60  # from its checkpoint
+    assert record["status"] == "ok" and record["attempts"] == 2 and record["resumed"] == 1
+    assert json.loads((run.directory / RUN_FILE).read_text())["status"] == "ok"
+    assert first["slurm"] == []  # the training process runs as on a plain machine
+    log = (run.directory / "train.log").read_text()
+    assert "train: interrupted at step" in log and "resuming from checkpoints/last.ckpt" in log
+
+
+def test_submitit_local_sweep_makes_a_row_of_a_failed_job_and_skips_finished_runs_on_a_rerun(
+    tmp_path, monkeypatch
+):
+    pytest.importorskip("submitit")
+    monkeypatch.setattr(runner, "prepare_data", lambda runs, log: None)  # the stand-in reads no data
+    sweep = Sweep(base_text="{}\n", overrides={}, variants=[])
+    runs = fake_runs(tmp_path, ["a", "broken"], fail=("broken",))
+    said: list[str] = []
+    launcher = SlurmLauncher(SlurmOptions(time_min=5), cluster="local")
+    run_sweep(runs, sweep, tmp_path, launcher, log=said.append)
+    assert any(line.startswith("ablate: submitted 2 runs as job array") for line in said)
+    rows = {row["variant"]: row for row in collect(runs)}
+    assert rows["a"]["status"] == "ok"
+    assert rows["broken"]["status"] == "failed" and "loss went NaN" in rows["broken"]["error"]
+    said.clear()
+    run_sweep(runs, sweep, tmp_path, launcher, log=said.append)
+    assert "ablate: skip   a seed 1 (finished)" in said and len(given(runs[0])) == 1
+    assert len(given(runs[1])) == 1  # the failed run was submitted again, afresh
+    assert (runs[0].directory / SUMMARY_FILE).is_file()
+
+
+def test_a_submission_sbatch_refuses_is_one_line_and_leaves_no_run_behind(tmp_path, monkeypatch):
+    pytest.importorskip("submitit")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"  # a cluster that refuses the job, as sbatch says it
+    sbatch.write_text("#!/bin/sh\necho 'sbatch: error: invalid partition specified: gpu' >&2\nexit 1\n")
+    sbatch.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    runs = fake_runs(tmp_path, ["a", "b"])
+    launcher = SlurmLauncher(SlurmOptions(partition="gpu"))
+    with pytest.raises(
+        UserError, match="--launcher slurm: submission failed: .*invalid partition specified: gpu"
+    ):
+        launcher.launch(runs, tmp_path, log=lambda line: None)
+    assert not any(run.directory.exists() for run in runs)
