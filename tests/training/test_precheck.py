@@ -242,3 +242,18 @@ def test_help_trainer_is_lightningclis_help():
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
         train_main(["--help-trainer"])
     assert "--trainer.accelerator.help" in out.getvalue()  # only LightningCLI lists these
+
+
+def test_a_did_you_mean_names_a_key_a_flag_may_set():
+    """`--max_steps 200` is near model.max_steps and trainer.max_steps; model.max_steps is filled in
+    from trainer.max_steps and refused as a flag, so the advice must be trainer.max_steps, and the
+    same for every key the command fills in (LINKED): following the advice is never refused again."""
+    for key in LINKED:
+        leaf = key.split(".")[-1]
+        for says in (precheck_says, lightningcli_says):
+            message = says([f"--{leaf}", "1"])
+            assert message.startswith(f"unrecognized arguments: --{leaf} 1"), message
+            suggested = message.partition("did you mean '")[2].partition("'")[0]
+            assert suggested not in LINKED, (leaf, message)
+    assert precheck_says(["--max_steps", "200"]).endswith("did you mean 'trainer.max_steps'?")
+    assert precheck_says(["--trainer.max_steps", "200"]) is None
