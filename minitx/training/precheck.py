@@ -187,7 +187,7 @@ def check_arguments(args: Sequence[str]) -> None:
     # unset, not LightningCLI's default: no check reads it.)
     for key in LINKED_AT_PARSE:
         config[key] = config[LINKED[key]]
-    check_settings(config)
+    check_settings(config, args)
 
 
 # ------------------------------------------------------------------------------------------------
