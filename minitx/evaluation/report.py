@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..fileio import write_atomically, write_json_atomically
+from ..kinds import registry
 
 
 def _header(result: dict) -> list[str]:
@@ -16,8 +17,20 @@ def _header(result: dict) -> list[str]:
     kinds = model["layers"]
     layers = f"{kinds[0]} x{len(kinds)}" if len(set(kinds)) == 1 else " ".join(kinds)
     return [
-        f"checkpoint {result['checkpoint']}: {model['positions']} positions, block_size {model['block_size']}, layers {layers}"
+        f"checkpoint {result['checkpoint']}: {_positions(model['positions'], kinds)}, block_size {model['block_size']}, layers {layers}"
     ]
+
+
+def _positions(positions: str, kinds: list[str]) -> str:
+    """'rope positions', or what is true of the layers that do not read them (gdn: none)."""
+    if positions != "rope":
+        return f"{positions} positions"  # learned: added to the embeddings, every layer sees them
+    without = [kind for kind in dict.fromkeys(kinds) if kind in registry and not registry[kind].reads_rope]
+    if not without:
+        return "rope positions"
+    if len(without) == len(set(kinds)):
+        return f"no positions ({'/'.join(without)}: order comes from the recurrence)"
+    return f"rope positions ({'/'.join(without)} layers have none: order comes from the recurrence)"
 
 
 def _length_rows(by_length: dict, what: str = "loss") -> list[str]:
