@@ -45,6 +45,7 @@ KEYS = {
     "massive",
     "entropy",
     "entropy_by_layer",
+    "entropy_missing",
     "loss_by_position",
     "n_sequences",
     "seq_len",
@@ -225,7 +226,8 @@ def test_run_diagnostics_agrees_with_the_pure_functions_and_does_not_depend_on_b
         assert ours == pytest.approx(theirs, rel=1e-5)
     monkeypatch.setattr(diagnostics, "BATCH_FLOATS", 1)  # one sequence per batch
     one_by_one = run_diagnostics(model, tokens)
-    for key in KEYS - {"massive"}:
+    assert one_by_one["entropy_missing"] == whole["entropy_missing"]
+    for key in KEYS - {"massive", "entropy_missing"}:
         assert one_by_one[key] == pytest.approx(whole[key], rel=1e-5), key
     for ours, theirs in zip(one_by_one["massive"], whole["massive"], strict=True):
         assert ours == pytest.approx(theirs, rel=1e-5)
