@@ -60,18 +60,10 @@ class AttentionConfig:
             if self.n_kv_head < 1:
                 _fail("attention.n_kv_head", f"is {self.n_kv_head}", "use a positive divisor of n_head")
         given = dict(self.options or {})
-        for kind, section in given.items():
-            if kind not in used and not _is_default(kind, section):
-                known = kind in kinds.registry
-                _fail(
-                    f"attention.options.{kind}",
-                    f"sets options of kind {kind}, but the layers are of kind {'/'.join(used)}"
-                    if known
-                    else f"there is no kind {kind!r}{kinds.nearest(kind, used)}",
-                    f"remove it, or add {kind} to attention.kind or attention.layers"
-                    if known
-                    else f"write the options of a kind the layers use ({', '.join(used)})",
-                )
+        # Sections at their defaults pass here: a parse that instantiates this class (jsonargparse's)
+        # hands them on when a later flag changes the kind. The train command refuses any a user
+        # wrote (check_given_options, with the options as written).
+        check_given_options({kind: s for kind, s in given.items() if not _is_default(kind, s)}, used)
         typed = {kind: kinds.build_options(kind, given.get(kind) or {}) for kind in used}
         # Plain values, every option filled in: what asdict, checkpoints and run configs hold.
         self.options = {kind: asdict(value) for kind, value in typed.items() if value is not None}
@@ -93,6 +85,23 @@ class AttentionConfig:
 
     def kv_heads(self, kind: str, n_head: int) -> int:
         return kinds.registry[kind].kv_heads(self, n_head)
+
+
+def check_given_options(given: dict, used: list[str]) -> None:
+    """Refuse a section of options (non-empty) given for a kind no layer uses: it would change
+    nothing, and a user who wrote it meant a model it does not build."""
+    for kind, section in given.items():
+        if kind not in used and section:
+            known = kind in kinds.registry
+            _fail(
+                f"attention.options.{kind}",
+                f"sets options of kind {kind}, but the layers are of kind {'/'.join(used)}"
+                if known
+                else f"there is no kind {kind!r}{kinds.nearest(kind, used)}",
+                f"remove it, or add {kind} to attention.kind or attention.layers"
+                if known
+                else f"write the options of a kind the layers use ({', '.join(used)})",
+            )
 
 
 def _is_default(kind: str, section: Any) -> bool:

@@ -51,6 +51,21 @@ def config_arguments(args: Sequence[str]) -> list[str]:
             raise UserError(
                 "--base: only a config file names its base; give both files: --config BASE --config FILE"
             )
+    out, options, touched = _merged_options(args)
+    return out + ["--model.attention.options", json.dumps(options)] if touched else out
+
+
+def given_options(args: Sequence[str]) -> dict:
+    """The attention options the user gave, in their config files (bases included) and flags,
+    merged option by option: {kind: {option: value}}, without the defaults LightningCLI's parse
+    fills in for the kinds it sees (so a kind's section here was written by someone). The same
+    from the arguments as given and from config_arguments' (which merges them into one last flag)."""
+    return _merged_options(list(args))[1]
+
+
+def _merged_options(args: list[str]) -> tuple[list[str], dict, bool]:
+    """(args without the options flags, every --config followed by its bases first, the options
+    of the files and flags merged in order, whether any file or flag had options)."""
     out: list[str] = []
     options: dict = {}
     touched = overlaid = False
@@ -78,7 +93,7 @@ def config_arguments(args: Sequence[str]) -> list[str]:
             out.append(flag)
     if overlaid:  # every base is read now: the resolved config (--print_config) names none
         out += ["--base", "null"]
-    return out + ["--model.attention.options", json.dumps(options)] if touched else out
+    return out, options, touched
 
 
 OPTIONS_FLAG = "--model.attention.options"

@@ -37,6 +37,12 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it: put it straight back
+    os.umask(mask)
+    return mask
+
+
 class AtomicFile:
     """A new binary file that appears under `path` whole or not at all.
 
@@ -50,6 +56,10 @@ class AtomicFile:
         self.path = Path(path)
         suffix = self.path.suffix if suffix is None else suffix
         fd, self.tmp_name = tempfile.mkstemp(dir=self.path.parent, prefix=TMP_PREFIX, suffix=suffix)
+        # mkstemp makes the file private (600); the file it becomes gets the mode open() would
+        # give it (644 under the usual umask 022), as a file written in place would have.
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, 0o666 & ~_umask())
         self.file = os.fdopen(fd, "wb")
 
     def commit(self) -> None:

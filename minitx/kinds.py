@@ -64,6 +64,7 @@ class KindSpec:
     kv_heads: (attention_config, n_head) -> key/value heads of one layer of this kind; the default
         reads the shared `attention.n_kv_head`.
     reads_n_kv_head: whether `attention.n_kv_head` means something to this kind (else it must be unset).
+    reads_rope: whether its layers rotate by positions.rope (gdn's order enters through its recurrence).
     check_model: checks that need the whole ModelConfig (n_layer, n_head, ...) besides the options.
     """
 
@@ -73,6 +74,7 @@ class KindSpec:
     kv_heads: Callable[[Any, int], int] = kv_heads_from_config
     reads_n_kv_head: bool = True
     check_model: Callable[[Any], None] | None = None
+    reads_rope: bool = True
 
 
 class KindModuleError(UserError):

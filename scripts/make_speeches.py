@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print(f"make_speeches: {error}", file=sys.stderr)
         return 2
-    print(f"make_speeches: wrote {len(records):,} speeches of {len(plays)} plays to {out}")
+    plays_word = "play" if len(plays) == 1 else "plays"
+    print(f"make_speeches: wrote {len(records):,} speeches of {len(plays)} {plays_word} to {out}")
     return 0
 
 

@@ -480,4 +480,5 @@ GDN = KindSpec(
     kv_heads=lambda attention, n_head: n_head,  # no keys are cached; the state is per value head
     reads_n_kv_head=False,
     check_model=check_gdn_model,
+    reads_rope=False,  # the state has no positions
 )

@@ -34,13 +34,14 @@ def check_maps_path(path: str) -> None:
 
 
 def prompt_tokens(tokenizer, prompt: str, block_size: int) -> list[int]:
+    """The prompt's ids, all of them: draw_attention_maps keeps the last block_size."""
     try:
         ids = tokenizer.encode(prompt)
     except UserError as error:
         raise UserError(f"--attention-prompt: {error}; give a prompt in the model's vocabulary") from None
     if len(ids) < 2:
         raise UserError(f"--attention-prompt: {prompt!r} is {len(ids)} token(s); give at least 2")
-    return ids[-block_size:]  # the model sees at most block_size positions
+    return ids
 
 
 def _label(tokenizer, token: int) -> str:
@@ -57,14 +58,19 @@ def draw_attention_maps(model, tokenizer, prompt: str, path: str) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ids = prompt_tokens(tokenizer, prompt, model.config.block_size)
+    given = prompt_tokens(tokenizer, prompt, model.config.block_size)
+    ids = given[-model.config.block_size :]  # the model sees at most block_size positions
     device = next(model.parameters()).device
     maps = [layer[0].float().cpu() for layer in model.attention_maps(torch.tensor([ids], device=device))]
     kinds = list(model.config.layer_kinds)
     heads = max(layer.shape[0] for layer in maps)
     size = 1.6 if len(ids) <= LABELLED_TOKENS else 2.2
     fig, axes = plt.subplots(
-        len(maps), heads, figsize=(size * heads + 1, size * len(maps) + 1), squeeze=False
+        len(maps),
+        heads,
+        figsize=(size * heads + 1.6, size * len(maps) + 1),
+        squeeze=False,
+        layout="constrained",  # room for each row's colour bar
     )
     labels = [_label(tokenizer, token) for token in ids] if len(ids) <= LABELLED_TOKENS else None
     for row, (layer, kind) in enumerate(zip(maps, kinds)):
@@ -75,18 +81,20 @@ def draw_attention_maps(model, tokenizer, prompt: str, path: str) -> dict:
             if head >= layer.shape[0]:
                 ax.axis("off")
                 continue
-            if signed:
-                ax.imshow(layer[head].numpy(), cmap="RdBu_r", vmin=-bound, vmax=bound)
+            if signed:  # gdn's map: signed and unnormalised, white at 0
+                image = ax.imshow(layer[head].numpy(), cmap="RdBu_r", vmin=-bound, vmax=bound)
             else:
-                ax.imshow(layer[head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+                image = ax.imshow(layer[head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
             ax.set_title(f"layer {row} ({kind}) head {head}", fontsize=6)
             if labels is not None:
                 ax.set_xticks(range(len(ids)), labels, fontsize=3, rotation=90)
                 ax.set_yticks(range(len(ids)), labels, fontsize=3)
             else:
                 ax.tick_params(labelsize=4)
+        bar = fig.colorbar(image, ax=list(axes[row]), shrink=0.9, pad=0.01, aspect=15)
+        bar.set_label("signed weight" if signed else "weight", fontsize=5)
+        bar.ax.tick_params(labelsize=4)
     fig.suptitle(f"attention over {len(ids)} tokens: query (down) x key (across)", fontsize=8)
-    fig.tight_layout()
 
     def save(file) -> None:
         fig.savefig(file, format="png", dpi=150)
@@ -95,4 +103,10 @@ def draw_attention_maps(model, tokenizer, prompt: str, path: str) -> dict:
         write_atomically(path, save)
     finally:
         plt.close(fig)
-    return {"tokens": len(ids), "layers": len(maps), "heads": heads, "kinds": kinds}
+    return {
+        "tokens": len(ids),
+        "cut": len(given) - len(ids),
+        "layers": len(maps),
+        "heads": heads,
+        "kinds": kinds,
+    }

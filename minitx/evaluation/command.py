@@ -136,6 +136,12 @@ def attention_maps(args: argparse.Namespace) -> dict:
         trust_kind_modules=args.trust_kind_modules,
     )
     drawn = draw_attention_maps(model, tokenizer, args.attention_prompt, args.attention_maps)
+    if drawn["cut"]:
+        block = model.config.block_size
+        print(
+            f"--attention-prompt: {drawn['tokens'] + drawn['cut']} tokens, longer than block_size={block}: "
+            f"its first {drawn['cut']} left out, the last {block} drawn"
+        )
     print(
         f"wrote {args.attention_maps}: {drawn['layers']} layers ({', '.join(drawn['kinds'])}) x "
         f"{drawn['heads']} heads over {drawn['tokens']} tokens"

@@ -78,13 +78,19 @@ def key_zero_by_head(A: Tensor, visible: Tensor) -> tuple[Tensor, Tensor]:
     return column.mean(-1), column.sum(-1) / visible[:, 0].sum().clamp(min=1)
 
 
+def is_distribution(A: Tensor) -> bool:
+    """Whether every row of a map is (at most) a probability distribution: no weight below 0, no
+    row above 1 (a row below 1 gave the rest to a learned sink)."""
+    return not (bool((A < -1e-6).any()) or bool((A.sum(-1) > 1 + 1e-3).any()))
+
+
 def entropy_sum(A: Tensor, visible: Tensor) -> tuple[float, int]:
     """The sum over sequences, heads and counted rows of each row's normalised entropy
     -sum_j A[i, j] log A[i, j] / log(n_i), and the number of rows counted: those that see
     n_i >= 2 keys (a row of one key has entropy 0 of at most 0: no figure). A map that is no
     probability distribution, with a weight below 0 or a row above 1 (MTA's weights after its
     post-softmax convolution and head mixing), has no entropy: it counts no rows."""
-    if bool((A < -1e-6).any()) or bool((A.sum(-1) > 1 + 1e-3).any()):
+    if not is_distribution(A):
         return 0.0, 0
     p = A.clamp(min=0)  # rounding below 0
     per_row = -torch.special.xlogy(p, p).sum(-1)  # (B, H, T); 0 log 0 = 0
@@ -258,7 +264,10 @@ def run_diagnostics(model, tokens: Tensor, epsilon: float = EPSILON) -> dict:
         massive             per layer {"ratio", "position", "channel", "max"}, see massive_activations
         entropy             float, mean normalised entropy over all maps, layers, heads, rows
         entropy_by_layer    per layer (None for a layer whose rows all see one key, or with no
-                            softmax map)
+                            softmax map, or whose map is no distribution)
+        entropy_missing     per layer, why its entropy is None: "no softmax map" (gdn), "not a
+                            distribution" (MTA's map after its post-softmax convolution and head
+                            mixing: a weight below 0 or a row above 1), "one key"; None where it has one
         loss_by_position    T - 1 floats, see loss_by_position
         n_sequences, seq_len
 
@@ -273,6 +282,7 @@ def run_diagnostics(model, tokens: Tensor, epsilon: float = EPSILON) -> dict:
     share = [0.0] * len(attns)  # per layer: first-token share summed over sequences, mean over heads
     alpha = [None] * len(attns)  # per layer: alpha_1 per head summed over sequences
     entropy = [[0.0, 0] for _ in attns]
+    signed = [False] * len(attns)  # per layer: a map that is no distribution (MTA's after mixing)
     massive = [MassiveStats() for _ in attns]
     losses = torch.zeros(T - 1, device=device)
     was_training = model.training
@@ -292,6 +302,7 @@ def run_diagnostics(model, tokens: Tensor, epsilon: float = EPSILON) -> dict:
                 heads = torch.cat(alphas, dim=1).sum(0)
                 alpha[layer] = heads if alpha[layer] is None else alpha[layer] + heads
                 for m in own:
+                    signed[layer] |= not is_distribution(m.float())
                     s, n = entropy_sum(m.float(), v)
                     entropy[layer][0] += s
                     entropy[layer][1] += n
@@ -308,6 +319,12 @@ def run_diagnostics(model, tokens: Tensor, epsilon: float = EPSILON) -> dict:
         "massive": per_layer,
         "entropy": sum(s for s, _ in entropy) / counted if counted else None,
         "entropy_by_layer": [s / n if n else None for s, n in entropy],
+        "entropy_missing": [
+            None
+            if n
+            else ("no softmax map" if alpha[i] is None else "not a distribution" if signed[i] else "one key")
+            for i, (_, n) in enumerate(entropy)
+        ],
         "loss_by_position": (losses / N).tolist(),
         "n_sequences": N,
         "seq_len": T,

@@ -7,12 +7,16 @@ draw(file) saves the PNG into an open binary file, so the caller can write it at
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Iterator
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+from ..plotting import plain_log_ticks  # noqa: E402
+from .report import missing_notes  # noqa: E402
 
 
 def _save(fig, file) -> None:
@@ -39,6 +43,8 @@ def loss_vs_length(result: dict) -> Callable:
         if skipped:
             ax.set_title("skipped: " + ", ".join(map(str, skipped)), fontsize=9)
         ax.set_xscale("log", base=2)
+        ax.set_xticks(list(measured), [str(n) for n in measured])  # the lengths measured, as numbers
+        ax.minorticks_off()
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel("loss (nats per token)")
         ax.grid(alpha=0.3)
@@ -59,6 +65,7 @@ def loss_by_position(result: dict) -> Callable:
             ax.plot(middles, curve["loss"], marker=".", label=f"context {length}")
         ax.axvline(result["model"]["block_size"] + 1, color="grey", linestyle="--", label="block_size")
         ax.set_xscale("log", base=2)
+        plain_log_ticks(ax.xaxis)
         ax.set_xlabel("tokens before the target + 1")
         ax.set_ylabel("loss (nats per token)")
         ax.grid(alpha=0.3)
@@ -85,7 +92,7 @@ def needle_heatmap(heatmap: dict) -> Callable:
     return draw
 
 
-def diagnostics(figures: dict) -> Callable:
+def diagnostics(figures: dict, kinds: list[str]) -> Callable:
     """Per layer the massive-activation ratio and the attention entropy; the loss by position."""
 
     def draw(file) -> None:
@@ -93,11 +100,17 @@ def diagnostics(figures: dict) -> Callable:
         layers = range(len(figures["massive"]))
         ratio.bar(layers, [entry["ratio"] for entry in figures["massive"]])
         ratio.set_yscale("log")
+        plain_log_ticks(ratio.yaxis)
         ratio.set_ylabel("max |h| / median |h|")
         by_layer = [float("nan") if e is None else e for e in figures["entropy_by_layer"]]
         entropy.plot(layers, by_layer, marker="o")
         entropy.set_ylim(0, 1.05)
         entropy.set_ylabel("attention entropy / log(keys seen)")
+        missing = [i for i, e in enumerate(figures["entropy_by_layer"]) if e is None]
+        if missing:  # say why a layer has no point, in the panel (report.missing_notes' words)
+            where = f"no point at layer{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}: "
+            why = "\n".join(textwrap.wrap(where + "; ".join(missing_notes(figures, kinds)), 48))
+            entropy.text(0.5, 0.5, why, ha="center", va="center", fontsize=7, transform=entropy.transAxes)
         for ax in (ratio, entropy):
             ax.set_xlabel("layer")
             ax.set_xticks(list(layers))
@@ -107,7 +120,12 @@ def diagnostics(figures: dict) -> Callable:
         loss.set_ylabel("loss (nats per token)")
         fig.suptitle(
             f"first-token share {_figure(figures['first_token_share'], '.3f')}, "
-            f"sink rate {_figure(figures['sink_rate'], '.0%')}",
+            f"sink rate {_figure(figures['sink_rate'], '.0%')}"
+            + (
+                " (no layer has a softmax map to read them from)"
+                if figures["first_token_share"] is None
+                else ""
+            ),
             fontsize=10,
         )
         for ax in (ratio, entropy, loss):
@@ -127,4 +145,4 @@ def figures(result: dict) -> Iterator[tuple[str, Callable]]:
     if task.get("heatmap"):
         yield "needle_accuracy.png", needle_heatmap(task["heatmap"])
     if result.get("diagnostics"):
-        yield "diagnostics.png", diagnostics(result["diagnostics"])
+        yield "diagnostics.png", diagnostics(result["diagnostics"], result["model"]["layers"])

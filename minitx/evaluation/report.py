@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..fileio import write_atomically, write_json_atomically
+from ..kinds import registry
 
 
 def _header(result: dict) -> list[str]:
@@ -16,8 +17,20 @@ def _header(result: dict) -> list[str]:
     kinds = model["layers"]
     layers = f"{kinds[0]} x{len(kinds)}" if len(set(kinds)) == 1 else " ".join(kinds)
     return [
-        f"checkpoint {result['checkpoint']}: {model['positions']} positions, block_size {model['block_size']}, layers {layers}"
+        f"checkpoint {result['checkpoint']}: {_positions(model['positions'], kinds)}, block_size {model['block_size']}, layers {layers}"
     ]
+
+
+def _positions(positions: str, kinds: list[str]) -> str:
+    """'rope positions', or what is true of the layers that do not read them (gdn: none)."""
+    if positions != "rope":
+        return f"{positions} positions"  # learned: added to the embeddings, every layer sees them
+    without = [kind for kind in dict.fromkeys(kinds) if kind in registry and not registry[kind].reads_rope]
+    if not without:
+        return "rope positions"
+    if len(without) == len(set(kinds)):
+        return f"no positions ({'/'.join(without)}: order comes from the recurrence)"
+    return f"rope positions ({'/'.join(without)} layers have none: order comes from the recurrence)"
 
 
 def _length_rows(by_length: dict, what: str = "loss") -> list[str]:
@@ -54,6 +67,29 @@ def _figure(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+# Why a layer's entropy is "-" (diagnostics.run_diagnostics' entropy_missing), in words.
+MISSING_ENTROPY = {
+    "no softmax map": "a {kinds} layer has no softmax map (a linear recurrence: its map is signed and "
+    "unnormalised), so no first-token share, sink rate or entropy; those figures are the softmax layers'",
+    "not a distribution": "{kinds}'s map, the one its values read after the post-softmax convolution and "
+    "head mixing, has weights below 0 or rows above 1: no probability distribution, so no entropy",
+    "one key": "a {kinds} layer: every row sees one key, whose entropy is 0 of at most 0: no figure",
+}
+
+
+def missing_notes(figures: dict, kinds: list[str]) -> list[str]:
+    """One line per reason a layer's entropy is "-", naming the kinds of those layers."""
+    found = figures.get("entropy_missing")
+    if found is None:  # figures of an older minitx: only gdn layers had none, for want of a map
+        found = ["no softmax map" if k == "gdn" else None for k in kinds]
+    notes = []
+    for reason, text in MISSING_ENTROPY.items():
+        named = list(dict.fromkeys(k for k, r in zip(kinds, found) if r == reason))
+        if named:
+            notes.append(text.format(kinds="/".join(named)))
+    return notes
+
+
 def diagnostic_rows(figures: dict, kinds: list[str]) -> list[str]:
     """The diagnostics (minitx/evaluation/diagnostics.py): the headline figures, then per layer."""
     rows = [
@@ -69,10 +105,7 @@ def diagnostic_rows(figures: dict, kinds: list[str]) -> list[str]:
             f"  {layer:>5}  {kind:<8}  {massive['ratio']:>10.1f}  {massive['position']:>8}  "
             f"{massive['channel']:>7}  {_figure(entropy, '.3f'):>7}"
         )
-    if "gdn" in kinds:  # the figures above read softmax maps, which a gdn layer has none of
-        rows.append(
-            "  (-: a gdn layer has no softmax map; share, sink rate and entropy are the softmax layers')"
-        )
+    rows += [f"  (-: {note})" for note in missing_notes(figures, kinds)]
     losses = figures["loss_by_position"]
     rows.append(f"loss by position: {losses[0]:.4f} at 1 token of context, {losses[-1]:.4f} at {len(losses)}")
     return rows

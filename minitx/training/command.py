@@ -41,10 +41,10 @@ from .changes import report_resume_changes
 from .classpaths import check_command_line
 from .inputs import check_config
 from .interrupt import RunInterrupted, StopOnInterrupt
+from .links import LINKED, LINKED_AT_PARSE
 from .messages import config_files, find_user_error, parse_error_message
 from .module import MinitxLM
 from .optim import DEFAULTS
-from .precheck import LINKED, LINKED_AT_PARSE
 from .resume import check_resume_checkpoint, dict_diff, resolve_ckpt_path
 from .run import RunCheckpoints, trainer_arguments
 from .runsection import RunSettings, settle_run_section
@@ -110,7 +110,7 @@ class TrainCLI(LightningCLI):
             raise UserError(parse_error_message(err, parser, config_files(args))) from None
         # Before the seed is set or anything is built (the data module reads and tokenises its
         # text); check_config imports the config's own kinds first (a resumed run's names them again).
-        check_config(self.config)
+        check_config(self.config, args)
         self._imported_vocab: int | None = None
         init_from = self.config["model"].get("init_from")
         if init_from:  # checked now; imported weights need their own tokenizer, and give the shape
@@ -414,7 +414,12 @@ def sample_text(
     temperature: float = 0.8,
     top_k: int | None = 200,
 ) -> str:
-    """A continuation of the prompt `ids` from `model`, decoded (prompt included)."""
+    """A continuation of the prompt `ids` from `model`, decoded (prompt included). As generate.py:
+    the sample ends at the tokenizer's end-of-text, which is not shown (nor in the prompt)."""
+    eos = getattr(tokenizer, "eos_id", None)
     idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
-    out = generate(model, idx, max_new_tokens, temperature=temperature, top_k=top_k)
-    return tokenizer.decode(out[0].tolist())
+    out = generate(model, idx, max_new_tokens, temperature=temperature, top_k=top_k, eos_id=eos)
+    new = out[0, len(ids) :].tolist()
+    if eos in new:
+        new = new[: new.index(eos)]
+    return tokenizer.decode([token for token in ids if token != eos] + new)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
+from ..config import ModelConfig, check_given_options
+from ..configfiles import given_options
 from ..data.config import DataConfig
 from ..errors import UserError
 from ..generate_inputs import machine_memory
@@ -173,13 +174,14 @@ def device_memory(accelerator: Any) -> tuple[int | None, str]:
     return machine_memory(), "this machine's memory"
 
 
-def check_config(config: Any) -> None:
-    """Every check of this module on a parsed train config (jsonargparse Namespace: item access)."""
-    check_settings(config)
+def check_config(config: Any, args: Sequence[str] = ()) -> None:
+    """Every check of this module on a parsed train config (jsonargparse Namespace: item access)
+    and the arguments it was parsed from."""
+    check_settings(config, args)
     check_trainer_section(config["trainer"])
 
 
-def check_settings(config: Any) -> None:
+def check_settings(config: Any, args: Sequence[str] = ()) -> None:
     """The checks of the seed and the model, data and run sections, in the order a mistake is
     reported: they read no trainer setting but trainer.default_root_dir (a path) and
     trainer.accelerator (a name), so the precheck (precheck.py), whose trainer values are untyped,
@@ -193,8 +195,17 @@ def check_settings(config: Any) -> None:
     # Before the model's own checks, which list its layers: n_layer 10**20 is refused at once.
     check_model_memory(config["model"], config["trainer"])
     check_model_section(config["model"].as_dict())
+    check_options_given(config["model"]["attention"], args)
     # After the model's: data.block_size is model.block_size (linked), named as the model's.
     check_data_section(config["data"].as_dict())
+
+
+def check_options_given(attention: Any, args: Sequence[str]) -> None:
+    """Options of a kind no layer uses, refused whenever a config file or flag in `args` gives
+    them, at their defaults too (the parsed section cannot tell: its parse fills defaults in)."""
+    used = list(dict.fromkeys(attention["layers"] or [attention["kind"]]))
+    with errors_named("model"):
+        check_given_options(given_options(args if isinstance(args, (list, tuple)) else ()), used)
 
 
 def check_data_section(data: dict) -> None:

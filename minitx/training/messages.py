@@ -9,6 +9,7 @@ from typing import Any
 
 from .. import legacy
 from ..errors import UserError
+from .links import LINKED
 
 
 def parse_error_message(err: BaseException, parser: Any = None, config_files: Sequence[str] = ()) -> str:
@@ -125,9 +126,11 @@ def _unknown_key(message: str) -> str | None:
 
 
 def _known_keys(parser: Any) -> list[str]:
-    """Every settable key, nested ones included (model.attention.kind, trainer.max_steps, ...)."""
+    """Every key a user may set, nested ones included (model.attention.kind, trainer.max_steps, ...):
+    not those the train command fills in from others (LINKED), which a flag may not set, so a
+    did-you-mean never leads to a second refusal."""
     try:
-        return sorted(parser.get_defaults().keys())
+        return sorted(key for key in parser.get_defaults().keys() if key not in LINKED)
     except Exception:  # a hint is optional: never let it hide the real error
         return []
 

@@ -17,14 +17,47 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import Checkpoint, ProgressBar
+from lightning.pytorch.callbacks import Checkpoint, ModelSummary, ProgressBar
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
 
 from ..checkpoint import BEST, LAST, load_file, remove_stale_temporaries
 from ..fileio import copy_atomically, write_atomically
 from .progress import progress_callback
 from .runsection import RunSettings
+
+
+class ParameterSummary(ModelSummary):
+    """Lightning's model summary without its FLOPs column and "Total FLOPs: 0" line: Lightning
+    counts FLOPs only by running an example input the module declares, which MinitxLM does not;
+    the run's progress gives MFU from Transformer.flops_per_token instead."""
+
+    @staticmethod
+    def summarize(
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int = 0,
+        **summarize_kwargs: Any,
+    ) -> None:
+        columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
+        widths = [max([len(name), *(len(v) for v in values)]) for name, values in columns]
+        rows = [[name for name, _ in columns], *zip(*(values for _, values in columns))]
+        lines = [" | ".join(f"{cell:<{w}}" for cell, w in zip(row, widths)).rstrip() for row in rows]
+        rule = "-" * max(len(line) for line in lines)
+        totals = [
+            (get_human_readable_count(trainable_parameters), "Trainable params"),
+            (get_human_readable_count(total_parameters - trainable_parameters), "Non-trainable params"),
+            (get_human_readable_count(total_parameters), "Total params"),
+            (f"{model_size:,.3f}", "Total estimated model params size (MB)"),
+            (str(total_training_modes["train"]), "Modules in train mode"),
+            (str(total_training_modes["eval"]), "Modules in eval mode"),
+        ]
+        text = [lines[0], rule, *lines[1:], rule, *(f"{value:<10} {what}" for value, what in totals)]
+        print("\n".join(text), flush=True)
 
 
 def trainer_arguments(run: RunSettings, config: dict[str, Any]) -> dict[str, Any]:
@@ -36,6 +69,12 @@ def trainer_arguments(run: RunSettings, config: dict[str, Any]) -> dict[str, Any
             run.checkpoint_dir, run.checkpoint_every_n_steps, run.keep_every_n_steps, run.keep_steps or ()
         )
     ]
+    if config.get("enable_model_summary") is not False and not any(
+        isinstance(callback, ModelSummary) for callback in config["callbacks"]
+    ):
+        # Ours instead of Lightning's default (which is then off: no note that one was given).
+        config["callbacks"].append(ParameterSummary())
+        config["enable_model_summary"] = False
     if config.get("enable_progress_bar") is not False and not any(
         isinstance(callback, ProgressBar) for callback in config["callbacks"]
     ):

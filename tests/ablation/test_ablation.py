@@ -481,6 +481,9 @@ def fake_diagnostics(calls: list):
         calls.append(run)
         if run.startswith("bad-"):
             raise RuntimeError("no maps\nhere")
+        if run.startswith("lin-"):  # gdn alone: no softmax map
+            return {"first_token_share": None, "sink_rate": None, "massive_ratio": 3.0, "entropy": None,
+                    "loss_by_position": [1.0]}  # fmt: skip
         odd = int(run.rsplit("seed", 1)[1]) % 2
         return {"first_token_share": 0.4 + 0.1 * odd, "sink_rate": 0.5, "massive_ratio": 1000.0 * (odd + 1),
                 "entropy": 0.7, "loss_by_position": [1.0]}  # fmt: skip
@@ -493,12 +496,12 @@ def test_diagnostics_of_every_run_in_a_plain_sweep(tmp_path, monkeypatch):
 
     calls: list = []
     monkeypatch.setattr(eval_runs, "diagnose", fake_diagnostics(calls))
-    runs = planted_runs(tmp_path, {"good": [2.0, 2.1], "bad": [2.2]})
+    runs = planted_runs(tmp_path, {"good": [2.0, 2.1], "bad": [2.2], "lin": [2.3]})
     sweep = sweep_of(runs)
     diagnose_runs(runs, sweep, log=lambda line: None)
-    assert calls == ["good-seed1337", "good-seed1338", "bad-seed1337"]
+    assert calls == ["good-seed1337", "good-seed1338", "bad-seed1337", "lin-seed1337"]
     diagnose_runs(runs, sweep, log=lambda line: None)
-    assert len(calls) == 4 and calls[-1] == "bad-seed1337"  # cached; a failure is retried
+    assert len(calls) == 5 and calls[-1] == "bad-seed1337"  # cached; a failure is retried
 
     ablation.write_results(runs, tmp_path, sweep=sweep)
     text = (tmp_path / "results.md").read_text()
@@ -510,10 +513,15 @@ def test_diagnostics_of_every_run_in_a_plain_sweep(tmp_path, monkeypatch):
     # Mean ± std over the two seeds; the failed run's row is – with its error under the table.
     assert "| good | 0.450 ± 0.071 | 0.500 ± 0.000 | 1,500.0 ± 707.1 | 0.700 ± 0.000 | 2/2 |" in section
     assert "| bad | – | – | – | – | 1/1 |" in section
-    assert "bad: diagnostics failed: no maps here" in section
+    assert "– bad: diagnostics failed: no maps here" in section
+    # Each – says why, where it is: here a model with no softmax map.
+    assert "| lin | – | – | 3.0 | – | 1/1 |" in section
+    assert "– lin, first-token share, sink rate: no layer has a softmax map (gdn alone" in section
+    assert "– lin, attention entropy (normalised): no layer's map is a probability distribution" in section
+    assert "a synthetic task" not in section  # the reason the report gave before, wrongly
     rows = read_rows(tmp_path)
-    assert [r["first_token_share"] for r in rows] == ["0.5", "0.4", ""]
-    assert [r["massive_ratio"] for r in rows] == ["2000.0", "1000.0", ""]
+    assert [r["first_token_share"] for r in rows] == ["0.5", "0.4", "", ""]
+    assert [r["massive_ratio"] for r in rows] == ["2000.0", "1000.0", "", "3.0"]
     assert rows[2]["diagnostics_note"] == "diagnostics failed: no maps here"
     for name in ablation.PLOTS:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name

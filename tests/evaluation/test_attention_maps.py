@@ -93,3 +93,33 @@ def test_maps_refuse_a_bad_output_or_prompt_in_one_line(tmp_path, capfd):
         assert expected in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "m.png").exists()
     assert attention_maps.DEFAULT_PROMPT.startswith("ROMEO:")
+
+
+def test_a_prompt_longer_than_block_size_is_cut_with_a_line_saying_so(tmp_path, capsys):
+    ckpt = _checkpoint(tmp_path)  # block_size 64
+    prompt = "ROMEO:\nBut, soft! " * 6  # 108 characters
+    out = tmp_path / "long.png"
+    assert eval_main(["--ckpt", str(ckpt), "--attention-maps", str(out), "--attention-prompt", prompt]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert (
+        printed[0]
+        == "--attention-prompt: 108 tokens, longer than block_size=64: its first 44 left out, the last 64 drawn"
+    )
+    assert "over 64 tokens" in printed[1]
+    # One within block_size says nothing of the kind.
+    assert eval_main(["--ckpt", str(ckpt), "--attention-maps", str(out), "--attention-prompt", "ROMEO:"]) == 0
+    assert "block_size" not in capsys.readouterr().out
+
+
+def test_the_header_says_which_layers_read_positions():
+    from minitx.evaluation.report import table
+
+    def header(kinds, positions="rope"):
+        model = {"positions": positions, "block_size": 8, "layers": kinds}
+        result = {"checkpoint": "c", "model": model, "text": "t", "tokens": 1, "context": 8, "stride": 8}
+        return table({**result, "loss": 1.0, "perplexity": 2.7, "bits_per_char": 1.4}).splitlines()[0]
+
+    assert "no positions (gdn: order comes from the recurrence)" in header(["gdn", "gdn"])
+    assert "rope positions (gdn layers have none" in header(["gdn", "mha"])
+    assert "c: rope positions, block_size" in header(["mha", "local"])
+    assert "learned positions" in header(["gdn"], "learned")

@@ -46,6 +46,7 @@ KEYS = {
     "massive",
     "entropy",
     "entropy_by_layer",
+    "entropy_missing",
     "loss_by_position",
     "n_sequences",
     "seq_len",
@@ -227,7 +228,8 @@ def test_run_diagnostics_agrees_with_the_pure_functions_and_does_not_depend_on_b
     assert_figures_close(whole["massive"], massive_activations(hidden), rel=1e-5, what="massive")
     monkeypatch.setattr(diagnostics, "BATCH_FLOATS", 1)  # one sequence per batch
     one_by_one = run_diagnostics(model, tokens)
-    for key in KEYS:
+    assert one_by_one["entropy_missing"] == whole["entropy_missing"]  # words and None, compared as they are
+    for key in KEYS - {"entropy_missing"}:
         assert_figures_close(one_by_one[key], whole[key], rel=1e-5, what=key)
 
 
@@ -294,7 +296,9 @@ def test_evaluate_diagnostics_marks_layers_with_no_softmax_map(tmp_path, capsys,
     assert figures["entropy_by_layer"][0] is None and len(figures["massive"]) == len(layers)
     rows = [line.split() for line in out.splitlines() if line.split()[1:2] == ["gdn"]]
     assert len(rows) == layers.count("gdn") and all(row[-1] == "-" for row in rows)
-    assert "a gdn layer has no softmax map" in out and (plots / "diagnostics.png").is_file()
+    assert (
+        "a gdn layer has no softmax map (a linear recurrence" in out and (plots / "diagnostics.png").is_file()
+    )
     if "mha" in layers:
         assert 0 < figures["first_token_share"] <= 1 and f"sink rate {figures['sink_rate']:.0%}" in out
     else:
@@ -316,3 +320,30 @@ def test_a_map_that_is_no_distribution_has_no_entropy():
     assert by_layer[0] == pytest.approx(1.0, abs=1e-6)
     assert by_layer[1] is None and by_layer[2] is None
     assert mean == pytest.approx(1.0, abs=1e-6)
+
+
+def test_mta_layers_whose_map_is_no_distribution_say_so():
+    """MTA's map is the one its values read, after the post-softmax convolution and head mixing;
+    once the mixing weights leave the identity (here: negated on layer 1) a weight falls below 0,
+    and the report says that, not gdn's reason, for its "-"."""
+    from minitx.evaluation.report import diagnostic_rows
+
+    torch.manual_seed(0)
+    options = {"mta": {"query_kernel": 2, "key_kernel": 3, "conv_layers": [0, 1], "head_mix": "both"}}
+    config = ModelConfig(
+        n_layer=2,
+        n_head=4,
+        d_model=32,
+        block_size=16,
+        vocab_size=11,
+        attention=AttentionConfig(kind="mta", options=options),
+    )
+    model = Transformer(config)
+    with torch.no_grad():
+        model.blocks[1].attn.mix_post.mul_(-1.0)
+    figures = run_diagnostics(model, torch.randint(0, 11, (3, 12)))
+    assert figures["entropy_by_layer"][0] is not None and figures["entropy_missing"][0] is None
+    assert figures["entropy_by_layer"][1] is None and figures["entropy_missing"][1] == "not a distribution"
+    out = "\n".join(diagnostic_rows(figures, ["mta", "mta"]))
+    assert "(-: mta's map, the one its values read after the post-softmax convolution" in out
+    assert "no softmax map" not in out

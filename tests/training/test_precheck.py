@@ -242,3 +242,52 @@ def test_help_trainer_is_lightningclis_help():
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
         train_main(["--help-trainer"])
     assert "--trainer.accelerator.help" in out.getvalue()  # only LightningCLI lists these
+
+
+def test_a_did_you_mean_names_a_key_a_flag_may_set():
+    """`--max_steps 200` is near model.max_steps and trainer.max_steps; model.max_steps is filled in
+    from trainer.max_steps and refused as a flag, so the advice must be trainer.max_steps, and the
+    same for every key the command fills in (LINKED): following the advice is never refused again."""
+    for key in LINKED:
+        leaf = key.split(".")[-1]
+        for says in (precheck_says, lightningcli_says):
+            message = says([f"--{leaf}", "1"])
+            assert message.startswith(f"unrecognized arguments: --{leaf} 1"), message
+            suggested = message.partition("did you mean '")[2].partition("'")[0]
+            assert suggested not in LINKED, (leaf, message)
+    assert precheck_says(["--max_steps", "200"]).endswith("did you mean 'trainer.max_steps'?")
+    assert precheck_says(["--trainer.max_steps", "200"]) is None
+
+
+def test_options_of_a_kind_no_layer_uses_are_refused_whenever_given(tmp_path):
+    """At its default too (conv_size 4 is gdn's): a section a user wrote changes nothing when no
+    layer is of its kind. Sections a mix of kinds uses, and the defaults a parse fills in for the
+    kind of an earlier file, pass."""
+    local = str(ROOT / "configs" / "local.yaml")
+    refused = "model.attention.options.gdn: sets options of kind gdn, but the layers are of kind local"
+    gdn_in_file = write(
+        tmp_path / "gdn.yaml", "model:\n  attention:\n    options:\n      gdn: {conv_size: 4}\n"
+    )
+    for args in (
+        ["--config", local, "--model.attention.options.gdn.conv_size", "4"],
+        ["--config", local, "--model.attention.options.gdn.conv_size", "8"],
+        ["--config", local, "--model.attention.options", "{gdn: {conv_size: 4}}"],
+        ["--config", local, "--config", gdn_in_file],
+    ):
+        for says in (precheck_says, lightningcli_says):
+            assert says(args).startswith(refused), (args, says(args))
+    for args in (
+        ["--config", str(ROOT / "configs" / "hybrid.yaml")],  # gdn and mha options, both used
+        [
+            "--config",
+            local,
+            "--model.attention.layers",
+            "[local, gdn]",
+            "--model.attention.options.gdn.conv_size",
+            "4",
+        ],
+        ["--model.attention.kind", "mqa"],  # default.yaml's mha, its options filled in by the parse
+        ["--config", local, "--model.attention.options.gdn", "{}"],  # no option given
+    ):
+        for says in (precheck_says, lightningcli_says):
+            assert says(args) is None, (args, says(args))

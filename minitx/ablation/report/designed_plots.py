@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 import numpy as np  # noqa: E402
 
+from ...plotting import plain_log_ticks  # noqa: E402
 from ..analysis.designed import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES, Analysis  # noqa: E402
 from ..plan.ladder import Plan, Point  # noqa: E402
 
@@ -37,6 +38,7 @@ def lr_sweep(plan: Plan, analysis: Analysis, path: Path) -> None:
             if arm.multiplier is not None and arm.lr_losses.get(arm.multiplier) is not None:
                 ax.plot([arm.multiplier], [arm.lr_losses[arm.multiplier]], "*", ms=12, color=line.get_color())
     ax.set_xscale("log", base=2)
+    plain_log_ticks(ax.xaxis)
     ax.set_xlabel("learning-rate multiplier (x the base config's)")
     ax.set_ylabel("final val loss")
     _finish(fig, ax, path, "Learning-rate sweep (star: each arm's choice)", "no learning-rate sweep")
@@ -67,6 +69,8 @@ def loss_vs_compute(plan: Plan, analysis: Analysis, path: Path) -> None:
             low, high = np.percentile(draws, [5, 95], axis=0)
             ax.fill_between(grid, low, high, color=color, alpha=0.15)
     ax.set_xscale("log")
+    plain_log_ticks(ax.xaxis)
+    ax.tick_params(axis="x", which="both", labelrotation=30)  # "2e+13" labels side by side overlapped
     ax.set_xlabel("training FLOPs")
     ax.set_ylabel("final val loss")
     _finish(
@@ -85,6 +89,7 @@ def diagnostic_bars(analysis: Analysis, key: str, path: Path) -> None:
     ax.set_ylabel(DIAGNOSTIC_NAMES[key])
     if key == "massive_ratio":
         ax.set_yscale("log")
+        plain_log_ticks(ax.yaxis)
     ax.tick_params(axis="x", rotation=30)
     _finish(fig, ax, path, f"{DIAGNOSTIC_NAMES[key]} (seeds rung)", "no diagnostics")
 
@@ -103,6 +108,7 @@ def loss_by_position(analysis: Analysis, points: list[Point], diagnostics, rung,
         if found and found.get("loss_by_position"):
             ax.plot(range(1, len(found["loss_by_position"]) + 1), found["loss_by_position"], label=arm.name)
     ax.set_xscale("log")
+    plain_log_ticks(ax.xaxis)
     ax.set_xlabel("position in the sequence")
     ax.set_ylabel("held-out loss")
     _finish(fig, ax, path, "Loss by token position (seeds rung, first seed)", "no diagnostics")

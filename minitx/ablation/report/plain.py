@@ -166,9 +166,35 @@ def differences_section(table: list[dict], reference: dict | None) -> list[str]:
     return [*lines, ""]
 
 
+# Why a variant's runs have diagnostics but not this figure (diagnostics.run_diagnostics: None).
+NO_FIGURE = {
+    "first_token_share": "no layer has a softmax map (gdn alone: a linear recurrence, its map signed)",
+    "sink_rate": "no layer has a softmax map (gdn alone: a linear recurrence, its map signed)",
+    "entropy": "no layer's map is a probability distribution (gdn has no softmax map; MTA's, after its "
+    "post-softmax convolution and head mixing, has weights below 0 or rows above 1)",
+}
+
+
+def missing_diagnostic(entry: dict, key: str) -> str | None:
+    """Why a variant has no value of diagnostic `key` ("–" in the table, no bar in its plot), or
+    None where it has one."""
+    found = entry.get("diagnostics") or {}
+    if found.get(key, (None, None))[0] is not None:
+        return None
+    if entry["ok"] == 0:
+        return "no run finished"
+    if entry.get("diagnostics_note"):
+        return entry["diagnostics_note"]
+    if found.get("massive_ratio", (None, None))[0] is None:  # every diagnosed run has this one
+        if entry.get("task_exact_match", (None, None))[0] is not None:
+            return "a synthetic task: no held-out text to read"
+        return "not computed (the sweep's evaluation did not run for it)"
+    return NO_FIGURE.get(key, "none of its runs has it")
+
+
 def diagnostics_section(table: list[dict]) -> list[str]:
     """The "Diagnostics" table: per variant the mean ± std over seeds of each run's diagnostics;
-    – where no run of the variant has them (a synthetic task, a failure, not yet computed)."""
+    – where no run of the variant has one, each with its reason below the table."""
     if not any("diagnostics" in e for e in table):
         return []
     lines = [
@@ -181,7 +207,18 @@ def diagnostics_section(table: list[dict]) -> list[str]:
         found = entry.get("diagnostics") or {}
         cells = [format_cell(*found.get(key, (None, None)), fmt) for key, _, fmt in DIAGNOSTIC_COLUMNS]
         lines.append(f"| {entry['variant']} | " + " | ".join(cells) + f" | {entry['ok']}/{entry['runs']} |")
-    notes = [f"{e['variant']}: {e['diagnostics_note']}" for e in table if e.get("diagnostics_note")]
+    notes = []
+    for entry in table:
+        reasons: dict[str, list[str]] = {}  # reason -> the headings it leaves blank
+        for key, heading, _ in DIAGNOSTIC_COLUMNS:
+            reason = missing_diagnostic(entry, key)
+            if reason:
+                reasons.setdefault(reason, []).append(heading)
+        every = len(DIAGNOSTIC_COLUMNS)
+        notes += [
+            f"– {entry['variant']}{'' if len(headings) == every else ', ' + ', '.join(headings)}: {reason}"
+            for reason, headings in reasons.items()
+        ]
     return [*lines, "", *notes, *([""] if notes else [])]
 
 
@@ -240,8 +277,8 @@ def standard_notes(rows: list[dict], table: list[dict], sweep: Sweep | None) -> 
             "tokens of its validation text through each kind's materialised attention: first-token share (attention "
             "on position 0, mean over heads, then layers), sink rate (share of layer-heads whose mean attention on "
             "key 0 exceeds 0.3), massive activations (the largest per-layer max/median |h| of the residual stream), "
-            "attention entropy (per query, over the log of the keys it sees); – where a run has none: a synthetic "
-            "task (toy, mqar, needle) has no held-out text"
+            "attention entropy (per query, over the log of the keys it sees); each – is explained below the "
+            "Diagnostics table"
         )
     if sweep is not None and sweep.match:
         notes.append(

@@ -6,6 +6,7 @@ Headless on purpose (the Agg backend): sweeps run on servers and in tests.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -13,6 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
+from ...plotting import plain_log_ticks  # noqa: E402
 from ..analysis.table import length_key  # noqa: E402
 
 
@@ -21,13 +23,14 @@ def _finished(table: list[dict]) -> list[dict]:
 
 
 def _save_lines(fig, ax, path: Path, labels: tuple[str, str, str], empty: str) -> None:
-    """Label a line plot (x, y, title), give it a legend (or say why it is empty) and write it."""
+    """Label a line plot (x, y, title), give it a legend (or say why it is empty) and write it.
+    The legend goes beside the axes, where it covers no line."""
     ax.set_xlabel(labels[0])
     ax.set_ylabel(labels[1])
     ax.set_title(labels[2])
     ax.grid(alpha=0.3)
     if ax.lines:
-        ax.legend()
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
     else:
         ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
@@ -37,7 +40,7 @@ def _save_lines(fig, ax, path: Path, labels: tuple[str, str, str], empty: str) -
 
 def loss_curves(table: list[dict], path: Path) -> None:
     """Validation loss against tokens seen, one line per variant (mean over seeds, +-std band)."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for entry in _finished(table):
         curve = entry["curve"]
         if not curve:
@@ -110,7 +113,7 @@ def cost_quality(table: list[dict], path: Path) -> None:
 def loss_vs_context(table: list[dict], lengths: list[int], path: Path) -> None:
     """Held-out loss against the context length it was scored at, one line per variant (mean over
     seeds, ±std bars); a length a variant cannot run is left out of its line."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for entry in _finished(table):
         points = [(n, *entry.get(length_key(n), (None, None))) for n in lengths]
         points = [(n, mean, std or 0.0) for n, mean, std in points if mean is not None]
@@ -125,29 +128,45 @@ def loss_vs_context(table: list[dict], lengths: list[int], path: Path) -> None:
                 label=entry["variant"],
             )
     ax.set_xscale("log", base=2)
+    plain_log_ticks(ax.xaxis)
     if lengths:
         ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.minorticks_off()  # the lengths scored, and no other label
     labels = ("context length (tokens)", "held-out loss", "Loss against context length (mean over seeds)")
     _save_lines(fig, ax, path, labels, "no evaluated runs")
 
 
 def diagnostic_bars(table: list[dict], key: str, heading: str, path: Path) -> None:
     """One diagnostic, a bar per variant (mean over seeds, ±std where 2 or more seeds have it);
-    a variant without it (a synthetic task, a failed run) has no bar."""
-    entries = [e for e in table if (e.get("diagnostics") or {}).get(key, (None, None))[0] is not None]
-    fig, ax = plt.subplots(figsize=(max(5, 0.8 * len(table) + 2), 4))
+    a variant without it has no bar, and a note under the plot says which and why."""
+    from .plain import missing_diagnostic
+
+    entries = [e for e in table if missing_diagnostic(e, key) is None]
+    missing: dict[str, list[str]] = {}
+    for entry in table:
+        reason = missing_diagnostic(entry, key)
+        if reason:
+            missing.setdefault(reason, []).append(entry["variant"])
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(table) + 2), 4 + 0.3 * len(missing)))
     if entries:
         means = [e["diagnostics"][key][0] for e in entries]
         stds = [e["diagnostics"][key][1] or 0.0 for e in entries]
         ax.bar([e["variant"] for e in entries], means, yerr=stds, capsize=3, color="tab:blue", alpha=0.8)
         if key == "massive_ratio" and min(means) > 0:
             ax.set_yscale("log")  # ratios run from a few to thousands
+            plain_log_ticks(ax.yaxis)
         ax.tick_params(axis="x", labelrotation=30)
     else:
         ax.text(0.5, 0.5, "no diagnostics", ha="center", va="center", transform=ax.transAxes)
     ax.set_ylabel(heading)
     ax.set_title(f"{heading} (mean over seeds)")
     ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
+    if missing:
+        lines = [f"no bar: {', '.join(names)}: {reason}" for reason, names in missing.items()]
+        text = "\n".join(textwrap.fill(line, 110, subsequent_indent="    ") for line in lines)
+        fig.text(0.01, 0.01, text, fontsize=7, va="bottom", ha="left")
+        fig.tight_layout(rect=(0, 0.03 + 0.045 * text.count("\n") + 0.04, 1, 1))
+    else:
+        fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
