@@ -65,10 +65,18 @@ def assert_figures_close(ours, theirs, rel: float, what: str = "figure") -> None
         for i, (a, b) in enumerate(zip(ours, theirs)):
             assert_figures_close(a, b, rel, f"{what}[{i}]")
     elif isinstance(ours, dict) or isinstance(theirs, dict):
-        assert isinstance(ours, dict) and isinstance(theirs, dict) and ours.keys() == theirs.keys(), (what, ours, theirs)
+        assert isinstance(ours, dict) and isinstance(theirs, dict) and ours.keys() == theirs.keys(), (
+            what,
+            ours,
+            theirs,
+        )
         for key in ours:
             assert_figures_close(ours[key], theirs[key], rel, f"{what}[{key!r}]")
     elif ours is None or theirs is None:
-        assert ours is None and theirs is None, f"{what}: {ours!r} against {theirs!r} (None only where both have no value)"
+        assert ours is None and theirs is None, (
+            f"{what}: {ours!r} against {theirs!r} (None only where both have no value)"
+        )
     else:
-        assert math.isclose(float(ours), float(theirs), rel_tol=rel, abs_tol=1e-12), f"{what}: {ours!r} against {theirs!r}"
+        assert math.isclose(float(ours), float(theirs), rel_tol=rel, abs_tol=1e-12), (
+            f"{what}: {ours!r} against {theirs!r}"
+        )

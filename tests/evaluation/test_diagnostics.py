@@ -223,7 +223,9 @@ def test_run_diagnostics_agrees_with_the_pure_functions_and_does_not_depend_on_b
     mean, by_layer = attention_entropy(maps, visible)
     assert_figures_close(whole["entropy"], mean, rel=1e-5)
     # a gdn layer has no softmax map: its entropy is None in both, the softmax layers' are numbers
-    assert [e is None for e in whole["entropy_by_layer"]] == [kind == "gdn" for kind in model.config.layer_kinds]
+    assert [e is None for e in whole["entropy_by_layer"]] == [
+        kind == "gdn" for kind in model.config.layer_kinds
+    ]
     assert_figures_close(whole["entropy_by_layer"], by_layer, rel=1e-5, what="entropy_by_layer")
     assert_figures_close(whole["massive"], massive_activations(hidden), rel=1e-5, what="massive")
     monkeypatch.setattr(diagnostics, "BATCH_FLOATS", 1)  # one sequence per batch
