@@ -48,6 +48,7 @@ from .precheck import LINKED, LINKED_AT_PARSE
 from .resume import check_resume_checkpoint, dict_diff, resolve_ckpt_path
 from .run import RunCheckpoints, trainer_arguments
 from .runsection import RunSettings, settle_run_section
+from .sharding import whole_model
 from .throughput import device_name, peak_source
 
 
@@ -378,6 +379,8 @@ def finish_run(cli: TrainCLI, run: RunSettings, sample_prompt: list[int]) -> Non
         # validated inside fit. best.ckpt must still exist and hold the lowest val loss.
         if isinstance(trainer.checkpoint_callback, RunCheckpoints):
             trainer.checkpoint_callback.validated_after_fit(trainer, model.last_val[1])
+    # Under fsdp2 every rank takes part in gathering the weights; rank 0 samples from them.
+    whole = whole_model(model) if run.sample_tokens > 0 else None
     if trainer.is_global_zero:
         step, val_loss = model.last_val
         print(
@@ -385,7 +388,7 @@ def finish_run(cli: TrainCLI, run: RunSettings, sample_prompt: list[int]) -> Non
         )
         if run.sample_tokens > 0:
             text = sample_text(
-                model.model, data.tokenizer, sample_prompt, run.sample_tokens, run.sample_temperature
+                whole, data.tokenizer, sample_prompt, run.sample_tokens, run.sample_temperature
             )
             print("sample:\n" + text)
 
