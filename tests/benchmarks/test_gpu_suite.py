@@ -83,6 +83,7 @@ def test_tiny_cpu_run_passes_every_check_and_writes_the_report(tmp_path):
     for kind in (*RUN, "mix"):
         assert {(name, kind) for name in ("precision", "causal", "cache", "train step")} <= checked, kind
     assert ("end to end", "mha") in checked
+    assert ("muon precision", "mha") in checked  # bf16 Newton-Schulz against float32
     measured = {(m["name"], m["kind"], m.get("compiled")) for m in report["measurements"]}
     for kind in RUN:
         for compiled in (False, True):
