@@ -28,6 +28,7 @@ import yaml
 from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import StrategyRegistry
 
 from ..config import ModelConfig
 from ..configfiles import DEFAULT_CONFIG, config_arguments, with_config_files  # noqa: F401 (DEFAULT_CONFIG: re-exported)
@@ -112,6 +113,7 @@ class TrainCLI(LightningCLI):
         # Before the seed is set or anything is built (the data module reads and tokenises its
         # text); check_config imports the config's own kinds first (a resumed run's names them again).
         check_config(self.config)
+        check_strategy(self.config["trainer"].get("strategy"))
         self._imported_vocab: int | None = None
         init_from = self.config["model"].get("init_from")
         if init_from:  # checked now; imported weights need their own tokenizer, and give the shape
@@ -174,6 +176,15 @@ class TrainCLI(LightningCLI):
             raise
         except (MisconfigurationException, ValueError) as err:
             raise UserError(f"trainer: {one_line(err)}") from None
+
+
+def check_strategy(strategy: Any) -> None:
+    """A strategy named by a string must be one Lightning knows (minitx adds fsdp2)."""
+    if isinstance(strategy, str) and strategy != "auto" and strategy not in StrategyRegistry:
+        raise UserError(
+            f"trainer.strategy: is {strategy!r}; use ddp (a copy of the model per device) or fsdp2 (the "
+            "model sharded over the devices), see docs/training.md, or another of Lightning's strategies"
+        )
 
 
 class _CheckOnlyCLI(TrainCLI):
