@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -19,7 +20,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.distributed.tensor import DTensor, Placement, Shard, distribute_tensor
 
 from ..errors import UserError
 
@@ -240,8 +240,10 @@ class BatchedMuon(torch.optim.Muon):
     def whole_updates(stack: Tensor, like: Tensor) -> Tensor:
         """The (n, rows, columns) updates whose local parts `stack` holds, gathered from every
         process when the parameters (`like`, one of them) are DTensors."""
-        if not isinstance(like, DTensor):
+        if not is_dtensor(like):
             return stack
+        from torch.distributed.tensor import DTensor
+
         return DTensor.from_local(
             stack,
             like.device_mesh,
@@ -254,19 +256,30 @@ class BatchedMuon(torch.optim.Muon):
     def own_rows(whole: Tensor, like: Tensor) -> Tensor:
         """This process's part of the whole (n, rows, columns) `whole`, placed as `like`'s
         (no communication: every process holds `whole`)."""
-        if not isinstance(like, DTensor):
+        if not is_dtensor(like):
             return whole
+        from torch.distributed.tensor import distribute_tensor
+
         placements = stacked_placements(like.placements)
         return distribute_tensor(whole, like.device_mesh, placements, src_data_rank=None).to_local()
 
 
+def is_dtensor(tensor: Tensor) -> bool:
+    """Whether `tensor` is a DTensor (FSDP2's parameters). Without torch.distributed.tensor
+    imported there is none: not importing it keeps the commands' start (the precheck) fast."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
+
+
 def local(tensor: Tensor) -> Tensor:
     """A DTensor's local part (the same storage: updating it updates the DTensor), or `tensor`."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if is_dtensor(tensor) else tensor
 
 
-def stacked_placements(placements: Sequence[Placement]) -> list[Placement]:
+def stacked_placements(placements: Sequence[Any]) -> list[Any]:
     """A matrix's placements for a stack of such matrices: a sharded dimension moves up by one."""
+    from torch.distributed.tensor import Shard
+
     return [Shard(p.dim + 1) if isinstance(p, Shard) else p for p in placements]
 
 
