@@ -29,6 +29,10 @@ that a wrong convolution or mix would show):
 - causal: minitx.verify.causality_violation on --device under bf16 autocast;
 - cache: greedy decoding with the KV cache equal to decoding without, on --device, float32;
 - train step: one bf16-autocast forward and backward in training mode, every gradient finite.
+- muon precision (mha): Muon's Newton-Schulz dtype by default on the device (model.muon_precision
+  auto: bfloat16 on CUDA, as the reference Muon, float32 on a CPU), and 30 steps of training with
+  bfloat16 Newton-Schulz against float32, same weights and batches: final losses within
+  MUON_PRECISION_TOL.
 Local attention takes flex attention on CUDA and the chunked path on the CPU; the check's detail
 says which path ran, counted by wrapping both functions.
 - triton vs conv (CUDA only): the mta model (released setting) and the same with the pre-softmax
@@ -95,6 +99,7 @@ from minitx.configfiles import merged  # noqa: E402
 from minitx.decoding import generate  # noqa: E402
 from minitx.errors import UserError, one_line  # noqa: E402
 from minitx.training import lm_loss, optimizer_groups, peak_flops  # noqa: E402
+from minitx.training.optim import Optimisation, Parameters, decays, muon_dtype, muon_matrix  # noqa: E402
 
 
 def _load_attention_benchmark():
@@ -183,6 +188,15 @@ FLA_TOL = 5e-3
 CUDA_ONLY = "skipped: CUDA only (on the CPU the Triton kernels run in Triton's interpreter, seconds per step)"
 FLA_CUDA_ONLY = "skipped: CUDA only (flash-linear-attention's kernels have no CPU path)"
 NO_FLA = "skipped: flash-linear-attention is not installed (pip install flash-linear-attention)"
+# Muon's Newton-Schulz in bfloat16 (the default on CUDA, model.muon_precision auto) against float32:
+# the same model, weights and batches trained MUON_CHECK_STEPS steps with each, the final losses
+# compared. Newton-Schulz only pushes singular values towards 1 (to within about +-0.3 in either
+# dtype), so bf16's rounding moves each update by about 2^-9 of itself and the losses stay
+# together: measured on the CPU at --tiny sizes, 3e-4 nats apart after 30 steps (4.21 -> 2.02).
+# Broken on purpose there, bf16 with one iteration instead of five ends 0.076 apart, a transposed
+# update 2.3 apart.
+MUON_CHECK_STEPS = 30
+MUON_PRECISION_TOL = 0.02  # nats
 
 
 @dataclass
@@ -604,6 +618,56 @@ def check_fla(results: Results, kind: str, config: ModelConfig, device: torch.de
     results.check("fla vs torch", kind, ok, detail, value=max(rel, errors[worst]))
 
 
+def muon_losses(config: ModelConfig, device: torch.device, precision: str, steps: int) -> list[float]:
+    """The training losses of `steps` steps with Muon (Newton-Schulz in `precision`) and AdamW,
+    as train.py builds them, bf16 autocast, from weights and batches fixed by seed 0."""
+    torch.manual_seed(0)
+    model = Transformer(dataclasses.replace(config, dropout=0.0)).to(device).train()
+    named = list(model.named_parameters())
+    params = Parameters(
+        named,
+        {name for name, p in named if decays(name, p)},
+        {name for name, p in named if muon_matrix(name, p)},
+    )
+    settings = Optimisation(optimizer="muon", muon_precision=precision, lr=3e-3, warmup_steps=0)
+    optimizer = settings.configure(params, steps)["optimizer"]
+    generator = torch.Generator().manual_seed(0)
+    # A new batch every step, of a walk through a fixed random table (each token has 3 possible
+    # successors): something to learn, without fitting a single batch.
+    table = torch.randint(0, VOCAB, (VOCAB, 3), generator=generator)
+    losses = []
+    for _ in range(steps):
+        walk = [torch.randint(0, VOCAB, (8,), generator=generator)]
+        for _ in range(config.block_size):
+            walk.append(table[walk[-1], torch.randint(0, 3, (8,), generator=generator)])
+        batch = torch.stack(walk, dim=1).to(device)
+        x, y = batch[:, :-1], batch[:, 1:]
+        with autocast(device):
+            loss = lm_loss(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def check_muon_precision(results: Results, kind: str, config: ModelConfig, device: torch.device) -> None:
+    """Muon's default Newton-Schulz dtype on this device, and bfloat16's losses against float32's."""
+    default = muon_dtype("auto", device)
+    bf16 = muon_losses(config, device, "bfloat16", MUON_CHECK_STEPS)
+    fp32 = muon_losses(config, device, "float32", MUON_CHECK_STEPS)
+    difference = abs(bf16[-1] - fp32[-1])
+    expected = torch.bfloat16 if device.type == "cuda" else torch.float32
+    ok = default == expected and difference <= MUON_PRECISION_TOL and bf16[-1] < bf16[0]
+    detail = (
+        f"auto is {str(default).removeprefix('torch.')} here; after {MUON_CHECK_STEPS} steps loss "
+        f"{bf16[-1]:.4f} (bfloat16) vs {fp32[-1]:.4f} (float32), {difference:.1e} apart "
+        f"(tolerance {MUON_PRECISION_TOL}), from {fp32[0]:.4f}"
+    )
+    results.check("muon precision", kind, ok, detail, value=difference)
+
+
 def run_checks(results: Results, configs: dict[str, ModelConfig], device: torch.device) -> None:
     for kind, config in configs.items():
         for name, check in (
@@ -616,6 +680,10 @@ def run_checks(results: Results, configs: dict[str, ModelConfig], device: torch.
             torch.manual_seed(0)
             with results.guarded(name, kind):
                 check(results, kind, config, device)
+    if "mha" in configs:
+        torch.manual_seed(0)
+        with results.guarded("muon precision", "mha"):
+            check_muon_precision(results, "mha", configs["mha"], device)
     from minitx.attention.gdn import fla_installed
 
     for kind, config in configs.items():  # gdn's CUDA fast path: fla's kernels where installed
@@ -1146,6 +1214,7 @@ def run(args: argparse.Namespace) -> dict:
             cache=CACHE_TOL,
             triton=TRITON_TOL,
             attention_goal=ATTENTION_GOAL,
+            muon_precision=MUON_PRECISION_TOL,
         ),
         ok=all(c["ok"] for c in results.checks),
         checks=results.checks,

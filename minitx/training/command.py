@@ -28,6 +28,7 @@ import yaml
 from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import StrategyRegistry
 
 from ..config import ModelConfig
 from ..configfiles import DEFAULT_CONFIG, config_arguments, with_config_files  # noqa: F401 (DEFAULT_CONFIG: re-exported)
@@ -48,6 +49,7 @@ from .optim import DEFAULTS
 from .resume import check_resume_checkpoint, dict_diff, resolve_ckpt_path
 from .run import RunCheckpoints, trainer_arguments
 from .runsection import RunSettings, settle_run_section
+from .sharding import whole_model
 from .throughput import device_name, peak_source
 
 
@@ -111,6 +113,7 @@ class TrainCLI(LightningCLI):
         # Before the seed is set or anything is built (the data module reads and tokenises its
         # text); check_config imports the config's own kinds first (a resumed run's names them again).
         check_config(self.config, args)
+        check_strategy(self.config["trainer"].get("strategy"))
         self._imported_vocab: int | None = None
         init_from = self.config["model"].get("init_from")
         if init_from:  # checked now; imported weights need their own tokenizer, and give the shape
@@ -173,6 +176,15 @@ class TrainCLI(LightningCLI):
             raise
         except (MisconfigurationException, ValueError) as err:
             raise UserError(f"trainer: {one_line(err)}") from None
+
+
+def check_strategy(strategy: Any) -> None:
+    """A strategy named by a string must be one Lightning knows (minitx adds fsdp2)."""
+    if isinstance(strategy, str) and strategy != "auto" and strategy not in StrategyRegistry:
+        raise UserError(
+            f"trainer.strategy: is {strategy!r}; use ddp (a copy of the model per device) or fsdp2 (the "
+            "model sharded over the devices), see docs/training.md, or another of Lightning's strategies"
+        )
 
 
 class _CheckOnlyCLI(TrainCLI):
@@ -378,6 +390,8 @@ def finish_run(cli: TrainCLI, run: RunSettings, sample_prompt: list[int]) -> Non
         # validated inside fit. best.ckpt must still exist and hold the lowest val loss.
         if isinstance(trainer.checkpoint_callback, RunCheckpoints):
             trainer.checkpoint_callback.validated_after_fit(trainer, model.last_val[1])
+    # Under fsdp2 every rank takes part in gathering the weights; rank 0 samples from them.
+    whole = whole_model(model) if run.sample_tokens > 0 else None
     if trainer.is_global_zero:
         step, val_loss = model.last_val
         print(
@@ -385,7 +399,7 @@ def finish_run(cli: TrainCLI, run: RunSettings, sample_prompt: list[int]) -> Non
         )
         if run.sample_tokens > 0:
             text = sample_text(
-                model.model, data.tokenizer, sample_prompt, run.sample_tokens, run.sample_temperature
+                whole, data.tokenizer, sample_prompt, run.sample_tokens, run.sample_temperature
             )
             print("sample:\n" + text)
 

@@ -32,6 +32,7 @@ from ..model import Transformer
 from .inputs import errors_named
 from .optim import DEFAULTS, Optimisation, Parameters, apply_schedule, decays, muon_matrix
 from .resume import check_same_model
+from .sharding import is_sharded, shard_transformer
 from .throughput import ThroughputMeter
 
 
@@ -245,6 +246,17 @@ class MinitxLM(L.LightningModule):
             )
         if not self.trainer.sanity_checking:
             self.last_val = (self.global_step, float(mean))
+
+    # -- sharding ----------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        """Under `--trainer.strategy fsdp2` (Lightning's model-parallel strategies give the module a
+        device mesh): shard the Transformer (sharding.py). bf16-mixed precision gathers bfloat16
+        weights and reduces gradients in float32. Nothing to do in one process or under DDP."""
+        mesh = self._device_mesh
+        if mesh is None or is_sharded(self.model):  # fit then validate: configured once
+            return
+        bf16 = str(self.trainer.precision).startswith("bf16")
+        shard_transformer(self.model, mesh["data_parallel"], bf16=bf16)
 
     # -- optimiser ---------------------------------------------------------------------------
     def configure_optimizers(self) -> dict:

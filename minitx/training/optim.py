@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -196,33 +197,98 @@ class BatchedMuon(torch.optim.Muon):
 
     def _step_group(self, group: dict, params: list[Tensor]) -> None:
         momentum, lr, decay = group["momentum"], group["lr"], group["weight_decay"]
-        grads = [param.grad for param in params]
+        # Under FSDP2 a parameter, its gradient and its buffer are DTensors holding this process's
+        # rows: the elementwise arithmetic runs on those rows (local), Newton-Schulz on the whole
+        # matrix (whole_updates, then own_rows). Plain tensors pass through both unchanged.
+        grads = [local(param.grad) for param in params]
         buffers = []
         for param in params:
             state = self.state[param]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(param.grad)
-            buffers.append(state["momentum_buffer"])
+            buffers.append(local(state["momentum_buffer"]))
+        weights = [local(param) for param in params]
         torch._foreach_lerp_(buffers, grads, 1 - momentum)  # buffer = m buffer + (1 - m) grad
         if decay:  # decoupled, before the update, as torch's
-            torch._foreach_mul_(params, 1 - lr * decay)
+            torch._foreach_mul_(weights, 1 - lr * decay)
 
         by_shape: dict[tuple, list[int]] = defaultdict(list)
         for i, param in enumerate(params):
-            by_shape[tuple(param.shape)].append(i)
+            by_shape[tuple(param.shape)].append(i)  # a DTensor's shape is the whole matrix's
         for shape, members in by_shape.items():
-            stack = grads[members[0]].new_empty((len(members), *shape))
+            stack = grads[members[0]].new_empty((len(members), *grads[members[0]].shape))
             for row, i in enumerate(members):
                 if group["nesterov"]:  # grad + m (buffer - grad), into its row of the stack
                     torch.lerp(grads[i], buffers[i], momentum, out=stack[row])
                 else:
                     stack[row].copy_(buffers[i])
+            like = params[members[0]]
+            whole = self.whole_updates(stack, like)
             ortho = orthogonalise(
-                stack, group["ns_coefficients"], group["ns_steps"], group["eps"], self.precision
+                whole, group["ns_coefficients"], group["ns_steps"], group["eps"], self.precision
             )
+            ortho = self.own_rows(ortho, like)
             scale = muon_lr_scale(shape, group["adjust_lr_fn"])
-            matrices = [matrix.to(params[i].dtype) for i, matrix in zip(members, ortho)]
-            torch._foreach_add_([params[i] for i in members], matrices, alpha=-lr * scale)
+            matrices = [matrix.to(weights[i].dtype) for i, matrix in zip(members, ortho)]
+            torch._foreach_add_([weights[i] for i in members], matrices, alpha=-lr * scale)
+
+    # Distributed Muon (Moonlight's): each process gathers the whole updates of a shape, runs
+    # Newton-Schulz on them, and keeps its own rows. Orthogonalising only the local rows would
+    # be another update altogether (the rows of a whole matrix's polar factor are not the polar
+    # factor of those rows); tests/training/test_fsdp2.py shows that variant drift.
+    @staticmethod
+    def whole_updates(stack: Tensor, like: Tensor) -> Tensor:
+        """The (n, rows, columns) updates whose local parts `stack` holds, gathered from every
+        process when the parameters (`like`, one of them) are DTensors."""
+        if not is_dtensor(like):
+            return stack
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(
+            stack,
+            like.device_mesh,
+            stacked_placements(like.placements),
+            shape=torch.Size((stack.size(0), *like.shape)),
+            stride=contiguous_stride((stack.size(0), *like.shape)),
+        ).full_tensor()
+
+    @staticmethod
+    def own_rows(whole: Tensor, like: Tensor) -> Tensor:
+        """This process's part of the whole (n, rows, columns) `whole`, placed as `like`'s
+        (no communication: every process holds `whole`)."""
+        if not is_dtensor(like):
+            return whole
+        from torch.distributed.tensor import distribute_tensor
+
+        placements = stacked_placements(like.placements)
+        return distribute_tensor(whole, like.device_mesh, placements, src_data_rank=None).to_local()
+
+
+def is_dtensor(tensor: Tensor) -> bool:
+    """Whether `tensor` is a DTensor (FSDP2's parameters). Without torch.distributed.tensor
+    imported there is none: not importing it keeps the commands' start (the precheck) fast."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
+
+
+def local(tensor: Tensor) -> Tensor:
+    """A DTensor's local part (the same storage: updating it updates the DTensor), or `tensor`."""
+    return tensor.to_local() if is_dtensor(tensor) else tensor
+
+
+def stacked_placements(placements: Sequence[Any]) -> list[Any]:
+    """A matrix's placements for a stack of such matrices: a sharded dimension moves up by one."""
+    from torch.distributed.tensor import Shard
+
+    return [Shard(p.dim + 1) if isinstance(p, Shard) else p for p in placements]
+
+
+def contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
+    stride, running = [], 1
+    for size in reversed(shape):
+        stride.append(running)
+        running *= size
+    return tuple(reversed(stride))
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
@@ -308,8 +374,8 @@ def build_muon(settings: Optimisation, params: Parameters) -> torch.optim.Optimi
     muon, rest = split_for_muon(params.named, params.muon_names)
     if any(p.dim() != 2 for p in muon):
         raise UserError(
-            "model.optimizer: muon needs each hidden matrix whole, but the strategy flattened the "
-            "parameters (FSDP); use model.optimizer adamw or the ddp strategy"
+            "model.optimizer: muon needs each hidden matrix as a matrix, but the strategy flattened the "
+            "parameters (FSDP1's `fsdp`); shard with --trainer.strategy fsdp2, or use ddp"
         )
     return MuonWithAdamW(
         muon,

@@ -83,6 +83,7 @@ def test_tiny_cpu_run_passes_every_check_and_writes_the_report(tmp_path):
     for kind in (*RUN, "mix"):
         assert {(name, kind) for name in ("precision", "causal", "cache", "train step")} <= checked, kind
     assert ("end to end", "mha") in checked
+    assert ("muon precision", "mha") in checked  # bf16 Newton-Schulz against float32
     measured = {(m["name"], m["kind"], m.get("compiled")) for m in report["measurements"]}
     for kind in RUN:
         for compiled in (False, True):
@@ -326,3 +327,21 @@ def test_triton_check_passes_on_the_kernels_and_fails_on_a_broken_one(gpu_suite,
     monkeypatch.setattr(mta_triton, "full_mix", lambda mix: None if mix is None else real_full_mix(mix).T)
     gpu_suite.check_triton(results, "mta", config, torch.device("cpu"), T=12)
     assert not results.checks[-1]["ok"]
+
+
+@pytest.mark.slow  # four short trainings: about a minute and a half of CPU
+def test_muon_precision_check_passes_and_fails_a_broken_bfloat16_path(gpu_suite, monkeypatch):
+    from minitx.training import optim
+
+    config = tiny_config(gpu_suite, "mha")
+    results = gpu_suite.Results(torch.device("cpu"), tiny=True)
+    gpu_suite.check_muon_precision(results, "mha", config, torch.device("cpu"))
+    newton_schulz = optim.newton_schulz
+
+    def one_iteration_in_bfloat16(x, coefficients, steps):  # a bf16 path that stops early
+        return newton_schulz(x, coefficients, steps if x.dtype == torch.float32 else 1)
+
+    monkeypatch.setattr(optim, "newton_schulz", one_iteration_in_bfloat16)
+    gpu_suite.check_muon_precision(results, "mha", config, torch.device("cpu"))
+    assert [c["ok"] for c in results.checks] == [True, False], results.checks
+    assert results.checks[0]["detail"].startswith("auto is float32 here")

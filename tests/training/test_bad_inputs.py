@@ -56,6 +56,7 @@ BAD_TRAIN_FLAGS = {
         ["trainer.num_sanity_val_steps", "-1 or more"],
     ),
     "max_epochs 0": ({"trainer.max_epochs": 0}, ["trainer.max_epochs", "is 0"]),
+    "strategy unknown": ({"trainer.strategy": "fsdp3"}, ["trainer.strategy", "is 'fsdp3'", "fsdp2"]),
     "max_steps 0": ({"trainer.max_steps": 0}, ["trainer.max_steps", "must be set"]),
     "max_steps -1": ({"trainer.max_steps": -1}, ["trainer.max_steps", "must be set"]),
     "gradient_clip_val -1": ({"trainer.gradient_clip_val": -1}, ["trainer.gradient_clip_val", "0 or more"]),
