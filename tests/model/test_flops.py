@@ -85,6 +85,7 @@ CASES = {
     "gqa": dict(kind="gqa", n_kv_head=2),
     "local": dict(kind="local", options={"local": {"window": 48}}),  # blocks of 64: 128 keys
     "local-16": dict(kind="local", options={"local": {"window": 16}}),
+    "local-global": dict(kind="local", options={"local": {"window": 16, "n_global": 3}}),
     "local-wide": dict(kind="local", options={"local": {"window": 100, "n_global": 2}}),
     "mta": dict(kind="mta"),  # defaults: no convolution on layers 0 and 1, both head mixes, the gate
     "mta-conv": dict(kind="mta", options={"mta": {"conv_layers": [1]}}),
