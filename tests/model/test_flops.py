@@ -108,6 +108,7 @@ CASES = {
     ),
     "custom": dict(kind="ssmax", kind_modules=[EXAMPLE]),
     "gdn": dict(kind="gdn"),  # one chunk at T = 48, three (the last partial) at 160
+    "deltanet": dict(kind="gdn", options={"gdn": {"decay": False, "key_head_dim": 12, "chunk_size": 16}}),
     "gdn-hybrid-grouped": dict(
         kind="gdn", layers=["gdn", "mha"], options={"gdn": {"chunk_size": 32, "n_value_head": 8}}
     ),
