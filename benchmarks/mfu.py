@@ -4,10 +4,13 @@ Three measurements, printed with the machine and versions:
 
 1. the peak: the best of several dense N x N matmuls (float32 on a CPU, bf16 on a GPU), as
    minitx.training.throughput measures it for the logged `mfu` where no datasheet figure exists;
-2. the default run's training FLOP/s: Transformer.flops_per_token (forward + backward, from the
-   model's shape and each kind's count) times the tokens/s of real training steps of
+2. the default run's training FLOP/s: Transformer.flops_per_token (forward + backward, the model
+   FLOPs of minitx/flops.py's convention) times the tokens/s of real training steps of
    configs/default.yaml's model (MinitxLM in a Lightning Trainer: its optimiser, clipping and
-   logging), the first steps left untimed; their ratio is the MFU;
+   logging), the first steps left untimed; their ratio is the MFU. Beside it, a second figure
+   under its own name: the executed FLOPs (Transformer.executed_flops_per_token: what the code
+   paths run on this device, the whole T x T map of a causal SDPA call, local's padded blocks),
+   whose ratio to the peak is the hardware FLOPs utilisation (HFU);
 3. where the rest goes: one training step (forward, backward, optimiser) under torch.profiler,
    operators by self CPU time, grouped into the dense matmuls that the FLOP count counts and
    everything else.
@@ -152,6 +155,12 @@ def main() -> None:
         f"optimizer {module.hparams.optimizer})"
     )
     print(f"MFU: {100 * achieved / peak:.1f}% of the measured {dtype} matmul peak")
+    executed = module.model.executed_flops_per_token(data.block_size, device) * tokens_per_sec
+    print(
+        f"executed FLOPs (what the code paths run on {device.type}, not the model FLOPs above): "
+        f"{executed / tokens_per_sec / 1e6:.2f} MFLOP/token, {executed / 1e9:.1f} GFLOP/s; "
+        f"HFU: {100 * executed / peak:.1f}% of the peak"
+    )
 
     rows, phases = profile_steps(config, args.profile_steps)
     total = sum(seconds for _, seconds, _ in rows)

@@ -2,8 +2,8 @@
 
 `KindLayer` is the interface: what the model, the decoder, the FLOP count and the diagnostics
 call on a layer, whatever it computes: `forward(x, rope, cache, docs)`, the decoding cache
-(`make_cache`, `new_cache`, `setup_cache`, `reset_cache`, `remove_cache`), `flops_per_token`,
-`init_extra`, and, where a kind has softmax maps, `reference` / `softmax_maps`. A kind that is not
+(`make_cache`, `new_cache`, `setup_cache`, `reset_cache`, `remove_cache`), `flops_per_token`
+(and `executed_flops_per_token`), `init_extra`, and, where a kind has softmax maps, `reference` / `softmax_maps`. A kind that is not
 softmax attention over a fused q/k/v projection (MLA's latents, gdn's recurrent state) derives
 from it directly.
 
@@ -40,6 +40,7 @@ from .. import functional
 from ..cache import KVCache
 from ..config import ModelConfig
 from ..documents import Documents, stack_pieces, token_rows
+from ..flops import causal_pairs
 from ..rope import apply_rope
 
 # The features `with_sink` adds to each head: the sink's, padded so that widths stay aligned.
@@ -97,9 +98,18 @@ class KindLayer(nn.Module):
         raise NotImplementedError
 
     def flops_per_token(self, T: int) -> float:
-        """Training FLOPs per token over T tokens besides the matmuls of its nn.Linear weights
-        (see Attention.flops_per_token): every kind declares its own."""
+        """Training FLOPs per token over T tokens besides the matmuls of its nn.Linear weights, by
+        the convention of minitx/flops.py: the work its math needs over the (query, key) pairs its
+        queries may see, whatever its code pads or recomputes and wherever it runs. Every kind
+        declares its own."""
         raise NotImplementedError
+
+    def executed_flops_per_token(self, T: int, device: torch.device | str = "cpu") -> float:
+        """What this layer's code path executes per token on `device`, besides its weights'
+        matmuls: padded blocks, both halves of a causal map and the like, which the convention
+        leaves out (benchmarks/mfu.py reports it beside the model FLOPs; never a budget). A kind
+        that does not say is taken to execute what its math needs."""
+        return self.flops_per_token(T)
 
     def init_extra(self) -> None:
         """Initialise parameters the model's generic init must not touch (none here)."""
@@ -126,16 +136,22 @@ class KindLayer(nn.Module):
         positions = torch.arange(T, device=device)
         return functional.allowed_mask(positions, positions, causal=True)
 
+    def pair_flops(self, T: int, pairs: int, width: int, value_width: int | None = None) -> float:
+        """Per token of T: training FLOPs of `pairs` (query, key) pairs for each of n_head query
+        heads, a score `width` wide and a weight times a value `value_width` wide (default:
+        `width`) apiece; grouped key/value heads save no arithmetic. 2 FLOPs per multiply-add,
+        and the backward's four products (the gradients of the values, the weights, the queries
+        and the keys) twice the forward's two: 6 per multiply-add of the forward."""
+        value_width = width if value_width is None else value_width
+        return 6 * self.n_head * pairs * (width + value_width) / T
+
     def sdpa_flops(
         self, T: int, queries: int, keys: int, width: int, value_width: int | None = None
     ) -> float:
-        """Per token of T: training FLOPs of `queries` x `keys` scores `width` wide, and of the
-        weights times values `value_width` wide (default: `width`), for each of n_head query heads
-        (grouped key/value heads save no arithmetic). The backward's four products (gradients of
-        the values, the weights, the queries and the keys) are twice the forward's two; a fused
-        kernel's recomputation of the scores is not counted, as no recomputation is."""
-        value_width = width if value_width is None else value_width
-        return 6 * self.n_head * queries * keys * (width + value_width) / T
+        """`pair_flops` of every one of `queries` x `keys` pairs: what a dense call computes, the
+        executed figure of an SDPA over that rectangle (a fused kernel's recomputation of the
+        scores in the backward not counted)."""
+        return self.pair_flops(T, queries * keys, width, value_width)
 
     # -- the decoding cache -------------------------------------------------------------------
     def new_cache(self, batch: int, max_len: int | None = None, dtype=None, device=None):
@@ -203,17 +219,19 @@ class Attention(KindLayer):
 
     def flops_per_token(self, T: int) -> float:
         """Training FLOPs (forward and backward, 3 x forward) per token of this layer over a sequence
-        of T tokens, besides the matmuls of its weights: those are 6 per weight of every nn.Linear,
-        which Transformer.flops_per_token counts. Here, the products of queries with keys and of
-        the weights with values, 2 FLOPs per multiply-add, as the layer actually computes them.
+        of T tokens, besides the matmuls of its weights (6 per weight of every nn.Linear, which
+        Transformer.flops_per_token counts): the products of queries with keys and of the weights
+        with values over the causal triangle, T (T + 1) / 2 pairs (minitx/flops.py). QK-norm, a
+        gate's product and a sink's logit are elementwise and not counted. A kind whose queries
+        see other keys, or that computes more per pair, overrides this (local, diff, MLA, MTA),
+        and so should a kind of one's own."""
+        return self.pair_flops(T, causal_pairs(T), self.head_dim)
 
-        The default is a causal SDPA over the whole T x T map: 12 * n_head * head_dim * T, as
-        nanochat counts it and FlopCounterMode counts an SDPA call (a fused kernel may skip the
-        blocks above the diagonal, a fact of one kernel and not of the method). With sinks,
-        `with_sink` puts one key and one query more before the sequence, each head
-        SINK_WIDTH features wider. Elementwise work (softmax, norms, RoPE, a gate's product) is not
-        counted, here as nowhere in the model. A kind that computes anything else overrides this
-        (local, diff, MLA, MTA), and so should a kind of one's own."""
+    def executed_flops_per_token(self, T: int, device: torch.device | str = "cpu") -> float:
+        """A causal SDPA call over the whole T x T map, as FlopCounterMode counts one (a fused
+        kernel may skip the blocks above the diagonal, a fact of one kernel). With sinks,
+        `with_sink` puts one key and one query more before the sequence, each head SINK_WIDTH
+        features wider."""
         if self.sinks is not None:
             return self.sdpa_flops(T, T + 1, T + 1, self.head_dim + SINK_WIDTH)
         return self.sdpa_flops(T, T, T, self.head_dim)

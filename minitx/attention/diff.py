@@ -42,6 +42,7 @@ from .. import functional
 from ..cache import KVCache
 from ..config import ModelConfig
 from ..documents import Documents, masked_attention
+from ..flops import causal_pairs
 from ..kinds import KindSpec, OptionError, fail
 from .base import Attention
 
@@ -247,13 +248,20 @@ class DifferentialAttention(Attention):
         return (1 - self.lambda_init) * F.rms_norm(diff, (diff.shape[-1],), eps=NORM_EPS)
 
     def flops_per_token(self, T: int) -> float:
-        """As `differential` computes on this layer's device. Tiles (a CPU, or the meta device that
-        sizes a model for one): each chunk of queries scores the keys up to its last query, n_head
-        maps head_dim wide, and the n_head / 2 differences meet values 2 * head_dim wide: MHA's
-        arithmetic over the tiles' keys. The backward's recomputation of each tile's maps is not
-        counted, as no recomputation is. The fused call (a GPU): all n_head maps over T x T,
-        queries and keys padded to the values' 2 * head_dim, twice MHA's count."""
-        if fused_on(self.qkv_proj.weight.device):
+        """The two maps and one product with the values over the causal pairs (minitx/flops.py):
+        all n_head query heads score head_dim wide (each differential head's two maps), and each
+        of the n_head / 2 differences meets the 2 * head_dim-wide values, whichever path computes
+        them: MHA's count."""
+        H, D, pairs = self.n_head, self.head_dim, causal_pairs(T)
+        return 6 * pairs * (H * D + (H // 2) * 2 * D) / T
+
+    def executed_flops_per_token(self, T: int, device: torch.device | str = "cpu") -> float:
+        """As `differential` computes on `device`. Tiles (a CPU, or the meta device): each chunk
+        of queries scores the keys up to its last query, n_head maps head_dim wide, and the
+        n_head / 2 differences meet values 2 * head_dim wide (the backward's recomputation of
+        each tile's maps not counted). The fused call (a GPU): all n_head maps over T x T,
+        queries and keys padded to the values' 2 * head_dim, twice MHA's dense count."""
+        if fused_on(torch.device(device)):
             return self.sdpa_flops(T, T, T, 2 * self.head_dim)
         scored = sum(
             min(t + QUERY_CHUNK, T) * (min(t + QUERY_CHUNK, T) - t) for t in range(0, T, QUERY_CHUNK)

@@ -450,16 +450,31 @@ class GatedDeltaNet(KindLayer):
         return []
 
     def flops_per_token(self, T: int) -> float:
-        """The chunked form's products besides the projections, per value head and chunk of C
-        tokens (forward, 2 FLOPs per multiply-add): K_beta K^T and Q K^T (4 C^2 dk), the two
-        triangular solves (C^2 (dv + dk): half a C x C product each), the attention of the new
-        values (2 C^2 dv), and W h, Q h and the state's update (6 C dk dv); training is 3 x that.
-        The convolution adds 2 conv_size per channel and token. Elementwise work is not counted."""
+        """The chunked form's products besides the projections (minitx/flops.py), per value head
+        and chunk of c tokens (chunks of chunk_size, the last as long as what is left), over the
+        pairs of a chunk its masks keep: Q K^T and the new values' attention over the c (c + 1) / 2
+        pairs j <= i, K_beta K^T and the unit-triangular solve of the UT transform (both
+        right-hand sides, dk + dv wide) over the c (c - 1) / 2 pairs j < i; W h, Q h and the
+        state's update, c dk dv each. 2 FLOPs per multiply-add, training 3 x the forward. The
+        convolution adds conv_size per channel and token. Elementwise work is not counted."""
+        full, last = divmod(T, self.chunk_size)
+        work = full * self.chunk_macs(self.chunk_size) + self.chunk_macs(last)
+        return 6 * (self.n_value_head * work / T + self.conv_size * self.channels)
+
+    def executed_flops_per_token(self, T: int, device: torch.device | str = "cpu") -> float:
+        """What `chunk_gated_delta` runs: n = ceil(T / C) chunks of C = min(chunk_size, T), the
+        last padded to a whole one, each product a whole C x C one (the masks applied after), a
+        triangular solve half of one."""
         C = min(self.chunk_size, T)
-        n = -(-T // C)
         dk, dv = self.key_dim, self.value_dim
-        chunk = C * C * (5 * dk + 3 * dv) + 6 * C * dk * dv
-        return 3 * (self.n_value_head * n * chunk / T + 2 * self.conv_size * self.channels)
+        chunk = C * C * (2 * dk + (dk + dv) / 2 + dv) + 3 * C * dk * dv
+        return 6 * (self.n_value_head * -(-T // C) * chunk / T + self.conv_size * self.channels)
+
+    def chunk_macs(self, c: int) -> int:
+        """Multiply-adds of one chunk of c tokens of one value head, forward (flops_per_token)."""
+        dk, dv = self.key_dim, self.value_dim
+        causal, strict = c * (c + 1) // 2, c * (c - 1) // 2
+        return causal * (dk + dv) + strict * (dk + dk + dv) + 3 * c * dk * dv
 
     # -- the decoding cache ---------------------------------------------------------------------
     @classmethod

@@ -19,6 +19,7 @@ from torch import Tensor
 from .. import functional
 from ..config import ModelConfig
 from ..documents import Documents, masked_attention
+from ..flops import window_pairs
 from ..kinds import KindSpec, OptionError, fail
 from .base import SINK_WIDTH, Attention, SoftmaxOptions
 
@@ -56,13 +57,19 @@ class LocalAttention(Attention):
         return dict(capacity=window + n_sink, window=window, n_sink=n_sink)
 
     def flops_per_token(self, T: int) -> float:
-        """The keys the chunks touch, not the window's: `chunked_local` pads the queries to n
-        blocks of C = min(max(window, MIN_BLOCK), T) and gives each block 2C keys plus the
-        n_global ones, so n * C * (2C + n_global) scores (a window under MIN_BLOCK still costs
-        2 * MIN_BLOCK keys a query). A window that covers the sequence is plain causal SDPA over
-        T x T. With sinks, the sink is a token before the sequence (a global one more) and each
-        head SINK_WIDTH features wider (`with_sink`). On CUDA, flex attention skips instead the
-        128 x 128 blocks that lie wholly outside the window; the count is the chunked path's."""
+        """The window's pairs (minitx/flops.py): query i sees min(i + 1, window) keys, and the
+        n_global first ones before them. A window of T or more is causal attention. A sink is a
+        logit, not a key: nothing more."""
+        return self.pair_flops(T, window_pairs(T, self.window, self.n_global), self.head_dim)
+
+    def executed_flops_per_token(self, T: int, device: torch.device | str = "cpu") -> float:
+        """The chunked path's blocks: `chunked_local` pads the queries to n blocks of
+        C = min(max(window, MIN_BLOCK), T) and gives each block 2C keys plus the n_global ones,
+        so n * C * (2C + n_global) scores (a window under MIN_BLOCK still costs 2 * MIN_BLOCK
+        keys a query); a window that covers the sequence is plain causal SDPA over T x T. With
+        sinks, the sink is a token before the sequence (a global one more) and each head
+        SINK_WIDTH features wider (`with_sink`). On CUDA flex attention skips instead the 128 x
+        128 blocks that lie wholly outside the window; the figure is the chunked path's."""
         length, width, n_global = T, self.head_dim, self.n_global
         if self.sinks is not None:
             length, width, n_global = T + 1, width + SINK_WIDTH, n_global + 1

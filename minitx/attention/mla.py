@@ -37,6 +37,7 @@ from .. import functional
 from ..cache import KVCache
 from ..config import ModelConfig
 from ..documents import Documents, masked_attention
+from ..flops import causal_pairs
 from ..kinds import KindSpec, OptionError, fail
 from ..rope import apply_rope, rotary_table
 from .base import KindLayer, norm_float32
@@ -185,10 +186,15 @@ class MultiHeadLatentAttention(KindLayer):
         return self.out_proj(y.transpose(1, 2).reshape(B, T, H * self.v_dim))
 
     def flops_per_token(self, T: int) -> float:
-        """Causal SDPA over T x T with every head expanded, at the width `sdpa` pads to: queries and
-        keys nope + d_r wide, values v_head_dim, the narrower side padded to the wider. The latent
-        expansions (kv_up, q_up) are plain linear layers over the tokens, in the 6 per weight of
-        Transformer.flops_per_token; decoding's absorbed path is not training and is not counted."""
+        """The causal pairs (minitx/flops.py) with every head expanded: scores nope + d_r wide,
+        values v_head_dim. The latent expansions (kv_up, q_up) are linear layers over the tokens,
+        in the 6 per weight of Transformer.flops_per_token; decoding's absorbed path is not
+        training and is not counted."""
+        return self.pair_flops(T, causal_pairs(T), self.nope_dim + self.rope_dim, self.v_dim)
+
+    def executed_flops_per_token(self, T: int, device: torch.device | str = "cpu") -> float:
+        """Causal SDPA over T x T at the width `sdpa` pads to: the narrower of the queries' and
+        the values' widths padded to the wider."""
         return self.sdpa_flops(T, T, T, max(self.nope_dim + self.rope_dim, self.v_dim))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:

@@ -1,4 +1,5 @@
-"""Training throughput: tokens per second and model FLOPs utilisation (MFU).
+"""Training throughput: tokens per second and model FLOPs utilisation (MFU): the model FLOPs per
+token of minitx/flops.py's convention (Transformer.flops_per_token), not what the code executes.
 
 One measurement for every consumer (the logged tokens_per_sec and mfu, and anything else that
 wants a run's speed, such as a sweep's summary): `ThroughputMeter`, fed by MinitxLM and read

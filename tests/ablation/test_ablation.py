@@ -13,6 +13,7 @@ from minitx.ablation.plan import budget
 from minitx.ablation.runs import eval_runs
 from minitx.cli import ablate_main
 from minitx.errors import UserError
+from minitx.flops import FLOP_CONVENTION, OLDER_CONVENTION
 from minitx.model import Transformer
 
 TINY_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 16, "block_size": 16, "lr": 1e-2, "warmup_steps": 1}
@@ -83,6 +84,7 @@ def test_sweep_end_to_end_with_a_failing_variant_then_a_rerun_that_skips_finishe
             "wall_time_s",
         ):
             assert math.isfinite(float(row[key])) and float(row[key]) > 0, key
+        assert row["flop_convention"] == FLOP_CONVENTION  # the count its summary recorded, and by what
         assert float(row["best_val_loss"]) <= float(row["final_val_loss"])
         assert float(row["val_perplexity"]) == pytest.approx(math.exp(float(row["final_val_loss"])))
         assert int(row["tokens_seen"]) == 4 * 4 * 16 and int(row["steps"]) == 4  # the shared budget
@@ -460,6 +462,26 @@ def test_differences_from_the_reference_are_welch_tests_holm_corrected(tmp_path,
     assert " * |" not in main and "std + std" not in text
     # results.csv: still one row per run.
     assert len(read_rows(tmp_path)) == len(runs) == 13
+
+
+def test_a_table_of_runs_recorded_before_the_flop_convention_says_so(tmp_path):
+    """A summary without flop_convention was written by a minitx that counted each kind's code as
+    it ran; the table keeps its figure and names the count, run by run in results.csv."""
+    runs = planted_runs(tmp_path, {"ref": [2.0], "old": [2.1]})
+    for run, convention in zip(runs, [FLOP_CONVENTION, None]):
+        path = run.directory / ablation.SUMMARY_FILE
+        summary = {**json.loads(path.read_text()), "flops_per_token": 1.0e6}
+        if convention:
+            summary["flop_convention"] = convention
+        path.write_text(json.dumps(summary))
+    ablation.write_results(
+        runs, tmp_path, sweep=sweep_of(runs, evaluation=ablation.EvalSettings(enabled=False))
+    )
+    text = (tmp_path / "results.md").read_text()
+    assert f"train FLOPs/token of old: recorded under the older count {OLDER_CONVENTION}" in text
+    assert f"convention {FLOP_CONVENTION}" in text
+    conventions = {row["variant"]: row["flop_convention"] for row in read_rows(tmp_path)}
+    assert conventions == {"ref": FLOP_CONVENTION, "old": OLDER_CONVENTION}
 
 
 def test_no_differences_section_without_two_seeds_on_both_sides(tmp_path):

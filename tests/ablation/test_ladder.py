@@ -15,11 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minitx import ablation
+from minitx import ModelConfig, Transformer, ablation
 from minitx.ablation.analysis import fit, significance
+from minitx.ablation.plan.budget import model_budget, model_config_of
 from minitx.ablation.plan.ladder import make_plan
 from minitx.ablation.plan.sweep import load_sweep
+from minitx.data.datamodule import TextDataModule
 from minitx.errors import UserError
+from minitx.flops import FLOP_CONVENTION, OLDER_CONVENTION
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -419,8 +422,9 @@ def test_branches_start_where_their_decay_starts(tmp_path):
     assert not any(p.size == "d16" and p.role == "ladder" for p in second)
 
 
-def plant(plan, points, loss_of, status_failed=()):
-    """Write the summary each run would have written, with the loss `loss_of(point)`."""
+def plant(plan, points, loss_of, status_failed=(), convention=FLOP_CONVENTION):
+    """Write the summary each run would have written, with the loss `loss_of(point)`; with
+    convention None, as a minitx before flop_convention wrote it."""
     for p in points:
         p.run.directory.mkdir(parents=True, exist_ok=True)
         record = {"status": "failed" if p in status_failed else "ok", "error": "planted failure"}
@@ -428,6 +432,8 @@ def plant(plan, points, loss_of, status_failed=()):
         if p in status_failed:
             continue
         summary = {"steps": p.steps, "flops_per_token": p.flops_per_token, "final_val_loss": loss_of(p)}
+        if convention is not None:
+            summary["flop_convention"] = convention
         (p.run.directory / "summary.json").write_text(json.dumps(summary))
 
 
@@ -557,3 +563,56 @@ def test_chinchilla_fit_recovers_a_planted_law():
     assert found.tokens_for(8e4, 1.0) == math.inf  # below what the size can reach
     with pytest.raises(UserError, match="3 or more sizes"):
         fit.fit_nd(N[:6], D[:6], loss[:6])
+
+
+# -- the FLOP convention in plans and reports --------------------------------------------------
+def test_the_plan_counts_the_output_layer_at_the_vocabulary_the_runs_train_with(tmp_path):
+    """The base's model section says nothing of the vocabulary (ModelConfig's default is 65);
+    the runs train with their data's tokenizer, and so do the budgets."""
+    sweep = load_sweep(write(tmp_path, BASE + "budget: {flops: 2.0e11}\n" + ARMS))
+    plan = make_plan(sweep, tmp_path / "out")
+    data = TextDataModule(source="shakespeare", tokenizer="char", block_size=32)
+    assert set(plan.vocabularies.values()) == {data.vocab_size} != {ModelConfig.vocab_size}
+    config = model_config_of(sweep, sweep.variants[0])
+    config.vocab_size = data.vocab_size
+    assert plan.shapes["mha", "base"].flops_per_token == Transformer(config).flops_per_token()
+
+
+def test_a_plan_whose_data_cannot_be_read_is_refused_in_one_line(tmp_path):
+    missing = f"  data.source: files\n  data.train_files: {tmp_path / 'none.txt'}\n"
+    base = BASE.replace("  data.batch_size: 4\n", "  data.batch_size: 4\n" + missing)
+    sweep = load_sweep(write(tmp_path, base + "budget: {flops: 2.0e11}\n" + ARMS))
+    with pytest.raises(
+        UserError, match="variant 'mha': data.train_files: no file matches .* output layer at the vocabulary"
+    ) as error:
+        make_plan(sweep, tmp_path / "out")
+    assert "\n" not in str(error.value)
+
+
+def test_a_run_records_the_convention_of_its_count():
+    model = Transformer(ModelConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, d_model=16))
+    budget = model_budget(model)
+    assert budget["flop_convention"] == FLOP_CONVENTION
+    assert budget["flops_per_token"] == model.flops_per_token(16)
+
+
+@pytest.mark.parametrize("convention", [None, FLOP_CONVENTION])
+def test_report_only_of_an_older_sweep_says_its_runs_used_the_older_count(tmp_path, monkeypatch, convention):
+    """Runs recorded before flop_convention (their summaries have none) still rebuild; the report
+    says how many used the older count and that their compute is recounted by today's."""
+    monkeypatch.setattr(fit, "BOOTSTRAP", 20)
+    path = write(tmp_path, BASE + "budget: {flops: 2.0e11}\n" + ARMS)
+    output = tmp_path / "out"
+    plan = make_plan(load_sweep(path), output)
+    _, second, _ = plan.all_points()
+    plant(plan, second, lambda p: 2.0 + 0.01 * p.seed, convention=convention)
+    ablation.main(["--config", str(path), "--output", str(output), "--report-only"])
+    text = (output / "results.md").read_text()
+    vocab = TextDataModule(source="shakespeare", tokenizer="char", block_size=32).vocab_size
+    assert f"convention {FLOP_CONVENTION}" in text and f"vocabulary of {vocab} tokens" in text
+    older = (
+        f"{len(second)} of {len(second)} finished runs were recorded under the FLOP count {OLDER_CONVENTION}"
+    )
+    assert (older in text) == (convention is None)
+    csv_rows = (output / "results.csv").read_text().splitlines()
+    assert all(FLOP_CONVENTION in row for row in csv_rows[1:])

@@ -198,6 +198,7 @@ def test_mfu_benchmark_prints_peak_ratio_and_profile(tmp_path):
     out = run_script("mfu.py", "--config", str(tmp_path / "tiny.yaml"), *args, cwd=tmp_path)
     assert re.search(r"peak: [\d.]+ GFLOP/s \(float32 64 x 64 matmul", out), out[-1000:]
     assert re.search(r"MFU: [\d.]+% of the measured float32 matmul peak", out), out[-1000:]
+    assert re.search(r"executed FLOPs .* MFLOP/token, [\d.]+ GFLOP/s; HFU: [\d.]+%", out), out[-1000:]
     assert "forward" in out and "backward" in out and "aten::mm" in out  # the profile, by phase and operator
 
 

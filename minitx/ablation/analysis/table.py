@@ -12,6 +12,7 @@ import yaml
 
 from ...data.config import TASKS
 from ...fileio import read_json
+from ...flops import OLDER_CONVENTION
 from ..plan.sweep import EvalSettings, Sweep, Variant
 from ..runs.eval_runs import DIAGNOSTICS_FILE, evaluate_run, read_diagnostics
 from ..runs.runner import RUN_FILE, SUMMARY_FILE, Run
@@ -168,6 +169,10 @@ def collect(runs: list[Run], evaluation: EvalSettings | None = None) -> list[dic
             steps=summary.get("steps"),
             device=device_label(summary.get("device"), record.get("gpus")),
             mlp_hidden=summary.get("mlp_hidden"),
+            # the count a run recorded is its minitx's: an older one's says so (minitx/flops.py)
+            flop_convention=summary.get("flop_convention", OLDER_CONVENTION)
+            if summary.get("flops_per_token")
+            else None,
             budget_changes=json.dumps(changes) if changes else "",
             resized=run.variant.resized,
             run_dir=str(run.directory),

@@ -18,6 +18,7 @@ import yaml
 
 from ...config import ModelConfig
 from ...errors import UserError
+from ...flops import FLOP_CONVENTION
 from ...model import Transformer
 from .sweep import Sweep, Variant
 
@@ -28,9 +29,11 @@ MEASURES = {"params": "params_non_embedding", "flops": "flops_per_token_non_embe
 
 def model_budget(model: Transformer) -> dict[str, Any]:
     """Parameters (all, and without the vocabulary and position tables) and training FLOPs per token
-    at block_size: Transformer.flops_per_token, 6 per matmul weight plus each layer's attention as
-    its kind declares it (Attention.flops_per_token), so arms of different kinds cost what they
-    compute (local's chunks, diff's two maps, MTA's convolutions and head mixes, MLA's widths)."""
+    at block_size: Transformer.flops_per_token, 6 per matmul weight plus each layer's attention
+    work over the pairs its queries see (minitx/flops.py), so arms of different kinds cost what
+    their math needs (a window's pairs, diff's two maps, MTA's convolutions and head mixes, MLA's
+    widths), the same on the meta device that plans a sweep as on the device that trains it;
+    `flop_convention` names that count in what a run records."""
     total = model.num_params(non_embedding=False)
     shared = [
         model.tok_emb.weight,
@@ -43,6 +46,7 @@ def model_budget(model: Transformer) -> dict[str, Any]:
         "params": total,
         "params_non_embedding": total - tables,
         "flops_per_token": flops,
+        "flop_convention": FLOP_CONVENTION,
         # the output layer's matmul (6 FLOPs per weight) is what the vocabulary adds to the FLOPs:
         # the token table is a lookup, which flops_per_token does not count
         "flops_per_token_non_embedding": flops - 6 * model.lm_head.weight.numel(),

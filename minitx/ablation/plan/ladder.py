@@ -15,13 +15,16 @@ subprocesses, parallel, finished runs skipped on a rerun):
    alone would have trained, at the cost of its decay only (OLMo's ladder does the same).
 
 Equal compute: an arm's steps at a budget are the budget's FLOPs over the arm's own FLOPs per
-training token (each kind's count, Transformer.flops_per_token) times the tokens of a step.
+training token (Transformer.flops_per_token, by the convention of minitx/flops.py, at the
+vocabulary the runs train with) times the tokens of a step; the fits count each run's compute the
+same way.
 A sweep with `budget` or `lr_sweep` but no ladder is the same plan with one size (the base) and
 one budget.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +34,8 @@ import yaml
 
 from ...errors import UserError
 from ...fileio import read_json
-from ..runs.runner import SUMMARY_FILE, Run, is_finished, make_run
+from ...flops import OLDER_CONVENTION
+from ..runs.runner import SUMMARY_FILE, Run, is_finished, make_run, training_vocab
 from .budget import budget_of, match_budgets, model_config_of
 from .design import Ladder, Size
 from .sweep import Sweep, Variant
@@ -62,13 +66,25 @@ class Point:
 
     @property
     def trained_flops(self) -> float:
-        """The run's training FLOPs as it ran: its steps, times the FLOPs per token its own
-        summary recorded (the count of the minitx that trained it), else as planned."""
-        summary = self.summary or {}
-        steps, per_token = summary.get("steps"), summary.get("flops_per_token")
-        if not steps or not per_token:
-            return self.flops
-        return steps * (self.tokens / self.steps) * per_token
+        """The run's training FLOPs as it ran: the steps its summary recorded (else as planned)
+        times the tokens of a step and the arm's FLOPs per token by today's convention (the
+        plan's, minitx/flops.py). A count of the model's shape alone, so a run recorded under an
+        older count (`recorded_convention`) is counted again the same way as a new one."""
+        return self.trained_steps * (self.tokens / self.steps) * self.flops_per_token
+
+    @property
+    def trained_steps(self) -> int:
+        """The steps the run trained, as its summary recorded them, else as planned (a run planned
+        by an older FLOP count trained the steps that count gave it)."""
+        return (self.summary or {}).get("steps") or self.steps
+
+    @property
+    def recorded_convention(self) -> str | None:
+        """The FLOP convention the run's summary recorded its count under (None: not finished)."""
+        summary = self.summary
+        if summary is None:
+            return None
+        return summary.get("flop_convention", OLDER_CONVENTION)
 
     @property
     def loss(self) -> float | None:
@@ -101,6 +117,7 @@ class Plan:
     extra: Sequence[str] = ()
     logging: Sequence[str] = ()
     lr_bases: dict[str, float] = field(default_factory=dict)
+    vocabularies: dict[str, int] = field(default_factory=dict)  # arm -> its data's tokenizer size
 
     # -- what each arm costs ------------------------------------------------------------------
     def steps(self, arm: str, size: str, budget: float | None) -> int:
@@ -273,6 +290,7 @@ def make_plan(sweep: Sweep, output: Path, extra: Sequence[str] = (), logging: Se
             "ladder: model.decay_steps fixes one decay length for every budget; use model.decay_fraction instead"
         )
     shapes: dict[tuple[str, str], Shape] = {}
+    vocabularies: dict[str, int] = {}  # per arm: the output layer as the runs will train it
     for size in sizes:
         variants = [
             Variant(f"{v.name}-{size.name}" if ladder else v.name, {**size.overrides, **v.overrides})
@@ -287,7 +305,10 @@ def make_plan(sweep: Sweep, output: Path, extra: Sequence[str] = (), logging: Se
         for arm, variant in zip(sweep.variants, variants):
             variant.resized = variant.resized or arm.resized
             variant.name = arm.name  # the arm's name in tables; the size is in the run's folder
-            budget = budget_of(model_config_of(sweep, variant, extra))
+            if arm.name not in vocabularies:
+                vocabularies[arm.name] = training_vocab(sweep, arm, extra)
+            config = model_config_of(sweep, variant, extra)
+            budget = budget_of(dataclasses.replace(config, vocab_size=vocabularies[arm.name]))
             shapes[arm.name, size.name] = Shape(
                 variant, budget["params_non_embedding"], float(budget["flops_per_token"])
             )
@@ -315,6 +336,7 @@ def make_plan(sweep: Sweep, output: Path, extra: Sequence[str] = (), logging: Se
         extra,
         logging,
         lr_bases,
+        vocabularies,
     )
     _check_steps(plan)
     return plan

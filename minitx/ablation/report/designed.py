@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 from ...fileio import read_json, write_text_atomically
+from ...flops import FLOP_CONVENTION
 from ..analysis.designed import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES, Analysis, share
 from ..analysis.significance import CONFIDENCE, LEVEL
 from ..analysis.table import device_label
@@ -30,7 +31,8 @@ DESIGN_PLOTS = (
 )
 CSV_FIELDS = [
     "arm", "size", "budget", "multiplier", "seed", "role", "status", "error", "steps", "tokens", "flops",
-    "params", "flops_per_token", "final_val_loss", *DIAGNOSTIC_KEYS, "branch_of", "device", "run_dir",
+    "params", "flops_per_token", "flop_convention", "final_val_loss", *DIAGNOSTIC_KEYS, "branch_of", "device",
+    "run_dir",
 ]  # fmt: skip
 
 
@@ -64,8 +66,9 @@ def csv_text(points: list[Point], diagnostics) -> str:
             {
                 "arm": p.arm, "size": p.size, "budget": "" if p.budget is None else f"{p.budget:g}",
                 "multiplier": f"{p.multiplier:g}", "seed": p.seed, "role": p.role, "status": status,
-                "error": error, "steps": p.steps, "tokens": p.tokens, "flops": f"{p.trained_flops:.4e}",
-                "params": p.params, "flops_per_token": f"{p.flops_per_token:.0f}",
+                "error": error, "steps": p.trained_steps, "tokens": p.trained_steps * (p.tokens // p.steps),
+                "flops": f"{p.trained_flops:.4e}", "params": p.params,
+                "flops_per_token": f"{p.flops_per_token:.0f}", "flop_convention": FLOP_CONVENTION,
                 "final_val_loss": "" if p.loss is None else f"{p.loss:.5f}",
                 **{k: "" if found.get(k) is None else f"{found[k]:.5g}" for k in DIAGNOSTIC_KEYS},
                 "branch_of": "" if p.branch_of is None else p.branch_of.run.directory.name,
@@ -133,7 +136,7 @@ def markdown(plan: Plan, analysis: Analysis, title: str, all_points: list[Point]
             lines.append(f"- {p.run.directory.name}: {_status(p)[1] or 'no summary'}")
         lines.append("")
     lines += ["## How these were measured", ""]
-    lines += [f"- {note}" for note in _notes(plan, analysis)]
+    lines += [f"- {note}" for note in _notes(plan, analysis, all_points)]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -396,12 +399,25 @@ def _ranking_section(analysis: Analysis) -> list[str]:
     return [*lines, ""]
 
 
-def _notes(plan: Plan, analysis: Analysis) -> list[str]:
+def _notes(plan: Plan, analysis: Analysis, all_points: list[Point]) -> list[str]:
+    vocabularies = ", ".join(f"{v:,}" for v in sorted(set(plan.vocabularies.values())))
     notes = [
         "loss: each run's final val loss (the training command's validation at its last step)",
         f"compute: training FLOPs = steps x {plan.tokens_per_step:,} tokens per step x the arm's FLOPs per token "
-        "(Transformer.flops_per_token at block_size: 6 per matmul parameter plus each kind's own attention work)",
+        f"(Transformer.flops_per_token at block_size, convention {FLOP_CONVENTION}: 6 per matmul weight, the output "
+        f"layer's at the data's vocabulary of {vocabularies or 'n/a'} tokens, plus each kind's attention work over "
+        "the pairs its queries see; docs/attention.md#training-flops-per-token)",
     ]
+    runs = {p.run.directory: p.recorded_convention for p in all_points if p.recorded_convention}
+    older = sorted({c for c in runs.values() if c != FLOP_CONVENTION})
+    if older:
+        count = sum(c != FLOP_CONVENTION for c in runs.values())
+        notes.append(
+            f"{count} of {len(runs)} finished runs were recorded under the FLOP count {', '.join(older)} "
+            f"(summary.json without flop_convention: each kind's code as it ran on its device): their steps gave "
+            f"equal compute by that count, not by {FLOP_CONVENTION}; their compute here is their steps counted by "
+            f"{FLOP_CONVENTION}"
+        )
     if plan.ladder is not None:
         notes.append(
             f"schedule: warmup-stable-decay (decay over the last {plan.decay_fraction:g} of each run's steps); "

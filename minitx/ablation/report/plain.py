@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ...fileio import write_text_atomically
+from ...flops import FLOP_CONVENTION
 from ..analysis.significance import CONFIDENCE, LEVEL, Difference, compare_all
 from ..analysis.table import (
     DIAGNOSTIC_COLUMNS,
@@ -31,6 +32,7 @@ CSV_FIELDS = [
     "params",
     "params_non_embedding",
     "flops_per_token",
+    "flop_convention",
     "mlp_hidden",
     "final_val_loss",
     "best_val_loss",
@@ -250,9 +252,10 @@ def standard_notes(rows: list[dict], table: list[dict], sweep: Sweep | None) -> 
     notes = [
         "mean ± sample std over seeds; a value without ± comes from one seed",
         "params: all parameters; non-emb params: without the token and position tables and an untied output layer; "
-        "train FLOPs/token: Transformer.flops_per_token at block_size (6 per matmul weight plus each layer's "
-        "attention work as its kind declares it: scores and values, local's chunks, diff's two maps, "
-        "MTA's convolutions and head mixes)",
+        "train FLOPs/token: Transformer.flops_per_token at block_size, convention "
+        f"{FLOP_CONVENTION} (6 per matmul weight plus each layer's attention work over the pairs its queries "
+        "see: a window's pairs, diff's two maps, MTA's convolutions and head mixes; "
+        "docs/attention.md#training-flops-per-token)",
         "tokens/s: the training command's own meter (the one behind its logged tokens_per_sec) over the whole run: "
         "training steps from the end of the first, validation left out",
         f"peak memory: {', '.join(kinds) or 'n/a'} (CPU peak RSS is the whole process: Python, torch, data)",
@@ -284,6 +287,15 @@ def standard_notes(rows: list[dict], table: list[dict], sweep: Sweep | None) -> 
         notes.append(
             f"match: {sweep.match}: each variant's MLP width was set so that its {MATCHED[sweep.match]} are within 2% "
             f"of {sweep.reference.name}'s (‡ where a width changed)"
+        )
+    older = sorted(
+        {r["flop_convention"] for r in rows if r.get("flop_convention") not in (None, FLOP_CONVENTION)}
+    )
+    if older:
+        variants = sorted({r["variant"] for r in rows if r.get("flop_convention") in older})
+        notes.append(
+            f"train FLOPs/token of {', '.join(variants)}: recorded under the older count {', '.join(older)} "
+            f"(summary.json without flop_convention: each kind's code as it ran on its device), not {FLOP_CONVENTION}"
         )
     parallel = max((r["parallel"] or 1 for r in rows if r["status"] == "ok"), default=1)
     if parallel > 1:

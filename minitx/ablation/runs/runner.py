@@ -160,6 +160,40 @@ def check_variants(sweep: Sweep, sweep_path: Path, extra: Sequence[str] = ()) ->
             raise UserError(f"{sweep_path}: variant {variant.name!r}: {problem}")
 
 
+# The vocabularies found by training_vocab, by what decides them: a sweep planned again in the
+# same process (a rerun's phases, tests) parses and opens its data once.
+_VOCABULARIES: dict[str, int] = {}
+
+
+def training_vocab(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> int:
+    """The vocabulary a variant's runs train with: their data's tokenizer, to which the train
+    command links model.vocab_size (the data prepared now if it is not yet, as the sweep would
+    before its first run). The sweep's budgets count the output layer at this size. Refused in
+    one line, naming the data's problem, when the data cannot be read."""
+    from ...data.datamodule import TextDataModule
+
+    data_keys = sorted((k, format_value(v)) for k, v in variant.overrides.items() if k.startswith("data."))
+    decided_by = json.dumps(
+        [sweep.base_text, sorted(sweep.overrides.items()), data_keys, list(extra)], default=str
+    )
+    if decided_by in _VOCABULARIES:
+        return _VOCABULARIES[decided_by]
+    with tempfile.TemporaryDirectory(prefix="minitx-ablate-") as scratch:
+        base = Path(scratch) / BASE_SNAPSHOT
+        base.write_text(sweep.base_text, encoding="utf-8")
+        overrides = run_overrides(sweep, variant.overrides, sweep.seed)
+        data = check_train_args(train_arguments(base, Path(scratch) / "runs", variant.name, overrides, extra))
+    try:
+        vocab = TextDataModule(**data).vocab_size
+    except UserError as error:
+        raise UserError(
+            f"variant {variant.name!r}: {error} (the budgets count the output layer at the vocabulary "
+            "of the data its runs train with, so the data is read before the sweep is planned)"
+        ) from None
+    _VOCABULARIES[decided_by] = vocab
+    return vocab
+
+
 def prepare_data(runs: Sequence[Run], log: Any = print) -> None:
     """Prepare each distinct data setting of the runs once, before any starts: the runs then only
     open the shards (a run that prepared would make the others wait on its lock, or, run by run,

@@ -85,7 +85,8 @@ class MultiTokenAttention(CachedDecoding, Attention):
     cache_type = MTACache
     # The cached rows share one cut-off for keys that slid out of the context, exact for one row.
     extends_in_chunks = False
-    flops_per_token = flops.per_token  # its docstring says what it counts, and why (flops.py)
+    flops_per_token = flops.per_token  # their docstrings say what each counts, and why (flops.py)
+    executed_flops_per_token = flops.executed
 
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__(config, layer)
