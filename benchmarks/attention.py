@@ -50,7 +50,7 @@ from minitx.allocator import keep_freed_memory
 from minitx.attention import build
 from minitx.attention.local import LocalAttention
 from minitx.attention.mta import triton_launch as mta_triton
-from minitx.attention.mta.layer import FACTORISED_FROM
+from minitx.attention.mta.options import FACTORISED_FROM
 from minitx.configfiles import merged
 from minitx.rope import RotaryEmbedding
 

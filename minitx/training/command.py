@@ -41,10 +41,10 @@ from .changes import report_resume_changes
 from .classpaths import check_command_line
 from .inputs import check_config
 from .interrupt import RunInterrupted, StopOnInterrupt
+from .links import LINKED, LINKED_AT_PARSE
 from .messages import config_files, find_user_error, parse_error_message
 from .module import MinitxLM
 from .optim import DEFAULTS
-from .precheck import LINKED, LINKED_AT_PARSE
 from .resume import check_resume_checkpoint, dict_diff, resolve_ckpt_path
 from .run import RunCheckpoints, trainer_arguments
 from .runsection import RunSettings, settle_run_section

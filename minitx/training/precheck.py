@@ -45,6 +45,7 @@ from ..data.config import DataConfig
 from ..errors import UserError
 from .classpaths import check_command_line
 from .inputs import check_settings
+from .links import LINKED, LINKED_AT_PARSE
 from .messages import config_files, parse_error_message
 from .optim import Optimisation
 from .runsection import RunSettings
@@ -63,17 +64,6 @@ TRAINING_SWITCHES = (
     ),
     ("init_from", Optional[str], None, "a local transformers directory the run starts from"),  # noqa: UP045
 )
-# Keys the train command fills in from others (TrainCLI.add_arguments_to_parser links them): a
-# config file may hold them (a run's saved config.yaml does), a flag may not.
-LINKED = {
-    "model.vocab_size": "data.vocab_size",
-    "model.max_steps": "trainer.max_steps",
-    "data.block_size": "model.block_size",
-    "model.document_token": "data.documents",  # the tokenizer's end-of-text, with data.documents
-}
-# Those LightningCLI fills in as it parses, before its checks (TrainCLI links them from here); the
-# others are filled in when the data module is built.
-LINKED_AT_PARSE = ("data.block_size", "model.max_steps")
 # Whole command lines left to LightningCLI: a class's help, a shell completion script.
 ONLY_LIGHTNING = (".help", "--print_shtab")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from . import native
 from . import triton_launch as mta_triton
 from .kernels import band_width
+from .options import FACTORISED_FROM
 
 
 def per_token(layer, T: int) -> float:
@@ -34,8 +35,6 @@ def per_token(layer, T: int) -> float:
     backward's recomputation of each chunk's maps (ChunkedRows, past query_chunk tokens), a trade
     of time for memory like activation checkpointing, which no count includes.
     """
-    from .layer import FACTORISED_FROM  # here: layer.py imports this module
-
     H, D, c_q, c_k = layer.n_head, layer.head_dim, layer.c_q, layer.c_k
     pre, post = layer.kq_conv is not None, layer.kq_conv_post is not None
     fused = layer.backend == "triton" or (
