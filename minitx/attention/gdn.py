@@ -43,13 +43,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ..config import NORM_EPS, ModelConfig
 from ..documents import Documents
 from ..errors import UserError
 from ..kinds import KindSpec, OptionError, fail
 from .base import KindLayer, norm_float32
 
-NORM_EPS = 1e-6  # the L2 norms of q and k and the output RMSNorm (fla's and Qwen3-Next's)
 # Up to this many tokens the short convolution is a product and a sum: conv1d costs ~0.2 ms per
 # call on a CPU whatever the length, 30x the arithmetic of one token (benchmarks/RESULTS.md).
 FEW_TOKENS = 64
