@@ -7,7 +7,10 @@ nothing needs a gradient (conv_softmax), head mixing alone, and (for decoding) t
 and gate. Used for float32 and float64 on CPU; everything else (CUDA, bfloat16, no compiler) runs
 the same maths on torch's operations, equal to rounding (the tests hold both to one oracle).
 MINITX_NATIVE=0 turns them off; MINITX_NATIVE_OPENMP=0 builds them without OpenMP (their threads
-are then a pool of their own).
+are then a pool of their own). They are built for the machine's own vector extensions
+(-march=native: conv.c sizes its vectors and register tiles to AVX-512 where the machine has it,
+else to AVX2); MINITX_NATIVE_ARCH=<gcc -march value> builds them for another target, e.g.
+x86-64-v3 (AVX2 + FMA) to time on an AVX-512 machine what a machine without it runs.
 
 The library is built once per source and machine into ~/.cache/minitx (or $MINITX_CACHE) under a
 name that includes the source's hash, written under a temporary name and renamed into place, so
@@ -39,7 +42,7 @@ from ...compiling import constant_result
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("conv.c")
-FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-ffp-contract=fast", "-shared", "-fPIC"]
 OPENMP = ["-fopenmp"]
 WORKER_TASK = ctypes.CFUNCTYPE(None, ctypes.c_int64)
 SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
@@ -64,7 +67,8 @@ def library() -> ctypes.CDLL | None:
     # cores with that team's threads still spinning after each matrix product (measured: the C
     # calls of a T = 4096 step took as long on two threads as on one).
     with_openmp = os.environ.get("MINITX_NATIVE_OPENMP", "1") != "0"
-    for flags in [FLAGS + OPENMP] * with_openmp + [FLAGS]:
+    target = [f"-march={build_arch()}"]
+    for flags in [FLAGS + target + OPENMP] * with_openmp + [FLAGS + target]:
         try:
             lib = ctypes.CDLL(str(built(compiler, flags, source)))
             break
@@ -97,6 +101,37 @@ def library() -> ctypes.CDLL | None:
     lib.parallel_workers.argtypes = [WORKER_TASK, i64]
     lib.openmp.restype = ctypes.c_int64
     return lib
+
+
+def build_arch() -> str:
+    """The -march the library is built for: the machine's own, unless MINITX_NATIVE_ARCH names another."""
+    return os.environ.get("MINITX_NATIVE_ARCH") or "native"
+
+
+def build_target() -> str:
+    """What the loaded library was built for, in words: "-march=native, 64-byte vectors"."""
+    if not loaded():
+        return "not built (torch's operations)"
+    return f"-march={build_arch()}, {ctypes.c_int64.in_dll(library(), 'vector_bytes').value}-byte vectors"
+
+
+def vector_extensions() -> list[str]:
+    """The CPU's SIMD extensions as /proc/cpuinfo's flags name them (avx2, fma, avx512f, avx512_bf16,
+    ...; neon/asimd on ARM); empty where there is no /proc/cpuinfo."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next(
+        (
+            line.split(":", 1)[1].split()
+            for line in text.splitlines()
+            if line.startswith(("flags", "Features"))
+        ),
+        [],
+    )
+    wanted = ("avx", "fma", "sse4_2", "f16c", "amx", "asimd", "neon", "sve")
+    return sorted(flag for flag in set(flags) if flag.startswith(wanted))
 
 
 def built(compiler: str, flags: list[str], source: bytes) -> Path:
