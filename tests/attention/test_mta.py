@@ -660,7 +660,7 @@ rows_in, rows_out = (visible.lo, visible.hi), (out_rows.lo, out_rows.hi)
 scores, kernel = torch.randn(1, 4, 75, 100), torch.randn(4, 6, 11)
 pre, post = torch.randn(1, 4, 4), torch.randn(2, 2, 2)
 out, conved, probs = native.conv_softmax(scores, kernel, pre, post, rows_in, rows_out, keep=True)
-grads = native.conv_softmax_grad(scores, conved, probs, torch.ones_like(out), kernel, pre, post, rows_in, rows_out)
+grads = native.conv_softmax_grad(scores, conved, probs, torch.randn_like(out), kernel, pre, post, rows_in, rows_out)
 torch.save([[native.library().openmp(), native.build_target()], out, *grads], sys.argv[1])
 """
 
@@ -695,8 +695,8 @@ def test_c_loops_built_for_avx2_give_the_machine_s_build_to_rounding(c_loops, tm
     (_, avx2), *theirs = one_pass_results(tmp_path / "avx2.pt", MINITX_NATIVE_ARCH="x86-64-v3")
     assert avx2 == "-march=x86-64-v3, 32-byte vectors", avx2
     assert target.startswith("-march=native, ")
-    for a, b in zip(ours, theirs):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(ours, theirs):  # float32: within 1e-5 of each result's largest entry
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max(), (a - b).abs().max()
 
 
 def test_c_convolution_passes_gradcheck(c_loops):
