@@ -23,8 +23,12 @@ installed): on CPU tensors the kernels run in Triton's interpreter, exact but se
 T = 30, so there they run only when named with --variants.
 
 Time: median of --repeats runs after a warm-up, of forward and backward of the layer with the
-input requiring grad, as in training. The ratio table divides each MTA row's time (and each triton
-row's peak memory) by mha's at the same T.
+input requiring grad, as in training, by the wall clock and by this thread's CPU time (which leaves
+out work on other threads: equal to the wall clock's with --threads 1 on an idle machine, steadier
+beside other work). The ratio table divides each MTA row's time (and each triton row's peak
+memory) by mha's at the same T, by the wall clock (--cpu-time: by thread CPU time), the other
+clock's ratio beside it. The header names the CPU's vector extensions and what MTA's C loops were
+built for (MINITX_NATIVE_ARCH=x86-64-v3 in front times the AVX2 build on an AVX-512 machine).
 Memory, CUDA: torch.cuda.max_memory_allocated during the step, less what was allocated before.
 Memory, CPU (no allocator statistics there): the peak sum of bytes of the tensor storages the step
 creates, tracked op by op with a dispatch mode that sees every operator (backward included); it
@@ -49,8 +53,9 @@ from minitx import AttentionConfig, ModelConfig, functional
 from minitx.allocator import keep_freed_memory
 from minitx.attention import build
 from minitx.attention.local import LocalAttention
+from minitx.attention.mta import native
 from minitx.attention.mta import triton_launch as mta_triton
-from minitx.attention.mta.layer import FACTORISED_FROM
+from minitx.attention.mta.options import FACTORISED_FROM
 from minitx.configfiles import merged
 from minitx.rope import RotaryEmbedding
 
@@ -140,22 +145,32 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def median_ms(layers: dict, args) -> dict[str, float]:
-    """Median step time per variant. Variants take turns, so a burst of other work on the machine
-    slows all of them alike instead of one."""
+def median_times_ms(layers: dict, args) -> dict[str, dict[str, float]]:
+    """Median step time per variant by each clock: {"wall": ..., "cpu": this thread's CPU time}.
+    Variants take turns, so a burst of other work on the machine slows all of them alike instead
+    of one."""
     for _ in range(args.warmup):
         for layer, x, rope, grad in layers.values():
             step(layer, x, rope, grad)
-    times = {name: [] for name in layers}
-    clock = time.thread_time if args.cpu_time else time.perf_counter
+    times = {name: {"wall": [], "cpu": []} for name in layers}
     for _ in range(args.repeats):
         for name, (layer, x, rope, grad) in layers.items():
             sync(args.device)
-            start = clock()
+            wall, cpu = time.perf_counter(), time.thread_time()
             step(layer, x, rope, grad)
             sync(args.device)
-            times[name].append(clock() - start)
-    return {name: 1000 * statistics.median(t) for name, t in times.items()}
+            times[name]["cpu"].append(time.thread_time() - cpu)
+            times[name]["wall"].append(time.perf_counter() - wall)
+    return {
+        name: {clock: 1000 * statistics.median(values) for clock, values in clocks.items()}
+        for name, clocks in times.items()
+    }
+
+
+def median_ms(layers: dict, args) -> dict[str, float]:
+    """Median step time per variant by the clock --cpu-time chooses."""
+    clock = "cpu" if args.cpu_time else "wall"
+    return {name: times[clock] for name, times in median_times_ms(layers, args).items()}
 
 
 class LiveTensorPeak(TorchDispatchMode):
@@ -259,9 +274,11 @@ def main(argv=None) -> None:
     )
     print(
         f"# {machine}, torch {torch.__version__}, {datetime.date.today()}, B={args.batch} d_model={args.d_model} "
-        f"n_head={args.n_head} window={args.window} {args.dtype}, median of {args.repeats}"
-        f"{', thread CPU time' if args.cpu_time else ''}\n"
+        f"n_head={args.n_head} window={args.window} {args.dtype}, median of {args.repeats}, "
+        f"ratios by {'thread CPU time' if args.cpu_time else 'the wall clock'}"
     )
+    print(f"# vector extensions: {' '.join(native.vector_extensions()) or 'unknown (no /proc/cpuinfo)'}")
+    print(f"# MTA's C loops: {native.build_target()}\n")
     if args.device == "cuda":
         print(
             f"mta, mta-both: the torch path (factorised above {FACTORISED_FROM} tokens, plain chunked "
@@ -271,24 +288,36 @@ def main(argv=None) -> None:
     memory_kind = (
         "torch.cuda.max_memory_allocated" if args.device == "cuda" else "peak live tensor bytes (lower bound)"
     )
-    print(f"| variant | T | fwd+bwd ms | peak MiB ({memory_kind}) | saved for backward MiB |")
-    print("|---|---:|---:|---:|---:|")
-    ms, peak = {}, {}
+    print(
+        f"| variant | T | fwd+bwd ms | fwd+bwd ms, thread CPU time | peak MiB ({memory_kind}) | saved for backward MiB |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    clock, other = ("cpu", "wall") if args.cpu_time else ("wall", "cpu")
+    ms, other_ms, peak = {}, {}, {}
     for T in args.seq_lens:
         layers = {name: make_layer(name, all_variants[name], T, args) for name in names}
-        for name, median in median_ms(layers, args).items():
-            ms[name, T] = median
+        for name, median in median_times_ms(layers, args).items():
+            ms[name, T], other_ms[name, T] = median[clock], median[other]
         for name in names:
             peak[name, T], saved = memory_mib(*layers[name], args)
-            print(f"| {name} | {T} | {ms[name, T]:.1f} | {peak[name, T]:.1f} | {saved:.1f} |", flush=True)
+            wall, cpu = (
+                (other_ms[name, T], ms[name, T]) if args.cpu_time else (ms[name, T], other_ms[name, T])
+            )
+            print(
+                f"| {name} | {T} | {wall:.1f} | {cpu:.1f} | {peak[name, T]:.1f} | {saved:.1f} |", flush=True
+            )
         del layers
 
-    print("\n| ratio | value | target |\n|---|---:|---|")
+    other_words = "the wall clock" if args.cpu_time else "thread CPU time"
+    print(f"\n| ratio | value | by {other_words} | target |\n|---|---:|---:|---|")
     long = max(args.seq_lens)
 
     def row(label: str, table: dict, top: tuple, bottom: tuple, target: str) -> None:
-        value = f"{table[top] / table[bottom]:.2f}" if top in table and bottom in table else "not run"
-        print(f"| {label} | {value} | {target} |")
+        def ratio(values: dict) -> str:
+            return f"{values[top] / values[bottom]:.2f}" if top in values and bottom in values else "not run"
+
+        beside = ratio(other_ms) if table is ms else ""
+        print(f"| {label} | {ratio(table)} | {beside} | {target} |")
 
     row(
         f"dense-mask local / chunked local time, T={long}", ms, ("local-dense", long), ("local", long), ">= 5"
@@ -306,7 +335,13 @@ def main(argv=None) -> None:
             row(f"{name} / mha time, T={T}", ms, (name, T), ("mha", T), "<= 1")
     for T in args.seq_lens:
         for name in ("mta", "mta-fact", "mta-conv", "mta-both"):
-            goal = "" if name != "mta" else "<= 1.8 (one CPU thread)" if T >= 4096 else "<= 2"
+            goal = (
+                ""
+                if name != "mta"
+                else "<= 1.8 (one CPU thread; 2.5 without AVX-512)"
+                if T >= 4096
+                else "<= 2"
+            )
             row(f"{name} / mha time, T={T}", ms, (name, T), ("mha", T), goal)
     for T in args.seq_lens:
         row(

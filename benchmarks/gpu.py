@@ -42,6 +42,8 @@ says which path ran, counted by wrapping both functions.
   kernels (backend fla) against the torch chunked form, same weights, float32 with TF32 off: logits
   and every gradient (FLA_TOL), and fla's kernels counted in every gdn layer. On auto, CUDA takes
   fla's kernels when installed, so the other checks and the rows run them there.
+- fla vs torch, documents: the same on packed documents (each row cut in two elsewhere), which fla
+  takes as packed sequences through cu_seqlens (GatedDeltaNet.fla_chunk).
 
 Measurements: training tokens/s and MFU of each kind (bare loop, bf16 autocast, AdamW), compiled
 and not (the options qknorm, sinks and gated eager only: COMPILED_TRAINING_KINDS); one attention
@@ -575,15 +577,23 @@ def with_gdn(config: ModelConfig, backend: str) -> ModelConfig:
     )
 
 
-def check_fla(results: Results, kind: str, config: ModelConfig, device: torch.device) -> None:
+def check_fla(
+    results: Results, kind: str, config: ModelConfig, device: torch.device, documents: bool = False
+) -> None:
     """config's gdn layers through fla's Triton kernels (backend fla) against the torch path (backend
-    torch): same weights, same device, float32 with TF32 off; logits and every gradient."""
+    torch): same weights, same device, float32 with TF32 off; logits and every gradient. documents:
+    on packed documents, which fla takes as packed sequences (cu_seqlens)."""
     from minitx.attention.gdn import GatedDeltaNet
 
+    if documents:
+        config = with_documents(config)
     torch_path = Transformer(with_gdn(config, "torch")).to(device).eval()
     fla_path = Transformer(with_gdn(config, "fla")).to(device).eval()
     fla_path.load_state_dict(torch_path.state_dict())
-    idx = torch.randint(0, VOCAB, (2, config.block_size - 5 + 1), device=device)  # a partial last chunk
+    T = config.block_size - 5  # a partial last chunk
+    idx = torch.randint(1, VOCAB, (2, T + 1), device=device)
+    if documents:  # row 0: a document from its start and one from a third in; row 1: two thirds in
+        idx[0, 0] = idx[0, T // 3] = idx[1, 2 * T // 3] = DOCUMENT_TOKEN
     logits, grads, calls = {}, {}, {}
     with ieee_float32():
         for name, model in (("torch", torch_path), ("fla", fla_path)):
@@ -615,7 +625,8 @@ def check_fla(results: Results, kind: str, config: ModelConfig, device: torch.de
     )
     if missing:
         detail += f"; gradient in one model only: {', '.join(missing[:5])}"
-    results.check("fla vs torch", kind, ok, detail, value=max(rel, errors[worst]))
+    name = "fla vs torch, documents" if documents else "fla vs torch"
+    results.check(name, kind, ok, detail, value=max(rel, errors[worst]))
 
 
 def muon_losses(config: ModelConfig, device: torch.device, precision: str, steps: int) -> list[float]:
@@ -689,12 +700,13 @@ def run_checks(results: Results, configs: dict[str, ModelConfig], device: torch.
     for kind, config in configs.items():  # gdn's CUDA fast path: fla's kernels where installed
         if "gdn" not in config.layer_kinds:
             continue
-        if device.type != "cuda" or not fla_installed():
-            results.skip("fla vs torch", kind, FLA_CUDA_ONLY if device.type != "cuda" else NO_FLA)
-            continue
-        torch.manual_seed(0)
-        with results.guarded("fla vs torch", kind):
-            check_fla(results, kind, config, device)
+        for name, documents in (("fla vs torch", False), ("fla vs torch, documents", True)):
+            if device.type != "cuda" or not fla_installed():
+                results.skip(name, kind, FLA_CUDA_ONLY if device.type != "cuda" else NO_FLA)
+                continue
+            torch.manual_seed(0)
+            with results.guarded(name, kind):
+                check_fla(results, kind, config, device, documents)
     if "mta" not in configs:
         return
     # The released setting (configs/mta.yaml: pre and post convolutions) and the pre-softmax

@@ -18,6 +18,12 @@ from . import kinds, legacy
 from .errors import UserError
 from .kinds import fail as _fail
 
+# minitx's RMSNorm eps, everywhere: the blocks' and the final norm, QK-norm, diff's per-head norm,
+# mla's latent norms, gdn's output norm and its L2 norms of q and k. One value, because export
+# relies on them agreeing: it writes this as rms_norm_eps, and DeepseekV3's latent norms and
+# Qwen3.5's L2 norms are 1e-6 in transformers' code whatever rms_norm_eps says.
+NORM_EPS = 1e-6
+
 
 @dataclass
 class AttentionConfig:

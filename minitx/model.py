@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from . import attention, decoding
 from .cache import KVCache, ModelCache
-from .config import ModelConfig
+from .config import NORM_EPS, ModelConfig
 from .documents import Documents
 from .rope import RotaryEmbedding, rotary_table, shared_tables  # noqa: F401  (RotaryEmbedding: its old home)
 
@@ -23,7 +23,7 @@ from .rope import RotaryEmbedding, rotary_table, shared_tables  # noqa: F401  (R
 def make_norm(config: ModelConfig) -> nn.Module:
     if config.norm == "rmsnorm":
         # x / sqrt(mean(x^2) + eps) * weight. The eps is given: torch's default is the dtype's.
-        return nn.RMSNorm(config.d_model, eps=1e-6)
+        return nn.RMSNorm(config.d_model, eps=NORM_EPS)
     return nn.LayerNorm(config.d_model, bias=config.bias)
 
 

@@ -80,3 +80,36 @@ def assert_figures_close(ours, theirs, rel: float, what: str = "figure") -> None
         assert math.isclose(float(ours), float(theirs), rel_tol=rel, abs_tol=1e-12), (
             f"{what}: {ours!r} against {theirs!r}"
         )
+
+
+def fla_stand_in(chunk_size: int = 16, decays: bool = True, packed: bool = True):
+    """A CPU stand-in for flash-linear-attention's chunk_gated_delta_rule (what
+    minitx.attention.gdn.fla_kernel returns on CUDA), with its calling convention: (B, T, H, D)
+    inputs, an initial and a final state per sequence, packed sequences through cu_seqlens (B = 1).
+    It computes minitx's torch chunked form at another chunk size, as a kernel blocks the work its
+    own way. The faults a check of fla's path must see: decays=False drops the decay (fla's #1272
+    kind of bug), packed=False reads the packed row as one sequence (cu_seqlens ignored)."""
+    import torch
+
+    from minitx.attention.gdn import chunk_gated_delta
+
+    def chunk_gated_delta_rule(
+        q, k, v, g, beta, scale, initial_state=None, output_final_state=False, cu_seqlens=None
+    ):
+        q, k, v, g, beta = (t.transpose(1, 2) for t in (q, k, v, g, beta))  # (B, H, T, ...) as minitx's
+        g = g if decays else torch.zeros_like(g)
+        if cu_seqlens is None:
+            o, h = chunk_gated_delta(q, k, v, g, beta, scale, chunk_size, initial_state)
+            return o.transpose(1, 2), h
+        assert q.shape[0] == 1, "fla takes packed sequences in one row"
+        bounds = cu_seqlens.tolist() if packed else [0, q.shape[2]]
+        outs, states = [], []
+        for n, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            state = None if initial_state is None else initial_state[n : n + 1]
+            o, h = chunk_gated_delta(*(t[:, :, a:b] for t in (q, k, v, g, beta)), scale, chunk_size, state)
+            outs.append(o)
+            states.append(h)
+        states = states * (len(cu_seqlens) - 1) if not packed else states  # one per sequence, as fla's
+        return torch.cat(outs, dim=2).transpose(1, 2), torch.cat(states)
+
+    return chunk_gated_delta_rule

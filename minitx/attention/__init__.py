@@ -24,7 +24,25 @@ register(gdn.GDN)  # Gated DeltaNet: linear attention, a recurrent state
 
 
 def build(config: ModelConfig, layer: int) -> KindLayer:
-    return registry[config.layer_kinds[layer]].module(config, layer)
+    spec = registry[config.layer_kinds[layer]]
+    check_layer_class(spec)
+    return spec.module(config, layer)
+
+
+def check_layer_class(spec: KindSpec) -> None:
+    """A kind's layer class must be a KindLayer that implements what KindLayer.REQUIRED names: a
+    TypeError naming the kind, the class and what it lacks when the model is built, not at a
+    first forward or cache."""
+    cls = spec.module
+    if not (isinstance(cls, type) and issubclass(cls, KindLayer)):
+        raise TypeError(
+            f"attention kind {spec.name}: its layer class {cls!r} is not a subclass of minitx.KindLayer"
+        )
+    if cls.missing():
+        raise TypeError(
+            f"attention kind {spec.name}: its layer class {cls.__qualname__} does not implement "
+            f"{', '.join(cls.missing())} (KindLayer.REQUIRED, minitx/attention/base.py)"
+        )
 
 
 __all__ = ["Attention", "KindLayer", "KindSpec", "apply_rope", "build", "register", "registry"]

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from .. import functional
 from ..cache import KVCache
-from ..config import ModelConfig
+from ..config import NORM_EPS, ModelConfig
 from ..documents import Documents, stack_pieces, token_rows
 from ..flops import causal_pairs
 from ..rope import apply_rope
@@ -51,7 +51,7 @@ SINK_WIDTH = 8
 class SoftmaxOptions:
     """Options of every softmax kind (attention.options.<kind>.*; LocalOptions adds its window)."""
 
-    # RMSNorm over each head's queries and keys (learned weight of head_dim, eps 1e-6) before RoPE,
+    # RMSNorm over each head's queries and keys (learned weight of head_dim, eps NORM_EPS = 1e-6) before RoPE,
     # as Qwen3, OLMo2 and Gemma 3: logits stay bounded however large the projections grow.
     qk_norm: bool = False
     # One learned logit per head joins every softmax row as a column no value reads (gpt-oss):
@@ -71,8 +71,18 @@ def norm_float32(norm: nn.Module, x: Tensor) -> Tensor:
 class KindLayer(nn.Module):
     """The interface of one layer of any attention kind (see the module's docstring).
 
-    A subclass implements `forward`, `make_cache` and `flops_per_token`; the cache's life
-    (new, set up, reset, removed) and the defaults below come with it."""
+    A subclass implements `forward`, `make_cache` and `flops_per_token` (REQUIRED); the cache's
+    life (new, set up, reset, removed) and the defaults below come with it. What those defaults
+    read of a layer is declared here too:
+    - `n_head`, its query heads (config.n_head unless the kind sets another): `sdpa_flops`;
+    - `project(x, rope)` and `reference(q, k, v)`, for a kind with softmax maps: the default
+      `attention_weights` (and so `softmax_maps`). `Attention` has them; a kind without softmax
+      maps (gdn) overrides `attention_weights` instead.
+    `missing()` names what a class leaves unimplemented; `attention.build` refuses such a class."""
+
+    REQUIRED = ("forward", "make_cache", "flops_per_token")
+
+    n_head: int  # query heads
 
     # Whether several new tokens may go through the cached path in one call (a long prompt's
     # prefill past block_size): the cache masks every new query by its own position.
@@ -84,7 +94,14 @@ class KindLayer(nn.Module):
         self.layer = layer
         self.block_size = config.block_size
         self.dropout = config.dropout
+        self.n_head = config.n_head
         self.kv_cache: nn.Module | None = None  # the layer's own cache while set up (setup_cache)
+
+    @classmethod
+    def missing(cls) -> list[str]:
+        """The methods of REQUIRED this class leaves as KindLayer's (which raise NotImplementedError)."""
+        owner = {name: next(c for c in cls.__mro__ if name in vars(c)) for name in cls.REQUIRED}
+        return [name for name in cls.REQUIRED if owner[name] is KindLayer]
 
     def forward(self, x: Tensor, rope=None, cache=None, docs: Documents | None = None) -> Tensor:
         """x (B, T, d_model) -> (B, T, d_model); through `cache` when given (decoding), keeping
@@ -115,6 +132,10 @@ class KindLayer(nn.Module):
         """Initialise parameters the model's generic init must not touch (none here)."""
 
     # -- softmax maps, where a kind has them ----------------------------------------------------
+    def project(self, x: Tensor, rope) -> tuple[Tensor, Tensor, Tensor]:
+        """(q, k, v) of x (B, T, d_model), as `reference` takes them: (B, heads, T, width) each."""
+        raise NotImplementedError(f"attention kind {type(self).__name__} has no q/k/v projection")
+
     def reference(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """(out, weights), the maths materialised: the oracle of a softmax kind's tests."""
         raise NotImplementedError(f"attention kind {type(self).__name__} has no materialised softmax map")
@@ -187,7 +208,6 @@ class Attention(KindLayer):
 
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__(config, layer)
-        self.n_head = config.n_head
         self.n_kv_head = config.n_kv_head_at(layer)
         self.head_dim = config.head_dim
         inner, kv_inner = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
@@ -197,7 +217,7 @@ class Attention(KindLayer):
         self.out_proj = nn.Linear(inner, config.d_model, bias=config.bias)
         options = config.options_at(layer)
         shared = options if isinstance(options, SoftmaxOptions) else SoftmaxOptions()
-        norm = lambda: nn.RMSNorm(self.head_dim, eps=1e-6) if shared.qk_norm else None  # noqa: E731
+        norm = lambda: nn.RMSNorm(self.head_dim, eps=NORM_EPS) if shared.qk_norm else None  # noqa: E731
         self.q_norm, self.k_norm = norm(), norm()
         # Zero: each row starts with an extra exp(0) in its denominator, as a null token would.
         self.sinks = nn.Parameter(torch.zeros(self.n_head)) if shared.sinks else None

@@ -40,13 +40,11 @@ from torch import Tensor, nn
 
 from .. import functional
 from ..cache import KVCache
-from ..config import ModelConfig
+from ..config import NORM_EPS, ModelConfig
 from ..documents import Documents, masked_attention
 from ..flops import causal_pairs
 from ..kinds import KindSpec, OptionError, fail
 from .base import Attention
-
-NORM_EPS = 1e-6  # the per-head RMSNorm's eps: minitx's everywhere, DiffLlama's rms_norm_eps on export
 
 
 @dataclass

@@ -43,13 +43,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ..config import NORM_EPS, ModelConfig
 from ..documents import Documents
 from ..errors import UserError
 from ..kinds import KindSpec, OptionError, fail
 from .base import KindLayer, norm_float32
 
-NORM_EPS = 1e-6  # the L2 norms of q and k and the output RMSNorm (fla's and Qwen3-Next's)
 # Up to this many tokens the short convolution is a product and a sum: conv1d costs ~0.2 ms per
 # call on a CPU whatever the length, 30x the arithmetic of one token (benchmarks/RESULTS.md).
 FEW_TOKENS = 64
@@ -87,6 +86,15 @@ class GDNOptions:
 
 def fla_installed() -> bool:
     return importlib.util.find_spec("fla") is not None
+
+
+def fla_kernel():
+    """flash-linear-attention's chunked gated delta rule, (B, T, H, D) inputs, packed sequences
+    through cu_seqlens (imported at the first call: CUDA with fla installed; the tests stand in
+    for it on the CPU)."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    return chunk_gated_delta_rule
 
 
 def check_gdn_model(config: ModelConfig) -> None:
@@ -394,8 +402,8 @@ class GatedDeltaNet(KindLayer):
         q, k, v, g, beta, new_window = self.recurrence_inputs(x, window, docs, start)
         state = cache.state if cache is not None and cache.n_seen > 0 else None
         resets = self.resets(docs, T)
-        if self.use_fla(q, docs):
-            o, h = self.fla_chunk(q, k, v, g, beta, state)
+        if self.use_fla(q):
+            o, h = self.fla_chunk(q, k, v, g, beta, state, resets)
         elif T == 1 and state is not None:  # decoding: one step of the recurrence
             o, h = step_gated_delta(q, k, v, g, beta, self.scale, state, resets)
         else:
@@ -408,10 +416,9 @@ class GatedDeltaNet(KindLayer):
         z = F.silu(self.g_proj(x)).view(B, T, self.n_value_head, self.value_dim)
         return self.out_proj((o * z).reshape(B, T, -1))
 
-    def use_fla(self, q: Tensor, docs: Documents | None) -> bool:
-        """fla's Triton kernels: CUDA only, and documents stay on the torch path (fla reads them
-        as cu_seqlens, of one row only)."""
-        if self.backend == "torch" or docs is not None:
+    def use_fla(self, q: Tensor) -> bool:
+        """fla's Triton kernels: CUDA only (documents too, as packed sequences: fla_chunk)."""
+        if self.backend == "torch":
             return False
         if self.backend == "fla":
             if not q.is_cuda:
@@ -421,17 +428,37 @@ class GatedDeltaNet(KindLayer):
             return True
         return q.is_cuda and fla_installed()
 
-    def fla_chunk(self, q, k, v, g, beta, state):
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
+    def fla_chunk(self, q, k, v, g, beta, state, resets=None):
+        """chunk_gated_delta's results through fla's chunked kernel (fla_kernel). With documents
+        (resets), the batch goes in as one row of packed sequences, which fla takes through
+        `cu_seqlens` (their starts in that row, and its end): a row's pieces, cut where a document
+        starts. Each piece starts from an empty state but a row's first, which goes on from the row's
+        state (`state`, or zeros) unless a document starts there too; a row's new state is its last
+        piece's."""
+        B, H, T, _ = q.shape
         # fla takes (B, T, H, D); its q and k are normalised here already.
-        o, h = chunk_gated_delta_rule(
-            *(t.transpose(1, 2) for t in (q, k, v, g, beta)),
-            scale=self.scale,
-            initial_state=state,
-            output_final_state=True,
+        inputs = [t.transpose(1, 2) for t in (q, k, v, g, beta)]
+        if resets is None:
+            o, h = fla_kernel()(*inputs, scale=self.scale, initial_state=state, output_final_state=True)
+            return o.transpose(1, 2), h.float()
+        starts = resets.clone()
+        starts[:, 0] = True  # every row begins a piece
+        first = starts.flatten().nonzero().squeeze(1)  # (pieces,): where each begins in the packed row
+        cu_seqlens = F.pad(first, (0, 1), value=B * T)
+        pieces = starts.sum(1)  # (B,) per row
+        last_piece = (
+            pieces.cumsum(0) - 1
+        )  # (B,) each row's last piece; its first is one past the row before's
+        initial = None
+        if state is not None:
+            goes_on = (~resets[:, 0]).to(state.dtype).view(B, 1, 1, 1)  # no document starts the row
+            initial = state.new_zeros(len(first), *state.shape[1:])
+            initial = initial.index_copy(0, last_piece - pieces + 1, state * goes_on)
+        packed = [t.reshape(1, B * T, *t.shape[2:]) for t in inputs]
+        o, h = fla_kernel()(
+            *packed, scale=self.scale, initial_state=initial, output_final_state=True, cu_seqlens=cu_seqlens
         )
-        return o.transpose(1, 2), h.float()
+        return o.view(B, T, *o.shape[2:]).transpose(1, 2), h[last_piece].float()
 
     def attention_weights(self, x: Tensor, rope=None) -> Tensor:
         """The layer's materialised linear map M (B, value heads, T, T) over input x from an empty

@@ -35,14 +35,12 @@ from torch import Tensor, nn
 
 from .. import functional
 from ..cache import KVCache
-from ..config import ModelConfig
+from ..config import NORM_EPS, ModelConfig
 from ..documents import Documents, masked_attention
 from ..flops import causal_pairs
 from ..kinds import KindSpec, OptionError, fail
 from ..rope import apply_rope, rotary_table
 from .base import KindLayer, norm_float32
-
-NORM_EPS = 1e-6  # the latents' RMSNorm eps: DeepSeek's, and minitx's everywhere else
 
 
 @dataclass

@@ -18,16 +18,15 @@ minitx's `qkv_proj` is q, k and v stacked along the output axis.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor
 
-from ..config import AttentionConfig, ModelConfig
+from ..config import NORM_EPS, AttentionConfig, ModelConfig
 from ..errors import UserError
 
 ROPE_BASE = 10000.0  # minitx's RoPE base
-NORM_EPS = 1e-6  # minitx's RMSNorm eps
 MODEL_TYPES = {  # what this family imports
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -125,48 +124,67 @@ def native_config(config: ModelConfig, architecture: str) -> dict:
     return hf
 
 
+def renamed(
+    state: dict[str, Tensor],
+    top: dict[str, str],
+    layers: dict[str, str],
+    source: str,
+    target: str,
+    other: Callable[[dict[str, Tensor], str, str, str], None],
+) -> dict[str, Tensor]:
+    """`state` under other names, in its order: a top-level module's by `top`, a layer's
+    (`{source}{i}.{inner}.{param}`) by `layers` as `{target}{i}.{layers[inner]}.{param}`. Every
+    other tensor goes to other(out, key, i, inner) (i and inner "" outside the layers), which adds
+    what it makes of it to `out`, leaves it out or raises."""
+    out: dict[str, Tensor] = {}
+    for key, value in state.items():
+        name, _, param = key.rpartition(".")
+        layer, _, inner = (
+            name.removeprefix(source).partition(".") if name.startswith(source) else ("", "", "")
+        )
+        if name in top:
+            out[f"{top[name]}.{param}"] = value
+        elif inner in layers:
+            out[f"{target}{layer}.{layers[inner]}.{param}"] = value
+        else:
+            other(out, key, layer, inner)
+    return out
+
+
+def refuse_unexpected(keys: Iterable[str], where: str, importable: str) -> None:
+    """The UserError for the first of `keys` that is not a rotary table (transformers' inv_freq,
+    which some checkpoints carry and no model needs)."""
+    for key in keys:
+        if not key.endswith("rotary_emb.inv_freq"):
+            raise UserError(f"{where}: unexpected tensor {key!r}; only {importable} can be imported")
+
+
 def to_hf_weights(
     state: dict[str, Tensor], config: ModelConfig, names: dict[str, str] = LAYER_NAMES
 ) -> dict[str, Tensor]:
     """minitx state dict -> transformers names: the layers' by `names` (the Llama family's by
     default), q/k/v split out of a fused qkv_proj."""
-    out = {}
-    for key, value in state.items():
-        name, _, param = key.rpartition(".")
-        if name in TOP_NAMES:
-            out[f"{TOP_NAMES[name]}.{param}"] = value
-            continue
-        _, layer, inner = name.split(".", 2)
-        prefix = f"model.layers.{layer}."
-        if inner == "attn.qkv_proj":
-            sizes = qkv_sizes(config, int(layer))
-            for part, piece in zip("qkv", value.split(sizes, dim=0)):
-                out[f"{prefix}self_attn.{part}_proj.{param}"] = piece.contiguous()
-        else:
-            out[f"{prefix}{names[inner]}.{param}"] = value
-    return out
+
+    def split_qkv(out: dict[str, Tensor], key: str, layer: str, inner: str) -> None:
+        if inner != "attn.qkv_proj":
+            raise KeyError(inner)  # a module the export's checks let through and `names` lacks
+        param = key.rpartition(".")[2]
+        for part, piece in zip("qkv", state[key].split(qkv_sizes(config, int(layer)), dim=0)):
+            out[f"model.layers.{layer}.self_attn.{part}_proj.{param}"] = piece.contiguous()
+
+    return renamed(state, TOP_NAMES, names, "blocks.", "model.layers.", split_qkv)
 
 
 def from_hf_weights(hf: dict[str, Tensor], config: ModelConfig, where: str = "weights") -> dict[str, Tensor]:
     """transformers Llama-family state dict -> minitx names (q/k/v stacked into qkv_proj). Biases
     stay as they are; `complete_biases` adds the ones minitx has and the import lacks."""
-    inverse = {value: key for key, value in LAYER_NAMES.items()}
-    top = {value: key for key, value in TOP_NAMES.items()}
     qkv = {f"self_attn.{part}_proj" for part in "qkv"}  # gathered below
-    out = {}
-    for key, value in hf.items():
-        name, _, param = key.rpartition(".")
-        layer, _, inner = (
-            name[len("model.layers.") :].partition(".") if name.startswith("model.layers.") else ("", "", "")
-        )
-        if name in top:
-            out[f"{top[name]}.{param}"] = value
-        elif inner in inverse:
-            out[f"blocks.{layer}.{inverse[inner]}.{param}"] = value
-        elif inner not in qkv and not key.endswith("rotary_emb.inv_freq"):
-            raise UserError(
-                f"{where}: unexpected tensor {key!r}; only plain Llama-family layers can be imported"
-            )
+
+    def refuse(out: dict[str, Tensor], key: str, layer: str, inner: str) -> None:
+        if inner not in qkv:
+            refuse_unexpected([key], where, "plain Llama-family layers")
+
+    out = renamed(hf, inverted(TOP_NAMES), inverted(LAYER_NAMES), "model.layers.", "blocks.", refuse)
     for layer in range(config.n_layer):
         prefix = f"model.layers.{layer}.self_attn."
         for param in ("weight", "bias"):
@@ -178,6 +196,11 @@ def from_hf_weights(hf: dict[str, Tensor], config: ModelConfig, where: str = "we
                     f"{where}: layer {layer} lacks its q/k/v projections; the weights are incomplete"
                 )
     return out
+
+
+def inverted(names: dict[str, str]) -> dict[str, str]:
+    """A table of minitx name -> transformers name, read the other way."""
+    return {value: key for key, value in names.items()}
 
 
 def complete_biases(state: dict[str, Tensor], expected: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -95,24 +95,18 @@ def to_hf_weights(state: dict[str, Tensor], config: ModelConfig) -> dict[str, Te
 def from_hf_weights(hf: dict[str, Tensor], config: ModelConfig, where: str = "weights") -> dict[str, Tensor]:
     """DeepseekV3 state dict -> minitx names. Layers past num_hidden_layers (the multi-token-
     prediction module of DeepSeek's checkpoints) are left out, as transformers leaves them."""
-    inverse = {value: key for key, value in NAMES.items()}
-    top = {value: key for key, value in TOP_NAMES.items()}
-    out = {}
-    for key, value in hf.items():
-        name, _, param = key.rpartition(".")
-        if name in top:
-            out[f"{top[name]}.{param}"] = value
-            continue
-        layer, _, inner = name.removeprefix("model.layers.").partition(".")
-        if name.startswith("model.layers.") and layer.isdigit() and int(layer) >= config.n_layer:
-            continue
-        if name.startswith("model.layers.") and inner in inverse:
-            out[f"blocks.{layer}.{inverse[inner]}.{param}"] = value
-        elif not key.endswith("rotary_emb.inv_freq"):
-            raise UserError(
-                f"{where}: unexpected tensor {key!r}; only all-dense DeepseekV3 layers can be imported"
-            )
-    return out
+
+    def beyond(key: str) -> bool:
+        layer = key.removeprefix("model.layers.").partition(".")[0]
+        return key.startswith("model.layers.") and layer.isdigit() and int(layer) >= config.n_layer
+
+    def refuse(out: dict[str, Tensor], key: str, layer: str, inner: str) -> None:
+        convert.refuse_unexpected([key], where, "all-dense DeepseekV3 layers")
+
+    within = {key: value for key, value in hf.items() if not beyond(key)}
+    return convert.renamed(
+        within, convert.inverted(TOP_NAMES), convert.inverted(NAMES), "model.layers.", "blocks.", refuse
+    )
 
 
 def model_config_from_hf(

@@ -146,12 +146,8 @@ def native_config(config: ModelConfig, architecture: str) -> dict:
 
 def to_hf_weights(state: dict[str, Tensor], config: ModelConfig) -> dict[str, Tensor]:
     """minitx state dict -> Qwen3.5 names and forms (see the module's docstring)."""
-    out = {}
-    for key, value in state.items():
-        name, _, param = key.rpartition(".")
-        if name in convert.TOP_NAMES:
-            shift = name == "norm"
-            out[f"{convert.TOP_NAMES[name]}.{param}"] = value - 1 if shift else value
+    out = convert.renamed(state, convert.TOP_NAMES, {}, "blocks.", "", lambda *_: None)  # the layers below
+    out["model.norm.weight"] = out["model.norm.weight"] - 1
     H, D = config.n_head, config.head_dim
     for layer, kind in enumerate(config.layer_kinds):
         ours, theirs = f"blocks.{layer}.", f"model.layers.{layer}."
@@ -237,11 +233,9 @@ def from_hf_weights(hf: dict[str, Tensor], config: ModelConfig, where: str = "we
         out[f"{ours}attn.out_proj.weight"] = take(f"{theirs}self_attn.o_proj.weight")
         for name in ("q_norm", "k_norm"):
             out[f"{ours}attn.{name}.weight"] = take(f"{theirs}self_attn.{name}.weight") + 1
-    extra = sorted(key for key in hf if key not in seen and not key.endswith("rotary_emb.inv_freq"))
-    if extra:
-        raise UserError(
-            f"{where}: unexpected tensor {extra[0]!r}; only Qwen3.5's dense text layers can be imported"
-        )
+    convert.refuse_unexpected(
+        sorted(key for key in hf if key not in seen), where, "Qwen3.5's dense text layers"
+    )
     return out
 
 

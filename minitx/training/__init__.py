@@ -9,6 +9,7 @@
     resume.py      checks that a checkpoint can be resumed, made before anything is written
     changes.py     what a resumed run changes from its checkpoint's settings, said in one line
     inputs.py      checks of the parsed config that need no data, model or trainer
+    links.py       the keys the train command fills in from others (model.vocab_size, ...)
     classpaths.py  what a command line may make jsonargparse import, checked before parsing
     interrupt.py   Ctrl-C: finish the step, save last.ckpt, exit with status 130
     messages.py    jsonargparse's errors as one line

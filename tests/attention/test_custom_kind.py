@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from minitx import AttentionConfig, ModelConfig, Transformer, import_kind_modules
+from minitx import AttentionConfig, KindLayer, ModelConfig, Transformer, import_kind_modules
 from minitx.cli import ablate_main, eval_main, export_main, generate_main, train_main
 from minitx.configfiles import REPO_ROOT
 from minitx.decoding import generate
@@ -80,6 +80,17 @@ def test_the_kind_comes_from_its_own_file_with_its_own_options():
         r"\(examples/nothing\.py\) is not imported: .*call minitx\.import_kind_modules",
     ):
         AttentionConfig(kind="unheard", kind_modules=["examples/nothing.py"])
+
+
+def test_the_kind_has_what_kind_layer_declares():
+    layer = perturbed(Transformer(config(n_kv_head=2))).blocks[0].attn
+    assert isinstance(layer, KindLayer) and type(layer).missing() == []
+    assert layer.n_head == 4  # the FLOP count's sdpa_flops reads it
+    # Softmax maps come from KindLayer's defaults, which read the kind's project and reference.
+    (maps,) = layer.softmax_maps(torch.randn(2, 7, 32))
+    assert maps.shape == (2, 4, 7, 7)
+    assert torch.allclose(maps.sum(-1), torch.ones(2, 4, 7)) and maps.triu(1).abs().max() == 0
+    assert layer.flops_per_token(7) > 0
 
 
 @pytest.mark.parametrize("T", [1, 7, 23])  # 1 and lengths that are no multiple of anything

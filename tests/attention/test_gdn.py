@@ -33,6 +33,7 @@ import importlib.util
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import fla_stand_in
 
 from minitx import AttentionConfig, ModelConfig, Transformer, kv_cache_bytes
 from minitx.attention.gdn import (
@@ -368,3 +369,45 @@ def test_attention_map_is_the_linear_map_the_layer_applies(value_heads):
     assert [m.shape[1] for m in maps] == [value_heads] * 3 + [2]
     assert torch.allclose(maps[3].sum(-1), torch.ones(1, 2, 21))  # the softmax layer's rows
     assert layer.softmax_maps(x) == []  # no distribution for the diagnostics
+
+
+@pytest.mark.parametrize("name", ["gdn", "deltanet-grouped-neg-eigval", "hybrid"])
+def test_documents_through_fla_s_packed_sequences_equal_the_torch_path(name, monkeypatch):
+    """On CUDA with flash-linear-attention, packed documents go to fla's kernel as packed sequences
+    (GatedDeltaNet.fla_chunk: the batch one row, cut where documents start, cu_seqlens). Rehearsed
+    on the CPU with a stand-in for the kernel (tests/helpers.py) in float64: the whole forward, and
+    a prefill in two pieces through the cache, where a row's first sequence goes on from the row's
+    state unless a document starts it, equal the torch path, states included."""
+    from minitx.attention import gdn
+
+    calls = []
+
+    def kernel():
+        calls.append(1)
+        return fla_stand_in(chunk_size=8)
+
+    monkeypatch.setattr(gdn, "fla_installed", lambda: True)
+    monkeypatch.setattr(gdn, "fla_kernel", kernel)
+    monkeypatch.setattr(GatedDeltaNet, "use_fla", lambda self, q: self.backend == "fla")
+    torch_path = random_model(cache_config(name, document_token=DOC)).double()
+    fla_path = Transformer(cache_config(name, document_token=DOC, backend="fla")).double().eval()
+    fla_path.load_state_dict(torch_path.state_dict())
+    seq = torch.randint(1, VOCAB, (3, 40))
+    seq[0, 0] = seq[0, 13] = DOC  # a document from the start, one mid-chunk
+    seq[1, 21] = DOC  # the second piece of the prefill begins inside a document, then another
+    seq[2, 20] = seq[2, 27] = seq[2, 28] = DOC  # one at the second piece's start; one of one token
+    with torch.no_grad():
+        full = torch_path(seq)
+        assert (fla_path(seq) - full).abs().max() < 1e-10
+        n_gdn = sum(isinstance(block.attn, GatedDeltaNet) for block in fla_path.blocks)
+        assert len(calls) == n_gdn
+        caches = {}
+        for label, model in (("torch", torch_path), ("fla", fla_path)):
+            caches[label] = model.new_cache(3, 40)
+            first = model(seq[:, :20], caches[label])
+            second = model(seq[:, 20:], caches[label])
+            # (the cache keeps the state in float32)
+            assert (torch.cat([first, second], dim=1) - full).abs().max() < 1e-6, label
+        assert len(calls) == 3 * n_gdn
+        for ours, theirs in zip(gdn_layers(fla_path, caches["fla"]), gdn_layers(torch_path, caches["torch"])):
+            assert (ours.state - theirs.state).abs().max() < 1e-6

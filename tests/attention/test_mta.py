@@ -645,11 +645,9 @@ def test_c_one_pass_gradient_is_the_three_calls(
                 torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.slow
-def test_c_loops_without_openmp_give_the_same_bits(c_loops, tmp_path):
-    # The library built without OpenMP splits work over a pool of its own threads: the same ranges,
-    # so the same numbers as the OpenMP build's, on two threads. Slow: it compiles a second library.
-    script = """
+# The one pass and its gradient in float32 on two threads, run in a fresh process (the library is
+# built once per process, from the environment it starts with); saved with what the library is.
+ONE_PASS_SCRIPT = """
 import sys, torch
 from minitx.attention.mta import native
 from minitx.attention.mta.kernels import VisibleKeys
@@ -662,19 +660,43 @@ rows_in, rows_out = (visible.lo, visible.hi), (out_rows.lo, out_rows.hi)
 scores, kernel = torch.randn(1, 4, 75, 100), torch.randn(4, 6, 11)
 pre, post = torch.randn(1, 4, 4), torch.randn(2, 2, 2)
 out, conved, probs = native.conv_softmax(scores, kernel, pre, post, rows_in, rows_out, keep=True)
-grads = native.conv_softmax_grad(scores, conved, probs, torch.ones_like(out), kernel, pre, post, rows_in, rows_out)
-torch.save([native.library().openmp(), out, *grads], sys.argv[1])
+grads = native.conv_softmax_grad(scores, conved, probs, torch.randn_like(out), kernel, pre, post, rows_in, rows_out)
+torch.save([[native.library().openmp(), native.build_target()], out, *grads], sys.argv[1])
 """
-    results = []
-    for openmp in ("1", "0"):
-        path = tmp_path / f"openmp{openmp}.pt"
-        env = {**os.environ, "MINITX_NATIVE_OPENMP": openmp}
-        subprocess.run([sys.executable, "-c", script, str(path)], check=True, env=env)
-        results.append(torch.load(path, weights_only=True))
-    (_, *first), (without, *second) = results
+
+
+def one_pass_results(path, **environment) -> list:
+    subprocess.run(
+        [sys.executable, "-c", ONE_PASS_SCRIPT, str(path)], check=True, env={**os.environ, **environment}
+    )
+    return torch.load(path, weights_only=True)
+
+
+@pytest.mark.slow
+def test_c_loops_without_openmp_give_the_same_bits(c_loops, tmp_path):
+    # The library built without OpenMP splits work over a pool of its own threads: the same ranges,
+    # so the same numbers as the OpenMP build's, on two threads. Slow: it compiles a second library.
+    _, *first = one_pass_results(tmp_path / "openmp1.pt", MINITX_NATIVE_OPENMP="1")
+    (without, _), *second = one_pass_results(tmp_path / "openmp0.pt", MINITX_NATIVE_OPENMP="0")
     assert without == 0
     for a, b in zip(first, second):
         assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    "avx2" not in native.vector_extensions(), reason="an x86 CPU with AVX2 builds the AVX2 loops"
+)
+def test_c_loops_built_for_avx2_give_the_machine_s_build_to_rounding(c_loops, tmp_path):
+    # conv.c sizes its vectors and register tiles to the target: built for x86-64-v3 (AVX2 + FMA,
+    # what a CPU without AVX-512 runs) its loops are the 32-byte ones. The convolution sums in the
+    # same order (the same bits); the softmax and the gradients group their lanes' sums otherwise.
+    (_, target), *ours = one_pass_results(tmp_path / "native.pt")
+    (_, avx2), *theirs = one_pass_results(tmp_path / "avx2.pt", MINITX_NATIVE_ARCH="x86-64-v3")
+    assert avx2 == "-march=x86-64-v3, 32-byte vectors", avx2
+    assert target.startswith("-march=native, ")
+    for a, b in zip(ours, theirs):  # float32: within 1e-5 of each result's largest entry
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max(), (a - b).abs().max()
 
 
 def test_c_convolution_passes_gradcheck(c_loops):

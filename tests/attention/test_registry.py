@@ -118,3 +118,38 @@ def test_unregistered_kind_is_refused_with_the_registered_ones():
         ValueError, match=r"^attention\.kind: unknown kind 'qknorm'; choose one of mha, mqa, gqa, local, mta"
     ):
         config(kind="qknorm")
+
+
+class HalfALayer(minitx.KindLayer):
+    """A kind that forgot make_cache and flops_per_token."""
+
+    def forward(self, x, rope=None, cache=None, docs=None):
+        return x
+
+
+def test_every_built_in_kind_has_what_kind_layer_declares():
+    for name, spec in registry.items():
+        assert issubclass(spec.module, minitx.KindLayer) and spec.module.missing() == [], name
+    for kind in ("mha", "mla", "gdn", "mta", "diff", "local"):
+        layer = Transformer(config(kind=kind)).blocks[0].attn
+        assert layer.n_head == 4, kind  # sdpa_flops reads it of every kind
+        weights = layer.attention_weights(torch.randn(1, 5, 32))  # project + reference, or its own
+        assert weights.shape[0] == 1 and weights.shape[-2:] == (5, 5), kind  # diff: half the heads
+
+
+def test_a_layer_class_that_leaves_out_the_interface_is_refused_at_build():
+    register(KindSpec("half", HalfALayer))
+    register(KindSpec("plain", nn.Identity))
+    try:
+        assert HalfALayer.missing() == ["make_cache", "flops_per_token"]
+        with pytest.raises(
+            TypeError,
+            match=r"^attention kind half: .*HalfALayer does not implement make_cache, flops_per_token",
+        ):
+            Transformer(config(kind="half"))
+        with pytest.raises(
+            TypeError, match=r"^attention kind plain: .*Identity.* is not a subclass of minitx\.KindLayer"
+        ):
+            Transformer(config(kind="plain"))
+    finally:
+        del registry["half"], registry["plain"]

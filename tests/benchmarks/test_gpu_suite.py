@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import fla_stand_in
 
 from minitx.attention import local
 
@@ -126,7 +127,12 @@ def test_tiny_cpu_run_passes_every_check_and_writes_the_report(tmp_path):
     # A variant still missing here (its file or its kind) is listed, not silently left out.
     missing = {s["kind"] for s in report["skipped"] if s["name"] == "every section"}
     assert missing == set(VARIANTS + LINEAR) - set(RUN)
-    assert {("fla vs torch", kind) for kind in set(LINEAR) & set(RUN)} <= skipped  # fla: CUDA only
+    fla_checks = {
+        (name, kind)
+        for name in ("fla vs torch", "fla vs torch, documents")
+        for kind in set(LINEAR) & set(RUN)
+    }
+    assert fla_checks <= skipped  # fla: CUDA only
     assert not {"mta-triton", "mta-both-triton"} & {m["kind"] for m in report["measurements"]}
     assert "Not run on this device" in markdown
 
@@ -258,35 +264,32 @@ def test_documents_check_passes_and_fails_when_attention_crosses_a_document(gpu_
 
 def test_fla_check_passes_on_a_matching_kernel_and_fails_on_one_that_misses_the_decay(gpu_suite, monkeypatch):
     """check_fla (CUDA with flash-linear-attention only in the suite) rehearsed on the CPU: fla's
-    entry point (GatedDeltaNet.fla_chunk) stands in as the torch chunked form at another chunk size,
-    as a kernel blocks the work its own way; the check passes on it, and fails on one that ignores
-    the decay or that the model does not call."""
+    kernel (gdn.fla_kernel) stands in as the torch chunked form at another chunk size, as a kernel
+    blocks the work its own way (tests/helpers.py); the check passes on it, and fails on one that
+    ignores the decay or that the model does not call. With documents, the layer packs the batch
+    into one row of sequences (cu_seqlens): the check fails on a kernel that reads it as one."""
     from minitx.attention import gdn
-    from minitx.attention.gdn import GatedDeltaNet, chunk_gated_delta
-
-    def kernel(decays: bool):
-        def fla_chunk(self, q, k, v, g, beta, state):
-            return chunk_gated_delta(
-                q, k, v, g if decays else torch.zeros_like(g), beta, self.scale, 16, state
-            )
-
-        return fla_chunk
+    from minitx.attention.gdn import GatedDeltaNet
 
     monkeypatch.setattr(gdn, "fla_installed", lambda: True)
-    monkeypatch.setattr(
-        GatedDeltaNet, "use_fla", lambda self, q, docs: self.backend == "fla" and docs is None
-    )
+    monkeypatch.setattr(GatedDeltaNet, "use_fla", lambda self, q: self.backend == "fla")
     kind = "hybrid"  # two gdn layers of its pattern: T = 75 is a chunk of 64 and a partial one
     config = dataclasses.replace(tiny_config(gpu_suite, kind), n_layer=2)
     results = gpu_suite.Results(torch.device("cpu"), tiny=True)
-    monkeypatch.setattr(GatedDeltaNet, "fla_chunk", kernel(decays=True))
-    gpu_suite.check_fla(results, kind, config, torch.device("cpu"))
-    assert results.checks[-1]["ok"], results.checks[-1]["detail"]
-    monkeypatch.setattr(GatedDeltaNet, "fla_chunk", kernel(decays=False))
-    gpu_suite.check_fla(results, kind, config, torch.device("cpu"))
+    for documents in (False, True):
+        monkeypatch.setattr(gdn, "fla_kernel", lambda: fla_stand_in())
+        gpu_suite.check_fla(results, kind, config, torch.device("cpu"), documents)
+        assert results.checks[-1]["ok"], results.checks[-1]["detail"]
+        assert results.checks[-1]["name"] == ("fla vs torch, documents" if documents else "fla vs torch")
+        monkeypatch.setattr(gdn, "fla_kernel", lambda: fla_stand_in(decays=False))
+        gpu_suite.check_fla(results, kind, config, torch.device("cpu"), documents)
+        assert not results.checks[-1]["ok"], results.checks[-1]["detail"]
+    monkeypatch.setattr(gdn, "fla_kernel", lambda: fla_stand_in(packed=False))  # documents leak
+    gpu_suite.check_fla(results, kind, config, torch.device("cpu"), documents=True)
     assert not results.checks[-1]["ok"], results.checks[-1]["detail"]
-    monkeypatch.setattr(GatedDeltaNet, "use_fla", lambda self, q, docs: False)  # fla never runs
-    gpu_suite.check_fla(results, kind, config, torch.device("cpu"))
+    monkeypatch.setattr(gdn, "fla_kernel", lambda: fla_stand_in())
+    monkeypatch.setattr(GatedDeltaNet, "use_fla", lambda self, q: False)  # fla never runs
+    gpu_suite.check_fla(results, kind, config, torch.device("cpu"), documents=True)
     assert not results.checks[-1]["ok"] and "ran in 0 of" in results.checks[-1]["detail"]
 
 

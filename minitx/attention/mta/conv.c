@@ -31,6 +31,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The vectors the loops are written in, and the tiles of them summed in registers, are sized to the
+ * machine the compiler targets (native.py: -march=native): with AVX-512, 64-byte vectors and 32
+ * registers; otherwise (AVX2 + FMA, or anything else) 32-byte vectors and tiles that fit 16
+ * registers, since 64-byte vectors there are register pairs and the AVX-512 tiles (16 and 18
+ * sums) would spill to memory at every step: MTA took 4-7x MHA's time on an AVX2 machine so.
+ * Each sum is in the same order either way; only the lanes of the softmax's and the gradients'
+ * sums are added in another grouping. */
+#if defined(__AVX512F__)
+#define VECTOR_BYTES 64
 /* The convolution's tile: output rows x vectors of keys summed in registers (16 of 32). */
 #define TILE_ROWS 4
 #define TILE_VECTORS 4
@@ -38,15 +47,23 @@
  * blocks of keys of the band's rows that stay in L1. */
 #define GRAD_ROWS 3
 #define GRAD_TAPS 6
-#define GRAD_KEYS 256
 /* Dot products of head rows summed at once by the mixes' gradients: 4 x 4, a group of 4 heads. */
 #define MIX_TILE 4
+#else
+#define VECTOR_BYTES 32
+#define TILE_ROWS 4
+#define TILE_VECTORS 2 /* 8 sums, 2 inputs and a kernel tap of 16 registers */
+#define GRAD_ROWS 3
+#define GRAD_TAPS 4 /* 12 sums; the inputs are read as operands of the multiply-adds */
+#define MIX_TILE 2
+#endif
+#define GRAD_KEYS 256
 /* Rows whose kernel-gradient terms each lane sums in T before they go into a double. */
 #define ROW_BLOCK 16
 
 /* The units of work native.py hands the workers: conv_softmax's tiles of rows, conv_softmax_grad's
- * bands of rows. */
-const int64_t tile_rows = TILE_ROWS, row_block = ROW_BLOCK;
+ * bands of rows; and the vectors' width in bytes (native.build_target reports it). */
+const int64_t tile_rows = TILE_ROWS, row_block = ROW_BLOCK, vector_bytes = VECTOR_BYTES;
 
 /* task(worker) for workers 0 .. n_workers - 1, one per thread of OpenMP's team (built with
  * OpenMP; native.py's split, whose task is a Python function making one C call on its worker's
@@ -84,8 +101,8 @@ int64_t openmp(void) {
 
 #else
 
-typedef T S(vec) __attribute__((vector_size(64), aligned(sizeof(T))));
-#define LANES ((int64_t)(64 / sizeof(T)))
+typedef T S(vec) __attribute__((vector_size(VECTOR_BYTES), aligned(sizeof(T))));
+#define LANES ((int64_t)(VECTOR_BYTES / sizeof(T)))
 
 /* Row r of the map, padded by p zeros on the left and masked to its visible keys, into dst. */
 static void S(pad_row)(T *dst, int64_t width, const T *map, int64_t r, int64_t n_rows, int64_t N,
@@ -404,7 +421,7 @@ done:
 static inline S(vec) S(vexp)(S(vec) x) {
 #if IS_FLOAT
     typedef S(vec) V;
-    typedef int32_t I __attribute__((vector_size(64)));
+    typedef int32_t I __attribute__((vector_size(VECTOR_BYTES)));
     I low = x < -87.0f;
     x = (V)(((I)x & ~low) | ((I)((V){0} - 87.0f) & low));
     V n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(x / ln 2) */

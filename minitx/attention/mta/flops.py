@@ -14,6 +14,7 @@ from ...flops import causal_pairs
 from . import native
 from . import triton_launch as mta_triton
 from .kernels import band_width
+from .options import FACTORISED_FROM
 
 
 def per_token(layer, T: int) -> float:
@@ -62,8 +63,6 @@ def executed(layer, T: int, device: torch.device | str = "cpu") -> float:
     backward's recomputation of each chunk's maps (ChunkedRows, past query_chunk tokens), a trade
     of time for memory like activation checkpointing, which no count includes.
     """
-    from .layer import FACTORISED_FROM  # here: layer.py imports this module
-
     cuda = torch.device(device).type == "cuda"
     H, D, c_q, c_k = layer.n_head, layer.head_dim, layer.c_q, layer.c_k
     pre, post = layer.kq_conv is not None, layer.kq_conv_post is not None

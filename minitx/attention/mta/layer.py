@@ -60,13 +60,7 @@ from .kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
     values,
     write_band,
 )
-from .options import MTAOptions, check_mta_model
-
-# backend "auto": with the C loops (native.py) the plain chunked convolution at every T (the
-# factorised path took 2.2x its time at T = 256 and 1.7-1.8x at 1024 and 4096, benchmarks/RESULTS.md);
-# without them, the factorised path from this many tokens on (torch's convolution 20-30% faster at
-# T = 256, the factorised path 20-25% faster at 1024 and 40-70% at 4096).
-FACTORISED_FROM = 512
+from .options import FACTORISED_FROM, MTAOptions, check_mta_model  # noqa: F401 (FACTORISED_FROM: re-exported)
 
 
 class Chunks(NamedTuple):

@@ -7,7 +7,10 @@ nothing needs a gradient (conv_softmax), head mixing alone, and (for decoding) t
 and gate. Used for float32 and float64 on CPU; everything else (CUDA, bfloat16, no compiler) runs
 the same maths on torch's operations, equal to rounding (the tests hold both to one oracle).
 MINITX_NATIVE=0 turns them off; MINITX_NATIVE_OPENMP=0 builds them without OpenMP (their threads
-are then a pool of their own).
+are then a pool of their own). They are built for the machine's own vector extensions
+(-march=native: conv.c sizes its vectors and register tiles to AVX-512 where the machine has it,
+else to AVX2); MINITX_NATIVE_ARCH=<gcc -march value> builds them for another target, e.g.
+x86-64-v3 (AVX2 + FMA) to time on an AVX-512 machine what a machine without it runs.
 
 The library is built once per source and machine into ~/.cache/minitx (or $MINITX_CACHE) under a
 name that includes the source's hash, written under a temporary name and renamed into place, so
@@ -30,6 +33,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache, lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -38,7 +42,7 @@ from ...compiling import constant_result
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("conv.c")
-FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-ffp-contract=fast", "-shared", "-fPIC"]
 OPENMP = ["-fopenmp"]
 WORKER_TASK = ctypes.CFUNCTYPE(None, ctypes.c_int64)
 SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
@@ -63,7 +67,8 @@ def library() -> ctypes.CDLL | None:
     # cores with that team's threads still spinning after each matrix product (measured: the C
     # calls of a T = 4096 step took as long on two threads as on one).
     with_openmp = os.environ.get("MINITX_NATIVE_OPENMP", "1") != "0"
-    for flags in [FLAGS + OPENMP] * with_openmp + [FLAGS]:
+    target = [f"-march={build_arch()}"]
+    for flags in [FLAGS + target + OPENMP] * with_openmp + [FLAGS + target]:
         try:
             lib = ctypes.CDLL(str(built(compiler, flags, source)))
             break
@@ -96,6 +101,37 @@ def library() -> ctypes.CDLL | None:
     lib.parallel_workers.argtypes = [WORKER_TASK, i64]
     lib.openmp.restype = ctypes.c_int64
     return lib
+
+
+def build_arch() -> str:
+    """The -march the library is built for: the machine's own, unless MINITX_NATIVE_ARCH names another."""
+    return os.environ.get("MINITX_NATIVE_ARCH") or "native"
+
+
+def build_target() -> str:
+    """What the loaded library was built for, in words: "-march=native, 64-byte vectors"."""
+    if not loaded():
+        return "not built (torch's operations)"
+    return f"-march={build_arch()}, {ctypes.c_int64.in_dll(library(), 'vector_bytes').value}-byte vectors"
+
+
+def vector_extensions() -> list[str]:
+    """The CPU's SIMD extensions as /proc/cpuinfo's flags name them (avx2, fma, avx512f, avx512_bf16,
+    ...; neon/asimd on ARM); empty where there is no /proc/cpuinfo."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next(
+        (
+            line.split(":", 1)[1].split()
+            for line in text.splitlines()
+            if line.startswith(("flags", "Features"))
+        ),
+        [],
+    )
+    wanted = ("avx", "fma", "sse4_2", "f16c", "amx", "asimd", "neon", "sve")
+    return sorted(flag for flag in set(flags) if flag.startswith(wanted))
 
 
 def built(compiler: str, flags: list[str], source: bytes) -> Path:
@@ -283,6 +319,32 @@ def mixed_softmax(
     return out, (out if post is None else probs) if keep_probs else None
 
 
+class ConvSoftmaxCall(NamedTuple):
+    """What conv_softmax and conv_softmax_grad pass the C loops besides their maps: the output's
+    rows, the mixes in the maps' dtype, the sizes (H, R_in, R_out, N, c_q, c_k, mix widths), the
+    intervals' addresses (in lo, in hi, out lo, out hi), and the intervals themselves, held until
+    the call returns."""
+
+    R_out: int
+    pre: Tensor | None
+    post: Tensor | None
+    sizes: tuple[int, ...]
+    bounds: list[int]
+    rows: tuple
+
+
+def conv_softmax_call(
+    scores: Tensor, kernel: Tensor, pre: Tensor | None, post: Tensor | None, in_rows, out_rows
+) -> ConvSoftmaxCall:
+    _, H, R_in, N = scores.shape
+    in_rows, out_rows = contiguous(in_rows), contiguous(out_rows)
+    R_out, (c_q, c_k) = len(out_rows[0]), kernel.shape[-2:]
+    sizes = (H, R_in, R_out, N, c_q, c_k, *mix_widths(pre, post))
+    pre, post = [as_dtype(m, scores.dtype) for m in (pre, post)]
+    bounds = [t.data_ptr() for t in (*in_rows, *out_rows)]
+    return ConvSoftmaxCall(R_out, pre, post, sizes, bounds, (in_rows, out_rows))
+
+
 def conv_softmax(
     scores: Tensor,
     kernel: Tensor,
@@ -296,20 +358,17 @@ def conv_softmax(
     pre, post, out_rows)'s out, a tile of rows of every head at a time (the convolved scores go to
     the softmax in cache). keep: also the convolved scores and the softmax before the post mix (out
     itself where there is no post mix), which conv_softmax_grad reads; else both None."""
-    B, H, R_in, N = scores.shape
-    scores, in_rows, out_rows = scores.contiguous(), contiguous(in_rows), contiguous(out_rows)
-    kernel, pre, post = [as_dtype(t, scores.dtype) for t in (kernel, pre, post)]
-    R_out = len(out_rows[0])
+    B, H, _, N = scores.shape
+    scores, kernel = scores.contiguous(), as_dtype(kernel, scores.dtype)
+    call = conv_softmax_call(scores, kernel, pre, post, in_rows, out_rows)
+    R_out = call.R_out
     out = scores.new_empty(B, H, R_out, N)
     conved = scores.new_empty(B, H, R_out, N) if keep else None
     probs = scores.new_empty(B, H, R_out, N) if keep and post is not None else None
-    c_q, c_k = kernel.shape[-2:]
-    sizes = (H, R_in, R_out, N, c_q, c_k, *mix_widths(pre, post))
-    pointers = [address(t) for t in (scores, conved, out, probs, kernel, pre, post)]
-    bounds = [t.data_ptr() for t in (*in_rows, *out_rows)]
+    pointers = [address(t) for t in (scores, conved, out, probs, kernel, call.pre, call.post)]
     fn = getattr(library(), f"conv_softmax_{SUFFIX[scores.dtype]}")
     n_tiles = -(-R_out // unit_rows("tile_rows"))
-    split(B * n_tiles, lambda u0, u1, _: fn(*pointers, u0, u1, *sizes, *bounds))
+    split(B * n_tiles, lambda u0, u1, _: fn(*pointers, u0, u1, *call.sizes, *call.bounds))
     return out, conved, (out if keep and post is None else probs)
 
 
@@ -329,12 +388,11 @@ def conv_softmax_grad(
     one pass over bands of rows of every head (conv.c's ROW_BLOCK). Kernel (H, c_q, c_k); the
     kernel's and the mixes' gradients in float64 (None for a mix that is None)."""
     B, H, R_in, N = scores.shape
-    R_out = conved.shape[2]
     c_q, c_k = kernel.shape[-2:]
     scores, grad = scores.contiguous(), grad.to(scores.dtype).contiguous()
-    in_rows, out_rows = contiguous(in_rows), contiguous(out_rows)
+    call = conv_softmax_call(scores, kernel, pre, post, in_rows, out_rows)
+    R_out, bounds = call.R_out, call.bounds
     flipped = kernel.detach().to(scores.dtype).flip(-1, -2).contiguous()
-    pre_t, post_t = [as_dtype(m, scores.dtype) for m in (pre, post)]
     dconved, grad_scores = torch.empty_like(conved), scores.new_empty(B, H, R_in, N)
     row_block = unit_rows("row_block")
     n_bands = -(-R_out // row_block)
@@ -343,16 +401,16 @@ def conv_softmax_grad(
     grad_pre, grad_post = [
         None if m is None else torch.zeros(len(parts), *m.shape, dtype=torch.float64) for m in (pre, post)
     ]
-    sizes = (H, R_in, R_out, N, c_q, c_k, *mix_widths(pre, post))
-    maps = [address(t) for t in (scores, conved, probs, grad, dconved, grad_scores, flipped, pre_t, post_t)]
-    bounds = [t.data_ptr() for t in (*in_rows, *out_rows)]
+    maps = [
+        address(t) for t in (scores, conved, probs, grad, dconved, grad_scores, flipped, call.pre, call.post)
+    ]
     fn = getattr(library(), f"conv_softmax_grad_{SUFFIX[scores.dtype]}")
 
-    def call(u0, u1, worker):
+    def band(u0, u1, worker):
         sums = [None if g is None else g[worker].data_ptr() for g in (grad_kernel, grad_pre, grad_post)]
-        fn(*maps, *sums, u0, u1, *sizes, *bounds)
+        fn(*maps, *sums, u0, u1, *call.sizes, *bounds)
 
-    split(B * n_bands, call)
+    split(B * n_bands, band)
     # Input-gradient rows that read another worker's rows of d conved (conv.c), now that all are written.
     rows_fn = getattr(library(), f"conv_rows_{SUFFIX[scores.dtype]}")
     for u0, u1 in parts[1:]:

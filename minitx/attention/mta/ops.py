@@ -27,12 +27,18 @@ tensors, never None. Everything here needs the C library: callers check native.a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 from torch import Tensor
 
 from . import native
 
 NOTHING = (0,)  # the shape of an output that is not computed
+
+# Each operator: a CPU implementation that calls native.py, nothing mutated in place.
+operator = partial(torch.library.custom_op, mutates_args=(), device_types="cpu")
 
 
 def _nothing(like: Tensor) -> Tensor:
@@ -43,10 +49,26 @@ def _rows(lo: Tensor | None, hi: Tensor | None):
     return None if lo is None else (lo.contiguous(), hi.contiguous())
 
 
+def register_gradient(op, setup: Callable, gradients: Callable) -> None:
+    """op's gradient, as torch.library takes it: setup(ctx, inputs, output) saves what
+    gradients(ctx, grad) reads; that returns the gradients of op's first inputs (None where not
+    needed), and its other inputs (rows, flags) get None. A grad of None (an output that reached no
+    loss, where setup turned materialised gradients off) gives None for every input."""
+
+    def backward(ctx, grad: Tensor | None, *_not_differentiable):
+        n_inputs = len(ctx.needs_input_grad)
+        if grad is None:
+            return (None,) * n_inputs
+        grads = tuple(gradients(ctx, grad))
+        return grads + (None,) * (n_inputs - len(grads))
+
+    op.register_autograd(backward, setup_context=setup)
+
+
 # -- the key-query convolution --------------------------------------------------------------------
 
 
-@torch.library.custom_op("minitx::kq_conv", mutates_args=(), device_types="cpu")
+@operator("minitx::kq_conv")
 def kq_conv(maps: Tensor, kernel: Tensor, lo: Tensor, hi: Tensor, out_lo: Tensor, out_hi: Tensor) -> Tensor:
     return native.conv(maps, kernel[:, 0], 0, out_lo.shape[-1], _rows(lo, hi), _rows(out_lo, out_hi))
 
@@ -57,7 +79,7 @@ def _(maps, kernel, lo, hi, out_lo, out_hi):
     return maps.new_empty(B, H, out_lo.shape[-1], N)
 
 
-@torch.library.custom_op("minitx::kq_conv_backward", mutates_args=(), device_types="cpu")
+@operator("minitx::kq_conv_backward")
 def kq_conv_backward(
     grad: Tensor,
     maps: Tensor,
@@ -104,23 +126,16 @@ def _kq_conv_grad(ctx, grad: Tensor):
     grad_maps, grad_kernel = torch.ops.minitx.kq_conv_backward(
         grad, maps, kernel, lo, hi, out_lo, out_hi, need_maps, need_kernel
     )
-    return (
-        grad_maps if need_maps else None,
-        grad_kernel if need_kernel else None,
-        None,
-        None,
-        None,
-        None,
-    )
+    return grad_maps if need_maps else None, grad_kernel if need_kernel else None
 
 
-kq_conv.register_autograd(_kq_conv_grad, setup_context=_kq_conv_setup)
+register_gradient(kq_conv, _kq_conv_setup, _kq_conv_grad)
 
 
 # -- pre mix, mask, softmax, post mix ---------------------------------------------------------------
 
 
-@torch.library.custom_op("minitx::mixed_softmax", mutates_args=(), device_types="cpu")
+@operator("minitx::mixed_softmax")
 def mixed_softmax(
     scores: Tensor,
     pre: Tensor | None,
@@ -140,7 +155,7 @@ def _(scores, pre, post, lo, hi, keep_probs):
     return scores.new_empty(scores.shape), scores.new_empty(scores.shape if keep else NOTHING)
 
 
-@torch.library.custom_op("minitx::mixed_softmax_backward", mutates_args=(), device_types="cpu")
+@operator("minitx::mixed_softmax_backward")
 def mixed_softmax_backward(
     scores: Tensor,
     probs: Tensor,
@@ -182,32 +197,23 @@ def _mixed_softmax_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(scores, probs if post is not None else out, pre, post, lo, hi)
 
 
-def _mixed_softmax_grad(ctx, grad: Tensor | None, _grad_probs):
-    if grad is None:  # out reached no loss (grads are not materialised)
-        return None, None, None, None, None, None
+def _mixed_softmax_grad(ctx, grad: Tensor):
     if not ctx.keep:
         raise RuntimeError("minitx::mixed_softmax ran with keep_probs=False: it has no gradient")
     scores, probs, pre, post, lo, hi = ctx.saved_tensors
     grad_scores, grad_pre, grad_post = torch.ops.minitx.mixed_softmax_backward(
         scores, probs, grad, pre, post, lo, hi
     )
-    return (
-        grad_scores,
-        grad_pre if ctx.has_pre else None,
-        grad_post if ctx.has_post else None,
-        None,
-        None,
-        None,
-    )
+    return grad_scores, grad_pre if ctx.has_pre else None, grad_post if ctx.has_post else None
 
 
-mixed_softmax.register_autograd(_mixed_softmax_grad, setup_context=_mixed_softmax_setup)
+register_gradient(mixed_softmax, _mixed_softmax_setup, _mixed_softmax_grad)
 
 
 # -- the convolution, mixes and softmax as one call -------------------------------------------------
 
 
-@torch.library.custom_op("minitx::conv_softmax", mutates_args=(), device_types="cpu")
+@operator("minitx::conv_softmax")
 def conv_softmax(
     scores: Tensor,
     kernel: Tensor,
@@ -235,7 +241,7 @@ def _(scores, kernel, pre, post, lo, hi, out_lo, out_hi):
     )
 
 
-@torch.library.custom_op("minitx::conv_softmax_backward", mutates_args=(), device_types="cpu")
+@operator("minitx::conv_softmax_backward")
 def conv_softmax_backward(
     grad: Tensor,
     scores: Tensor,
@@ -284,32 +290,21 @@ def _conv_softmax_setup(ctx, inputs, output) -> None:
     )
 
 
-def _conv_softmax_grad(ctx, grad: Tensor | None, _grad_conved, _grad_probs):
-    if grad is None:  # out reached no loss
-        return (None,) * 8
+def _conv_softmax_grad(ctx, grad: Tensor):
     scores, conved, probs, kernel, pre, post, lo, hi, out_lo, out_hi = ctx.saved_tensors
     grad_scores, grad_kernel, grad_pre, grad_post = torch.ops.minitx.conv_softmax_backward(
         grad, scores, conved, probs, kernel, pre, post, lo, hi, out_lo, out_hi
     )
-    return (
-        grad_scores,
-        grad_kernel,
-        grad_pre if ctx.has_pre else None,
-        grad_post if ctx.has_post else None,
-        None,
-        None,
-        None,
-        None,
-    )
+    return grad_scores, grad_kernel, grad_pre if ctx.has_pre else None, grad_post if ctx.has_post else None
 
 
-conv_softmax.register_autograd(_conv_softmax_grad, setup_context=_conv_softmax_setup)
+register_gradient(conv_softmax, _conv_softmax_setup, _conv_softmax_grad)
 
 
 # -- head mixing ----------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("minitx::mix", mutates_args=(), device_types="cpu")
+@operator("minitx::mix")
 def mix(maps: Tensor, matrix: Tensor) -> Tensor:
     return native.mix(maps, matrix)
 
@@ -319,7 +314,7 @@ def _(maps, matrix):
     return maps.new_empty(maps.shape)
 
 
-@torch.library.custom_op("minitx::mix_backward", mutates_args=(), device_types="cpu")
+@operator("minitx::mix_backward")
 def mix_backward(maps: Tensor, matrix: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
     """(d maps, d matrix) of mix(maps, matrix) for its output gradient grad."""
     grad_maps, grad_matrix = native.mix_grad(maps, matrix, grad)
@@ -337,16 +332,16 @@ def _mix_setup(ctx, inputs, output) -> None:
 
 def _mix_grad(ctx, grad: Tensor):
     maps, matrix = ctx.saved_tensors
-    return tuple(torch.ops.minitx.mix_backward(maps, matrix, grad))
+    return torch.ops.minitx.mix_backward(maps, matrix, grad)
 
 
-mix.register_autograd(_mix_grad, setup_context=_mix_setup)
+register_gradient(mix, _mix_setup, _mix_grad)
 
 
 # -- the output norm and gate (no gradient) -----------------------------------------------------------
 
 
-@torch.library.custom_op("minitx::gated_norm", mutates_args=(), device_types="cpu")
+@operator("minitx::gated_norm")
 def gated_norm(x: Tensor, weight: Tensor, gate_weight: Tensor, gate_bias: Tensor, eps: float) -> Tensor:
     return native.gated_norm(x, weight, gate_weight, gate_bias, eps)
 
@@ -367,7 +362,7 @@ _ATTEND_ROWS = (
 )
 
 
-@torch.library.custom_op("minitx::attend_rows", mutates_args=(), device_types="cpu", schema=_ATTEND_ROWS)
+@operator("minitx::attend_rows", schema=_ATTEND_ROWS)
 def attend_rows(
     q, k, v, scale, pre, post, norm_weight, gate_weight, gate_bias, eps, kernel, lo, hi, first_slot=0
 ):

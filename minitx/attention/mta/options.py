@@ -10,6 +10,13 @@ from typing import Literal
 
 from ...kinds import OptionError, fail
 
+# backend "auto": with the C loops (native.py) the plain chunked convolution at every T (the
+# factorised path took 2.2x its time at T = 256 and 1.7-1.8x at 1024 and 4096, benchmarks/RESULTS.md);
+# without them, the factorised path from this many tokens on (torch's convolution 20-30% faster at
+# T = 256, the factorised path 20-25% faster at 1024 and 40-70% at 4096). Here, beside the option
+# it sets, so that layer.py and flops.py both read it from below.
+FACTORISED_FROM = 512
+
 
 @dataclass
 class MTAOptions:

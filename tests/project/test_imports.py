@@ -1,0 +1,117 @@
+"""minitx's modules import one another without circles.
+
+A circle (a imports b, which imports a, perhaps through others) makes the order of loading
+matter and forces imports into function bodies to dodge it; it also says two modules are one
+concept split in the wrong place. The graph is read from the source with ast, imports inside
+functions included (they run too, only later), so the test needs no import of minitx.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def module_names(root: Path = ROOT, package: str = "minitx") -> dict[str, Path]:
+    """Every module of the package by dotted name; a package by its own name (its __init__.py)."""
+    modules = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that module `name` (at `path`) imports, anywhere in its body.
+
+    `from a import b` imports a.b when that is a module, else a (b is a name defined there);
+    `import a.b.c` names its deepest prefix that is a module."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def deepest(dotted: str) -> str | None:
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(deepest(alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(base + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                child = f"{base}.{alias.name}"
+                found.add(child if child in modules else deepest(base))
+    found.discard(None)
+    found.discard(name)
+    return found
+
+
+def import_graph(root: Path = ROOT, package: str = "minitx") -> dict[str, set[str]]:
+    modules = module_names(root, package)
+    return {name: imported(name, path, modules) for name, path in modules.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm), each
+    sorted: every module in one reaches every other, so each is one circle or several tangled."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_circles_are_found_in_a_made_up_graph():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"e"}, "e": {"d"}, "f": {"a"}}
+    assert circles(graph) == [["a", "b", "c"], ["d", "e"]]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_imports_are_read_inside_functions_and_relative_to_the_package(tmp_path):
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    for name in ("__init__", "top", "sub/__init__", "sub/one", "sub/two"):
+        (tmp_path / "pkg" / f"{name}.py").write_text("")
+    (tmp_path / "pkg" / "sub" / "one.py").write_text(
+        "from . import two\nfrom ..top import VALUE\n"
+        "def late():\n    import pkg.sub\n    from .two import thing\n"
+    )
+    graph = import_graph(tmp_path, "pkg")
+    assert graph["pkg.sub.one"] == {"pkg.sub.two", "pkg.top", "pkg.sub"}
+
+
+def test_minitx_has_no_import_circles():
+    found = circles(import_graph())
+    assert not found, "modules that import one another (move the shared names to a module both import):\n" + (
+        "\n".join(" <-> ".join(component) for component in found)
+    )
