@@ -35,6 +35,7 @@ from .plan.budget import match_budgets, model_budget
 from .plan.sweep import EvalSettings, Sweep, Variant, load_sweep
 from .report.designed import DESIGN_PLOTS
 from .report.plain import CSV_FIELDS, PLOTS, format_cell, markdown_table, write_csv, write_results
+from .runs.launch import run_sweep
 from .runs.runner import (
     BASE_SNAPSHOT,
     LOG_FILE,
@@ -45,7 +46,6 @@ from .runs.runner import (
     execute,
     format_value,
     plan_runs,
-    run_sweep,
 )
 
 __all__ = [

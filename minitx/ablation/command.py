@@ -16,7 +16,7 @@ from .plan.sweep import Sweep, load_sweep
 from .report.plain import plot_names, write_results
 from .runs.designed import run_designed
 from .runs.eval_runs import diagnose_run, evaluate_runs, sweep_kind_modules
-from .runs.launch import Launcher, local_launcher
+from .runs.launch import Launcher, local_launcher, run_sweep
 from .runs.runner import (
     BASE_SNAPSHOT,
     LOG_FILE,
@@ -25,7 +25,6 @@ from .runs.runner import (
     given_arguments,
     is_finished,
     plan_runs,
-    run_sweep,
 )
 from .runs.slurm import SlurmLauncher, SlurmOptions, SweepSubmitted, parse_sbatch_options
 

@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 from ..plotting import plain_log_ticks  # noqa: E402
-from .report import missing_notes  # noqa: E402
+from .missing import missing_notes  # noqa: E402
 
 
 def _save(fig, file) -> None:

@@ -14,9 +14,9 @@ import pytest
 
 from minitx.ablation import Sweep, Variant
 from minitx.ablation.analysis.table import collect
-from minitx.ablation.runs import runner
-from minitx.ablation.runs.launch import LocalLauncher, device_groups, local_launcher
-from minitx.ablation.runs.runner import RUN_FILE, SUMMARY_FILE, Run, run_sweep
+from minitx.ablation.runs import launch
+from minitx.ablation.runs.launch import LocalLauncher, device_groups, local_launcher, run_sweep
+from minitx.ablation.runs.runner import RUN_FILE, SUMMARY_FILE, Run
 from minitx.ablation.runs.slurm import RunJob, SlurmLauncher, SlurmOptions, parse_sbatch_options
 from minitx.cli import ablate_main
 from minitx.errors import UserError
@@ -170,7 +170,7 @@ def test_submitit_local_sweep_makes_a_row_of_a_failed_job_and_skips_finished_run
     tmp_path, monkeypatch
 ):
     pytest.importorskip("submitit")
-    monkeypatch.setattr(runner, "prepare_data", lambda runs, log: None)  # the stand-in reads no data
+    monkeypatch.setattr(launch, "prepare_data", lambda runs, log: None)  # the stand-in reads no data
     sweep = Sweep(base_text="{}\n", overrides={}, variants=[])
     runs = fake_runs(tmp_path, ["a", "broken"], fail=("broken",))
     said: list[str] = []

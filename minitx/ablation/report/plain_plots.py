@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 
 from ...plotting import plain_log_ticks  # noqa: E402
 from ..analysis.table import length_key  # noqa: E402
+from .missing import missing_diagnostic  # noqa: E402
 
 
 def _finished(table: list[dict]) -> list[dict]:
@@ -139,8 +140,6 @@ def loss_vs_context(table: list[dict], lengths: list[int], path: Path) -> None:
 def diagnostic_bars(table: list[dict], key: str, heading: str, path: Path) -> None:
     """One diagnostic, a bar per variant (mean over seeds, ±std where 2 or more seeds have it);
     a variant without it has no bar, and a note under the plot says which and why."""
-    from .plain import missing_diagnostic
-
     entries = [e for e in table if missing_diagnostic(e, key) is None]
     missing: dict[str, list[str]] = {}
     for entry in table:

@@ -17,7 +17,8 @@ from ..analysis.designed import analyse
 from ..plan.ladder import Plan, Point, make_plan
 from ..report.designed import DESIGN_PLOTS, write_design_results
 from .eval_runs import diagnose_run, read_diagnostics
-from .runner import BASE_SNAPSHOT, given_arguments, is_finished, run_sweep
+from .launch import run_sweep
+from .runner import BASE_SNAPSHOT, given_arguments, is_finished
 
 
 def _unique_runs(points: Sequence[Point]) -> list:

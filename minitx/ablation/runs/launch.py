@@ -4,7 +4,7 @@
                     is given its own K of them (CUDA_VISIBLE_DEVICES), never two runs the same GPU
     SlurmLauncher   a SLURM cluster through submitit, one job of an array per run (slurm.py)
 
-run_sweep (runner.py) skips finished runs and prepares the data, then hands the rest to its
+run_sweep (below) skips finished runs and prepares the data, then hands the rest to its
 launcher; a designed sweep's phases (designed.py) each call run_sweep, so every launcher serves
 every phase.
 """
@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ...errors import UserError
-from .runner import Run, execute, whole_lines
+from ...fileio import write_text_atomically
+from ..plan.sweep import Sweep
+from .runner import BASE_SNAPSHOT, Run, check_same_settings, execute, is_finished, prepare_data, whole_lines
 
 
 class Launcher(Protocol):
@@ -111,3 +113,23 @@ def local_launcher(
         )
         parallel = shares
     return LocalLauncher(parallel, gpus, per_run)
+
+
+def run_sweep(runs: list[Run], sweep: Sweep, output: Path, launcher: Any = 1, log: Any = print) -> None:
+    """Run every unfinished run; finished ones are skipped (after checking their settings).
+    `launcher`: where the runs go (this machine, N at a time, or a SLURM cluster);
+    a number is that many at a time on this machine."""
+    todo = []
+    for run in runs:
+        if is_finished(run):
+            check_same_settings(run)
+            log(f"ablate: skip   {run.label} (finished)")
+        else:
+            todo.append(run)
+    if not todo:
+        return
+    write_text_atomically(output / BASE_SNAPSHOT, sweep.base_text)
+    prepare_data(todo, log)
+    if isinstance(launcher, int):
+        launcher = LocalLauncher(parallel=launcher)
+    launcher.launch(todo, output, log)

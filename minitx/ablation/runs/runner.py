@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UserError
-from ...fileio import read_json, write_json_atomically, write_text_atomically
+from ...fileio import read_json, write_json_atomically
 from ...training import check_train_args, precheck_train_args
 from ..plan.sweep import Sweep, Variant
 
@@ -322,28 +322,6 @@ def execute(
     record = finish_record(run, record, process.returncode, time.perf_counter() - start)
     log(outcome_line(run, record))
     return record
-
-
-def run_sweep(runs: list[Run], sweep: Sweep, output: Path, launcher: Any = 1, log: Any = print) -> None:
-    """Run every unfinished run; finished ones are skipped (after checking their settings).
-    `launcher`: where the runs go (launch.py: this machine, N at a time, or a SLURM cluster);
-    a number is that many at a time on this machine."""
-    from .launch import LocalLauncher  # launch.py builds on this module
-
-    todo = []
-    for run in runs:
-        if is_finished(run):
-            check_same_settings(run)
-            log(f"ablate: skip   {run.label} (finished)")
-        else:
-            todo.append(run)
-    if not todo:
-        return
-    write_text_atomically(output / BASE_SNAPSHOT, sweep.base_text)
-    prepare_data(todo, log)
-    if isinstance(launcher, int):
-        launcher = LocalLauncher(parallel=launcher)
-    launcher.launch(todo, output, log)
 
 
 def whole_lines(log: Any) -> Any:
