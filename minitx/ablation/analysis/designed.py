@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from ...errors import UserError
-from ..plan.ladder import Plan, Point
+from ..plan.ladder import Plan, Point, Rate
 from . import fit
 from .significance import Difference, compare_all
 
@@ -20,8 +20,8 @@ from .significance import Difference, compare_all
 class ArmResult:
     name: str
     lr_losses: dict[float, float | None] = field(default_factory=dict)  # multiplier -> final val loss
-    multiplier: float | None = None  # the chosen one
-    at_edge: bool = False
+    multiplier: float | None = None  # the chosen one (at the sweep's size)
+    rate: Rate | None = None  # the whole choice: past the edges, confirmation, rate per size (ladder.py)
     points: list[Point] = field(default_factory=list)  # the ladder's finished points (seed 0)
     curve: fit.Curve | None = None
     fit_note: str = ""
@@ -57,20 +57,20 @@ def analyse(plan: Plan, phases: tuple[list[Point], list[Point], list[Point]], di
     """`diagnostics`: point -> dict or None (the cached diagnostics of its run)."""
     first, second, third = phases
     multipliers = plan.sweep.design.multipliers
-    results = [ArmResult(name) for name in plan.arms]
+    found = plan.rates()
+    results = [ArmResult(name, rate=found[name]) for name in plan.arms]
     everything = [*first, *second, *third]
     failed = [p for p in everything if p.loss is None and (p.run.directory / "run.json").is_file()]
     notes: list[str] = []
     for arm in results:
         if multipliers:
-            arm.lr_losses = {p.multiplier: p.loss for p in first if p.arm == arm.name}
-            arm.multiplier = plan.chosen(arm.name, first)
-            arm.at_edge = arm.multiplier in (multipliers[0], multipliers[-1])
+            arm.lr_losses = {m: p.loss for m, p in arm.rate.sweep.items()}
+            arm.multiplier = arm.rate.choice.multiplier
         else:
             arm.multiplier = 1.0
         seen = set()
         for p in [*second, *third]:
-            if p.arm == arm.name and p.seed == plan.sweep.seed and p.loss is not None:
+            if p.arm == arm.name and p.seed == plan.ladder_seed and p.loss is not None:
                 if p.run.directory not in seen:
                     seen.add(p.run.directory)
                     arm.points.append(p)
@@ -103,6 +103,9 @@ def _unique(points: list[Point]) -> list[Point]:
 
 def _fit_all(plan: Plan, results: list[ArmResult], notes: list[str]) -> None:
     for i, arm in enumerate(results):
+        if arm.rate is not None and arm.rate.refused:  # no rate is known to be its best
+            arm.fit_note = f"refused: {arm.rate.refused}"
+            continue
         try:
             arm.curve = fit.fit_with_bootstrap(
                 [p.trained_flops for p in arm.points], [p.loss for p in arm.points], seed=2 * i
