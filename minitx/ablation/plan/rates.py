@@ -46,7 +46,7 @@ class Choice:
     a refusal, or nothing yet (pending: a run not finished)."""
 
     multiplier: float | None = None
-    how: str = ""  # "fit over 5 runs (vertex x2.6)" or "lowest of 3 runs"
+    how: str = ""  # "fit over 5 runs, vertex x2.6" or "lowest of 3 runs"
     next: float | None = None  # the multiplier to run past an edge
     refused: str = ""
 
@@ -84,7 +84,7 @@ def choose(outcomes: dict[float, float | None], extended: int, extend: int = EXT
         chosen, how = lowest, f"lowest of {len(finite)} runs"
     else:
         chosen = min(near, key=lambda m: abs(math.log2(m / vertex)))
-        how = f"fit over {len(near)} runs (vertex x{vertex:.3g})"
+        how = f"fit over {len(near)} runs, vertex x{vertex:.3g}"
     for edge, step, side in ((ms[-1], 2.0, "largest"), (ms[0], 0.5, "smallest")):
         if edge in (lowest, chosen):
             if extended < extend:
