@@ -343,7 +343,7 @@ def _module_default(name: str) -> Any:
     return getattr(DEFAULTS, name)
 
 
-def _check_design_keys(sweep: Sweep, extra: Sequence[str]) -> None:
+def check_design_keys(sweep: Sweep, extra: Sequence[str]) -> None:
     """What the design sets for every run, given where the sweep cannot honour it (the file's
     variants and shared overrides are checked as it loads; a sweep built in code, and training
     arguments after `--`, which come last on the command line and would win, are checked here)."""
@@ -367,7 +367,7 @@ def make_plan(sweep: Sweep, output: Path, extra: Sequence[str] = (), logging: Se
     """The designed sweep's plan, checked: refused in one line (naming the key) when a budget
     gives an arm too few steps to warm up and decay, or a size cannot be built."""
     design = sweep.design
-    _check_design_keys(sweep, extra)
+    check_design_keys(sweep, extra)
     model, data, trainer = (_section(sweep, name) for name in ("model", "data", "trainer"))
     ladder = design.ladder
     sizes = ladder.sizes if ladder else [BASE_SIZE]
