@@ -1,5 +1,6 @@
-"""A designed sweep that really trains: a tiny ladder of MHA against itself (A/A), its branched
-decays, a stop and a rerun that resumes, and --report-only. Slow: about thirty training runs."""
+"""A designed sweep that really trains: a tiny ladder of MHA against itself (A/A), its learning
+rates (past the sweep's edge, confirmed at the largest size), its branched decays, a stop and a
+rerun that resumes, and --report-only. Slow: about thirty training runs."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from test_ladder import BASE, ROOT, write
 
 from minitx import ablation
+from minitx.ablation.plan import rates
 from minitx.ablation.plan.ladder import make_plan
 from minitx.ablation.plan.sweep import load_sweep
 
@@ -34,11 +36,36 @@ def test_a_tiny_ladder_trains_branches_resumes_and_reports(tmp_path, capsys):
     path = write(tmp_path, BASE.replace("seeds: 3", "seeds: 2") + LADDER)
     output = tmp_path / "out"
     ablation.main(["--config", str(path), "--output", str(output), "--parallel", "2"])
+    log = capsys.readouterr().out
     plan = make_plan(load_sweep(path), output)
     first, second, third = plan.all_points()
     points = {p.run.directory: p for p in [*first, *second, *third]}
     assert all(p.loss is not None for p in points.values()), [p.run.directory.name for p in points.values()]
     assert len(third) == 2 * 3  # one smaller budget per arm and size, each a branch
+
+    # The learning rates: a sweep of two always has its best at an edge, so it ran past it; the
+    # choice was confirmed at d16 with its neighbours; the ladder trained every size afresh.
+    assert (
+        "ablate: the plan: 24 runs (4 learning-rate sweep, 6 confirmation at d16, 6 ladder, 2 extra seeds, "
+        "6 branches, and up to 4 past the sweep's edges)" in log
+    )
+    assert "(2 past the sweep's edge)" in log and "(6 confirmation at d16)" in log
+    found = plan.rates()
+    for rate in found.values():
+        assert rate.extended and rate.choice.multiplier in rate.sweep and not rate.refused
+        assert sorted(rate.confirm) == rates.neighbours(list(rate.sweep), rate.choice.multiplier)
+        assert rate.by_size["d16"] == rate.confirmed.multiplier
+    assert found["twin"].by_size == found["mha"].by_size  # the same model, the same seeds: the same rates
+    assert not {p.run.directory for p in first} & {p.run.directory for p in second}
+    text = (output / "results.md").read_text()
+    mha = found["mha"]
+    confirmed = next(line for line in text.splitlines() if line.startswith("| mha | x"))
+    assert f"**x{mha.confirmed.multiplier:g} " in confirmed
+    assert confirmed.endswith(f"| {', '.join(f'x{mha.by_size[s]:g}' for s in ('d8', 'd12', 'd16'))} |")
+    lr_row = next(
+        line for line in text.split("## Learning rate")[1].splitlines() if line.startswith("| mha ")
+    )
+    assert f"| x{mha.choice.multiplier:g} (" in lr_row
 
     # A/A: the twin is MHA under another name, with the same seeds: the same losses, a multiplier of 1
     text = (output / "results.md").read_text()
@@ -65,7 +92,7 @@ def test_a_tiny_ladder_trains_branches_resumes_and_reports(tmp_path, capsys):
 
     # Stopped part-way: a rerun trains only what is missing, branches included.
     (branch.run.directory / "summary.json").unlink()
-    lr_run = first[-1].run.directory
+    lr_run = first[-1].run.directory  # a confirmation: the ladder after it waits for it again
     (lr_run / "summary.json").unlink()
     capsys.readouterr()
     ablation.main(["--config", str(path), "--output", str(output)])
