@@ -21,9 +21,9 @@ gives is usable), or None for a run not finished yet (a decision then waits).
 4. **Sizes between** train at the rate interpolated geometrically in parameters between the
    sweep size's choice and the largest size's: a power law lr(N) through the two measured sizes.
 5. **Instability.** A run diverged when its loss is not finite; it spiked when its logged
-   training loss, smoothed over SMOOTH logged steps, rises more than SPIKE_NATS above its own
-   running minimum (a healthy run's loss falls, and noise of a smoothed batch loss is a few
-   hundredths of a nat).
+   training loss, smoothed over SMOOTH logged steps, rises above its own running minimum by more
+   than SPIKE_NATS, or NOISE_SIGMAS times the curve's own noise where that is larger (a healthy
+   run's loss falls; a small batch's loss is noisy).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ EXTEND = 2  # multipliers run past the sweep's edges, per arm, before it is refu
 FIT_REACH = 2  # multipliers each side of the lowest that the parabola sees
 SPIKE_NATS = 0.3
 SMOOTH = 3
+NOISE_SIGMAS = 6  # a spike rises this many times the noise of a smoothed point, at least SPIKE_NATS
 
 
 @dataclass(frozen=True)
@@ -130,14 +131,22 @@ def interpolated(low: float, high: float, n_low: float, n_high: float, n: float)
 
 
 def instability(steps: Sequence[int], losses: Sequence[float], margin: float = SPIKE_NATS) -> str:
-    """ "" for a healthy logged training-loss curve, else what went wrong, in words."""
+    """ "" for a healthy logged training-loss curve, else what went wrong, in words. The rise that
+    counts as a spike is `margin` or NOISE_SIGMAS times the noise of a smoothed point, whichever is
+    larger: a small batch's loss is noisy, and its running minimum lies that much lower by chance.
+    The noise comes from the curve itself, robustly: the median step-to-step change (a spike moves
+    few of them) is 0.6745 sqrt(2) sigma for independent noise."""
     for step, loss in zip(steps, losses):
         if not math.isfinite(loss):
             return f"diverged: training loss {loss} at step {step}"
+    if len(losses) < 2:
+        return ""
+    sigma = float(np.median(np.abs(np.diff(losses)))) / (0.6745 * math.sqrt(2))
+    limit = max(margin, NOISE_SIGMAS * sigma / math.sqrt(SMOOTH))
     smooth = [float(np.mean(losses[max(0, i - SMOOTH + 1) : i + 1])) for i in range(len(losses))]
     low = math.inf
     for i, value in enumerate(smooth):
-        if i >= SMOOTH and value > low + margin:
+        if i >= SMOOTH and value > low + limit:
             return (
                 f"spiked: training loss {value:.3f} (mean of {SMOOTH} logged) at step {steps[i]}, "
                 f"{value - low:.2f} above its running minimum {low:.3f}"
