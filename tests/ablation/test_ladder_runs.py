@@ -18,7 +18,7 @@ from minitx.ablation.plan.sweep import load_sweep
 
 pytestmark = pytest.mark.slow
 
-LADDER = """lr_sweep: {multipliers: [1, 2]}
+LADDER = """lr_sweep: {multipliers: [8, 16]}  # this short a run wants a high rate: x16 wins, x32 past the edge does not
 ladder:
   sizes:
     - {name: d8, overrides: {model.d_model: 8}}
