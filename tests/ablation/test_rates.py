@@ -269,7 +269,7 @@ def test_the_command_refuses_what_the_design_sets_with_status_2(tmp_path):
         (["--", "--model.lr=0.01"], "--model.lr after --: every run trains at the base config's rates times"),
     ):
         result = subprocess.run(
-            [sys.executable, "ablate.py", "--config", str(path), "--output", str(tmp_path / "out"), *args],
+            [sys.executable, "ablate.py", "--config", str(path), "--output", str(tmp_path / "out"), "--dry-run", *args],
             capture_output=True, text=True, cwd=ROOT,
         )  # fmt: skip
         assert result.returncode == 2 and said in result.stderr and result.stderr.strip().count("\n") == 0
