@@ -139,7 +139,7 @@ def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point]) -> list
         cells = []
         for m in ms:
             p = arm.rate.sweep.get(m)
-            text = "" if p is None else _outcome(p)
+            text = "" if p is None else _outcome(p) + (" ⁺" if m in arm.rate.extended else "")
             cells.append(f"**{text}**" if m == arm.multiplier else text)
         choice = arm.rate.choice
         chosen = "refused" if choice.refused else "–"
@@ -149,7 +149,8 @@ def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point]) -> list
     bases = ", ".join(f"{key} {value:g}" for key, value in plan.lr_bases.items())
     lines += [
         "",
-        f"x1 is the base config's learning rates ({bases}); a multiplier scales all of them. A choice is the "
+        f"x1 is the base config's learning rates ({bases}); a multiplier scales all of them; ⁺ a run past the "
+        "sweep's edge. A choice is the "
         "vertex of a parabola in log lr fitted to the lowest loss and up to two multipliers each side, rounded "
         "to a multiplier swept; a best at an edge runs x2 further that way, at most "
         f"{plan.sweep.design.extend} time(s) per arm, then refuses the arm. These runs only choose: the ladder "
