@@ -10,6 +10,8 @@ any run starts, every variant's config is checked as the training command will c
 
     sweep.py      the sweep file: parsing and checks; design.py its budget, lr_sweep, ladder, seeds_at
     ladder.py     the plan of a designed sweep: learning-rate sweep, ladder, branched decays, seeds
+    rates.py      each arm's learning rate: past the sweep's edges, a fit in log lr, confirmed at the
+                  largest size; diverged and spiked runs
     designed.py   running a designed sweep's phases, diagnostics, then its analysis and report
     fit.py        one L(C) for all arms with a compute multiplier each, seed-noise bootstrap, L(N, D)
     significance.py  Welch's t-test against the baseline, Holm's correction

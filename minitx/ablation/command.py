@@ -12,6 +12,7 @@ from ..errors import UserError
 from ..kinds import import_kind_modules
 from .analysis.table import is_synthetic
 from .plan.budget import match_budgets
+from .plan.ladder import check_design_keys
 from .plan.sweep import Sweep, load_sweep
 from .report.plain import plot_names, write_results
 from .runs.designed import run_designed
@@ -183,6 +184,8 @@ def prepare(args: argparse.Namespace) -> tuple[Sweep, Path]:
             match_budgets(sweep, sweep.match, args.train_args, log=print)
         except UserError as error:
             raise UserError(f"{config_path}: {error}") from None
+    if sweep.design.active:  # what the design sets, refused before the slower checks of every variant
+        check_design_keys(sweep, args.train_args)
     if not args.report_only:
         check_variants(sweep, config_path, args.train_args)
     return sweep, config_path

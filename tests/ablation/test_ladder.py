@@ -308,7 +308,6 @@ overrides:
   model.warmup_steps: 2
   data.batch_size: 4
   data.val_batches: 2
-  trainer.max_steps: 40
   trainer.val_check_interval: 1000
   run.checkpoint_every_n_steps: 0
 seed: 1
@@ -371,16 +370,12 @@ def test_too_small_a_budget_is_refused_before_any_run(tmp_path):
 
 
 def test_a_variant_may_not_set_what_the_design_sets(tmp_path):
-    sweep = load_sweep(
-        write(
-            tmp_path,
-            BASE
-            + LADDER
-            + ARMS.replace("kind: mha}}\n  - {name: twin", "kind: mha, model.lr: 0.01}}\n  - {name: twin"),
-        )
-    )
-    with pytest.raises(UserError, match="variant 'mha': sets model.lr"):
-        make_plan(sweep, tmp_path / "out")
+    arms = ARMS.replace("kind: mha}}\n  - {name: twin", "kind: mha, model.lr: 0.01}}\n  - {name: twin")
+    with pytest.raises(
+        UserError, match=r"variants\[0\] \(mha\): sets model.lr: every run trains at"
+    ) as caught:
+        load_sweep(write(tmp_path, BASE + LADDER + arms))
+    assert "shared 'overrides'" in str(caught.value) and "\n" not in str(caught.value)
 
 
 # -- the plan ----------------------------------------------------------------------------------
@@ -405,12 +400,10 @@ def test_branches_start_where_their_decay_starts(tmp_path):
     sweep = load_sweep(write(tmp_path, BASE + LADDER + ARMS))
     plan = make_plan(sweep, tmp_path / "out")
     first, second, third = plan.all_points()
-    assert len(first) == 3 * 3 and not third  # phase 3 needs phase 1's choices first
-    plant(plan, first, lambda p: 3.0)
+    assert len(first) == 3 * 3 and not second and not third  # the rest needs phase 1's choices first
+    plant_all(plan, lambda p: 3.0 + 0.1 * math.log2(p.multiplier) ** 2)  # best at x1, inside the sweep
     first, second, third = plan.all_points()
-    assert {p.role for p in third} == {"branch"} and len(
-        third
-    ) == 3 * 3  # 3 arms x 3 sizes x 1 smaller budget
+    assert {p.role for p in third} == {"branch"} and len(third) == 3 * 3  # 3 arms x 3 sizes x 1 budget
     for branch in third:
         main = branch.branch_of
         command = " ".join(main.run.command)
@@ -418,23 +411,40 @@ def test_branches_start_where_their_decay_starts(tmp_path):
         assert f"step-{start:07d}.ckpt" in " ".join(branch.run.command)
         assert f"--run.keep_steps [{start}]" in command
         assert main.steps > branch.steps and branch.budget < main.budget
-    # the smallest size's ladder run is the sweep's run at the chosen multiplier, not trained twice
-    assert not any(p.size == "d16" and p.role == "ladder" for p in second)
+    # the ladder trains every size afresh with the next seed: no run that chose a rate is a ladder point
+    chosen_by = {p.run.directory for p in first}
+    assert {p.size for p in second if p.role == "ladder" and p.seed == 2} == {"d16", "d24", "d32"}
+    assert not chosen_by & {p.run.directory for p in second} and {p.seed for p in first} == {1}
 
 
-def plant(plan, points, loss_of, status_failed=(), convention=FLOP_CONVENTION):
-    """Write the summary each run would have written, with the loss `loss_of(point)`; with
-    convention None, as a minitx before flop_convention wrote it."""
+def plant(plan, points, loss_of, status_failed=(), convention=FLOP_CONVENTION, error="planted failure"):
+    """Write the summary each run would have written, with the loss `loss_of(point)` (and the
+    record of the plan it belongs to); with convention None, as a minitx before flop_convention
+    wrote it."""
+    plan.output.mkdir(parents=True, exist_ok=True)
+    (plan.output / "plan.json").write_text(json.dumps({"version": 2}))
     for p in points:
         p.run.directory.mkdir(parents=True, exist_ok=True)
-        record = {"status": "failed" if p in status_failed else "ok", "error": "planted failure"}
-        (p.run.directory / "run.json").write_text(json.dumps(record))
-        if p in status_failed:
+        failed = p in status_failed
+        (p.run.directory / "run.json").write_text(
+            json.dumps({"status": "failed" if failed else "ok", "error": error})
+        )
+        if failed:
             continue
         summary = {"steps": p.steps, "flops_per_token": p.flops_per_token, "final_val_loss": loss_of(p)}
         if convention is not None:
             summary["flop_convention"] = convention
         (p.run.directory / "summary.json").write_text(json.dumps(summary))
+
+
+def plant_all(plan, loss_of, failed=lambda p: False):
+    """Plant every run the plan asks for, phase by phase, as the sweep would run them: the
+    learning rates grow past edges and into their confirmation as their runs finish."""
+    while True:
+        todo = [p for p in sum(plan.all_points(), []) if not (p.run.directory / "run.json").is_file()]
+        if not todo:
+            return
+        plant(plan, todo, loss_of, status_failed=[p for p in todo if failed(p)])
 
 
 def test_report_of_a_planted_ladder(tmp_path, monkeypatch):
@@ -456,13 +466,8 @@ def test_report_of_a_planted_ladder(tmp_path, monkeypatch):
         lr_penalty = 0.05 * math.log2(p.multiplier / best[p.arm]) ** 2
         return float(curve(p.flops * scale[p.arm], C0=1e9) * math.exp(rng.normal(0, 0.002))) + lr_penalty
 
-    first, _, _ = plan.all_points()
-    plant(plan, first, loss)
-    _, second, _ = plan.all_points()
-    plant(plan, [p for p in second if not p.summary], loss)
-    _, _, third = plan.all_points()
-    failed = third[0]
-    plant(plan, third, loss, status_failed=[failed])
+    plant_all(plan, loss, failed=lambda p: p.role == "branch" and p.arm == "handicap" and p.size == "d16")
+    failed = next(p for p in plan.all_points()[2] if p.arm == "handicap" and p.size == "d16")
     ablation.main(["--config", str(path), "--output", str(output), "--report-only"])
     text = (output / "results.md").read_text()
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
@@ -471,8 +476,10 @@ def test_report_of_a_planted_ladder(tmp_path, monkeypatch):
         for line in text.split("## Learning rate")[1].split("##")[0].splitlines()
         if line.startswith("| ")
     ]
-    assert "x1 |" in next(r for r in lr_rows if r.startswith("| mha "))
-    assert "x2 (at the sweep's edge" in next(r for r in lr_rows if r.startswith("| twin "))
+    assert "| x1 (fit over 3 runs" in next(r for r in lr_rows if r.startswith("| mha "))
+    twin_lr = next(r for r in lr_rows if r.startswith("| twin ")).split("|")
+    assert twin_lr[5].strip() != "" and "x2 (fit over 4 runs" in twin_lr[6]  # x4 run past the edge
+    assert "| twin | x1 " in text and "| x2, x2, x2 |" in text.split("| twin | x1 ")[1].splitlines()[0]
     ladder = text.split("## The ladder")[1].split("## Seeds")[0]
     handicap = next(line for line in ladder.splitlines() if line.startswith("| handicap "))
     value = float(handicap.split("|")[4].split("[")[0])

@@ -1,6 +1,6 @@
 """A designed sweep that really trains: a tiny ladder of MHA against itself on another random path
-(A/A), its branched decays, a stop and a rerun that resumes, and --report-only. Slow: about
-thirty training runs."""
+(A/A), its learning rates (past the sweep's edge, confirmed at the largest size), its branched
+decays, a stop and a rerun that resumes, and --report-only. Slow: about thirty training runs."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import pytest
 from test_ladder import BASE, ROOT, write
 
 from minitx import ablation
+from minitx.ablation.plan import rates
 from minitx.ablation.plan.ladder import make_plan
 from minitx.ablation.plan.sweep import load_sweep
 
 pytestmark = pytest.mark.slow
 
-LADDER = """lr_sweep: {multipliers: [1, 2]}
+LADDER = """lr_sweep: {multipliers: [8, 16]}  # this short a run wants a high rate: x16 wins, x32 past the edge does not
 ladder:
   sizes:
     - {name: d8, overrides: {model.d_model: 8}}
@@ -35,20 +36,45 @@ def test_a_tiny_ladder_trains_branches_resumes_and_reports(tmp_path, capsys):
     path = write(tmp_path, BASE.replace("seeds: 3", "seeds: 2") + LADDER)
     output = tmp_path / "out"
     ablation.main(["--config", str(path), "--output", str(output), "--parallel", "2"])
+    log = capsys.readouterr().out
     plan = make_plan(load_sweep(path), output)
     first, second, third = plan.all_points()
     points = {p.run.directory: p for p in [*first, *second, *third]}
     assert all(p.loss is not None for p in points.values()), [p.run.directory.name for p in points.values()]
     assert len(third) == 2 * 3  # one smaller budget per arm and size, each a branch
 
+    # The learning rates: a sweep of two always has its best at an edge, so it ran past it; the
+    # choice was confirmed at d16 with its neighbours; the ladder trained every size afresh.
+    assert (
+        "ablate: the plan: 24 runs (4 learning-rate sweep, 6 confirmation at d16, 6 ladder, 2 extra seeds, "
+        "6 branches, and up to 4 past the sweep's edges)" in log
+    )
+    assert "(2 past the sweep's edge)" in log and "(6 confirmation at d16)" in log
+    found = plan.rates()
+    for rate in found.values():
+        assert rate.extended and rate.choice.multiplier in rate.sweep and not rate.refused
+        assert sorted(rate.confirm) == rates.neighbours(list(rate.sweep), rate.choice.multiplier)
+        assert rate.by_size["d16"] == rate.confirmed.multiplier
+    assert not {p.run.directory for p in first} & {p.run.directory for p in second}
+    text = (output / "results.md").read_text()
+    mha = found["mha"]
+    confirmed = next(line for line in text.splitlines() if line.startswith("| mha | x"))
+    assert f"**x{mha.confirmed.multiplier:g} " in confirmed
+    assert confirmed.endswith(f"| {', '.join(f'x{mha.by_size[s]:g}' for s in ('d8', 'd12', 'd16'))} |")
+    lr_row = next(
+        line for line in text.split("## Learning rate")[1].splitlines() if line.startswith("| mha ")
+    )
+    assert f"| x{mha.choice.multiplier:g} (" in lr_row
+
     # A/A: the twin is MHA on another random path (a 1e-4 dropout draws other random numbers):
     # its compute multiplier has a finite interval around 1
     text = (output / "results.md").read_text()
     ladder = text.split("## The ladder")[1].split("## Seeds")[0]
     twin = next(line for line in ladder.splitlines() if line.startswith("| twin "))
-    value, rest = twin.split("|")[4].split("[")
+    cell = next(c for c in twin.split("|") if "[" in c)  # the multiplier and its interval
+    value, rest = cell.split("[")
     low, high = (float(v) for v in rest.split("]")[0].split(","))  # "unbounded" would not parse
-    assert low <= 1 <= high and 0.5 < float(value) < 2
+    assert low <= 1 <= high and 0.5 < float(value.split()[0]) < 2
     seeds = text.split("## Seeds")[1].split("##")[0]
     assert "**" not in next(line for line in seeds.splitlines() if line.startswith("| twin "))
     diagnostics = json.loads((first[0].run.directory / "diagnostics.json").read_text())
@@ -67,7 +93,7 @@ def test_a_tiny_ladder_trains_branches_resumes_and_reports(tmp_path, capsys):
 
     # Stopped part-way: a rerun trains only what is missing, branches included.
     (branch.run.directory / "summary.json").unlink()
-    lr_run = first[-1].run.directory
+    lr_run = first[-1].run.directory  # a confirmation: the ladder after it waits for it again
     (lr_run / "summary.json").unlink()
     capsys.readouterr()
     ablation.main(["--config", str(path), "--output", str(output)])

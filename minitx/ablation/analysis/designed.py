@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import UserError
-from ..plan.ladder import Plan, Point
+from ..plan.ladder import Plan, Point, Rate
 from . import fit
 from .significance import Difference, compare_all
 
@@ -22,8 +22,8 @@ from .significance import Difference, compare_all
 class ArmResult:
     name: str
     lr_losses: dict[float, float | None] = field(default_factory=dict)  # multiplier -> final val loss
-    multiplier: float | None = None  # the chosen one
-    at_edge: bool = False
+    multiplier: float | None = None  # the chosen one (at the sweep's size)
+    rate: Rate | None = None  # the whole choice: past the edges, confirmation, rate per size (ladder.py)
     points: list[Point] = field(default_factory=list)  # the ladder's finished points (seed 0)
     curve: fit.Curve | None = None  # the arm's curve under the joint fit, with its bootstrap draws
     own: fit.Fit | None = None  # the arm's own curve (a check of the joint model's shared shape)
@@ -76,20 +76,20 @@ def analyse(plan: Plan, phases: tuple[list[Point], list[Point], list[Point]], di
     """`diagnostics`: point -> dict or None (the cached diagnostics of its run)."""
     first, second, third = phases
     multipliers = plan.sweep.design.multipliers
-    results = [ArmResult(name) for name in plan.arms]
+    found = plan.rates()
+    results = [ArmResult(name, rate=found[name]) for name in plan.arms]
     everything = [*first, *second, *third]
     failed = [p for p in everything if p.loss is None and (p.run.directory / "run.json").is_file()]
     notes: list[str] = []
     for arm in results:
         if multipliers:
-            arm.lr_losses = {p.multiplier: p.loss for p in first if p.arm == arm.name}
-            arm.multiplier = plan.chosen(arm.name, first)
-            arm.at_edge = arm.multiplier in (multipliers[0], multipliers[-1])
+            arm.lr_losses = {m: p.loss for m, p in arm.rate.sweep.items()}
+            arm.multiplier = arm.rate.choice.multiplier
         else:
             arm.multiplier = 1.0
         seen = set()
         for p in [*second, *third]:
-            if p.arm == arm.name and p.seed == plan.sweep.seed and p.loss is not None:
+            if p.arm == arm.name and p.seed == plan.ladder_seed and p.loss is not None:
                 if p.run.directory not in seen:
                     seen.add(p.run.directory)
                     arm.points.append(p)
@@ -133,14 +133,17 @@ def _fit_all(plan: Plan, analysis: Analysis) -> None:
     the parameter share; L(N, D) where the ladder allows it."""
     results, notes = analysis.arms, analysis.notes
     baseline = results[0]
+    refused = [a for a in results if a.rate is not None and a.rate.refused]  # no rate is known to be its best
     for arm in results:
         try:
             arm.own = fit.fit_curve([p.trained_flops for p in arm.points], [p.loss for p in arm.points])
         except UserError:
             arm.own = None  # too few points for a curve of its own; the joint fit may still place it
-    fitted = [a for a in results if len(a.points) >= 2]
+    fitted = [a for a in results if len(a.points) >= 2 and a not in refused]
     for arm in results:
-        if arm not in fitted:
+        if arm in refused:
+            arm.own, arm.fit_note = None, f"refused: {arm.rate.refused}"
+        elif arm not in fitted:
             arm.fit_note = f"no fit: {len(arm.points)} finished point(s), needs 2 or more"
     if baseline not in fitted:
         notes.append(f"the baseline {baseline.name} has no fit ({baseline.fit_note}), so no multipliers")

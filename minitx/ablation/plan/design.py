@@ -1,7 +1,7 @@
 """The sweep file's design keys: equal compute, a learning-rate sweep, a ladder of sizes, seeds.
 
     budget: {flops: 2.0e12}                      # every arm trains for the same total FLOPs
-    lr_sweep: {multipliers: [0.25, 0.5, 1, 2, 4]}
+    lr_sweep: {multipliers: [0.25, 0.5, 1, 2, 4], extend: 2}   # extend: runs past an edge (rates.py)
     ladder:
       sizes:                                     # small to large, each a few dotted overrides
         - {name: d48, overrides: {model.d_model: 48}}
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import UserError
+from .rates import EXTEND
 
 DESIGN_KEYS = ("budget", "lr_sweep", "ladder", "seeds_at")
 
@@ -45,6 +46,7 @@ class Ladder:
 class Design:
     flops: float | None = None  # `budget: {flops: ...}`: equal compute without a ladder
     multipliers: list[float] = field(default_factory=list)  # empty: no learning-rate sweep
+    extend: int = EXTEND  # multipliers an arm may run past the sweep's edges before it is refused
     ladder: Ladder | None = None
     seeds_size: str | None = None
     seeds_budget: float | None = None
@@ -97,10 +99,17 @@ def parse_design(data: dict, path: Any, flatten) -> Design:
             )
         design.flops = float(_as_number(raw["flops"]))
     if "lr_sweep" in data:
-        raw = _mapping(data["lr_sweep"], f"{path}: lr_sweep", ("multipliers",))
+        raw = _mapping(data["lr_sweep"], f"{path}: lr_sweep", ("multipliers", "extend"))
         design.multipliers = _numbers(raw.get("multipliers"), f"{path}: lr_sweep.multipliers", "[0.5, 1, 2]")
         if len(design.multipliers) < 2:
             raise UserError(f"{path}: lr_sweep.multipliers: give 2 or more, such as [0.5, 1, 2]")
+        extend = raw.get("extend", EXTEND)
+        if not isinstance(extend, int) or isinstance(extend, bool) or extend < 0:
+            raise UserError(
+                f"{path}: lr_sweep.extend must be a whole number >= 0 (multipliers run past the sweep's edges), "
+                f"got {extend!r}"
+            )
+        design.extend = extend
     if "ladder" in data:
         if design.flops is not None:
             raise UserError(

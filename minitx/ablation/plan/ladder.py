@@ -4,11 +4,13 @@ Every point is one arm (a variant of the file) at one size, one compute budget, 
 multiplier and one seed. The plan comes in three phases, each run like any sweep (runner.py:
 subprocesses, parallel, finished runs skipped on a rerun):
 
-1. the learning-rate sweep: every arm at every multiplier, on the smallest size at the largest
-   budget, one seed; each arm then keeps the multiplier of its lowest final val loss;
+1. the learning rates (rates.py): every arm at every multiplier on the smallest size at the
+   largest budget, with the file's seed; past an edge one more multiplier, up to lr_sweep.extend;
+   then the choice and its two neighbours at the largest size, the best of which is used there.
+   These runs only choose: none is a ladder point (the lowest of several noisy runs is biased low);
 2. the ladder: every arm at every size at its own multiplier, trained to the largest budget with
-   a warmup-stable-decay schedule (the smallest size's run is the sweep's run at that
-   multiplier, not trained again), and the extra seeds of the `seeds_at` rung;
+   a warmup-stable-decay schedule, with the next seed (the file's seed + 1), and the extra seeds
+   of the `seeds_at` rung (seed + 2, ...);
 3. the branches: each smaller budget of a size starts from the ladder run's checkpoint at the
    step where that budget's decay begins, and decays to its own end. A warmup-stable-decay run's
    schedule up to that step is the same whatever its length, so a branch is the run that budget
@@ -19,12 +21,15 @@ training token (Transformer.flops_per_token, by the convention of minitx/flops.p
 vocabulary the runs train with) times the tokens of a step; the fits count each run's compute the
 same way.
 A sweep with `budget` or `lr_sweep` but no ladder is the same plan with one size (the base) and
-one budget.
+one budget (its sweep is then its own confirmation). Without lr_sweep every arm trains at x1 and
+the ladder keeps the file's seed.
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,12 +40,12 @@ import yaml
 from ...errors import UserError
 from ...fileio import read_json
 from ...flops import OLDER_CONVENTION
-from ..runs.runner import SUMMARY_FILE, Run, is_finished, make_run, training_vocab
+from ..runs.runner import RUN_FILE, SUMMARY_FILE, Run, is_finished, make_run, training_vocab
+from . import rates
 from .budget import budget_of, match_budgets, model_config_of
 from .design import Ladder, Size
-from .sweep import Sweep, Variant
+from .sweep import LR_KEYS, Sweep, Variant, design_conflict
 
-LR_KEYS = ("model.lr", "model.min_lr", "model.muon_lr")  # every learning rate the optimiser has
 BASE_SIZE = Size("base", {})
 
 
@@ -51,7 +56,7 @@ class Point:
     budget: float | None  # as the file writes it; None: the base's own steps
     multiplier: float
     seed: int
-    role: str  # "sweep" or "ladder" (trained from scratch), "branch" (a decay from a ladder run), "seed"
+    role: str  # "sweep" or "confirm" (choose a rate), "ladder", "branch" (a decay from a ladder run), "seed"
     steps: int
     tokens: int
     flops: float  # training FLOPs of the whole run: tokens x the arm's FLOPs per token
@@ -88,8 +93,75 @@ class Point:
 
     @property
     def loss(self) -> float | None:
+        """The final val loss; None for a run not finished, failed, or ended at a non-finite loss."""
         summary = self.summary
-        return None if summary is None else summary.get("final_val_loss")
+        value = None if summary is None else summary.get("final_val_loss")
+        return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+    @property
+    def outcome(self) -> float | None:
+        """For choosing a rate: the loss, inf for a run that diverged or failed, None until it ends."""
+        if self.loss is not None:
+            return self.loss
+        return math.inf if self.summary is not None or self.failure else None
+
+    @property
+    def failure(self) -> str:
+        """Why the run failed (its record's one line), "" when it did not."""
+        record = read_json(self.run.directory / RUN_FILE) or {}
+        return (record.get("error") or "failed") if record.get("status") == "failed" else ""
+
+    @property
+    def trouble(self) -> str:
+        """ "" for a run that trained soundly, else: diverged (a non-finite loss), spiked (its
+        logged training loss, rates.instability) or failed, in words."""
+        failure = self.failure
+        if failure:
+            return f"diverged: {failure}" if "not finite" in failure else f"failed: {failure}"
+        summary = self.summary
+        if summary is None:
+            return ""
+        if self.loss is None:
+            return f"diverged: final val loss {summary.get('final_val_loss')}"
+        steps, losses = logged_training_loss(self.run.directory)
+        return rates.instability(steps, losses)
+
+
+def logged_training_loss(directory: Path) -> tuple[list[int], list[float]]:
+    """The training loss the run's CSV log holds (logs/version_*/metrics.csv), by step."""
+    found: dict[int, float] = {}
+    for path in sorted(directory.glob("logs/version_*/metrics.csv")):
+        with open(path, encoding="utf-8", newline="") as handle:
+            for row in csv.DictReader(handle):
+                if row.get("train_loss") not in (None, "") and row.get("step") not in (None, ""):
+                    found[int(float(row["step"]))] = float(row["train_loss"])
+    steps = sorted(found)
+    return steps, [found[s] for s in steps]
+
+
+@dataclass
+class Rate:
+    """One arm's learning rate: its sweep (past the edges too), the choice, the confirmation at
+    the largest size, and the multiplier each size trains at (empty until all are known)."""
+
+    arm: str
+    sweep: dict[float, Point] = field(default_factory=dict)
+    choice: rates.Choice = field(default_factory=rates.Choice)
+    confirm: dict[float, Point] = field(default_factory=dict)
+    confirmed: rates.Choice = field(default_factory=rates.Choice)
+    by_size: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def refused(self) -> str:
+        """Why the arm has no rate (it is then left out of the ladder and the fits), or ""."""
+        return self.choice.refused or self.confirmed.refused
+
+    grid: tuple[float, ...] = ()  # lr_sweep.multipliers as the file lists them
+
+    @property
+    def extended(self) -> list[float]:
+        """The multipliers run past the sweep's edges."""
+        return sorted(m for m in self.sweep if m not in self.grid)
 
 
 @dataclass
@@ -140,13 +212,13 @@ class Plan:
         if self.ladder is not None:
             overrides["model.schedule"] = "wsd"
         overrides.update({key: self.lr_bases[key] * multiplier for key in self.lr_bases})
-        if role in ("sweep", "ladder") and len(self.budgets) > 1:
+        if role == "ladder" and len(self.budgets) > 1:
             branches = [self.decay_start(self.steps(arm, size, b)) for b in self.budgets[:-1]]
             overrides["run.keep_steps"] = branches
         if role == "branch":
             start = self.decay_start(steps)
             overrides["ckpt_path"] = str(main.run.directory / "checkpoints" / f"step-{start:07d}.ckpt")
-        name = label if role in ("sweep", "ladder") else f"{label}-b{budget:g}"
+        name = label if role in ("sweep", "confirm", "ladder") else f"{label}-b{budget:g}"
         run = make_run(
             self.sweep,
             shape.variant,
@@ -171,39 +243,65 @@ class Plan:
     def multipliers(self) -> list[float]:
         return self.sweep.design.multipliers or [1.0]
 
-    def sweep_points(self) -> list[Point]:
-        """Phase 1: every arm at every multiplier on the smallest size at the largest budget."""
-        if not self.sweep.design.multipliers:
-            return []
-        size, budget = self.sizes[0].name, self.budgets[-1]
-        return [
-            self.point(arm, size, budget, m, self.sweep.seed, "sweep")
-            for arm in self.arms
-            for m in self.multipliers
-        ]
+    @property
+    def ladder_seed(self) -> int:
+        """The ladder's seed: the file's, or the next one when the file's seed chose the rates."""
+        return self.sweep.seed + (1 if self.sweep.design.multipliers else 0)
 
-    def chosen(self, arm: str, sweep_points: list[Point]) -> float | None:
-        """The arm's multiplier: the lowest final val loss of its sweep (None: none finished)."""
-        if not self.sweep.design.multipliers:
-            return 1.0
-        done = [p for p in sweep_points if p.arm == arm and p.loss is not None]
-        return min(done, key=lambda p: p.loss).multiplier if done else None
+    def rates(self) -> dict[str, Rate]:
+        """Each arm's learning rate as the finished runs on disk decide it (rates.py): the sweep
+        grows past its edges and the confirmation is planned as the runs before them finish."""
+        design = self.sweep.design
+        if not design.multipliers:
+            return {arm: Rate(arm, by_size={s.name: 1.0 for s in self.sizes}) for arm in self.arms}
+        small, large, budget = self.sizes[0].name, self.sizes[-1].name, self.budgets[-1]
+        seed, found = self.sweep.seed, {}
+        for arm in self.arms:
+            rate = Rate(arm, grid=tuple(design.multipliers))
+            rate.sweep = {m: self.point(arm, small, budget, m, seed, "sweep") for m in design.multipliers}
+            while True:
+                outcomes = {m: p.outcome for m, p in rate.sweep.items()}
+                rate.choice = rates.choose(outcomes, len(rate.sweep) - len(design.multipliers), design.extend)
+                if rate.choice.next is None:
+                    break
+                rate.sweep[rate.choice.next] = self.point(arm, small, budget, rate.choice.next, seed, "sweep")
+            found[arm] = rate
+            chosen = rate.choice.multiplier
+            if chosen is None:
+                continue
+            if len(self.sizes) == 1:  # the sweep's size is the largest: its neighbours were swept
+                rate.confirmed, rate.by_size = rate.choice, {small: chosen}
+                continue
+            for m in rates.neighbours(list(rate.sweep), chosen):
+                rate.confirm[m] = self.point(arm, large, budget, m, seed, "confirm")
+            trained = {m: (p.outcome, p.trouble) for m, p in rate.confirm.items()}
+            rate.confirmed = rates.best_confirmed(trained, large)
+            top = rate.confirmed.multiplier
+            if top is None:
+                continue
+            n_low, n_high = self.shapes[arm, small].params, self.shapes[arm, large].params
+            rate.by_size = {
+                s.name: rates.interpolated(chosen, top, n_low, n_high, self.shapes[arm, s.name].params)
+                for s in self.sizes
+            }
+            rate.by_size[small], rate.by_size[large] = chosen, top
+        return found
 
-    def ladder_points(self, chosen: dict[str, float | None]) -> list[Point]:
+    def ladder_points(self, found: dict[str, Rate]) -> list[Point]:
         """Phase 2: each arm at each size at its own multiplier to the largest budget, and the
         extra seeds of the seeds rung (trained directly: the same schedule a branch has)."""
         points = []
         for arm in self.arms:
-            if chosen[arm] is None:
+            by_size = found[arm].by_size
+            if not by_size:
                 continue
             for size in self.sizes:
-                points.append(
-                    self.point(arm, size.name, self.budgets[-1], chosen[arm], self.sweep.seed, "ladder")
-                )
+                m = by_size[size.name]
+                points.append(self.point(arm, size.name, self.budgets[-1], m, self.ladder_seed, "ladder"))
             rung_size, rung_budget = self.seeds_rung
-            for seed in range(self.sweep.seed + 1, self.sweep.seed + self.sweep.seeds):
+            for seed in range(self.ladder_seed + 1, self.ladder_seed + self.sweep.seeds):
                 role = "ladder" if rung_budget == self.budgets[-1] else "seed"
-                points.append(self.point(arm, rung_size, rung_budget, chosen[arm], seed, role))
+                points.append(self.point(arm, rung_size, rung_budget, by_size[rung_size], seed, role))
         return points
 
     def branch_points(self, ladder_points: list[Point]) -> list[Point]:
@@ -211,7 +309,7 @@ class Plan:
         return [
             self.point(p.arm, p.size, budget, p.multiplier, p.seed, "branch", main=p)
             for p in ladder_points
-            if p.seed == self.sweep.seed and p.role in ("sweep", "ladder")
+            if p.seed == self.ladder_seed and p.role == "ladder"
             for budget in self.budgets[:-1]
         ]
 
@@ -223,20 +321,26 @@ class Plan:
         return design.seeds_size, design.seeds_budget
 
     def all_points(self) -> tuple[list[Point], list[Point], list[Point]]:
-        """The three phases as the finished runs on disk determine them (phase 2 follows the
-        learning rates phase 1 chose, so it is known once phase 1 has run)."""
-        first = self.sweep_points()
-        chosen = {arm: self.chosen(arm, first) for arm in self.arms}
-        second = self.ladder_points(chosen)
-        # the smallest size's ladder run at the chosen multiplier is phase 1's run: one point
-        known = {p.run.directory for p in first}
-        second = [p if p.run.directory not in known else _same(first, p) for p in second]
-        third = self.branch_points([p for p in second])
-        return first, second, third
+        """The three phases as the finished runs on disk determine them (each follows from the
+        runs before it: phase 2 from the rates phase 1 chose and confirmed)."""
+        found = self.rates()
+        first = [p for rate in found.values() for p in [*rate.sweep.values(), *rate.confirm.values()]]
+        second = self.ladder_points(found)
+        return first, second, self.branch_points(second)
 
-
-def _same(points: list[Point], point: Point) -> Point:
-    return next(p for p in points if p.run.directory == point.run.directory)
+    def run_count(self) -> dict[str, int]:
+        """The runs the plan makes when no arm is refused and none runs past the sweep's edges
+        (each arm may add up to lr_sweep.extend)."""
+        arms, design = len(self.arms), self.sweep.design
+        confirm = 3 if design.multipliers and len(self.sizes) > 1 else 0
+        counts = {
+            "learning-rate sweep": arms * len(design.multipliers),
+            f"confirmation at {self.sizes[-1].name}": arms * confirm,
+            "ladder": arms * len(self.sizes),
+            "extra seeds": arms * (self.sweep.seeds - 1),
+            "branches": arms * len(self.sizes) * (len(self.budgets) - 1),
+        }
+        return {name: n for name, n in counts.items() if n}
 
 
 def _section(sweep: Sweep, name: str) -> dict:
@@ -256,22 +360,31 @@ def _module_default(name: str) -> Any:
     return getattr(DEFAULTS, name)
 
 
-def _check_overrides(sweep: Sweep) -> None:
-    keys = ("trainer.max_steps", "model.schedule", "run.keep_steps", *LR_KEYS)
+def check_design_keys(sweep: Sweep, extra: Sequence[str]) -> None:
+    """What the design sets for every run, given where the sweep cannot honour it (the file's
+    variants and shared overrides are checked as it loads; a sweep built in code, and training
+    arguments after `--`, which come last on the command line and would win, are checked here)."""
     for variant in sweep.variants:
-        taken = sorted(key for key in variant.overrides if key in keys)
-        if taken:
-            raise UserError(
-                f"variant {variant.name!r}: sets {', '.join(taken)}, which the sweep's budget, ladder or lr_sweep "
-                "sets for every run; remove it from the variant"
-            )
+        for key in sorted(variant.overrides):
+            why = design_conflict(key, sweep.design, "variant")
+            if why:
+                raise UserError(f"variant {variant.name!r}: sets {key}: {why}")
+    for key in sweep.overrides:
+        why = design_conflict(key, sweep.design, "shared")
+        if why:
+            raise UserError(f"overrides: {key}: {why}")
+    for arg in extra:
+        key = arg[2:].partition("=")[0] if arg.startswith("--") else ""
+        why = design_conflict(key, sweep.design, "argument") if key else None
+        if why:
+            raise UserError(f"--{key} after --: {why}")
 
 
 def make_plan(sweep: Sweep, output: Path, extra: Sequence[str] = (), logging: Sequence[str] = ()) -> Plan:
     """The designed sweep's plan, checked: refused in one line (naming the key) when a budget
     gives an arm too few steps to warm up and decay, or a size cannot be built."""
     design = sweep.design
-    _check_overrides(sweep)
+    check_design_keys(sweep, extra)
     model, data, trainer = (_section(sweep, name) for name in ("model", "data", "trainer"))
     ladder = design.ladder
     sizes = ladder.sizes if ladder else [BASE_SIZE]

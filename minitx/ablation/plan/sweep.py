@@ -45,6 +45,9 @@ BUDGET_PREFIXES = ("data.",)  # every data setting: source, tokenizer, batch, bl
 # Keys the sweep itself sets for every run: where it writes, what it resumes from.
 RESERVED_KEYS = ("run.root", "run.name", "ckpt_path", "config")
 
+# Learning rates: a designed sweep sets them for every run (the base's, times its multiplier).
+LR_KEYS = ("model.lr", "model.min_lr", "model.muon_lr")
+
 MATCH_CHOICES = ("params", "flops")
 FILE_KEYS = ("base", "overrides", "variants", "seed", "seeds", "match", "eval", *DESIGN_KEYS)
 VARIANT_KEYS = ("name", "overrides", "allow_budget_change")
@@ -89,6 +92,43 @@ class Sweep:
 
 def is_budget_key(key: str) -> bool:
     return key in BUDGET_KEYS or key.startswith(BUDGET_PREFIXES)
+
+
+def _steps_source(design: Design) -> str | None:
+    """What decides each run's steps in a designed sweep (None: the shared trainer.max_steps)."""
+    if design.ladder is not None:
+        unit = design.ladder.unit
+        per = "x the baseline's parameters at each size" if unit == "tokens_per_param" else "FLOPs"
+        return f"ladder.budgets ({unit} {per}, over each arm's own FLOPs per step)"
+    if design.flops is not None:
+        return "budget.flops (over each arm's own FLOPs per step)"
+    return None
+
+
+def design_conflict(key: str, design: Design, where: str) -> str | None:
+    """Why a designed sweep refuses `key` set `where` ("variant", "shared" or "argument"): what the
+    design sets for every run and would replace; None when the key is the user's to set there.
+    Each answer names the route that works, never one refused in turn."""
+    if not design.active:
+        return None
+    source = _steps_source(design)
+    if key == "trainer.max_steps":
+        if source is not None:
+            return f"the steps of every run come from {source}; remove it (to train longer, raise the budget)"
+        if where != "shared":
+            return "every arm of a sweep with lr_sweep trains the same steps; set it once in the shared 'overrides'"
+        return None
+    if key in ("model.schedule", "run.keep_steps") and design.ladder is not None:
+        what = "the wsd schedule" if key == "model.schedule" else "the checkpoints its branches start from"
+        return f"the ladder sets {what} for every run; remove it"
+    if key in LR_KEYS and where != "shared":
+        scaled = (
+            "times each arm's lr_sweep multiplier"
+            if design.multipliers
+            else "(add lr_sweep for each arm's own)"
+        )
+        return f"every run trains at the base config's rates {scaled}; set the base rate in the shared 'overrides'"
+    return None
 
 
 def flatten(mapping: Any, where: str) -> dict[str, Any]:
@@ -137,9 +177,15 @@ def load_sweep(path: str | Path) -> Sweep:
     raw_variants = data.get("variants")
     if not isinstance(raw_variants, list) or not raw_variants:
         raise UserError(f"{path}: 'variants' must be a non-empty list of {{name, overrides}}")
+    design = parse_design(data, path, flatten)
+    shared = flatten(data.get("overrides"), f"{path}: overrides")
+    for key in shared:
+        why = design_conflict(key, design, "shared")
+        if why:
+            raise UserError(f"{path}: overrides: {key}: {why}")
     variants: list[Variant] = []
     for i, raw in enumerate(raw_variants):
-        variants.append(_variant(raw, f"{path}: variants[{i}]", {v.name for v in variants}))
+        variants.append(_variant(raw, f"{path}: variants[{i}]", {v.name for v in variants}, design))
     seed, seeds = data.get("seed", 1337), data.get("seeds", 1)
     for key, value, low in (("seed", seed, 0), ("seeds", seeds, 1)):
         if not _is_whole(value, low):
@@ -149,13 +195,13 @@ def load_sweep(path: str | Path) -> Sweep:
         raise UserError(f"{path}: 'match' is {match!r}; use {' or '.join(MATCH_CHOICES)}, or leave it out")
     return Sweep(
         _base_text(data.get("base"), path),
-        flatten(data.get("overrides"), f"{path}: overrides"),
+        shared,
         variants,
         seed,
         seeds,
         match,
         _eval_settings(data.get("eval", True), f"{path}: eval"),
-        design=parse_design(data, path, flatten),
+        design=design,
     )
 
 
@@ -179,7 +225,7 @@ def _base_text(base: Any, path: Path) -> str:
     raise UserError(f"{path}: 'base' must be a training config path or an inline mapping")
 
 
-def _variant(raw: Any, where: str, taken: set[str]) -> Variant:
+def _variant(raw: Any, where: str, taken: set[str], design: Design) -> Variant:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"].strip():
         raise UserError(f"{where}: needs a 'name' (text) and 'overrides' (a mapping)")
     bad = sorted(set(raw) - set(VARIANT_KEYS))
@@ -195,6 +241,10 @@ def _variant(raw: Any, where: str, taken: set[str]) -> Variant:
     variant = Variant(
         name, flatten(raw.get("overrides"), f"{where}.overrides"), bool(raw.get("allow_budget_change", False))
     )
+    for key in sorted(variant.overrides):  # what a designed sweep sets: before the budget's advice
+        why = design_conflict(key, design, "variant")
+        if why:
+            raise UserError(f"{where} ({name}): sets {key}: {why}")
     changes = variant.budget_changes()
     if changes and not variant.allow_budget_change:
         raise UserError(

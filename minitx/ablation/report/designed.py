@@ -122,7 +122,7 @@ def markdown(plan: Plan, analysis: Analysis, title: str, all_points: list[Point]
         "",
     ]
     if design.multipliers:
-        lines += _lr_section(plan, analysis)
+        lines += _lr_section(plan, analysis, all_points)
     if plan.ladder is not None:
         lines += _ladder_section(plan, analysis)
     lines += _seeds_section(plan, analysis)
@@ -140,11 +140,20 @@ def markdown(plan: Plan, analysis: Analysis, title: str, all_points: list[Point]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _lr_section(plan: Plan, analysis: Analysis) -> list[str]:
-    ms = plan.sweep.design.multipliers
-    size = plan.sizes[0].name
+def _outcome(point: Point) -> str:
+    """A rate's run in a cell: its loss, "diverged", "failed" or "–" (not run)."""
+    if point.loss is not None:
+        return f"{point.loss:.4f}"
+    if point.outcome is None:
+        return "–"
+    return "diverged" if point.trouble.startswith("diverged") else "failed"
+
+
+def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point]) -> list[str]:
+    ms = sorted({m for arm in analysis.arms for m in arm.lr_losses} | set(plan.sweep.design.multipliers))
+    small, large = plan.sizes[0].name, plan.sizes[-1].name
     lines = [
-        f"## Learning rate: each arm at its own best (size {size}, {_budget_text(plan, plan.budgets[-1])}, "
+        f"## Learning rate: each arm at its own best (size {small}, {_budget_text(plan, plan.budgets[-1])}, "
         f"seed {plan.sweep.seed})",
         "",
         "| arm | " + " | ".join(f"x{m:g}" for m in ms) + " | chosen |",
@@ -153,19 +162,57 @@ def _lr_section(plan: Plan, analysis: Analysis) -> list[str]:
     for arm in analysis.arms:
         cells = []
         for m in ms:
-            text = _num(arm.lr_losses.get(m))
+            p = arm.rate.sweep.get(m)
+            text = "" if p is None else _outcome(p) + (" ⁺" if m in arm.rate.extended else "")
             cells.append(f"**{text}**" if m == arm.multiplier else text)
-        chosen = "–" if arm.multiplier is None else f"x{arm.multiplier:g}"
-        if arm.at_edge:
-            chosen += " (at the sweep's edge: widen lr_sweep.multipliers)"
+        choice = arm.rate.choice
+        chosen = "refused" if choice.refused else "–"
+        if arm.multiplier is not None:
+            chosen = f"x{arm.multiplier:g} ({choice.how})"
         lines.append(f"| {arm.name} | " + " | ".join(cells) + f" | {chosen} |")
     bases = ", ".join(f"{key} {value:g}" for key, value in plan.lr_bases.items())
-    return [
-        *lines,
+    lines += [
         "",
-        f"x1 is the base config's learning rates ({bases}); a multiplier scales all of them.",
+        f"x1 is the base config's learning rates ({bases}); a multiplier scales all of them; ⁺ a run past the "
+        "sweep's edge. A choice is the "
+        "vertex of a parabola in log lr fitted to the lowest loss and up to two multipliers each side, rounded "
+        "to a multiplier swept; a best at an edge runs x2 further that way, at most "
+        f"{plan.sweep.design.extend} time(s) per arm, then refuses the arm. These runs only choose: the ladder "
+        f"trains every point afresh with seed {plan.ladder_seed}.",
         "",
     ]
+    if len(plan.sizes) > 1:
+        lines += [
+            f"Confirmed at {large} ({_budget_text(plan, plan.budgets[-1])}, seed {plan.sweep.seed}): the choice and "
+            "its neighbours; the best of the three that neither diverged nor spiked is used there, sizes between "
+            "train at the rate interpolated geometrically in parameters.",
+            "",
+            f"| arm | at {large} | used at " + ", ".join(s.name for s in plan.sizes) + " |",
+            "|---|---|---|",
+        ]
+        for arm in analysis.arms:
+            rate = arm.rate
+            best = rate.confirmed.multiplier
+            tried = ", ".join(
+                ("**{}**" if m == best else "{}").format(f"x{m:g} {_outcome(p)}")
+                for m, p in sorted(rate.confirm.items())
+            )
+            used = ", ".join(f"x{rate.by_size[s.name]:g}" for s in plan.sizes) if rate.by_size else "–"
+            if rate.refused:
+                used = f"refused: {rate.refused}"
+            lines.append(f"| {arm.name} | {tried or '–'} | {used} |")
+        lines.append("")
+    notes = [
+        f"- {arm.name}: refused, left out of the fits: {arm.rate.refused}"
+        for arm in analysis.arms
+        if arm.rate.refused
+    ]
+    for p in {p.run.directory: p for p in all_points if p.role in ("confirm", "ladder", "seed")}.values():
+        if p.trouble:
+            notes.append(f"- {p.arm} x{p.multiplier:g} at {p.size} (seed {p.seed}): {p.trouble}")
+    if notes:
+        lines += ["Refused arms and unstable rates:", "", *notes, ""]
+    return lines
 
 
 def _ladder_section(plan: Plan, analysis: Analysis) -> list[str]:
