@@ -409,6 +409,13 @@ def _seeds_section(plan: Plan, analysis: Analysis) -> list[str]:
             f"Seed {seeds} chose the learning rates (the sweep's runs) and counts in this test too: {where}.",
             "",
         ]
+    elif analysis.lr_seeds and analysis.rung_seeds:
+        chose = ", ".join(str(s) for s in sorted(set(analysis.lr_seeds)))
+        counted = ", ".join(str(s) for s in sorted(set(analysis.rung_seeds)))
+        lines += [
+            f"Seed {chose} chose the learning rates and does not count in this test (its seeds: {counted}).",
+            "",
+        ]
     return lines
 
 
