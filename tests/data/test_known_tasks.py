@@ -5,12 +5,16 @@ window reach it implies, and the exact Bayes losses of the Markov task against b
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
+import yaml
+from test_tasks import task_run
 
+from minitx.cli import eval_main, train_main
 from minitx.data.config import DataConfig
 from minitx.data.induction import InductionConfig, induction_sample
 from minitx.data.markov import MarkovConfig, bayes_nats, markov_sample, unigram_nats
@@ -211,3 +215,44 @@ def test_rows_all_right_matches_exact_match(seed):
     target = y != IGNORE_INDEX
     right = logits.argmax(-1)[target] == y[target]
     assert rows_all_right(right, target) == exact_match(logits, y)
+
+
+# ------------------------------------------------------------------------- train and evaluate, end to end
+
+
+def test_known_answer_runs_train_and_are_evaluated(tmp_path, capsys):
+    """A few steps of each task through train.py (the logits at the scored positions, the
+    item accuracy logged), then evaluate.py: Markov's reference losses, induction's accuracy by
+    length (a learned-position model's block_size past its trained length)."""
+
+    runs = {
+        "zoology": ({"zoology_vocab": 64, "zoology_pairs": 4, "zoology_seq_len": 16}, 16, []),
+        "markov": ({"markov_states": 3, "markov_length": 20}, 19, []),
+        "induction": ({"induction_vocab": 8, "induction_length": 12}, 24, ["--lengths", "12", "24"]),
+    }
+    for source, (data, block_size, flags) in runs.items():
+        config = task_run(tmp_path, {"source": source, **data}, block_size)
+        if source == "induction":
+            config["model"]["positions"] = "learned"
+        (tmp_path / f"{source}.yaml").write_text(yaml.safe_dump(config))
+        assert train_main(["--config", str(tmp_path / f"{source}.yaml")]) == 0
+        logged = (tmp_path / "runs" / source / "logs" / "version_0" / "metrics.csv").read_text()
+        # Markov scores every token (no answers to count right); the other two a few positions.
+        assert ("val_item_accuracy" in logged.splitlines()[0]) == (source != "markov")
+        ckpt = tmp_path / "runs" / source / "checkpoints" / "last.ckpt"
+        out_json = tmp_path / f"{source}.json"
+        capsys.readouterr()
+        assert eval_main(["--ckpt", str(ckpt), "--task-samples", "20", "--json", str(out_json), *flags]) == 0
+        out = capsys.readouterr().out
+        result = json.loads(out_json.read_text())
+        assert result["task"]["name"] == source and "item accuracy" in out
+        if source == "zoology":
+            assert result["task"]["items"] == 20 * 4
+        if source == "markov":
+            references = result["task"]["reference_losses"]
+            assert references["bayes_bigram"] < references["unigram"]
+            assert "bayes_bigram strategy on the same samples" in out
+        if source == "induction":
+            by_length = result["by_length"]
+            assert by_length["12"]["items"] == by_length["24"]["items"] == 20
+            assert "item accuracy by input length" in out

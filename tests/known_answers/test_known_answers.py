@@ -253,14 +253,14 @@ def decoded_answers(model: Transformer, samples) -> torch.Tensor:
 
 
 def test_induction_rope_answers_through_the_cache(planted):
-    """Induction heads (the Mamba paper's task, reduced: vocabulary 16, 48 tokens, RoPE): the
+    """Induction heads (the Mamba paper's task, reduced: vocabulary 16, 24 tokens, RoPE): the
     model copies the token after the earlier trigger, and gives the same answer when the last
     token is decoded from the cache. A rotation one position off for decoded tokens breaks it."""
-    task = InductionConfig(vocab=16, length=48)
+    task = InductionConfig(vocab=16, length=24)
     config = ModelConfig(
-        vocab_size=16, block_size=48, n_layer=2, n_head=2, d_model=64, norm="layernorm", positions="rope"
+        vocab_size=16, block_size=24, n_layer=2, n_head=2, d_model=64, norm="layernorm", positions="rope"
     )
-    model = train(config, task, steps=1200, batch=32, lr=1e-3)
+    model = train(config, task, steps=1000, batch=64, lr=3e-3)
     samples = test_samples(task, 300)
     _, right, _ = scored(model, samples, task.pad_id)
     answers = torch.tensor([s.ids[-1] for s in samples])
