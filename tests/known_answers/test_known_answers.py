@@ -6,7 +6,7 @@ checks the answer the literature gives; each fails when the design is broken on 
     a causal mask that leaks one token      -> in-context Markov chains beat the Bayes loss
     a sliding window one token too wide     -> Zoology MQAR answered past the reach of two windows
     gdn without key normalisation / beta    -> gdn does not solve Zoology MQAR
-    RoPE one position off when decoding     -> the induction answer is lost through the cache
+    RoPE one position off when decoding     -> induction answers change through the cache
 
 Run one with a bug planted: MINITX_PLANT=leak python -m pytest -m slow tests/known_answers -k markov
 (leak, wide_window, gdn_keys, gdn_beta, rope_offset; see `planted`).
@@ -260,7 +260,7 @@ def test_induction_rope_answers_through_the_cache(planted):
     """Induction heads (the Mamba paper's task, reduced: vocabulary 16, 24 tokens, RoPE): the
     model copies the token after the earlier trigger, and gives the same answer when the sequence
     is decoded through the cache token by token. A rotation one position off for decoded tokens
-    turns the previous-token head onto the token itself and breaks it."""
+    moves the previous-token head and changes some answers (8 of 300 when this was written)."""
     task = InductionConfig(vocab=16, length=24)
     config = ModelConfig(
         vocab_size=16, block_size=24, n_layer=2, n_head=2, d_model=64, norm="layernorm", positions="rope"
@@ -268,11 +268,14 @@ def test_induction_rope_answers_through_the_cache(planted):
     model = train(config, task, steps=1000, batch=64, lr=3e-3)
     samples = test_samples(task, 300)
     _, right, _ = scored(model, samples, task.pad_id)
-    answers = torch.tensor([s.ids[-1] for s in samples])
-    full, cached = (
-        float(right.float().mean()),
-        float((decoded_answers(model, samples) == answers).float().mean()),
+    x, y = toy_batch(samples, None, task.pad_id)
+    with torch.no_grad():
+        whole = model(x, at=y != IGNORE_INDEX).argmax(-1)
+    decoded = decoded_answers(model, samples)
+    full = float(right.float().mean())
+    print(
+        f"accuracy: whole sequence {full:.3f}, decoded through the cache {float((decoded == y[:, -1]).float().mean()):.3f}"
     )
-    print(f"accuracy: whole sequence {full:.3f}, decoded through the cache {cached:.3f}")
     assert full > 0.95
-    assert cached > 0.95, "the cache's answer differs from the whole sequence's"
+    # The same computation by another path: the same answer on every sample (a tie is improbable).
+    assert torch.equal(decoded, whole), f"{int((decoded != whole).sum())} answers differ through the cache"
