@@ -152,7 +152,7 @@ class ModelConfig:
     n_layer: int = 4
     n_head: int = 4
     d_model: int = 128
-    mlp: Literal["gelu", "swiglu"] = "gelu"
+    mlp: Literal["gelu", "swiglu", "none"] = "gelu"  # none: attention-only blocks (Zoology's recall models)
     mlp_hidden_size: int | None = None  # the MLP's hidden width; None: derived from d_model (mlp_hidden)
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     positions: Literal["rope", "learned"] = "rope"
@@ -229,6 +229,8 @@ class ModelConfig:
 
     @property
     def mlp_hidden(self) -> int:
+        if self.mlp == "none":
+            return 0
         if self.mlp_hidden_size is not None:  # set by hand, or by an ablation's `match` (equal budgets)
             return self.mlp_hidden_size
         # SwiGLU has three matrices instead of two: 2/3 of 4x keeps the parameter count equal.

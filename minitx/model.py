@@ -54,13 +54,14 @@ class Block(nn.Module):
         super().__init__()
         self.norm1 = make_norm(config)
         self.attn = attention.build(config, layer)
-        self.norm2 = make_norm(config)
-        self.mlp = MLP(config)
+        # mlp "none": attention-only blocks, no second norm either.
+        self.norm2 = make_norm(config) if config.mlp != "none" else None
+        self.mlp = MLP(config) if config.mlp != "none" else None
         self.dropout = make_dropout(config.dropout)
 
     def forward(self, x: Tensor, rope=None, cache=None, docs: Documents | None = None) -> Tensor:
         x = x + self.dropout(self.attn(self.norm1(x), rope, cache, docs))
-        return x + self.mlp(self.norm2(x))
+        return x if self.mlp is None else x + self.mlp(self.norm2(x))
 
 
 class Transformer(nn.Module):
@@ -149,21 +150,25 @@ class Transformer(nn.Module):
         cache: ModelCache | None = None,
         caches: list[KVCache | None] | None = None,
         docs: Documents | None = None,
+        at: Tensor | None = None,
     ) -> Tensor:
         """Logits (B, T, vocab) from input embeddings (B, T, d_model); `caches`: the per-layer
         caches when the caller has looked them up already (see layer_caches); `docs`: the
-        documents the tokens belong to (see `documents`), None: one text."""
+        documents the tokens belong to (see `documents`), None: one text; `at`: a (B, T) bool
+        mask, the logits (N, vocab) of its N positions only (in order): a task that scores a few
+        positions (MQAR) pays for the output layer at those alone."""
         caches = caches or self.layer_caches(cache)
         start = caches[0].n_seen if caches[0] is not None else 0
         rope = self.rope(start, x.shape[1]) if self.rope is not None else None
         x = self.dropout(x)
         for block, layer_cache in zip(self.blocks, caches):
             x = self._run_block(block, x, rope, layer_cache, docs)
-        return self.lm_head(self.norm(x))
+        return self.lm_head(self.norm(x if at is None else x[at]))
 
-    def forward(self, idx: Tensor, cache: ModelCache | None = None) -> Tensor:
+    def forward(self, idx: Tensor, cache: ModelCache | None = None, at: Tensor | None = None) -> Tensor:
         """Logits (B, T, vocab_size) for token ids idx (B, T), through `cache` if given, else
-        through the layers' own caches while they are set up (`setup_caches`)."""
+        through the layers' own caches while they are set up (`setup_caches`); with `at` (B, T)
+        bool, the logits (N, vocab_size) of its N positions only (see forward_embeddings)."""
         T = idx.shape[1]
         caches = self.layer_caches(cache)
         first_cache = caches[0]
@@ -180,7 +185,7 @@ class Transformer(nn.Module):
                 raise ValueError(
                     f"positions up to {end} exceed block_size={self.config.block_size} of a model with learned positions"
                 )
-        return self.forward_embeddings(self.embed(idx, start, docs), caches=caches, docs=docs)
+        return self.forward_embeddings(self.embed(idx, start, docs), caches=caches, docs=docs, at=at)
 
     # -- decoding caches -------------------------------------------------------------------------
     def new_cache(

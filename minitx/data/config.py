@@ -5,7 +5,7 @@ and checks the whole section and a setting has one definition, its default and i
 
     DataSettings (prepare/settings.py)   what decides a prepared text (source, files, tokenizer, ...)
     LoaderSettings (here)                how batches are drawn: block_size, batch_size, seed, ...
-    ToySettings, MQARSettings, NeedleSettings (toy.py, mqar.py, needle.py)   each synthetic task's
+    ToySettings, MQARSettings, NeedleSettings, ... (toy.py, mqar.py, ...)   each synthetic task's
     TaskSizes (here)                     a synthetic task's training and validation set sizes
 
 The data module takes the section as keywords (`TextDataModule(**section)`, LightningCLI reads
@@ -18,19 +18,38 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from minitx.data.induction import InductionSettings
+from minitx.data.markov import MarkovSettings
 from minitx.data.mqar import MQARSettings
 from minitx.data.needle import NeedleSettings
 from minitx.data.prepare import DataSettings
 from minitx.data.sources import SOURCES
 from minitx.data.toy import ToySettings
+from minitx.data.zoology import ZoologySettings
 from minitx.errors import require
 
 # The synthetic tasks, not texts: "toy" (the Multi-Token Attention paper's), "mqar" (multi-query
-# associative recall), "needle" (needle in a haystack); each builds its task from its settings.
-TASKS = {"toy": ToySettings, "mqar": MQARSettings, "needle": NeedleSettings}
+# associative recall), "needle" (needle in a haystack), "zoology" (MQAR as Zoology generates it),
+# "induction" (the Mamba paper's induction heads), "markov" (in-context Markov chains); each
+# builds its task from its settings.
+TASKS = {
+    "toy": ToySettings,
+    "mqar": MQARSettings,
+    "needle": NeedleSettings,
+    "zoology": ZoologySettings,
+    "induction": InductionSettings,
+    "markov": MarkovSettings,
+}
 DATA_SOURCES = (*SOURCES, *TASKS)
 # The key that sets a task's sample length: named when the samples do not fit in block_size.
-LENGTH_KEYS = {"toy": "data.toy_blocks", "mqar": "data.mqar_seq_len", "needle": "data.needle_length"}
+LENGTH_KEYS = {
+    "toy": "data.toy_blocks",
+    "mqar": "data.mqar_seq_len",
+    "needle": "data.needle_length",
+    "zoology": "data.zoology_seq_len",
+    "induction": "data.induction_length",
+    "markov": "data.markov_length",
+}
 
 
 @dataclass(frozen=True)
@@ -58,7 +77,17 @@ class TaskSizes:
 # Listed last to first: a dataclass's fields come from its bases in reverse order, so the section
 # reads source, files, tokenizer, ..., then the loader, then the tasks.
 @dataclass(frozen=True)
-class DataConfig(TaskSizes, NeedleSettings, MQARSettings, ToySettings, LoaderSettings, DataSettings):
+class DataConfig(
+    TaskSizes,
+    MarkovSettings,
+    InductionSettings,
+    ZoologySettings,
+    NeedleSettings,
+    MQARSettings,
+    ToySettings,
+    LoaderSettings,
+    DataSettings,
+):
     """The data section: see the module docstring for which part owns which setting."""
 
     def __post_init__(self) -> None:

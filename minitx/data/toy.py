@@ -159,16 +159,21 @@ def collate_toy(
     """Samples (of any task: ids and loss_mask) -> (x, y, loss_mask), right-padded; loss_mask is
     aligned with y (the targets).
 
+    y is the ids shifted by one, or a sample's `targets` shifted by one where it has them: a task
+    whose scored token is not in the input (Zoology's MQAR: the input after a query is filler,
+    its target the value) gives `targets`, the ids with those tokens replaced.
     Padding is masked out of the loss, so its id (default that of '.') never matters.
     """
     length = max(len(s.ids) for s in samples)
     pad_id = toy_tokenizer().encode(BLOCK_SEP)[0] if pad_id is None else pad_id
     ids = torch.full((len(samples), length), pad_id, dtype=torch.long)
+    targets = torch.full((len(samples), length), pad_id, dtype=torch.long)
     mask = torch.zeros((len(samples), length), dtype=torch.bool)
     for row, sample in enumerate(samples):
         ids[row, : len(sample.ids)] = torch.tensor(sample.ids)
+        targets[row, : len(sample.ids)] = torch.tensor(getattr(sample, "targets", None) or sample.ids)
         mask[row, : len(sample.loss_mask)] = torch.tensor(sample.loss_mask)
-    return ids[:, :-1], ids[:, 1:], mask[:, 1:]
+    return ids[:, :-1], targets[:, 1:], mask[:, 1:]
 
 
 # ---------------------------------------------------------------------------- training on the task
@@ -208,9 +213,16 @@ def exact_match(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     the right prefix, greedy decoding writes exactly the target. Rows without a target are skipped.
     """
     target = y != IGNORE_INDEX
-    correct = (logits.argmax(-1) == y) | ~target
+    return rows_all_right(logits.argmax(-1) == y, target)
+
+
+def rows_all_right(right: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Share of rows (with a target) whose every target is right. `right` (B, T) bool, or (N,)
+    for the N targets of `target` (B, T) in order: the logits were computed at the targets only."""
+    if right.shape != target.shape:
+        right = torch.ones_like(target).masked_scatter(target, right)
     rows = target.any(-1)
-    return correct.all(-1)[rows].float().mean()
+    return (right | ~target).all(-1)[rows].float().mean()
 
 
 class ToyTrainBatches(torch.utils.data.IterableDataset):

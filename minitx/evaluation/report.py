@@ -103,6 +103,10 @@ def table(result: dict) -> str:
             f"exact match {task['exact_match']:.4f}   item accuracy {task['item_accuracy']:.4f}   "
             f"answer loss {result['loss']:.4f}   perplexity {result['perplexity']:.3f}   bits per {unit} {bits:.4f}"
         )
+        for name, loss in (task.get("reference_losses") or {}).items():
+            lines.append(
+                f"  {name} strategy on the same samples: loss {loss:.4f} ({result['loss'] - loss:+.4f} nats)"
+            )
     else:
         lines.append(
             f"text: {result['text']}: {result['tokens']:,} tokens scored, context {result['context']}, stride {result['stride']}"
@@ -115,6 +119,10 @@ def table(result: dict) -> str:
             result["by_length"], "accuracy"
         )
         lines += _heatmap_rows(task["heatmap"])
+    elif task and result.get("by_length"):
+        lines += ["", "item accuracy by input length (fresh samples at each):"] + _length_rows(
+            result["by_length"], "accuracy"
+        )
     elif result.get("by_length"):
         swept = (
             "the whole text"

@@ -105,6 +105,24 @@ def needle_grid(
     return totals, heatmap, by_length
 
 
+def task_by_length(
+    model, task, stream: int, start: int, lengths: list[int], samples: int | None, progress: Progress
+) -> dict:
+    """Figures of the task at each of `lengths` input tokens (task.at_length), on fresh samples;
+    a length the model cannot run (learned positions past block_size) is given with its reason."""
+    by_length: dict[str, dict] = {}
+    for length in lengths:
+        reason = length_refusal(model.config, length)
+        if reason is not None:
+            by_length[str(length)] = {"skipped": reason}
+            continue
+        at = task.at_length(length)
+        test_set = [at.sample(stream, start + i) for i in range(samples or SAMPLES)]
+        scored = figures(score_samples(model, test_set, at.pad_id, progress.stage(f"length {length}")))
+        by_length[str(length)] = {**scored, "accuracy": scored["item_accuracy"], "tokens": scored["items"]}
+    return by_length
+
+
 def evaluate_task(
     model, data: dict, tokenizer, lengths: list[int], samples: int | None, seed: int, progress: Progress
 ) -> dict:
@@ -135,6 +153,10 @@ def evaluate_task(
             raise UserError(f"--ckpt: the {source} task's samples are longer than the model's block_size")
         test_set = [task.sample(stream, start + i) for i in range(samples or SAMPLES)]
         totals = score_samples(model, test_set, task.pad_id, progress.stage(f"{source} test set"))
+        if hasattr(task, "reference_losses"):  # what known strategies lose on the same samples (markov)
+            result["task"]["reference_losses"] = task.reference_losses(test_set)
+        if hasattr(task, "at_length"):  # the same task at other lengths (induction): --lengths
+            result["by_length"] = task_by_length(model, task, stream, start, lengths, samples, progress)
     result["task"].update(figures(totals))
     loss = result["task"]["loss"]
     bits = (

@@ -4,7 +4,8 @@ What a step does: cross-entropy loss; the optimiser (Muon, or AdamW, with weight
 only) and its schedule (warmup, then cosine or WSD), both from optim.py; gradient clipping and
 accumulation, precision and devices come from the trainer.
 Logged: train_loss, lr, tokens_per_sec and mfu (when the device's peak is known; throughput.py)
-and, at each validation, val_loss and val_ppl (and val_accuracy on tasks with targets).
+and, at each validation, val_loss and val_ppl (and val_accuracy, val_item_accuracy on tasks
+with targets).
 
 Exact resumption: a checkpoint holds model, optimiser, scheduler, loop counters and the data
 position (the datamodule's batch counter). Dropout needs no saved RNG state: each micro-batch
@@ -26,7 +27,7 @@ from torch import Tensor
 
 from ..checkpoint import CHECKPOINT_FORMAT
 from ..config import ModelConfig
-from ..data.toy import IGNORE_INDEX, exact_match
+from ..data.toy import IGNORE_INDEX, rows_all_right
 from ..errors import UserError
 from ..model import Transformer
 from .inputs import errors_named
@@ -132,6 +133,7 @@ class MinitxLM(L.LightningModule):
         self.throughput: ThroughputMeter | None = None  # from fit start: tokens/s, MFU, tokens seen
         self._val_losses: list[Tensor] = []
         self._val_exact: list[Tensor] = []  # tasks with targets only (the toy task): exact match
+        self._val_items: list[Tensor] = []  # ... and accuracy per answer token
         self._reset_step_counters()
 
     def _reset_step_counters(self) -> None:
@@ -148,8 +150,17 @@ class MinitxLM(L.LightningModule):
         compiled = self.__dict__.get("_compiled")
         return self.model if compiled is None else compiled
 
+    def scored_logits(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """(logits, targets) at the positions with a target: all of them for text, (B, T, vocab)
+        and y; on a task that ignores most positions (IGNORE_INDEX), the output layer runs at the
+        N scored ones only, (N, vocab) and (N,): the same loss for a fraction of its cost."""
+        scored = y != IGNORE_INDEX
+        if bool(scored.all()):  # one host sync per step: cheap beside the step
+            return self._step_model()(x), y
+        return self._step_model()(x, at=scored), y[scored]
+
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
-        return lm_loss(self._step_model()(x), y)
+        return lm_loss(*self.scored_logits(x, y))
 
     # -- training ----------------------------------------------------------------------------
     def on_fit_start(self) -> None:
@@ -222,10 +233,12 @@ class MinitxLM(L.LightningModule):
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
-        logits = self._step_model()(x)
-        self._val_losses.append(lm_loss(logits, y).detach())
-        if (y == IGNORE_INDEX).any():  # only some positions are targets: score whole answers too
-            self._val_exact.append(exact_match(logits, y))
+        logits, targets = self.scored_logits(x, y)
+        self._val_losses.append(lm_loss(logits, targets).detach())
+        if targets.dim() == 1:  # only some positions are targets: score answers and whole rows too
+            right = logits.argmax(-1) == targets
+            self._val_exact.append(rows_all_right(right, y != IGNORE_INDEX))
+            self._val_items.append(right.float().mean())
 
     def on_validation_epoch_end(self) -> None:
         if not self._val_losses:
@@ -237,12 +250,18 @@ class MinitxLM(L.LightningModule):
         self.log("val_ppl", mean.exp(), sync_dist=True)
         if self._val_exact:
             accuracy = torch.stack(self._val_exact).mean()
+            items = torch.stack(self._val_items).mean()
             self._val_exact.clear()
+            self._val_items.clear()
             self.log(
                 "val_accuracy",
                 self.trainer.strategy.reduce(accuracy, reduce_op="mean"),
                 prog_bar=True,
                 sync_dist=True,
+            )
+            # Per answer token (Zoology's MQAR accuracy: per query), beside whole rows above.
+            self.log(
+                "val_item_accuracy", self.trainer.strategy.reduce(items, reduce_op="mean"), sync_dist=True
             )
         if not self.trainer.sanity_checking:
             self.last_val = (self.global_step, float(mean))

@@ -229,7 +229,7 @@ def test_stored_config_drops_options_its_kinds_do_not_read():
 @pytest.mark.parametrize(
     "name, value, choices",
     [
-        ("mlp", "relu", "gelu, swiglu"),
+        ("mlp", "relu", "gelu, swiglu, none"),
         ("norm", "batchnorm", "rmsnorm, layernorm"),
         ("positions", "alibi", "rope, learned"),
     ],

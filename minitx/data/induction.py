@@ -1,0 +1,94 @@
+"""Induction heads (the Mamba paper's synthetic task, Gu & Dao 2023, appendix E.1 and Table 11).
+
+A sample is `length` random symbols from a vocabulary of `vocab` - 1 letters, in which a trigger
+token '#' appears once somewhere, followed by a letter; the sample's last input token is the
+trigger again, and the only scored target is the letter that followed its first occurrence:
+
+    k d # f a m c o b ... j #   -> f                       (length = the input's tokens)
+
+Copying it needs an induction head: find the earlier trigger, then read the token after it. The
+paper trains at length 256 and tests at 512 .. 1M tokens; a head that reads positions, not
+tokens, fails past the trained length (learned positions worst, RoPE better).
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from minitx.data.tokenizer import CharTokenizer
+from minitx.errors import require
+
+TRIGGER = "#"  # first in the sorted alphabet: token id 0
+LETTERS = string.ascii_lowercase
+
+
+@dataclass(frozen=True)
+class InductionSettings:
+    """The induction-heads task's settings (data.source=induction), as a config writes them."""
+
+    induction_vocab: int = 16
+    induction_length: int = 256
+
+    def task(self) -> InductionConfig:
+        return InductionConfig(vocab=self.induction_vocab, length=self.induction_length)
+
+
+@dataclass(frozen=True)
+class InductionConfig:
+    # Set through the data module: data.induction_vocab, data.induction_length.
+    vocab: int = 16  # the trigger and vocab - 1 letters
+    length: int = 256  # the model's input tokens; the target is one more
+
+    def __post_init__(self) -> None:
+        require(
+            3 <= self.vocab <= len(LETTERS) + 1,
+            f"data.induction_vocab: must be 3..{len(LETTERS) + 1} (the trigger and its letters), got {self.vocab}",
+        )
+        require(
+            self.length >= 3,
+            f"data.induction_length: must be at least 3 (trigger, letter, trigger), got {self.length}",
+        )
+
+    # The synthetic-task interface (see ToyTaskConfig in toy.py).
+    def sample(self, seed: int, index: int) -> InductionSample:
+        return induction_sample(self, seed, index)
+
+    def max_length(self) -> int:
+        return self.length + 1
+
+    def tokenizer(self) -> CharTokenizer:
+        return CharTokenizer(TRIGGER + LETTERS[: self.vocab - 1])
+
+    @property
+    def pad_id(self) -> int:
+        return 0
+
+    def at_length(self, length: int) -> InductionConfig:
+        """The same task at another input length (for the accuracy past the trained length)."""
+        return replace(self, length=length)
+
+
+@dataclass(frozen=True)
+class InductionSample:
+    trigger_at: int  # where the trigger first occurs; its letter follows it
+    ids: list[int]  # length + 1: the input, then the target
+    loss_mask: list[bool]  # only the last token
+
+    @property
+    def text(self) -> str:
+        return "".join((TRIGGER + LETTERS)[i] for i in self.ids)
+
+
+def induction_sample(config: InductionConfig, seed: int, index: int) -> InductionSample:
+    """Sample `index` of the stream `seed`: a pure function of its arguments."""
+    rng = np.random.default_rng([seed, index])
+    ids = 1 + rng.integers(config.vocab - 1, size=config.length + 1)  # letters: ids 1 .. vocab - 1
+    trigger_at = int(rng.integers(config.length - 2))  # leaves room for its letter before the end
+    ids[trigger_at] = 0
+    ids[config.length - 1] = 0
+    ids[config.length] = ids[trigger_at + 1]
+    loss_mask = [False] * config.length + [True]
+    return InductionSample(trigger_at, ids.tolist(), loss_mask)

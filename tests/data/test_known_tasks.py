@@ -1,0 +1,258 @@
+"""The known-answer tasks' generators (minitx/data/zoology.py, markov.py, induction.py): the format
+each paper describes, the scored positions (-100 elsewhere), Zoology's gap distribution and the
+window reach it implies, and the exact Bayes losses of the Markov task against brute force."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from test_tasks import task_run
+
+from minitx.cli import eval_main, train_main
+from minitx.data.config import DataConfig
+from minitx.data.induction import InductionConfig, induction_sample
+from minitx.data.markov import MarkovConfig, bayes_nats, markov_sample, unigram_nats
+from minitx.data.toy import IGNORE_INDEX, ToyTrainBatches, ToyValSet, exact_match, rows_all_right
+from minitx.data.zoology import ZoologyConfig, gap_probabilities, reach_shares, zoology_sample
+from minitx.errors import UserError
+
+# ----------------------------------------------------------------------------------------- Zoology
+
+
+@pytest.mark.parametrize(
+    "config",
+    [ZoologyConfig(), ZoologyConfig(vocab=64, pairs=4, seq_len=16), ZoologyConfig(pairs=16, seq_len=256)],
+)
+def test_zoology_sample_is_zoologys_format(config):
+    half = config.vocab // 2
+    context = 2 * config.pairs
+    for index in range(50):
+        s = zoology_sample(config, seed=3, index=index)
+        ids, targets, mask = np.array(s.ids), np.array(s.targets), np.array(s.loss_mask)
+        assert len(ids) == len(targets) == len(mask) == config.seq_len + 1
+        # k1 v1 ... kK vK: distinct keys in 1 .. V/2 - 1, distinct values in V/2 .. V - 1.
+        keys, values = ids[0:context:2], ids[1:context:2]
+        assert keys.tolist() == list(s.keys) and values.tolist() == list(s.values)
+        assert len(set(keys)) == len(set(values)) == config.pairs
+        assert keys.min() >= 1 and keys.max() < half and values.min() >= half and values.max() < config.vocab
+        # Every key asked once, at offset 2 g into the filler; the rest is token 0.
+        queries = context + 2 * np.array(s.gaps)
+        assert ids[queries].tolist() == keys.tolist()
+        rest = np.ones(len(ids), bool)
+        rest[:context], rest[queries] = False, False
+        assert (ids[rest] == 0).all()
+        # Scored: the token after each query, whose target is the value while its input stays 0.
+        assert np.flatnonzero(mask).tolist() == sorted((queries + 1).tolist())
+        assert targets[queries + 1].tolist() == values.tolist() and (ids[queries + 1] == 0).all()
+        assert (targets[~mask] == ids[~mask]).all()
+        assert config.tokenizer().encode(s.text) == s.ids  # the text's ids are Zoology's ids
+
+
+def test_zoology_batches_score_the_queries_only():
+    config = ZoologyConfig(vocab=128, pairs=4, seq_len=32)
+    x, y = ToyTrainBatches(config, seed=1, train_size=100, batch_size=16).batch(0)
+    assert x.shape == y.shape == (16, 32)
+    for row in range(16):
+        s = zoology_sample(config, 1, row)
+        assert x[row].tolist() == s.ids[:-1]
+        scored = (y[row] != IGNORE_INDEX).nonzero().flatten()
+        queries = 2 * config.pairs + 2 * torch.tensor(s.gaps)
+        assert sorted(scored.tolist()) == sorted(queries.tolist())  # predicted at the query key itself
+        assert y[row, queries].tolist() == list(s.values)
+    vx, vy = ToyValSet(config, seed=1, train_size=100, size=3)[0]
+    assert vx.tolist() == zoology_sample(config, 1, 100).ids[:-1]
+
+
+def test_zoology_gaps_follow_the_power_law():
+    """One query: its gap is drawn from p(g) ~ (g + 1)^-0.99 itself; the share at g = 0 and the mean."""
+    config = ZoologyConfig(vocab=64, pairs=1, seq_len=40)  # 19 slots
+    p = gap_probabilities(config.gap_slots, config.power_a)
+    assert p[0] / p[9] == pytest.approx(10**0.99)
+    gaps = np.array([zoology_sample(config, 0, i).gaps[0] for i in range(2000)])
+    assert gaps.max() < config.gap_slots
+    n = len(gaps)
+    assert abs((gaps == 0).mean() - p[0]) < 4 * math.sqrt(p[0] * (1 - p[0]) / n)
+    mean = (np.arange(config.gap_slots) * p).sum()
+    sd = math.sqrt(((np.arange(config.gap_slots) - mean) ** 2 * p).sum())
+    assert abs(gaps.mean() - mean) < 4 * sd / math.sqrt(n)
+
+
+def test_zoology_window_reach_at_128_8():
+    """The share of queries whose value lies within a window of w tokens, from the generator's own
+    gaps: 0.08 / 0.32 / 0.59 / 0.82 for w = 8 / 16 / 32 / 64 at (L, K) = (128, 8)."""
+    config = ZoologyConfig(seq_len=128, pairs=8)
+    shares = reach_shares(config, [8, 16, 32, 64, 128], samples=1000)
+    published = {8: 0.08, 16: 0.32, 32: 0.59, 64: 0.82, 128: 1.0}
+    assert shares == pytest.approx(published, abs=0.02)
+
+
+@pytest.mark.parametrize(
+    "settings, key",
+    [
+        ({"zoology_vocab": 8191}, "data.zoology_vocab"),
+        ({"zoology_pairs": 0}, "data.zoology_pairs"),
+        ({"zoology_seq_len": 31, "zoology_pairs": 8}, "data.zoology_seq_len"),
+        ({"zoology_seq_len": 30, "zoology_pairs": 8}, "data.zoology_seq_len"),
+        ({"zoology_power_a": 0.0}, "data.zoology_power_a"),
+        ({"markov_states": 1}, "data.markov_states"),
+        ({"markov_length": 1}, "data.markov_length"),
+        ({"markov_concentration": 0}, "data.markov_concentration"),
+        ({"induction_vocab": 2}, "data.induction_vocab"),
+        ({"induction_length": 2}, "data.induction_length"),
+    ],
+)
+def test_impossible_settings_name_the_key(settings, key):
+    source = next(iter(settings)).split("_")[0]
+    with pytest.raises(UserError, match=key):
+        DataConfig(source=source, **settings)
+
+
+# ------------------------------------------------------------------------------------------ Markov
+
+
+def test_markov_sample_follows_its_chain():
+    config = MarkovConfig(states=3, length=400)
+    s = markov_sample(config, 2, 0)
+    assert len(s.ids) == 400 and s.loss_mask == [False] + [True] * 399
+    assert np.allclose(s.transitions.sum(1), 1)
+    assert config.tokenizer().encode(s.text) == s.ids
+    # Transition frequencies over many samples of one chain's rows: pool (prev, next) counts
+    # weighted against the rows they came from.
+    counts, expected = np.zeros((3, 3)), np.zeros((3, 3))
+    for i in range(60):
+        s = markov_sample(config, 2, i)
+        for a, b in zip(s.ids, s.ids[1:]):
+            counts[a, b] += 1
+            expected[a] += s.transitions[a]
+    assert np.abs(counts - expected).max() < 4 * np.sqrt(expected.max())
+
+
+def _brute_force_predictives(seq: tuple[int, ...], a: float, grid: int = 400):
+    """p(x_{t+1} | x_1..x_t) for k = 2 by integrating over the chain on a grid: the transition
+    rows (p, 1 - p) and (q, 1 - q) with Beta(a, a) densities (uniform at a = 1), and for the
+    unigram strategy an i.i.d. coin r ~ Beta(a, a). Ratios of marginal likelihoods."""
+    u = (np.arange(grid) + 0.5) / grid  # midpoints: p(stay at 0 -> 0) = u, etc.
+    prior = (u * (1 - u)) ** (a - 1)
+    prior = prior / prior.sum()
+
+    def bigram_marginal(xs):
+        like_p, like_q = np.ones(grid), np.ones(grid)
+        for prev, nxt in zip(xs, xs[1:]):
+            if prev == 0:
+                like_p = like_p * (u if nxt == 0 else 1 - u)
+            else:
+                like_q = like_q * (u if nxt == 1 else 1 - u)
+        return (like_p * prior).sum() * (like_q * prior).sum()
+
+    def unigram_marginal(xs):
+        like = np.ones(grid)
+        for x in xs:
+            like = like * (u if x == 0 else 1 - u)
+        return (like * prior).sum()
+
+    bigram = [bigram_marginal(seq[: t + 1]) / bigram_marginal(seq[:t]) for t in range(1, len(seq))]
+    unigram = [unigram_marginal(seq[: t + 1]) / unigram_marginal(seq[:t]) for t in range(1, len(seq))]
+    return np.array(bigram), np.array(unigram)
+
+
+@pytest.mark.parametrize("a", [1.0, 2.0])
+def test_markov_bayes_losses_match_brute_force(a):
+    config = MarkovConfig(states=2, length=6, concentration=a)
+    for seq in itertools.product((0, 1), repeat=6):
+        bigram, unigram = _brute_force_predictives(seq, a)
+        assert np.exp(-bayes_nats(list(seq), config)) == pytest.approx(bigram, rel=2e-3)
+        assert np.exp(-unigram_nats(list(seq), config)) == pytest.approx(unigram, rel=2e-3)
+
+
+def test_markov_bayes_is_the_best_predictor_in_expectation():
+    """Over every sequence of 6 tokens of 2 states, weighted by its exact probability (the
+    product of the two rows' Dirichlet-multinomial marginals, the first state uniform), the
+    Bayes bigram loss is below the unigram strategy's and the known chain's entropy bounds it
+    from below on average."""
+    config = MarkovConfig(states=2, length=6)
+    total_prob = bayes = unigram = 0.0
+    for seq in itertools.product((0, 1), repeat=6):
+        prob = 0.5 * np.exp(-bayes_nats(list(seq), config).sum())  # the chain rule of the predictive
+        total_prob += prob
+        bayes += prob * bayes_nats(list(seq), config).mean()
+        unigram += prob * unigram_nats(list(seq), config).mean()
+    assert total_prob == pytest.approx(1.0)
+    assert bayes < unigram
+    assert bayes < math.log(2)
+
+
+# --------------------------------------------------------------------------------------- induction
+
+
+def test_induction_sample_asks_for_the_token_after_the_trigger():
+    config = InductionConfig(vocab=16, length=64)
+    tokenizer = config.tokenizer()
+    assert tokenizer.vocab_size == 16
+    for index in range(100):
+        s = induction_sample(config, 4, index)
+        assert len(s.ids) == 65 and s.loss_mask == [False] * 64 + [True]
+        assert [i for i, t in enumerate(s.ids) if t == 0] == [s.trigger_at, 63]  # the trigger, twice
+        assert s.ids[64] == s.ids[s.trigger_at + 1] != 0
+        assert tokenizer.encode(s.text) == s.ids
+    longer = config.at_length(256)
+    assert len(longer.sample(4, 0).ids) == 257 and longer.vocab == 16
+
+
+# ----------------------------------------------------------------------------- scored positions only
+
+
+def test_rows_all_right_matches_exact_match(seed):
+    logits = torch.randn(5, 7, 3)
+    y = torch.randint(0, 3, (5, 7)).masked_fill(torch.rand(5, 7) < 0.6, IGNORE_INDEX)
+    y[0] = IGNORE_INDEX  # a row without targets is skipped
+    y[1, 2] = logits[1, 2].argmax()
+    target = y != IGNORE_INDEX
+    right = logits.argmax(-1)[target] == y[target]
+    assert rows_all_right(right, target) == exact_match(logits, y)
+
+
+# ------------------------------------------------------------------------- train and evaluate, end to end
+
+
+def test_known_answer_runs_train_and_are_evaluated(tmp_path, capsys):
+    """A few steps of each task through train.py (the logits at the scored positions, the
+    item accuracy logged), then evaluate.py: Markov's reference losses, induction's accuracy by
+    length (a learned-position model's block_size past its trained length)."""
+
+    runs = {
+        "zoology": ({"zoology_vocab": 64, "zoology_pairs": 4, "zoology_seq_len": 16}, 16, []),
+        "markov": ({"markov_states": 3, "markov_length": 20}, 19, []),
+        "induction": ({"induction_vocab": 8, "induction_length": 12}, 24, ["--lengths", "12", "24"]),
+    }
+    for source, (data, block_size, flags) in runs.items():
+        config = task_run(tmp_path, {"source": source, **data}, block_size)
+        if source == "induction":
+            config["model"]["positions"] = "learned"
+        (tmp_path / f"{source}.yaml").write_text(yaml.safe_dump(config))
+        assert train_main(["--config", str(tmp_path / f"{source}.yaml")]) == 0
+        logged = (tmp_path / "runs" / source / "logs" / "version_0" / "metrics.csv").read_text()
+        # Markov scores every token (no answers to count right); the other two a few positions.
+        assert ("val_item_accuracy" in logged.splitlines()[0]) == (source != "markov")
+        ckpt = tmp_path / "runs" / source / "checkpoints" / "last.ckpt"
+        out_json = tmp_path / f"{source}.json"
+        capsys.readouterr()
+        assert eval_main(["--ckpt", str(ckpt), "--task-samples", "20", "--json", str(out_json), *flags]) == 0
+        out = capsys.readouterr().out
+        result = json.loads(out_json.read_text())
+        assert result["task"]["name"] == source and "item accuracy" in out
+        if source == "zoology":
+            assert result["task"]["items"] == 20 * 4
+        if source == "markov":
+            references = result["task"]["reference_losses"]
+            assert references["bayes_bigram"] < references["unigram"]
+            assert "bayes_bigram strategy on the same samples" in out
+        if source == "induction":
+            by_length = result["by_length"]
+            assert by_length["12"]["items"] == by_length["24"]["items"] == 20
+            assert "item accuracy by input length" in out
