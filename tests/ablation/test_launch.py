@@ -141,6 +141,7 @@ def test_devices_per_run_is_refused_where_there_is_no_gpu_and_sets_trainer_devic
         SlurmOptions(time_min=0)
 
 
+@pytest.mark.slow  # submitit's local executor starts a process per job: about 10 s
 def test_a_job_warned_by_usr2_saves_requeues_and_resumes_from_its_checkpoint(tmp_path):
     submitit = pytest.importorskip("submitit")
     (run,) = fake_runs(tmp_path, ["a"], steps=60)
@@ -166,6 +167,7 @@ def test_a_job_warned_by_usr2_saves_requeues_and_resumes_from_its_checkpoint(tmp
     assert "train: interrupted at step" in log and "resuming from checkpoints/last.ckpt" in log
 
 
+@pytest.mark.slow  # submitit's local executor starts a process per job: about 10 s
 def test_submitit_local_sweep_makes_a_row_of_a_failed_job_and_skips_finished_runs_on_a_rerun(
     tmp_path, monkeypatch
 ):
