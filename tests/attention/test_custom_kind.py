@@ -192,6 +192,7 @@ def forget_example() -> None:
         del sys.modules[name]
 
 
+@pytest.mark.slow  # two training runs through ablate: about 35 s of CPU
 def test_ablates_beside_mha(tmp_path):
     output = tmp_path / "sweep"
     code = ablate_main(

@@ -296,6 +296,7 @@ def test_memory_benchmark_growth_is_the_exponent_of_t(monkeypatch):
     assert memory.growth([10.0, None, 40.0], [1, 2, 4]) == "-, -"
 
 
+@pytest.mark.slow  # times Newton-Schulz at the benchmark's sizes: about 11 s
 def test_newton_schulz_table_times_and_checks_both_precisions(tmp_path):
     # optimizers.py --newton-schulz: a row per stack of the default model's Muon matrices, float32
     # against float64 at float32's rounding and bfloat16 at bfloat16's, with the two times.
