@@ -64,7 +64,7 @@ def test_drift_lists_each_moved_package_with_both_versions(tmp_path):
     (tmp_path / "pins.txt").write_text(
         "# pins\ntorch==2.13.0\nPyTest==9.0.3\nnumpy==2.3.0 ; python_version>'3'\n"
     )
-    (tmp_path / "frozen.txt").write_text("torch==2.13.0\npytest==9.2.0\nnumpy==2.3.0\nnew_package==1.0\n")
+    (tmp_path / "frozen.txt").write_text("torch==2.13.0+cpu\npytest==9.2.0\nnumpy==2.3.0\nnew_package==1.0\n")
     moved = release_drift.changed(tmp_path / "pins.txt", tmp_path / "frozen.txt")
     assert moved == [("new-package", "unpinned", "1.0"), ("pytest", "9.0.3", "9.2.0")]
 
