@@ -629,6 +629,18 @@ def check_fla(
     results.check(name, kind, ok, detail, value=max(rel, errors[worst]))
 
 
+def train_step(model, step_model, optimizer, x, y, device) -> torch.Tensor:
+    """One training step as minitx's trainer takes it (autocast, gradients clipped at 1); step_model
+    is model itself or its compiled form. Returns the loss."""
+    with autocast(device):
+        loss = lm_loss(step_model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss
+
+
 def muon_losses(config: ModelConfig, device: torch.device, precision: str, steps: int) -> list[float]:
     """The training losses of `steps` steps with Muon (Newton-Schulz in `precision`) and AdamW,
     as train.py builds them, bf16 autocast, from weights and batches fixed by seed 0."""
@@ -653,13 +665,7 @@ def muon_losses(config: ModelConfig, device: torch.device, precision: str, steps
             walk.append(table[walk[-1], torch.randint(0, 3, (8,), generator=generator)])
         batch = torch.stack(walk, dim=1).to(device)
         x, y = batch[:, :-1], batch[:, 1:]
-        with autocast(device):
-            loss = lm_loss(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())
+        losses.append(train_step(model, model, optimizer, x, y, device).item())
     return losses
 
 
@@ -746,12 +752,7 @@ def training_speed(
         if step == size.train_warmup:
             sync(device)
             start = time.perf_counter()
-        with autocast(device):
-            loss = lm_loss(step_model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        train_step(model, step_model, optimizer, x, y, device)
     sync(device)
     breaks = sum(torch._dynamo.utils.counters["graph_break"].values()) if compiled else 0
     return size.train_steps * x.numel() / (time.perf_counter() - start), breaks
