@@ -8,47 +8,63 @@ own directory. The runs share data, tokenizer, seeds and token budget: a variant
 those unless it says `allow_budget_change: true`, and the table then says what it changed. Before
 any run starts, every variant's config is checked as the training command will check it.
 
-    sweep.py      the sweep file: parsing and checks; design.py its budget, lr_sweep, ladder, seeds_at
-    ladder.py     the plan of a designed sweep: learning-rate sweep, ladder, branched decays, seeds
-    rates.py      each arm's learning rate: past the sweep's edges, a fit in log lr, confirmed at the
-                  largest size; diverged and spiked runs
-    designed.py   running a designed sweep's phases, diagnostics, then its analysis and report
-    fit.py        one L(C) for all arms with a compute multiplier each, seed-noise bootstrap, L(N, D)
-    significance.py  Welch's t-test against the baseline, Holm's correction
-    analysis.py   a designed sweep's numbers; design_report.py, design_plots.py its report
-    budget.py     parameters and FLOPs per token; `match: params|flops` resizes the MLP to equal budgets
-    runner.py     planning the runs, the training subprocesses, skipping finished ones
-    launch.py     where runs go: this machine, N at a time, each on GPUs of its own where there are GPUs
-    slurm.py      a SLURM cluster through submitit: one job of an array per run, requeued from last.ckpt
-    summary.py    RunSummary, the callback that writes each run's summary.json
-    eval_runs.py  evaluating each finished run's best checkpoint (cached per run)
-    table.py      rows per run, mean and spread per variant, each run's cached diagnostics
-    report.py     results.csv, results.md (Welch tests against the reference, diagnostics);
-                  plots.py: loss_curves, cost_quality, loss_vs_context, a bar chart per diagnostic
-    command.py    the ablate command line
+A plain sweep is its variants and seeds; a designed one adds a budget, an lr_sweep or a ladder
+(each arm at its own learning rate, scaling fits). Both go through four stages, a folder each,
+in order: plan -> runs -> analysis -> report. A stage imports only the stages before it; the
+modules at the top drive them, and where the two kinds of sweep differ a stage has a module each.
 
-Output: runs/<variant>-seed<k>/ (the run's own logs and checkpoints, run.json, summary.json,
-evaluation.json, diagnostics.json, train.log), results.csv, results.md and the plots.
+    command.py          the ablate command line: checks the sweep, hands it to its orchestrator
+    plain_sweep.py      a plain sweep from end to end: runs, evaluations, the table, the report
+    designed_sweep.py   a designed sweep from end to end: its three phases of runs, diagnostics,
+                        the analysis, the report
+    summary.py          RunSummary, the callback that writes each run's summary.json
+    plan/               what to run, from the sweep file; reads no run
+      sweep.py          the sweep file: parsing and checks
+      design.py         its design keys: budget, lr_sweep, ladder, seeds_at
+      commands.py       each run's training command, directory and fingerprint (Run); the data
+                        it trains on
+      budget.py         parameters and FLOPs per token at the vocabulary the runs train with;
+                        `match: params|flops` resizes the MLP to equal budgets
+      ladder.py         a designed sweep's plan (Point, Plan): learning-rate sweep, ladder,
+                        branched decays, seeds
+      rates.py          each arm's learning rate: past the sweep's edges, a fit in log lr,
+                        confirmed at the largest size; diverged and spiked runs
+    runs/               running the plan, and reading back what the runs left
+      runner.py         the training subprocesses, skipping finished runs
+      launch.py         where runs go: this machine, N at a time, each on GPUs of its own where
+                        there are GPUs
+      slurm.py          a SLURM cluster through submitit: one job of an array per run, requeued
+                        from last.ckpt
+      eval_runs.py      evaluating each finished run's best checkpoint, diagnostics of its last
+                        (cached per run)
+      results.py        what each point of a designed sweep's plan trained (PointResult), read once
+      designed.py       the old address of designed_sweep.py, kept for older imports
+    analysis/           the numbers, from what the runs left; starts nothing
+      table.py          a plain sweep's rows per run, mean and spread per variant
+      designed.py       a designed sweep's chosen rates, fits, multipliers, tests, diagnostics
+      fit.py            one L(C) for all arms with a compute multiplier each, seed-noise bootstrap,
+                        L(N, D)
+      significance.py   Welch's t-test against the baseline, Holm's correction
+    report/             what a sweep writes
+      plain.py          a plain sweep's results.csv and results.md (Welch tests against the
+                        reference, diagnostics); plain_plots.py its plots
+      designed.py       a designed sweep's results.csv and results.md; designed_plots.py its plots
+      missing.py        why a diagnostic is "–"
+
+Output, under --output: a directory per run (runs/<variant>-seed<k>, with the run's own logs and
+checkpoints, run.json, summary.json, evaluation.json, diagnostics.json, train.log), results.csv,
+results.md and the plots.
 """
 
 from .analysis.table import COLUMNS, aggregate, collect, mean_curve, mean_std
 from .command import main, parse_args
 from .plan.budget import match_budgets, model_budget
+from .plan.commands import BASE_SNAPSHOT, Run, format_value, plan_runs
 from .plan.sweep import EvalSettings, Sweep, Variant, load_sweep
 from .report.designed import DESIGN_PLOTS
 from .report.plain import CSV_FIELDS, PLOTS, format_cell, markdown_table, write_csv, write_results
 from .runs.launch import run_sweep
-from .runs.runner import (
-    BASE_SNAPSHOT,
-    LOG_FILE,
-    RUN_FILE,
-    SUMMARY_FILE,
-    Run,
-    check_variants,
-    execute,
-    format_value,
-    plan_runs,
-)
+from .runs.runner import LOG_FILE, RUN_FILE, SUMMARY_FILE, check_variants, execute
 
 __all__ = [
     "BASE_SNAPSHOT",

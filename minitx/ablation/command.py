@@ -1,32 +1,26 @@
-"""The ablate command: parse the command line, check the sweep, run it, evaluate, report."""
+"""The ablate command: parse the command line, check the sweep, then hand it to its orchestrator:
+plain_sweep.py, or designed_sweep.py for a sweep with a budget, an lr_sweep or a ladder."""
 
 from __future__ import annotations
 
 import argparse
-import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..arguments import ArgumentParser
 from ..errors import UserError
 from ..kinds import import_kind_modules
-from .analysis.table import is_synthetic
+from .designed_sweep import run_designed
+from .plain_sweep import run_plain
 from .plan.budget import match_budgets
 from .plan.ladder import check_design_keys
 from .plan.sweep import Sweep, load_sweep
-from .report.plain import plot_names, write_results
-from .runs.designed import run_designed
-from .runs.eval_runs import diagnose_run, evaluate_runs, sweep_kind_modules
-from .runs.launch import Launcher, local_launcher, run_sweep
-from .runs.runner import (
-    BASE_SNAPSHOT,
-    LOG_FILE,
-    Run,
-    check_variants,
-    given_arguments,
-    is_finished,
-    plan_runs,
+from .runs.eval_runs import (
+    diagnose_runs,  # noqa: F401  (its address before runs/ held it)
+    sweep_kind_modules,
 )
+from .runs.launch import Launcher, local_launcher
+from .runs.runner import check_variants
 from .runs.slurm import SlurmLauncher, SlurmOptions, SweepSubmitted, parse_sbatch_options
 
 
@@ -224,63 +218,18 @@ def run_and_report(args: argparse.Namespace, sweep: Sweep, config_path: Path) ->
         raise UserError(f"--output: {str(output)!r} is a file; give a directory (new or of this sweep)")
     logging = wandb_arguments(args.wandb_project, group=output.resolve().name) if args.wandb else []
     launcher = None if args.report_only or args.dry_run else make_launcher(args)
-    if sweep.design.active:  # a budget, a learning-rate sweep or a ladder: designed.py
-        run_designed(
-            sweep,
-            output,
-            f"Ablation: {config_path.name}",
-            launcher,
-            args.train_args,
-            logging,
-            args.report_only,
-            args.dry_run,
-            sweep_kind_modules(sweep, args.train_args),
-        )
-        return
-    runs = plan_runs(sweep, output, args.seeds or sweep.seeds, args.train_args, logging)
-    if args.dry_run:  # writes nothing
-        for run in runs:
-            print(" ".join(shlex.quote(part) for part in run.command))
-        print(f"# {output / BASE_SNAPSHOT} is written when the sweep runs: the base config as it is then")
-        return
-    if args.report_only and not any(is_finished(run) for run in runs):
-        raise UserError(
-            f"--report-only: {str(output)!r} holds no finished run of this sweep; run it first (without --report-only)"
-        )
-    output.mkdir(parents=True, exist_ok=True)  # only once the sweep is known to be sound
-    if not args.report_only:
-        run_sweep(runs, sweep, output, launcher)
-        trusted = sweep_kind_modules(sweep, args.train_args)
-        evaluate_runs(runs, sweep.evaluation, trust_kind_modules=trusted)
-        diagnose_runs(runs, sweep, args.train_args, trusted)
-    table = write_results(
-        runs, output, notes=given_arguments(runs), title=f"Ablation: {config_path.name}", sweep=sweep
+    title = f"Ablation: {config_path.name}"
+    given = dict(  # what the command line gives either kind of sweep
+        extra=args.train_args,
+        logging=logging,
+        report_only=args.report_only,
+        dry_run=args.dry_run,
+        trust_kind_modules=sweep_kind_modules(sweep, args.train_args),
     )
-    print((output / "results.md").read_text(encoding="utf-8"))
-    print(f"ablate: wrote {output / 'results.md'}, results.csv, {', '.join(plot_names(sweep))}")
-    if all(entry["ok"] == 0 for entry in table):
-        failed = next((entry for entry in table if entry["status"] != "ok"), None)
-        first = f" ({failed['variant']}: {failed['status']})" if failed else ""
-        raise UserError(
-            f"every run failed{first}; see the status column in {output / 'results.md'} and each run's {LOG_FILE}"
-        )
-
-
-def diagnose_runs(
-    runs: Sequence[Run],
-    sweep: Sweep,
-    extra: Sequence[str] = (),
-    trust_kind_modules: Sequence[str] = (),
-    log=print,
-) -> None:
-    """Diagnostics of every finished run (cached per run, diagnostics.json), beside its evaluation:
-    none where the sweep does not evaluate (`eval: false` keeps its old, cheaper report), nor for
-    a synthetic task, which has no held-out text to read."""
-    if not sweep.evaluation.enabled:
-        return
-    for run in runs:
-        if not is_synthetic(sweep, run.variant, extra):
-            diagnose_run(run, trust_kind_modules, log)
+    if sweep.design.active:  # a budget, a learning-rate sweep or a ladder
+        run_designed(sweep, output, title, launcher, **given)
+    else:
+        run_plain(sweep, output, title, launcher, seeds=args.seeds or sweep.seeds, **given)
 
 
 def wandb_arguments(project: str, group: str) -> list[str]:

@@ -20,6 +20,7 @@ from minitx.ablation.analysis import fit, significance
 from minitx.ablation.plan.budget import model_budget, model_config_of
 from minitx.ablation.plan.ladder import make_plan
 from minitx.ablation.plan.sweep import load_sweep
+from minitx.ablation.runs.results import RunResults
 from minitx.data.datamodule import TextDataModule
 from minitx.errors import UserError
 from minitx.flops import FLOP_CONVENTION, OLDER_CONVENTION
@@ -386,7 +387,7 @@ def test_equal_compute_gives_each_arm_steps_from_its_own_flops(tmp_path):
 """
     sweep = load_sweep(write(tmp_path, BASE + "budget: {flops: 2.0e11}\n" + arms))
     plan = make_plan(sweep, tmp_path / "out")
-    _, second, _ = plan.all_points()
+    _, second, _ = plan.all_points(RunResults())
     first_seed = {p.arm: p for p in second if p.seed == 1}
     for point in first_seed.values():
         per_step = point.flops_per_token * plan.tokens_per_step
@@ -399,10 +400,10 @@ def test_equal_compute_gives_each_arm_steps_from_its_own_flops(tmp_path):
 def test_branches_start_where_their_decay_starts(tmp_path):
     sweep = load_sweep(write(tmp_path, BASE + LADDER + ARMS))
     plan = make_plan(sweep, tmp_path / "out")
-    first, second, third = plan.all_points()
+    first, second, third = plan.all_points(RunResults())
     assert len(first) == 3 * 3 and not second and not third  # the rest needs phase 1's choices first
     plant_all(plan, lambda p: 3.0 + 0.1 * math.log2(p.multiplier) ** 2)  # best at x1, inside the sweep
-    first, second, third = plan.all_points()
+    first, second, third = plan.all_points(RunResults())
     assert {p.role for p in third} == {"branch"} and len(third) == 3 * 3  # 3 arms x 3 sizes x 1 budget
     for branch in third:
         main = branch.branch_of
@@ -441,7 +442,9 @@ def plant_all(plan, loss_of, failed=lambda p: False):
     """Plant every run the plan asks for, phase by phase, as the sweep would run them: the
     learning rates grow past edges and into their confirmation as their runs finish."""
     while True:
-        todo = [p for p in sum(plan.all_points(), []) if not (p.run.directory / "run.json").is_file()]
+        todo = [
+            p for p in sum(plan.all_points(RunResults()), []) if not (p.run.directory / "run.json").is_file()
+        ]
         if not todo:
             return
         plant(plan, todo, loss_of, status_failed=[p for p in todo if failed(p)])
@@ -467,7 +470,7 @@ def test_report_of_a_planted_ladder(tmp_path, monkeypatch):
         return float(curve(p.flops * scale[p.arm], C0=1e9) * math.exp(rng.normal(0, 0.002))) + lr_penalty
 
     plant_all(plan, loss, failed=lambda p: p.role == "branch" and p.arm == "handicap" and p.size == "d16")
-    failed = next(p for p in plan.all_points()[2] if p.arm == "handicap" and p.size == "d16")
+    failed = next(p for p in plan.all_points(RunResults())[2] if p.arm == "handicap" and p.size == "d16")
     ablation.main(["--config", str(path), "--output", str(output), "--report-only"])
     text = (output / "results.md").read_text()
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
@@ -489,7 +492,7 @@ def test_report_of_a_planted_ladder(tmp_path, monkeypatch):
     assert low < 1 < high  # finite: "unbounded" would not parse
     # what equal compute bought each arm: steps and tokens per point (issue: only in results.csv)
     steps = ladder.split("Steps and tokens at equal compute")[1]
-    for p in plan.all_points()[1]:
+    for p in plan.all_points(RunResults())[1]:
         if p.seed == plan.ladder_seed and p.arm == "twin" and p.budget == 4:
             row = next(line for line in steps.splitlines() if line.startswith(f"| {p.size} @ 4 tokens/param"))
             assert f"{p.steps:,} · " in row.split("|")[4]
@@ -506,7 +509,7 @@ def test_report_of_a_planted_ladder(tmp_path, monkeypatch):
     assert "planted failure" in text
     assert rows  # the tables are there
     csv_rows = (output / "results.csv").read_text().splitlines()
-    assert len(csv_rows) == 1 + len({p.run.directory for p in sum(plan.all_points(), [])})
+    assert len(csv_rows) == 1 + len({p.run.directory for p in sum(plan.all_points(RunResults()), [])})
     for name in ablation.DESIGN_PLOTS:
         assert (output / name).stat().st_size > 1000
 
@@ -532,7 +535,9 @@ def test_a_two_size_ladder_says_its_fits_are_fragile_and_old_summaries_still_rep
 
     output.mkdir(parents=True, exist_ok=True)
     (output / "plan.json").write_text(json.dumps({"version": 2}))  # the plan's record, as the sweep writes it
-    while todo := [p for p in sum(plan.all_points(), []) if not (p.run.directory / "run.json").is_file()]:
+    while todo := [
+        p for p in sum(plan.all_points(RunResults()), []) if not (p.run.directory / "run.json").is_file()
+    ]:
         plant_old(todo)  # phase by phase, as the rates grow past edges and into their confirmation
     ablation.main(["--config", str(path), "--output", str(output), "--report-only"])
     ladder = (output / "results.md").read_text().split("## The ladder")[1].split("## Seeds")[0]
@@ -613,7 +618,7 @@ def test_report_only_of_an_older_sweep_says_its_runs_used_the_older_count(tmp_pa
     path = write(tmp_path, BASE + "budget: {flops: 2.0e11}\n" + ARMS)
     output = tmp_path / "out"
     plan = make_plan(load_sweep(path), output)
-    _, second, _ = plan.all_points()
+    _, second, _ = plan.all_points(RunResults())
     plant(plan, second, lambda p: 2.0 + 0.01 * p.seed, convention=convention)
     ablation.main(["--config", str(path), "--output", str(output), "--report-only"])
     text = (output / "results.md").read_text()

@@ -15,6 +15,7 @@ from minitx import ablation
 from minitx.ablation.plan import rates
 from minitx.ablation.plan.ladder import make_plan
 from minitx.ablation.plan.sweep import load_sweep
+from minitx.ablation.runs.results import RunResults
 
 pytestmark = pytest.mark.slow
 
@@ -38,9 +39,12 @@ def test_a_tiny_ladder_trains_branches_resumes_and_reports(tmp_path, capsys):
     ablation.main(["--config", str(path), "--output", str(output), "--parallel", "2"])
     log = capsys.readouterr().out
     plan = make_plan(load_sweep(path), output)
-    first, second, third = plan.all_points()
+    trained = RunResults()
+    first, second, third = plan.all_points(trained)
     points = {p.run.directory: p for p in [*first, *second, *third]}
-    assert all(p.loss is not None for p in points.values()), [p.run.directory.name for p in points.values()]
+    assert all(trained(p).loss is not None for p in points.values()), [
+        p.run.directory.name for p in points.values()
+    ]
     assert len(third) == 2 * 3  # one smaller budget per arm and size, each a branch
 
     # The learning rates: a sweep of two always has its best at an edge, so it ran past it; the
@@ -50,7 +54,7 @@ def test_a_tiny_ladder_trains_branches_resumes_and_reports(tmp_path, capsys):
         "6 branches, and up to 4 past the sweep's edges)" in log
     )
     assert "(2 past the sweep's edge)" in log and "(6 confirmation at d16)" in log
-    found = plan.rates()
+    found = plan.rates(trained)
     for rate in found.values():
         assert rate.extended and rate.choice.multiplier in rate.sweep and not rate.refused
         assert sorted(rate.confirm) == rates.neighbours(list(rate.sweep), rate.choice.multiplier)
@@ -91,8 +95,8 @@ def test_a_tiny_ladder_trains_branches_resumes_and_reports(tmp_path, capsys):
     direct[direct.index("--run.name") + 1] = "direct"
     subprocess.run(direct, check=True, capture_output=True)
     direct_summary = json.loads((branch.run.directory.parent / "direct" / "summary.json").read_text())
-    assert direct_summary["steps"] == branch.summary["steps"] == branch.steps
-    assert direct_summary["final_val_loss"] == pytest.approx(branch.loss, abs=1e-4)
+    assert direct_summary["steps"] == trained(branch).summary["steps"] == branch.steps
+    assert direct_summary["final_val_loss"] == pytest.approx(trained(branch).loss, abs=1e-4)
 
     # Stopped part-way: a rerun trains only what is missing, branches included.
     (branch.run.directory / "summary.json").unlink()

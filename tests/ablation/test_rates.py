@@ -17,6 +17,7 @@ from minitx import ablation
 from minitx.ablation.plan import rates
 from minitx.ablation.plan.ladder import make_plan
 from minitx.ablation.plan.sweep import load_sweep
+from minitx.ablation.runs.results import RunResults
 from minitx.errors import UserError
 
 GRID = [0.25, 0.5, 1, 2, 4, 8, 16]
@@ -146,13 +147,14 @@ def test_the_plan_extends_confirms_and_never_reuses_a_choosing_run(tmp_path):
         return 3.0 + 0.05 * math.log2(p.multiplier / best[p.arm]) ** 2
 
     plant_all(plan, loss)
-    found = plan.rates()
+    trained = RunResults()
+    found = plan.rates(trained)
     mha, twin, handicap = found["mha"], found["twin"], found["handicap"]
     assert mha.choice.multiplier == 1 and sorted(mha.confirm) == [0.5, 1, 2]
-    assert mha.confirm[2].trouble.startswith("spiked:") and mha.confirmed.multiplier == 1
+    assert trained(mha.confirm[2]).trouble.startswith("spiked:") and mha.confirmed.multiplier == 1
     assert twin.extended == [4] and twin.choice.multiplier == 2  # the vertex x2.5 rounds to x2
     assert handicap.extended == [4] and "lr_sweep.extend" in handicap.refused
-    first, second, third = plan.all_points()
+    first, second, third = plan.all_points(RunResults())
     assert {p.arm for p in second} == {"mha", "twin"} and {p.arm for p in third} == {"mha", "twin"}
     assert not {p.run.directory for p in first} & {p.run.directory for p in second}
     assert {p.seed for p in second if p.role == "ladder"} == {2, 3, 4} and {p.seed for p in first} == {1}
@@ -188,7 +190,7 @@ def test_the_report_and_log_say_which_rate_was_chosen_confirmed_refused_and_unst
 def test_report_only_refuses_an_output_of_the_earlier_plan_in_one_line(tmp_path):
     path = write(tmp_path, BASE + LADDER + ARMS)
     plan = make_plan(load_sweep(path), tmp_path / "out")
-    plant(plan, plan.all_points()[0], lambda p: 3.0)
+    plant(plan, plan.all_points(RunResults())[0], lambda p: 3.0)
     (plan.output / "plan.json").unlink()  # what an earlier minitx left: runs, no plan record
     with pytest.raises(UserError) as caught:
         ablation.main(["--config", str(path), "--output", str(plan.output), "--report-only"])

@@ -1,8 +1,8 @@
 """The analysis of a designed sweep: chosen learning rates, fits, multipliers, tests, diagnostics.
 
-Everything here reads finished runs (their summary.json, diagnostics.json) through the plan's
-points, so `--report-only` rebuilds it all without training. A failed or missing run is simply
-absent from the fits and tests; the report lists it.
+Everything here reads what the finished runs left (their summary.json, diagnostics.json), as
+runs/results.py read it for the plan's points, so `--report-only` rebuilds it all without
+training. A failed or missing run is simply absent from the fits and tests; the report lists it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 
 from ...errors import UserError
 from ..plan.ladder import Plan, Point, Rate
+from ..runs.results import RunResults
 from . import fit
 from .significance import Difference, compare_all
 
@@ -72,49 +73,54 @@ DIAGNOSTIC_NAMES = {
 }
 
 
-def analyse(plan: Plan, phases: tuple[list[Point], list[Point], list[Point]], diagnostics=None) -> Analysis:
-    """`diagnostics`: point -> dict or None (the cached diagnostics of its run)."""
+def analyse(
+    plan: Plan, phases: tuple[list[Point], list[Point], list[Point]], trained: RunResults
+) -> Analysis:
+    """`trained`: what each point's run did (its loss, compute, diagnostics)."""
     first, second, third = phases
     multipliers = plan.sweep.design.multipliers
-    found = plan.rates()
+    found = plan.rates(trained)
     results = [ArmResult(name, rate=found[name]) for name in plan.arms]
     everything = [*first, *second, *third]
-    failed = [p for p in everything if p.loss is None and (p.run.directory / "run.json").is_file()]
+    failed = [p for p in everything if trained(p).loss is None and trained(p).started]
     notes: list[str] = []
     for arm in results:
         if multipliers:
-            arm.lr_losses = {m: p.loss for m, p in arm.rate.sweep.items()}
+            arm.lr_losses = {m: trained(p).loss for m, p in arm.rate.sweep.items()}
             arm.multiplier = arm.rate.choice.multiplier
         else:
             arm.multiplier = 1.0
         seen = set()
         for p in [*second, *third]:
-            if p.arm == arm.name and p.seed == plan.ladder_seed and p.loss is not None:
+            if p.arm == arm.name and p.seed == plan.ladder_seed and trained(p).loss is not None:
                 if p.run.directory not in seen:
                     seen.add(p.run.directory)
                     arm.points.append(p)
-        arm.points.sort(key=lambda p: p.trained_flops)
+        arm.points.sort(key=lambda p: trained(p).trained_flops)
         rung_points = [
             p for p in [*second, *third] if p.arm == arm.name and (p.size, p.budget) == plan.seeds_rung
         ]
-        arm.seeds = [p.loss for p in _unique(rung_points) if p.loss is not None]
+        arm.seeds = [trained(p).loss for p in _unique(rung_points) if trained(p).loss is not None]
         swept = {p.run.directory for p in first}
-        arm.seed_chose_lr = any(p.run.directory in swept and p.loss is not None for p in rung_points)
-        if diagnostics is not None:
-            values = [diagnostics(p) for p in _unique(rung_points)]
-            values = [v for v in values if v]
-            for key in DIAGNOSTIC_KEYS:
-                found = [v[key] for v in values if v.get(key) is not None]
-                if found:
-                    arm.diagnostics[key] = sum(found) / len(found)
+        arm.seed_chose_lr = any(p.run.directory in swept and trained(p).loss is not None for p in rung_points)
+        values = [trained(p).diagnostics for p in _unique(rung_points)]
+        values = [v for v in values if v]
+        for key in DIAGNOSTIC_KEYS:
+            found = [v[key] for v in values if v.get(key) is not None]
+            if found:
+                arm.diagnostics[key] = sum(found) / len(found)
     analysis = Analysis(plan.arms[0], results, plan.seeds_rung, failed, notes)
-    analysis.lr_seeds = sorted({p.seed for p in first if p.loss is not None})
+    analysis.lr_seeds = sorted({p.seed for p in first if trained(p).loss is not None})
     analysis.rung_seeds = sorted(
-        {p.seed for p in [*second, *third] if (p.size, p.budget) == plan.seeds_rung and p.loss is not None}
+        {
+            p.seed
+            for p in [*second, *third]
+            if (p.size, p.budget) == plan.seeds_rung and trained(p).loss is not None
+        }
     )
     analysis.noise = fit.seed_noise({a.name: a.seeds for a in results})
     if plan.ladder is not None:
-        _fit_all(plan, analysis)
+        _fit_all(plan, analysis, trained)
     tests = compare_all({a.name: a.seeds for a in results}, plan.arms[0])
     for arm in results:
         arm.test = tests.get(arm.name)
@@ -128,7 +134,7 @@ def _unique(points: list[Point]) -> list[Point]:
     return list(seen.values())
 
 
-def _fit_all(plan: Plan, analysis: Analysis) -> None:
+def _fit_all(plan: Plan, analysis: Analysis, trained: RunResults) -> None:
     """The joint fit over the arms with 2 or more points, its bootstrap; each arm's own curve;
     the parameter share; L(N, D) where the ladder allows it."""
     results, notes = analysis.arms, analysis.notes
@@ -136,7 +142,9 @@ def _fit_all(plan: Plan, analysis: Analysis) -> None:
     refused = [a for a in results if a.rate is not None and a.rate.refused]  # no rate is known to be its best
     for arm in results:
         try:
-            arm.own = fit.fit_curve([p.trained_flops for p in arm.points], [p.loss for p in arm.points])
+            arm.own = fit.fit_curve(
+                [trained(p).trained_flops for p in arm.points], [trained(p).loss for p in arm.points]
+            )
         except UserError:
             arm.own = None  # too few points for a curve of its own; the joint fit may still place it
     fitted = [a for a in results if len(a.points) >= 2 and a not in refused]
@@ -151,8 +159,8 @@ def _fit_all(plan: Plan, analysis: Analysis) -> None:
     fitted.remove(baseline)
     fitted.insert(0, baseline)
     points = [(k, p) for k, a in enumerate(fitted) for p in a.points]
-    x = [p.trained_flops for _, p in points]
-    y = [p.loss for _, p in points]
+    x = [trained(p).trained_flops for _, p in points]
+    y = [trained(p).loss for _, p in points]
     index = [k for k, _ in points]
     groups = {key: g for g, key in enumerate(dict.fromkeys((k, p.size) for k, p in points))}
     group = [groups[k, p.size] for k, p in points]
@@ -175,8 +183,8 @@ def _fit_all(plan: Plan, analysis: Analysis) -> None:
         arm.scatter = math.sqrt(sum(r * r for r in residuals) / len(residuals))
         if k:
             arm.compute = boot.comparison(k)
-    _params_share(plan, analysis, fitted, delta)
-    _nd_view(plan, analysis)
+    _params_share(plan, analysis, fitted, delta, trained)
+    _nd_view(plan, analysis, trained)
 
 
 def _noise(analysis: Analysis, arms, group, shared, x, y, index) -> tuple[fit.Noise, float]:
@@ -201,7 +209,9 @@ def _noise(analysis: Analysis, arms, group, shared, x, y, index) -> tuple[fit.No
     return noise, 1.345 * sd if sd > 0 else fit.HUBER_DELTA
 
 
-def _params_share(plan: Plan, analysis: Analysis, fitted: list[ArmResult], delta: float) -> None:
+def _params_share(
+    plan: Plan, analysis: Analysis, fitted: list[ArmResult], delta: float, trained: RunResults
+) -> None:
     """The parameter form needs one token ratio across sizes: the largest budget, per parameter;
     the joint model of loss against parameters there gives each arm's parameter multiplier."""
     if plan.ladder.unit != "tokens_per_param" or len(plan.sizes) < 4:
@@ -216,7 +226,7 @@ def _params_share(plan: Plan, analysis: Analysis, fitted: list[ArmResult], delta
     points = [(k, p) for k, a in enumerate(arms) for p in a.points if p.budget == top]
     index = [k for k, _ in points]
     names = [arms[k].name for k in index]
-    x, y = [float(p.params) for _, p in points], [p.loss for _, p in points]
+    x, y = [float(p.params) for _, p in points], [trained(p).loss for _, p in points]
     group = list(range(len(points)))  # separate runs: no trunk shared
     try:
         if analysis.noise is not None and analysis.noise.pooled > 0:
@@ -232,7 +242,7 @@ def _params_share(plan: Plan, analysis: Analysis, fitted: list[ArmResult], delta
         arm.params = boot.comparison(k)
 
 
-def _nd_view(plan: Plan, analysis: Analysis) -> None:
+def _nd_view(plan: Plan, analysis: Analysis, trained: RunResults) -> None:
     """L(N, D) per arm where the ladder has 3 or more sizes and budgets; the baseline's compute
     for each arm's fitted loss at the arm's largest size (more tokens, same size), over the arm's."""
     if len(plan.sizes) < 3 or len(plan.budgets) < 3:
@@ -249,7 +259,7 @@ def _nd_view(plan: Plan, analysis: Analysis) -> None:
             continue
         try:
             arm.nd = fit.fit_nd([p.params for p in arm.points], [p.tokens for p in arm.points],
-                                [p.loss for p in arm.points], N0, D0)  # fmt: skip
+                                [trained(p).loss for p in arm.points], N0, D0)  # fmt: skip
         except UserError:
             continue
     base = analysis.arms[0]
@@ -258,14 +268,16 @@ def _nd_view(plan: Plan, analysis: Analysis) -> None:
     for arm in analysis.arms[1:]:
         if arm.nd is None:
             continue
-        last = max(arm.points, key=lambda p: p.trained_flops)
+        last = max(arm.points, key=lambda p: trained(p).trained_flops)
         same_size = next((p for p in base.points if p.size == last.size), None)
         if same_size is None:
             continue
         loss = float(arm.nd.loss(last.params, last.tokens))
         tokens = base.nd.tokens_for(same_size.params, loss)
-        per_token = same_size.trained_flops / same_size.tokens
-        arm.nd_multiplier = tokens * per_token / last.trained_flops if not math.isnan(tokens) else math.nan
+        per_token = trained(same_size).trained_flops / same_size.tokens
+        arm.nd_multiplier = (
+            tokens * per_token / trained(last).trained_flops if not math.isnan(tokens) else math.nan
+        )
 
 
 def share(comparison: fit.Comparison) -> tuple[float, float, float]:

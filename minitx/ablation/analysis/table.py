@@ -1,20 +1,19 @@
 """The numbers of a sweep: one row per run (collect), then mean and spread per variant (aggregate),
-with each variant's seed values of the tested losses kept for the significance tests (report.py)."""
+with each variant's seed values of the tested losses kept for the significance tests (report/).
+It reads what the runs left (summary.json, run.json, the cached evaluation and diagnostics) and
+computes nothing of a run: evaluating the runs is the runs stage's (runs/eval_runs.py)."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
 from typing import Any
 
-import yaml
-
-from ...data.config import TASKS
 from ...fileio import read_json
 from ...flops import OLDER_CONVENTION
-from ..plan.sweep import EvalSettings, Sweep, Variant
-from ..runs.eval_runs import DIAGNOSTICS_FILE, evaluate_run, read_diagnostics
+from ..plan.commands import data_source, is_synthetic  # noqa: F401  (their address before plan/ held them)
+from ..plan.sweep import EvalSettings
+from ..runs.eval_runs import DIAGNOSTICS_FILE, cached_evaluation, read_diagnostics
 from ..runs.runner import RUN_FILE, SUMMARY_FILE, Run
 from .designed import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES
 
@@ -42,7 +41,7 @@ EVAL_COLUMNS = [
 ]
 
 
-# The losses each variant is tested on against the reference (Welch over seeds, report.py).
+# The losses each variant is tested on against the reference (Welch over seeds, report/plain.py).
 TESTED_KEYS = ("final_val_loss", "eval_loss")
 # Diagnostics of each run (eval_runs.diagnose_run), means over seeds: the designed sweep's own
 # list and names, so that both reports say the same thing.
@@ -91,28 +90,6 @@ def eval_fields(record: dict | None) -> dict[str, Any]:
             notes.append(f"loss @ {length}: {figures.get('skipped', 'not measured')}")
     fields["eval_note"] = "; ".join(notes)
     return fields
-
-
-def data_source(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> str | None:
-    """The data.source a variant's runs train on: base, shared overrides, the variant's, then a
-    `--data.source` given after -- (None: the training command's default, a text)."""
-    source = ((yaml.safe_load(sweep.base_text) or {}).get("data") or {}).get("source")
-    for overrides in (sweep.overrides, variant.overrides):
-        section = overrides.get("data")
-        if isinstance(section, dict):
-            source = section.get("source", source)
-        source = overrides.get("data.source", source)
-    for i, arg in enumerate(extra):
-        if arg == "--data.source" and i + 1 < len(extra):
-            source = extra[i + 1]
-        elif arg.startswith("--data.source="):
-            source = arg.partition("=")[2]
-    return None if source is None else str(source)
-
-
-def is_synthetic(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> bool:
-    """A synthetic task (toy, mqar, needle): no held-out text for the diagnostics to read."""
-    return data_source(sweep, variant, extra) in TASKS
 
 
 def diagnostic_fields(run: Run, evaluation: EvalSettings) -> dict[str, Any]:
@@ -178,7 +155,7 @@ def collect(runs: list[Run], evaluation: EvalSettings | None = None) -> list[dic
             run_dir=str(run.directory),
             curve=summary.get("curve", []),
         )
-        row.update(eval_fields(evaluate_run(run, evaluation or EvalSettings(), compute=False)))
+        row.update(eval_fields(cached_evaluation(run, evaluation or EvalSettings())))
         row.update(diagnostic_fields(run, evaluation or EvalSettings()))
         rows.append(row)
     return rows

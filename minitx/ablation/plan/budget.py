@@ -5,12 +5,16 @@ Counts for matching leave out the token and position tables and an untied output
 variant shares them (same vocabulary, same width), so they only dilute the difference. The MLP
 hidden width is the knob: it holds most of a block's parameters, leaves the attention that is
 being compared alone, and the counts are linear in it, so the width is solved for, then checked.
+The output layer is counted at the vocabulary the runs train with (training_vocab): their data's.
 """
 
 from __future__ import annotations
 
+import json
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +24,8 @@ from ...config import ModelConfig
 from ...errors import UserError
 from ...flops import FLOP_CONVENTION
 from ...model import Transformer
+from ...training import check_train_args
+from .commands import BASE_SNAPSHOT, format_value, run_overrides, train_arguments
 from .sweep import Sweep, Variant
 
 TOLERANCE = 0.02  # a matched variant's count is within 2% of the reference's
@@ -93,6 +99,40 @@ def model_config_of(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -
         return ModelConfig.from_dict(section)
     except (UserError, TypeError) as error:  # UserError names the field: make it the config key
         raise UserError(f"variant {variant.name!r}: model.{error}") from None
+
+
+# The vocabularies found by training_vocab, by what decides them: a sweep planned again in the
+# same process (a rerun's phases, tests) parses and opens its data once.
+_VOCABULARIES: dict[str, int] = {}
+
+
+def training_vocab(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> int:
+    """The vocabulary a variant's runs train with: their data's tokenizer, to which the train
+    command links model.vocab_size (the data prepared now if it is not yet, as the sweep would
+    before its first run). The sweep's budgets count the output layer at this size. Refused in
+    one line, naming the data's problem, when the data cannot be read."""
+    from ...data.datamodule import TextDataModule
+
+    data_keys = sorted((k, format_value(v)) for k, v in variant.overrides.items() if k.startswith("data."))
+    decided_by = json.dumps(
+        [sweep.base_text, sorted(sweep.overrides.items()), data_keys, list(extra)], default=str
+    )
+    if decided_by in _VOCABULARIES:
+        return _VOCABULARIES[decided_by]
+    with tempfile.TemporaryDirectory(prefix="minitx-ablate-") as scratch:
+        base = Path(scratch) / BASE_SNAPSHOT
+        base.write_text(sweep.base_text, encoding="utf-8")
+        overrides = run_overrides(sweep, variant.overrides, sweep.seed)
+        data = check_train_args(train_arguments(base, Path(scratch) / "runs", variant.name, overrides, extra))
+    try:
+        vocab = TextDataModule(**data).vocab_size
+    except UserError as error:
+        raise UserError(
+            f"variant {variant.name!r}: {error} (the budgets count the output layer at the vocabulary "
+            "of the data its runs train with, so the data is read before the sweep is planned)"
+        ) from None
+    _VOCABULARIES[decided_by] = vocab
+    return vocab
 
 
 def _with_width(config: ModelConfig, width: int) -> ModelConfig:

@@ -1,7 +1,7 @@
 """The plan of a designed sweep: which runs a learning-rate sweep, a ladder and seeds need.
 
 Every point is one arm (a variant of the file) at one size, one compute budget, one learning-rate
-multiplier and one seed. The plan comes in three phases, each run like any sweep (runner.py:
+multiplier and one seed. The plan comes in three phases, each run like any sweep (runs/runner.py:
 subprocesses, parallel, finished runs skipped on a rerun):
 
 1. the learning rates (rates.py): every arm at every multiplier on the smallest size at the
@@ -27,22 +27,18 @@ the ladder keeps the file's seed.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
 from ...errors import UserError
-from ...fileio import read_json
-from ...flops import OLDER_CONVENTION
-from ..runs.runner import RUN_FILE, SUMMARY_FILE, Run, is_finished, make_run, training_vocab
 from . import rates
-from .budget import budget_of, match_budgets, model_config_of
+from .budget import budget_of, match_budgets, model_config_of, training_vocab
+from .commands import Run, make_run
 from .design import Ladder, Size
 from .sweep import LR_KEYS, Sweep, Variant, design_conflict
 
@@ -51,6 +47,9 @@ BASE_SIZE = Size("base", {})
 
 @dataclass
 class Point:
+    """One run the plan asks for: a record of what to train, never of what a run did (that is
+    read from the run's directory by runs/results.py)."""
+
     arm: str
     size: str
     budget: float | None  # as the file writes it; None: the base's own steps
@@ -65,78 +64,22 @@ class Point:
     run: Run
     branch_of: Point | None = None
 
-    @property
-    def summary(self) -> dict | None:
-        return read_json(self.run.directory / SUMMARY_FILE) if is_finished(self.run) else None
 
-    @property
-    def trained_flops(self) -> float:
-        """The run's training FLOPs as it ran: the steps its summary recorded (else as planned)
-        times the tokens of a step and the arm's FLOPs per token by today's convention (the
-        plan's, minitx/flops.py). A count of the model's shape alone, so a run recorded under an
-        older count (`recorded_convention`) is counted again the same way as a new one."""
-        return self.trained_steps * (self.tokens / self.steps) * self.flops_per_token
-
-    @property
-    def trained_steps(self) -> int:
-        """The steps the run trained, as its summary recorded them, else as planned (a run planned
-        by an older FLOP count trained the steps that count gave it)."""
-        return (self.summary or {}).get("steps") or self.steps
-
-    @property
-    def recorded_convention(self) -> str | None:
-        """The FLOP convention the run's summary recorded its count under (None: not finished)."""
-        summary = self.summary
-        if summary is None:
-            return None
-        return summary.get("flop_convention", OLDER_CONVENTION)
-
-    @property
-    def loss(self) -> float | None:
-        """The final val loss; None for a run not finished, failed, or ended at a non-finite loss."""
-        summary = self.summary
-        value = None if summary is None else summary.get("final_val_loss")
-        return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+class Trained(Protocol):
+    """What choosing a rate needs to know of a point's run (runs/results.py's PointResult)."""
 
     @property
     def outcome(self) -> float | None:
-        """For choosing a rate: the loss, inf for a run that diverged or failed, None until it ends."""
-        if self.loss is not None:
-            return self.loss
-        return math.inf if self.summary is not None or self.failure else None
-
-    @property
-    def failure(self) -> str:
-        """Why the run failed (its record's one line), "" when it did not."""
-        record = read_json(self.run.directory / RUN_FILE) or {}
-        return (record.get("error") or "failed") if record.get("status") == "failed" else ""
+        """The loss; inf for a run that diverged or failed; None until the run ends."""
 
     @property
     def trouble(self) -> str:
-        """ "" for a run that trained soundly, else: diverged (a non-finite loss), spiked (its
-        logged training loss, rates.instability) or failed, in words."""
-        failure = self.failure
-        if failure:
-            return f"diverged: {failure}" if "not finite" in failure else f"failed: {failure}"
-        summary = self.summary
-        if summary is None:
-            return ""
-        if self.loss is None:
-            return f"diverged: final val loss {summary.get('final_val_loss')}"
-        steps, losses = logged_training_loss(self.run.directory)
-        return rates.instability(steps, losses)
+        """ "" for a run that trained soundly, else why not, in words (diverged, spiked, failed)."""
 
 
-def logged_training_loss(directory: Path) -> tuple[list[int], list[float]]:
-    """The training loss the run's CSV log holds (logs/version_*/metrics.csv), by step."""
-    found: dict[int, float] = {}
-    for path in sorted(directory.glob("logs/version_*/metrics.csv")):
-        with open(path, encoding="utf-8", newline="") as handle:
-            for row in csv.DictReader(handle):
-                if row.get("train_loss") not in (None, "") and row.get("step") not in (None, ""):
-                    found[int(float(row["step"]))] = float(row["train_loss"])
-    steps = sorted(found)
-    return steps, [found[s] for s in steps]
+# What the finished runs say of each point: the plan grows from them (rates past the sweep's
+# edges, then the confirmation, then the ladder), so every step that depends on them is given it.
+TrainedOf = Callable[[Point], Trained]
 
 
 @dataclass
@@ -248,9 +191,10 @@ class Plan:
         """The ladder's seed: the file's, or the next one when the file's seed chose the rates."""
         return self.sweep.seed + (1 if self.sweep.design.multipliers else 0)
 
-    def rates(self) -> dict[str, Rate]:
-        """Each arm's learning rate as the finished runs on disk decide it (rates.py): the sweep
-        grows past its edges and the confirmation is planned as the runs before them finish."""
+    def rates(self, trained: TrainedOf) -> dict[str, Rate]:
+        """Each arm's learning rate as the finished runs decide it (rates.py; `trained`: what each
+        point's run did): the sweep grows past its edges and the confirmation is planned as the
+        runs before them finish."""
         design = self.sweep.design
         if not design.multipliers:
             return {arm: Rate(arm, by_size={s.name: 1.0 for s in self.sizes}) for arm in self.arms}
@@ -260,7 +204,7 @@ class Plan:
             rate = Rate(arm, grid=tuple(design.multipliers))
             rate.sweep = {m: self.point(arm, small, budget, m, seed, "sweep") for m in design.multipliers}
             while True:
-                outcomes = {m: p.outcome for m, p in rate.sweep.items()}
+                outcomes = {m: trained(p).outcome for m, p in rate.sweep.items()}
                 rate.choice = rates.choose(outcomes, len(rate.sweep) - len(design.multipliers), design.extend)
                 if rate.choice.next is None:
                     break
@@ -274,8 +218,8 @@ class Plan:
                 continue
             for m in rates.neighbours(list(rate.sweep), chosen):
                 rate.confirm[m] = self.point(arm, large, budget, m, seed, "confirm")
-            trained = {m: (p.outcome, p.trouble) for m, p in rate.confirm.items()}
-            rate.confirmed = rates.best_confirmed(trained, large)
+            confirmed = {m: (trained(p).outcome, trained(p).trouble) for m, p in rate.confirm.items()}
+            rate.confirmed = rates.best_confirmed(confirmed, large)
             top = rate.confirmed.multiplier
             if top is None:
                 continue
@@ -320,10 +264,10 @@ class Plan:
             return self.sizes[-1].name, self.budgets[-1]
         return design.seeds_size, design.seeds_budget
 
-    def all_points(self) -> tuple[list[Point], list[Point], list[Point]]:
-        """The three phases as the finished runs on disk determine them (each follows from the
-        runs before it: phase 2 from the rates phase 1 chose and confirmed)."""
-        found = self.rates()
+    def all_points(self, trained: TrainedOf) -> tuple[list[Point], list[Point], list[Point]]:
+        """The three phases as the finished runs determine them (each follows from the runs
+        before it: phase 2 from the rates phase 1 chose and confirmed)."""
+        found = self.rates(trained)
         first = [p for rate in found.values() for p in [*rate.sweep.values(), *rate.confirm.values()]]
         second = self.ladder_points(found)
         return first, second, self.branch_points(second)

@@ -15,13 +15,13 @@ import io
 import math
 from pathlib import Path
 
-from ...fileio import read_json, write_text_atomically
+from ...fileio import write_text_atomically
 from ...flops import FLOP_CONVENTION
 from ..analysis.designed import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES, Analysis, share
 from ..analysis.significance import CONFIDENCE, LEVEL
 from ..analysis.table import device_label
 from ..plan.ladder import Plan, Point
-from ..runs.runner import RUN_FILE, SUMMARY_FILE
+from ..runs.results import PointResult, RunResults
 
 DESIGN_PLOTS = (
     "lr_sweep.png",
@@ -36,23 +36,20 @@ CSV_FIELDS = [
 ]  # fmt: skip
 
 
-def _status(point: Point) -> tuple[str, str]:
-    if point.loss is not None:
+def _status(result: PointResult) -> tuple[str, str]:
+    if result.loss is not None:
         return "ok", ""
-    record = read_json(point.run.directory / RUN_FILE) or {}
-    if record.get("status") == "failed":
-        return "failed", record.get("error", "")
+    if result.record.get("status") == "failed":
+        return "failed", result.record.get("error", "")
     return "not run", ""
 
 
-def run_device(run) -> str | None:
+def run_device(result: PointResult) -> str | None:
     """Where the run trained, with the machine's GPUs it was given (table.device_label)."""
-    summary = read_json(run.directory / SUMMARY_FILE) or {}
-    record = read_json(run.directory / RUN_FILE) or {}
-    return device_label(summary.get("device"), record.get("gpus"))
+    return device_label((result.summary or {}).get("device"), result.record.get("gpus"))
 
 
-def csv_text(points: list[Point], diagnostics) -> str:
+def csv_text(points: list[Point], trained: RunResults) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator="\n")
     writer.writeheader()
@@ -60,19 +57,21 @@ def csv_text(points: list[Point], diagnostics) -> str:
     for p in points:  # a run once, as first planned (the smallest size's ladder run is a sweep run)
         unique.setdefault(p.run.directory, p)
     for p in unique.values():
-        status, error = _status(p)
-        found = diagnostics(p) or {}
+        result = trained(p)
+        status, error = _status(result)
+        found = result.diagnostics or {}
         writer.writerow(
             {
                 "arm": p.arm, "size": p.size, "budget": "" if p.budget is None else f"{p.budget:g}",
                 "multiplier": f"{p.multiplier:g}", "seed": p.seed, "role": p.role, "status": status,
-                "error": error, "steps": p.trained_steps, "tokens": p.trained_steps * (p.tokens // p.steps),
-                "flops": f"{p.trained_flops:.4e}", "params": p.params,
+                "error": error, "steps": result.trained_steps,
+                "tokens": result.trained_steps * (p.tokens // p.steps),
+                "flops": f"{result.trained_flops:.4e}", "params": p.params,
                 "flops_per_token": f"{p.flops_per_token:.0f}", "flop_convention": FLOP_CONVENTION,
-                "final_val_loss": "" if p.loss is None else f"{p.loss:.5f}",
+                "final_val_loss": "" if result.loss is None else f"{result.loss:.5f}",
                 **{k: "" if found.get(k) is None else f"{found[k]:.5g}" for k in DIAGNOSTIC_KEYS},
                 "branch_of": "" if p.branch_of is None else p.branch_of.run.directory.name,
-                "device": run_device(p.run) or "",
+                "device": run_device(result) or "",
                 "run_dir": str(p.run.directory),
             }
         )  # fmt: skip
@@ -111,20 +110,20 @@ def _budget_text(plan: Plan, budget: float | None) -> str:
     return f"{budget:.3g} FLOPs"
 
 
-def markdown(plan: Plan, analysis: Analysis, title: str, all_points: list[Point]) -> str:
+def markdown(plan: Plan, analysis: Analysis, title: str, all_points: list[Point], trained: RunResults) -> str:
     lines = [f"# {title}", ""]
     design = plan.sweep.design
     n_runs = len({p.run.directory for p in all_points})
-    done = len({p.run.directory for p in all_points if p.loss is not None})
+    done = len({p.run.directory for p in all_points if trained(p).loss is not None})
     lines += [
         f"{len(plan.arms)} arms, {len(plan.sizes)} size(s), {len(plan.budgets)} budget(s); "
         f"{done} of {n_runs} runs finished. Baseline: **{analysis.baseline}**.",
         "",
     ]
     if design.multipliers:
-        lines += _lr_section(plan, analysis, all_points)
+        lines += _lr_section(plan, analysis, all_points, trained)
     if plan.ladder is not None:
-        lines += _ladder_section(plan, analysis)
+        lines += _ladder_section(plan, analysis, trained)
     lines += _seeds_section(plan, analysis)
     if any(a.diagnostics for a in analysis.arms):
         lines += _diagnostics_section(plan, analysis)
@@ -133,23 +132,23 @@ def markdown(plan: Plan, analysis: Analysis, title: str, all_points: list[Point]
     if analysis.failed:
         lines += ["## Failed runs", ""]
         for p in analysis.failed:
-            lines.append(f"- {p.run.directory.name}: {_status(p)[1] or 'no summary'}")
+            lines.append(f"- {p.run.directory.name}: {_status(trained(p))[1] or 'no summary'}")
         lines.append("")
     lines += ["## How these were measured", ""]
-    lines += [f"- {note}" for note in _notes(plan, analysis, all_points)]
+    lines += [f"- {note}" for note in _notes(plan, analysis, all_points, trained)]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _outcome(point: Point) -> str:
+def _outcome(result: PointResult) -> str:
     """A rate's run in a cell: its loss, "diverged", "failed" or "–" (not run)."""
-    if point.loss is not None:
-        return f"{point.loss:.4f}"
-    if point.outcome is None:
+    if result.loss is not None:
+        return f"{result.loss:.4f}"
+    if result.outcome is None:
         return "–"
-    return "diverged" if point.trouble.startswith("diverged") else "failed"
+    return "diverged" if result.trouble.startswith("diverged") else "failed"
 
 
-def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point]) -> list[str]:
+def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point], trained: RunResults) -> list[str]:
     ms = sorted({m for arm in analysis.arms for m in arm.lr_losses} | set(plan.sweep.design.multipliers))
     small, large = plan.sizes[0].name, plan.sizes[-1].name
     lines = [
@@ -163,7 +162,7 @@ def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point]) -> list
         cells = []
         for m in ms:
             p = arm.rate.sweep.get(m)
-            text = "" if p is None else _outcome(p) + (" ⁺" if m in arm.rate.extended else "")
+            text = "" if p is None else _outcome(trained(p)) + (" ⁺" if m in arm.rate.extended else "")
             cells.append(f"**{text}**" if m == arm.multiplier else text)
         choice = arm.rate.choice
         chosen = "refused" if choice.refused else "–"
@@ -194,7 +193,7 @@ def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point]) -> list
             rate = arm.rate
             best = rate.confirmed.multiplier
             tried = ", ".join(
-                ("**{}**" if m == best else "{}").format(f"x{m:g} {_outcome(p)}")
+                ("**{}**" if m == best else "{}").format(f"x{m:g} {_outcome(trained(p))}")
                 for m, p in sorted(rate.confirm.items())
             )
             used = ", ".join(f"x{rate.by_size[s.name]:g}" for s in plan.sizes) if rate.by_size else "–"
@@ -208,14 +207,14 @@ def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point]) -> list
         if arm.rate.refused
     ]
     for p in {p.run.directory: p for p in all_points if p.role in ("confirm", "ladder", "seed")}.values():
-        if p.trouble:
-            notes.append(f"- {p.arm} x{p.multiplier:g} at {p.size} (seed {p.seed}): {p.trouble}")
+        if trained(p).trouble:
+            notes.append(f"- {p.arm} x{p.multiplier:g} at {p.size} (seed {p.seed}): {trained(p).trouble}")
     if notes:
         lines += ["Refused arms and unstable rates:", "", *notes, ""]
     return lines
 
 
-def _ladder_section(plan: Plan, analysis: Analysis) -> list[str]:
+def _ladder_section(plan: Plan, analysis: Analysis, trained: RunResults) -> list[str]:
     joint = analysis.joint
     shape = (
         f"E {joint.E:.3f}, A {joint.A:.3f}, alpha {joint.alpha:.3f}, C0 {joint.C0:.3g} FLOPs"
@@ -284,7 +283,9 @@ def _ladder_section(plan: Plan, analysis: Analysis) -> list[str]:
             cells = []
             for arm in analysis.arms:
                 p = next((q for q in arm.points if q.size == size.name and q.budget == budget), None)
-                cells.append("–" if p is None else f"{p.loss:.4f}" + (" ᵇ" if p.role == "branch" else ""))
+                cells.append(
+                    "–" if p is None else f"{trained(p).loss:.4f}" + (" ᵇ" if p.role == "branch" else "")
+                )
             rows.append(f"| {size.name} @ {_budget_text(plan, budget)} | " + " | ".join(cells) + " |")
     return [
         *lines,
@@ -292,7 +293,7 @@ def _ladder_section(plan: Plan, analysis: Analysis) -> list[str]:
         "",
         *rows,
         "",
-        *_steps_table(plan, analysis),
+        *_steps_table(plan, analysis, trained),
         *_nd_section(analysis),
     ]
 
@@ -303,7 +304,7 @@ def _draws() -> int:
     return fit.BOOTSTRAP
 
 
-def _steps_table(plan: Plan, analysis: Analysis) -> list[str]:
+def _steps_table(plan: Plan, analysis: Analysis, trained: RunResults) -> list[str]:
     """What equal compute bought each arm: the steps and tokens of each point (as trained)."""
     rows = [
         f"Steps and tokens at equal compute (tokens = steps x {plan.tokens_per_step:,}; an arm whose "
@@ -320,7 +321,7 @@ def _steps_table(plan: Plan, analysis: Analysis) -> list[str]:
                 if p is None:
                     cells.append("–")
                     continue
-                steps = (p.summary or {}).get("steps") or p.steps
+                steps = trained(p).trained_steps
                 cells.append(f"{steps:,} · {_count(steps * plan.tokens_per_step)}")
             compute = plan.compute.get((size.name, budget))
             flops = "–" if compute is None else f"{compute:.3g}"
@@ -453,7 +454,7 @@ def _ranking_section(analysis: Analysis) -> list[str]:
     return [*lines, ""]
 
 
-def _notes(plan: Plan, analysis: Analysis, all_points: list[Point]) -> list[str]:
+def _notes(plan: Plan, analysis: Analysis, all_points: list[Point], trained: RunResults) -> list[str]:
     vocabularies = ", ".join(f"{v:,}" for v in sorted(set(plan.vocabularies.values())))
     notes = [
         "loss: each run's final val loss (the training command's validation at its last step)",
@@ -462,7 +463,9 @@ def _notes(plan: Plan, analysis: Analysis, all_points: list[Point]) -> list[str]
         f"layer's at the data's vocabulary of {vocabularies or 'n/a'} tokens, plus each kind's attention work over "
         "the pairs its queries see; docs/attention.md#training-flops-per-token)",
     ]
-    runs = {p.run.directory: p.recorded_convention for p in all_points if p.recorded_convention}
+    runs = {
+        p.run.directory: trained(p).recorded_convention for p in all_points if trained(p).recorded_convention
+    }
     older = sorted({c for c in runs.values() if c != FLOP_CONVENTION})
     if older:
         count = sum(c != FLOP_CONVENTION for c in runs.values())
@@ -518,14 +521,15 @@ def _noise_note(plan: Plan, analysis: Analysis) -> str:
 
 
 def write_design_results(
-    plan: Plan, analysis: Analysis, all_points: list[Point], title: str, diagnostics
+    plan: Plan, analysis: Analysis, all_points: list[Point], title: str, trained: RunResults
 ) -> None:
+    """`trained`: what each point's run did, as the analysis read it (runs/results.py)."""
     from . import designed_plots
 
     output = plan.output
-    write_text_atomically(output / "results.csv", csv_text(all_points, diagnostics))
-    write_text_atomically(output / "results.md", markdown(plan, analysis, title, all_points))
-    designed_plots.draw_all(plan, analysis, all_points, diagnostics, output)
+    write_text_atomically(output / "results.csv", csv_text(all_points, trained))
+    write_text_atomically(output / "results.md", markdown(plan, analysis, title, all_points, trained))
+    designed_plots.draw_all(plan, analysis, all_points, trained, output)
 
 
 def plot_paths(output: Path) -> list[Path]:

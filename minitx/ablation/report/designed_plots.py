@@ -14,6 +14,7 @@ import numpy as np  # noqa: E402
 from ...plotting import plain_log_ticks  # noqa: E402
 from ..analysis.designed import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES, Analysis  # noqa: E402
 from ..plan.ladder import Plan, Point  # noqa: E402
+from ..runs.results import RunResults  # noqa: E402
 
 
 def _finish(fig, ax, path: Path, title: str, empty: str) -> None:
@@ -44,13 +45,13 @@ def lr_sweep(plan: Plan, analysis: Analysis, path: Path) -> None:
     _finish(fig, ax, path, "Learning-rate sweep (star: each arm's choice)", "no learning-rate sweep")
 
 
-def loss_vs_compute(plan: Plan, analysis: Analysis, path: Path) -> None:
+def loss_vs_compute(plan: Plan, analysis: Analysis, trained: RunResults, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for arm in analysis.arms:
         if not arm.points:
             continue
-        x = [p.trained_flops for p in arm.points]
-        y = [p.loss for p in arm.points]
+        x = [trained(p).trained_flops for p in arm.points]
+        y = [trained(p).loss for p in arm.points]
         branch = [p.role == "branch" for p in arm.points]
         (line,) = ax.plot([], [], label=arm.name)
         color = line.get_color()
@@ -94,14 +95,14 @@ def diagnostic_bars(analysis: Analysis, key: str, path: Path) -> None:
     _finish(fig, ax, path, f"{DIAGNOSTIC_NAMES[key]} (seeds rung)", "no diagnostics")
 
 
-def loss_by_position(analysis: Analysis, points: list[Point], diagnostics, rung, path: Path) -> None:
+def loss_by_position(analysis: Analysis, points: list[Point], trained: RunResults, rung, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for arm in analysis.arms:
         found = next(
             (
-                diagnostics(p)
+                trained(p).diagnostics
                 for p in points
-                if p.arm == arm.name and (p.size, p.budget) == rung and diagnostics(p)
+                if p.arm == arm.name and (p.size, p.budget) == rung and trained(p).diagnostics
             ),
             None,
         )
@@ -114,9 +115,9 @@ def loss_by_position(analysis: Analysis, points: list[Point], diagnostics, rung,
     _finish(fig, ax, path, "Loss by token position (seeds rung, first seed)", "no diagnostics")
 
 
-def draw_all(plan: Plan, analysis: Analysis, points: list[Point], diagnostics, output: Path) -> None:
+def draw_all(plan: Plan, analysis: Analysis, points: list[Point], trained: RunResults, output: Path) -> None:
     lr_sweep(plan, analysis, output / "lr_sweep.png")
-    loss_vs_compute(plan, analysis, output / "loss_vs_compute.png")
+    loss_vs_compute(plan, analysis, trained, output / "loss_vs_compute.png")
     for key in DIAGNOSTIC_KEYS:
         diagnostic_bars(analysis, key, output / f"diag_{key}.png")
-    loss_by_position(analysis, points, diagnostics, analysis.rung, output / "diag_loss_by_position.png")
+    loss_by_position(analysis, points, trained, analysis.rung, output / "diag_loss_by_position.png")

@@ -1,5 +1,6 @@
 """Evaluation after each run: the held-out figures of minitx.evaluation on every finished run's
-best checkpoint, cached in the run's directory.
+best checkpoint, and the diagnostics of its last, each cached in the run's directory. The sweep
+(plain_sweep.py, designed_sweep.py) starts them here; the tables only read the caches.
 
 A rerun of a finished sweep reads the cache (evaluation.json) instead of evaluating again; the
 cache is keyed by the evaluation settings and the checkpoint file, so a retrained run or new
@@ -23,6 +24,7 @@ from ...errors import one_line
 from ...evaluation import evaluate_checkpoint
 from ...fileio import read_json, write_json_atomically
 from ..plan.budget import model_section
+from ..plan.commands import is_synthetic
 from ..plan.sweep import EvalSettings, Sweep
 from .runner import SUMMARY_FILE, Run, is_finished
 
@@ -78,6 +80,17 @@ def cache_key(run: Run, settings: EvalSettings) -> dict | None:
     }
 
 
+def cached_evaluation(run: Run, settings: EvalSettings) -> dict | None:
+    """The run's cached {"key", "result"} or {"key", "error"} when it belongs to these settings and
+    the run's present checkpoint; None when there is none (evaluation off, run unfinished, not yet
+    evaluated). Reads only: what a table shows."""
+    if not settings.enabled or not is_finished(run):
+        return None
+    key = cache_key(run, settings)
+    cached = read_json(run.directory / EVAL_FILE) if key is not None else None
+    return cached if cached is not None and cached.get("key") == key else None
+
+
 def evaluate_run(
     run: Run,
     settings: EvalSettings,
@@ -86,22 +99,17 @@ def evaluate_run(
     trust_kind_modules: Sequence[str] = (),
 ) -> dict | None:
     """{"key", "result"} or {"key", "error"} for a finished run, from the cache when it is there;
-    None when there is nothing to show (evaluation off, run unfinished, not computed).
-    `trust_kind_modules`: the sweep's kind modules (sweep_kind_modules), which its checkpoint may import."""
+    None when there is nothing to show (evaluation off, run unfinished, not computed: compute=False
+    is cached_evaluation). `trust_kind_modules`: the sweep's kind modules (sweep_kind_modules),
+    which its checkpoint may import."""
+    cached = cached_evaluation(run, settings)
+    if not compute or (cached is not None and "result" in cached):
+        return cached  # a failure is shown as it is, and tried again when computing
     if not settings.enabled or not is_finished(run):
         return None
     key = cache_key(run, settings)
     if key is None:
-        return (
-            {"key": None, "error": f"no checkpoint in {run.directory / CHECKPOINT_DIR} to evaluate"}
-            if compute
-            else None
-        )
-    cached = read_json(run.directory / EVAL_FILE)
-    if cached is not None and cached.get("key") == key and ("result" in cached or not compute):
-        return cached  # a failure is shown as it is, and tried again when computing
-    if not compute:
-        return None
+        return {"key": None, "error": f"no checkpoint in {run.directory / CHECKPOINT_DIR} to evaluate"}
     log(f"ablate: eval   {run.label}")
     try:
         record = {
@@ -181,3 +189,20 @@ def diagnose_run(run: Run, trust_kind_modules: Sequence[str] = (), log: Any = pr
         log(f"ablate: diagnostics of {run.label} failed: {record['error']}")
     write_json_atomically(run.directory / DIAGNOSTICS_FILE, record)
     return record.get("result")
+
+
+def diagnose_runs(
+    runs: Sequence[Run],
+    sweep: Sweep,
+    extra: Sequence[str] = (),
+    trust_kind_modules: Sequence[str] = (),
+    log: Any = print,
+) -> None:
+    """Diagnostics of every finished run of a plain sweep (cached per run, diagnostics.json),
+    beside its evaluation: none where the sweep does not evaluate (`eval: false` keeps its old,
+    cheaper report), nor for a synthetic task, which has no held-out text to read."""
+    if not sweep.evaluation.enabled:
+        return
+    for run in runs:
+        if not is_synthetic(sweep, run.variant, extra):
+            diagnose_run(run, trust_kind_modules, log)

@@ -5,8 +5,8 @@
     SlurmLauncher   a SLURM cluster through submitit, one job of an array per run (slurm.py)
 
 run_sweep (below) skips finished runs and prepares the data, then hands the rest to its
-launcher; a designed sweep's phases (designed.py) each call run_sweep, so every launcher serves
-every phase.
+launcher; a designed sweep's phases (designed_sweep.py) each call run_sweep, so every launcher
+serves every phase.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Running a sweep: one training subprocess per (variant, seed), in parallel, resumable.
+"""Running a sweep's planned runs (plan/commands.py): one training subprocess per run, resumable.
 
 Every run is the ordinary training command in its own process and directory, so a crash stays in
 its run and the only thing this file relies on is the training command line. A run counts as
@@ -8,7 +8,6 @@ retries the rest.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -19,109 +18,37 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...errors import UserError
 from ...fileio import read_json, write_json_atomically
 from ...training import check_train_args, precheck_train_args
-from ..plan.sweep import Sweep, Variant
 
-# How a run is launched: the training command's contract (minitx/training). A command string,
-# so the sweep depends on the command line, not on the command's module.
-TRAIN_COMMAND = [
-    sys.executable,
-    "-c",
-    "import sys; from minitx.cli import train_main; sys.exit(train_main())",
-]
-SEED_KEYS = ("seed_everything", "data.seed")  # weights and dropout; the order of training batches
-SUMMARY_CALLBACK = "minitx.ablation.summary.RunSummary"
-# Quiet, quick defaults for runs nobody watches; the sweep file's overrides come after and win.
-RUN_DEFAULTS = {"trainer.enable_progress_bar": False, "run.sample_tokens": 0}
+# A run's command and the vocabulary it trains with are planned in plan/; training_vocab,
+# format_value, make_run, plan_runs, RUN_DEFAULTS and SEED_KEYS are imported here only for code
+# that imports them from this module, their address before the stages were split.
+from ..plan.budget import training_vocab  # noqa: F401
+from ..plan.commands import (  # noqa: F401
+    BASE_SNAPSHOT,
+    RUN_DEFAULTS,
+    SEED_KEYS,
+    SUMMARY_CALLBACK,
+    TRAIN_COMMAND,
+    Run,
+    format_value,
+    make_run,
+    plan_runs,
+    run_overrides,
+    train_arguments,
+)
+from ..plan.sweep import Sweep
 
-# Every run reads this copy of the base config, written once per sweep: an edit of the original
-# file while the sweep runs cannot give later runs a different base.
-BASE_SNAPSHOT = "base_config.yaml"
 RUN_FILE = "run.json"
 # What summary.RunSummary writes when a run ends: here, so that planning and checking runs (and
 # ablate --help) need not import that callback's Lightning.
 SUMMARY_FILE = "summary.json"
 LOG_FILE = "train.log"
-
-
-def format_value(value: Any) -> str:
-    """A command-line value the training CLI parses back to the same thing (JSON is YAML)."""
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-@dataclass
-class Run:
-    variant: Variant
-    seed: int
-    directory: Path  # the training run's own directory: <output>/runs/<variant>-seed<seed>
-    command: list[str]
-    fingerprint: str  # base config + overrides + seed: detects a changed sweep in an old output dir
-
-    @property
-    def label(self) -> str:
-        default = f"{self.variant.name}-seed{self.seed}"
-        return (
-            f"{self.variant.name} seed {self.seed}" if self.directory.name == default else self.directory.name
-        )
-
-
-def plan_runs(
-    sweep: Sweep, output: Path, seeds: int, extra: Sequence[str] = (), logging: Sequence[str] = ()
-) -> list[Run]:
-    """One run per (variant, seed). `extra`: training arguments for every run (part of the
-    settings a finished run is checked against); `logging`: arguments that change where runs
-    report (W&B), not what they compute."""
-    return [
-        make_run(sweep, variant, seed, output, extra, logging)
-        for variant in sweep.variants
-        for seed in range(sweep.seed, sweep.seed + seeds)
-    ]
-
-
-def make_run(
-    sweep: Sweep,
-    variant: Variant,
-    seed: int,
-    output: Path,
-    extra: Sequence[str] = (),
-    logging: Sequence[str] = (),
-    budget: dict[str, Any] | None = None,
-    name: str | None = None,
-) -> Run:
-    """The run of one variant and seed in <output>/runs/<name>. `budget`: overrides the sweep sets
-    for this run alone (its steps under equal compute, the checkpoint a branch starts from), which
-    a variant may not set itself."""
-    root, name = output / "runs", name or f"{variant.name}-seed{seed}"
-    overrides = {**run_overrides(sweep, variant.overrides, seed), **(budget or {})}
-    command = [
-        *TRAIN_COMMAND,
-        *train_arguments(output / BASE_SNAPSHOT, root, name, overrides, [*extra, *logging]),
-    ]
-    settings = json.dumps(
-        [sweep.base_text, sorted((k, format_value(v)) for k, v in overrides.items()), list(extra)]
-    )
-    return Run(variant, seed, root / name, command, hashlib.sha256(settings.encode()).hexdigest()[:16])
-
-
-def run_overrides(sweep: Sweep, variant_overrides: dict[str, Any], seed: int) -> dict[str, Any]:
-    """The dotted overrides of one run: quiet defaults, the shared ones, the variant's, the seed."""
-    return {**RUN_DEFAULTS, **sweep.overrides, **variant_overrides, **{key: seed for key in SEED_KEYS}}
-
-
-def train_arguments(
-    base_config: Path, root: Path, name: str, overrides: dict[str, Any], extra: Sequence[str]
-) -> list[str]:
-    """The training command's arguments for one run (everything after TRAIN_COMMAND)."""
-    arguments = ["--config", str(base_config), "--run.root", str(root), "--run.name", name]
-    for key, value in overrides.items():
-        arguments += [f"--{key}", format_value(value)]
-    return [*arguments, "--trainer.callbacks+=" + SUMMARY_CALLBACK, *extra]
 
 
 def check_variants(sweep: Sweep, sweep_path: Path, extra: Sequence[str] = ()) -> None:
@@ -158,40 +85,6 @@ def check_variants(sweep: Sweep, sweep_path: Path, extra: Sequence[str] = ()) ->
             if not variant.overrides or check({}, "base", before_lightning=prechecked) == problem:
                 raise UserError(f"{sweep_path}: base config or shared overrides: {problem}")
             raise UserError(f"{sweep_path}: variant {variant.name!r}: {problem}")
-
-
-# The vocabularies found by training_vocab, by what decides them: a sweep planned again in the
-# same process (a rerun's phases, tests) parses and opens its data once.
-_VOCABULARIES: dict[str, int] = {}
-
-
-def training_vocab(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> int:
-    """The vocabulary a variant's runs train with: their data's tokenizer, to which the train
-    command links model.vocab_size (the data prepared now if it is not yet, as the sweep would
-    before its first run). The sweep's budgets count the output layer at this size. Refused in
-    one line, naming the data's problem, when the data cannot be read."""
-    from ...data.datamodule import TextDataModule
-
-    data_keys = sorted((k, format_value(v)) for k, v in variant.overrides.items() if k.startswith("data."))
-    decided_by = json.dumps(
-        [sweep.base_text, sorted(sweep.overrides.items()), data_keys, list(extra)], default=str
-    )
-    if decided_by in _VOCABULARIES:
-        return _VOCABULARIES[decided_by]
-    with tempfile.TemporaryDirectory(prefix="minitx-ablate-") as scratch:
-        base = Path(scratch) / BASE_SNAPSHOT
-        base.write_text(sweep.base_text, encoding="utf-8")
-        overrides = run_overrides(sweep, variant.overrides, sweep.seed)
-        data = check_train_args(train_arguments(base, Path(scratch) / "runs", variant.name, overrides, extra))
-    try:
-        vocab = TextDataModule(**data).vocab_size
-    except UserError as error:
-        raise UserError(
-            f"variant {variant.name!r}: {error} (the budgets count the output layer at the vocabulary "
-            "of the data its runs train with, so the data is read before the sweep is planned)"
-        ) from None
-    _VOCABULARIES[decided_by] = vocab
-    return vocab
 
 
 def prepare_data(runs: Sequence[Run], log: Any = print) -> None:

@@ -1,0 +1,153 @@
+"""A designed sweep (a budget, an lr_sweep or a ladder: plan/design.py) from end to end: its plan
+(plan/ladder.py), its three phases of runs in order (runs/), the diagnostics of every finished run
+(runs/eval_runs.py), then its analysis (analysis/designed.py) and report (report/designed.py).
+It sits above the stages it drives; plain_sweep.py does the same for a sweep without a design.
+
+The first phase grows as its runs finish (runs past the sweep's edges, then the confirmation at
+the largest size: rates.py), so each phase is run until its plan holds no run not yet tried. A
+rerun skips every finished run (branch decays too), so a stopped sweep resumes; `--report-only`
+rebuilds the tables, fits and plots from what is on disk.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import UserError
+from ..fileio import read_json, write_json_atomically, write_text_atomically
+from .analysis.designed import analyse
+from .plan.ladder import Plan, Point, make_plan
+from .report.designed import DESIGN_PLOTS, write_design_results
+from .runs.eval_runs import diagnose_run
+from .runs.launch import run_sweep
+from .runs.results import RunResults
+from .runs.runner import BASE_SNAPSHOT, given_arguments, is_finished
+
+
+def _unique_runs(points: Sequence[Point]) -> list:
+    seen: dict = {}
+    for p in points:
+        seen.setdefault(p.run.directory, p.run)
+    return list(seen.values())
+
+
+PLAN_FILE = "plan.json"  # what the output's runs were planned by: older sweeps chose rates otherwise
+PLAN_VERSION = 2  # 2: rates chosen past the sweep's edges, confirmed at the largest size, fresh ladder seeds
+PHASES = ("learning rates", "ladder", "branches")
+
+
+def describe(points: Sequence[Point], plan: Plan) -> str:
+    """What a batch of runs is, in words: "56 runs (56 sweep)", "10 runs (2 past the sweep's edge, ...)"."""
+    grids = set(plan.sweep.design.multipliers)
+    kinds: dict[str, int] = {}
+    for p in {p.run.directory: p for p in points}.values():
+        if p.role == "sweep":
+            kind = "sweep" if p.multiplier in grids else "past the sweep's edge"
+        elif p.role == "confirm":
+            kind = f"confirmation at {p.size}"
+        else:
+            kind = p.role
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return f"{sum(kinds.values())} runs ({', '.join(f'{n} {k}' for k, n in kinds.items())})"
+
+
+def log_count(plan: Plan, log) -> None:
+    counts = plan.run_count()
+    extend = plan.sweep.design.extend * len(plan.arms) if plan.sweep.design.multipliers else 0
+    past = f", and up to {extend} past the sweep's edges" if extend else ""
+    log(
+        f"ablate: the plan: {sum(counts.values())} runs ({', '.join(f'{n} {k}' for k, n in counts.items())}{past})"
+    )
+
+
+def check_plan_version(plan: Plan, output: Path) -> None:
+    """--report-only of an output whose learning rates were chosen by an earlier minitx (the sweep's
+    run doubled as a ladder point, one seed chose): refused in one line, not misread."""
+    if not plan.sweep.design.multipliers:  # without lr_sweep the plan is what it was
+        return
+    record = read_json(output / PLAN_FILE) or {}
+    if record.get("version") != PLAN_VERSION and any((output / "runs").glob("*/summary.json")):
+        raise UserError(
+            f"--report-only: {str(output)!r} holds runs of an earlier minitx's designed sweep, which chose learning "
+            "rates from one run and reused it as a ladder point; rerun the sweep into a new --output"
+        )
+
+
+def report_instability(points: Sequence[Point], trained: RunResults, log) -> None:
+    for p in points:
+        if p.role in ("confirm", "ladder", "seed") and trained(p).trouble:
+            log(
+                f"ablate: unstable {p.run.directory.name} (x{p.multiplier:g} at {p.size}): {trained(p).trouble}"
+            )
+
+
+def run_designed(
+    sweep,
+    output: Path,
+    title: str,
+    launcher=1,
+    extra: Sequence[str] = (),
+    logging: Sequence[str] = (),
+    report_only: bool = False,
+    dry_run: bool = False,
+    trust_kind_modules: Sequence[str] = (),
+    log=print,
+) -> Plan:
+    plan = make_plan(sweep, output, extra, logging)
+    # Each RunResults() below is what the runs on disk hold at that moment: the plan grows from
+    # the runs as they finish, and the analysis reads them once they all have.
+    if dry_run:
+        first, second, third = plan.all_points(RunResults())
+        shown = first or second
+        for run in _unique_runs(shown):
+            log(" ".join(shlex.quote(part) for part in run.command))
+        later = (
+            "runs past the sweep's edges where an arm's best is at one, the confirmation at the largest size, "
+            "the ladder at each arm's rates, then the branches"
+            if first
+            else "the branches"
+        )
+        log(f"# then {later}; {output / BASE_SNAPSHOT} is written when the sweep runs")
+        log_count(plan, lambda line: log("# " + line))
+        return plan
+    if report_only:
+        check_plan_version(plan, output)
+        first, second, _ = plan.all_points(RunResults())
+        if not any(is_finished(p.run) for p in first + second):
+            raise UserError(
+                f"--report-only: {str(output)!r} holds no finished run of this sweep; run it first (without --report-only)"
+            )
+    else:
+        output.mkdir(parents=True, exist_ok=True)
+        write_json_atomically(output / PLAN_FILE, {"version": PLAN_VERSION})
+        log_count(plan, log)
+        tried: set[Path] = set()  # each run once per invocation: a failed run is a row, not retried here
+        for phase in range(3):  # each phase is planned from the finished runs before it
+            while True:  # the learning rates grow run by run: past an edge, then the confirmation
+                points = [p for p in plan.all_points(RunResults())[phase] if p.run.directory not in tried]
+                if not points:
+                    break
+                log(f"ablate: phase {phase + 1} of 3 ({PHASES[phase]}): {describe(points, plan)}")
+                run_sweep(_unique_runs(points), sweep, output, launcher, log)
+                tried |= {p.run.directory for p in points}
+        for point in sum(plan.all_points(RunResults()), []):
+            diagnose_run(point.run, trust_kind_modules, log)
+    trained = RunResults()
+    phases = plan.all_points(trained)
+    report_instability(phases[0] + phases[1], trained, log)
+    for rate in plan.rates(trained).values():
+        if rate.refused:
+            log(f"ablate: refused {rate.arm}: {rate.refused}")
+    analysis = analyse(plan, phases, trained)
+    write_design_results(plan, analysis, sum(phases, []), title, trained)
+    given = given_arguments(_unique_runs(sum(phases, [])))
+    if given:  # what the runs were given besides the sweep file: part of what the table measured
+        text = (output / "results.md").read_text(encoding="utf-8").rstrip("\n")
+        write_text_atomically(output / "results.md", text + "\n" + "".join(f"- {n}\n" for n in given))
+    log((output / "results.md").read_text(encoding="utf-8"))
+    log(f"ablate: wrote {output / 'results.md'}, results.csv, {', '.join(DESIGN_PLOTS)}")
+    if not any(trained(p).loss is not None for p in sum(phases, [])):
+        raise UserError(f"every run failed; see {output / 'results.md'} and each run's train.log")
+    return plan

@@ -1,0 +1,58 @@
+"""A plain sweep (variants and seeds, no design) from end to end: its runs (plan/commands.py),
+trained (runs/launch.py), evaluated and diagnosed (runs/eval_runs.py), then its table
+(analysis/table.py) and report (report/plain.py). It sits above the stages it drives;
+designed_sweep.py does the same for a sweep with a budget, an lr_sweep or a ladder.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import UserError
+from .plan.commands import BASE_SNAPSHOT, plan_runs
+from .plan.sweep import Sweep
+from .report.plain import plot_names, write_results
+from .runs.eval_runs import diagnose_runs, evaluate_runs
+from .runs.launch import run_sweep
+from .runs.runner import LOG_FILE, given_arguments, is_finished
+
+
+def run_plain(
+    sweep: Sweep,
+    output: Path,
+    title: str,
+    launcher=1,
+    seeds: int = 1,
+    extra: Sequence[str] = (),
+    logging: Sequence[str] = (),
+    report_only: bool = False,
+    dry_run: bool = False,
+    trust_kind_modules: Sequence[str] = (),
+    log=print,
+) -> None:
+    runs = plan_runs(sweep, output, seeds, extra, logging)
+    if dry_run:  # writes nothing
+        for run in runs:
+            log(" ".join(shlex.quote(part) for part in run.command))
+        log(f"# {output / BASE_SNAPSHOT} is written when the sweep runs: the base config as it is then")
+        return
+    if report_only and not any(is_finished(run) for run in runs):
+        raise UserError(
+            f"--report-only: {str(output)!r} holds no finished run of this sweep; run it first (without --report-only)"
+        )
+    output.mkdir(parents=True, exist_ok=True)  # only once the sweep is known to be sound
+    if not report_only:
+        run_sweep(runs, sweep, output, launcher, log)
+        evaluate_runs(runs, sweep.evaluation, log, trust_kind_modules=trust_kind_modules)
+        diagnose_runs(runs, sweep, extra, trust_kind_modules, log)
+    table = write_results(runs, output, notes=given_arguments(runs), title=title, sweep=sweep)
+    log((output / "results.md").read_text(encoding="utf-8"))
+    log(f"ablate: wrote {output / 'results.md'}, results.csv, {', '.join(plot_names(sweep))}")
+    if all(entry["ok"] == 0 for entry in table):
+        failed = next((entry for entry in table if entry["status"] != "ok"), None)
+        first = f" ({failed['variant']}: {failed['status']})" if failed else ""
+        raise UserError(
+            f"every run failed{first}; see the status column in {output / 'results.md'} and each run's {LOG_FILE}"
+        )
