@@ -115,3 +115,65 @@ def test_minitx_has_no_import_circles():
     assert not found, "modules that import one another (move the shared names to a module both import):\n" + (
         "\n".join(" <-> ".join(component) for component in found)
     )
+
+
+# minitx/ablation/'s stages, in the order a sweep goes through them: each may import only the
+# stages before it, so a stage can be read (and tested) knowing nothing of the later ones. The
+# modules at the package's top (command.py, plain_sweep.py, designed_sweep.py, ...) drive the
+# stages and sit above them all.
+STAGES = ("plan", "runs", "analysis", "report")
+ABLATION = "minitx.ablation"
+# Modules kept at an old address for code that imports them from there, each only re-exporting
+# the module that moved above the stages; nothing in minitx imports them.
+OLD_ADDRESSES = {"minitx.ablation.runs.designed": "minitx.ablation.designed_sweep"}
+
+
+def stage_of(module: str) -> int | None:
+    """The stage a module of minitx/ablation/ belongs to (an index into STAGES); len(STAGES) for
+    the package's top, above them all; None outside minitx/ablation/."""
+    if module != ABLATION and not module.startswith(ABLATION + "."):
+        return None
+    folder = module[len(ABLATION) + 1 :].split(".")[0]
+    return STAGES.index(folder) if folder in STAGES else len(STAGES)
+
+
+def against_the_stages(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a stage's module from a later stage or from the package's top."""
+    found = []
+    for name, targets in sorted(graph.items()):
+        stage = stage_of(name)
+        if stage is None or stage == len(STAGES) or name in OLD_ADDRESSES:
+            continue
+        later = [target for target in sorted(targets) if (stage_of(target) or 0) > stage]
+        found += [f"{name} -> {target}" for target in later]
+    return found
+
+
+def test_the_stage_rule_is_read_from_a_made_up_graph():
+    graph = {
+        "minitx.ablation.plan.ladder": {"minitx.ablation.plan.sweep", "minitx.errors"},
+        "minitx.ablation.runs.runner": {"minitx.ablation.plan.ladder", "minitx.ablation.analysis.table"},
+        "minitx.ablation.analysis.table": {"minitx.ablation.command"},
+        "minitx.ablation.report.plain": {"minitx.ablation.analysis.table", "minitx.ablation.runs.runner"},
+        "minitx.ablation.command": {"minitx.ablation.report.plain"},
+    }
+    assert against_the_stages(graph) == [
+        "minitx.ablation.analysis.table -> minitx.ablation.command",
+        "minitx.ablation.runs.runner -> minitx.ablation.analysis.table",
+    ]
+
+
+def test_each_stage_of_ablation_imports_only_the_stages_before_it():
+    found = against_the_stages(import_graph())
+    assert not found, (
+        f"imports against minitx/ablation/'s stages ({' -> '.join(STAGES)}; the package's top above them): "
+        + "; ".join(found)
+    )
+
+
+def test_nothing_in_minitx_imports_an_old_address():
+    graph = import_graph()
+    for old, new in OLD_ADDRESSES.items():
+        assert graph[old] == {new}, f"{old} should only re-export {new}"
+        users = sorted(name for name, targets in graph.items() if old in targets)
+        assert not users, f"{', '.join(users)} import {old}; import {new} instead"

@@ -1,0 +1,94 @@
+"""minitx/ablation/'s layout: its docstring's map is true, and every module and name it had before
+its stages were regrouped still imports from its old address (the same object)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+from minitx import ablation
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "minitx" / "ablation"
+
+# Every module minitx.ablation had before its orchestrators moved above the stages.
+OLD_MODULES = [
+    "command", "summary",
+    "plan.sweep", "plan.design", "plan.budget", "plan.ladder", "plan.rates",
+    "runs.runner", "runs.launch", "runs.slurm", "runs.eval_runs", "runs.designed",
+    "analysis.table", "analysis.fit", "analysis.significance", "analysis.designed",
+    "report.plain", "report.plain_plots", "report.designed", "report.designed_plots", "report.missing",
+]  # fmt: skip
+# (old module, new module, the names that moved from the one to the other)
+MOVED = [
+    ("runs.designed", "designed_sweep",
+     ["run_designed", "describe", "log_count", "check_plan_version", "report_instability",
+      "PLAN_FILE", "PLAN_VERSION", "PHASES"]),
+    ("runs.runner", "plan.commands",
+     ["Run", "make_run", "plan_runs", "format_value", "BASE_SNAPSHOT", "TRAIN_COMMAND", "SEED_KEYS",
+      "RUN_DEFAULTS", "SUMMARY_CALLBACK", "run_overrides", "train_arguments"]),
+    ("runs.runner", "plan.budget", ["training_vocab"]),
+    ("analysis.table", "plan.commands", ["data_source", "is_synthetic"]),
+    ("command", "runs.eval_runs", ["diagnose_runs"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("module", OLD_MODULES)
+def test_every_old_module_still_imports(module):
+    importlib.import_module(f"minitx.ablation.{module}")
+
+
+@pytest.mark.parametrize("old, new, names", MOVED)
+def test_a_moved_name_is_the_same_object_at_its_old_address(old, new, names):
+    before = importlib.import_module(f"minitx.ablation.{old}")
+    after = importlib.import_module(f"minitx.ablation.{new}")
+    for name in names:
+        assert getattr(before, name) is getattr(after, name), f"{old}.{name}"
+
+
+def test_every_public_name_of_the_package_imports():
+    for name in ablation.__all__:
+        assert getattr(ablation, name) is not None, name
+
+
+def named_paths(docstring: str) -> list[tuple[str, list[Path]]]:
+    """Each file (name.py) and folder (name/) the docstring names, with where it may be: in the
+    folder whose part of the map names it, else at the package's top, else the repository's."""
+    found = []
+    folder = PACKAGE
+    for line in docstring.splitlines():
+        indent = len(line) - len(line.lstrip())
+        first = line.split()[0] if line.strip() else ""
+        if indent == 4:  # the map's top level: a module of the package, or one of its folders
+            folder = PACKAGE / first if first.endswith("/") else PACKAGE
+        for name in re.findall(r"(?<![\w/<.-])[\w/]*\w\.py\b|(?<![\w/<.-])\w+/(?![\w<])", line):
+            found.append((name, [folder / name, PACKAGE / name, ROOT / name]))
+    return found
+
+
+def test_the_package_docstring_names_only_files_that_exist():
+    named = named_paths(ablation.__doc__)
+    assert {"plan/", "runs/", "analysis/", "report/", "designed_sweep.py", "results.py"} <= {
+        n for n, _ in named
+    }
+    missing = [name for name, places in named if not any(place.exists() for place in places)]
+    assert not missing, (
+        f"minitx/ablation/__init__.py's docstring names what is not there: {', '.join(missing)}"
+    )
+
+
+def test_the_package_docstring_names_every_module():
+    named = {name for name, _ in named_paths(ablation.__doc__)}
+    modules = sorted(p.name for p in PACKAGE.rglob("*.py") if p.name != "__init__.py")
+    assert not [m for m in modules if m not in named], "minitx/ablation/__init__.py's docstring lacks modules"
+
+
+def test_the_check_finds_a_file_that_is_not_there():
+    text = (
+        "\n    runs/               running\n      runner.py         here\n      table.py          not here\n"
+    )
+    missing = [name for name, places in named_paths(text) if not any(p.exists() for p in places)]
+    assert missing == ["table.py"]
