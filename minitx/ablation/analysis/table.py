@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from ...data.config import TASKS
-from ...fileio import read_json
+from ...files.atomic import read_json
 from ...flops import OLDER_CONVENTION
 from ..plan.sweep import EvalSettings, Sweep, Variant
 from ..runs.eval_runs import DIAGNOSTICS_FILE, evaluate_run, read_diagnostics

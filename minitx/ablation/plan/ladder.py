@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from ...errors import UserError
-from ...fileio import read_json
+from ...files.atomic import read_json
 from ...flops import OLDER_CONVENTION
 from ..runs.runner import RUN_FILE, SUMMARY_FILE, Run, is_finished, make_run, training_vocab
 from . import rates

@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from .errors import UserError
+from ..errors import UserError
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
 CONFIG_FLAGS = ("-c", "--config")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
 
 MIN_TEMPERATURE = 1e-4  # below it sampling is greedy in all but name, and logits / T overflow near 1e-38
 SEED_RANGE = (0, 2**64 - 1)  # what torch.Generator.manual_seed takes

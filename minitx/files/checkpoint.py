@@ -47,14 +47,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import kinds, legacy
-from .arguments import TRUST_FLAG
-from .config import ModelConfig
-from .data.tokenizer import tokenizer_from_dict
-from .errors import UserError, one_line
-from .fileio import TMP_PREFIX, copy_atomically, write_atomically  # noqa: F401 (re-exported)
-from .kinds import KindModuleError
-from .model import Transformer
+from .. import kinds
+from ..arguments import TRUST_FLAG
+from ..config import ModelConfig
+from ..data.tokenizer import tokenizer_from_dict
+from ..errors import UserError, one_line
+from ..kinds import KindModuleError
+from ..model import Transformer
+from . import legacy
+from .atomic import TMP_PREFIX, copy_atomically, write_atomically  # noqa: F401 (re-exported)
 
 CHECKPOINT_FORMAT = 1
 LAST = "last.ckpt"
@@ -270,7 +271,7 @@ def load_checkpoint(
 ):
     """(model, tokenizer, raw) from a checkpoint saved by training; the model is in eval mode.
 
-    The file is read by minitx.checkpoint.read_checkpoint (torch.load with weights_only=True):
+    The file is read by read_checkpoint (torch.load with weights_only=True):
     "state_dict" holds the weights, "minitx" the model config and the tokenizer as plain data.
     Every problem is a UserError starting with `label` and the path.
 

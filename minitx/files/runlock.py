@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 
 LOCK_NAME = ".lock"
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from ..errors import UserError
 
 TMP_PREFIX = ".tmp-"  # stale temporaries of killed writers carry it, so they can be found and removed
 

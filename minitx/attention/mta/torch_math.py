@@ -1,4 +1,5 @@
-"""The arithmetic of multi-token attention, apart from the module that owns its parameters.
+"""The arithmetic of multi-token attention on torch, apart from the module that owns its parameters
+(the Triton kernels are triton_*.py; until it was named for what it holds, this was kernels.py).
 
 - `KeyQueryConv`: the key-query convolution of score (or weight) maps as a 2D convolution, with
   a backward that stays on oneDNN's fast paths on CPU;
