@@ -56,7 +56,7 @@ from minitx.attention.local import LocalAttention
 from minitx.attention.mta import native
 from minitx.attention.mta import triton_launch as mta_triton
 from minitx.attention.mta.options import FACTORISED_FROM
-from minitx.configfiles import merged
+from minitx.files.configs import merged
 from minitx.rope import RotaryEmbedding
 
 MiB = 2**20

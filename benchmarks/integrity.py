@@ -24,13 +24,13 @@ from pathlib import Path
 
 import torch
 
-import minitx.checkpoint as checkpoint_module
+import minitx.files.checkpoint as checkpoint_module
 from minitx import ModelConfig, Transformer
-from minitx.checkpoint import load_checkpoint
-from minitx.configfiles import merged_config
 from minitx.data.prepare import DataSettings, prepare
 from minitx.data.shards import verify
 from minitx.data.tokenizer import build_tokenizer
+from minitx.files.checkpoint import load_checkpoint
+from minitx.files.configs import merged_config
 
 REPO = Path(__file__).resolve().parents[1]
 

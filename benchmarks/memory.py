@@ -53,7 +53,7 @@ from attention import LiveTensorPeak  # benchmarks/attention.py, beside this fil
 
 from minitx import AttentionConfig, ModelConfig, Transformer
 from minitx.allocator import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, keep_freed_memory
-from minitx.configfiles import merged_config
+from minitx.files.configs import merged_config
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 65  # the character vocabulary of the built-in Shakespeare, which default.yaml trains on

@@ -22,7 +22,7 @@ import torch
 
 from minitx.allocator import keep_freed_memory
 from minitx.attention.mta import native
-from minitx.attention.mta.kernels import KeyQueryConv, MixedSoftmax, NativeKeyQueryConv, VisibleKeys
+from minitx.attention.mta.torch_math import KeyQueryConv, MixedSoftmax, NativeKeyQueryConv, VisibleKeys
 
 
 def torch_mixed_softmax(scores, pre, post, hidden):

@@ -38,8 +38,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from minitx.configfiles import merged_config  # noqa: E402
 from minitx.data.datamodule import TextDataModule  # noqa: E402
+from minitx.files.configs import merged_config  # noqa: E402
 from minitx.training import DEFAULT_CONFIG, MinitxLM, lm_loss  # noqa: E402
 from minitx.training.optim import MUON_DTYPES, MUON_PRECISIONS, BatchedMuon, newton_schulz  # noqa: E402
 

@@ -25,8 +25,8 @@ from lightning.pytorch.loggers import CSVLogger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from minitx.configfiles import merged_config  # noqa: E402
 from minitx.data.datamodule import TextDataModule  # noqa: E402
+from minitx.files.configs import merged_config  # noqa: E402
 from minitx.training import DEFAULT_CONFIG, MinitxLM, lm_loss, lr_at, optimizer_groups  # noqa: E402
 
 

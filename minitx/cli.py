@@ -1,7 +1,7 @@
 """Command-line entry points: train, prepare, generate, ablate, evaluate, export.
 
 The top layer: each command's work lives beside what it drives (minitx/training/command.py,
-generation.py, ablation/, evaluation/, hf/); this file only turns a user's mistake into one clear line
+generation/command.py, ablation/, evaluation/, hf/); this file only turns a user's mistake into one clear line
 on stderr and exit status 2, with no traceback, so every command fails the same way. Nothing in
 minitx imports this module.
 """
@@ -22,7 +22,7 @@ from .errors import UserError
 # precheck, which answers --help and input mistakes before it imports Lightning for a run.
 COMMANDS = {
     "train": "minitx.training.precheck",
-    "generate": "minitx.generation",
+    "generate": "minitx.generation.command",
     "ablate": "minitx.ablation.command",
     "evaluate": "minitx.evaluation.command",
     "export": "minitx.hf.command",

@@ -14,8 +14,9 @@ import warnings
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-from . import kinds, legacy
+from . import kinds
 from .errors import UserError
+from .files import legacy
 from .kinds import fail as _fail
 
 # minitx's RMSNorm eps, everywhere: the blocks' and the final norm, QK-norm, diff's per-head norm,
@@ -127,7 +128,7 @@ _dataclass_init = AttentionConfig.__init__
 @functools.wraps(_dataclass_init)
 def _init_with_old_keywords(self, *args, **kwargs) -> None:
     # Keywords of minitx before per-kind options (AttentionConfig(kind="local", window=64)) still
-    # work: minitx.legacy moves each to its kind's section, with a warning naming the new spelling.
+    # work: minitx.files.legacy moves each to its kind's section, with a warning naming the new spelling.
     old = {name: kwargs.pop(name) for name in list(kwargs) if name in legacy.ATTENTION_FIELDS}
     if old:
         warnings.warn(

@@ -13,10 +13,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from . import attention, decoding
+from . import attention
 from .cache import KVCache, ModelCache
 from .config import NORM_EPS, ModelConfig
 from .documents import Documents
+from .generation import loop
 from .rope import RotaryEmbedding, rotary_table, shared_tables  # noqa: F401  (RotaryEmbedding: its old home)
 
 
@@ -229,8 +230,8 @@ class Transformer(nn.Module):
 
     def generate(self, idx: Tensor, max_new_tokens: int, **options) -> Tensor:
         """Extend idx (B, T) by up to max_new_tokens tokens; options and their defaults (temperature,
-        top_k, top_p, use_cache, ...) are those of minitx.decoding.generate."""
-        return decoding.generate(self, idx, max_new_tokens, **options)
+        top_k, top_p, use_cache, ...) are those of minitx.generation.loop.generate."""
+        return loop.generate(self, idx, max_new_tokens, **options)
 
     def num_params(self, non_embedding: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())

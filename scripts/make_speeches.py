@@ -17,7 +17,7 @@ from pathlib import Path
 
 from minitx.data.sources import play_markdown_to_text, shakespeare_play_paths
 from minitx.errors import UserError
-from minitx.fileio import write_text_atomically
+from minitx.files.atomic import write_text_atomically
 
 
 def speeches(play: str, text: str) -> list[dict]:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import UserError
-from ..fileio import read_json, write_json_atomically, write_text_atomically
+from ..files.atomic import read_json, write_json_atomically, write_text_atomically
 from .analysis.designed import analyse
 from .plan.ladder import Plan, Point, make_plan
 from .report.designed import DESIGN_PLOTS, write_design_results

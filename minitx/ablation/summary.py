@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from ..cache import kv_cache_bytes
-from ..fileio import write_json_atomically
+from ..files.atomic import write_json_atomically
 from ..model import Transformer
 from .plan.budget import model_budget
 from .runs.runner import SUMMARY_FILE

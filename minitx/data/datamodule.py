@@ -31,13 +31,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from minitx import legacy
 from minitx.data.config import DATA_SOURCES, LENGTH_KEYS, TASKS, DataConfig
 from minitx.data.prepare import Prepared, prepare
 from minitx.data.shards import TokenArray
 from minitx.data.tokenizer import Tokenizer
 from minitx.data.toy import ToyTrainBatches, ToyValSet
 from minitx.errors import UserError, require
+from minitx.files import legacy
 
 __all__ = ["DATA_SOURCES", "TASKS", "TextDataModule"]  # DATA_SOURCES, TASKS: re-exported
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from minitx.errors import UserError
-from minitx.fileio import AtomicFile
+from minitx.files.atomic import AtomicFile
 
 MAGIC = b"MINITXTK"
 SHARD_VERSION = 1

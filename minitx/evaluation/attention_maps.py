@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from ..fileio import write_atomically
+from ..files.atomic import write_atomically
 
 DEFAULT_PROMPT = "ROMEO:\nBut, soft! what light through yonder window breaks?"
 LABELLED_TOKENS = 40  # up to this many tokens the axes name them; beyond, only positions

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..fileio import write_atomically, write_json_atomically
+from ..files.atomic import write_atomically, write_json_atomically
 from ..kinds import registry
 from .missing import MISSING_ENTROPY, missing_notes  # noqa: F401 (their old home)
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import UntrustedKindError, load_checkpoint
 from ..errors import UserError
+from ..files.checkpoint import UntrustedKindError, load_checkpoint
 from . import convert, native, require, require_installed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

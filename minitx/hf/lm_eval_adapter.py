@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import load_checkpoint
 from ..errors import UserError, one_line
+from ..files.checkpoint import load_checkpoint
 from ..network import require_hub_for_tasks
 from . import require
 
@@ -156,7 +156,7 @@ def evaluate_tasks(
 ) -> dict:
     """lm-eval's results for a checkpoint on named tasks (the harness's own, or YAML files in
     `include_path`). Most harness tasks download their data on first use: this needs the network.
-    `trust_kind_modules`: as minitx.checkpoint.load_checkpoint's."""
+    `trust_kind_modules`: as minitx.files.checkpoint.load_checkpoint's."""
     # A bad (or untrusted) checkpoint fails before the task index is read.
     lm = MinitxLM.from_checkpoint(ckpt, device, trust_kind_modules=trust_kind_modules)
     require_hub_for_tasks(tasks, include_path)

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..checkpoint import state_mismatch
 from ..config import AttentionConfig, ModelConfig
 from ..errors import UserError, one_line
+from ..files.checkpoint import state_mismatch
 from ..model import Transformer
 from . import convert, native, require
 

@@ -54,7 +54,7 @@ def precheck_train_args(args):
     """The UserError `train` raises for a mistake in a key, a value (its type, or one the model's,
     optimiser's, data's or run's checks refuse) or a config file, found without importing
     Lightning (precheck.py); check_train_args makes it first."""
-    from ..configfiles import config_arguments
+    from ..files.configs import config_arguments
     from .precheck import check_arguments
 
     check_arguments(config_arguments(args))

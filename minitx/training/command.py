@@ -31,13 +31,13 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import StrategyRegistry
 
 from ..config import ModelConfig
-from ..configfiles import DEFAULT_CONFIG, config_arguments, with_config_files  # noqa: F401 (DEFAULT_CONFIG: re-exported)
 from ..data.datamodule import TextDataModule
 from ..errors import UserError, one_line
-from ..generation import generate
+from ..files.configs import DEFAULT_CONFIG, config_arguments, with_config_files  # noqa: F401 (DEFAULT_CONFIG: re-exported)
+from ..files.runlock import RunLock
+from ..generation.loop import generate
 from ..hf.load import check_init_from, init_model, run_model_fields
 from ..model import Transformer
-from ..runlock import RunLock
 from .changes import report_resume_changes
 from .classpaths import check_command_line
 from .inputs import check_config
@@ -86,7 +86,7 @@ class TrainCLI(LightningCLI):
             "--base",
             type=Optional[str],  # noqa: UP045 (jsonargparse reads this typing form)
             default=None,
-            help="In a config file: the file it overlays, read before it (see minitx/configfiles.py).",
+            help="In a config file: the file it overlays, read before it (see minitx/files/configs.py).",
         )
         parser.add_argument(
             "--ckpt_path",

@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig, check_given_options
-from ..configfiles import given_options
 from ..data.config import DataConfig
 from ..errors import UserError
-from ..generate_inputs import machine_memory
+from ..files.configs import given_options
+from ..generation.inputs import machine_memory
 from ..kinds import import_config_kinds
 from .optim import Optimisation
 

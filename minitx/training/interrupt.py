@@ -23,7 +23,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
-from ..checkpoint import LAST
+from ..files.checkpoint import LAST
 
 
 class RunInterrupted(KeyboardInterrupt):

@@ -7,8 +7,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .. import legacy
 from ..errors import UserError
+from ..files import legacy
 from .links import LINKED
 
 

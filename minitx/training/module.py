@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..checkpoint import CHECKPOINT_FORMAT
 from ..config import ModelConfig
 from ..data.toy import IGNORE_INDEX, rows_all_right
 from ..errors import UserError
+from ..files.checkpoint import CHECKPOINT_FORMAT
 from ..model import Transformer
 from .inputs import errors_named
 from .optim import DEFAULTS, Optimisation, Parameters, apply_schedule, decays, muon_matrix
@@ -297,7 +297,7 @@ class MinitxLM(L.LightningModule):
 
     # -- checkpoints -------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        # Generation reads this entry and nothing else (see minitx/checkpoint.py).
+        # Generation reads this entry and nothing else (see minitx/files/checkpoint.py).
         checkpoint["minitx"] = {
             "format": CHECKPOINT_FORMAT,
             "model_config": self.config.to_dict(),

@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from ..config import ModelConfig
-from ..configfiles import with_config_files
 from ..data.config import DataConfig
 from ..errors import UserError
+from ..files.configs import with_config_files
 from .classpaths import check_command_line
 from .inputs import check_settings
 from .links import LINKED, LINKED_AT_PARSE
@@ -159,7 +159,7 @@ def to_judge(args: Sequence[str], trainer_names: Sequence[str]) -> list[str]:
 
 def check_arguments(args: Sequence[str]) -> None:
     """Raise the UserError LightningCLI's parse would raise for a mistake in `args` (settled: see
-    configfiles.with_config_files), without importing Lightning; return where it finds none, or
+    files.configs.with_config_files), without importing Lightning; return where it finds none, or
     where the command line asks what only LightningCLI answers."""
     if any(word.partition("=")[0].endswith(ONLY_LIGHTNING) for word in args if word.startswith("--")):
         return

@@ -12,8 +12,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from ..configfiles import with_config_files
 from ..errors import UserError
+from ..files.configs import with_config_files
 
 
 def _split_verify(args: list[str]) -> tuple[list[str], bool]:

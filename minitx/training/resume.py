@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import BEST, LAST, existing_checkpoints, read_checkpoint, state_mismatch
 from ..config import ModelConfig
 from ..data.tokenizer import tokenizer_from_dict
 from ..errors import UserError
+from ..files.checkpoint import BEST, LAST, existing_checkpoints, read_checkpoint, state_mismatch
 from .optim import optimizer_of_state
 
 

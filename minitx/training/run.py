@@ -4,7 +4,7 @@ settings are runsection.py's).
     <run.root>/<run.name>/      config.yaml, logs/version_<k>/, checkpoints/{last,best}.ckpt
 
 Saving goes through `AtomicCheckpointIO` (every save path of the Trainer: atomic writes,
-weights_only=True reads) and `RunCheckpoints` decides when (the file format: minitx/checkpoint.py).
+weights_only=True reads) and `RunCheckpoints` decides when (the file format: minitx/files/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
 
-from ..checkpoint import BEST, LAST, load_file, remove_stale_temporaries
-from ..fileio import copy_atomically, write_atomically
+from ..files.atomic import copy_atomically, write_atomically
+from ..files.checkpoint import BEST, LAST, load_file, remove_stale_temporaries
 from .progress import progress_callback
 from .runsection import RunSettings
 

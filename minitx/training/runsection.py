@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from ..configfiles import DEFAULT_CONFIG
 from ..errors import UserError
+from ..files.configs import DEFAULT_CONFIG
 
 DEFAULT_ROOT = "runs"
 

@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from ..checkpoint import load_file
+from ..files.checkpoint import load_file
 from ..model import Transformer
 from .optim import MuonWithAdamW
 

@@ -7,7 +7,7 @@ import time
 
 from minitx.ablation import Sweep, Variant
 from minitx.ablation.runs.runner import RUN_FILE, given_arguments, make_run, whole_lines
-from minitx.fileio import write_json_atomically
+from minitx.files.atomic import write_json_atomically
 
 
 def test_parallel_runs_print_whole_lines_that_name_their_run():

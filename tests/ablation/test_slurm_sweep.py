@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from minitx.fileio import read_json
+from minitx.files.atomic import read_json
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local_slurm.sh"

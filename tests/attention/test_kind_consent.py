@@ -24,11 +24,11 @@ from minitx import AttentionConfig, ModelConfig, Transformer
 from minitx.ablation import EvalSettings, Sweep, Variant, load_sweep, plan_runs
 from minitx.ablation.runs import eval_runs
 from minitx.ablation.summary import SUMMARY_FILE
-from minitx.checkpoint import UntrustedKindError, load_checkpoint
 from minitx.cli import eval_main, export_main, generate_main
-from minitx.configfiles import REPO_ROOT
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import UserError
+from minitx.files.checkpoint import UntrustedKindError, load_checkpoint
+from minitx.files.configs import REPO_ROOT
 from minitx.kinds import register, registry, unregister
 
 TEXT = "to be or not to be, that is the question: whether 'tis nobler in the mind to suffer\n" * 4

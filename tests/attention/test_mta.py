@@ -24,9 +24,9 @@ import torch.nn.functional as F
 
 from minitx import AttentionConfig, ModelConfig, Transformer
 from minitx.attention.base import Attention
-from minitx.attention.mta import kernels as mta_kernels
-from minitx.attention.mta import native
-from minitx.attention.mta.kernels import (
+from minitx.attention.mta import native, torch_math
+from minitx.attention.mta.layer import MultiTokenAttention
+from minitx.attention.mta.torch_math import (
     KeyQueryConv,
     MixedSoftmax,
     NativeKeyQueryConv,
@@ -34,7 +34,6 @@ from minitx.attention.mta.kernels import (
     convolve,
     run,
 )
-from minitx.attention.mta.layer import MultiTokenAttention
 from minitx.documents import Documents
 from minitx.errors import UserError
 
@@ -530,7 +529,7 @@ def causal_rows(R: int, N: int, n_hist: int, first_key: int = 0):
     """(q_pos, k_pos, VisibleKeys) for R rows (the first n_hist without a position) ending at key N - 1."""
     q_pos = torch.cat([torch.full((n_hist,), -1), torch.arange(N - (R - n_hist), N)])
     k_pos = torch.arange(N)
-    return q_pos, k_pos, mta_kernels.VisibleKeys(q_pos, k_pos, first_key, consecutive=True)
+    return q_pos, k_pos, torch_math.VisibleKeys(q_pos, k_pos, first_key, consecutive=True)
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
@@ -650,7 +649,7 @@ def test_c_one_pass_gradient_is_the_three_calls(
 ONE_PASS_SCRIPT = """
 import sys, torch
 from minitx.attention.mta import native
-from minitx.attention.mta.kernels import VisibleKeys
+from minitx.attention.mta.torch_math import VisibleKeys
 torch.manual_seed(0)
 torch.set_num_threads(2)
 q_pos = torch.cat([torch.full((5,), -1), torch.arange(30, 100)])

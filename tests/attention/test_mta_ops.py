@@ -18,7 +18,7 @@ import yaml
 
 from minitx import AttentionConfig, ModelConfig, Transformer
 from minitx.attention.mta import native
-from minitx.attention.mta.kernels import VisibleKeys
+from minitx.attention.mta.torch_math import VisibleKeys
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="the C loops could not be built here")
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from minitx import AttentionConfig, ModelConfig, Transformer, kv_cache_bytes
-from minitx.configfiles import merged_config
+from minitx.files.configs import merged_config
 
 REPO = Path(__file__).resolve().parents[2]
 VARIANTS = ("mha", "mqa", "gqa", "local", "mta", "mla", "diff", "qknorm", "sinks", "gated", "gdn", "hybrid")

@@ -33,7 +33,7 @@ from minitx.data.tokenizer import (
 )
 from minitx.data.toy import TARGETS, ToyTaskConfig, collate_toy, toy_sample, toy_samples, toy_tokenizer
 from minitx.errors import UserError
-from minitx.fileio import TMP_PREFIX
+from minitx.files.atomic import TMP_PREFIX
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven kings sing of old stars".split()
 

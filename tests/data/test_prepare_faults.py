@@ -37,7 +37,7 @@ from minitx.data.datamodule import TextDataModule
 from minitx.data.shards import HEADER, DamagedShard, ShardWriter, read_header, verify
 from minitx.data.streams import JoinedText
 from minitx.errors import UserError
-from minitx.fileio import TMP_PREFIX, read_json, write_json_atomically
+from minitx.files.atomic import TMP_PREFIX, read_json, write_json_atomically
 
 REPO = Path(__file__).resolve().parents[2]
 WORDS = "the quick brown fox jumps over a lazy dog while seven kings sing of old stars".split()

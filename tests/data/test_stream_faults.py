@@ -11,7 +11,7 @@ import pytest
 from helpers import bpe_tokenizer
 
 from minitx.data.tokenizer import CharTokenizer
-from minitx.generation import TextStream
+from minitx.generation.command import TextStream
 
 
 class WholeTextStream:

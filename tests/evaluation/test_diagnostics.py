@@ -19,9 +19,7 @@ from helpers import assert_figures_close
 from test_evaluation import WORDS, write_checkpoint
 
 from minitx import AttentionConfig, ModelConfig, Transformer, kinds
-from minitx.checkpoint import load_checkpoint
 from minitx.cli import eval_main
-from minitx.configfiles import REPO_ROOT
 from minitx.evaluation import diagnostics
 from minitx.evaluation.diagnostics import (
     alpha_1,
@@ -34,6 +32,8 @@ from minitx.evaluation.diagnostics import (
     sink_rate,
     validation_sequences,
 )
+from minitx.files.checkpoint import load_checkpoint
+from minitx.files.configs import REPO_ROOT
 from minitx.functional import allowed_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")

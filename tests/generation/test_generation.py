@@ -27,19 +27,13 @@ from minitx import AttentionConfig, ModelConfig, Transformer, functional
 from minitx.attention.diff import DifferentialAttention
 from minitx.attention.mta import native
 from minitx.attention.mta.layer import MultiTokenAttention
-from minitx.configfiles import merged
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import UserError
-from minitx.generation import (
-    CachedSteps,
-    TextStream,
-    generate,
-    load_checkpoint,
-    main,
-    pick_next,
-    top_k_filter,
-    top_p_filter,
-)
+from minitx.files.checkpoint import load_checkpoint
+from minitx.files.configs import merged
+from minitx.generation.command import TextStream, main
+from minitx.generation.loop import CachedSteps, generate
+from minitx.generation.sampling import pick_next, top_k_filter, top_p_filter
 from minitx.kinds import registry
 from minitx.verify import cached_logits
 
@@ -531,8 +525,10 @@ def test_load_checkpoint_round_trip(tmp_path):
 
 
 def test_loading_a_checkpoint_needs_no_lightning():
-    # Generation reads checkpoints through minitx.checkpoint, which must stay free of Lightning.
-    code = "import sys, minitx.generation, minitx.checkpoint; sys.exit('lightning' in sys.modules)"
+    # Generation reads checkpoints through minitx.files.checkpoint, which must stay free of Lightning.
+    code = (
+        "import sys, minitx.generation.command, minitx.files.checkpoint; sys.exit('lightning' in sys.modules)"
+    )
     assert (
         subprocess.run(
             [sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120

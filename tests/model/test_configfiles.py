@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from minitx.cli import train_main
-from minitx.configfiles import (
+from minitx.errors import UserError
+from minitx.files.configs import (
     DEFAULT_CONFIG,
     REPO_ROOT,
     config_arguments,
@@ -16,7 +17,6 @@ from minitx.configfiles import (
     merged_config,
     with_config_files,
 )
-from minitx.errors import UserError
 from minitx.training.command import checked_config
 
 KIND_FILES = ["mha", "mqa", "gqa", "local", "mta", "gdn"]

@@ -47,7 +47,7 @@ from minitx.attention.local import LocalAttention
 from minitx.attention.mla import MultiHeadLatentAttention
 from minitx.attention.mta import MultiTokenAttention, native
 from minitx.attention.mta import triton_launch as mta_triton
-from minitx.configfiles import REPO_ROOT
+from minitx.files.configs import REPO_ROOT
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")
 

@@ -17,12 +17,12 @@ import torch
 import yaml
 
 from minitx import AttentionConfig, ModelConfig
-from minitx.checkpoint import load_checkpoint
 from minitx.cli import eval_main, generate_main, train_main
-from minitx.configfiles import REPO_ROOT, with_config_files
 from minitx.data.prepare import DataSettings
 from minitx.errors import UserError
-from minitx.legacy import ATTENTION_FIELDS, DATA_FIELDS, renamed_key
+from minitx.files.checkpoint import load_checkpoint
+from minitx.files.configs import REPO_ROOT, with_config_files
+from minitx.files.legacy import ATTENTION_FIELDS, DATA_FIELDS, renamed_key
 from minitx.training.command import checked_config
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "legacy"

@@ -1,4 +1,4 @@
-"""Files written atomically (minitx/fileio.py) get the mode a file written in place would have:
+"""Files written atomically (minitx/files/atomic.py) get the mode a file written in place would have:
 0o666 less the umask (644 under the usual 022), not mkstemp's private 600."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from minitx.fileio import write_text_atomically
+from minitx.files.atomic import write_text_atomically
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ from minitx.ablation.command import parse_args as ablate_args
 from minitx.arguments import ArgumentParser
 from minitx.errors import UserError
 from minitx.evaluation.command import parse_args as evaluate_args
-from minitx.generation import parse_args as generate_args
+from minitx.generation.command import parse_args as generate_args
 
 
 def underscored(words: list[str]) -> list[str]:

@@ -19,7 +19,7 @@ from runs import (
     write_config,
 )
 
-from minitx.checkpoint import LAST
+from minitx.files.checkpoint import LAST
 
 
 @pytest.fixture(scope="module")

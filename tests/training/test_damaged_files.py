@@ -35,13 +35,13 @@ from runs import (
     write_config,
 )
 
-from minitx.checkpoint import LAST
 from minitx.cli import generate_main, train_main
 from minitx.data import prepare as prepare_module
 from minitx.data.prepare import DataSettings, prepare
 from minitx.data.shards import HEADER, read_header, verify
 from minitx.errors import UserError
-from minitx.runlock import LOCK_NAME, RunLock
+from minitx.files.checkpoint import LAST
+from minitx.files.runlock import LOCK_NAME, RunLock
 
 # ------------------------------------------------------------------------------- prepared token shards
 
@@ -236,7 +236,7 @@ def test_a_checkpoint_without_crcs_loads_unchecked(kind, checkpoints, tmp_path, 
 
 HOLDER = """
 import sys, time
-from minitx.runlock import RunLock
+from minitx.files.runlock import RunLock
 RunLock(sys.argv[1]).acquire()
 print("held", flush=True)
 time.sleep(120)

@@ -46,11 +46,11 @@ from runs import (
     write_sweep,
 )
 
-from minitx.checkpoint import LAST
 from minitx.cli import ablate_main, generate_main, train_main
 from minitx.config import ModelConfig
 from minitx.data.tokenizer import CharTokenizer
-from minitx.fileio import TMP_PREFIX
+from minitx.files.atomic import TMP_PREFIX
+from minitx.files.checkpoint import LAST
 from minitx.model import Transformer
 
 # ------------------------------------------------------------------------------------------ setup

@@ -10,8 +10,8 @@ import torch
 from helpers import metrics
 from runs import tiny_config, write_config
 
-from minitx.checkpoint import existing_checkpoints
 from minitx.cli import generate_main, train_main
+from minitx.files.checkpoint import existing_checkpoints
 
 
 def _train(tmp_path: Path, corpus: dict, name: str, steps: int, val_every: int) -> Path:

@@ -24,8 +24,8 @@ from runs import (
     write_config,
 )
 
-from minitx.checkpoint import LAST
-from minitx.fileio import TMP_PREFIX
+from minitx.files.atomic import TMP_PREFIX
+from minitx.files.checkpoint import LAST
 
 
 @pytest.mark.slow

@@ -14,8 +14,8 @@ from typing import Optional
 import pytest
 import yaml
 
-from minitx.configfiles import DEFAULT_CONFIG, with_config_files
 from minitx.errors import UserError
+from minitx.files.configs import DEFAULT_CONFIG, with_config_files
 from minitx.training.command import checked_config
 from minitx.training.precheck import (
     LINKED,

@@ -34,10 +34,10 @@ from runs import (
     write_config,
 )
 
-from minitx.checkpoint import LAST
 from minitx.cli import train_main
 from minitx.config import AttentionConfig, ModelConfig
 from minitx.errors import UserError
+from minitx.files.checkpoint import LAST
 from minitx.model import Transformer
 from minitx.training.inputs import check_model_section
 from minitx.training.optim import (

@@ -1,4 +1,4 @@
-"""Tests of minitx.training and minitx.checkpoint: the train command end to end, on tiny models.
+"""Tests of minitx.training and minitx.files.checkpoint: the train command end to end, on tiny models.
 
 Runs go through `minitx.cli.train_main(argv)` in-process (the real command-line path, exit codes
 included), except DDP, which needs real processes and runs `python train.py` in a subprocess.
@@ -20,7 +20,7 @@ from helpers import metrics
 
 from minitx.cli import train_main
 from minitx.config import AttentionConfig, ModelConfig
-from minitx.fileio import TMP_PREFIX, write_atomically
+from minitx.files.atomic import TMP_PREFIX, write_atomically
 from minitx.training import (
     DEFAULT_CONFIG,
     MinitxLM,
@@ -126,8 +126,8 @@ def test_shakespeare_run_learns_checkpoints_resumes_and_samples(tmp_path, cache_
     assert "tokens_per_sec" in logged and "mfu" in logged
 
     # Generation loads the checkpoint with nothing but the file.
-    generation = pytest.importorskip("minitx.generation")
-    model, tokenizer, _ = generation.load_checkpoint(str(run / "checkpoints" / "last.ckpt"))
+    checkpoint = pytest.importorskip("minitx.files.checkpoint")
+    model, tokenizer, _ = checkpoint.load_checkpoint(str(run / "checkpoints" / "last.ckpt"))
     assert model.config.vocab_size == tokenizer.vocab_size
 
     # A fresh start into a run directory with checkpoints is refused ...

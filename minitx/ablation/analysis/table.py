@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any
 
-from ...fileio import read_json
+from ...files.atomic import read_json
 from ...flops import OLDER_CONVENTION
 from ..plan.commands import data_source, is_synthetic  # noqa: F401  (their address before plan/ held them)
 from ..plan.sweep import EvalSettings

@@ -23,8 +23,8 @@ from typing import Any
 
 import yaml
 
-from ...configfiles import base_of, merged_config
 from ...errors import UserError
+from ...files.configs import base_of, merged_config
 from .design import DESIGN_KEYS, Design, parse_design
 
 # Keys a variant may not change on its own: they decide the data, the seed or the token budget,

@@ -15,7 +15,7 @@ import io
 import math
 from pathlib import Path
 
-from ...fileio import write_text_atomically
+from ...files.atomic import write_text_atomically
 from ...flops import FLOP_CONVENTION
 from ..analysis.designed import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES, Analysis, share
 from ..analysis.significance import CONFIDENCE, LEVEL

@@ -9,7 +9,7 @@ import io
 from collections.abc import Sequence
 from pathlib import Path
 
-from ...fileio import write_text_atomically
+from ...files.atomic import write_text_atomically
 from ...flops import FLOP_CONVENTION
 from ..analysis.significance import CONFIDENCE, LEVEL, Difference, compare_all
 from ..analysis.table import (

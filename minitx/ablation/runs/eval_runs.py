@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...checkpoint import BEST, LAST
 from ...errors import one_line
 from ...evaluation import evaluate_checkpoint
-from ...fileio import read_json, write_json_atomically
+from ...files.atomic import read_json, write_json_atomically
+from ...files.checkpoint import BEST, LAST
 from ..plan.budget import model_section
 from ..plan.commands import is_synthetic
 from ..plan.sweep import EvalSettings, Sweep

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ...errors import UserError
-from ...fileio import write_text_atomically
+from ...files.atomic import write_text_atomically
 from ..plan.sweep import Sweep
 from .runner import BASE_SNAPSHOT, Run, check_same_settings, execute, is_finished, prepare_data, whole_lines
 

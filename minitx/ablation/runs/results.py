@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...fileio import read_json
+from ...files.atomic import read_json
 from ...flops import OLDER_CONVENTION
 from ..plan import rates
 from ..plan.ladder import Point

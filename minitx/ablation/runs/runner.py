@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UserError
-from ...fileio import read_json, write_json_atomically
+from ...files.atomic import read_json, write_json_atomically
 from ...training import check_train_args, precheck_train_args
 
 # A run's command and the vocabulary it trains with are planned in plan/; training_vocab,

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...checkpoint import LAST
 from ...errors import UserError
-from ...fileio import read_json, write_json_atomically
+from ...files.atomic import read_json, write_json_atomically
+from ...files.checkpoint import LAST
 from .runner import LOG_FILE, RUN_FILE, Run, finish_record, outcome_line, start_record
 
 JOB_FOLDER = "slurm"  # <output>/slurm/: submitit's pickles and each job's stdout/stderr

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from . import native
 from .cache import MTACache
-from .kernels import VisibleKeys, product
+from .torch_math import VisibleKeys, product
 
 
 class CachedDecoding:

@@ -13,8 +13,8 @@ import torch
 from ...flops import causal_pairs
 from . import native
 from . import triton_launch as mta_triton
-from .kernels import band_width
 from .options import FACTORISED_FROM
+from .torch_math import band_width
 
 
 def per_token(layer, T: int) -> float:
@@ -55,7 +55,7 @@ def executed(layer, T: int, device: torch.device | str = "cpu") -> float:
     - the weights times the values.
     The factorised form (backend factorised, Triton's kernels, or `auto` past FACTORISED_FROM
     tokens without the C loops) scores the far keys as one product c_q * head_dim wide in place of
-    the first two, plus the convolved keys and the exact band near the diagonal (kernels.py).
+    the first two, plus the convolved keys and the exact band near the diagonal (torch_math.py).
     After the heads: the output gate, a Linear(head_dim, 1) applied to every head, n_head times
     per token where its weight is counted once.
 

@@ -14,7 +14,7 @@ Neighbouring queries, keys and heads shape each attention weight:
 queries: a chunk needs its own rows plus the c_q - 1 rows above it per convolution, against the
 keys up to its last query, so memory is O(chunk * T) rather than O(T^2); each chunk's maps are
 recomputed in the backward pass. The pre-softmax convolution of keys far from the diagonal is one
-matrix product (see kernels.py). Decoding is the same computation with a chunk of one query
+matrix product (see torch_math.py). Decoding is the same computation with a chunk of one query
 whose earlier queries come from the cache (MTACache; decoding.py).
 
 All learned parts start as the identity, so an untrained MTA layer without the output norm equals
@@ -39,7 +39,8 @@ from . import flops, native
 from . import triton_launch as mta_triton
 from .cache import MTACache
 from .decoding import CachedDecoding
-from .kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
+from .options import FACTORISED_FROM, MTAOptions, check_mta_model  # noqa: F401 (FACTORISED_FROM: re-exported)
+from .torch_math import (  # noqa: F401 (KeyQueryConv: re-exported)
     ChunkedRows,
     KeyQueryConv,
     MixedSoftmax,
@@ -60,7 +61,6 @@ from .kernels import (  # noqa: F401 (KeyQueryConv: re-exported)
     values,
     write_band,
 )
-from .options import FACTORISED_FROM, MTAOptions, check_mta_model  # noqa: F401 (FACTORISED_FROM: re-exported)
 
 
 class Chunks(NamedTuple):
@@ -295,7 +295,7 @@ class MultiTokenAttention(CachedDecoding, Attention):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, starts: Tensor | None = None) -> Tensor:
         """Chunks of queries; each needs its rows plus the n_hist rows above it, against the keys
         up to its last query. With a pre-softmax convolution and the factorised backend, the
-        chunk's scores come from one matrix product plus the exact band (see kernels.py).
+        chunk's scores come from one matrix product plus the exact band (see torch_math.py).
         starts (B, T): where each query's document begins, as a key index (`attend_documents`)."""
         if starts is not None:
             if not native.available(q):  # torch's convolution would read across the documents' rows

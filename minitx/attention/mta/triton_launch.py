@@ -1,6 +1,6 @@
 """Multi-token attention as tiled Triton kernels: no (T x T) map is ever in memory.
 
-What the kernels take is the factorised pre-softmax convolution (kernels.py, spec 4f), built by
+What the kernels take is the factorised pre-softmax convolution (torch_math.py, spec 4f), built by
 torch outside them with autograd, all O(T):
 
     qc (B, H, T, E)     queries side by side, Qcat (E = c_q D), already scaled; plain q with no

@@ -26,7 +26,7 @@ from minitx.data.streams import (
 )
 from minitx.data.tokenizer import Tokenizer, tokenizer_from_dict
 from minitx.errors import UserError
-from minitx.fileio import TMP_PREFIX, read_json, write_json_atomically
+from minitx.files.atomic import TMP_PREFIX, read_json, write_json_atomically
 
 from .settings import DECODE_ERRORS, PREPARED_FORMAT, DataSettings
 from .source import Source, text_source

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from minitx import legacy
 from minitx.data.streams import (
     PIECE_BYTES,
 )
+from minitx.files import legacy
 
 PREPARED_FORMAT = 1  # bump when the ids a setting gives, or the files, change: old directories are not reused
 SHARD_TOKENS = 100_000_000

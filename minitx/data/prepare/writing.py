@@ -20,7 +20,7 @@ from minitx.data.shards import (
 )
 from minitx.data.tokenizer import CharTokenizer, Tokenizer
 from minitx.errors import UserError
-from minitx.fileio import write_json_atomically
+from minitx.files.atomic import write_json_atomically
 
 from . import settings as tuning
 from .settings import DataSettings

@@ -1,7 +1,7 @@
-"""The `generate` command: the prompt, and text streamed as it is made (checkpoints: checkpoint.py).
+"""The `generate` command: the prompt, and text streamed as it is made (checkpoints: files/checkpoint.py).
 
-The decode loop and the sampling filters live in minitx/decoding.py (`Transformer.generate`
-uses them); they are re-exported here for callers of the command's module.
+The decode loop (loop.py) and the sampling filters (sampling.py) are `Transformer.generate`'s; the
+command's option checks made before the checkpoint is read are inputs.py's.
 """
 
 from __future__ import annotations
@@ -13,20 +13,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .arguments import ArgumentParser, add_trust_argument
-from .checkpoint import load_checkpoint
-from .decoding import (  # noqa: F401 (re-exported: the decode loop's home before it moved)
-    CachedSteps,
-    CroppedSteps,
-    check_options,
-    check_prompt_fits,
-    generate,
-    pick_next,
-    top_k_filter,
-    top_p_filter,
-)
-from .errors import UserError, one_line
-from .generate_inputs import check_generate_args
+from ..arguments import ArgumentParser, add_trust_argument
+from ..errors import UserError, one_line
+from ..files.checkpoint import load_checkpoint
+from .inputs import check_generate_args
+from .loop import check_prompt_fits, generate
+from .sampling import check_options
 
 # -- the command ------------------------------------------------------------------------------------
 
