@@ -29,7 +29,7 @@ from ..plan.sweep import EvalSettings, Sweep
 from .runner import SUMMARY_FILE, Run, is_finished
 
 EVAL_FILE = "evaluation.json"
-CHECKPOINT_DIR = "checkpoints"  # inside a run's directory (minitx/checkpoint.py's layout)
+CHECKPOINT_DIR = "checkpoints"  # inside a run's directory (minitx/files/checkpoint.py's layout)
 
 
 def eval_lengths(settings: EvalSettings, block_size: int) -> list[int]:
