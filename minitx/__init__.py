@@ -1,6 +1,6 @@
 """minitx: a small, fast, trainable decoder-only transformer with switchable attention."""
 
-from . import functional
+from . import functional, moved
 from .attention import Attention, KindLayer
 from .cache import kv_cache_bytes
 from .config import AttentionConfig, ModelConfig
@@ -21,3 +21,5 @@ __all__ = [
     "register",
 ]
 __version__ = "0.1.0"
+
+moved.install()  # old module paths (minitx.checkpoint, ...) still import: minitx/moved.py

@@ -38,7 +38,6 @@ modules at the top drive them, and where the two kinds of sweep differ a stage h
       eval_runs.py      evaluating each finished run's best checkpoint, diagnostics of its last
                         (cached per run)
       results.py        what each point of a designed sweep's plan trained (PointResult), read once
-      designed.py       the old address of designed_sweep.py, kept for older imports
     analysis/           the numbers, from what the runs left; starts nothing
       table.py          a plain sweep's rows per run, mean and spread per variant
       designed.py       a designed sweep's chosen rates, fits, multipliers, tests, diagnostics

@@ -123,9 +123,6 @@ def test_minitx_has_no_import_circles():
 # stages and sit above them all.
 STAGES = ("plan", "runs", "analysis", "report")
 ABLATION = "minitx.ablation"
-# Modules kept at an old address for code that imports them from there, each only re-exporting
-# the module that moved above the stages; nothing in minitx imports them.
-OLD_ADDRESSES = {"minitx.ablation.runs.designed": "minitx.ablation.designed_sweep"}
 
 
 def stage_of(module: str) -> int | None:
@@ -142,7 +139,7 @@ def against_the_stages(graph: dict[str, set[str]]) -> list[str]:
     found = []
     for name, targets in sorted(graph.items()):
         stage = stage_of(name)
-        if stage is None or stage == len(STAGES) or name in OLD_ADDRESSES:
+        if stage is None or stage == len(STAGES):
             continue
         later = [target for target in sorted(targets) if (stage_of(target) or 0) > stage]
         found += [f"{name} -> {target}" for target in later]
@@ -169,11 +166,3 @@ def test_each_stage_of_ablation_imports_only_the_stages_before_it():
         f"imports against minitx/ablation/'s stages ({' -> '.join(STAGES)}; the package's top above them): "
         + "; ".join(found)
     )
-
-
-def test_nothing_in_minitx_imports_an_old_address():
-    graph = import_graph()
-    for old, new in OLD_ADDRESSES.items():
-        assert graph[old] == {new}, f"{old} should only re-export {new}"
-        users = sorted(name for name, targets in graph.items() if old in targets)
-        assert not users, f"{', '.join(users)} import {old}; import {new} instead"
