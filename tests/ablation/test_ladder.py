@@ -64,7 +64,7 @@ LADDER_C = (TOKENS_PER_PARAM[None, :] * SIZES[:, None] * 8.45 * SIZES[:, None]).
 LADDER_SIZE = np.repeat(np.arange(4), 3)
 RUNG = 2 * 3 + 2  # d48 @ 20 tokens per parameter
 SHARED = 0.8  # 1 - decay_fraction: the showcase's trunk share
-LAW = {"E": 1.457, "A": 0.568, "alpha": 0.269, "C0": 1.8e11}  # the showcase's mha curve
+LAW = {"E": 1.547, "A": 0.468, "alpha": 0.342, "C0": 1.64e11}  # the showcase's joint curve (mha)
 
 
 def showcase_seed_noise() -> float:
