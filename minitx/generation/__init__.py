@@ -13,6 +13,8 @@ checkpoint reader or argparse, and the loop's module can import this package wit
 
 from __future__ import annotations
 
+import importlib
+
 # The names `minitx.generation` had before it became a package, by the module that holds each now.
 _HOMES = {
     "TextStream": "command",
@@ -34,18 +36,9 @@ __all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str):
-    module = _HOMES.get(name)
-    if module == "command":
-        from . import command as holder
-    elif module == "inputs":
-        from . import inputs as holder
-    elif module == "loop":
-        from . import loop as holder
-    elif module == "sampling":
-        from . import sampling as holder
-    else:
+    if name not in _HOMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(holder, name)
+    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
     globals()[name] = value  # asked once: a plain attribute from then on
     return value
 
