@@ -24,6 +24,7 @@ from .kinds import fail as _fail
 # relies on them agreeing: it writes this as rms_norm_eps, and DeepseekV3's latent norms and
 # Qwen3.5's L2 norms are 1e-6 in transformers' code whatever rms_norm_eps says.
 NORM_EPS = 1e-6
+DROPOUT_PLACES = ("embed", "attn", "resid")  # ModelConfig's <place>_dropout settings
 
 
 @dataclass
@@ -157,7 +158,15 @@ class ModelConfig:
     mlp_hidden_size: int | None = None  # the MLP's hidden width; None: derived from d_model (mlp_hidden)
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     positions: Literal["rope", "learned"] = "rope"
-    dropout: float = 0.0
+    dropout: float = 0.0  # every dropout below that is not set on its own
+    # GPT-2's three places, each its own probability when set (None: `dropout`): the embeddings
+    # (token + position, before the first block), the attention weights, and what each block adds
+    # to the residual stream (attention's and the MLP's outputs). Zoology's recall models drop the
+    # first two and not the third (configs/known_answers/zoology.yaml), and that decides whether
+    # MHA leaves the 1/K plateau of MQAR within its budget (docs/results/known_answers/).
+    embed_dropout: float | None = None
+    attn_dropout: float | None = None
+    resid_dropout: float | None = None
     bias: bool = False
     tie_embeddings: bool = True
     attention: AttentionConfig = field(default_factory=AttentionConfig)
@@ -191,8 +200,13 @@ class ModelConfig:
                 f"is {token!r}",
                 f"use a token id in [0, vocab_size={self.vocab_size}) (the end-of-text id), or leave it unset",
             )
-        if not 0.0 <= self.dropout < 1.0:
-            _fail("dropout", f"is {self.dropout}", "use a probability in [0, 1)")
+        for name in ("dropout", *(f"{place}_dropout" for place in DROPOUT_PLACES)):
+            p = getattr(self, name)
+            if p is None and name != "dropout":
+                continue
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+                hint = "" if name == "dropout" else ", or leave it unset (model.dropout)"
+                _fail(name, f"is {p!r}", f"use a probability in [0, 1){hint}")
         if self.d_model % self.n_head:
             _fail(
                 "d_model",
@@ -216,6 +230,11 @@ class ModelConfig:
             check_model = kinds.registry[kind].check_model
             if check_model is not None:
                 check_model(self)
+
+    def dropout_at(self, place: Literal["embed", "attn", "resid"]) -> float:
+        """The dropout probability at `place` (see embed_dropout): its own setting, else `dropout`."""
+        own = getattr(self, f"{place}_dropout")
+        return self.dropout if own is None else own
 
     @property
     def head_dim(self) -> int:

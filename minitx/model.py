@@ -43,7 +43,7 @@ class MLP(nn.Module):
         self.up = nn.Linear(config.d_model, hidden, bias=config.bias)
         self.gate = nn.Linear(config.d_model, hidden, bias=config.bias) if self.swiglu else None
         self.down = nn.Linear(hidden, config.d_model, bias=config.bias)
-        self.dropout = make_dropout(config.dropout)
+        self.dropout = make_dropout(config.dropout_at("resid"))
 
     def forward(self, x: Tensor) -> Tensor:
         h = F.silu(self.gate(x)) * self.up(x) if self.swiglu else F.gelu(self.up(x))
@@ -58,7 +58,7 @@ class Block(nn.Module):
         # mlp "none": attention-only blocks, no second norm either.
         self.norm2 = make_norm(config) if config.mlp != "none" else None
         self.mlp = MLP(config) if config.mlp != "none" else None
-        self.dropout = make_dropout(config.dropout)
+        self.dropout = make_dropout(config.dropout_at("resid"))
 
     def forward(self, x: Tensor, rope=None, cache=None, docs: Documents | None = None) -> Tensor:
         x = x + self.dropout(self.attn(self.norm1(x), rope, cache, docs))
@@ -80,7 +80,7 @@ class Transformer(nn.Module):
                 rotary_table(config.head_dim, config.block_size) if config.positions == "rope" else None
             )
             self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layer))
-        self.dropout = make_dropout(config.dropout)
+        self.dropout = make_dropout(config.dropout_at("embed"))
         self.norm = make_norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:

@@ -93,7 +93,7 @@ class KindLayer(nn.Module):
         self.config = config
         self.layer = layer
         self.block_size = config.block_size
-        self.dropout = config.dropout
+        self.dropout = config.dropout_at("attn")  # on the attention weights
         self.n_head = config.n_head
         self.kv_cache: nn.Module | None = None  # the layer's own cache while set up (setup_cache)
 

@@ -112,7 +112,8 @@ def custom_model(model):
     from .modeling_minitx import MinitxConfig, MinitxForCausalLM
 
     fields = model.config.to_dict()
-    fields.pop("dropout", None)  # inference only
+    for name in ("dropout", "embed_dropout", "attn_dropout", "resid_dropout"):
+        fields.pop(name, None)  # inference only
     fields.pop("document_token", None)  # not in the exported code (see export_checkpoint's note)
     fields["mlp_hidden"] = model.config.mlp_hidden
     fields.pop("mlp_hidden_size", None)

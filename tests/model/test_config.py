@@ -96,6 +96,21 @@ def test_bad_model_config_names_the_field(fields, field):
         model(**fields)
 
 
+@pytest.mark.parametrize("field", ["dropout", "embed_dropout", "attn_dropout", "resid_dropout"])
+@pytest.mark.parametrize("value", [-0.1, 1.0, "0.1", True])
+def test_bad_dropout_names_its_place(field, value):
+    with pytest.raises(ValueError, match=f"^{field}: is .*use a probability in \\[0, 1\\)"):
+        ModelConfig(**{field: value})
+
+
+def test_each_dropout_place_falls_back_to_dropout():
+    config = ModelConfig(dropout=0.2, attn_dropout=0.1, resid_dropout=0.0)
+    assert [config.dropout_at(place) for place in ("embed", "attn", "resid")] == [0.2, 0.1, 0.0]
+    assert ModelConfig.from_dict(config.to_dict()) == config
+    older = {k: v for k, v in config.to_dict().items() if not k.endswith("_dropout")}  # before the split
+    assert all(ModelConfig.from_dict(older).dropout_at(place) == 0.2 for place in ("embed", "attn", "resid"))
+
+
 def test_message_is_one_line_with_a_fix():
     with pytest.raises(ValueError) as error:
         model(kind="gqa", n_kv_head=3)

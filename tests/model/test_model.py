@@ -259,6 +259,32 @@ def copy_of(config: ModelConfig, source: Transformer) -> Transformer:
     return model
 
 
+@pytest.mark.parametrize("place", ["embed", "attn", "resid"])
+def test_each_dropout_acts_at_its_own_place_only(place):
+    """Half of the entries dropped at `place`, none elsewhere: the embeddings reach the block with
+    zeros (embed), the attention weights reach the values with zeros (attn: the weights' dropout
+    the kind is handed), what the block adds to the residual stream has zeros (resid)."""
+    config = ModelConfig(
+        vocab_size=50, block_size=32, n_layer=1, n_head=2, d_model=64, mlp="none", dropout=0.0,
+        **{f"{place}_dropout": 0.5},
+    )
+    model = Transformer(config).train()
+    seen = {}
+    block = model.blocks[0]
+    block.register_forward_hook(lambda m, args, out: seen.update(x=args[0], out=out))
+    block.attn.register_forward_hook(lambda m, args, out: seen.update(attn=out, p=m.dropout_p))
+    model(torch.randint(0, 50, (4, 32)))
+    zeros_in = (seen["x"] == 0).float().mean().item()
+    added = seen["out"] - seen["x"]
+    zeros_added = (added == 0).float().mean().item()
+    assert (0.4 < zeros_in < 0.6) == (place == "embed")
+    assert (seen["p"] == 0.5) == (place == "attn")
+    assert (0.4 < zeros_added < 0.6) == (place == "resid")
+    model.eval()
+    model(torch.randint(0, 50, (4, 32)))
+    assert seen["p"] == 0.0 and (seen["x"] != 0).all()
+
+
 def test_gqa_with_all_kv_heads_is_mha():
     mha = Transformer(tiny(kind="mha")).eval()
     same_logits(mha, copy_of(tiny(kind="gqa", n_kv_head=4), mha))

@@ -81,9 +81,10 @@ def check_mta_model(config) -> None:
             f"n_head={config.n_head} is not divisible by {group}",
             "use a divisor of n_head",
         )
-    if options.backend == "triton" and config.dropout:
+    if options.backend == "triton" and config.dropout_at("attn"):
         fail(
             "attention.options.mta.backend",
-            f"is 'triton', whose kernels have no attention dropout, but dropout is {config.dropout}",
-            "set dropout: 0.0, or use backend: auto (triton on CUDA where dropout is 0)",
+            f"is 'triton', whose kernels have no attention dropout, but the attention weights' dropout "
+            f"is {config.dropout_at('attn')}",
+            "set attn_dropout: 0.0 (or dropout: 0.0), or use backend: auto (triton on CUDA where it is 0)",
         )
