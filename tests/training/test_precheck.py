@@ -291,3 +291,43 @@ def test_options_of_a_kind_no_layer_uses_are_refused_whenever_given(tmp_path):
     ):
         for says in (precheck_says, lightningcli_says):
             assert says(args) is None, (args, says(args))
+
+
+KNOWN = ROOT / "configs" / "known_answers"
+KNOWN_ANSWER_RUNS = [  # the command lines the configs' headers and the known answers page give
+    ["markov.yaml"],
+    ["induction.yaml"],
+    ["zoology.yaml"],
+    ["zoology.yaml", "zoology_64_4.yaml"],
+    ["zoology.yaml", "zoology_256_16.yaml"],
+    ["zoology.yaml", "zoology_256_16.yaml", "zoology_deltanet.yaml"],
+]
+
+
+@pytest.mark.parametrize("files", KNOWN_ANSWER_RUNS, ids="+".join)
+def test_every_known_answer_run_is_a_valid_run(files):
+    args = [arg for name in files for arg in ("--config", str(KNOWN / name))]
+    assert lightningcli_says(args) is None
+    config = checked_config(with_config_files(args))
+    model, data = config["model"], config["data"]
+    if "zoology.yaml" in files:  # Zoology's recipe: dropout on embeddings and weights, none on the stream
+        assert (model["dropout"], model["resid_dropout"]) == (0.1, 0.0)
+        assert model["block_size"] == data["zoology_seq_len"]
+
+
+def test_every_known_answer_config_is_run_by_some_command():
+    used = {name for files in KNOWN_ANSWER_RUNS for name in files} | {"zoology_kinds.yaml"}
+    assert {path.name for path in KNOWN.glob("*.yaml")} == used
+
+
+def test_the_zoology_kinds_sweep_plans_a_valid_run_per_kind(tmp_path):
+    from minitx.ablation import load_sweep, plan_runs
+
+    sweep = load_sweep(KNOWN / "zoology_kinds.yaml")
+    runs = plan_runs(sweep, tmp_path, sweep.seeds)
+    assert [run.variant.name for run in runs] == ["mha", "qknorm", "sinks", "gated", "diff", "mla"]
+    for run in runs:  # each arm's command line, on the base file as the sweep snapshots it
+        args = run.command[run.command.index("--config") :]
+        args[1] = str(KNOWN / "zoology.yaml")
+        args = [a for a in args if not a.startswith("--trainer.callbacks+=")]
+        assert lightningcli_says(args) is None, run.variant.name
