@@ -25,6 +25,7 @@ from .kinds import fail as _fail
 # Qwen3.5's L2 norms are 1e-6 in transformers' code whatever rms_norm_eps says.
 NORM_EPS = 1e-6
 DROPOUT_PLACES = ("embed", "attn", "resid")  # ModelConfig's <place>_dropout settings
+DROPOUT_FIELDS = ("dropout", *(f"{place}_dropout" for place in DROPOUT_PLACES))  # training only
 
 
 @dataclass
@@ -200,7 +201,7 @@ class ModelConfig:
                 f"is {token!r}",
                 f"use a token id in [0, vocab_size={self.vocab_size}) (the end-of-text id), or leave it unset",
             )
-        for name in ("dropout", *(f"{place}_dropout" for place in DROPOUT_PLACES)):
+        for name in DROPOUT_FIELDS:
             p = getattr(self, name)
             if p is None and name != "dropout":
                 continue

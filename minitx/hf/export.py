@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import DROPOUT_FIELDS
 from ..errors import UserError
 from ..files.checkpoint import UntrustedKindError, load_checkpoint
 from . import convert, native, require, require_installed
@@ -112,7 +113,7 @@ def custom_model(model):
     from .modeling_minitx import MinitxConfig, MinitxForCausalLM
 
     fields = model.config.to_dict()
-    for name in ("dropout", "embed_dropout", "attn_dropout", "resid_dropout"):
+    for name in DROPOUT_FIELDS:
         fields.pop(name, None)  # inference only
     fields.pop("document_token", None)  # not in the exported code (see export_checkpoint's note)
     fields["mlp_hidden"] = model.config.mlp_hidden

@@ -265,7 +265,13 @@ def test_each_dropout_acts_at_its_own_place_only(place):
     zeros (embed), the attention weights reach the values with zeros (attn: the weights' dropout
     the kind is handed), what the block adds to the residual stream has zeros (resid)."""
     config = ModelConfig(
-        vocab_size=50, block_size=32, n_layer=1, n_head=2, d_model=64, mlp="none", dropout=0.0,
+        vocab_size=50,
+        block_size=32,
+        n_layer=1,
+        n_head=2,
+        d_model=64,
+        mlp="none",
+        dropout=0.0,
         **{f"{place}_dropout": 0.5},
     )
     model = Transformer(config).train()
