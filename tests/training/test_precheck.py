@@ -308,8 +308,7 @@ KNOWN_ANSWER_RUNS = [  # the command lines the configs' headers and the known an
 @pytest.mark.parametrize("files", KNOWN_ANSWER_RUNS, ids="+".join)
 def test_every_known_answer_run_is_a_valid_run(files):
     args = [arg for name in files for arg in ("--config", str(KNOWN / name))]
-    assert lightningcli_says(args) is None
-    config = checked_config(with_config_files(args))
+    config = checked_config(with_config_files(args))  # LightningCLI's parse: a UserError if refused
     model, data = config["model"], config["data"]
     if "zoology.yaml" in files:  # Zoology's recipe: dropout on embeddings and weights, none on the stream
         assert (model["dropout"], model["resid_dropout"]) == (0.1, 0.0)
