@@ -189,6 +189,17 @@ def test_submitit_local_sweep_makes_a_row_of_a_failed_job_and_skips_finished_run
     assert (runs[0].directory / SUMMARY_FILE).is_file()
 
 
+def test_a_machine_without_slurm_is_told_in_one_line_and_keeps_no_run(tmp_path, monkeypatch):
+    pytest.importorskip("submitit")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # neither sbatch nor srun
+    runs = fake_runs(tmp_path, ["a"])
+    with pytest.raises(
+        UserError, match=r"^--launcher slurm: sbatch and srun not found on PATH: .*--launcher local"
+    ):
+        SlurmLauncher(SlurmOptions()).launch(runs, tmp_path, log=lambda line: None)
+    assert not runs[0].directory.exists()
+
+
 def test_a_submission_sbatch_refuses_is_one_line_and_leaves_no_run_behind(tmp_path, monkeypatch):
     pytest.importorskip("submitit")
     bin_dir = tmp_path / "bin"
@@ -196,6 +207,8 @@ def test_a_submission_sbatch_refuses_is_one_line_and_leaves_no_run_behind(tmp_pa
     sbatch = bin_dir / "sbatch"  # a cluster that refuses the job, as sbatch says it
     sbatch.write_text("#!/bin/sh\necho 'sbatch: error: invalid partition specified: gpu' >&2\nexit 1\n")
     sbatch.chmod(0o755)
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")  # a cluster has srun (submitit looks for it)
+    (bin_dir / "srun").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     runs = fake_runs(tmp_path, ["a", "b"])
     launcher = SlurmLauncher(SlurmOptions(partition="gpu"))

@@ -232,6 +232,13 @@ class SlurmLauncher:
         return executor
 
     def launch(self, runs: list[Run], output: Path, log: Any) -> None:
+        if self.cluster == "slurm":
+            missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None]
+            if missing:  # else submitit's own RuntimeError, a traceback that names srun alone
+                raise UserError(
+                    f"--launcher slurm: {' and '.join(missing)} not found on PATH: run ablate where "
+                    "SLURM's commands are (a login node), or use --launcher local on this machine"
+                )
         folder = output / JOB_FOLDER
         jobs: dict[str, tuple[Run, Any]] = {}
         fresh = []
