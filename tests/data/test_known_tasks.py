@@ -256,3 +256,23 @@ def test_known_answer_runs_train_and_are_evaluated(tmp_path, capsys):
             by_length = result["by_length"]
             assert by_length["12"]["items"] == by_length["24"]["items"] == 20
             assert "item accuracy by input length" in out
+
+
+def test_zoology_reach_script_measures_each_query_from_its_own_value():
+    """scripts/zoology_reach.py's distances, in the order the scored positions come, read off the ids:
+    each scored position holds a key, and the distance is back to the value that follows that key."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "zoology_reach.py"
+    spec = importlib.util.spec_from_file_location("zoology_reach", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    config = ZoologyConfig(vocab=64, pairs=4, seq_len=40)
+    samples = [zoology_sample(config, 3, i) for i in range(50)]
+    expected = []
+    for sample in samples:
+        ids = np.array(sample.ids)
+        for q in np.flatnonzero(sample.loss_mask) - 1:  # the key asked sits one before each scored target
+            expected.append(q - (int(np.flatnonzero(ids[: 2 * config.pairs] == ids[q])[0]) + 1))
+    assert script.query_distances(config, samples).tolist() == expected
