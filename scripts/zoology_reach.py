@@ -13,23 +13,11 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
 import torch
 
 from minitx.data.toy import IGNORE_INDEX, toy_batch
-from minitx.data.zoology import ZoologyConfig, zoology_sample
+from minitx.data.zoology import ZoologyConfig, query_distances, zoology_sample
 from minitx.files.checkpoint import load_checkpoint
-
-
-def query_distances(config: ZoologyConfig, samples) -> np.ndarray:
-    """Query position minus value position for every scored query, in the order the scored
-    positions come (row by row, each row's queries by position, i.e. by gap)."""
-    rows = []
-    for sample in samples:
-        order = np.argsort(sample.gaps)  # pairs by the position of their query
-        query = 2 * config.pairs + 2 * np.array(sample.gaps)[order]
-        rows.append(query - (2 * order + 1))
-    return np.concatenate(rows)
 
 
 def main() -> None:

@@ -164,11 +164,15 @@ def reach_shares(
     there, so these are the queries that two such layers (one binds each value to its key, the
     next reads it) can answer. Estimated over `samples` samples of the generator itself (the gaps
     are drawn without replacement, so the marginal is not p(g) alone)."""
-    context = 2 * config.pairs
-    distances = np.concatenate(
-        [
-            context + 2 * np.array(zoology_sample(config, seed, n).gaps) - (2 * np.arange(config.pairs) + 1)
-            for n in range(samples)
-        ]
-    )
+    distances = query_distances(config, [zoology_sample(config, seed, n) for n in range(samples)])
     return {window: float((distances < window).mean()) for window in windows}
+
+
+def query_distances(config: ZoologyConfig, samples: list[ZoologySample]) -> np.ndarray:
+    """Query position minus its pair's value position, for every query of `samples`, in the order
+    the scored positions come (row by row, each row's queries by position, i.e. by gap)."""
+    rows = []
+    for sample in samples:
+        order = np.argsort(sample.gaps)  # the pairs by the position of their query
+        rows.append(2 * config.pairs + 2 * np.array(sample.gaps)[order] - (2 * order + 1))
+    return np.concatenate(rows)

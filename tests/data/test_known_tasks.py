@@ -19,7 +19,13 @@ from minitx.data.config import DataConfig
 from minitx.data.induction import InductionConfig, induction_sample
 from minitx.data.markov import MarkovConfig, bayes_nats, markov_sample, unigram_nats
 from minitx.data.toy import IGNORE_INDEX, ToyTrainBatches, ToyValSet, exact_match, rows_all_right
-from minitx.data.zoology import ZoologyConfig, gap_probabilities, reach_shares, zoology_sample
+from minitx.data.zoology import (
+    ZoologyConfig,
+    gap_probabilities,
+    query_distances,
+    reach_shares,
+    zoology_sample,
+)
 from minitx.errors import UserError
 
 # ----------------------------------------------------------------------------------------- Zoology
@@ -258,16 +264,10 @@ def test_known_answer_runs_train_and_are_evaluated(tmp_path, capsys):
             assert "item accuracy by input length" in out
 
 
-def test_zoology_reach_script_measures_each_query_from_its_own_value():
-    """scripts/zoology_reach.py's distances, in the order the scored positions come, read off the ids:
-    each scored position holds a key, and the distance is back to the value that follows that key."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "zoology_reach.py"
-    spec = importlib.util.spec_from_file_location("zoology_reach", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+def test_zoology_query_distances_measure_each_query_from_its_own_value():
+    """query_distances (the reach script's, the window test's), in the order the scored positions
+    come, read off the ids: each scored position holds a key, and the distance is back to the
+    value that follows that key among the pairs."""
     config = ZoologyConfig(vocab=64, pairs=4, seq_len=40)
     samples = [zoology_sample(config, 3, i) for i in range(50)]
     expected = []
@@ -275,4 +275,4 @@ def test_zoology_reach_script_measures_each_query_from_its_own_value():
         ids = np.array(sample.ids)
         for q in np.flatnonzero(sample.loss_mask) - 1:  # the key asked sits one before each scored target
             expected.append(q - (int(np.flatnonzero(ids[: 2 * config.pairs] == ids[q])[0]) + 1))
-    assert script.query_distances(config, samples).tolist() == expected
+    assert query_distances(config, samples).tolist() == expected

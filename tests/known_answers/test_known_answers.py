@@ -27,7 +27,7 @@ from minitx.config import ModelConfig
 from minitx.data.induction import InductionConfig
 from minitx.data.markov import MarkovConfig
 from minitx.data.toy import IGNORE_INDEX, ToyTrainBatches, toy_batch
-from minitx.data.zoology import ZoologyConfig
+from minitx.data.zoology import ZoologyConfig, query_distances
 from minitx.model import Transformer
 from minitx.rope import RotaryEmbedding
 
@@ -193,14 +193,7 @@ def accuracy_by_distance(model, task: ZoologyConfig, count: int) -> tuple[dict[i
     """Per-query accuracy, and the number of queries, by the distance from the query to its pair's value."""
     samples = test_samples(task, count)
     _, right, _ = scored(model, samples, task.pad_id)
-    distances = np.concatenate(
-        [
-            # In sample order of the scored positions: queries sorted by their gap.
-            np.sort(2 * task.pairs + 2 * np.array(s.gaps))
-            - (2 * np.array([i for _, i in sorted(zip(s.gaps, range(task.pairs)))]) + 1)
-            for s in samples
-        ]
-    )
+    distances = query_distances(task, samples)  # in the order of the scored positions
     right = right.numpy()
     values = np.unique(distances)
     return (
