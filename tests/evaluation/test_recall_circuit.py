@@ -1,9 +1,10 @@
 """The recall circuit's two weights (minitx/evaluation/recall_circuit.py) read off hand-built
-attention maps whose answer is known, and scripts/zoology_circuit.py on a real checkpoint."""
+attention maps whose answer is known, and scripts/zoology_reach.py on a real checkpoint."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,7 +79,7 @@ def test_heads_are_averaged_and_middle_layers_ignored():
     assert circuit.value_read == pytest.approx((1 + uniform_last) / 2)
 
 
-def test_the_script_reports_the_circuit_of_a_checkpoint(tmp_path):
+def test_the_script_reports_the_circuit_and_the_reach_of_a_checkpoint(tmp_path):
     config = ModelConfig(
         vocab_size=CONFIG.vocab, block_size=CONFIG.seq_len, n_layer=2, n_head=1, d_model=16, mlp="none"
     )
@@ -89,9 +90,17 @@ def test_the_script_reports_the_circuit_of_a_checkpoint(tmp_path):
     torch.save(
         {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "minitx": minitx}, path
     )
+    args = ["--ckpt", str(path), "--vocab", "64", "--pairs", "4", "--seq-len", "32", "--samples", "20"]
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/zoology_circuit.py"), "--ckpt", str(path), "--vocab", "64"]
-        + ["--pairs", "4", "--seq-len", "32", "--samples", "8"],
+        [
+            sys.executable,
+            str(ROOT / "scripts/zoology_reach.py"),
+            *args,
+            "--circuit-samples",
+            "8",
+            "--window",
+            "5",
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -101,4 +110,7 @@ def test_the_script_reports_the_circuit_of_a_checkpoint(tmp_path):
     x, _ = toy_batch(samples, None, CONFIG.pad_id)
     expected = recall_circuit(model.attention_maps(x), samples)
     assert f"first layer, each value's weight on its key: {expected.previous_key:.3f}" in out
-    assert f"each query's weight on its value: {expected.value_read:.3f}" in out
+    assert f"each query's weight on its value: {expected.value_read:.3f} (8 samples)" in out
+    # the window's three distance bands hold every query of the 20 samples once
+    counts = re.findall(r"over (\d+) queries", out)
+    assert len(counts) == 3 and sum(map(int, counts)) == 20 * CONFIG.pairs
