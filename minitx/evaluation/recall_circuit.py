@@ -39,10 +39,8 @@ def recall_circuit(maps: list[Tensor], samples: list[ZoologySample]) -> RecallCi
     previous_key, value_read = [], []
     for row, sample in enumerate(samples):
         pairs = len(sample.keys)
-        values = torch.arange(pairs) * 2 + 1
+        values = torch.arange(pairs) * 2 + 1  # pair i is k_i v_i at 2i, 2i + 1
         previous_key.append(first[row, :, values, values - 1].mean().item())
-        # the scored position is the token after each query: the query sits one before it
-        queries = torch.tensor(np.flatnonzero(sample.loss_mask) - 1)
-        asked = torch.tensor([sample.keys.index(sample.ids[q]) for q in queries.tolist()])
-        value_read.append(last[row, :, queries, 2 * asked + 1].mean().item())
+        queries = 2 * pairs + 2 * torch.tensor(sample.gaps)  # pair i's query (zoology_sample)
+        value_read.append(last[row, :, queries, values].mean().item())
     return RecallCircuit(float(np.mean(previous_key)), float(np.mean(value_read)))
