@@ -81,6 +81,11 @@ class InductionSample:
     def text(self) -> str:
         return "".join((TRIGGER + LETTERS)[i] for i in self.ids)
 
+    def recall_positions(self) -> tuple[list[int], list[int], list[int]]:
+        """The recall circuit's positions: the first trigger (the key), its letter (the value) and
+        the last input token, the trigger asked again (the query)."""
+        return [self.trigger_at], [self.trigger_at + 1], [len(self.ids) - 2]
+
 
 def induction_sample(config: InductionConfig, seed: int, index: int) -> InductionSample:
     """Sample `index` of the stream `seed`: a pure function of its arguments."""

@@ -127,6 +127,12 @@ class ZoologySample:
     def text(self) -> str:
         return "".join(chr(FIRST_CHAR + t) for t in self.ids)
 
+    def recall_positions(self) -> tuple[list[int], list[int], list[int]]:
+        """Each pair's key, value and query positions in the input (the recall circuit's)."""
+        pairs = len(self.keys)
+        keys = [2 * i for i in range(pairs)]
+        return keys, [k + 1 for k in keys], [2 * pairs + 2 * g for g in self.gaps]
+
 
 def zoology_sample(config: ZoologyConfig, seed: int, index: int) -> ZoologySample:
     """Sample `index` of the stream `seed`: a pure function of its arguments."""

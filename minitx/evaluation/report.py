@@ -107,6 +107,14 @@ def table(result: dict) -> str:
             lines.append(
                 f"  {name} strategy on the same samples: loss {loss:.4f} ({result['loss'] - loss:+.4f} nats)"
             )
+        circuit = task.get("recall_circuit")
+        if circuit and "skipped" in circuit:
+            lines.append(f"  recall circuit: not read ({circuit['skipped']})")
+        elif circuit:
+            lines.append(
+                f"  recall circuit ({circuit['samples']} samples): first layer, each value's weight on its key "
+                f"{circuit['previous_key']:.3f}; last layer, each query's weight on its value {circuit['value_read']:.3f}"
+            )
     else:
         lines.append(
             f"text: {result['text']}: {result['tokens']:,} tokens scored, context {result['context']}, stride {result['stride']}"

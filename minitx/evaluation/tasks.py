@@ -1,4 +1,5 @@
-"""Accuracy on a synthetic task (toy, mqar, needle) on a fresh, seeded test set.
+"""Accuracy on a synthetic task (toy, mqar, needle, zoology, induction, markov) on a fresh,
+seeded test set; for a recall task (zoology, induction) also the recall circuit's two weights.
 
 The test samples are those after the run's training and validation samples in its own stream
 (data.seed), or in the stream data.seed + seed for another seed: never samples it trained on.
@@ -21,9 +22,11 @@ from ..errors import UserError
 from .lengths import length_refusal
 from .perplexity import batch_tokens
 from .progress import Progress
+from .recall_circuit import recall_circuit
 
 SAMPLES = 512  # test samples of the toy and MQAR tasks
 NEEDLE_SAMPLES = 20  # test samples per (depth, length) cell of the needle task
+CIRCUIT_SAMPLES = 64  # the first test samples whose attention maps give the recall circuit
 
 
 @torch.inference_mode()
@@ -123,6 +126,18 @@ def task_by_length(
     return by_length
 
 
+def task_recall_circuit(model, samples: list, pad_id: int) -> dict:
+    """The recall circuit's two weights on `samples` (minitx/evaluation/recall_circuit.py), or why
+    there are none: a kind without a materialised map (a user's kind may have none)."""
+    x, _ = toy_batch(samples, None, pad_id)
+    try:
+        with torch.no_grad():
+            maps = model.attention_maps(x.to(next(model.parameters()).device))
+    except NotImplementedError as why:
+        return {"skipped": str(why)}
+    return {**recall_circuit(maps, samples).to_dict(), "samples": len(samples)}
+
+
 def evaluate_task(
     model, data: dict, tokenizer, lengths: list[int], samples: int | None, seed: int, progress: Progress
 ) -> dict:
@@ -157,6 +172,8 @@ def evaluate_task(
             result["task"]["reference_losses"] = task.reference_losses(test_set)
         if hasattr(task, "at_length"):  # the same task at other lengths (induction): --lengths
             result["by_length"] = task_by_length(model, task, stream, start, lengths, samples, progress)
+        if hasattr(test_set[0], "recall_positions"):  # a recall task (zoology, induction)
+            result["task"]["recall_circuit"] = task_recall_circuit(model, test_set[:CIRCUIT_SAMPLES], task.pad_id)
     result["task"].update(figures(totals))
     loss = result["task"]["loss"]
     bits = (

@@ -1,5 +1,7 @@
 """The recall circuit's two weights (minitx/evaluation/recall_circuit.py) read off hand-built
-attention maps whose answer is known, and scripts/zoology_reach.py on a real checkpoint."""
+attention maps whose answer is known, on Zoology's MQAR and on the induction-heads task; the
+positions each task's samples give; evaluate.py's figure and scripts/zoology_reach.py on real
+models."""
 
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ import pytest
 import torch
 
 from minitx.config import ModelConfig
+from minitx.data.induction import InductionConfig, induction_sample
 from minitx.data.toy import toy_batch
 from minitx.data.zoology import ZoologyConfig, zoology_sample
-from minitx.evaluation.recall_circuit import recall_circuit
+from minitx.evaluation.recall_circuit import RecallCircuit, recall_circuit
+from minitx.evaluation.tasks import task_recall_circuit
 from minitx.model import Transformer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,3 +118,61 @@ def test_the_script_reports_the_circuit_and_the_reach_of_a_checkpoint(tmp_path):
     # the window's three distance bands hold every query of the 20 samples once
     counts = re.findall(r"over (\d+) queries", out)
     assert len(counts) == 3 and sum(map(int, counts)) == 20 * CONFIG.pairs
+
+
+# ------------------------------------------------------------------ the positions each task gives
+
+
+def test_zoology_recall_positions_name_each_pair_and_its_query():
+    for sample in _samples(20):
+        keys, values, queries = sample.recall_positions()
+        for key, value, query in zip(keys, values, queries, strict=True):
+            assert sample.ids[query] == sample.ids[key]  # the key asked again
+            assert sample.targets[query + 1] == sample.ids[value]  # answered by its value
+            assert sample.loss_mask[query + 1]  # and scored there
+
+
+def test_induction_recall_positions_are_the_trigger_its_letter_and_the_last_token():
+    task = InductionConfig(vocab=8, length=40)
+    for index in range(20):
+        sample = induction_sample(task, 3, index)
+        (key,), (value,), (query,) = sample.recall_positions()
+        assert sample.ids[key] == sample.ids[query] == 0  # the trigger, twice
+        assert query == task.length - 1  # the last input token
+        assert sample.ids[-1] == sample.ids[value]  # the answer: the letter after the first trigger
+
+
+def test_the_induction_circuit_reads_one_where_the_maps_hold_it_and_zero_one_off():
+    task = InductionConfig(vocab=8, length=40)
+    samples = [induction_sample(task, 3, i) for i in range(6)]
+
+    def maps(offset: int):
+        first, last = _uniform(len(samples), 2, task.length), _uniform(len(samples), 2, task.length)
+        for row, sample in enumerate(samples):
+            letter = sample.trigger_at + 1
+            first[row, :, letter] = 0.0
+            first[row, :, letter, letter - 1 + offset] = 1.0
+            last[row, :, -1] = 0.0
+            last[row, :, -1, letter + offset] = 1.0
+        return [first, last]
+
+    assert recall_circuit(maps(0), samples) == RecallCircuit(1.0, 1.0)
+    assert recall_circuit(maps(1), samples) == RecallCircuit(0.0, 0.0)
+
+
+def test_evaluation_reports_the_circuit_or_why_it_has_none(monkeypatch):
+    task = InductionConfig(vocab=8, length=24)
+    samples = [induction_sample(task, 5, i) for i in range(4)]
+    config = ModelConfig(vocab_size=8, block_size=24, n_layer=2, n_head=2, d_model=16, positions="rope")
+    model = Transformer(config).eval()
+    x, _ = toy_batch(samples, None, task.pad_id)
+    expected = recall_circuit(model.attention_maps(x), samples)
+    assert task_recall_circuit(model, samples, task.pad_id) == {**expected.to_dict(), "samples": 4}
+
+    def no_maps(idx):
+        raise NotImplementedError("attention kind Mine has no materialised softmax map")
+
+    monkeypatch.setattr(model, "attention_maps", no_maps)
+    assert task_recall_circuit(model, samples, task.pad_id) == {
+        "skipped": "attention kind Mine has no materialised softmax map"
+    }
