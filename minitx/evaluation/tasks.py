@@ -173,7 +173,9 @@ def evaluate_task(
         if hasattr(task, "at_length"):  # the same task at other lengths (induction): --lengths
             result["by_length"] = task_by_length(model, task, stream, start, lengths, samples, progress)
         if hasattr(test_set[0], "recall_positions"):  # a recall task (zoology, induction)
-            result["task"]["recall_circuit"] = task_recall_circuit(model, test_set[:CIRCUIT_SAMPLES], task.pad_id)
+            result["task"]["recall_circuit"] = task_recall_circuit(
+                model, test_set[:CIRCUIT_SAMPLES], task.pad_id
+            )
     result["task"].update(figures(totals))
     loss = result["task"]["loss"]
     bits = (
