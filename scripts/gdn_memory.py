@@ -13,6 +13,7 @@ query reaches it scaled by exp(g summed over those d tokens). Two uses:
     # 1), printing the per-query accuracy and each layer's g every 100 steps
     python scripts/gdn_memory.py train --seed 0 --steps 1000 --lr 3e-3
     python scripts/gdn_memory.py train --seed 0 --no-decay          # DeltaNet, the same seed
+    python scripts/gdn_memory.py train --seed 0 --long-memory       # every decay starts near 1
 
 A model with no gdn layer with decay has nothing to read; the script says so.
 """
@@ -20,6 +21,7 @@ A model with no gdn layer with decay has nothing to read; the script says so.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
@@ -105,6 +107,11 @@ def train(args) -> None:
     task = ZoologyConfig(vocab=128, pairs=8, seq_len=64)
     torch.manual_seed(args.seed)
     model = Transformer(reduced_model(args.decay))
+    if args.long_memory and args.decay:
+        with torch.no_grad():  # A = 1, dt = 1e-3: g = -1e-3 at every token, a memory of 1,000 tokens
+            for layer in (m for m in model.modules() if isinstance(m, GatedDeltaNet)):
+                layer.A_log.fill_(0.0)
+                layer.dt_bias.fill_(math.log(math.expm1(1e-3)))  # softplus^-1(1e-3)
     optimiser = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     batches = ToyTrainBatches(task, args.seed, train_size=10**9, batch_size=64)
     tests = [zoology_sample(task, 99, i) for i in range(300)]
@@ -151,6 +158,11 @@ def main() -> None:
     run.add_argument("--steps", type=int, default=1000)
     run.add_argument("--lr", type=float, default=3e-3)
     run.add_argument("--no-decay", dest="decay", action="store_false", help="DeltaNet: gdn without decay")
+    run.add_argument(
+        "--long-memory",
+        action="store_true",
+        help="start every layer's decay at A = 1, dt = 1e-3 (1,000 tokens) instead of the random draw",
+    )
     args = parser.parse_args()
     (from_checkpoint if args.command == "ckpt" else train)(args)
 
