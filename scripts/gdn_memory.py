@@ -30,11 +30,11 @@ import torch
 import torch.nn.functional as F
 
 from minitx.attention.gdn import GatedDeltaNet
-from minitx.config import ModelConfig
-from minitx.data.toy import IGNORE_INDEX, ToyTrainBatches, toy_batch
+from minitx.data.toy import IGNORE_INDEX, toy_batch
 from minitx.data.zoology import ZoologyConfig, query_distances, zoology_sample
 from minitx.files.checkpoint import load_checkpoint
 from minitx.model import Transformer
+from minitx.training.quick import train_on_task, zoology_reduced_model
 
 
 @torch.no_grad()
@@ -87,61 +87,34 @@ def from_checkpoint(args) -> None:
         print(f"gdn layer {layer}: {describe(g, x, config.pairs, distance)}")
 
 
-def reduced_model(decay: bool) -> ModelConfig:
-    """The slow test's model (tests/known_answers): 2 layers of one head of 64, no MLP."""
-    return ModelConfig(
-        vocab_size=128,
-        block_size=64,
-        n_layer=2,
-        n_head=1,
-        d_model=64,
-        mlp="none",
-        norm="layernorm",
-        bias=True,
-        positions="learned",
-        attention={"kind": "gdn", "options": {"gdn": {"decay": decay}}},
-    )
-
-
 def train(args) -> None:
     task = ZoologyConfig(vocab=128, pairs=8, seq_len=64)
     torch.manual_seed(args.seed)
-    model = Transformer(reduced_model(args.decay))
+    model = Transformer(zoology_reduced_model("gdn", 64, decay=args.decay))
     if args.long_memory and args.decay:
         with torch.no_grad():  # A = 1, dt = 1e-3: g = -1e-3 at every token, a memory of 1,000 tokens
             for layer in (m for m in model.modules() if isinstance(m, GatedDeltaNet)):
                 layer.A_log.fill_(0.0)
                 layer.dt_bias.fill_(math.log(math.expm1(1e-3)))  # softplus^-1(1e-3)
-    optimiser = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    batches = ToyTrainBatches(task, args.seed, train_size=10**9, batch_size=64)
     tests = [zoology_sample(task, 99, i) for i in range(300)]
     tx, ty = toy_batch(tests, None, task.pad_id)
+    at = ty != IGNORE_INDEX
     distance = float(np.median(query_distances(task, tests)))
     start = time.time()
-    for step in range(args.steps + 1):
-        if step % 100 == 0:
-            model.eval()
-            with torch.no_grad():
-                at = ty != IGNORE_INDEX
-                accuracy = float((model(tx, at=at).argmax(-1) == ty[at]).float().mean())
-            layers = " | ".join(
-                f"layer {i}: {describe(g, tx, task.pairs, distance)}"
-                for i, g in enumerate(layer_decays(model, tx))
-            )
-            print(
-                f"step {step}: per-query accuracy {accuracy:.3f}  {layers}  ({time.time() - start:.0f} s)",
-                flush=True,
-            )
-            model.train()
-        if step == args.steps:
-            break
-        x, y = batches.batch(step)
-        at = y != IGNORE_INDEX
-        loss = F.cross_entropy(model(x, at=at), y[at])
-        optimiser.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimiser.step()
+
+    @torch.no_grad()
+    def report(step: int, model: Transformer) -> None:
+        accuracy = float((model(tx, at=at).argmax(-1) == ty[at]).float().mean())
+        layers = " | ".join(
+            f"layer {i}: {describe(g, tx, task.pairs, distance)}"
+            for i, g in enumerate(layer_decays(model, tx))
+        )
+        print(
+            f"step {step}: per-query accuracy {accuracy:.3f}  {layers}  ({time.time() - start:.0f} s)",
+            flush=True,
+        )
+
+    train_on_task(model, task, args.steps, batch=64, lr=args.lr, seed=args.seed, every=100, report=report)
 
 
 def main() -> None:

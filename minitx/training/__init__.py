@@ -16,6 +16,7 @@
     precheck.py    train's front: --help and input mistakes answered before Lightning is imported
     command.py     TrainCLI (LightningCLI), `main`, check_train_args
     prepare_command.py  the prepare command: the train config's data, ahead of time
+    quick.py       a plain loop on a synthetic task, no Lightning (slow tests, reduced diagnostics)
 
 Imports flow down that list's dependencies only: command -> (module, run, resume, messages) ->
 (optim, throughput); nothing here imports minitx.cli.

@@ -26,10 +26,11 @@ from minitx.attention.local import LocalAttention
 from minitx.config import ModelConfig
 from minitx.data.induction import InductionConfig
 from minitx.data.markov import MarkovConfig
-from minitx.data.toy import IGNORE_INDEX, ToyTrainBatches, toy_batch
+from minitx.data.toy import IGNORE_INDEX, toy_batch
 from minitx.data.zoology import ZoologyConfig, query_distances
 from minitx.model import Transformer
 from minitx.rope import RotaryEmbedding
+from minitx.training.quick import train_on_task, zoology_reduced_model
 
 pytestmark = pytest.mark.slow
 
@@ -113,20 +114,9 @@ def _one_thread(one_thread):
 
 
 def train(model_config: ModelConfig, task, steps: int, batch: int, lr: float, seed: int = 0) -> Transformer:
-    """AdamW on fresh samples of `task`, the logits at the scored positions only (as MinitxLM)."""
+    """A fresh model of `model_config` (seeded), trained by the plain loop (minitx.training.quick)."""
     torch.manual_seed(seed)
-    model = Transformer(model_config)
-    optimiser = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    batches = ToyTrainBatches(task, seed, train_size=10**9, batch_size=batch)
-    for step in range(steps):
-        x, y = batches.batch(step)
-        scored = y != IGNORE_INDEX
-        loss = F.cross_entropy(model(x, at=scored), y[scored])
-        optimiser.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimiser.step()
-    return model.eval()
+    return train_on_task(Transformer(model_config), task, steps, batch, lr, seed)
 
 
 def test_samples(task, count: int, seed: int = 99):
@@ -173,22 +163,6 @@ def test_markov_two_layers_read_the_bigram_statistics(planted):
 # ------------------------------------------------------------------------------ Zoology's MQAR
 
 
-def zoology_model(kind: str, block_size: int, **options) -> ModelConfig:
-    attention = {"kind": kind, "options": {kind: options} if options else {}}
-    return ModelConfig(
-        vocab_size=128,
-        block_size=block_size,
-        n_layer=2,
-        n_head=1,
-        d_model=64,
-        mlp="none",
-        norm="layernorm",
-        bias=True,
-        positions="learned",
-        attention=attention,
-    )
-
-
 def accuracy_by_distance(model, task: ZoologyConfig, count: int) -> tuple[dict[int, float], dict[int, int]]:
     """Per-query accuracy, and the number of queries, by the distance from the query to its pair's value."""
     samples = test_samples(task, count)
@@ -211,7 +185,7 @@ def test_zoology_window_answers_inside_its_reach_only(planted):
     A window one token too wide reaches 13."""
     window = 7
     task = ZoologyConfig(vocab=128, pairs=4, seq_len=32)
-    model = train(zoology_model("local", 32, window=window), task, steps=800, batch=64, lr=3e-3)
+    model = train(zoology_reduced_model("local", 32, window=window), task, steps=800, batch=64, lr=3e-3)
     accuracy, counts = accuracy_by_distance(model, task, 1500)
     print("accuracy by distance:", {d: round(a, 3) for d, a in accuracy.items()})
     inside = sum(accuracy[d] * counts[d] for d in counts if d <= 2 * window - 3) / sum(
@@ -227,7 +201,7 @@ def test_zoology_gdn_solves_mqar(planted):
     gdn without its decay (DeltaNet, the paper's model: with one head, a decay that starts with a
     memory of a few tokens forgets the pairs before the queries)."""
     task = ZoologyConfig(vocab=128, pairs=8, seq_len=64)
-    model = train(zoology_model("gdn", 64, decay=False), task, steps=600, batch=64, lr=3e-3)
+    model = train(zoology_reduced_model("gdn", 64, decay=False), task, steps=600, batch=64, lr=3e-3)
     _, right, _ = scored(model, test_samples(task, 500), task.pad_id)
     accuracy = float(right.float().mean())
     print(f"gdn per-query accuracy {accuracy:.3f}")
