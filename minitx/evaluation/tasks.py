@@ -15,6 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..attention.gdn import GatedDeltaNet
 from ..data.config import DataConfig
 from ..data.needle import DEPTHS, SHORTEST, needle_sample
 from ..data.toy import IGNORE_INDEX, exact_match, toy_batch
@@ -128,7 +129,11 @@ def task_by_length(
 
 def task_recall_circuit(model, samples: list, pad_id: int) -> dict:
     """The recall circuit's two weights on `samples` (minitx/evaluation/recall_circuit.py), or why
-    there are none: a kind without a materialised map (a user's kind may have none)."""
+    there are none: a kind without a materialised map (a user's kind may have none), or a gdn
+    layer where the circuit's heads would be, whose map is a linear recurrence's (signed and
+    unnormalised: its weights are no attention a previous-token head could be read from)."""
+    if any(isinstance(block.attn, GatedDeltaNet) for block in (model.blocks[0], model.blocks[-1])):
+        return {"skipped": "a gdn layer forms no softmax map; the circuit is attention's"}
     x, _ = toy_batch(samples, None, pad_id)
     try:
         with torch.no_grad():

@@ -176,3 +176,19 @@ def test_evaluation_reports_the_circuit_or_why_it_has_none(monkeypatch):
     assert task_recall_circuit(model, samples, task.pad_id) == {
         "skipped": "attention kind Mine has no materialised softmax map"
     }
+
+
+def test_a_gdn_model_has_no_circuit_to_read():
+    task = InductionConfig(vocab=8, length=24)
+    samples = [induction_sample(task, 5, i) for i in range(2)]
+    config = ModelConfig(
+        vocab_size=8,
+        block_size=24,
+        n_layer=2,
+        n_head=2,
+        d_model=16,
+        attention={"kind": "mha", "layers": ["mha", "gdn"]},
+    )
+    assert task_recall_circuit(Transformer(config).eval(), samples, task.pad_id) == {
+        "skipped": "a gdn layer forms no softmax map; the circuit is attention's"
+    }
