@@ -301,6 +301,7 @@ KNOWN_ANSWER_RUNS = [  # the command lines the configs' headers and the known an
     ["zoology.yaml", "zoology_64_4.yaml"],
     ["zoology.yaml", "zoology_256_16.yaml"],
     ["zoology.yaml", "zoology_256_16.yaml", "zoology_deltanet.yaml"],
+    ["zoology.yaml", "zoology_256_16.yaml", "zoology_gdn.yaml"],
     ["zoology.yaml", "zoology_window.yaml"],
 ]
 
