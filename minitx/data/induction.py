@@ -66,6 +66,11 @@ class InductionConfig:
     def pad_id(self) -> int:
         return 0
 
+    def longest_distance(self) -> int:
+        """The furthest a sample puts the letter to copy before the query: the trigger first at
+        position 0, its letter at 1, the query at length - 1."""
+        return self.length - 2
+
     def at_length(self, length: int) -> InductionConfig:
         """The same task at another input length (for the accuracy past the trained length)."""
         return replace(self, length=length)

@@ -35,13 +35,24 @@ def _positions(positions: str, kinds: list[str]) -> str:
 
 
 def _length_rows(by_length: dict, what: str = "loss") -> list[str]:
-    rows = [f"  {'context':>8}  {what:>9}  {'tokens':>9}"]
+    split = any("near_items" in entry for entry in by_length.values())  # past the trained length
+    head = f"  {'context':>8}  {what:>9}  {'tokens':>9}"
+    rows = [head + (f"  {'within trained distance':>24}  {'beyond it':>17}" if split else "")]
     for length, entry in by_length.items():
         if "skipped" in entry:
             rows.append(f"  {length:>8}  skipped: {entry['skipped']}")
-        else:
-            rows.append(f"  {length:>8}  {entry[what]:>9.4f}  {entry['tokens']:>9,}")
+            continue
+        row = f"  {length:>8}  {entry[what]:>9.4f}  {entry['tokens']:>9,}"
+        if "near_items" in entry:
+            row += f"  {_share(entry, 'near'):>24}  {_share(entry, 'far'):>17}"
+        rows.append(row)
     return rows
+
+
+def _share(entry: dict, side: str) -> str:
+    """'0.9960 (of 250)': the accuracy of one side of the distance split and its answers."""
+    accuracy = entry[f"{side}_accuracy"]
+    return f"{'-' if accuracy is None else f'{accuracy:.4f}'} (of {entry[f'{side}_items']:,})"
 
 
 def _position_rows(curve: dict) -> list[str]:

@@ -31,13 +31,20 @@ CIRCUIT_SAMPLES = 64  # the first test samples whose attention maps give the rec
 
 
 @torch.inference_mode()
-def score_samples(model, samples: list, pad_id: int, progress: Progress | None = None) -> dict:
-    """Summed answer loss, answer tokens, right answer tokens and exactly right samples."""
+def score_samples(
+    model, samples: list, pad_id: int, progress: Progress | None = None, reach: int | None = None
+) -> dict:
+    """Summed answer loss, answer tokens, right answer tokens and exactly right samples. With
+    `reach` (a recall task's samples), also the answers whose value lies at most `reach` tokens
+    before its query ("near_items", "near_correct") and those further ("far_items", "far_correct")."""
     device = next(model.parameters()).device
     per_batch = max(1, batch_tokens(model.config.vocab_size) // max(len(s.ids) for s in samples))
     totals = {"nats": 0.0, "items": 0, "correct": 0, "exact": 0.0, "samples": 0}
+    if reach is not None:
+        totals.update(near_items=0, near_correct=0, far_items=0, far_correct=0)
     for start in range(0, len(samples), per_batch):
-        x, y = toy_batch(samples[start : start + per_batch], None, pad_id)
+        batch = samples[start : start + per_batch]
+        x, y = toy_batch(batch, None, pad_id)
         x, y = x.to(device), y.to(device)
         logits = model.forward_embeddings(model.embed(x)).float()  # any length a RoPE model can run
         target = y != IGNORE_INDEX
@@ -45,7 +52,10 @@ def score_samples(model, samples: list, pad_id: int, progress: Progress | None =
             F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
         )
         totals["items"] += int(target.sum())
-        totals["correct"] += int(((logits.argmax(-1) == y) & target).sum())
+        right = (logits.argmax(-1) == y) & target
+        totals["correct"] += int(right.sum())
+        if reach is not None:
+            _tally_by_distance(totals, right.cpu(), batch, reach)
         rows = int(target.any(-1).sum())
         totals["exact"] += float(exact_match(logits, y)) * rows
         totals["samples"] += rows
@@ -54,15 +64,32 @@ def score_samples(model, samples: list, pad_id: int, progress: Progress | None =
     return totals
 
 
+def _tally_by_distance(totals: dict, right: torch.Tensor, batch: list, reach: int) -> None:
+    """Count each answer as near (its value at most `reach` tokens before the query) or far. A
+    query's logits are scored at its own input position (the answer is the next token)."""
+    for row, sample in enumerate(batch):
+        _, values, queries = sample.recall_positions()
+        for value, query in zip(values, queries):
+            side = "near" if query - value <= reach else "far"
+            totals[f"{side}_items"] += 1
+            totals[f"{side}_correct"] += int(right[row, query])
+
+
 def figures(totals: dict) -> dict:
     loss = totals["nats"] / totals["items"]
-    return {
+    result = {
         "loss": loss,
         "exact_match": totals["exact"] / totals["samples"],
         "item_accuracy": totals["correct"] / totals["items"],
         "samples": totals["samples"],
         "items": totals["items"],
     }
+    for side in ("near", "far"):
+        if f"{side}_items" in totals:
+            items = totals[f"{side}_items"]
+            result[f"{side}_items"] = items
+            result[f"{side}_accuracy"] = totals[f"{side}_correct"] / items if items else None
+    return result
 
 
 def _add(totals: dict, more: dict) -> dict:
@@ -113,7 +140,10 @@ def task_by_length(
     model, task, stream: int, start: int, lengths: list[int], samples: int | None, progress: Progress
 ) -> dict:
     """Figures of the task at each of `lengths` input tokens (task.at_length), on fresh samples;
-    a length the model cannot run (learned positions past block_size) is given with its reason."""
+    a length the model cannot run (learned positions past block_size) is given with its reason.
+    Past the trained length the accuracy is also split by distance: answers whose value lies
+    within the longest distance a trained sample holds (task.longest_distance) and beyond it. A
+    model that reads tokens answers both alike; one that learned distances fails beyond."""
     by_length: dict[str, dict] = {}
     for length in lengths:
         reason = length_refusal(model.config, length)
@@ -122,7 +152,10 @@ def task_by_length(
             continue
         at = task.at_length(length)
         test_set = [at.sample(stream, start + i) for i in range(samples or SAMPLES)]
-        scored = figures(score_samples(model, test_set, at.pad_id, progress.stage(f"length {length}")))
+        reach = task.longest_distance() if length > task.length else None
+        scored = figures(
+            score_samples(model, test_set, at.pad_id, progress.stage(f"length {length}"), reach=reach)
+        )
         by_length[str(length)] = {**scored, "accuracy": scored["item_accuracy"], "tokens": scored["items"]}
     return by_length
 
