@@ -71,6 +71,11 @@ class InductionConfig:
         position 0, its letter at 1, the query at length - 1."""
         return self.length - 2
 
+    def latest_value(self) -> int:
+        """The last position a sample puts the letter to copy at: the trigger first at length - 3
+        (the last input token is the trigger again)."""
+        return self.length - 2
+
     def at_length(self, length: int) -> InductionConfig:
         """The same task at another input length (for the accuracy past the trained length)."""
         return replace(self, length=length)

@@ -37,22 +37,24 @@ def _positions(positions: str, kinds: list[str]) -> str:
 def _length_rows(by_length: dict, what: str = "loss") -> list[str]:
     split = any("near_items" in entry for entry in by_length.values())  # past the trained length
     head = f"  {'context':>8}  {what:>9}  {'tokens':>9}"
-    rows = [head + (f"  {'within trained distance':>24}  {'beyond it':>17}" if split else "")]
+    if split:
+        head += "".join(f"  {name:>16}" for name in ("near", "far", "early", "late"))
+    rows = [head]
     for length, entry in by_length.items():
         if "skipped" in entry:
             rows.append(f"  {length:>8}  skipped: {entry['skipped']}")
             continue
         row = f"  {length:>8}  {entry[what]:>9.4f}  {entry['tokens']:>9,}"
         if "near_items" in entry:
-            row += f"  {_share(entry, 'near'):>24}  {_share(entry, 'far'):>17}"
+            row += "".join(f"  {_share(entry, side):>16}" for side in ("near", "far", "early", "late"))
         rows.append(row)
     return rows
 
 
 def _share(entry: dict, side: str) -> str:
-    """'0.9960 (of 250)': the accuracy of one side of the distance split and its answers."""
+    """'0.9960 (250)': the accuracy of one side of a split and its number of answers."""
     accuracy = entry[f"{side}_accuracy"]
-    return f"{'-' if accuracy is None else f'{accuracy:.4f}'} (of {entry[f'{side}_items']:,})"
+    return f"{'-' if accuracy is None else f'{accuracy:.4f}'} ({entry[f'{side}_items']:,})"
 
 
 def _position_rows(curve: dict) -> list[str]:
@@ -142,6 +144,12 @@ def table(result: dict) -> str:
         lines += ["", "item accuracy by input length (fresh samples at each):"] + _length_rows(
             result["by_length"], "accuracy"
         )
+        if any("near_items" in entry for entry in result["by_length"].values()):
+            lines.append(
+                "  past the trained length, answers by where their value lies (answers in brackets): near / far:"
+                " within the longest distance back from the query a trained sample holds, or beyond;"
+                " early / late: at a position a trained sample holds, or past it"
+            )
     elif result.get("by_length"):
         swept = (
             "the whole text"

@@ -11,6 +11,7 @@ decoding's exact match, see minitx.data.toy.exact_match).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -30,18 +31,38 @@ NEEDLE_SAMPLES = 20  # test samples per (depth, length) cell of the needle task
 CIRCUIT_SAMPLES = 64  # the first test samples whose attention maps give the recall circuit
 
 
+@dataclass(frozen=True)
+class TrainedSpan:
+    """What a recall task's trained samples hold: its answers' values lie at most `distance`
+    tokens before their queries, at positions up to `position`. Past the trained length an answer
+    can lie beyond either; RoPE reads distances, learned positions read positions."""
+
+    distance: int
+    position: int
+
+    def sides(self, value: int, query: int) -> tuple[str, str]:
+        return (
+            "near" if query - value <= self.distance else "far",
+            "early" if value <= self.position else "late",
+        )
+
+
+SIDES = ("near", "far", "early", "late")
+
+
 @torch.inference_mode()
 def score_samples(
-    model, samples: list, pad_id: int, progress: Progress | None = None, reach: int | None = None
+    model, samples: list, pad_id: int, progress: Progress | None = None, span: TrainedSpan | None = None
 ) -> dict:
     """Summed answer loss, answer tokens, right answer tokens and exactly right samples. With
-    `reach` (a recall task's samples), also the answers whose value lies at most `reach` tokens
-    before its query ("near_items", "near_correct") and those further ("far_items", "far_correct")."""
+    `span` (a recall task's samples), also the answers (`<side>_items`, `<side>_correct`) whose
+    value lies within span.distance of its query (near) or further (far), and at a position up
+    to span.position (early) or past it (late)."""
     device = next(model.parameters()).device
     per_batch = max(1, batch_tokens(model.config.vocab_size) // max(len(s.ids) for s in samples))
     totals = {"nats": 0.0, "items": 0, "correct": 0, "exact": 0.0, "samples": 0}
-    if reach is not None:
-        totals.update(near_items=0, near_correct=0, far_items=0, far_correct=0)
+    if span is not None:
+        totals.update({f"{side}_{what}": 0 for side in SIDES for what in ("items", "correct")})
     for start in range(0, len(samples), per_batch):
         batch = samples[start : start + per_batch]
         x, y = toy_batch(batch, None, pad_id)
@@ -54,8 +75,8 @@ def score_samples(
         totals["items"] += int(target.sum())
         right = (logits.argmax(-1) == y) & target
         totals["correct"] += int(right.sum())
-        if reach is not None:
-            _tally_by_distance(totals, right.cpu(), batch, reach)
+        if span is not None:
+            _tally_by_span(totals, right.cpu(), batch, span)
         rows = int(target.any(-1).sum())
         totals["exact"] += float(exact_match(logits, y)) * rows
         totals["samples"] += rows
@@ -64,15 +85,15 @@ def score_samples(
     return totals
 
 
-def _tally_by_distance(totals: dict, right: torch.Tensor, batch: list, reach: int) -> None:
-    """Count each answer as near (its value at most `reach` tokens before the query) or far. A
-    query's logits are scored at its own input position (the answer is the next token)."""
+def _tally_by_span(totals: dict, right: torch.Tensor, batch: list, span: TrainedSpan) -> None:
+    """Count each answer on its sides of `span`. A query's logits are scored at its own input
+    position (the answer is the next token)."""
     for row, sample in enumerate(batch):
         _, values, queries = sample.recall_positions()
         for value, query in zip(values, queries):
-            side = "near" if query - value <= reach else "far"
-            totals[f"{side}_items"] += 1
-            totals[f"{side}_correct"] += int(right[row, query])
+            for side in span.sides(value, query):
+                totals[f"{side}_items"] += 1
+                totals[f"{side}_correct"] += int(right[row, query])
 
 
 def figures(totals: dict) -> dict:
@@ -84,7 +105,7 @@ def figures(totals: dict) -> dict:
         "samples": totals["samples"],
         "items": totals["items"],
     }
-    for side in ("near", "far"):
+    for side in SIDES:
         if f"{side}_items" in totals:
             items = totals[f"{side}_items"]
             result[f"{side}_items"] = items
@@ -141,9 +162,11 @@ def task_by_length(
 ) -> dict:
     """Figures of the task at each of `lengths` input tokens (task.at_length), on fresh samples;
     a length the model cannot run (learned positions past block_size) is given with its reason.
-    Past the trained length the accuracy is also split by distance: answers whose value lies
-    within the longest distance a trained sample holds (task.longest_distance) and beyond it. A
-    model that reads tokens answers both alike; one that learned distances fails beyond."""
+    Past the trained length the accuracy is also split two ways (TrainedSpan): by the answer's
+    distance back from its query (within the longest a trained sample holds, or beyond) and by
+    its position (within the trained positions, or past them). A model that copies by content
+    answers every side alike; RoPE's failures lie beyond the distance, learned positions' past
+    the positions."""
     by_length: dict[str, dict] = {}
     for length in lengths:
         reason = length_refusal(model.config, length)
@@ -152,9 +175,9 @@ def task_by_length(
             continue
         at = task.at_length(length)
         test_set = [at.sample(stream, start + i) for i in range(samples or SAMPLES)]
-        reach = task.longest_distance() if length > task.length else None
+        span = TrainedSpan(task.longest_distance(), task.latest_value()) if length > task.length else None
         scored = figures(
-            score_samples(model, test_set, at.pad_id, progress.stage(f"length {length}"), reach=reach)
+            score_samples(model, test_set, at.pad_id, progress.stage(f"length {length}"), span=span)
         )
         by_length[str(length)] = {**scored, "accuracy": scored["item_accuracy"], "tokens": scored["items"]}
     return by_length

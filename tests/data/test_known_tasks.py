@@ -230,7 +230,7 @@ def test_known_answer_runs_train_and_are_evaluated(tmp_path, capsys):
     """A few steps of each task through train.py (the logits at the scored positions, the
     item accuracy logged), then evaluate.py: Markov's reference losses, induction's accuracy by
     length (a learned-position model's block_size past its trained length), split by distance
-    past the trained length."""
+    and by position past the trained length."""
 
     runs = {
         "zoology": ({"zoology_vocab": 64, "zoology_pairs": 4, "zoology_seq_len": 16}, 16, []),
@@ -263,9 +263,11 @@ def test_known_answer_runs_train_and_are_evaluated(tmp_path, capsys):
             by_length = result["by_length"]
             assert by_length["12"]["items"] == by_length["24"]["items"] == 20
             assert "item accuracy by input length" in out
-            # Past the trained 12 tokens, split by distance (near: at most 10 tokens back).
+            # Past the trained 12 tokens, split by distance (near: at most 10 tokens back) and by
+            # position (early: the letter at a position up to 10).
             assert by_length["24"]["near_items"] + by_length["24"]["far_items"] == 20
-            assert "near_items" not in by_length["12"] and "within trained distance" in out
+            assert by_length["24"]["early_items"] + by_length["24"]["late_items"] == 20
+            assert "near_items" not in by_length["12"] and "past the trained length" in out
 
 
 def test_zoology_query_distances_measure_each_query_from_its_own_value():
