@@ -146,9 +146,9 @@ def table(result: dict) -> str:
         )
         if any("near_items" in entry for entry in result["by_length"].values()):
             lines.append(
-                "  past the trained length, answers by where their value lies (answers in brackets): near / far:"
-                " within the longest distance back from the query a trained sample holds, or beyond;"
-                " early / late: at a position a trained sample holds, or past it"
+                "  past the trained length, by where the letter to copy lies (answers in brackets): near / far:"
+                " within a distance of the query trained samples hold, or beyond; early / late: at a trained"
+                " position, or past"
             )
     elif result.get("by_length"):
         swept = (
