@@ -297,6 +297,7 @@ KNOWN = ROOT / "configs" / "known_answers"
 KNOWN_ANSWER_RUNS = [  # the command lines the configs' headers and the known answers page give
     ["markov.yaml"],
     ["induction.yaml"],
+    ["induction.yaml", "induction_24.yaml"],
     ["zoology.yaml"],
     ["zoology.yaml", "zoology_64_4.yaml"],
     ["zoology.yaml", "zoology_256_16.yaml"],
