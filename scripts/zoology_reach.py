@@ -62,7 +62,10 @@ def main() -> None:
         (f"{w + 1}..{2 * w - 3} (two layers)", (distance > w - 1) & (distance <= 2 * w - 3)),
         (f">= {2 * w - 1} (out of reach)", distance > 2 * w - 3),
     ):
-        print(f"distance {name}: accuracy {right[where].mean():.3f} over {int(where.sum())} queries")
+        if where.any():
+            print(f"distance {name}: accuracy {right[where].mean():.3f} over {int(where.sum())} queries")
+        else:  # a window as long as the sequence leaves none out of reach
+            print(f"distance {name}: no queries")
     print(
         f"all: {right.mean():.3f}; share of queries within two layers' reach: {(distance <= 2 * w - 3).mean():.3f}"
     )

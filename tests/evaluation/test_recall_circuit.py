@@ -118,6 +118,15 @@ def test_the_script_reports_the_circuit_and_the_reach_of_a_checkpoint(tmp_path):
     # the window's three distance bands hold every query of the 20 samples once
     counts = re.findall(r"over (\d+) queries", out)
     assert len(counts) == 3 and sum(map(int, counts)) == 20 * CONFIG.pairs
+    # a window as long as the sequence leaves no query out of reach: said so, without a warning
+    wide = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/zoology_reach.py"), *args, "--window", "32"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert "(out of reach): no queries" in wide.stdout and "Warning" not in wide.stderr
 
 
 # ------------------------------------------------------------------ the positions each task gives
