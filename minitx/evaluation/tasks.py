@@ -1,5 +1,7 @@
 """Accuracy on a synthetic task (toy, mqar, needle, zoology, induction, markov) on a fresh,
-seeded test set; for a recall task (zoology, induction) also the recall circuit's two weights.
+seeded test set; for a recall task (zoology, induction) also the recall circuit's two weights,
+and for induction past its trained length the accuracy split by where the letter to copy lies
+(TrainedSpan: near or far from the query, at a trained position or past them).
 
 The test samples are those after the run's training and validation samples in its own stream
 (data.seed), or in the stream data.seed + seed for another seed: never samples it trained on.
