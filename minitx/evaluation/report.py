@@ -11,6 +11,7 @@ from pathlib import Path
 from ..files.atomic import write_atomically, write_json_atomically
 from ..kinds import registry
 from .missing import MISSING_ENTROPY, missing_notes  # noqa: F401 (their old home)
+from .tasks import SIDES
 
 
 def _header(result: dict) -> list[str]:
@@ -35,10 +36,9 @@ def _positions(positions: str, kinds: list[str]) -> str:
 
 
 def _length_rows(by_length: dict, what: str = "loss") -> list[str]:
-    split = any("near_items" in entry for entry in by_length.values())  # past the trained length
     head = f"  {'context':>8}  {what:>9}  {'tokens':>9}"
-    if split:
-        head += "".join(f"  {name:>16}" for name in ("near", "far", "early", "late"))
+    if _split(by_length):
+        head += "".join(f"  {side:>16}" for side in SIDES)
     rows = [head]
     for length, entry in by_length.items():
         if "skipped" in entry:
@@ -46,9 +46,14 @@ def _length_rows(by_length: dict, what: str = "loss") -> list[str]:
             continue
         row = f"  {length:>8}  {entry[what]:>9.4f}  {entry['tokens']:>9,}"
         if "near_items" in entry:
-            row += "".join(f"  {_share(entry, side):>16}" for side in ("near", "far", "early", "late"))
+            row += "".join(f"  {_share(entry, side):>16}" for side in SIDES)
         rows.append(row)
     return rows
+
+
+def _split(by_length: dict) -> bool:
+    """Whether some length holds the split by where the answer lies (past the trained length)."""
+    return any("near_items" in entry for entry in by_length.values())
 
 
 def _share(entry: dict, side: str) -> str:
@@ -144,7 +149,7 @@ def table(result: dict) -> str:
         lines += ["", "item accuracy by input length (fresh samples at each):"] + _length_rows(
             result["by_length"], "accuracy"
         )
-        if any("near_items" in entry for entry in result["by_length"].values()):
+        if _split(result["by_length"]):
             lines.append(
                 "  past the trained length, by where the letter to copy lies (answers in brackets): near / far:"
                 " within a distance of the query trained samples hold, or beyond; early / late: at a trained"
