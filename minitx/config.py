@@ -58,7 +58,7 @@ class AttentionConfig:
                 _fail("attention.layers", "is empty", "give at least one kind or leave it unset")
             for i, kind in enumerate(self.layers):
                 kinds.spec_of(f"attention.layers[{i}]", kind, self.kind_modules)
-        used = list(dict.fromkeys(self.layers or [self.kind]))
+        used = used_kinds(self.kind, self.layers)
         if self.n_kv_head is not None:
             if not any(kinds.registry[kind].reads_n_kv_head for kind in used):
                 _fail(
@@ -94,6 +94,11 @@ class AttentionConfig:
 
     def kv_heads(self, kind: str, n_head: int) -> int:
         return kinds.registry[kind].kv_heads(self, n_head)
+
+
+def used_kinds(kind: str, layers: list[str] | None) -> list[str]:
+    """The kinds an attention section's layers use, each once, in the order they first appear."""
+    return list(dict.fromkeys(layers or [kind]))
 
 
 def check_given_options(given: dict, used: list[str]) -> None:

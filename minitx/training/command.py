@@ -30,7 +30,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import StrategyRegistry
 
-from ..config import ModelConfig
+from ..config import ModelConfig, used_kinds
 from ..data.datamodule import TextDataModule
 from ..errors import UserError, one_line
 from ..files.configs import DEFAULT_CONFIG, config_arguments, with_config_files  # noqa: F401 (DEFAULT_CONFIG: re-exported)
@@ -241,6 +241,12 @@ def resolved_config(cli: TrainCLI) -> dict:
     """The whole parsed config as plain data; complete, so it names no base file."""
     config = yaml.safe_load(cli.parser.dump(cli.config, skip_validation=True))
     config.pop("base", None)
+    # A flag that changes the kind (--model.attention.kind mla over a config of mha) leaves the
+    # old kind's options as the parse filled them in; written out, they would be refused when
+    # the saved config starts the run again. Only the options of the kinds the layers use stay.
+    attention = config["model"]["attention"]
+    used = used_kinds(attention["kind"], attention.get("layers"))
+    attention["options"] = {k: v for k, v in (attention.get("options") or {}).items() if k in used}
     return config
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig, check_given_options
+from ..config import ModelConfig, check_given_options, used_kinds
 from ..data.config import DataConfig
 from ..errors import UserError
 from ..files.configs import given_options
@@ -203,7 +203,7 @@ def check_settings(config: Any, args: Sequence[str] = ()) -> None:
 def check_options_given(attention: Any, args: Sequence[str]) -> None:
     """Options of a kind no layer uses, refused whenever a config file or flag in `args` gives
     them, at their defaults too (the parsed section cannot tell: its parse fills defaults in)."""
-    used = list(dict.fromkeys(attention["layers"] or [attention["kind"]]))
+    used = used_kinds(attention["kind"], attention["layers"])
     with errors_named("model"):
         check_given_options(given_options(args if isinstance(args, (list, tuple)) else ()), used)
 

@@ -278,6 +278,20 @@ def test_dotted_overrides_reach_the_model_and_the_saved_config(tmp_path, cache_d
     assert model.model.blocks[0].attn.n_kv_head == 2
 
 
+def test_a_saved_config_starts_its_run_again_after_a_flag_changed_the_kind(tmp_path, cache_dir):
+    """The config a run writes is the one it ran: a flag that changed the attention kind leaves
+    no options of the config file's kind behind, which the saved config would then be refused for."""
+    config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
+    assert train("--config", config, "--model.attention.kind", "local", "--trainer.max_steps", 2) == 0
+    saved_path = run_dir(config) / "config.yaml"
+    saved = yaml.safe_load(saved_path.read_text())
+    assert saved["model"]["attention"]["kind"] == "local"
+    assert set(saved["model"]["attention"]["options"]) <= {"local"}  # mha's, filled in by the parse, is gone
+    assert train("--config", saved_path, "--run.name", "again") == 0
+    again = yaml.safe_load((config.parent / "runs" / "again" / "config.yaml").read_text())
+    assert again["model"] == saved["model"]
+
+
 def test_model_config_is_the_one_source_of_model_keys(tmp_path, cache_dir, monkeypatch):
     """Every ModelConfig field is a model.* key with ModelConfig's default, and a field added to
     ModelConfig reaches the model from the command line with no edit in minitx/training."""
