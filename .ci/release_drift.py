@@ -1,8 +1,9 @@
 """Which newer release broke a test: the helper of .ci/newest-versions.
 
 release_drift.py changed PINS FROZEN        lines "name pinned newest" for each package that moved
-release_drift.py blame PYTHON CHANGED CACHE  puts each moved package back to its pin alone and
-                                             reruns pytest's last failures; names each that mends them
+release_drift.py blame PYTHON CHANGED CACHE  reruns pytest's last failures as they are (passing: a
+                                             flaky test), then puts each moved package back to its
+                                             pin alone and reruns them; names each that mends them
 """
 
 from __future__ import annotations
@@ -61,6 +62,12 @@ def main(argv: list[str]) -> int:
             print(name, pinned, newest)
         return 0
     if argv[:1] == ["blame"] and len(argv) == 4:
+        # First the failures again with nothing changed: a test that passes then failed on its
+        # draw of random inputs (each test draws a fresh seed), and no release is to blame.
+        if rerun_failures(argv[1], Path(argv[3]), Path(".")):
+            print("newest releases: the failed tests pass when run again with the same versions: a test "
+                  "that fails on some random draws, not a release; replay it with the seed it printed")  # fmt: skip
+            return 1
         culprits = blame(argv[1], Path(argv[2]), Path(argv[3]))
         if culprits:
             print("newest releases: the fast suite fails with " + "; ".join(culprits)

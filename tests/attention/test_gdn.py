@@ -184,7 +184,10 @@ def test_layer_equals_transformers_qwen3_next_gated_deltanet(value_heads, T):
     assert 5 <= FEW_TOKENS < 75
     x = torch.randn(2, T, 32)  # 75: a chunk of 64 and a partial one
     with torch.no_grad():
-        assert (ours(x) - theirs(x)).abs().max() < 1e-5
+        # Both sides run in float32 (theirs casts to it), and with weights this far from the init
+        # the rounding of 75 steps reaches 1.7e-5 on about one draw in a hundred (300 draws
+        # measured); a dt_bias off by 0.01 moves the output by 5.6e-3 or more (40 draws).
+        assert (ours(x) - theirs(x)).abs().max() < 1e-4
 
 
 def random_model(config: ModelConfig) -> Transformer:

@@ -69,6 +69,25 @@ def test_drift_lists_each_moved_package_with_both_versions(tmp_path):
     assert moved == [("new-package", "unpinned", "1.0"), ("pytest", "9.0.3", "9.2.0")]
 
 
+def test_blame_calls_a_failure_that_passes_again_unchanged_a_flaky_test(tmp_path, monkeypatch, capsys):
+    """A test that fails on one draw and passes on the next is no release's fault: said so, and no
+    package is reinstalled to find one."""
+    test = tmp_path / "test_draw.py"
+    test.write_text(
+        "from pathlib import Path\n\ndef test_draw():\n"
+        "    drawn = Path(__file__).with_name('drawn')\n"
+        "    first = not drawn.exists()\n    drawn.touch()\n    assert not first\n"
+    )
+    cache = tmp_path / "cache"
+    run = [sys.executable, "-m", "pytest", "-q", "-p", "cacheprovider", "-o", f"cache_dir={cache}", str(test)]
+    assert subprocess.run(run, capture_output=True, cwd=tmp_path).returncode == 1
+    (tmp_path / "changed.txt").write_text("no-such-package-here 1.0 2.0\n")  # reinstalling it would fail
+    monkeypatch.chdir(tmp_path)
+    assert release_drift.main(["blame", sys.executable, "changed.txt", str(cache)]) == 1
+    said = capsys.readouterr().out
+    assert "pass when run again with the same versions" in said and "no single package" not in said
+
+
 @pytest.mark.slow  # pip installs a package twice
 def test_blame_names_the_release_that_breaks_a_test(tmp_path):
     """A venv whose tests pass only with an older release: blame puts each moved package back and
