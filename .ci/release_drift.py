@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
             print(name, pinned, newest)
         return 0
     if argv[:1] == ["blame"] and len(argv) == 4:
-        # First the failures again with nothing changed: a test that passes then failed on its
+        # First the failures again with nothing changed: a test that passes now had failed on its
         # draw of random inputs (each test draws a fresh seed), and no release is to blame.
         if rerun_failures(argv[1], Path(argv[3]), Path(".")):
             print("newest releases: the failed tests pass when run again with the same versions: a test "
