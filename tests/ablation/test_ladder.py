@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from minitx import ModelConfig, Transformer, ablation
-from minitx.ablation.analysis import fit, significance
+from minitx.ablation.analysis import curves, fit, significance
 from minitx.ablation.plan.budget import model_budget, model_config_of
 from minitx.ablation.plan.ladder import make_plan
 from minitx.ablation.plan.sweep import load_sweep
@@ -167,7 +167,7 @@ def test_vectorised_huber_fit_matches_scipy_one_problem_at_a_time():
         y = curve(x * m[index], C0=1e12) * np.exp(rng.normal(0, 0.01, x.size))
         found = fit.fit_joint(x, y, index, delta=delta)
         theta = np.array([found.E, math.log(found.A), found.alpha, *found.log_m[1:]])
-        residuals = fit._joint_residuals(np.log(x / found.C0), index, np.log(y)[None, :], arms)
+        residuals = curves._joint_residuals(np.log(x / found.C0), index, np.log(y)[None, :], arms)
 
         def huber(t, residuals=residuals, delta=delta):
             return float(fit._huber(residuals(np.asarray(t)[None, :], np.arange(1))[0], delta).sum())
@@ -177,7 +177,7 @@ def test_vectorised_huber_fit_matches_scipy_one_problem_at_a_time():
             psi = np.clip(r, -delta, delta)
             return float(fit._huber(r, delta).sum()), (psi[..., None] * J).sum(axis=1)[0]
 
-        bounds = fit._joint_bounds(np.array([y.min()]), arms)[0]
+        bounds = curves._joint_bounds(np.array([y.min()]), arms)[0]
         best = math.inf
         with fit.one_blas_thread():  # scipy on 5 numbers: BLAS threads only spin
             for E_share in (0.0, 0.5, 0.9):

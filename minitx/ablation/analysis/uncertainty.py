@@ -1,0 +1,210 @@
+"""How sure the ladder's answers are: the noise of each point, the parametric bootstrap of the joint
+fit, and the intervals read from its draws."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .curves import LOG_M_MAX, Fit, JointFit, _joint_bounds, _joint_of, _joint_residuals
+from .solver import HUBER_DELTA, huber_fit
+
+BOOTSTRAP = 200
+INTERVAL = 0.90
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The noise of each point's log loss: its sd, the share of its variance common to the
+    points of its group (an arm at one size: one trunk), the group of each point, and the
+    estimate each sd comes from with that estimate's degrees of freedom (None: sd known)."""
+
+    sd: np.ndarray  # (n,)
+    shared: float
+    group: np.ndarray  # (n,) ints
+    source: np.ndarray | None = None  # (n,) ints: the estimate of each point's sd
+    dof: Sequence[float] = ()  # per estimate
+
+    def draw(self, rng: np.random.Generator, draws: int) -> np.ndarray:
+        """(draws, n) noise: sqrt(shared) of each group's draw plus sqrt(1 - shared) of its own.
+        An sd estimated from few seeds is itself uncertain: each draw scales it by
+        sqrt(dof / chi2(dof)), the spread of the sd that could have given the estimate, so the
+        intervals carry that too (with 2 seeds' worth of freedom the tails are wide, as they are)."""
+        groups = int(self.group.max()) + 1
+        common = rng.standard_normal((draws, groups))[:, self.group]
+        own = rng.standard_normal((draws, len(self.sd)))
+        sd = np.broadcast_to(self.sd, (draws, len(self.sd)))
+        if self.source is not None:
+            dof = np.asarray(self.dof, dtype=float)
+            scale = np.sqrt(dof / rng.chisquare(dof, (draws, len(dof))))
+            sd = sd * scale[:, self.source]
+        return sd * (math.sqrt(self.shared) * common + math.sqrt(1 - self.shared) * own)
+
+
+@dataclass(frozen=True)
+class SeedNoise:
+    """The measured seed noise of each arm (sd of log loss over its seeds at the seeds rung):
+    seed_noise says how it is estimated."""
+
+    sd: dict[str, float]
+    own: dict[str, bool]  # True: the arm's own sd; False: the pooled one
+    dof: dict[str, float]  # the freedom of each arm's sd: its seeds less one, or the pool's
+    pooled: float  # the sd the arms share
+
+    def noise(self, arms: Sequence[str], group: Sequence[int], shared: float) -> Noise:
+        """The Noise of points of `arms` (one name a point) in groups `group`: estimate 0 is the
+        pooled sd, shared by the arms that use it (one draw of its sd serves them all)."""
+        sources = ["", *[name for name in self.sd if self.own[name]]]
+        source = np.array([sources.index(name if self.own[name] else "") for name in arms])
+        median_dof = next((self.dof[n] for n in self.sd if not self.own[n]), 1.0)
+        dof = [median_dof, *[self.dof[name] for name in sources[1:]]]
+        sd = np.array([self.sd[name] for name in arms])
+        return Noise(sd, shared, np.asarray(group, dtype=int), source, dof)
+
+
+def seed_noise(seeds: dict[str, Sequence[float]], level: float = 0.01) -> SeedNoise | None:
+    """SeedNoise of each arm's final losses over seeds (None: no arm has 2 or more). The arms
+    share one level, their pooled variance (unbiased, with the freedom of all their seeds),
+    except an arm whose seeds show it noisier than the others pooled (an F-test at `level`):
+    it keeps its own sd and is left out of the pool (one unstable arm must not widen every
+    interval)."""
+    from scipy import stats
+
+    logs = {name: np.log(np.asarray(v, dtype=float)) for name, v in seeds.items() if len(v) >= 2}
+    if not logs:
+        return None
+    var = {name: float(np.var(v, ddof=1)) for name, v in logs.items()}
+    dof = {name: float(len(v) - 1) for name, v in logs.items()}
+
+    def pooled(names) -> tuple[float, float]:
+        total = sum(dof[n] for n in names)
+        return (sum(dof[n] * var[n] for n in names) / total if total else math.nan), total
+
+    noisy = set()
+    for name in logs:
+        rest, rest_dof = pooled([n for n in logs if n != name])
+        if (
+            rest_dof
+            and var[name] > 0
+            and (rest == 0 or stats.f.sf(var[name] / rest, dof[name], rest_dof) < level)
+        ):
+            noisy.add(name)
+    if len(noisy) == len(logs):
+        noisy = set()  # all alike noisy: one pool
+    pool, pool_dof = pooled([n for n in logs if n not in noisy])
+    return SeedNoise(
+        {name: math.sqrt(var[name] if name in noisy else pool) for name in seeds},
+        {name: name in noisy for name in seeds},
+        {name: dof[name] if name in noisy else pool_dof for name in seeds},
+        math.sqrt(pool),
+    )
+
+
+@dataclass
+class JointBootstrap:
+    """The point fit and its parametric bootstrap refits (theta rows as in fit_joint)."""
+
+    fit: JointFit
+    draws: list[JointFit]
+
+    def multipliers(self, arm: int) -> np.ndarray:
+        return np.array([d.multiplier(arm) for d in self.draws])
+
+    def comparison(self, arm: int, level: float = INTERVAL) -> Comparison:
+        return Comparison(self.fit.multiplier(arm), *interval(self.multipliers(arm), level))
+
+
+def bootstrap_joint(
+    point: JointFit,
+    compute: Sequence[float],
+    arm: Sequence[int],
+    noise: Noise,
+    draws: int | None = None,
+    seed: int = 0,
+    delta: float = HUBER_DELTA,
+    weighted: bool = False,
+) -> JointBootstrap:
+    """Refits of the joint model to losses drawn about `point`'s curves with `noise`, all
+    fitted at once, each started at the point fit (module doc). `weighted`: each refit divides
+    the residuals by the noise's sd, as a weighted point fit did."""
+    draws = BOOTSTRAP if draws is None else draws
+    return bootstrap_joint_many([point], compute, arm, [noise], draws, seed, delta, weighted)[0]
+
+
+def bootstrap_joint_many(
+    points: Sequence[JointFit],
+    compute: Sequence[float],
+    arm: Sequence[int],
+    noises: Sequence[Noise],
+    draws: int,
+    seed: int = 0,
+    delta: float = HUBER_DELTA,
+    weighted: bool = False,
+) -> list[JointBootstrap]:
+    """bootstrap_joint of many ladders with the same points (one point fit and noise each)."""
+    x = np.asarray(compute, dtype=float)
+    index = np.asarray(arm, dtype=int)
+    n_arms = len(points[0].log_m)
+    C0 = points[0].C0
+    rng = np.random.default_rng(seed)
+    log_y, starts = [], []
+    for point, noise in zip(points, noises):
+        fitted = np.log(point.curve(0).loss(x * np.exp(np.asarray(point.log_m)[index])))
+        log_y.append(fitted[None, :] + noise.draw(rng, draws))
+        start = [point.E, math.log(point.A), point.alpha, *point.log_m[1:]]
+        starts.append(np.tile(start, (draws, 1)))
+    log_y, starts = np.concatenate(log_y), np.concatenate(starts)
+    # each start strictly inside its bounds: E below the draw's lowest loss, log m off its bound
+    low = np.exp(log_y.min(axis=1))
+    starts[:, 0] = np.minimum(starts[:, 0], 0.99 * low)
+    starts[:, 3:] = np.clip(starts[:, 3:], -LOG_M_MAX + 0.5, LOG_M_MAX - 0.5)
+    scale = np.repeat(np.stack([n.sd for n in noises]), draws, axis=0) if weighted else None
+    residuals = _joint_residuals(np.log(x / C0), index, log_y, n_arms, scale)
+    theta = huber_fit(residuals, starts, _joint_bounds(low, n_arms), delta)
+    fits = [_joint_of(row, C0) for row in theta]
+    return [JointBootstrap(point, fits[i * draws : (i + 1) * draws]) for i, point in enumerate(points)]
+
+
+# -- intervals ------------------------------------------------------------------------------------
+def interval(values: Sequence[float], level: float = INTERVAL) -> tuple[float, float]:
+    """The central `level` interval of bootstrap draws by order statistics, no interpolation (a
+    bound is a value some draw took, or inf): with n draws and k = floor((1 - level) / 2 (n + 1)),
+    the k-th smallest and the k-th largest (symmetric: with 60 draws the 3rd from each end).
+    NaN draws sort last, as if larger than any number: a draw with no answer cannot bound the
+    interval above."""
+    v = np.asarray(values, dtype=float)
+    if v.size == 0:
+        return math.nan, math.nan
+    v = np.sort(np.where(np.isnan(v), math.inf, v))
+    n = len(v)
+    k = max(1, math.floor((1 - level) / 2 * (n + 1) + 1e-9))
+    return float(v[k - 1]), float(v[n - k])
+
+
+@dataclass
+class Comparison:
+    """An arm against the baseline: the multiplier and its interval."""
+
+    multiplier: float
+    low: float
+    high: float
+
+    @property
+    def excludes_one(self) -> bool:
+        return self.low > 1 or self.high < 1
+
+    @property
+    def bounded(self) -> bool:
+        return 0 < self.low and self.high < math.inf
+
+
+@dataclass
+class Curve:
+    """An arm's curve under the joint fit, its bootstrap draws and the largest x among its points."""
+
+    fit: Fit
+    draws: list[Fit]
+    largest: float
