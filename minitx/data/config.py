@@ -5,8 +5,14 @@ and checks the whole section and a setting has one definition, its default and i
 
     DataSettings (prepare/settings.py)   what decides a prepared text (source, files, tokenizer, ...)
     LoaderSettings (here)                how batches are drawn: block_size, batch_size, seed, ...
-    ToySettings, MQARSettings, NeedleSettings, ... (toy.py, mqar.py, ...)   each synthetic task's
-    TaskSizes (here)                     a synthetic task's training and validation set sizes
+    TaskSizes (here)                     a known-answer task's training and validation set sizes
+    task: TaskSettings (here)            each known-answer task's settings, `data.task.<name>.<setting>`,
+                                         defined and checked beside its generator (zoology.py, ...)
+
+The known-answer tasks are a registry (minitx/data/task.py), as the attention kinds are: a task
+is one file and one `register` line below. `data.source` names a text source (shakespeare,
+files, hf) or a task; the settings of a source the run does not read are refused when a user
+gives them (check_given_settings), as the options of an attention kind no layer uses are.
 
 The data module takes the section as keywords (`TextDataModule(**section)`, LightningCLI reads
 its fields from here); evaluation rebuilds a run's from its saved config with `from_config`
@@ -15,41 +21,47 @@ its fields from here); evaluation rebuilds a run's from its saved config with `f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
-from minitx.data.induction import InductionSettings
-from minitx.data.markov import MarkovSettings
-from minitx.data.mqar import MQARSettings
-from minitx.data.needle import NeedleSettings
+import yaml
+
+from minitx.data import induction, markov, mqar, needle, toy, zoology
 from minitx.data.prepare import DataSettings
 from minitx.data.sources import SOURCES
-from minitx.data.toy import ToySettings
-from minitx.data.zoology import ZoologySettings
-from minitx.errors import require
+from minitx.data.task import Task, build_options, register, registry
+from minitx.errors import UserError, require
+from minitx.kinds import nearest
 
-# The synthetic tasks, not texts: "toy" (the Multi-Token Attention paper's), "mqar" (multi-query
-# associative recall), "needle" (needle in a haystack), "zoology" (MQAR as Zoology generates it),
-# "induction" (the Mamba paper's induction heads), "markov" (in-context Markov chains); each
-# builds its task from its settings.
-TASKS = {
-    "toy": ToySettings,
-    "mqar": MQARSettings,
-    "needle": NeedleSettings,
-    "zoology": ZoologySettings,
-    "induction": InductionSettings,
-    "markov": MarkovSettings,
-}
+# The known-answer tasks, not texts: "toy" (the Multi-Token Attention paper's), "mqar"
+# (multi-query associative recall), "needle" (needle in a haystack), "zoology" (MQAR as Zoology
+# generates it), "induction" (the Mamba paper's induction heads), "markov" (in-context Markov
+# chains). A task of one's own: its file, and its line here.
+register(toy.TOY)
+register(mqar.MQAR)
+register(needle.NEEDLE)
+register(zoology.ZOOLOGY)
+register(induction.INDUCTION)
+register(markov.MARKOV)
+
+TASKS = registry  # name -> TaskSpec
 DATA_SOURCES = (*SOURCES, *TASKS)
 # The key that sets a task's sample length: named when the samples do not fit in block_size.
-LENGTH_KEYS = {
-    "toy": "data.toy_blocks",
-    "mqar": "data.mqar_seq_len",
-    "needle": "data.needle_length",
-    "zoology": "data.zoology_seq_len",
-    "induction": "data.induction_length",
-    "markov": "data.markov_length",
-}
+LENGTH_KEYS = {name: f"data.task.{name}.{spec.length_option}" for name, spec in TASKS.items()}
+
+# `data.task`: one section per registered task, each the task's options dataclass. Built from the
+# registry, so registering a task is all it takes for `--data.task.<name>.<setting>` to parse,
+# to be listed by --help and to be saved in a run's config.
+TaskSettings = dataclasses.make_dataclass(
+    "TaskSettings",
+    [(name, spec.options, field(default_factory=spec.options)) for name, spec in TASKS.items()],
+    frozen=True,
+)
+TaskSettings.__module__ = __name__  # pickled and looked up by name, as a class written here would be
+TaskSettings.__doc__ = "data.task: each known-answer task's settings, under the task's name."
 
 
 @dataclass(frozen=True)
@@ -75,22 +87,18 @@ class TaskSizes:
 
 
 # Listed last to first: a dataclass's fields come from its bases in reverse order, so the section
-# reads source, files, tokenizer, ..., then the loader, then the tasks.
+# reads source, files, tokenizer, ..., then the loader, then the task sizes, then the tasks.
 @dataclass(frozen=True)
-class DataConfig(
-    TaskSizes,
-    MarkovSettings,
-    InductionSettings,
-    ZoologySettings,
-    NeedleSettings,
-    MQARSettings,
-    ToySettings,
-    LoaderSettings,
-    DataSettings,
-):
+class DataConfig(TaskSizes, LoaderSettings, DataSettings):
     """The data section: see the module docstring for which part owns which setting."""
 
+    task: TaskSettings = field(default_factory=TaskSettings)
+
     def __post_init__(self) -> None:
+        # From a saved config or Python: a mapping per task (only the settings given), read here
+        # as each task's options, checked by their annotations and their own checks.
+        if not isinstance(self.task, TaskSettings):
+            object.__setattr__(self, "task", task_settings(self.task))
         require(
             self.source in DATA_SOURCES,
             f"data.source: unknown source {self.source!r}; choose one of {', '.join(DATA_SOURCES)}",
@@ -111,13 +119,170 @@ class DataConfig(
                 require(
                     getattr(self, name) >= 1, f"data.{name}: must be at least 1, got {getattr(self, name)}"
                 )
-            self.task()  # a task's own checks, now: they name their data.* keys
+            self.synthetic_task()  # a task's own checks, now: they name their data.task.* keys
 
-    def task(self) -> Any:
-        """The synthetic task's config (sample, tokenizer, max_length), or None for a text source."""
-        settings = TASKS.get(self.source)
-        return None if settings is None else settings.task(self)
+    def synthetic_task(self) -> Task | None:
+        """The known-answer task data.source names (its samples, tokenizer, evaluation hooks), or
+        None for a text source."""
+        spec = TASKS.get(self.source)
+        return None if spec is None else spec.task(getattr(self.task, self.source))
 
     def prepare_settings(self) -> DataSettings:
         """What decides the prepared text: the part of this config that prepare() reads."""
         return DataSettings(**{f.name: getattr(self, f.name) for f in fields(DataSettings)})
+
+
+def task_settings(given: Any) -> TaskSettings:
+    """The data.task section from a mapping of task names to their settings (a task left out, or
+    a setting, takes its defaults); an unknown task is named with the tasks there are."""
+    if given is None:
+        given = {}
+    elif hasattr(given, "as_dict"):  # a jsonargparse Namespace
+        given = given.as_dict()
+    elif dataclasses.is_dataclass(given) and not isinstance(given, type):
+        given = {f.name: getattr(given, f.name) for f in fields(given)}
+    if not isinstance(given, Mapping):
+        raise UserError(
+            f"data.task: is {given!r}, not a mapping of task names to their settings; "
+            "write e.g. task: {zoology: {pairs: 16}}"
+        )
+    for name in given:
+        if name not in TASKS:
+            raise UserError(
+                f"data.task.{name}: there is no task {name!r}{nearest(str(name), TASKS)}; "
+                f"the tasks are {', '.join(TASKS)}"
+            )
+    return TaskSettings(**{name: build_options(name, section) for name, section in given.items()})
+
+
+# -- settings of a data source the run does not read --------------------------------------------
+
+# What decides how a text is prepared: read by every text source, by no task (a task builds its
+# own samples and tokenizer).
+PREPARE_SETTINGS = (
+    "tokenizer",
+    "bpe_vocab_size",
+    "tokenizer_train_bytes",
+    "max_tokens",
+    "decode_errors",
+    "cache_dir",
+    "num_proc",
+    "shard_tokens",
+)
+# The settings only some sources read; a setting not named here (source, the loader's, documents)
+# is read by every source, or checked where it is read.
+SOURCE_SETTINGS: dict[str, tuple[str, ...]] = {
+    "shakespeare": PREPARE_SETTINGS,
+    "files": (*PREPARE_SETTINGS, "train_files", "val_files", "val_fraction", "text_column"),
+    "hf": (
+        *PREPARE_SETTINGS,
+        "hf_name",
+        "hf_config",
+        "hf_train_split",
+        "hf_val_split",
+        "hf_data_files",
+        "hf_revision",
+        "val_fraction",
+        "text_column",
+    ),
+    **{name: ("toy_train_size", "toy_val_size", f"task.{name}") for name in TASKS},
+}
+
+
+def sources_reading(key: str) -> list[str]:
+    """The data sources that read a key of the data section ("train_files", "task.zoology.vocab");
+    every source for a key no source owns."""
+    owners = [
+        source
+        for source, keys in SOURCE_SETTINGS.items()
+        if any(key == owned or key.startswith(owned + ".") for owned in keys)
+    ]
+    return owners or list(SOURCE_SETTINGS)
+
+
+def check_given_settings(source: str, given: Mapping[str, Any]) -> None:
+    """Refuse a setting the user gave (`given`: dotted keys of the data section, as a config file
+    or a flag wrote them, at a value other than its default) that data.source does not read: it
+    would change nothing, and a user who wrote it meant data the run does not train on."""
+    if source not in SOURCE_SETTINGS:
+        return  # DataConfig names an unknown source
+    for key in given:
+        owners = sources_reading(key)
+        if source not in owners:
+            readers = ", ".join(owners[:-1]) + (" or " if len(owners) > 1 else "") + owners[-1]
+            raise UserError(
+                f"data.{key}: data.source {source} does not read it (only data.source {readers} "
+                f"{'do' if len(owners) > 1 else 'does'}); set --data.source {owners[0]}, or remove data.{key}"
+            )
+
+
+def given_settings(args: Sequence[str]) -> dict[str, Any]:
+    """The data settings the user gave in `args` (the train command's arguments, settled: every
+    config file after its bases, see minitx/files/configs.py) at a value other than its default:
+    {dotted key inside the data section: value}. Defaults are not counted, so a saved run config
+    (which writes every setting out) and configs/default.yaml give nothing here by themselves."""
+    merged: dict[str, Any] = {}
+    for flag, value in _flags(list(args)):
+        if flag == "--config":
+            data = _data_section_of(value)
+            merged.update(_dotted(data))
+        elif flag == "--data":
+            loaded = _yaml(value)
+            if isinstance(loaded, Mapping):
+                merged.update(_dotted(loaded))
+        elif flag.startswith("--data."):
+            merged.update(_dotted({flag[len("--data.") :]: _yaml(value)}))
+    defaults = _dotted(_plain(DataConfig()))
+    return {key: value for key, value in merged.items() if key in defaults and value != defaults[key]}
+
+
+def _flags(args: list[str]):
+    """(flag, value) of each --config and --data... in args ("--x v" or "--x=v")."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, inline = arg.partition("=")
+        if name in ("-c", "--config") or name == "--data" or name.startswith("--data."):
+            flag = "--config" if name == "-c" else name
+            if eq:
+                yield flag, inline
+                i += 1
+            else:
+                yield flag, args[i + 1] if i + 1 < len(args) else None
+                i += 2
+        else:
+            i += 1
+
+
+def _yaml(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+
+
+def _data_section_of(path: Any) -> dict:
+    try:
+        data = yaml.safe_load(Path(str(path)).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}  # the parser reports it
+    section = data.get("data") if isinstance(data, dict) else None
+    return section if isinstance(section, dict) else {}
+
+
+def _dotted(section: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"task": {"zoology": {"vocab": 64}}} -> {"task.zoology.vocab": 64}; only `task` nests."""
+    out: dict[str, Any] = {}
+    for key, value in section.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and (name == "task" or name.startswith("task.")):
+            out.update(_dotted(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def _plain(config: DataConfig) -> dict[str, Any]:
+    return dataclasses.asdict(config)

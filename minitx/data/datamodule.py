@@ -134,6 +134,16 @@ class TextDataModule(L.LightningDataModule):
                 f"TextDataModule: {key} is now {legacy.DATA_FIELDS[key]}", DeprecationWarning, stacklevel=2
             )
             settings[legacy.DATA_FIELDS[key]] = settings.pop(key)  # in place: the call below stays as it is
+        old_task_keys = sorted(set(settings) & set(legacy.DATA_TASK_FIELDS))
+        if old_task_keys:  # a task's flat keyword, from Python: moved into its task's section
+            warnings.warn(
+                "TextDataModule: "
+                + "; ".join(f"{key} is now {legacy.data_task_spelling(key)}" for key in old_task_keys),
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            moved = legacy.data_section({key: settings.pop(key) for key in old_task_keys})["task"]
+            settings["task"] = _with_sections(settings.get("task"), moved)
         # jsonargparse reads the data section's keys from this call: keep it DataConfig(**settings).
         self.config = DataConfig(**settings)
         config = self.config
@@ -144,7 +154,7 @@ class TextDataModule(L.LightningDataModule):
         self.num_workers = config.num_workers
         self.seed = config.seed
         self.val_batches = config.val_batches
-        self.task = config.task()  # the synthetic task's config, for source in TASKS
+        self.task = config.synthetic_task()  # the known-answer task, for source in TASKS
         self.toy_train_size, self.toy_val_size = config.toy_train_size, config.toy_val_size
         self.settings = config.prepare_settings()  # what prepare() reads
 
@@ -328,3 +338,17 @@ class TextDataModule(L.LightningDataModule):
                 f"(fingerprint {saved}, now {self._tokenizer.fingerprint()}); "
                 "resume with the same data settings as the original run"
             )
+
+
+def _with_sections(task: Any, moved: dict) -> dict:
+    """The data.task mapping `task` (a mapping, TaskSettings or None) with `moved`'s settings
+    added where it does not set them."""
+    if task is None:
+        sections: dict = {}
+    elif dataclasses.is_dataclass(task):
+        sections = {name: dataclasses.asdict(getattr(task, name)) for name in task.__dataclass_fields__}
+    else:
+        sections = {name: dict(section or {}) for name, section in task.items()}
+    for name, section in moved.items():
+        sections[name] = {**section, **sections.get(name, {})}
+    return sections

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import string
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 
+from minitx.data.task import Task, TaskSpec
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import require
 
@@ -26,33 +28,26 @@ LETTERS = string.ascii_lowercase
 
 
 @dataclass(frozen=True)
-class InductionSettings:
-    """The induction-heads task's settings (data.source=induction), as a config writes them."""
+class InductionConfig(Task):
+    """data.task.induction: the induction-heads task's settings (data.source=induction)."""
 
-    induction_vocab: int = 16
-    induction_length: int = 256
-
-    def task(self) -> InductionConfig:
-        return InductionConfig(vocab=self.induction_vocab, length=self.induction_length)
-
-
-@dataclass(frozen=True)
-class InductionConfig:
-    # Set through the data module: data.induction_vocab, data.induction_length.
     vocab: int = 16  # the trigger and vocab - 1 letters
     length: int = 256  # the model's input tokens; the target is one more
 
     def __post_init__(self) -> None:
         require(
             3 <= self.vocab <= len(LETTERS) + 1,
-            f"data.induction_vocab: must be 3..{len(LETTERS) + 1} (the trigger and its letters), got {self.vocab}",
+            f"data.task.induction.vocab: must be 3..{len(LETTERS) + 1} (the trigger and its letters), got {self.vocab}",
         )
         require(
             self.length >= 3,
-            f"data.induction_length: must be at least 3 (trigger, letter, trigger), got {self.length}",
+            f"data.task.induction.length: must be at least 3 (trigger, letter, trigger), got {self.length}",
         )
 
-    # The synthetic-task interface (see ToyTaskConfig in toy.py).
+    recalls: ClassVar[bool] = True
+    sweeps_lengths: ClassVar[bool] = True
+
+    # The task interface (minitx/data/task.py).
     def sample(self, seed: int, index: int) -> InductionSample:
         return induction_sample(self, seed, index)
 
@@ -79,6 +74,12 @@ class InductionConfig:
     def at_length(self, length: int) -> InductionConfig:
         """The same task at another input length (for the accuracy past the trained length)."""
         return replace(self, length=length)
+
+    def trained_span(self) -> tuple[int, int]:
+        return self.longest_distance(), self.latest_value()
+
+
+INDUCTION = TaskSpec("induction", InductionConfig, length_option="length")
 
 
 @dataclass(frozen=True)

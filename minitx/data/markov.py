@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minitx.data.task import Task, TaskSpec
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import require
 
@@ -37,22 +38,9 @@ SYMBOLS = string.ascii_lowercase  # state i is the letter SYMBOLS[i]; its token 
 
 
 @dataclass(frozen=True)
-class MarkovSettings:
-    """The in-context Markov chain task's settings (data.source=markov): data.markov_*."""
+class MarkovConfig(Task):
+    """data.task.markov: the in-context Markov chain task's settings (data.source=markov)."""
 
-    markov_states: int = 3
-    markov_length: int = 100
-    markov_concentration: float = 1.0
-
-    def task(self) -> MarkovConfig:
-        return MarkovConfig(
-            states=self.markov_states, length=self.markov_length, concentration=self.markov_concentration
-        )
-
-
-@dataclass(frozen=True)
-class MarkovConfig:
-    # Set through the data module: data.markov_states, data.markov_length, data.markov_concentration.
     states: int = 3  # k: symbols of the chain
     length: int = 100  # tokens per sample (length - 1 of them scored)
     concentration: float = 1.0  # a: each transition row ~ Dirichlet(a, ..., a); 1 is uniform on the simplex
@@ -60,15 +48,15 @@ class MarkovConfig:
     def __post_init__(self) -> None:
         require(
             2 <= self.states <= len(SYMBOLS),
-            f"data.markov_states: must be 2..{len(SYMBOLS)}, got {self.states}",
+            f"data.task.markov.states: must be 2..{len(SYMBOLS)}, got {self.states}",
         )
-        require(self.length >= 2, f"data.markov_length: must be at least 2 tokens, got {self.length}")
+        require(self.length >= 2, f"data.task.markov.length: must be at least 2 tokens, got {self.length}")
         require(
             self.concentration > 0,
-            f"data.markov_concentration: must be positive (the Dirichlet prior's), got {self.concentration}",
+            f"data.task.markov.concentration: must be positive (the Dirichlet prior's), got {self.concentration}",
         )
 
-    # The synthetic-task interface (see ToyTaskConfig in toy.py).
+    # The task interface (minitx/data/task.py).
     def sample(self, seed: int, index: int) -> MarkovSample:
         return markov_sample(self, seed, index)
 
@@ -89,6 +77,9 @@ class MarkovConfig:
             "bayes_bigram": float(np.mean([bayes_nats(s.ids, self) for s in samples])),
             "unigram": float(np.mean([unigram_nats(s.ids, self) for s in samples])),
         }
+
+
+MARKOV = TaskSpec("markov", MarkovConfig, length_option="length")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minitx.data.task import Task, TaskSpec
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import UserError, require
 
@@ -36,23 +37,9 @@ def symbol(i: int) -> str:
 
 
 @dataclass(frozen=True)
-class MQARSettings:
-    """MQAR's settings (data.source=mqar), as a config writes them: data.mqar_*."""
+class MQARConfig(Task):
+    """data.task.mqar: MQAR's settings (data.source=mqar)."""
 
-    mqar_vocab: int = 64
-    mqar_pairs: int = 8
-    mqar_queries: int = 8
-    mqar_seq_len: int = 64
-
-    def task(self) -> MQARConfig:
-        return MQARConfig(
-            vocab=self.mqar_vocab, pairs=self.mqar_pairs, queries=self.mqar_queries, seq_len=self.mqar_seq_len
-        )
-
-
-@dataclass(frozen=True)
-class MQARConfig:
-    # Set through the data module: data.mqar_vocab, data.mqar_pairs, data.mqar_queries, data.mqar_seq_len.
     vocab: int = 64  # symbols for keys (the first half) and values (the second half)
     pairs: int = 8  # key-value pairs at the start of each sample
     queries: int = 8  # keys asked for (distinct, from the pairs)
@@ -61,29 +48,29 @@ class MQARConfig:
     def __post_init__(self) -> None:
         require(
             2 <= self.vocab <= MAX_VOCAB,
-            f"data.mqar_vocab: must be 2..{MAX_VOCAB} symbols (half keys, half values), got {self.vocab}",
+            f"data.task.mqar.vocab: must be 2..{MAX_VOCAB} symbols (half keys, half values), got {self.vocab}",
         )
         require(
             1 <= self.pairs <= self.num_keys,
-            f"data.mqar_pairs: must be 1..{self.num_keys}: a sample's keys are distinct and "
-            f"data.mqar_vocab={self.vocab} gives {self.num_keys} keys; got {self.pairs}",
+            f"data.task.mqar.pairs: must be 1..{self.num_keys}: a sample's keys are distinct and "
+            f"data.task.mqar.vocab={self.vocab} gives {self.num_keys} keys; got {self.pairs}",
         )
         require(
             1 <= self.queries <= self.pairs,
-            f"data.mqar_queries: must be 1..data.mqar_pairs ({self.pairs}) distinct keys to ask for, got {self.queries}",
+            f"data.task.mqar.queries: must be 1..data.task.mqar.pairs ({self.pairs}) distinct keys to ask for, got {self.queries}",
         )
         needed = 2 * (self.pairs + self.queries)
         if self.seq_len < needed:
             raise UserError(
-                f"data.mqar_seq_len: {self.pairs} pairs and {self.queries} queries need {needed} tokens, "
-                f"got {self.seq_len}; raise data.mqar_seq_len or lower data.mqar_pairs / data.mqar_queries"
+                f"data.task.mqar.seq_len: {self.pairs} pairs and {self.queries} queries need {needed} tokens, "
+                f"got {self.seq_len}; raise data.task.mqar.seq_len or lower data.task.mqar.pairs / data.task.mqar.queries"
             )
 
     @property
     def num_keys(self) -> int:
         return self.vocab // 2
 
-    # The synthetic-task interface (see ToyTaskConfig in toy.py).
+    # The task interface (minitx/data/task.py).
     def sample(self, seed: int, index: int) -> MQARSample:
         return mqar_sample(self, seed, index)
 
@@ -96,6 +83,9 @@ class MQARConfig:
     @property
     def pad_id(self) -> int:
         return 0  # the filler: first in the sorted alphabet
+
+
+MQAR = TaskSpec("mqar", MQARConfig, length_option="seq_len")
 
 
 @functools.lru_cache(maxsize=8)  # built once per vocabulary, not once per sample

@@ -16,10 +16,12 @@ from __future__ import annotations
 import functools
 import string
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from minitx.data.sources import read_files, shakespeare_text, shakespeare_val_text, split_tail
+from minitx.data.task import Task, TaskSpec
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import UserError, require
 
@@ -31,24 +33,9 @@ DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the depths the evaluation sweeps
 
 
 @dataclass(frozen=True)
-class NeedleSettings:
-    """The needle task's settings (data.source=needle), as a config writes them: data.needle_*."""
+class NeedleConfig(Task):
+    """data.task.needle: the needle task's settings (data.source=needle)."""
 
-    needle_length: int = 256
-    needle_min_length: int | None = None
-    needle_filler: str = "shakespeare"
-
-    def task(self) -> NeedleConfig:
-        return NeedleConfig(
-            length=self.needle_length,
-            min_length=self.needle_min_length,
-            filler=self.needle_filler if self.needle_filler is not None else NeedleConfig.filler,
-        )
-
-
-@dataclass(frozen=True)
-class NeedleConfig:
-    # Set through the data module: data.needle_length, data.needle_min_length, data.needle_filler.
     length: int = 256  # characters (= tokens) of the longest sample
     min_length: int | None = None  # training samples are min_length .. length long (default: all `length`)
     filler: str = (
@@ -58,19 +45,21 @@ class NeedleConfig:
     def __post_init__(self) -> None:
         if self.length < SHORTEST:
             raise UserError(
-                f"data.needle_length: a sample needs at least {SHORTEST} characters for the fact, the "
+                f"data.task.needle.length: a sample needs at least {SHORTEST} characters for the fact, the "
                 f"question and the answer; got {self.length}"
             )
         require(
             SHORTEST <= self.shortest <= self.length,
-            f"data.needle_min_length: must be {SHORTEST}..data.needle_length ({self.length}), got {self.min_length}",
+            f"data.task.needle.min_length: must be {SHORTEST}..data.task.needle.length ({self.length}), got {self.min_length}",
         )
 
     @property
     def shortest(self) -> int:
         return self.length if self.min_length is None else self.min_length
 
-    # The synthetic-task interface (see ToyTaskConfig in toy.py).
+    depth_grid: ClassVar[bool] = True  # evaluated over depths x lengths (minitx/evaluation/tasks.py)
+
+    # The task interface (minitx/data/task.py).
     def sample(self, seed: int, index: int) -> NeedleSample:
         rng = np.random.default_rng(
             [seed, index, 1]
@@ -89,6 +78,9 @@ class NeedleConfig:
         return 0
 
 
+NEEDLE = TaskSpec("needle", NeedleConfig, length_option="length")
+
+
 @functools.lru_cache(maxsize=1)
 def needle_tokenizer() -> CharTokenizer:
     return CharTokenizer(ALPHABET)
@@ -100,7 +92,9 @@ def filler_text(filler: str, split: str) -> str:
     if filler == "shakespeare":
         text = shakespeare_val_text() if split == "test" else shakespeare_text()[0]
     else:
-        train, test = split_tail(read_files(filler, "data.needle_filler"), 0.1, "data.needle_filler")
+        train, test = split_tail(
+            read_files(filler, "data.task.needle.filler"), 0.1, "data.task.needle.filler"
+        )
         text = test if split == "test" else train
     keep = set(ALPHABET) - {MARK, ASK}
     return "".join(ch if ch in keep else " " for ch in text)
@@ -131,8 +125,8 @@ def needle_sample(
     hay_len = length - SHORTEST
     if len(filler) <= hay_len:
         raise UserError(
-            f"data.needle_filler: the {split} filler has {len(filler)} characters, fewer than a haystack of "
-            f"{hay_len}; give more text or lower data.needle_length"
+            f"data.task.needle.filler: the {split} filler has {len(filler)} characters, fewer than a haystack of "
+            f"{hay_len}; give more text or lower data.task.needle.length"
         )
     start = int(rng.integers(len(filler) - hay_len))
     hay = filler[start : start + hay_len]

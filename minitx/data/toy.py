@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from minitx.data.task import Task, TaskSpec
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import UserError, require
 
@@ -30,29 +31,29 @@ TARGETS = ("block", "first", "last")
 
 
 @dataclass(frozen=True)
-class ToySettings:
-    """The toy task's settings (data.source=toy), as a config writes them: data.toy_*."""
+class ToyOptions:
+    """data.task.toy: the toy task's settings (data.source=toy)."""
 
-    toy_n: int = 5  # letters per block
-    toy_query_len: int = 2  # query letters
-    toy_blocks: int = 10  # blocks per sample (the most, with toy_min_blocks)
-    toy_min_blocks: int | None = None  # the fewest blocks per sample (unset: exactly toy_blocks)
-    toy_target: str = "block"  # "block", "first" or "last"
+    n: int = 5  # letters per block (the paper uses 5 and 8)
+    query_len: int = 2  # query letters
+    blocks: int = 10  # blocks per sample (the most, with min_blocks)
+    min_blocks: int | None = None  # the fewest blocks per sample (unset: exactly `blocks`)
+    target: str = "block"  # "block", "first" or "last"
 
     def task(self) -> ToyTaskConfig:
         return ToyTaskConfig(
-            block_len=self.toy_n,
-            query_len=self.toy_query_len,
-            min_blocks=self.toy_min_blocks or self.toy_blocks,
-            max_blocks=self.toy_blocks,
-            target=self.toy_target,
+            block_len=self.n,
+            query_len=self.query_len,
+            min_blocks=self.min_blocks or self.blocks,
+            max_blocks=self.blocks,
+            target=self.target,
         )
 
 
 @dataclass(frozen=True)
-class ToyTaskConfig:
-    # Users set these through the data module (data.toy_n, data.toy_query_len, data.toy_min_blocks,
-    # data.toy_blocks, data.toy_target), so the error messages name those keys.
+class ToyTaskConfig(Task):
+    # Users set these through ToyOptions (data.task.toy.n, .query_len, .min_blocks, .blocks,
+    # .target), so the error messages name those keys.
     block_len: int = 5  # N: letters per block (the paper uses 5 and 8)
     query_len: int = 2  # L: query letters
     min_blocks: int = 10
@@ -62,24 +63,24 @@ class ToyTaskConfig:
     def __post_init__(self) -> None:
         require(
             1 <= self.block_len <= len(LETTERS),
-            f"data.toy_n: must be 1..{len(LETTERS)} letters per block, got {self.block_len}",
+            f"data.task.toy.n: must be 1..{len(LETTERS)} letters per block, got {self.block_len}",
         )
         require(
             1 <= self.query_len <= self.block_len,
-            f"data.toy_query_len: must be 1..data.toy_n ({self.block_len}), got {self.query_len}",
+            f"data.task.toy.query_len: must be 1..data.task.toy.n ({self.block_len}), got {self.query_len}",
         )
         require(
             1 <= self.min_blocks <= self.max_blocks,
-            f"data.toy_min_blocks: need 1 <= data.toy_min_blocks <= data.toy_blocks, "
+            f"data.task.toy.min_blocks: need 1 <= data.task.toy.min_blocks <= data.task.toy.blocks, "
             f"got {self.min_blocks} and {self.max_blocks}",
         )
         if self.target not in TARGETS:
             raise UserError(
-                f"data.toy_target: unknown target {self.target!r}; choose one of {', '.join(TARGETS)}"
+                f"data.task.toy.target: unknown target {self.target!r}; choose one of {', '.join(TARGETS)}"
             )
 
-    # What every synthetic task's config offers (toy here, mqar.py, needle.py): the batch classes
-    # below, the data module and the evaluation use only these.
+    # The task interface (minitx/data/task.py): the batch classes below, the data module and the
+    # evaluation use only these.
     def sample(self, seed: int, index: int) -> ToySample:
         return toy_sample(self, seed, index)
 
@@ -92,6 +93,9 @@ class ToyTaskConfig:
     @property
     def pad_id(self) -> int:
         return toy_tokenizer().encode(BLOCK_SEP)[0]
+
+
+TOY = TaskSpec("toy", ToyOptions, length_option="blocks", build=ToyOptions.task)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,11 @@ positions are scored (every other target is ignored, -100). Unlike the `mqar` ta
 (minitx/data/mqar.py), the answers are never written into the sequence, so a later query cannot
 see an earlier answer.
 
+With `random_non_queries` (Zoology's name; its generator's default, off in its Figure 2 config
+and here) every filler position of the input holds a token drawn uniformly from the whole
+vocabulary instead of 0: the same pairs, gaps and scored positions, among distractors that may
+look like keys and values.
+
 As text, token id t is the character U+4E00 + t (CJK ideographs in code-point order), so the
 character tokenizer's ids are exactly Zoology's token ids.
 """
@@ -22,9 +27,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
+from minitx.data.task import Task, TaskSpec
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import require
 
@@ -34,49 +41,40 @@ FILLER_ID = 0
 
 
 @dataclass(frozen=True)
-class ZoologySettings:
-    """The Zoology MQAR task's settings (data.source=zoology), as a config writes them: data.zoology_*."""
+class ZoologyConfig(Task):
+    """data.task.zoology: the task's settings (data.source=zoology), named as Zoology names them
+    where it names them (random_non_queries)."""
 
-    zoology_vocab: int = 8192
-    zoology_pairs: int = 8
-    zoology_seq_len: int = 128
-    zoology_power_a: float = 0.01
-
-    def task(self) -> ZoologyConfig:
-        return ZoologyConfig(
-            vocab=self.zoology_vocab,
-            pairs=self.zoology_pairs,
-            seq_len=self.zoology_seq_len,
-            power_a=self.zoology_power_a,
-        )
-
-
-@dataclass(frozen=True)
-class ZoologyConfig:
-    # Set through the data module: data.zoology_vocab, _pairs, _seq_len, _power_a.
     vocab: int = 8192  # token 0 is the filler, the first half the keys, the second the values
     pairs: int = 8  # key-value pairs, every one of them asked
     seq_len: int = 128  # the model's input length (Zoology's input_seq_len)
     power_a: float = 0.01  # a query's gap g has weight (g + 1)^(power_a - 1)
+    # Zoology's random filler: every input position that is not a key, value or query holds a
+    # token drawn uniformly from the whole vocabulary (keys and values included: distractors),
+    # as multiquery_ar's default and later Zoology configs and papers have it. False (the
+    # default): the filler stays token 0, as Zoology's Figure 2 config sets it.
+    random_non_queries: bool = False
+
+    recalls: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         require(
             4 <= self.vocab <= MAX_VOCAB and self.vocab % 2 == 0,
-            f"data.zoology_vocab: must be an even number in 4..{MAX_VOCAB}, got {self.vocab}",
+            f"data.task.zoology.vocab: must be an even number in 4..{MAX_VOCAB}, got {self.vocab}",
         )
         require(
             1 <= self.pairs <= self.vocab // 2 - 1,
-            f"data.zoology_pairs: must be 1..{self.vocab // 2 - 1} (keys are distinct ids in "
+            f"data.task.zoology.pairs: must be 1..{self.vocab // 2 - 1} (keys are distinct ids in "
             f"1..{self.vocab // 2 - 1}), got {self.pairs}",
         )
         require(
             self.seq_len % 2 == 0 and self.seq_len >= 4 * self.pairs,
-            f"data.zoology_seq_len: must be even and at least 4 x data.zoology_pairs = {4 * self.pairs} "
-            f"(the pairs, then a slot for every query), got {self.seq_len}",
+            f"data.task.zoology.seq_len: must be even and at least 4 x data.task.zoology.pairs = "
+            f"{4 * self.pairs} (the pairs, then a slot for every query), got {self.seq_len}",
         )
         require(
             0.0 < self.power_a <= 1.0,
-            f"data.zoology_power_a: must be in (0, 1] (1: uniform gaps), got {self.power_a}",
+            f"data.task.zoology.power_a: must be in (0, 1] (1: uniform gaps), got {self.power_a}",
         )
 
     @property
@@ -88,7 +86,7 @@ class ZoologyConfig:
         """p(g) proportional to (g + 1)^(power_a - 1), g = 0 .. S - 1 (for the first query drawn)."""
         return gap_probabilities(self.gap_slots, self.power_a)
 
-    # The synthetic-task interface (see ToyTaskConfig in toy.py).
+    # The task interface (minitx/data/task.py).
     def sample(self, seed: int, index: int) -> ZoologySample:
         return zoology_sample(self, seed, index)
 
@@ -147,6 +145,8 @@ def zoology_sample(config: ZoologyConfig, seed: int, index: int) -> ZoologySampl
     ids[0:context:2], ids[1:context:2] = keys, values
     queries = context + 2 * gaps
     ids[queries] = keys
+    if config.random_non_queries:
+        fill_at_random(ids, config.vocab, rng)
     targets = ids.copy()
     targets[queries + 1] = values  # the input there stays filler: only the target holds the value
     loss_mask = np.zeros(config.seq_len + 1, dtype=bool)
@@ -159,6 +159,20 @@ def zoology_sample(config: ZoologyConfig, seed: int, index: int) -> ZoologySampl
         targets.tolist(),
         loss_mask.tolist(),
     )
+
+
+def fill_at_random(ids: np.ndarray, vocab: int, rng: np.random.Generator) -> None:
+    """Zoology's random filler, in place: every filler position of the input (all but the last
+    token, which is only ever a target) becomes a token drawn uniformly from 0 .. vocab - 1. Keys,
+    values and queries are never 0, so they stay; a draw may be 0, a key or a value. Drawn after
+    every other draw of the sample, so the pairs and gaps are those of the same sample with the
+    filler at 0."""
+    inputs = ids[:-1]
+    filler = inputs == FILLER_ID
+    inputs[filler] = rng.integers(vocab, size=int(filler.sum()))
+
+
+ZOOLOGY = TaskSpec("zoology", ZoologyConfig, length_option="seq_len")
 
 
 def reach_shares(

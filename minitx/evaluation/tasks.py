@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from ..attention.gdn import GatedDeltaNet
 from ..data.config import DataConfig
 from ..data.needle import DEPTHS, SHORTEST, needle_sample
+from ..data.task import Task
 from ..data.toy import IGNORE_INDEX, exact_match, toy_batch
 from ..errors import UserError
 from .lengths import length_refusal
@@ -160,7 +161,7 @@ def needle_grid(
 
 
 def task_by_length(
-    model, task, stream: int, start: int, lengths: list[int], samples: int | None, progress: Progress
+    model, task: Task, stream: int, start: int, lengths: list[int], samples: int | None, progress: Progress
 ) -> dict:
     """Figures of the task at each of `lengths` input tokens (task.at_length), on fresh samples;
     a length the model cannot run (learned positions past block_size) is given with its reason.
@@ -177,7 +178,7 @@ def task_by_length(
             continue
         at = task.at_length(length)
         test_set = [at.sample(stream, start + i) for i in range(samples or SAMPLES)]
-        span = TrainedSpan(task.longest_distance(), task.latest_value()) if length > task.length else None
+        span = TrainedSpan(*task.trained_span()) if length > task.max_length() - 1 else None
         scored = figures(
             score_samples(model, test_set, at.pad_id, progress.stage(f"length {length}"), span=span)
         )
@@ -206,7 +207,7 @@ def evaluate_task(
 ) -> dict:
     """The figures of a checkpoint trained on data.source in TASKS, on a fresh test set."""
     source = data["source"]
-    task = DataConfig.from_config(data).task()
+    task = DataConfig.from_config(data).synthetic_task()
     if task.tokenizer().fingerprint() != tokenizer.fingerprint():
         raise UserError(
             f"--ckpt: its tokenizer is not the {source} task's; the file is damaged or from another version"
@@ -221,7 +222,7 @@ def evaluate_task(
         "task": {"name": source, "seed": seed, "stream": stream, "first_sample": start},
         "by_length": {},
     }
-    if source == "needle":
+    if task.depth_grid:
         totals, heatmap, result["by_length"] = needle_grid(
             model, task, stream, start, lengths, samples or NEEDLE_SAMPLES, progress
         )
@@ -231,11 +232,14 @@ def evaluate_task(
             raise UserError(f"--ckpt: the {source} task's samples are longer than the model's block_size")
         test_set = [task.sample(stream, start + i) for i in range(samples or SAMPLES)]
         totals = score_samples(model, test_set, task.pad_id, progress.stage(f"{source} test set"))
-        if hasattr(task, "reference_losses"):  # what known strategies lose on the same samples (markov)
-            result["task"]["reference_losses"] = task.reference_losses(test_set)
-        if hasattr(task, "at_length"):  # the same task at other lengths (induction): --lengths
+        # The task's evaluation hooks (minitx/data/task.py's Task): each None or False where the
+        # task offers none.
+        reference = task.reference_losses(test_set)  # what known strategies lose here (markov)
+        if reference is not None:
+            result["task"]["reference_losses"] = reference
+        if task.sweeps_lengths:  # the same task at other lengths (induction): --lengths
             result["by_length"] = task_by_length(model, task, stream, start, lengths, samples, progress)
-        if hasattr(test_set[0], "recall_positions"):  # a recall task (zoology, induction)
+        if task.recalls:  # a recall task (zoology, induction): its samples' recall_positions
             result["task"]["recall_circuit"] = task_recall_circuit(
                 model, test_set[:CIRCUIT_SAMPLES], task.pad_id
             )

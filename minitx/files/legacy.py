@@ -10,6 +10,8 @@ Spellings that changed:
   kind now owns its options under `attention.options.<kind>` (ATTENTION_FIELDS below).
 - `data.vocab_size` was the target size of a trained BPE, while the data module's `vocab_size`
   is the tokenizer's real size: the setting is `data.bpe_vocab_size` (DATA_FIELDS).
+- a known-answer task's settings were flat keys of `data` (`data.zoology_pairs`, ...); each task
+  now owns its settings under `data.task.<task>` (DATA_TASK_FIELDS below).
 """
 
 from __future__ import annotations
@@ -82,10 +84,49 @@ def attention_section(section: dict) -> dict:
 # Old data setting -> its name now.
 DATA_FIELDS = {"vocab_size": "bpe_vocab_size"}
 
+# Old flat data key of a known-answer task -> (the task, its setting's name under data.task.<task>):
+# `data.<task>_<setting>` became `data.task.<task>.<setting>`.
+DATA_TASK_FIELDS: dict[str, tuple[str, str]] = {
+    f"{task}_{name}": (task, name)
+    for task, names in {
+        "toy": ("n", "query_len", "blocks", "min_blocks", "target"),
+        "mqar": ("vocab", "pairs", "queries", "seq_len"),
+        "needle": ("length", "min_length", "filler"),
+        "zoology": ("vocab", "pairs", "seq_len", "power_a"),
+        "induction": ("vocab", "length"),
+        "markov": ("states", "length", "concentration"),
+    }.items()
+    for name in names
+}
+
+
+def data_task_spelling(name: str) -> str:
+    task, option = DATA_TASK_FIELDS[name]
+    return f"task.{task}.{option}"
+
 
 def data_section(section: Mapping[str, Any]) -> dict:
-    """A saved data section (a run's config.yaml, a checkpoint's train_config) in today's names."""
-    return {DATA_FIELDS.get(key, key): value for key, value in section.items()}
+    """A saved data section (a run's config.yaml, a checkpoint's train_config) in today's names:
+    the flat keys of the known-answer tasks moved into their tasks' sections (a value the section
+    already holds wins)."""
+    out = {DATA_FIELDS.get(key, key): value for key, value in section.items() if key not in DATA_TASK_FIELDS}
+    old = {key: value for key, value in section.items() if key in DATA_TASK_FIELDS}
+    if old:
+        tasks = out.get("task")
+        tasks = (
+            {name: dict(s) if isinstance(s, Mapping) else s for name, s in (tasks or {}).items()}
+            if isinstance(tasks, Mapping)
+            else {}
+        )
+        for key, value in old.items():
+            task, option = DATA_TASK_FIELDS[key]
+            if task == "needle" and option == "filler" and value is None:
+                continue  # an older minitx read a null filler as the default
+            section_of_task = tasks.setdefault(task, {})
+            if isinstance(section_of_task, dict):
+                section_of_task.setdefault(option, value)
+        out["task"] = tasks
+    return out
 
 
 def renamed_key(key: str) -> str | None:
@@ -96,4 +137,6 @@ def renamed_key(key: str) -> str | None:
         return f"{head}.{attention_spelling(last)}"
     if last in DATA_FIELDS and head == "data":
         return f"data.{DATA_FIELDS[last]}"
+    if last in DATA_TASK_FIELDS and head == "data":
+        return f"data.{data_task_spelling(last)}"
     return None

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig, check_given_options, used_kinds
-from ..data.config import DataConfig
+from ..data.config import DataConfig, check_given_settings, given_settings
 from ..errors import UserError
 from ..files.configs import given_options
 from ..generation.inputs import machine_memory
@@ -198,6 +198,11 @@ def check_settings(config: Any, args: Sequence[str] = ()) -> None:
     check_options_given(config["model"]["attention"], args)
     # After the model's: data.block_size is model.block_size (linked), named as the model's.
     check_data_section(config["data"].as_dict())
+    # Settings of a data source (a text source or a task) that data.source does not read, given
+    # by a config file or a flag at other than their defaults, as unused attention options are.
+    check_given_settings(
+        config["data"]["source"], given_settings(args if isinstance(args, (list, tuple)) else ())
+    )
 
 
 def check_options_given(attention: Any, args: Sequence[str]) -> None:
