@@ -15,6 +15,7 @@ from .plain_sweep import run_plain
 from .plan.budget import match_budgets
 from .plan.ladder import check_design_keys
 from .plan.sweep import Sweep, load_sweep
+from .runs import from_csv
 from .runs.eval_runs import (
     diagnose_runs,  # noqa: F401  (its address before runs/ held it)
     sweep_kind_modules,
@@ -93,6 +94,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--report-only",
         action="store_true",
         help="rebuild the table and plots from finished runs (no training, no new evaluations)",
+    )
+    parser.add_argument(
+        "--from-csv",
+        default=None,
+        metavar="FILE",
+        help="with --report-only: rebuild a designed sweep's report into --output from its results.csv, no runs needed",
+    )
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        metavar="NAME",
+        help="with --report-only: the arm a designed sweep's report compares the others with (default the first)",
     )
     parser.add_argument("train_args", nargs="*", help="extra training arguments for every run, after --")
     return parser.parse_args(argv)
@@ -203,6 +216,7 @@ def make_launcher(args: argparse.Namespace, log=print) -> Launcher:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     sweep, config_path = prepare(args)
+    from_csv.check_options(args.from_csv, args.baseline, args.report_only, args.output, sweep, config_path)
     try:
         run_and_report(args, sweep, config_path)
     except SweepSubmitted as submitted:
@@ -227,7 +241,8 @@ def run_and_report(args: argparse.Namespace, sweep: Sweep, config_path: Path) ->
         trust_kind_modules=sweep_kind_modules(sweep, args.train_args),
     )
     if sweep.design.active:  # a budget, a learning-rate sweep or a ladder
-        run_designed(sweep, output, title, launcher, **given)
+        csv_path = Path(args.from_csv) if args.from_csv else None
+        run_designed(sweep, output, title, launcher, **given, results_csv=csv_path, baseline=args.baseline)
     else:
         run_plain(sweep, output, title, launcher, seeds=args.seeds or sweep.seeds, **given)
 

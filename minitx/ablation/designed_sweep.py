@@ -20,6 +20,7 @@ from ..files.atomic import read_json, write_json_atomically, write_text_atomical
 from .analysis.designed import analyse
 from .plan.ladder import Plan, Point, make_plan
 from .report.designed import DESIGN_PLOTS, write_design_results
+from .runs import from_csv
 from .runs.eval_runs import diagnose_run
 from .runs.launch import run_sweep
 from .runs.results import RunResults
@@ -94,8 +95,14 @@ def run_designed(
     dry_run: bool = False,
     trust_kind_modules: Sequence[str] = (),
     log=print,
+    results_csv: Path | None = None,
+    baseline: str | None = None,
 ) -> Plan:
+    """`results_csv`: a results.csv read in place of the runs (runs/from_csv.py), with report_only;
+    `baseline`: the arm the report compares the others with (default the file's first)."""
     plan = make_plan(sweep, output, extra, logging)
+    if baseline is not None:
+        from_csv.put_baseline_first(plan, baseline)
     # Each RunResults() below is what the runs on disk hold at that moment: the plan grows from
     # the runs as they finish, and the analysis reads them once they all have.
     if dry_run:
@@ -112,14 +119,16 @@ def run_designed(
         log(f"# then {later}; {output / BASE_SNAPSHOT} is written when the sweep runs")
         log_count(plan, lambda line: log("# " + line))
         return plan
-    if report_only:
+    # A results.csv stands for the runs (--from-csv, with report_only): none needs to be on disk
+    recorded = from_csv.read_results(results_csv, plan) if results_csv is not None else None
+    if report_only and recorded is None:
         check_plan_version(plan, output)
         first, second, _ = plan.all_points(RunResults())
         if not any(is_finished(p.run) for p in first + second):
             raise UserError(
                 f"--report-only: {str(output)!r} holds no finished run of this sweep; run it first (without --report-only)"
             )
-    else:
+    elif not report_only:
         output.mkdir(parents=True, exist_ok=True)
         write_json_atomically(output / PLAN_FILE, {"version": PLAN_VERSION})
         log_count(plan, log)
@@ -134,13 +143,18 @@ def run_designed(
                 tried |= {p.run.directory for p in points}
         for point in sum(plan.all_points(RunResults()), []):
             diagnose_run(point.run, trust_kind_modules, log)
-    trained = RunResults()
+    trained = recorded if recorded is not None else RunResults()
     phases = plan.all_points(trained)
+    if recorded is not None:
+        from_csv.check_planned(recorded, sum(phases, []))
     report_instability(phases[0] + phases[1], trained, log)
     for rate in plan.rates(trained).values():
         if rate.refused:
             log(f"ablate: refused {rate.arm}: {rate.refused}")
     analysis = analyse(plan, phases, trained)
+    if recorded is not None:
+        analysis.notes.extend(from_csv.notes(recorded, plan, sum(phases, [])))
+        output.mkdir(parents=True, exist_ok=True)
     write_design_results(plan, analysis, sum(phases, []), title, trained)
     given = given_arguments(_unique_runs(sum(phases, [])))
     if given:  # what the runs were given besides the sweep file: part of what the table measured

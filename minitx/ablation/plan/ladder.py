@@ -96,8 +96,19 @@ class Rate:
 
     @property
     def refused(self) -> str:
-        """Why the arm has no rate (it is then left out of the ladder and the fits), or ""."""
+        """Why the arm has no rate (it is then left out of the ladder and the fits), or "" (never
+        for rates as recorded: its ladder was trained at them)."""
+        return "" if self.recorded else self.rule_refused
+
+    @property
+    def rule_refused(self) -> str:
+        """Why the rule (rates.py) refuses the arm, or "", whatever rates the ladder uses."""
         return self.choice.refused or self.confirmed.refused
+
+    # by_size as a results.csv recorded the arm's ladder (Plan.recorded_rates), in place of the
+    # rule's own choice, kept in rule_by_size (empty: the rule has none from the recorded runs)
+    recorded: bool = False
+    rule_by_size: dict[str, float] = field(default_factory=dict)
 
     grid: tuple[float, ...] = ()  # lr_sweep.multipliers as the file lists them
 
@@ -133,6 +144,10 @@ class Plan:
     logging: Sequence[str] = ()
     lr_bases: dict[str, float] = field(default_factory=dict)
     vocabularies: dict[str, int] = field(default_factory=dict)  # arm -> its data's tokenizer size
+    # arm -> size -> the multiplier its ladder was trained at, where a results.csv is re-analysed
+    # (runs/from_csv.py): the learning-rate rule may have changed since, and the ladder's runs
+    # were trained at these; rates() uses them in place of the rule's choice
+    recorded_rates: dict[str, dict[str, float]] = field(default_factory=dict)
 
     # -- what each arm costs ------------------------------------------------------------------
     def steps(self, arm: str, size: str, budget: float | None) -> int:
@@ -229,6 +244,14 @@ class Plan:
                 for s in self.sizes
             }
             rate.by_size[small], rate.by_size[large] = chosen, top
+        return self._apply_recorded_rates(found)
+
+    def _apply_recorded_rates(self, found: dict[str, Rate]) -> dict[str, Rate]:
+        """Each arm's recorded rates (recorded_rates) in place of the rule's, which stay visible."""
+        for arm, by_size in self.recorded_rates.items():
+            rate = found.get(arm)
+            if rate is not None and set(by_size) == {s.name for s in self.sizes}:
+                rate.rule_by_size, rate.by_size, rate.recorded = rate.by_size, dict(by_size), True
         return found
 
     def ladder_points(self, found: dict[str, Rate]) -> list[Point]:

@@ -1,0 +1,440 @@
+"""A designed sweep's results.csv read in place of its runs: `ablate --report-only --from-csv FILE`.
+
+The CSV (report/designed.py writes it: one row per run) holds what the analysis reads of each run:
+its final val loss, status, steps, training FLOPs and diagnostics. CsvResults gives each planned
+point what its row recorded, as runs/results.py gives what a run directory holds, so a sweep's
+report is rebuilt without its runs: after a change of method, from a colleague's CSV, or for
+another baseline. A row is found by its run's folder name (the last part of run_dir, e.g.
+mha-d32-lr0.25-seed1337), which the plan names the same way; a point without a row is not run.
+
+What a CSV does not hold: the training-loss curve (no run is checked for a spike here) and the
+loss by position (its plot is empty). The ladder's learning rates are taken as recorded
+(Plan.recorded_rates): the rule that chose them may have changed since, and the runs were
+trained at them; the report says where today's rule would choose otherwise.
+
+A CSV that does not fit the config (an arm, size or budget the config lacks, an arm of the
+config without a row, a missing column, a number that is not one) is refused in one line,
+before anything is written.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from ...errors import UserError
+from ...flops import FLOP_CONVENTION, OLDER_CONVENTION
+from ...kinds import nearest
+from ..plan.ladder import BASE_SIZE, Plan, Point
+from ..plan.sweep import Sweep
+from .results import PointResult
+
+# The columns read here (report/designed.py's CSV_FIELDS holds them all; the others are optional:
+# the diagnostics, device, tokens, flops_per_token and branch_of)
+REQUIRED_COLUMNS = (
+    "arm", "size", "budget", "multiplier", "seed", "role", "status", "error", "steps", "flops", "params",
+    "flop_convention", "final_val_loss", "run_dir",
+)  # fmt: skip
+DIAGNOSTIC_COLUMNS = ("first_token_share", "sink_rate", "massive_ratio", "entropy")
+STATUSES = ("ok", "failed", "not run")
+SHOWN = 6  # names listed in a note before "and N more"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One run as the CSV recorded it."""
+
+    line: int  # in the file, the header being line 1
+    name: str  # the run's folder name: the key to the plan's point
+    arm: str
+    size: str
+    budget: str  # as written ("" without a budget)
+    multiplier: float
+    seed: int
+    role: str
+    status: str
+    error: str
+    steps: int
+    flops: float | None  # None for a run that did not finish
+    params: int
+    convention: str
+    loss: float | None  # None unless status is ok
+    diagnostics: dict[str, float] | None
+    device: str
+
+    @property
+    def where(self) -> str:
+        return f"line {self.line} ({self.name})"
+
+
+def _number(text: str, path: Path, where: str, column: str, whole: bool = False) -> float:
+    """A cell as a finite number, else the row and column named in one line."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or (whole and value != int(value)):
+        kind = "a whole number" if whole else "a finite number"
+        raise UserError(
+            f"--from-csv: {path}: {where}: {column} {text!r} is not {kind}; fix or remove the row"
+        )
+    return value
+
+
+def read_rows(path: Path) -> list[Row]:
+    """The CSV's rows, each checked for the columns and numbers the analysis reads."""
+    if path.is_dir():
+        raise UserError(
+            f"--from-csv: {str(path)!r} is a directory; give the results.csv a designed sweep wrote"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(
+            f"--from-csv: file {str(path)!r} not found; give the results.csv a designed sweep wrote"
+        ) from None
+    except UnicodeDecodeError:
+        raise UserError(
+            f"--from-csv: {str(path)!r} is not UTF-8 text; give the results.csv a designed sweep wrote"
+        ) from None
+    reader = csv.DictReader(text.splitlines())
+    columns = reader.fieldnames or []
+    if not columns:
+        raise UserError(f"--from-csv: {path} is empty; give the results.csv a designed sweep wrote")
+    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if missing:
+        raise UserError(
+            f"--from-csv: {path} has no column {', '.join(missing)}; a designed sweep's results.csv has "
+            f"{', '.join(REQUIRED_COLUMNS)} (and the diagnostics)"
+        )
+    rows: list[Row] = []
+    try:
+        for i, raw in enumerate(reader):
+            rows.append(_row(raw, i + 2, path))
+    except csv.Error as error:
+        raise UserError(
+            f"--from-csv: {path}: line {reader.line_num}: not CSV ({error}); fix the file"
+        ) from None
+    if not rows:
+        raise UserError(
+            f"--from-csv: {path} holds no run (a header only); give the results.csv a sweep wrote"
+        )
+    seen: dict[str, Row] = {}
+    for row in rows:
+        if row.name in seen:
+            raise UserError(
+                f"--from-csv: {path}: lines {seen[row.name].line} and {row.line} are both run {row.name}; "
+                "keep one row per run"
+            )
+        seen[row.name] = row
+    return rows
+
+
+def _row(raw: dict, line: int, path: Path) -> Row:
+    cells = {key: (value or "").strip() for key, value in raw.items() if key is not None}
+    if None in raw:  # more cells than the header names
+        raise UserError(f"--from-csv: {path}: line {line} has more cells than the header; fix the row")
+    name = PurePosixPath(cells["run_dir"].replace("\\", "/")).name
+    if not name:
+        raise UserError(f"--from-csv: {path}: line {line}: run_dir is empty; each row names its run's folder")
+    where = f"line {line} ({name})"
+    status = cells["status"]
+    if status not in STATUSES:
+        raise UserError(f"--from-csv: {path}: {where}: status {status!r} is not one of {', '.join(STATUSES)}")
+    loss = flops = None
+    if status == "ok":
+        loss = _number(cells["final_val_loss"], path, where, "final_val_loss")
+        flops = _number(cells["flops"], path, where, "flops")
+    diagnostics = {
+        key: _number(cells[key], path, where, key) for key in DIAGNOSTIC_COLUMNS if cells.get(key, "") != ""
+    }
+    return Row(
+        line,
+        name,
+        cells["arm"],
+        cells["size"],
+        cells["budget"],
+        _number(cells["multiplier"], path, where, "multiplier"),
+        int(_number(cells["seed"], path, where, "seed", whole=True)),
+        cells["role"],
+        status,
+        cells["error"],
+        int(_number(cells["steps"], path, where, "steps", whole=True)),
+        flops,
+        int(_number(cells["params"], path, where, "params", whole=True)),
+        cells["flop_convention"] or OLDER_CONVENTION,
+        loss,
+        diagnostics or None,
+        cells.get("device", ""),
+    )
+
+
+def _budget_text(budget: float | None) -> str:
+    return "" if budget is None else f"{budget:g}"
+
+
+def check_fits_sweep(rows: Sequence[Row], sweep: Sweep, path: Path) -> None:
+    """The CSV's arms, sizes and budgets against the sweep file's (no plan needed): one line for
+    the first that does not fit."""
+    ladder = sweep.design.ladder
+    arms = [v.name for v in sweep.variants]
+    sizes = [s.name for s in ladder.sizes] if ladder else [BASE_SIZE.name]
+    budgets = [_budget_text(b) for b in (ladder.budgets if ladder else [sweep.design.flops])]
+    for row in rows:
+        if row.arm not in arms:
+            raise UserError(
+                f"--from-csv: {path}: {row.where}: arm {row.arm!r} is not a variant of the config"
+                f"{nearest(row.arm, arms)}; its variants: {', '.join(arms)}"
+            )
+        if row.size not in sizes:
+            raise UserError(
+                f"--from-csv: {path}: {row.where}: size {row.size!r} is not one of the config's"
+                f"{nearest(row.size, sizes)}; its sizes: {', '.join(sizes)}"
+            )
+        written = row.budget
+        try:
+            written = _budget_text(float(row.budget)) if row.budget else ""
+        except ValueError:
+            pass
+        if written not in budgets:
+            raise UserError(
+                f"--from-csv: {path}: {row.where}: budget {row.budget!r} is not one of the config's "
+                f"({', '.join(b or 'none' for b in budgets)})"
+            )
+    missing = [arm for arm in arms if not any(row.arm == arm for row in rows)]
+    if missing:
+        held = list(dict.fromkeys(row.arm for row in rows))
+        raise UserError(
+            f"--from-csv: {path} has no row of arm(s) {', '.join(missing)} of the config; "
+            f"add --only {','.join(held)} to re-analyse the arms it holds"
+        )
+    missing = [size for size in sizes if not any(row.size == size for row in rows)]
+    if missing:
+        raise UserError(
+            f"--from-csv: {path} has no row at size(s) {', '.join(missing)} of the config's ladder; "
+            "give the config the CSV was made with"
+        )
+
+
+def check_options(
+    from_csv: str | None,
+    baseline: str | None,
+    report_only: bool,
+    output: str | None,
+    sweep: Sweep,
+    config: Path,
+) -> None:
+    """The command line's --from-csv and --baseline, refused in one line where they cannot be
+    honoured, before the (slower) plan is made; the CSV's rows checked against the sweep file."""
+    if from_csv is not None and not report_only:
+        raise UserError(
+            "--from-csv: only with --report-only (it rebuilds a report, trains nothing); add --report-only"
+        )
+    if baseline is not None and not report_only:
+        raise UserError(
+            "--baseline: only with --report-only (a sweep trains its baseline first: the file's first variant); "
+            "add --report-only to rebuild the report against another arm"
+        )
+    if not sweep.design.active:
+        for flag, given in (("--from-csv", from_csv), ("--baseline", baseline)):
+            if given is not None:
+                raise UserError(
+                    f"{flag}: {config} has no budget, lr_sweep or ladder; only a designed sweep's report is "
+                    "rebuilt this way"
+                )
+    if baseline is not None and baseline not in [v.name for v in sweep.variants]:
+        names = [v.name for v in sweep.variants]
+        raise UserError(
+            f"--baseline: unknown arm {baseline!r}{nearest(baseline, names)}; the arms: {', '.join(names)}"
+        )
+    if from_csv is None:
+        return
+    if output is None:
+        raise UserError("--from-csv: give --output DIR, the folder the rebuilt report is written to")
+    target = Path(output)
+    if target.exists() and not target.is_dir():
+        raise UserError(f"--output: {str(target)!r} is a file; give a directory (new or of this sweep)")
+    source = Path(from_csv)
+    if (target / "results.csv").exists() and source.exists() and (target / "results.csv").samefile(source):
+        raise UserError(
+            f"--output: {str(target)!r} holds {source}, the CSV being read, which the report would rewrite; "
+            "give another folder"
+        )
+    if any(target.glob("runs/*/summary.json")):
+        raise UserError(
+            f"--output: {str(target)!r} holds a sweep's runs, whose report --report-only rebuilds from them; "
+            "give another folder for the CSV's report"
+        )
+    check_fits_sweep(read_rows(source), sweep, source)
+
+
+def put_baseline_first(plan: Plan, baseline: str) -> None:
+    """The analysis compares every arm with the plan's first: the chosen one. The budgets and
+    `match` stay the file's first variant's (make_plan): what the runs were trained by."""
+    if baseline not in plan.arms:
+        raise UserError(
+            f"--baseline: unknown arm {baseline!r}{nearest(baseline, plan.arms)}; the arms: {', '.join(plan.arms)}"
+        )
+    plan.arms = [baseline, *(arm for arm in plan.arms if arm != baseline)]
+
+
+class CsvResults:
+    """PointResult of each point as its CSV row recorded it: call it with a point (as RunResults)."""
+
+    def __init__(self, rows: Sequence[Row], path: Path) -> None:
+        self.path = path
+        self.rows = {row.name: row for row in rows}
+        self._made: dict[str, PointResult] = {}
+        self.used: set[str] = set()  # the rows a planned point asked for
+
+    def __call__(self, point: Point) -> PointResult:
+        name = point.run.directory.name
+        if name not in self._made:
+            self._made[name] = self._result(point, self.rows.get(name))
+        if name in self.rows:
+            self.used.add(name)
+        return self._made[name]
+
+    @staticmethod
+    def _result(point: Point, row: Row | None) -> PointResult:
+        if row is None or row.status == "not run":
+            return PointResult(None, {}, False, point.steps, point.flops, "", None)
+        if row.status == "failed":
+            record = {"status": "failed", "error": row.error or "failed"}
+            return PointResult(None, record, True, point.steps, point.flops, "", row.diagnostics)
+        summary = {
+            "final_val_loss": row.loss,
+            "steps": row.steps,
+            "flop_convention": row.convention,
+            "device": row.device or None,
+        }
+        # As runs/results.py counts a run: its steps by today's FLOP convention (the CSV's own
+        # count where it was made under it, recounted where under an older one: the report says so)
+        flops = row.flops
+        if row.convention != FLOP_CONVENTION or flops is None:
+            flops = row.steps * (point.tokens / point.steps) * point.flops_per_token
+        return PointResult(summary, {"status": "ok"}, True, row.steps, flops, "", row.diagnostics)
+
+
+def recorded_rates(rows: Sequence[Row], plan: Plan, path: Path) -> dict[str, dict[str, float]]:
+    """Each arm's multiplier per size as its ladder runs (role ladder, the plan's ladder seed)
+    were trained; refused where the rows cannot be the ladder this plan reads."""
+    ladder = [row for row in rows if row.role == "ladder"]
+    if not plan.sweep.design.multipliers or not ladder:
+        return {}
+    if not any(row.seed == plan.ladder_seed for row in ladder):
+        seeds = ", ".join(str(s) for s in sorted({row.seed for row in ladder}))
+        raise UserError(
+            f"--from-csv: {path}: its ladder runs have seed(s) {seeds}, not {plan.ladder_seed} (the file's seed + 1): "
+            "written by an earlier minitx, whose sweep run doubled as a ladder point; rerun the sweep"
+        )
+    found: dict[str, dict[str, float]] = {}
+    lines: dict[tuple[str, str], Row] = {}
+    for row in ladder:
+        if row.seed != plan.ladder_seed:
+            continue
+        if (row.arm, row.size) in lines:
+            first = lines[row.arm, row.size]
+            raise UserError(
+                f"--from-csv: {path}: lines {first.line} and {row.line} are both {row.arm}'s ladder run at "
+                f"{row.size} (x{first.multiplier:g}, x{row.multiplier:g}); keep one"
+            )
+        lines[row.arm, row.size] = row
+        found.setdefault(row.arm, {})[row.size] = row.multiplier
+    sizes = [s.name for s in plan.sizes]
+    for arm, by_size in found.items():
+        lacking = [s for s in sizes if s not in by_size]
+        if lacking:
+            raise UserError(
+                f"--from-csv: {path}: {arm}'s ladder runs (seed {plan.ladder_seed}) hold no row at "
+                f"{', '.join(lacking)}; a sweep's CSV has one per size, even for a run not run"
+            )
+    return found
+
+
+def read_results(path: Path, plan: Plan) -> CsvResults:
+    """The CSV as the plan's `trained`, with the ladder's rates as recorded set on the plan."""
+    rows = read_rows(path)
+    check_fits_sweep(rows, plan.sweep, path)
+    for row in rows:
+        shape = plan.shapes.get((row.arm, row.size))
+        if shape is not None and shape.params != row.params:
+            raise UserError(
+                f"--from-csv: {path}: {row.where}: {row.arm} at {row.size} has {row.params:,} parameters, the "
+                f"config's {shape.params:,}; give the config the CSV was made with"
+            )
+    plan.recorded_rates = recorded_rates(rows, plan, path)
+    return CsvResults(rows, path)
+
+
+def check_planned(results: CsvResults, points: Sequence[Point]) -> None:
+    """The rows the plan read against its points: a row whose folder names a point of another arm
+    or size, or (under today's FLOP count) other steps, was made by another config."""
+    for p in points:
+        row = results.rows.get(p.run.directory.name)
+        if row is None:
+            continue
+        if (row.arm, row.size) != (p.arm, p.size):
+            raise UserError(
+                f"--from-csv: {results.path}: {row.where}: arm {row.arm} at {row.size}, but its run's name is "
+                f"{p.arm}'s at {p.size}; fix the row"
+            )
+        if row.status == "ok" and row.convention == FLOP_CONVENTION and row.steps != p.steps:
+            raise UserError(
+                f"--from-csv: {results.path}: {row.where}: trained {row.steps} steps, where the config plans "
+                f"{p.steps} by the same FLOP count; give the config the CSV was made with"
+            )
+
+
+def _names(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:SHOWN])
+    return shown + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+
+
+def _rates_text(by_size: dict[str, float], plan: Plan) -> str:
+    return ", ".join(f"x{by_size[s.name]:g}" for s in plan.sizes if s.name in by_size)
+
+
+def _rule_says(rate, plan: Plan) -> str:
+    """What today's rule makes of the recorded runs, in words."""
+    if rate.rule_refused:
+        return f"the current rule would refuse {rate.arm} ({rate.rule_refused})"
+    if rate.rule_by_size:
+        return f"the current rule would choose {_rates_text(rate.rule_by_size, plan)}"
+    if rate.choice.next is not None:
+        return f"the current rule would first run x{rate.choice.next:g} past the sweep's edge, a run the CSV lacks"
+    if rate.choice.multiplier is None:
+        return "the current rule waits for sweep runs the CSV lacks"
+    return (
+        f"the current rule chooses x{rate.choice.multiplier:g} at {plan.sizes[0].name} and would confirm it at "
+        f"{plan.sizes[-1].name} with runs the CSV lacks"
+    )
+
+
+def notes(results: CsvResults, plan: Plan, points: Sequence[Point]) -> list[str]:
+    """Lines for the report's "How these were measured": where the figures came from, the rates
+    as recorded where today's rule differs, and the rows the plan did not read."""
+    lines = [
+        f"read from {results.path} ({len(results.rows)} rows), not from the runs: each run's loss, steps, FLOPs "
+        "and diagnostics as recorded; a CSV holds no training-loss curve, so no run is checked for a spike "
+        "here, and no loss by position (its plot is empty)"
+    ]
+    found = plan.rates(results)
+    for arm in plan.arms:
+        rate = found[arm]
+        if rate.recorded and rate.by_size != rate.rule_by_size:
+            lines.append(
+                f"{arm}: the ladder's rates as the CSV recorded them, {_rates_text(rate.by_size, plan)} at "
+                f"{', '.join(s.name for s in plan.sizes)}; {_rule_says(rate, plan)}; rerun the sweep to apply it"
+            )
+    planned = {p.run.directory.name for p in points}
+    unread = [name for name in results.rows if name not in planned]
+    if unread:
+        lines.append(
+            f"{len(unread)} row(s) of the CSV are no run of the plan as the current rule makes it, and are left "
+            f"out: {_names(unread)}"
+        )
+    return lines
