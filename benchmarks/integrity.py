@@ -29,8 +29,8 @@ from minitx import ModelConfig, Transformer
 from minitx.data.prepare import DataSettings, prepare
 from minitx.data.shards import verify
 from minitx.data.tokenizer import build_tokenizer
-from minitx.files.checkpoint import load_checkpoint
 from minitx.files.configs import merged_config
+from minitx.trained_model import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 

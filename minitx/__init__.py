@@ -22,4 +22,4 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-moved.install()  # old module paths (minitx.checkpoint, ...) still import: minitx/moved.py
+moved.install()  # old module paths (minitx.checkpoint, ...) refused naming their new homes: minitx/moved.py

@@ -7,7 +7,7 @@ the kinds: config validation, the model, caches and the commands all look kinds 
 built-in kinds register from `minitx.attention`; a kind of your own registers the same way from
 its own file, which a config names in `attention.kind_modules` (see examples/custom_attention.py)
 and `import_kind_modules` imports: train.py and ablate.py for the config they are given, a
-checkpoint's loader only with the user's consent (minitx/files/checkpoint.py), a config never.
+checkpoint's loader only with the user's consent (minitx/trained_model.py), a config never.
 
 This file imports nothing heavy, so `config` can validate against it.
 """
@@ -231,7 +231,7 @@ def import_kind_modules(names: list[str]) -> None:
 
     Importing runs the module's code. A config never calls this (building one has no effects):
     the train and ablate commands call it for the config the user gave them, and loading a
-    checkpoint only with the user's consent (minitx.files.checkpoint.load_checkpoint's trust_kind_modules)."""
+    checkpoint only with the user's consent (minitx.trained_model.load_checkpoint's trust_kind_modules)."""
     for name in names:
         try:
             if name.endswith(".py"):

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from minitx.attention.gdn import GatedDeltaNet
 from minitx.data.toy import IGNORE_INDEX, toy_batch
 from minitx.data.zoology import ZoologyConfig, query_distances, zoology_sample
-from minitx.files.checkpoint import load_checkpoint
 from minitx.model import Transformer
+from minitx.trained_model import load_checkpoint
 from minitx.training.quick import train_on_task, zoology_reduced_model
 
 

@@ -24,7 +24,7 @@ import torch
 from minitx.data.toy import IGNORE_INDEX, toy_batch
 from minitx.data.zoology import ZoologyConfig, query_distances, zoology_sample
 from minitx.evaluation.recall_circuit import recall_circuit
-from minitx.files.checkpoint import load_checkpoint
+from minitx.trained_model import load_checkpoint
 
 
 def main() -> None:

@@ -127,7 +127,7 @@ def attention_maps(args: argparse.Namespace) -> dict:
         flag = "--lm-eval-tasks" if args.lm_eval_tasks else "--diagnostics"
         raise UserError(f"--attention-maps: not with {flag}; run the two separately")
     check_maps_path(args.attention_maps)
-    from ..files.checkpoint import load_checkpoint
+    from ..trained_model import load_checkpoint
 
     model, tokenizer, _ = load_checkpoint(
         args.ckpt,

@@ -15,8 +15,8 @@ import time
 from collections.abc import Sequence
 
 from ..errors import UserError
-from ..files.checkpoint import load_checkpoint
 from ..generation.command import _device as usable_device
+from ..trained_model import load_checkpoint
 from .diagnostics import held_out_sequences, run_diagnostics
 from .lengths import default_lengths, length_refusal, length_sweep, position_buckets
 from .perplexity import batch_tokens, score_tokens
@@ -147,7 +147,7 @@ def evaluate_checkpoint(
     with `refuse_lengths`. `max_tokens` scores only the text's first max_tokens + 1 tokens.
     `batch_size`: windows per forward pass at `context` (the sweep keeps the same tokens per
     pass). `progress`: True, False, or None (on a terminal only). `trust_kind_modules`: whether
-    the checkpoint may import the modules of its attention kinds (minitx.files.checkpoint.load_checkpoint).
+    the checkpoint may import the modules of its attention kinds (minitx.trained_model.load_checkpoint).
     `diagnostics`: also result["diagnostics"], run_diagnostics (minitx/evaluation/diagnostics.py) on
     100 sequences of min(64, block_size) tokens spread over the scored text.
     """

@@ -1,4 +1,4 @@
-"""The `generate` command: the prompt, and text streamed as it is made (checkpoints: files/checkpoint.py).
+"""The `generate` command: the prompt, and text streamed as it is made (the model from its checkpoint: trained_model.py).
 
 The decode loop (loop.py) and the sampling filters (sampling.py) are `Transformer.generate`'s; the
 command's option checks made before the checkpoint is read are inputs.py's.
@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..arguments import ArgumentParser, add_trust_argument
 from ..errors import UserError, one_line
-from ..files.checkpoint import load_checkpoint
+from ..trained_model import load_checkpoint
 from .inputs import check_generate_args
 from .loop import check_prompt_fits, generate
 from .sampling import check_options

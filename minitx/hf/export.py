@@ -23,7 +23,7 @@ import torch
 
 from ..config import DROPOUT_FIELDS
 from ..errors import UserError
-from ..files.checkpoint import UntrustedKindError, load_checkpoint
+from ..trained_model import UntrustedKindError, load_checkpoint
 from . import convert, native, require, require_installed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

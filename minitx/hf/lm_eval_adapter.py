@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError, one_line
-from ..files.checkpoint import load_checkpoint
 from ..network import require_hub_for_tasks
+from ..trained_model import load_checkpoint
 from . import require
 
 lm_eval_api = require("lm_eval.api.model")
@@ -156,7 +156,7 @@ def evaluate_tasks(
 ) -> dict:
     """lm-eval's results for a checkpoint on named tasks (the harness's own, or YAML files in
     `include_path`). Most harness tasks download their data on first use: this needs the network.
-    `trust_kind_modules`: as minitx.files.checkpoint.load_checkpoint's."""
+    `trust_kind_modules`: as minitx.trained_model.load_checkpoint's."""
     # A bad (or untrusted) checkpoint fails before the task index is read.
     lm = MinitxLM.from_checkpoint(ckpt, device, trust_kind_modules=trust_kind_modules)
     require_hub_for_tasks(tasks, include_path)

@@ -27,9 +27,9 @@ from minitx.ablation.summary import SUMMARY_FILE
 from minitx.cli import eval_main, export_main, generate_main
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import UserError
-from minitx.files.checkpoint import UntrustedKindError, load_checkpoint
 from minitx.files.configs import REPO_ROOT
 from minitx.kinds import register, registry, unregister
+from minitx.trained_model import UntrustedKindError, load_checkpoint
 
 TEXT = "to be or not to be, that is the question: whether 'tis nobler in the mind to suffer\n" * 4
 PROMPT = ["--prompt", "to be", "--temperature", "0", "--max-new-tokens", "12"]

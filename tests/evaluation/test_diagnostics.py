@@ -32,9 +32,9 @@ from minitx.evaluation.diagnostics import (
     sink_rate,
     validation_sequences,
 )
-from minitx.files.checkpoint import load_checkpoint
 from minitx.files.configs import REPO_ROOT
 from minitx.functional import allowed_mask
+from minitx.trained_model import load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -29,12 +29,12 @@ from minitx.attention.mta import native
 from minitx.attention.mta.layer import MultiTokenAttention
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import UserError
-from minitx.files.checkpoint import load_checkpoint
 from minitx.files.configs import merged
 from minitx.generation.command import TextStream, main
 from minitx.generation.loop import CachedSteps, generate
 from minitx.generation.sampling import pick_next, top_k_filter, top_p_filter
 from minitx.kinds import registry
+from minitx.trained_model import load_checkpoint
 from minitx.verify import cached_logits
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")
@@ -525,10 +525,8 @@ def test_load_checkpoint_round_trip(tmp_path):
 
 
 def test_loading_a_checkpoint_needs_no_lightning():
-    # Generation reads checkpoints through minitx.files.checkpoint, which must stay free of Lightning.
-    code = (
-        "import sys, minitx.generation.command, minitx.files.checkpoint; sys.exit('lightning' in sys.modules)"
-    )
+    # Generation reads checkpoints through minitx.trained_model, which must stay free of Lightning.
+    code = "import sys, minitx.generation.command, minitx.trained_model; sys.exit('lightning' in sys.modules)"
     assert (
         subprocess.run(
             [sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120

@@ -20,9 +20,10 @@ from minitx import AttentionConfig, ModelConfig
 from minitx.cli import eval_main, generate_main, train_main
 from minitx.data.prepare import DataSettings
 from minitx.errors import UserError
-from minitx.files.checkpoint import load_checkpoint
 from minitx.files.configs import REPO_ROOT, with_config_files
-from minitx.files.legacy import ATTENTION_FIELDS, DATA_FIELDS, renamed_key
+from minitx.files import legacy
+from minitx.files.legacy import ATTENTION_FIELDS, DATA_FIELDS, DATA_TASK_FIELDS, renamed_key
+from minitx.trained_model import load_checkpoint
 from minitx.training.command import checked_config
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "legacy"
@@ -114,7 +115,7 @@ OLD_CONFIGS = sorted((FIXTURES / "configs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", OLD_CONFIGS, ids=[p.name for p in OLD_CONFIGS])
-def test_every_old_config_file_works_the_same_or_names_the_new_spelling(path, capsys):
+def test_every_old_config_file_works_the_same_or_names_the_new_spelling(path, tmp_path):
     """Each file of configs/ as the older minitx shipped it: today's file of the same name gives the
     same model and data settings, or the old one is refused in one line with today's key."""
     if "variants" in yaml.safe_load(path.read_text()):  # a sweep file: its variants' keys
@@ -126,16 +127,29 @@ def test_every_old_config_file_works_the_same_or_names_the_new_spelling(path, ca
                 f"model.attention.{key}:" not in today
                 and renamed_key(f"model.attention.{key}") + ":" in today
             )
+        # Its base's data section: today's file holds the old flat task keys in their new places.
+        old_base, today_base = yaml.safe_load(text).get("base"), yaml.safe_load(today).get("base")
+        old_data = (old_base.get("data") or {}) if isinstance(old_base, dict) else {}
+        if set(old_data) & set(DATA_TASK_FIELDS):
+            today_data = today_base.get("data") or {}
+            assert not set(today_data) & set(DATA_TASK_FIELDS)
+            assert legacy.data_section(old_data) == today_data
         return
     old = yaml.safe_load(path.read_text())
     old_attention = (old.get("model") or {}).get("attention") or {}
-    if set(old_attention) & set(ATTENTION_FIELDS) or set(old.get("data") or {}) & set(DATA_FIELDS):
+    old_data = old.get("data") or {}
+    if set(old_attention) & set(ATTENTION_FIELDS) or set(old_data) & {*DATA_FIELDS, *DATA_TASK_FIELDS}:
         with pytest.raises(UserError) as refused:
             checked_config(with_config_files(["--config", str(path)]))
         message = str(refused.value)
         assert "\n" not in message and re.search(
-            r"this setting is now (model\.attention\.options|data\.bpe_)", message
+            r"this setting is now (model\.attention\.options|data\.bpe_|data\.task\.)", message
         )
+        if set(old_data) & set(DATA_TASK_FIELDS):  # moved as saved runs are read, it is today's file
+            moved = tmp_path / path.name
+            moved.write_text(yaml.safe_dump({**old, "data": legacy.data_section(old_data)}))
+            new = checked_config(with_config_files(["--config", str(REPO_ROOT / "configs" / path.name)]))
+            assert checked_config(with_config_files(["--config", str(moved)]))["data"] == new["data"]
         return
     old = checked_config(with_config_files(["--config", str(path)]))
     new = checked_config(with_config_files(["--config", str(REPO_ROOT / "configs" / path.name)]))

@@ -1,10 +1,10 @@
 """Paths that outlive the code: every module path, name and class path written into runs, sweeps,
-checkpoints, installed scripts and users' code before a module moved still imports and resolves.
+checkpoints and installed scripts still imports and resolves, at the home it has today.
 
-Modules that moved keep their old path through minitx/moved.py (no file left there): the very
-same module object, or for a module split in two (decoding.py) the very same objects by name. The paths
-below are written out as the older versions wrote them, not taken from the code, so that moving a
-module without its alias fails here; the checkpoints in tests/fixtures are searched too.
+A module that moved leaves no alias behind (nothing minitx recorded names an old path, which the
+tests below hold): its old path is refused in one line by minitx/moved.py, naming the new home,
+and the names it had are all at that home. The paths below are written out as the older versions
+wrote them, not taken from the code; the checkpoints in tests/fixtures are searched too.
 """
 
 from __future__ import annotations
@@ -21,15 +21,17 @@ from test_imports import import_graph
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 
-# Old module path -> where it lives now. The old path must give the very same module.
+# Old module path -> the modules that hold its names now (the refusal names each).
 MOVED_MODULES = {
-    "minitx.checkpoint": "minitx.files.checkpoint",
-    "minitx.fileio": "minitx.files.atomic",
-    "minitx.runlock": "minitx.files.runlock",
-    "minitx.legacy": "minitx.files.legacy",
-    "minitx.configfiles": "minitx.files.configs",
-    "minitx.generate_inputs": "minitx.generation.inputs",
-    "minitx.attention.mta.kernels": "minitx.attention.mta.torch_math",
+    "minitx.checkpoint": ["minitx.files.checkpoint", "minitx.trained_model"],
+    "minitx.fileio": ["minitx.files.atomic"],
+    "minitx.runlock": ["minitx.files.runlock"],
+    "minitx.legacy": ["minitx.files.legacy"],
+    "minitx.configfiles": ["minitx.files.configs"],
+    "minitx.generate_inputs": ["minitx.generation.inputs"],
+    "minitx.decoding": ["minitx.generation.loop", "minitx.generation.sampling"],
+    "minitx.attention.mta.kernels": ["minitx.attention.mta.torch_math"],
+    "minitx.ablation.runs.designed": ["minitx.ablation.designed_sweep"],
 }
 
 # The public names of each module before it moved (what code written then imports from it).
@@ -93,6 +95,28 @@ NAMES_BEFORE = {
         "check_generate_args",
         "machine_memory",
     ],
+    "minitx.decoding": [
+        "COMPILED_DECODING",
+        "CachedSteps",
+        "CroppedSteps",
+        "check_options",
+        "check_prompt_fits",
+        "compiled_decoding",
+        "generate",
+        "pick_next",
+        "top_k_filter",
+        "top_p_filter",
+    ],
+    "minitx.ablation.runs.designed": [
+        "PHASES",
+        "PLAN_FILE",
+        "PLAN_VERSION",
+        "check_plan_version",
+        "describe",
+        "log_count",
+        "report_instability",
+        "run_designed",
+    ],
     "minitx.attention.mta.kernels": [
         "ChunkedRows",
         "KeyQueryConv",
@@ -112,30 +136,13 @@ NAMES_BEFORE = {
     ],
 }
 
-# Modules whose names went to several new ones: old module -> {name: its new module}.
+# A module that became a package keeps the names it had: old module -> {name: the module that holds it}.
 SPLIT_MODULES = {
-    # minitx/decoding.py: the decode loop and the sampling filters.
-    "minitx.decoding": {
-        **dict.fromkeys(
-            [
-                "COMPILED_DECODING",
-                "CachedSteps",
-                "CroppedSteps",
-                "check_prompt_fits",
-                "compiled_decoding",
-                "generate",
-            ],
-            "minitx.generation.loop",
-        ),
-        **dict.fromkeys(
-            ["check_options", "pick_next", "top_k_filter", "top_p_filter"], "minitx.generation.sampling"
-        ),
-    },
     # minitx/generation.py, the generate command's module, which became the package minitx.generation
     # (tests/fixtures/legacy/make.sh: `from minitx.generation import load_checkpoint`).
     "minitx.generation": {
         **dict.fromkeys(["TextStream", "main", "parse_args"], "minitx.generation.command"),
-        "load_checkpoint": "minitx.files.checkpoint",
+        "load_checkpoint": "minitx.trained_model",
         "check_generate_args": "minitx.generation.inputs",
         **dict.fromkeys(
             ["CachedSteps", "CroppedSteps", "check_prompt_fits", "generate"], "minitx.generation.loop"
@@ -226,13 +233,16 @@ def class_paths_in(value, key: str = "") -> list[str]:
 
 
 @pytest.mark.parametrize("old", sorted(MOVED_MODULES))
-def test_an_old_module_path_is_the_very_same_module(old):
-    new = importlib.import_module(MOVED_MODULES[old])
-    assert importlib.import_module(old) is new
-    package, _, name = old.rpartition(".")
-    assert getattr(importlib.import_module(package), name) is new  # `import minitx.checkpoint` too
+def test_an_old_module_path_is_refused_naming_where_its_names_are(old):
+    with pytest.raises(ModuleNotFoundError) as refused:
+        importlib.import_module(old)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(f"{old} moved: import from ")
+    homes = [importlib.import_module(home) for home in MOVED_MODULES[old]]
+    for home in MOVED_MODULES[old]:
+        assert home in message, f"{old}'s refusal does not name {home}"
     for name in NAMES_BEFORE[old]:
-        assert hasattr(new, name), f"{old}.{name} is gone"
+        assert any(hasattr(home, name) for home in homes), f"{old}.{name} is gone"
 
 
 @pytest.mark.parametrize("old", sorted(SPLIT_MODULES))
@@ -246,36 +256,35 @@ def test_a_split_module_gives_the_very_same_objects_as_their_new_homes(old):
 
 
 def test_an_old_path_is_only_a_line_of_minitx_moved():
-    """No file stands at an old path and nothing in minitx imports one: the old paths are for code
-    outside, so each module has one home, the one that is read and changed."""
+    """No file stands at an old path and nothing in minitx imports one."""
     from minitx import moved
 
-    aliases = {*MOVED_MODULES, "minitx.decoding", "minitx.ablation.runs.designed"}
-    assert aliases <= {*moved.MOVED, *moved.SPLIT}
-    for old in aliases:
+    assert set(MOVED_MODULES) == set(moved.RETIRED)
+    for old in MOVED_MODULES:
         path = ROOT / (old.replace(".", "/") + ".py")
         assert not path.exists(), f"{path}: an old path is a line of minitx/moved.py, not a file"
     importers = {
-        module: sorted(imported & aliases)
+        module: sorted(imported & set(MOVED_MODULES))
         for module, imported in import_graph().items()
-        if imported & aliases
+        if imported & set(MOVED_MODULES)
     }
     assert not importers, f"modules of minitx that import an old path: {importers}"
 
 
-def test_an_old_path_imports_in_a_fresh_interpreter():
-    """`import minitx.checkpoint` as the first import of a process (the hook is installed by
-    importing minitx itself, which Python does first) and `python -m pickle`-style lookups."""
+def test_an_old_path_is_refused_in_a_fresh_interpreter():
+    """`import minitx.checkpoint` as the first import of a process (the finder is installed by
+    importing minitx itself, which Python does first): one line, not Python's bare 'No module'."""
     import subprocess
     import sys
 
-    code = (
-        "import minitx.checkpoint as old, minitx.files.checkpoint as new; assert old is new;"
-        "from minitx.decoding import top_k_filter;"
-        "from minitx.ablation.runs.designed import run_designed;"
-        "assert new.__spec__.name == 'minitx.files.checkpoint'"
+    done = subprocess.run(
+        [sys.executable, "-c", "import minitx.checkpoint"], capture_output=True, text=True, cwd=ROOT
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "ModuleNotFoundError: minitx.checkpoint moved: import from minitx.files.checkpoint "
+        "(load_checkpoint: minitx.trained_model)"
+    )
 
 
 @pytest.mark.parametrize("path", sorted(RECORDED))
