@@ -40,6 +40,7 @@ from ..hf.load import check_init_from, init_model, run_model_fields
 from ..model import Transformer
 from .changes import report_resume_changes
 from .classpaths import check_command_line
+from .init_from import check_section, init_from_checkpoint, is_checkpoint_source
 from .inputs import check_config
 from .interrupt import RunInterrupted, StopOnInterrupt
 from .links import LINKED, LINKED_AT_PARSE
@@ -116,7 +117,9 @@ class TrainCLI(LightningCLI):
         check_strategy(self.config["trainer"].get("strategy"))
         self._imported_vocab: int | None = None
         init_from = self.config["model"].get("init_from")
-        if init_from:  # checked now; imported weights need their own tokenizer, and give the shape
+        if init_from and is_checkpoint_source(init_from):  # a minitx run's: the shapes must agree
+            check_section(self.config["model"], init_from)
+        elif init_from:  # checked now; imported weights need their own tokenizer, and give the shape
             self.config["data"]["tokenizer"] = check_init_from(init_from)
             self._take_imported_shape(init_from)
 
@@ -164,8 +167,11 @@ class TrainCLI(LightningCLI):
         self._load_imported_weights()
 
     def _load_imported_weights(self) -> None:
-        if self.config["model"].get("init_from"):
-            init_model(self.model.model, self.config["model"]["init_from"])
+        init_from = self.config["model"].get("init_from")
+        if init_from and is_checkpoint_source(init_from):
+            init_from_checkpoint(self.model.model, init_from, self.datamodule.tokenizer.to_dict())
+        elif init_from:
+            init_model(self.model.model, init_from)
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> L.Trainer:
         # The run section as built: jsonargparse instantiates the `run` group, a RunSettings.

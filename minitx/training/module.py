@@ -84,7 +84,9 @@ class MinitxLM(L.LightningModule):
         init_from: a local transformers directory (Llama, Mistral, Ministral, Qwen2) the run starts
             from, recorded here: the train command gives the model its shape before building it
             and loads its weights after (the run keeps block_size, dropout and a non-default
-            attention, whose fewer key/value heads are mean-pooled); see minitx/hf/load.py.
+            attention, whose fewer key/value heads are mean-pooled); see minitx/hf/load.py. Or a
+            minitx checkpoint (a .ckpt file) of the same shape, at any block_size (learned
+            positions extended); see minitx/training/init_from.py.
         **model: the fields of minitx.config.ModelConfig (vocab_size, d_model, attention, ...):
             ModelConfig is their one definition, so a field added there is a model.* key here.
     """

@@ -1,0 +1,187 @@
+"""`model.init_from` given a minitx checkpoint: a new run starts from the weights of an earlier one.
+
+    python train.py --config A.yaml --model.init_from runs/a/checkpoints/last.ckpt --model.block_size 256
+
+The run keeps its own config: its optimiser, schedule, data and step count start afresh (use
+--ckpt_path to resume a run instead). The two models must have the same shape, with one
+exception, the context length:
+
+- RoPE models need nothing: the rotation table is computed for the run's block_size, and a
+  pair of positions is turned by its distance alone, whatever the length;
+- a learned position table (model.positions learned) is extended: the checkpoint's rows are
+  copied to the same positions, and the rows past them keep the run's own initialisation
+  (N(0, 0.02), the value every untrained position of a fresh model has). Interpolating the
+  trained rows over the longer range would move every trained position to a new vector, and
+  tiling them would give two positions the same one; a new row that starts untrained and is
+  learned at the longer length changes nothing the checkpoint's model computed at its own. A
+  shorter run keeps the first rows.
+
+Any other difference (width, heads, layers, kinds, vocabulary, tokenizer) is refused in one
+line naming the setting, before the run writes anything. A transformers directory given to
+init_from is minitx/hf/load.py's (the run takes its shape from it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..config import ModelConfig
+from ..errors import UserError, one_line
+from ..files.checkpoint import model_weights, read_checkpoint, state_mismatch
+from ..trained_model import import_checkpoint_kinds
+
+WHERE = "model.init_from"
+FIX = "give a checkpoint written by train.py (e.g. runs/<name>/checkpoints/last.ckpt) or a transformers directory"
+
+# ModelConfig fields that decide the weights' shapes or meaning: they must be the checkpoint's.
+# block_size may differ (the position table is extended); dropout is the run's choice.
+SAME_FIELDS = (
+    "vocab_size",
+    "n_layer",
+    "n_head",
+    "d_model",
+    "mlp",
+    "mlp_hidden_size",
+    "norm",
+    "positions",
+    "bias",
+    "tie_embeddings",
+    "attention",
+    "document_token",
+)
+
+
+def is_checkpoint_source(source: str) -> bool:
+    """Whether init_from names a minitx checkpoint (a file) rather than a transformers directory;
+    a path that does not exist is refused here, in one line."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return False
+    if path.is_file():
+        return True
+    raise UserError(f"{WHERE} {source}: no such file or directory; {FIX}")
+
+
+def read_source(source: str) -> tuple[ModelConfig, dict[str, Tensor], Any]:
+    """(model config, weights, tokenizer dict) of a minitx checkpoint, read with weights_only=True."""
+    where = f"{WHERE} {source}"
+    raw = read_checkpoint(source, where, FIX)
+    meta = raw["minitx"]
+    import_checkpoint_kinds(meta.get("model_config"), where)
+    try:
+        config = ModelConfig.from_dict(meta["model_config"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise UserError(
+            f"{where}: its model config is invalid ({one_line(error, 200)}); the file is damaged or from another version"
+        ) from None
+    return config, model_weights(raw), meta.get("tokenizer")
+
+
+def _plain(value: Any) -> Any:
+    """A config value as plain data, however the parse handed it over (a jsonargparse Namespace)."""
+    return value.as_dict() if hasattr(value, "as_dict") else value
+
+
+def differing_field(run: Mapping[str, Any], source: ModelConfig, checked: tuple[str, ...]) -> str | None:
+    """The first of `checked` whose value in the run's model section differs from the checkpoint's
+    (fields the section does not hold are not compared)."""
+    for name in checked:
+        if name not in run:
+            continue
+        have = getattr(source, name)
+        want = run[name]
+        if _plain(want) != have:
+            return name
+    return None
+
+
+def refuse_field(name: str, run_value: Any, source: ModelConfig, path: str) -> UserError:
+    have = getattr(source, name)
+    if name == "attention":
+        return UserError(
+            f"model.attention: differs from that of the model in {WHERE} {path} (kind {have.kind!r}, "
+            f"layers {have.layers}, n_kv_head {have.n_kv_head}, options {have.options}); set the run's attention to the checkpoint's"
+        )
+    if name == "vocab_size":
+        return UserError(
+            f"data.tokenizer: gives {run_value} tokens but the model in {WHERE} {path} has {have}; "
+            "train on the data (and tokenizer) the checkpoint was trained on"
+        )
+    return UserError(
+        f"model.{name}: is {_plain(run_value)!r} but the model in {WHERE} {path} has {have!r}; set it to {have!r}"
+    )
+
+
+def check_section(section: Mapping[str, Any], source_path: str) -> None:
+    """At parse time, before anything is built: the run's model section against the checkpoint's
+    shape (the vocabulary, known only once the data is built, is checked when loading)."""
+    source, _, _ = read_source(source_path)
+    # The vocabulary is known once the data is built, the attention once it is checked: both are
+    # compared when the weights are loaded.
+    fields = {
+        name: section[name]
+        for name in SAME_FIELDS
+        if name in section and name not in ("vocab_size", "attention")
+    }
+    name = differing_field(fields, source, tuple(fields))
+    if name is not None:
+        raise refuse_field(name, fields[name], source, source_path)
+
+
+def extend_positions(weights: dict[str, Tensor], run_table: Tensor, log: Callable[[str], None]) -> None:
+    """The checkpoint's learned position table at the run's length: its rows copied, the rows
+    past them the run's own initialisation (see the module's docstring)."""
+    trained = weights["pos_emb.weight"]
+    if trained.shape == run_table.shape:
+        return
+    rows = min(trained.shape[0], run_table.shape[0])
+    table = run_table.detach().clone()
+    table[:rows] = trained[:rows].to(table.dtype)
+    weights["pos_emb.weight"] = table
+    if run_table.shape[0] > trained.shape[0]:
+        log(
+            f"init_from: learned positions 0-{rows - 1} copied from the checkpoint; positions {rows}-"
+            f"{run_table.shape[0] - 1} start from their initialisation"
+        )
+    else:
+        log(
+            f"init_from: learned positions 0-{rows - 1} copied; the checkpoint's rows past block_size are left out"
+        )
+
+
+def init_from_checkpoint(
+    model: torch.nn.Module,
+    source_path: str,
+    tokenizer: Mapping[str, Any] | None,
+    log: Callable[[str], None] = print,
+) -> None:
+    """Load the weights of a minitx checkpoint into a run's freshly built Transformer `model`."""
+    source, weights, source_tokenizer = read_source(source_path)
+    run = {name: getattr(model.config, name) for name in SAME_FIELDS}
+    name = differing_field(run, source, SAME_FIELDS)
+    if name is not None:
+        raise refuse_field(name, run[name], source, source_path)
+    if tokenizer is not None and source_tokenizer is not None and dict(tokenizer) != dict(source_tokenizer):
+        raise UserError(
+            f"data.tokenizer: differs from the one the model in {WHERE} {source_path} was trained with "
+            "(the same number of tokens, other ids); train with the checkpoint's tokenizer"
+        )
+    expected = model.state_dict()
+    if "pos_emb.weight" in expected and "pos_emb.weight" in weights:
+        extend_positions(weights, expected["pos_emb.weight"], log)
+    mismatch = state_mismatch(expected, weights)
+    if mismatch:
+        raise UserError(
+            f"{WHERE} {source_path}: its weights do not fit the run's model ({mismatch}); the file is damaged or was edited"
+        )
+    with torch.no_grad():
+        model.load_state_dict(weights)
+    log(
+        f"init_from: weights of {source_path} loaded (trained at block_size {source.block_size}, "
+        f"this run {model.config.block_size})"
+    )
