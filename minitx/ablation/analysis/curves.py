@@ -165,16 +165,27 @@ def fit_joint_many(
     C0: float | None = None,
     delta: float = HUBER_DELTA,
     scale: np.ndarray | None = None,
+    start: Sequence[JointFit] | None = None,
 ) -> list[JointFit]:
     """fit_joint of many ladders with the same points (`loss` (L, n): one ladder a row) at once;
-    `scale` (L, n): each point's noise sd, or None."""
+    `scale` (L, n): each point's noise sd, or None; `start`: one fit per ladder to start from
+    instead of the grid (a refit of nearly the same problem: a twelfth of the work)."""
     x, y = np.asarray(compute, dtype=float), np.asarray(loss, dtype=float)
     n_arms = int(arm.max()) + 1 if n_arms is None else n_arms
-    C0 = C0 or float(np.exp(np.mean(np.log(x))))
+    C0 = C0 or (start[0].C0 if start else float(np.exp(np.mean(np.log(x)))))
     low = y.min(axis=1)
     grid = [(e_share, alpha) for e_share in (0.0, 0.5, 0.9) for alpha in (0.1, 0.3, 0.6, 1.0)]
+    if start is not None:
+        grid = [None]
     starts = np.zeros((len(y), len(grid), 2 + n_arms))
-    for j, (e_share, alpha) in enumerate(grid):
+    for j, cell in enumerate(grid):
+        if cell is None:
+            starts[:, 0] = [
+                [min(f.E, 0.99 * lo), math.log(f.A), f.alpha, *f.log_m[1:]] for f, lo in zip(start, low)
+            ]
+            starts[:, 0, 3:] = np.clip(starts[:, 0, 3:], -LOG_M_MAX + 0.5, LOG_M_MAX - 0.5)
+            continue
+        e_share, alpha = cell
         E = e_share * low
         starts[:, j, 0] = E
         starts[:, j, 1] = np.log(np.maximum(y.mean(axis=1) - E, 1e-6))

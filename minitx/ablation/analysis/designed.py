@@ -15,8 +15,10 @@ import numpy as np
 from ...errors import UserError
 from ..plan.ladder import Plan, Point, Rate
 from ..runs.results import RunResults
-from . import fit
+from . import fit, robust
+from .curves import _check_points
 from .significance import Difference, compare_all
+from .uncertainty import SizeNoise, size_noise
 
 
 @dataclass
@@ -40,6 +42,10 @@ class ArmResult:
     seed_chose_lr: bool = False  # the rung's first-seed run is the learning-rate sweep's chosen run
     test: Difference | None = None
     diagnostics: dict[str, float] = field(default_factory=dict)  # means over the rung's seeds
+    answer: robust.ArmAnswer | None = None  # the ladder's multiplier, each size left out, the verdict
+    dispersion: float | None = None  # its noise over the seed noise (>= 1: its lack of fit)
+    held_out: list[robust.Prediction] = field(default_factory=list)  # its largest size, predicted
+    pairs: dict[str, tuple[float, float]] = field(default_factory=dict)  # size -> (ladder, replicate) loss
 
     @property
     def sizes(self) -> int:
@@ -57,6 +63,8 @@ class Analysis:
     noise: fit.SeedNoise | None = None  # the seed noise the intervals carry
     noise_note: str = ""  # where the noise came from, when not from seeds
     joint: fit.JointFit | None = None
+    size_noise: SizeNoise | None = None  # the seed noise per size the intervals start from
+    held_out_size: str = ""  # the size the held-out check predicts
     lr_seeds: list[int] = field(default_factory=list)  # the seeds of the learning-rate sweep's runs
     rung_seeds: list[int] = field(default_factory=list)  # the seeds of the seeds rung's runs
 
@@ -162,29 +170,96 @@ def _fit_all(plan: Plan, analysis: Analysis, trained: RunResults) -> None:
     x = [trained(p).trained_flops for _, p in points]
     y = [trained(p).loss for _, p in points]
     index = [k for k, _ in points]
-    groups = {key: g for g, key in enumerate(dict.fromkeys((k, p.size) for k, p in points))}
-    group = [groups[k, p.size] for k, p in points]
+    size_index = {s.name: i for i, s in enumerate(plan.sizes)}
+    sizes = [size_index[p.size] for _, p in points]
     shared = 1 - plan.decay_fraction if len(plan.budgets) > 1 else 0.0
     try:
-        noise, delta = _noise(analysis, [fitted[k].name for k in index], group, shared, x, y, index)
-        joint = fit.fit_joint(x, y, index, len(fitted), delta=delta)
+        _check_points(np.asarray(x), np.asarray(y), fit.MIN_POINTS)
+        seed_sd, dof = _seed_sd(plan, analysis, fitted, trained, x, y, index, sizes)
+        data = robust.LadderData(
+            np.asarray(x),
+            np.asarray(index),
+            np.asarray(sizes),
+            np.asarray(y)[None, :],
+            seed_sd[None, :],
+            dof,
+            shared,
+        )
+        found, answers = robust.answer(data, draws=fit.BOOTSTRAP, seed=0)
     except UserError as error:
         for arm in fitted:
             arm.fit_note = f"no fit: {error}"
         notes.append(f"no joint fit: {error}")
         return
-    analysis.joint = joint
-    boot = fit.bootstrap_joint(joint, x, index, noise, seed=0, delta=delta)
+    joint = analysis.joint = found.joints[0]
+    boot = fit.bootstrap_joint(
+        joint, x, index, found.noises[0], seed=0, delta=robust.DELTA_SDS, weighted=True
+    )
     for k, arm in enumerate(fitted):
         mine = [i for i, j in enumerate(index) if j == k]
         curve = joint.curve(k)
         arm.curve = fit.Curve(curve, [d.curve(k) for d in boot.draws], float(max(x[i] for i in mine)))
         residuals = [math.log(float(curve.loss(x[i]))) - math.log(y[i]) for i in mine]
         arm.scatter = math.sqrt(sum(r * r for r in residuals) / len(residuals))
+        arm.dispersion = float(found.dispersion[0, k])
         if k:
-            arm.compute = boot.comparison(k)
+            arm.answer = answers[0][k - 1]
+            arm.compute = arm.answer.comparison
+    if len(plan.sizes) >= 3 and all(len({p.size for p in a.points}) >= 3 for a in fitted):
+        analysis.held_out_size = plan.sizes[-1].name
+        try:
+            for prediction in robust.predict_held_out(data, draws=fit.BOOTSTRAP, seed=1)[0]:
+                fitted[prediction.arm].held_out.append(prediction)
+        except UserError as error:
+            notes.append(f"held-out rung: {error}")
+    delta = (
+        1.345 * (analysis.noise.pooled if analysis.noise and analysis.noise.pooled > 0 else 0)
+        or fit.HUBER_DELTA
+    )
     _params_share(plan, analysis, fitted, delta, trained)
     _nd_view(plan, analysis, trained)
+
+
+def replicate_pairs(plan: Plan, arm: ArmResult, trained: RunResults) -> dict[str, tuple[float, float]]:
+    """The runs the plan holds twice, with two seeds: at the smallest size the sweep's run at the
+    rate the ladder uses there, against the ladder's; at the largest, the confirmation's run at
+    the rate used there, against the ladder's (same config, steps and schedule; another seed).
+    Size -> (the ladder's loss, the replicate's)."""
+    rate, found = arm.rate, {}
+    if rate is None or not rate.by_size:
+        return found
+    top = plan.budgets[-1]
+    for size, runs in ((plan.sizes[0].name, rate.sweep), (plan.sizes[-1].name, rate.confirm)):
+        other = runs.get(rate.by_size.get(size))
+        mine = next((p for p in arm.points if p.size == size and p.budget == top), None)
+        if other is None or mine is None or other.run.directory == mine.run.directory:
+            continue
+        a, b = trained(mine).loss, trained(other).loss
+        if a is not None and b is not None:
+            found[size] = (a, b)
+    return found
+
+
+def _seed_sd(plan, analysis, fitted, trained, x, y, index, sizes) -> tuple[np.ndarray, float]:
+    """Each point's seed noise (sd of log loss) and its freedom: per size from the replicates
+    (uncertainty.size_noise); without any, the scatter of a first fit's residuals (said in the
+    report)."""
+    names = [a.name for a in fitted]
+    size_index = {s.name: i for i, s in enumerate(plan.sizes)}
+    rung_size = size_index.get(analysis.rung[0], len(plan.sizes) - 1)
+    pairs: dict[int, dict[str, tuple[float, float]]] = {}
+    for arm in fitted:
+        arm.pairs = replicate_pairs(plan, arm, trained)
+        for size, pair in arm.pairs.items():
+            pairs.setdefault(size_index[size], {})[arm.name] = pair
+    params = [plan.shapes[plan.arms[0], s.name].params for s in plan.sizes]
+    measured = size_noise({a.name: a.seeds for a in fitted if len(a.seeds) >= 2}, rung_size, pairs, params)
+    if measured is not None:
+        analysis.size_noise = measured
+        sd = np.concatenate([measured.point_sd(names[k], [sizes[i]]) for i, k in enumerate(index)])
+        return sd, measured.dof
+    noise, _ = _noise(analysis, names, sizes, 0.0, x, y, index)
+    return np.asarray(noise.sd, dtype=float), float(noise.dof[0])
 
 
 def _noise(analysis: Analysis, arms, group, shared, x, y, index) -> tuple[fit.Noise, float]:

@@ -9,10 +9,12 @@ level, and is never weaker than Bonferroni.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 LEVEL = 0.01  # modded-nanogpt's bar for a record
+SMALLEST_P = sys.float_info.min  # a p too small for a float is this, never 0 (no finite sample gives 0)
 CONFIDENCE = 0.95
 
 
@@ -34,7 +36,8 @@ class Difference:
 
 
 def welch(arm: Sequence[float], baseline: Sequence[float], confidence: float = CONFIDENCE) -> Difference:
-    """Welch's t-test of two samples of 2 or more values each (nan p when both have no spread)."""
+    """Welch's t-test of two samples of 2 or more values each: nan p (and interval) when both have
+    no spread, as no test can say how far apart they are then; a p never 0."""
     from scipy import stats  # heavy: only the report's tests need it
 
     a, b = list(arm), list(baseline)
@@ -45,27 +48,27 @@ def welch(arm: Sequence[float], baseline: Sequence[float], confidence: float = C
     var_b = sum((x - mean_b) ** 2 for x in b) / (len(b) - 1)
     se2 = var_a / len(a) + var_b / len(b)
     difference = mean_a - mean_b
-    if se2 == 0:
-        p = 1.0 if difference == 0 else 0.0
-        return Difference(difference, difference, difference, p, len(a), len(b))
+    if se2 == 0:  # every seed gave the same loss on both sides: no spread to test a difference against
+        return Difference(difference, math.nan, math.nan, math.nan, len(a), len(b))
     df = se2**2 / ((var_a / len(a)) ** 2 / (len(a) - 1) + (var_b / len(b)) ** 2 / (len(b) - 1))
-    p = float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    p = max(float(stats.ttest_ind(a, b, equal_var=False).pvalue), SMALLEST_P)
     half = float(stats.t.ppf(0.5 + confidence / 2, df)) * math.sqrt(se2)
     return Difference(difference, difference - half, difference + half, p, len(a), len(b))
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
     """Holm's adjusted p-values, in the given order: the k-th smallest of the m p-values that
-    are numbers is multiplied by (m - k + 1), made non-decreasing along that order, capped at 1.
-    A NaN p (a test with no answer) stays NaN and is not counted in m: it is no test, so it
-    neither passes nor makes the others harder to pass."""
+    are numbers is multiplied by (m - k + 1), made non-decreasing along that order, capped at 1
+    and never below SMALLEST_P (a p of 0 is no finite sample's answer). A NaN p (a test with no
+    answer) stays NaN and is not counted in m: it is no test, so it neither passes nor makes the
+    others harder to pass."""
     numbers = [i for i, p in enumerate(pvalues) if not math.isnan(p)]
     m = len(numbers)
     order = sorted(numbers, key=lambda i: pvalues[i])
     adjusted = [math.nan] * len(pvalues)
     running = 0.0
     for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        running = max(running, min(1.0, (m - rank) * max(pvalues[i], SMALLEST_P)))
         adjusted[i] = running
     return adjusted
 

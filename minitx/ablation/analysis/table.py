@@ -115,8 +115,8 @@ def device_label(device: str | None, gpus: list[str] | None) -> str | None:
 def _status(run: Run, record: dict, summary: dict | None) -> tuple[str, str]:
     if summary is not None:
         return "ok", ""
-    if record.get("status") == "failed":
-        return "failed", record.get("error", "")
+    if record.get("status") in ("failed", "cancelled"):  # cancelled: its SLURM job (runs/slurm.py)
+        return record["status"], record.get("error", "")
     return "not run", ""
 
 
@@ -192,9 +192,10 @@ def evaluated_lengths(rows: list[dict]) -> list[int]:
 
 
 def _variant_status(runs: list[dict], ok: list[dict]) -> str:
-    failed = [r for r in runs if r["status"] == "failed"]
-    if failed:
-        return f"{len(failed)}/{len(runs)} failed: {failed[0]['error']}"
+    for word in ("failed", "cancelled"):
+        hit = [r for r in runs if r["status"] == word]
+        if hit:
+            return f"{len(hit)}/{len(runs)} {word}: {hit[0]['error']}"
     if len(ok) < len(runs):
         return f"{len(runs) - len(ok)}/{len(runs)} not run"
     return "ok"

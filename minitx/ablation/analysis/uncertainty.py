@@ -68,39 +68,51 @@ class SeedNoise:
 def seed_noise(seeds: dict[str, Sequence[float]], level: float = 0.01) -> SeedNoise | None:
     """SeedNoise of each arm's final losses over seeds (None: no arm has 2 or more). The arms
     share one level, their pooled variance (unbiased, with the freedom of all their seeds),
-    except an arm whose seeds show it noisier than the others pooled (an F-test at `level`):
-    it keeps its own sd and is left out of the pool (one unstable arm must not widen every
-    interval)."""
-    from scipy import stats
-
+    except an arm whose seeds show it noisier than the others pooled (an F-test at `level`): it
+    keeps its own sd and is left out of the pool (one unstable arm must not widen every
+    interval). The test steps down: the noisiest arm is tested against the pool of the rest, and
+    once found noisy it leaves the pool before the next is tested, so one very noisy arm cannot
+    mask a second (noisy_arms)."""
     logs = {name: np.log(np.asarray(v, dtype=float)) for name, v in seeds.items() if len(v) >= 2}
     if not logs:
         return None
     var = {name: float(np.var(v, ddof=1)) for name, v in logs.items()}
     dof = {name: float(len(v) - 1) for name, v in logs.items()}
-
-    def pooled(names) -> tuple[float, float]:
-        total = sum(dof[n] for n in names)
-        return (sum(dof[n] * var[n] for n in names) / total if total else math.nan), total
-
-    noisy = set()
-    for name in logs:
-        rest, rest_dof = pooled([n for n in logs if n != name])
-        if (
-            rest_dof
-            and var[name] > 0
-            and (rest == 0 or stats.f.sf(var[name] / rest, dof[name], rest_dof) < level)
-        ):
-            noisy.add(name)
-    if len(noisy) == len(logs):
-        noisy = set()  # all alike noisy: one pool
-    pool, pool_dof = pooled([n for n in logs if n not in noisy])
+    noisy = noisy_arms(var, dof, level)
+    pool, pool_dof = _pooled(var, dof, [n for n in logs if n not in noisy])
     return SeedNoise(
         {name: math.sqrt(var[name] if name in noisy else pool) for name in seeds},
         {name: name in noisy for name in seeds},
         {name: dof[name] if name in noisy else pool_dof for name in seeds},
         math.sqrt(pool),
     )
+
+
+def _pooled(var: dict[str, float], dof: dict[str, float], names) -> tuple[float, float]:
+    total = sum(dof[n] for n in names)
+    return (sum(dof[n] * var[n] for n in names) / total if total else math.nan), total
+
+
+def noisy_arms(var: dict[str, float], dof: dict[str, float], level: float = 0.01) -> set[str]:
+    """The arms whose seed variance is larger than the pool of the others not yet found noisy
+    (F-test, one-sided, at `level`), found one at a time, the most significant first. All noisy
+    alike: none is (one pool)."""
+    from scipy import stats
+
+    noisy: set[str] = set()
+    while True:
+        found = {}
+        for name in var:
+            if name in noisy:
+                continue
+            rest, rest_dof = _pooled(var, dof, [n for n in var if n != name and n not in noisy])
+            if not rest_dof or var[name] <= 0:
+                continue
+            found[name] = 0.0 if rest == 0 else float(stats.f.sf(var[name] / rest, dof[name], rest_dof))
+        if not found or min(found.values()) >= level:
+            break
+        noisy.add(min(found, key=found.get))
+    return set() if len(noisy) == len(var) else noisy
 
 
 @dataclass
@@ -208,3 +220,81 @@ class Curve:
     fit: Fit
     draws: list[Fit]
     largest: float
+
+
+FLAG_SDS = 4.0  # a replicate pair further apart than this many seed sds marks its point unreliable
+
+
+@dataclass(frozen=True)
+class SizeNoise:
+    """Seed noise per size (sd of log loss), from every replicate the plan holds: the seeds at
+    their rung, and the pairs of runs of one config with two seeds (the sweep's run against the
+    ladder's at the smallest size, the confirmation's against the ladder's at the largest). A
+    size with no replicate takes the sd interpolated in log parameters between its measured
+    neighbours (the nearest one's beyond them). Arms found noisier at the rung (an F-test,
+    stepping down) keep their excess as a factor at every size."""
+
+    sd: tuple[float, ...]  # per size, pooled over the arms
+    dof: float  # the freedom of all the replicates together
+    measured: dict[int, float]  # size -> the freedom measured there
+    factor: dict[str, float]  # arm -> its sd over the pooled one at the rung (1: pooled)
+    unreliable: tuple[tuple[str, int, float], ...] = ()  # (arm, size, log difference) of pairs flagged
+
+    def point_sd(self, arm: str, sizes: Sequence[int]) -> np.ndarray:
+        return np.asarray(self.sd)[np.asarray(sizes)] * self.factor.get(arm, 1.0)
+
+
+def size_noise(
+    rung_seeds: dict[str, Sequence[float]],
+    rung_size: int,
+    pairs: dict[int, dict[str, tuple[float, float]]],
+    size_params: Sequence[float],
+    level: float = 0.01,
+    flag: float = FLAG_SDS,
+) -> SizeNoise | None:
+    """SizeNoise from the rung's seeds (per arm) and the replicate pairs (per size, per arm: the
+    two losses). A pair whose log losses differ by more than `flag` times the rung's pooled sd is
+    flagged unreliable and left out of its size's sd (an unlucky run is not seed noise: the
+    robust fit carries it as lack of fit); where the size's pairs spread more than the rung's seeds
+    (their median pair, robustly), the flag counts in that spread. None: no replicate at all."""
+    rung = seed_noise(rung_seeds, level) if rung_seeds else None
+    sums: dict[int, float] = {}
+    dofs: dict[int, float] = {}
+    if rung is not None and rung.pooled > 0:
+        pooled_dof = next((rung.dof[n] for n in rung.sd if not rung.own[n]), 0.0)
+        sums[rung_size], dofs[rung_size] = rung.pooled**2 * pooled_dof, pooled_dof
+    reference = rung.pooled if rung is not None and rung.pooled > 0 else None
+    differences = {
+        size: {arm: math.log(a) - math.log(b) for arm, (a, b) in found.items()}
+        for size, found in pairs.items()
+    }
+    if reference is None:  # no seeds: the pairs' own median spread is the reference
+        every = [abs(d) for found in differences.values() for d in found.values()]
+        reference = float(np.median(every)) / (0.6745 * math.sqrt(2)) if every else None
+    if reference is None or reference <= 0:
+        return None
+    unreliable = []
+    for size, found in differences.items():
+        # the size's own spread, robustly (the median pair: an unlucky run moves few of them), where
+        # it is larger than the rung's: noise that grows at small sizes is not an unlucky run
+        spread = (
+            float(np.median([abs(d) for d in found.values()])) / (0.6745 * math.sqrt(2)) if found else 0.0
+        )
+        limit = flag * max(reference, spread)
+        for arm, d in found.items():
+            if abs(d) > limit:
+                unreliable.append((arm, size, d))
+                continue
+            sums[size] = sums.get(size, 0.0) + d * d / 2
+            dofs[size] = dofs.get(size, 0.0) + 1
+    measured = {s: dofs[s] for s in sorted(dofs) if dofs[s] > 0}
+    log_sd = {s: 0.5 * math.log(max(sums[s] / dofs[s], 1e-12)) for s in measured}
+    logs = np.log(np.asarray(size_params, dtype=float))
+    known = sorted(measured)
+    sd = tuple(
+        float(np.exp(np.interp(logs[s], logs[known], [log_sd[k] for k in known]))) for s in range(len(logs))
+    )
+    factor = {}
+    if rung is not None and rung.pooled > 0:
+        factor = {arm: rung.sd[arm] / rung.pooled for arm in rung.sd if rung.own[arm]}
+    return SizeNoise(sd, float(sum(measured.values())), measured, factor, tuple(unreliable))

@@ -1,0 +1,275 @@
+"""Answers that survive a ladder that is not a perfect curve.
+
+No real ladder lies on its fitted curve within seed noise: a trunk trained at an unlucky rate,
+noise that grows at small sizes, an arm whose curve bends a little differently. Seed noise
+measured at one rung then understates how far the points stray, and intervals built from it alone
+give daggers to arms that equal the baseline. Three guards, each a small pure function here:
+
+1. **Noise at least the arm's own lack of fit** (`fit_robust`). Each point's noise is its seed
+   noise (per size, from the replicates the plan already has: uncertainty.SizeNoise) times its
+   arm's dispersion lambda_k = max(1, rms of the arm's residuals in seed sds), estimated as in a
+   quasi-likelihood fit: sum of squared standardised residuals over the points' share of the
+   freedom left after the fit. The fit is weighted by these sds (Huber at 1.345 of them) and
+   redone once with the raised noise. In the bootstrap an arm whose noise was raised draws its
+   sd from that estimate's own uncertainty: a chi-square with the freedom of its residuals,
+   counted by trunk (the budgets of one size share one run, so they are worth about
+   sum b^2 / (b + b (b - 1) rho^2) independent points, rho the shared share of variance).
+2. **Leave one size out** (`without_each_size`): the point fit again without each size. A dagger
+   needs the interval to exclude 1 *and* every such refit to stay on the same side of 1; an arm
+   whose interval excludes 1 but whose side one size decides is *fragile*, with that size named.
+3. **A held-out rung** (`predict_held_out`): the whole method applied without the largest size,
+   predicting each arm's loss there with a 90% predictive interval (the refits' curves at that
+   compute, plus a new point's noise), to set beside what was measured.
+
+Each function takes many ladders with the same points at once (rows of `loss`), so the
+calibration simulations (simulation.py) run the report's own code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .curves import JointFit, fit_joint_many
+from .uncertainty import INTERVAL, Comparison, Noise, bootstrap_joint_many, interval
+
+DELTA_SDS = 1.345  # Huber's delta in noise sds: 95% as efficient as least squares under normal noise
+PARAMETERS = 3  # E, A, alpha, shared by every arm (each arm but the baseline adds its log m)
+
+
+@dataclass(frozen=True)
+class LadderData:
+    """The points of one ladder design: compute, arm (0: the baseline) and size (0: the smallest)
+    of each; `loss` (L, n): one or many ladders' losses at those points; `seed_sd` (L, n): each
+    point's seed noise (sd of log loss), with `seed_dof` degrees of freedom; `shared`: the share
+    of a point's noise variance common to the points of its trunk (an arm at one size)."""
+
+    compute: np.ndarray
+    arm: np.ndarray
+    size: np.ndarray
+    loss: np.ndarray
+    seed_sd: np.ndarray
+    seed_dof: float
+    shared: float
+
+    @property
+    def n_arms(self) -> int:
+        return int(self.arm.max()) + 1
+
+    @property
+    def trunk(self) -> np.ndarray:
+        """Each point's trunk: its arm at its size."""
+        return self.arm * (int(self.size.max()) + 1) + self.size
+
+    def subset(self, keep: np.ndarray) -> LadderData:
+        return LadderData(
+            self.compute[keep],
+            self.arm[keep],
+            self.size[keep],
+            self.loss[:, keep],
+            self.seed_sd[:, keep],
+            self.seed_dof,
+            self.shared,
+        )
+
+
+@dataclass
+class RobustFit:
+    """The fit of each ladder: the joint curve, each arm's dispersion (>= 1) and its freedom, and
+    the noise its bootstrap draws (per ladder)."""
+
+    joints: list[JointFit]
+    dispersion: np.ndarray  # (L, arms)
+    dispersion_dof: np.ndarray  # (arms,)
+    noises: list[Noise]
+    sd: np.ndarray  # (L, n): each point's noise as the intervals carry it
+
+
+def trunk_freedom(data: LadderData) -> np.ndarray:
+    """Per arm: how many independent points its residuals are worth, its trunks counted by the
+    shared share rho (b points of one trunk: b^2 / (b + b (b - 1) rho^2), Satterthwaite's)."""
+    rho2 = data.shared**2
+    worth = np.zeros(data.n_arms)
+    for trunk in np.unique(data.trunk):
+        members = data.trunk == trunk
+        b = int(members.sum())
+        worth[data.arm[members][0]] += b * b / (b + b * (b - 1) * rho2)
+    return worth
+
+
+def dispersion(data: LadderData, joints: list[JointFit]) -> tuple[np.ndarray, np.ndarray]:
+    """Each arm's dispersion lambda (>= 1) per ladder and its degrees of freedom: the rms of its
+    residuals in seed sds, over the share of the freedom the fit leaves (P of n parameters)."""
+    n, arms = len(data.compute), data.n_arms
+    left = max(1e-3, 1 - (PARAMETERS + arms - 1) / n)
+    z2 = (residuals(data, joints) / data.seed_sd) ** 2
+    counts = np.bincount(data.arm, minlength=arms)
+    sums = np.stack([np.bincount(data.arm, weights=row, minlength=arms) for row in z2])
+    lam = np.sqrt(sums / np.maximum(counts * left, 1e-9))
+    return np.maximum(1.0, lam), np.maximum(1.0, trunk_freedom(data) * left)
+
+
+def residuals(data: LadderData, joints: list[JointFit]) -> np.ndarray:
+    """(L, n) log-loss residuals, fitted minus measured."""
+    return np.stack([np.log(predicted(j, data.compute, data.arm)) for j in joints]) - np.log(data.loss)
+
+
+def predicted(joint: JointFit, compute: np.ndarray, arm: np.ndarray) -> np.ndarray:
+    return joint.curve(0).loss(compute * np.exp(np.asarray(joint.log_m)[arm]))
+
+
+def fit_robust(data: LadderData, raise_noise: bool = True) -> RobustFit:
+    """The weighted joint fit with each arm's noise raised to its lack of fit (module doc, 1);
+    `raise_noise` False: the seed noise alone (the method before this one, for comparison)."""
+    joints = fit_joint_many(
+        data.compute, data.loss, data.arm, data.n_arms, delta=DELTA_SDS, scale=data.seed_sd
+    )
+    lam, dof = dispersion(data, joints)
+    if not raise_noise:
+        lam = np.ones_like(lam)
+    sd = data.seed_sd * lam[:, data.arm]
+    if raise_noise:  # refit with the raised noise, from the first fit; its dispersion is the one used
+        joints = fit_joint_many(
+            data.compute, data.loss, data.arm, data.n_arms, delta=DELTA_SDS, scale=sd, start=joints
+        )
+        lam, dof = dispersion(data, joints)
+        sd = data.seed_sd * lam[:, data.arm]
+    noises = []
+    arms = data.n_arms
+    for row in range(len(data.loss)):
+        raised = lam[row] > 1.0
+        # estimate 0: the seed noise; arm k's own estimate (source k + 1) where its noise was raised
+        source = np.where(raised[data.arm], data.arm + 1, 0)
+        dofs = [data.seed_dof, *[float(dof[k]) for k in range(arms)]]
+        noises.append(Noise(sd[row], data.shared, data.trunk, source, dofs))
+    return RobustFit(joints, lam, dof, noises, sd)
+
+
+@dataclass
+class ArmAnswer:
+    """One arm's answer from the ladder: its multiplier with the interval, the multiplier with each
+    size left out, and the verdict they allow together."""
+
+    comparison: Comparison
+    without: dict[int, float] = field(default_factory=dict)  # size left out -> multiplier
+    dispersion: float = 1.0
+
+    @property
+    def fragile_size(self) -> int | None:
+        """The size whose removal puts the multiplier on the other side of 1 (the farthest), or None."""
+        m = self.comparison.multiplier
+        if not (m > 0 and math.isfinite(m)) or m == 1:
+            return None
+        side = math.copysign(1.0, math.log(m))
+        crossed = {s: v for s, v in self.without.items() if not (v > 0 and side * math.log(v) > 0)}
+        if not crossed:
+            return None
+        return min(crossed, key=lambda s: side * math.log(crossed[s]) if crossed[s] > 0 else -math.inf)
+
+    @property
+    def verdict(self) -> str:
+        """ "better", "worse", "fragile" or "no difference found"."""
+        c = self.comparison
+        if not c.excludes_one:
+            return "no difference found"
+        if self.fragile_size is not None:
+            return "fragile"
+        return "better" if c.low > 1 else "worse"
+
+    @property
+    def dagger(self) -> bool:
+        return self.verdict in ("better", "worse")
+
+
+def without_each_size(data: LadderData, sd: np.ndarray, start: list[JointFit]) -> dict[int, list[JointFit]]:
+    """The point fit of every ladder again without each size (its weights kept, started from the
+    full fit); a size whose removal leaves too few points for a fit is skipped."""
+    found = {}
+    for s in np.unique(data.size):
+        keep = data.size != s
+        part = data.subset(keep)
+        if len(set(part.compute.tolist())) < 3 or len(np.unique(part.arm)) < data.n_arms:
+            continue
+        found[int(s)] = fit_joint_many(
+            part.compute, part.loss, part.arm, data.n_arms, delta=DELTA_SDS, scale=sd[:, keep], start=start
+        )
+    return found
+
+
+def answer(
+    data: LadderData, draws: int = 200, seed: int = 0, level: float = INTERVAL, robust_noise: bool = True
+) -> tuple[RobustFit, list[list[ArmAnswer]]]:
+    """Each ladder's robust fit and, per arm but the baseline, its answer (module doc, 1 and 2).
+    `robust_noise` False: the seed noise alone, and no size left out (the method before)."""
+    robust = fit_robust(data, robust_noise)
+    boots = bootstrap_joint_many(
+        robust.joints, data.compute, data.arm, robust.noises, draws, seed, DELTA_SDS, weighted=True
+    )
+    loso = without_each_size(data, robust.sd, robust.joints) if robust_noise else {}
+    answers = []
+    for row, boot in enumerate(boots):
+        arms = []
+        for k in range(1, data.n_arms):
+            arms.append(
+                ArmAnswer(
+                    boot.comparison(k, level),
+                    {s: fits[row].multiplier(k) for s, fits in loso.items()},
+                    float(robust.dispersion[row, k]),
+                )
+            )
+        answers.append(arms)
+    return robust, answers
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """An arm's loss at a held-out point: predicted, its predictive interval, and measured."""
+
+    arm: int
+    size: int
+    compute: float
+    measured: float
+    predicted: float
+    low: float
+    high: float
+
+    @property
+    def covered(self) -> bool:
+        return self.low <= self.measured <= self.high
+
+
+def predict_held_out(
+    data: LadderData, draws: int = 200, seed: int = 1, level: float = INTERVAL
+) -> list[list[Prediction]]:
+    """The method applied without the largest size, each ladder's arms predicted at that size's
+    points (module doc, 3). The predictive interval carries the refits' spread of the curve and a
+    new point's noise: the arm's noise at the largest remaining size (its seed sd times the arm's
+    dispersion: nothing measured at the held-out size is used), its sd redrawn from its freedom."""
+    top = int(data.size.max())
+    kept, held = data.size != top, data.size == top
+    part = data.subset(kept)
+    robust = fit_robust(part)
+    boots = bootstrap_joint_many(
+        robust.joints, part.compute, part.arm, robust.noises, draws, seed, DELTA_SDS, weighted=True
+    )
+    rng = np.random.default_rng(seed + 1)
+    below = int(part.size.max())
+    found = []
+    for row, boot in enumerate(boots):
+        row_found = []
+        for i in np.flatnonzero(held):
+            k = int(data.arm[i])
+            near = (part.arm == k) & (part.size == below)
+            sd = float(np.mean(robust.sd[row][near])) if near.any() else float(np.mean(robust.sd[row]))
+            dof = float(robust.dispersion_dof[k]) if robust.dispersion[row, k] > 1 else data.seed_dof
+            curves = np.array([d.curve(k).loss(data.compute[i]) for d in boot.draws], dtype=float)
+            spread = sd * np.sqrt(dof / rng.chisquare(dof, draws)) * rng.standard_normal(draws)
+            low, high = interval(curves * np.exp(spread), level)
+            point = float(robust.joints[row].curve(k).loss(data.compute[i]))
+            row_found.append(
+                Prediction(k, top, float(data.compute[i]), float(data.loss[row, i]), point, low, high)
+            )
+        found.append(row_found)
+    return found

@@ -1,0 +1,205 @@
+"""Ladders whose truth is known, for checking the method on data it does not assume.
+
+A simulated ladder has the showcase's design (configs/ablation_ladder.yaml: 4 sizes x 3 budgets
+of tokens per parameter, a size's budgets branched from one trunk, 3 seeds at d48 @ 20, and the
+plan's two replicate pairs: the sweep's run against the ladder's at the smallest size, the
+confirmation's against the ladder's at the largest) and the showcase's fitted law. Its noise can
+break the method's assumptions on purpose (`Scenario`):
+
+- unlucky trunks: each run (a trunk and its branches) with probability `unlucky` ends
+  U(unlucky_low, unlucky_high) higher in log loss, as a rate near the edge of stability does
+  on an unlucky seed (two of the showcase's 16 replicate pairs differed by 0.085 and 0.042);
+- noise that varies by size (`size_noise`: a factor per size on the seed sd);
+- one arm whose curve bends: its log loss tilts linearly in log compute, by `bend` seed sds at
+  the ladder's ends, the tilt made orthogonal to what a change of multiplier does to its points,
+  so the single multiplier that fits it best is still its planted one (an A/A arm with another
+  shape, within noise).
+
+`run_method` applies the report's own analysis (uncertainty.size_noise, robust.answer) to each
+ladder, so the rates printed here are the rates of the code that writes results.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import robust
+from .curves import Fit
+from .uncertainty import size_noise
+
+# The showcase's design: non-embedding parameters per size, tokens per parameter per budget, and
+# FLOPs per token ~ 8.45 x parameters (its mha), so compute = tokens x 8.45 N.
+SIZES = np.array([24736, 38600, 55536, 98624.0])
+TOKENS_PER_PARAM = np.array([5, 10, 20.0])
+COMPUTE = (TOKENS_PER_PARAM[None, :] * SIZES[:, None] * 8.45 * SIZES[:, None]).ravel()
+SIZE_OF_POINT = np.repeat(np.arange(4), 3)
+TOP = 2  # the largest budget's index: the trunk's own end
+RUNG = 2  # d48: the seeds rung's size
+SHARED = 0.8  # 1 - decay_fraction
+SEED_SD = 0.0069  # the showcase's pooled seed noise at d48 (sd of log loss)
+LAW = Fit(1.547, 0.468, 0.342, 1.64e11)  # the showcase's joint curve (mha)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    multipliers: tuple[float, ...]  # per arm, the baseline's first (1.0)
+    unlucky: float = 0.0
+    unlucky_low: float = 0.04
+    unlucky_high: float = 0.09
+    size_noise: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0)
+    bend: dict[int, float] = field(default_factory=dict)  # arm -> its tilt at the ends, in seed sds
+
+
+@dataclass
+class Simulated:
+    """What the plan's runs of each ladder gave: the ladder's points, the rung's seeds and the
+    replicate pairs, each (ladders, ...)."""
+
+    loss: np.ndarray  # (L, arms * 12)
+    seeds: np.ndarray  # (L, arms, 3): the rung's seeds, the ladder's own first
+    pairs: dict[int, np.ndarray]  # size -> (L, arms, 2): ladder run, replicate run
+
+
+def simulate(rng: np.random.Generator, scenario: Scenario, ladders: int) -> Simulated:
+    arms = len(scenario.multipliers)
+    n = arms * 12
+    log_c = np.log(COMPUTE)
+    clean = []
+    for k, m in enumerate(scenario.multipliers):
+        log_y = np.log(LAW.loss(COMPUTE * m))
+        if k in scenario.bend:
+            clean_c = (COMPUTE * m / LAW.C0) ** (-LAW.alpha) * LAW.A
+            along_m = -LAW.alpha * clean_c / (LAW.E + clean_c)  # d log L / d log m at each point
+            tilt = log_c - log_c.mean()
+            tilt = tilt - (tilt @ along_m) / (along_m @ along_m) * along_m
+            log_y = log_y + scenario.bend[k] * SEED_SD * tilt / np.abs(tilt).max()
+        clean.append(log_y)
+    clean = np.concatenate(clean)
+    factor = np.asarray(scenario.size_noise)[np.tile(SIZE_OF_POINT, arms)]
+    sd = SEED_SD * factor
+    trunk = np.arange(n) // 3  # arm * 4 + size
+
+    def unlucky(shape) -> np.ndarray:
+        hit = rng.random(shape) < scenario.unlucky
+        return hit * rng.uniform(scenario.unlucky_low, scenario.unlucky_high, shape)
+
+    common = rng.standard_normal((ladders, arms * 4))[:, trunk] + 0 * sd
+    own = rng.standard_normal((ladders, n))
+    bad = unlucky((ladders, arms * 4))[:, trunk]
+    log_y = clean + sd * (math.sqrt(SHARED) * common + math.sqrt(1 - SHARED) * own) + bad
+
+    def another_run(size: int) -> np.ndarray:
+        """(L, arms) the top point of another run of each arm at `size` (its own trunk)."""
+        at = np.arange(arms) * 12 + size * 3 + TOP
+        noise = SEED_SD * scenario.size_noise[size] * rng.standard_normal((ladders, arms))
+        return clean[at] + noise + unlucky((ladders, arms))
+
+    rung = np.arange(arms) * 12 + RUNG * 3 + TOP
+    seeds = np.stack([log_y[:, rung], another_run(RUNG), another_run(RUNG)], axis=2)
+    pairs = {}
+    for size in (0, 3):
+        at = np.arange(arms) * 12 + size * 3 + TOP
+        pairs[size] = np.stack([log_y[:, at], another_run(size)], axis=2)
+    return Simulated(np.exp(log_y), np.exp(seeds), {s: np.exp(v) for s, v in pairs.items()})
+
+
+def ladder_data(sim: Simulated, arms: int) -> tuple[robust.LadderData, list]:
+    """The method's view of simulated ladders: each ladder's seed noise per size from its rung
+    and pairs (uncertainty.size_noise), as the report measures it."""
+    names = [str(k) for k in range(arms)]
+    sd_rows, dofs, noises = [], [], []
+    for row in range(len(sim.loss)):
+        rung_seeds = {names[k]: list(sim.seeds[row, k]) for k in range(arms)}
+        pairs = {size: {names[k]: tuple(sim.pairs[size][row, k]) for k in range(arms)} for size in sim.pairs}
+        noise = size_noise(rung_seeds, RUNG, pairs, list(SIZES))
+        noises.append(noise)
+        sd_rows.append(np.concatenate([noise.point_sd(names[k], SIZE_OF_POINT) for k in range(arms)]))
+        dofs.append(noise.dof)
+    data = robust.LadderData(
+        np.tile(COMPUTE, arms),
+        np.repeat(np.arange(arms), 12),
+        np.tile(SIZE_OF_POINT, arms),
+        sim.loss,
+        np.stack(sd_rows),
+        float(np.median(dofs)),
+        SHARED,
+    )
+    return data, noises
+
+
+@dataclass
+class Rates:
+    """How the method did over many ladders of one scenario."""
+
+    scenario: str
+    arms: int  # arm comparisons counted
+    daggers: float  # share of the A/A arms given a dagger (better or worse)
+    fragile: float  # share of the A/A arms marked fragile
+    power: float  # share of the planted arms (m != 1) given the right dagger
+    coverage: float  # share of the intervals holding the planted multiplier
+    width: float  # median high / low of the intervals
+    held_out: float  # share of the held-out rung's predictive intervals holding the measured loss
+    bent: float = math.nan  # share of the bending arms (A/A on average) given a dagger
+
+
+def run_method(
+    scenario: Scenario, ladders: int, seed: int, draws: int = 100, robust_noise: bool = True
+) -> Rates:
+    """The method's rates on `ladders` simulated ladders of `scenario`; `robust_noise` False: the
+    method before robust.py (the rung's seed noise alone, no size left out, no held-out rung)."""
+    rng = np.random.default_rng(seed)
+    truth = scenario.multipliers
+    sim = simulate(rng, scenario, ladders)
+    data, _ = ladder_data(sim, len(truth))
+    if not robust_noise:  # then: every point at the rung's pooled seed sd, as measured there
+        data = robust.LadderData(
+            data.compute, data.arm, data.size, data.loss,
+            np.broadcast_to(data.seed_sd[:, data.size == RUNG].min(axis=1, keepdims=True), data.loss.shape),
+            data.seed_dof, data.shared,
+        )  # fmt: skip
+    _, answers = robust.answer(data, draws=draws, seed=seed, robust_noise=robust_noise)
+    same, planted, covered, widths, fragile, bent = [], [], [], [], [], []
+    for row in answers:
+        for k, arm in enumerate(row, start=1):
+            if k in scenario.bend:
+                bent.append(arm.dagger)
+            c = arm.comparison
+            covered.append(c.low <= truth[k] <= c.high)
+            widths.append(c.high / c.low if c.low > 0 else math.inf)
+            if truth[k] == 1.0:
+                same.append(arm.dagger)
+                fragile.append(arm.verdict == "fragile")
+            else:
+                planted.append(arm.verdict == ("better" if truth[k] > 1 else "worse"))
+    held = []
+    if robust_noise:
+        predictions = robust.predict_held_out(data, draws=draws, seed=seed)
+        held = [p.covered for row in predictions for p in row]
+    mean = lambda v: float(np.mean(v)) if v else math.nan  # noqa: E731
+    return Rates(
+        scenario.name,
+        len(covered),
+        mean(same),
+        mean(fragile),
+        mean(planted),
+        mean(covered),
+        float(np.median(widths)),
+        mean(held),
+        mean(bent),
+    )
+
+
+def scenarios() -> list[Scenario]:
+    """The misspecified ladders of the known-answer tests: 8 arms, six equal to the baseline and
+    one at half its compute (the power), as the showcase has 8."""
+    arms = (1.0, 1.0, 1.0, 1.0, 0.5, 1.0, 1.0, 1.0)
+    return [
+        Scenario("as assumed", arms),
+        Scenario("unlucky trunks (p 0.125, +0.04-0.09)", arms, unlucky=0.125),
+        Scenario("noise 2x at the smallest size", arms, size_noise=(2.0, 1.5, 1.0, 0.8)),
+        Scenario("an A/A arm whose curve bends (±2 sd)", arms, bend={1: 2.0}),
+    ]
