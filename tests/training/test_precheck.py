@@ -147,7 +147,7 @@ def test_the_precheck_refuses_bad_values_as_lightningcli_does(tmp_path):
         ["--data.batch_size", "-1"],
         ["--data.num_workers", "-1"],
         ["--data.source", "nosuch"],
-        ["--data.source", "mqar", "--data.mqar_pairs", "0"],
+        ["--data.source", "mqar", "--data.task.mqar.pairs", "0"],
         ["--seed_everything", "-1"],
         ["--run.name", "../x"],
         ["--run.sample_temperature", "-1"],
@@ -314,7 +314,7 @@ def test_every_known_answer_run_is_a_valid_run(files):
     model, data = config["model"], config["data"]
     if "zoology.yaml" in files:  # Zoology's recipe: dropout on embeddings and weights, none on the stream
         assert (model["dropout"], model["resid_dropout"]) == (0.1, 0.0)
-        assert model["block_size"] == data["zoology_seq_len"]
+        assert model["block_size"] == data["task"]["zoology"]["seq_len"]
 
 
 def test_every_known_answer_config_is_run_by_some_command():
