@@ -34,6 +34,7 @@ from minitx.data.prepare import DataSettings
 from minitx.data.sources import SOURCES
 from minitx.data.task import Task, build_options, register, registry
 from minitx.errors import UserError, require
+from minitx.files import legacy
 from minitx.kinds import nearest
 
 # The known-answer tasks, not texts: "toy" (the Multi-Token Attention paper's), "mqar"
@@ -153,6 +154,19 @@ def task_settings(given: Any) -> TaskSettings:
                 f"the tasks are {', '.join(TASKS)}"
             )
     return TaskSettings(**{name: build_options(name, section) for name, section in given.items()})
+
+
+def saved_data_section(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A data section as a run saved it (its config.yaml, a checkpoint's train_config), maybe by an
+    older minitx, in today's spelling (minitx/files/legacy.py), each task's settings added since at
+    their defaults. Where it no longer builds, only the spellings change."""
+    translated = legacy.data_section(data)
+    try:
+        complete = dataclasses.asdict(DataConfig.from_config(data))
+    except (UserError, TypeError, ValueError):
+        return translated
+    # The keys the run saved (a linked key it left out stays out), and every task's every setting.
+    return {**{key: complete.get(key, value) for key, value in translated.items()}, "task": complete["task"]}
 
 
 # -- settings of a data source the run does not read --------------------------------------------

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..data.config import saved_data_section
 from . import optim
 from .optim import DEFAULTS, Optimisation
 
@@ -47,6 +48,8 @@ def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
 
 def changed_settings(saved: dict, current: dict) -> list[str]:
     """'key old -> new' for each compared setting that differs."""
+    if isinstance(saved.get("data"), dict):  # in today's spelling, settings added since at their defaults
+        saved = {**saved, "data": saved_data_section(saved["data"])}
     new = flatten(current)
     old = {**{k: v for k, v in ADDED_LATER.items() if k in new}, **flatten(saved)}
     keys = [k for k in sorted(set(old) | set(new)) if k in COMPARED_MODEL_KEYS or not k.startswith(IGNORED)]

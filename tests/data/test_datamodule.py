@@ -681,9 +681,9 @@ def test_toy_collate_aligns_the_mask_with_the_targets():
 
 
 def test_toy_config_errors():
-    with raises_user_error("data.toy_target", "'middle'"):
+    with raises_user_error("data.task.toy.target", "'middle'"):
         ToyTaskConfig(target="middle")
-    with raises_user_error("data.toy_query_len"):
+    with raises_user_error("data.task.toy.query_len"):
         ToyTaskConfig(block_len=3, query_len=4)
-    with raises_user_error("data.toy_min_blocks"):
+    with raises_user_error("data.task.toy.min_blocks"):
         ToyTaskConfig(min_blocks=5, max_blocks=2)

@@ -101,22 +101,23 @@ def test_zoology_window_reach_at_128_8():
 @pytest.mark.parametrize(
     "settings, key",
     [
-        ({"zoology_vocab": 8191}, "data.zoology_vocab"),
-        ({"zoology_pairs": 0}, "data.zoology_pairs"),
-        ({"zoology_seq_len": 31, "zoology_pairs": 8}, "data.zoology_seq_len"),
-        ({"zoology_seq_len": 30, "zoology_pairs": 8}, "data.zoology_seq_len"),
-        ({"zoology_power_a": 0.0}, "data.zoology_power_a"),
-        ({"markov_states": 1}, "data.markov_states"),
-        ({"markov_length": 1}, "data.markov_length"),
-        ({"markov_concentration": 0}, "data.markov_concentration"),
-        ({"induction_vocab": 2}, "data.induction_vocab"),
-        ({"induction_length": 2}, "data.induction_length"),
+        ({"zoology": {"vocab": 8191}}, "data.task.zoology.vocab"),
+        ({"zoology": {"pairs": 0}}, "data.task.zoology.pairs"),
+        ({"zoology": {"seq_len": 31, "pairs": 8}}, "data.task.zoology.seq_len"),
+        ({"zoology": {"seq_len": 30, "pairs": 8}}, "data.task.zoology.seq_len"),
+        ({"zoology": {"power_a": 0.0}}, "data.task.zoology.power_a"),
+        ({"zoology": {"random_non_queries": 1}}, "data.task.zoology.random_non_queries"),
+        ({"markov": {"states": 1}}, "data.task.markov.states"),
+        ({"markov": {"length": 1}}, "data.task.markov.length"),
+        ({"markov": {"concentration": 0}}, "data.task.markov.concentration"),
+        ({"induction": {"vocab": 2}}, "data.task.induction.vocab"),
+        ({"induction": {"length": 2}}, "data.task.induction.length"),
     ],
 )
 def test_impossible_settings_name_the_key(settings, key):
-    source = next(iter(settings)).split("_")[0]
+    source = next(iter(settings))
     with pytest.raises(UserError, match=key):
-        DataConfig(source=source, **settings)
+        DataConfig(source=source, task=settings)
 
 
 # ------------------------------------------------------------------------------------------ Markov
@@ -233,12 +234,12 @@ def test_known_answer_runs_train_and_are_evaluated(tmp_path, capsys):
     and by position past the trained length."""
 
     runs = {
-        "zoology": ({"zoology_vocab": 64, "zoology_pairs": 4, "zoology_seq_len": 16}, 16, []),
-        "markov": ({"markov_states": 3, "markov_length": 20}, 19, []),
-        "induction": ({"induction_vocab": 8, "induction_length": 12}, 24, ["--lengths", "12", "24"]),
+        "zoology": ({"vocab": 64, "pairs": 4, "seq_len": 16}, 16, []),
+        "markov": ({"states": 3, "length": 20}, 19, []),
+        "induction": ({"vocab": 8, "length": 12}, 24, ["--lengths", "12", "24"]),
     }
-    for source, (data, block_size, flags) in runs.items():
-        config = task_run(tmp_path, {"source": source, **data}, block_size)
+    for source, (settings, block_size, flags) in runs.items():
+        config = task_run(tmp_path, {"source": source, "task": {source: settings}}, block_size)
         if source == "induction":
             config["model"]["positions"] = "learned"
         (tmp_path / f"{source}.yaml").write_text(yaml.safe_dump(config))

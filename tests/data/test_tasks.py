@@ -26,8 +26,8 @@ FILLER_TEXT = "".join(
 
 
 def task_of(source: str, settings: dict):
-    """The task a data section with these settings builds (its checks name the data.* keys)."""
-    return DataConfig(source=source, **settings).task()
+    """The task a data section with these settings builds (its checks name the data.task.* keys)."""
+    return DataConfig(source=source, task={source: settings}).synthetic_task()
 
 
 @pytest.mark.parametrize(
@@ -75,12 +75,12 @@ def test_mqar_is_deterministic_by_seed_and_index():
 @pytest.mark.parametrize(
     "settings, key",
     [
-        ({"mqar_vocab": 1}, "data.mqar_vocab"),
-        ({"mqar_vocab": 16, "mqar_pairs": 9}, "data.mqar_pairs"),  # 8 keys cannot make 9 distinct pairs
-        ({"mqar_pairs": 0}, "data.mqar_pairs"),
-        ({"mqar_pairs": 4, "mqar_queries": 5}, "data.mqar_queries"),
-        ({"mqar_queries": 0}, "data.mqar_queries"),
-        ({"mqar_pairs": 8, "mqar_queries": 8, "mqar_seq_len": 31}, "data.mqar_seq_len"),
+        ({"vocab": 1}, "data.task.mqar.vocab"),
+        ({"vocab": 16, "pairs": 9}, "data.task.mqar.pairs"),  # 8 keys cannot make 9 distinct pairs
+        ({"pairs": 0}, "data.task.mqar.pairs"),
+        ({"pairs": 4, "queries": 5}, "data.task.mqar.queries"),
+        ({"queries": 0}, "data.task.mqar.queries"),
+        ({"pairs": 8, "queries": 8, "seq_len": 31}, "data.task.mqar.seq_len"),
     ],
 )
 def test_mqar_refuses_settings_without_a_valid_answer(settings, key):
@@ -90,7 +90,7 @@ def test_mqar_refuses_settings_without_a_valid_answer(settings, key):
 
 
 def test_mqar_batches_carry_the_loss_on_the_answers_only():
-    config = task_of("mqar", {"mqar_vocab": 16, "mqar_pairs": 4, "mqar_queries": 3, "mqar_seq_len": 20})
+    config = task_of("mqar", {"vocab": 16, "pairs": 4, "queries": 3, "seq_len": 20})
     x, y = ToyTrainBatches(config, seed=0, train_size=100, batch_size=5).batch(0)
     assert x.shape == y.shape == (5, 19)
     assert ((y != IGNORE_INDEX).sum(-1) == 3).all()
@@ -136,9 +136,9 @@ def test_needle_is_deterministic_and_training_lengths_stay_in_range(filler):
 @pytest.mark.parametrize(
     "settings, key",
     [
-        ({"needle_length": SHORTEST - 1}, "data.needle_length"),
-        ({"needle_length": 64, "needle_min_length": 65}, "data.needle_min_length"),
-        ({"needle_length": 64, "needle_min_length": SHORTEST - 1}, "data.needle_min_length"),
+        ({"length": SHORTEST - 1}, "data.task.needle.length"),
+        ({"length": 64, "min_length": 65}, "data.task.needle.min_length"),
+        ({"length": 64, "min_length": SHORTEST - 1}, "data.task.needle.min_length"),
     ],
 )
 def test_needle_refuses_settings_without_room_for_the_answer(settings, key):
@@ -150,7 +150,7 @@ def test_needle_refuses_settings_without_room_for_the_answer(settings, key):
 def test_needle_refuses_a_filler_too_short_for_the_haystack(tmp_path):
     (tmp_path / "short.txt").write_text("a few words of filler, far too few.\n" * 3)
     config = NeedleConfig(length=200, filler=str(tmp_path / "short.txt"))
-    with pytest.raises(UserError, match="^data.needle_filler: the test filler has"):
+    with pytest.raises(UserError, match="^data.task.needle.filler: the test filler has"):
         needle_sample(config, 0, 0, 200, 0.5, "test")
 
 
@@ -182,14 +182,14 @@ def test_an_impossible_task_setting_stops_train_with_one_line_and_exit_2(tmp_pat
                 str(REPO / "configs" / "mqar.yaml"),
                 "--run.root",
                 str(tmp_path / "runs"),
-                "--data.mqar_pairs",
+                "--data.task.mqar.pairs",
                 "40",
             ]
         )
         == 2
     )
     err = capfd.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("train: error: data.mqar_pairs"), err
+    assert len(err) == 1 and err[0].startswith("train: error: data.task.mqar.pairs"), err
     assert not (tmp_path / "runs").exists()
 
 
@@ -201,7 +201,7 @@ def test_the_task_configs_parse():
 
 
 def test_a_mqar_run_is_evaluated_on_a_fresh_test_set(tmp_path, capsys):
-    data = {"source": "mqar", "mqar_vocab": 16, "mqar_pairs": 4, "mqar_queries": 2, "mqar_seq_len": 16}
+    data = {"source": "mqar", "task": {"mqar": {"vocab": 16, "pairs": 4, "queries": 2, "seq_len": 16}}}
     (tmp_path / "mqar.yaml").write_text(yaml.safe_dump(task_run(tmp_path, data, 15)))
     assert train_main(["--config", str(tmp_path / "mqar.yaml")]) == 0
     ckpt = tmp_path / "runs" / "mqar" / "checkpoints" / "last.ckpt"
@@ -221,7 +221,7 @@ def test_a_mqar_run_is_evaluated_on_a_fresh_test_set(tmp_path, capsys):
 
 
 def test_a_needle_run_gets_an_accuracy_heatmap(tmp_path, filler, capsys):
-    data = {"source": "needle", "needle_length": 48, "needle_min_length": 24, "needle_filler": filler}
+    data = {"source": "needle", "task": {"needle": {"length": 48, "min_length": 24, "filler": filler}}}
     (tmp_path / "needle.yaml").write_text(yaml.safe_dump(task_run(tmp_path, data, 47)))
     assert train_main(["--config", str(tmp_path / "needle.yaml")]) == 0
     ckpt = tmp_path / "runs" / "needle" / "checkpoints" / "last.ckpt"

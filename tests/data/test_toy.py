@@ -132,8 +132,7 @@ def test_the_datamodule_serves_the_toy_task_and_training_scores_exact_match():
     def datamodule(block_size=20):
         return TextDataModule(
             source="toy",
-            toy_n=3,
-            toy_blocks=4,
+            task={"toy": {"n": 3, "blocks": 4}},
             toy_train_size=50,
             toy_val_size=8,
             batch_size=4,

@@ -47,7 +47,7 @@ TRAIN_MISTAKES = {
     "dropout over 1": ["--model.dropout", "1.5"],
     "bad optimiser value": ["--model.muon_momentum", "1"],
     "negative batch size": ["--data.batch_size", "-1"],
-    "bad task setting": ["--data.source", "mqar", "--data.mqar_pairs", "0"],
+    "bad task setting": ["--data.source", "mqar", "--data.task.mqar.pairs", "0"],
     "bad values in a file": ["--config", "{tmp}/values.yaml"],
 }
 
