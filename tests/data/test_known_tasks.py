@@ -4,6 +4,7 @@ window reach it implies, and the exact Bayes losses of the Markov task against b
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -58,6 +59,76 @@ def test_zoology_sample_is_zoologys_format(config):
         assert targets[queries + 1].tolist() == values.tolist() and (ids[queries + 1] == 0).all()
         assert (targets[~mask] == ids[~mask]).all()
         assert config.tokenizer().encode(s.text) == s.ids  # the text's ids are Zoology's ids
+
+
+def random_filler_problems(config: ZoologyConfig, samples: int = 400, seed: int = 5) -> list[str]:
+    """What is wrong with the random filler of `config`'s samples (empty: nothing), against Zoology's
+    rule: every input position that is not a key, value or query holds a token drawn uniformly
+    from 0 .. V - 1; the pairs, the queries and what is scored are those of the same sample with
+    the filler at 0 (Figure 2's)."""
+    problems, drawn = [], []
+    plain = dataclasses.replace(config, random_non_queries=False)
+    for index in range(samples):
+        s, s0 = zoology_sample(config, seed, index), zoology_sample(plain, seed, index)
+        if (s.keys, s.values, s.gaps, s.loss_mask) != (s0.keys, s0.values, s0.gaps, s0.loss_mask):
+            problems.append(f"sample {index}: the pairs, gaps or scored positions moved")
+        ids, ids0 = np.array(s.ids), np.array(s0.ids)
+        filler = np.flatnonzero(ids0[:-1] == 0)  # the input's filler; the last token is only a target
+        if not (ids[ids0 != 0] == ids0[ids0 != 0]).all():
+            problems.append(f"sample {index}: a key, value or query changed")
+        _, _, queries = s.recall_positions()
+        if [s.targets[q + 1] for q in queries] != list(s.values) or [s.ids[q] for q in queries] != list(
+            s.keys
+        ):
+            problems.append(f"sample {index}: a scored target is not its value")
+        drawn.append(ids[filler])
+    counts = np.bincount(np.concatenate(drawn), minlength=config.vocab)
+    expected = counts.sum() / config.vocab
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    # Uniform over V tokens: chi-square with V - 1 degrees of freedom, mean V - 1, sd sqrt(2 (V - 1));
+    # eight sd above the mean is never reached by chance and always by filler left at 0.
+    if chi2 > config.vocab - 1 + 8 * math.sqrt(2 * (config.vocab - 1)):
+        problems.append(
+            f"the filler is not uniform over the vocabulary (chi-square {chi2:.0f}, {config.vocab - 1} dof)"
+        )
+    return problems
+
+
+RANDOM_FILLER = ZoologyConfig(vocab=64, pairs=4, seq_len=64, random_non_queries=True)
+
+
+def test_zoology_random_filler_is_zoologys_uniform_draw():
+    assert random_filler_problems(RANDOM_FILLER) == []
+    x, y = ToyTrainBatches(
+        DataConfig(
+            source="zoology", task={"zoology": {**dataclasses.asdict(RANDOM_FILLER)}}
+        ).synthetic_task(),
+        seed=1,
+        train_size=100,
+        batch_size=8,
+    ).batch(0)
+    assert (x == 0).float().mean() < 0.1  # Figure 2's filler would be most of the input
+    assert int((y != IGNORE_INDEX).sum()) == 8 * 4  # the same four queries scored per row
+
+
+def test_a_generator_that_leaves_the_filler_at_0_fails_the_random_filler_test(monkeypatch):
+    """The planted bug: the config asks for random filler, the generator leaves token 0."""
+    from minitx.data import zoology
+
+    monkeypatch.setattr(zoology, "fill_at_random", lambda ids, vocab, rng: None)
+    assert any("not uniform" in problem for problem in random_filler_problems(RANDOM_FILLER))
+
+
+def test_zoology_random_filler_draws_from_the_whole_vocabulary_not_its_first_half(monkeypatch):
+    """A second planted bug: filler drawn from the keys' half only is not Zoology's either."""
+    from minitx.data import zoology
+
+    def keys_only(ids, vocab, rng):
+        filler = ids[:-1] == 0
+        ids[:-1][filler] = rng.integers(vocab // 2, size=int(filler.sum()))
+
+    monkeypatch.setattr(zoology, "fill_at_random", keys_only)
+    assert random_filler_problems(RANDOM_FILLER) != []
 
 
 def test_zoology_batches_score_the_queries_only():
