@@ -76,6 +76,22 @@ def check_plan_version(plan: Plan, output: Path) -> None:
         )
 
 
+def check_baseline_rate(plan: Plan) -> None:
+    """Every arm is compared with the baseline (the first variant): without a learning rate for it
+    the ladder has nothing to answer, so the sweep stops before the ladder's first run, in one line."""
+    baseline = plan.arms[0]
+    refused = plan.rates(RunResults())[baseline].refused
+    if not refused:
+        return
+    fix = (
+        "" if "lr_sweep" in refused else "; list other lr_sweep.multipliers (or a lower base rate) and rerun"
+    )
+    raise UserError(
+        f"lr_sweep: the baseline {baseline!r} has no learning rate: {refused}{fix}; the ladder was not started "
+        "(every arm is compared with the baseline)"
+    )
+
+
 def report_instability(points: Sequence[Point], trained: RunResults, log) -> None:
     for p in points:
         if p.role in ("confirm", "ladder", "seed") and trained(p).trouble:
@@ -141,6 +157,8 @@ def run_designed(
                 log(f"ablate: phase {phase + 1} of 3 ({PHASES[phase]}): {describe(points, plan)}")
                 run_sweep(_unique_runs(points), sweep, output, launcher, log)
                 tried |= {p.run.directory for p in points}
+            if phase == 0:
+                check_baseline_rate(plan)
         for point in sum(plan.all_points(RunResults()), []):
             diagnose_run(point.run, trust_kind_modules, log)
     trained = recorded if recorded is not None else RunResults()

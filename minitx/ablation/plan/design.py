@@ -109,6 +109,12 @@ def parse_design(data: dict, path: Any, flatten) -> Design:
                 f"{path}: lr_sweep.extend must be a whole number >= 0 (multipliers run past the sweep's edges), "
                 f"got {extend!r}"
             )
+        if extend == 0 and len(design.multipliers) < 3:  # the lowest of two is always at an edge
+            raise UserError(
+                f"{path}: lr_sweep.extend 0 with {len(design.multipliers)} lr_sweep.multipliers would refuse "
+                "every arm after its sweep (the lowest of two is at an edge); list 3 or more multipliers "
+                "or raise lr_sweep.extend"
+            )
         design.extend = extend
     if "ladder" in data:
         if design.flops is not None:

@@ -4,20 +4,26 @@ of its runs (ladder.py plans the runs and reads their outcomes; these decide).
 An outcome is a finite final val loss, `math.inf` for a run that diverged or failed (no rate it
 gives is usable), or None for a run not finished yet (a decision then waits).
 
-1. **Sweep, past its edges.** The arm trains at every multiplier on the smallest size. When the
-   lowest loss is at the smallest or largest multiplier swept, one more multiplier is run that
-   way, x2 beyond the edge, at most `extend` times; still at an edge after that, the arm is
-   refused: no rate is known to be its best, so its fits would compare it at a handicap.
-2. **A choice from several runs.** A parabola in log2(multiplier) is fitted by least squares to
-   the lowest point and its finite neighbours up to two multipliers each side (three to five
-   runs); its vertex, rounded (in log) to the nearest multiplier swept, is the choice. Noise of
-   one run moves a vertex fitted to five by less than it moves the lowest of seven, at no extra
-   run; with only three points the vertex always rounds to the lowest (it lies within half a
-   step of it), and a parabola that opens downwards (noise over a flat minimum) falls back to the
-   lowest point.
-3. **Confirmation at the largest size.** The choice and its two neighbours in the sweep are
-   trained at the largest size; the best of the three that neither diverged nor spiked is used
-   there. None usable: the arm is refused.
+1. **Sweep, past its edges.** The arm trains at every multiplier on the smallest size. When its
+   lowest finite loss is at the smallest or largest multiplier swept, one more multiplier is run
+   that way, x2 beyond the edge, at most `extend` times; still there after that, the arm is
+   refused: no rate is known to be its best, so its fits would compare it at a handicap. Only the
+   lowest run decides this: a fitted minimum past an edge whose lowest run is inside (a flat top)
+   is a rate to take, not a refusal.
+2. **The rule: the smallest rate within MARGIN of the fitted minimum.** A parabola in
+   log2(multiplier) is fitted by least squares to the lowest finite run and its finite neighbours
+   up to FIT_REACH multipliers each side (three to five runs); the choice is the smallest of those
+   multipliers whose loss on the parabola lies within MARGIN (relative) of the parabola's minimum
+   over their range (the one lowest on the parabola when the margin holds none). The flat side of
+   a minimum is the safe side: the edge of stability is above it, where a rate too high costs
+   most and a seed's outcome varies most (a lucky run there pulls a vertex up). With fewer than three finite runs, or a parabola that does not open upwards (noise over a
+   flat minimum), the margin is taken about the lowest run instead. benchmarks/lr_rule.py chose
+   MARGIN on simulated sweeps whose seed noise grows near the edge: against the vertex rounded to
+   the nearest multiplier (the rule before it) fewer A/A pairs choose differently and the ladder's
+   run at the choice loses less.
+3. **The same rule at the largest size.** The choice and its two neighbours in the sweep (the
+   three nearest it, when it is the smallest or largest swept) are trained at the largest size, and the same rule over those that neither diverged nor spiked
+   gives the rate used there. None usable: the arm is refused.
 4. **Sizes between** train at the rate interpolated geometrically in parameters between the
    sweep size's choice and the largest size's: a power law lr(N) through the two measured sizes.
 5. **Instability.** A run diverged when its loss is not finite; it spiked when its logged
@@ -36,6 +42,7 @@ import numpy as np
 
 EXTEND = 2  # multipliers run past the sweep's edges, per arm, before it is refused (lr_sweep.extend)
 FIT_REACH = 2  # multipliers each side of the lowest that the parabola sees
+MARGIN = 0.005  # the relative loss a choice may give up for a smaller rate (benchmarks/lr_rule.py)
 SPIKE_NATS = 0.3
 SMOOTH = 3
 NOISE_SIGMAS = 6  # a spike rises this many times the noise of a smoothed point, at least SPIKE_NATS
@@ -47,7 +54,7 @@ class Choice:
     a refusal, or nothing yet (pending: a run not finished)."""
 
     multiplier: float | None = None
-    how: str = ""  # "fit over 5 runs, vertex x2.6" or "lowest of 3 runs"
+    how: str = ""  # "within 0.5% of the fitted minimum x5.8 over 5 runs", "... of the lowest of 4 runs"
     next: float | None = None  # the multiplier to run past an edge
     refused: str = ""
 
@@ -56,21 +63,48 @@ class Choice:
         return self.multiplier is None and self.next is None and not self.refused
 
 
-def fitted_vertex(losses: dict[float, float]) -> float | None:
-    """The vertex (a multiplier) of the least-squares parabola in log2(multiplier) through the
-    given finite losses, clipped to their range; None when it opens downwards or is flat."""
+def fitted_parabola(losses: dict[float, float]) -> np.poly1d | None:
+    """The least-squares parabola in log2(multiplier) through the given finite losses (three or
+    more); None when it does not open upwards (no minimum to measure a margin from)."""
+    if len(losses) < 3:
+        return None
     x = np.log2(np.array(sorted(losses), dtype=float))
     y = np.array([losses[m] for m in sorted(losses)], dtype=float)
-    a, b, _ = np.polyfit(x, y, 2)
-    if not a > 1e-12:
-        return None
-    return float(2 ** np.clip(-b / (2 * a), x[0], x[-1]))
+    parabola = np.poly1d(np.polyfit(x, y, 2))
+    return parabola if parabola.coeffs[0] > 1e-12 else None
 
 
-def choose(outcomes: dict[float, float | None], extended: int, extend: int = EXTEND) -> Choice:
+def within_margin(losses: dict[float, float], margin: float = MARGIN) -> tuple[float, str]:
+    """The rule, at every size: the smallest of the given multipliers (finite losses, one or more)
+    whose loss on the fitted parabola lies within `margin` (relative) of the parabola's minimum
+    over their range, with a sentence saying so. The flat side of a minimum is the safe side: the
+    cliff of instability is above it. When the margin holds none of them (a sharp minimum between
+    two), the one nearest the minimum on the parabola; with fewer than three runs, or a parabola
+    that does not open upwards (noise over a flat minimum), the same margin about the lowest run."""
+    ms = sorted(losses)
+    parabola = fitted_parabola(losses)
+    if parabola is None:
+        values = [losses[m] for m in ms]
+        floor, where = min(values), f"the lowest of {len(ms)} run{'s' if len(ms) > 1 else ''}"
+    else:
+        x = np.log2(np.array(ms, dtype=float))
+        vertex = float(np.clip(-parabola.coeffs[1] / (2 * parabola.coeffs[0]), x[0], x[-1]))
+        values = [float(v) for v in parabola(x)]
+        floor = float(parabola(vertex))
+        where = f"the fitted minimum x{2**vertex:.3g} over {len(ms)} runs"
+    limit = max(floor + margin * abs(floor), min(values))
+    chosen = next(m for m, value in zip(ms, values) if value <= limit)
+    return chosen, f"within {100 * margin:.2g}% of {where}"
+
+
+def choose(
+    outcomes: dict[float, float | None], extended: int, extend: int = EXTEND, margin: float = MARGIN
+) -> Choice:
     """The multiplier the sweep's outcomes choose (`extended`: how many it already ran past its
-    own list). A choice at an edge (the lowest or the fitted) asks for the next run past it, or
-    refuses the arm when `extend` runs past the edges were spent."""
+    own list): `within_margin` over the lowest finite run and its finite neighbours, up to
+    FIT_REACH multipliers each side. Only a lowest run at an edge of the sweep asks for the next
+    run past it, or refuses the arm when `extend` runs past the edges were spent; a fitted minimum
+    past an edge whose lowest run is inside (a flat top) is a rate to take, not a refusal."""
     if not outcomes or any(v is None for v in outcomes.values()):
         return Choice()
     ms = sorted(outcomes)
@@ -78,35 +112,34 @@ def choose(outcomes: dict[float, float | None], extended: int, extend: int = EXT
     if not finite:
         return Choice(refused="every multiplier swept diverged or failed")
     lowest = min(finite, key=finite.get)
-    i = ms.index(lowest)
-    near = {m: finite[m] for m in ms[max(0, i - FIT_REACH) : i + FIT_REACH + 1] if m in finite}
-    vertex = fitted_vertex(near) if len(near) >= 3 else None
-    if vertex is None:
-        chosen, how = lowest, f"lowest of {len(finite)} runs"
-    else:
-        chosen = min(near, key=lambda m: abs(math.log2(m / vertex)))
-        how = f"fit over {len(near)} runs, vertex x{vertex:.3g}"
     for edge, step, side in ((ms[-1], 2.0, "largest"), (ms[0], 0.5, "smallest")):
-        if edge in (lowest, chosen):
+        if lowest == edge and len(ms) > 1:
             if extended < extend:
                 return Choice(next=edge * step)
             return Choice(
                 refused=f"its best rate is still the {side} swept (x{edge:g}) after {extended} multiplier(s) "
                 "past the sweep's edges; widen lr_sweep.multipliers or raise lr_sweep.extend"
             )
-    return Choice(chosen, how)
+    i = ms.index(lowest)
+    near = {m: finite[m] for m in ms[max(0, i - FIT_REACH) : i + FIT_REACH + 1] if m in finite}
+    return Choice(*within_margin(near, margin))
 
 
 def neighbours(multipliers: Sequence[float], chosen: float) -> list[float]:
-    """The chosen multiplier and the swept ones next to it (a choice is never at an edge)."""
+    """The chosen multiplier and the swept ones next to it: three, centred on the choice, or the
+    three nearest it when it is the smallest or largest swept (a flat side can choose an edge)."""
     ms = sorted(multipliers)
     i = ms.index(chosen)
-    return ms[max(0, i - 1) : i + 2]
+    start = min(max(0, i - 1), max(0, len(ms) - 3))
+    return ms[start : start + 3]
 
 
-def best_confirmed(outcomes: dict[float, tuple[float | None, str]], size: str) -> Choice:
-    """The best of the multipliers trained at the largest size: outcome and instability ("" when
-    none) per multiplier; a run that diverged, spiked or failed is never the best."""
+def best_confirmed(
+    outcomes: dict[float, tuple[float | None, str]], size: str, margin: float = MARGIN
+) -> Choice:
+    """The multiplier used at the largest size: the same rule as the sweep's (`within_margin`)
+    over the runs trained there, outcome and instability ("" when none) per multiplier; a run
+    that diverged, spiked or failed is left out of the fit and never chosen."""
     if any(loss is None and not trouble for loss, trouble in outcomes.values()):
         return Choice()
     usable = {
@@ -117,8 +150,8 @@ def best_confirmed(outcomes: dict[float, tuple[float | None, str]], size: str) -
     if not usable:
         tried = ", ".join(f"x{m:g}" for m in sorted(outcomes))
         return Choice(refused=f"every rate tried at {size} ({tried}) diverged, spiked or failed")
-    best = min(usable, key=usable.get)
-    return Choice(best, f"best of {len(outcomes)} at {size}")
+    chosen, how = within_margin(usable, margin)
+    return Choice(chosen, f"{how} at {size}")
 
 
 def interpolated(low: float, high: float, n_low: float, n_high: float, n: float) -> float:
