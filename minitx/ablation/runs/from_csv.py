@@ -219,16 +219,9 @@ def check_fits_sweep(rows: Sequence[Row], sweep: Sweep, path: Path) -> None:
         )
 
 
-def check_options(
-    from_csv: str | None,
-    baseline: str | None,
-    report_only: bool,
-    output: str | None,
-    sweep: Sweep,
-    config: Path,
-) -> None:
+def check_flags(from_csv: str | None, baseline: str | None, report_only: bool, output: str | None) -> None:
     """The command line's --from-csv and --baseline, refused in one line where they cannot be
-    honoured, before the (slower) plan is made; the CSV's rows checked against the sweep file."""
+    honoured, before the sweep is read; the CSV read and checked for its columns and numbers."""
     if from_csv is not None and not report_only:
         raise UserError(
             "--from-csv: only with --report-only (it rebuilds a report, trains nothing); add --report-only"
@@ -238,26 +231,13 @@ def check_options(
             "--baseline: only with --report-only (a sweep trains its baseline first: the file's first variant); "
             "add --report-only to rebuild the report against another arm"
         )
-    if not sweep.design.active:
-        for flag, given in (("--from-csv", from_csv), ("--baseline", baseline)):
-            if given is not None:
-                raise UserError(
-                    f"{flag}: {config} has no budget, lr_sweep or ladder; only a designed sweep's report is "
-                    "rebuilt this way"
-                )
-    if baseline is not None and baseline not in [v.name for v in sweep.variants]:
-        names = [v.name for v in sweep.variants]
-        raise UserError(
-            f"--baseline: unknown arm {baseline!r}{nearest(baseline, names)}; the arms: {', '.join(names)}"
-        )
     if from_csv is None:
         return
     if output is None:
         raise UserError("--from-csv: give --output DIR, the folder the rebuilt report is written to")
-    target = Path(output)
+    target, source = Path(output), Path(from_csv)
     if target.exists() and not target.is_dir():
         raise UserError(f"--output: {str(target)!r} is a file; give a directory (new or of this sweep)")
-    source = Path(from_csv)
     if (target / "results.csv").exists() and source.exists() and (target / "results.csv").samefile(source):
         raise UserError(
             f"--output: {str(target)!r} holds {source}, the CSV being read, which the report would rewrite; "
@@ -268,7 +248,28 @@ def check_options(
             f"--output: {str(target)!r} holds a sweep's runs, whose report --report-only rebuilds from them; "
             "give another folder for the CSV's report"
         )
-    check_fits_sweep(read_rows(source), sweep, source)
+    read_rows(source)
+
+
+def check_against_sweep(
+    from_csv: str | None, baseline: str | None, output: str | None, sweep: Sweep, config: Path
+) -> None:
+    """--from-csv and --baseline against the sweep file (its design, arms, sizes and budgets),
+    before the (slower) plan is made."""
+    if not sweep.design.active:
+        for flag, given in (("--from-csv", from_csv), ("--baseline", baseline)):
+            if given is not None:
+                raise UserError(
+                    f"{flag}: {config} has no budget, lr_sweep or ladder; only a designed sweep's report is "
+                    "rebuilt this way"
+                )
+    names = [v.name for v in sweep.variants]
+    if baseline is not None and baseline not in names:
+        raise UserError(
+            f"--baseline: unknown arm {baseline!r}{nearest(baseline, names)}; the arms: {', '.join(names)}"
+        )
+    if from_csv is not None:
+        check_fits_sweep(read_rows(Path(from_csv)), sweep, Path(from_csv))
 
 
 def put_baseline_first(plan: Plan, baseline: str) -> None:

@@ -1,0 +1,320 @@
+"""`ablate --report-only --from-csv FILE`: a designed sweep's report rebuilt from its results.csv
+alone (runs/from_csv.py), the recorded showcase (docs/results/ladder/) as the known answer."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+from minitx import ablation
+from minitx.ablation.analysis import fit
+from minitx.ablation.analysis.designed import DIAGNOSTIC_KEYS
+from minitx.ablation.plan.ladder import make_plan
+from minitx.ablation.plan.sweep import load_sweep
+from minitx.ablation.runs import from_csv
+from minitx.cli import ablate_main
+from minitx.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = str(ROOT / "configs" / "ablation_ladder.yaml")
+RECORDED = ROOT / "docs" / "results" / "ladder"
+SHOWCASE_CSV = RECORDED / "results.csv"
+
+
+@pytest.fixture(autouse=True)
+def fewer_draws(monkeypatch):
+    """The intervals' width is not what is tested here: fewer bootstrap refits, the same tables."""
+    monkeypatch.setattr(fit, "BOOTSTRAP", 20)
+
+
+def read_showcase() -> tuple[list[str], list[dict]]:
+    with open(SHOWCASE_CSV, encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def write_csv(path: Path, columns: list[str], rows: list[dict]) -> Path:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    path.write_text(out.getvalue(), encoding="utf-8")
+    return path
+
+
+def rebuild(csv_path: Path, output: Path, *more: str) -> str:
+    ablation.main(
+        ["--config", CONFIG, "--report-only", "--from-csv", str(csv_path), "--output", str(output), *more]
+    )
+    return (output / "results.md").read_text(encoding="utf-8")
+
+
+def losses_table(text: str) -> dict[tuple[str, str], str]:
+    """The per-point final val loss table of a results.md: (row, arm) -> cell."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Final val loss per point"))
+    table = []
+    for line in lines[start + 1 :]:
+        if line.startswith("|"):
+            table.append([cell.strip() for cell in line.strip("|").split("|")])
+        elif table:
+            break
+    arms = table[0][1:]
+    return {(row[0], arm): cell for row in table[2:] for arm, cell in zip(arms, row[1:])}
+
+
+def test_the_recorded_showcase_rebuilt_from_its_csv_alone(tmp_path):
+    """The same losses table as the recorded results.md, to the CSV's five decimals (a loss that
+    the CSV rounded to ...5 may round the other way at four), no run directory needed or made."""
+    output = tmp_path / "rebuilt"
+    text = rebuild(SHOWCASE_CSV, output)
+    recorded = losses_table((RECORDED / "results.md").read_text(encoding="utf-8"))
+    rebuilt = losses_table(text)
+    assert sorted(rebuilt) == sorted(recorded) and len(rebuilt) == 8 * (4 + 4 * 3)
+    for key, cell in recorded.items():
+        assert same_cell(rebuilt[key], cell), (key, cell, rebuilt[key])
+    assert "Baseline: **mha**" in text
+    assert f"read from {SHOWCASE_CSV} (193 rows), not from the runs" in text
+    assert not (output / "runs").exists()
+    assert all((output / name).is_file() for name in ("results.csv", "lr_sweep.png", "loss_vs_compute.png"))
+    # results.csv rewritten from the rows as the plan read them: the same runs and figures
+    _, rows = read_showcase()
+    with open(output / "results.csv", encoding="utf-8", newline="") as handle:
+        written = {Path(r["run_dir"]).name: r for r in csv.DictReader(handle)}
+    dropped = [Path(r["run_dir"]).name for r in rows if Path(r["run_dir"]).name not in written]
+    if dropped:  # runs today's rate rule does not plan (sweep or confirmation): listed, not read
+        assert f"{len(dropped)} row(s) of the CSV are no run of the plan" in text
+        assert all(name in text for name in dropped[:6])
+    for row in rows:
+        again = written.get(Path(row["run_dir"]).name)
+        for column in ("arm", "size", "multiplier", "seed", "status", "steps", "flops", "final_val_loss"):
+            assert again is None or again[column] == row[column], (row["run_dir"], column)
+
+
+def same_cell(rebuilt: str, recorded: str) -> bool:
+    """A loss cell as recorded, to the CSV's rounding; any other cell exactly."""
+    found = re.fullmatch(r"([0-9.]+)( ᵇ)?", rebuilt), re.fullmatch(r"([0-9.]+)( ᵇ)?", recorded)
+    if None in found:
+        return rebuilt == recorded
+    return (
+        found[0].group(2) == found[1].group(2) and abs(float(found[0][1]) - float(found[1][1])) <= 1.00001e-4
+    )
+
+
+def test_baseline_gqa_and_the_rates_the_csv_recorded(tmp_path, monkeypatch):
+    """--baseline gqa makes gqa the baseline. gqa's ladder moved to x3 at every size (its runs
+    renamed with it): the plan reads those runs, not the ones today's rule asks for, and the
+    notes say so (one rebuild for both: each takes seconds)."""
+    from minitx.ablation.report import designed_plots
+
+    monkeypatch.setattr(designed_plots, "draw_all", lambda *args: None)  # the plots: the test above
+    columns, rows = read_showcase()
+    for row in rows:
+        if row["arm"] == "gqa" and row["role"] in ("ladder", "branch", "seed"):
+            old = f"-lr{row['multiplier']}-"
+            row["multiplier"] = "3"
+            row["run_dir"] = row["run_dir"].replace(old, "-lr3-")
+            row["branch_of"] = row["branch_of"].replace(old, "-lr3-")
+    moved = write_csv(tmp_path / "moved.csv", columns, rows)
+    text = rebuild(moved, tmp_path / "out", "--baseline", "gqa")
+    assert "Baseline: **gqa**" in text and "Baseline: **mha**" not in text
+    assert re.search(r"^\| gqa \| [^\n]*\| 1 \(baseline\) \|", text, re.M)
+    assert not re.search(r"^\| mha \| [^\n]*\| 1 \(baseline\) \|", text, re.M)
+    assert "## Seeds: differences from gqa" in text
+    # the losses are the CSV's whatever the baseline and the rates: gqa's column first
+    header = next(line for line in text.splitlines() if line.startswith("| size |"))
+    assert header.startswith("| size | gqa | mha | local |")
+    table = losses_table(text)
+    recorded = losses_table((RECORDED / "results.md").read_text(encoding="utf-8"))
+    assert all(same_cell(table[key], cell) for key, cell in recorded.items())
+    assert table["d48 @ 20 tokens/param", "gqa"] == "1.8818"  # found at x3, the rate recorded
+    assert (
+        "- gqa: the ladder's rates as the CSV recorded them, x3, x3, x3, x3 at d32, d40, d48, d64; " in text
+    )
+    assert "rerun the sweep to apply it" in text
+    assert "x3, x3, x3, x3 |" in text  # used at each size, in the rates table
+    assert "- mha: the ladder's rates" not in text  # as recorded where the rule agrees: no note
+
+
+def one_line_refusal(argv: list[str], capsys) -> str:
+    assert ablate_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ablate: error: ") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+def showcase_with(tmp_path: Path, change) -> Path:
+    columns, rows = read_showcase()
+    columns, rows = change(columns, rows)
+    return write_csv(tmp_path / "changed.csv", columns, rows)
+
+
+def drop_column(name):
+    return lambda columns, rows: ([c for c in columns if c != name], rows)
+
+
+def set_cell(run: str, column: str, value: str):
+    def change(columns, rows):
+        for row in rows:
+            if row["run_dir"].endswith("/" + run):
+                row[column] = value
+        return columns, rows
+
+    return change
+
+
+def rename_arm(old: str, new: str):
+    def change(columns, rows):
+        for row in rows:
+            if row["arm"] == old:
+                row["arm"], row["run_dir"] = new, row["run_dir"].replace(f"/{old}-", f"/{new}-")
+        return columns, rows
+
+    return change
+
+
+def without_arm(arm: str):
+    return lambda columns, rows: (columns, [r for r in rows if r["arm"] != arm])
+
+
+@pytest.mark.parametrize(
+    "change, extra, expected",
+    [
+        (None, ["--from-csv", "FILE"], "--from-csv: only with --report-only"),
+        (None, ["--baseline", "gqa"], "--baseline: only with --report-only"),
+        (
+            None,
+            ["--report-only", "--from-csv", "FILE", "--baseline", "gqaa"],
+            "unknown arm 'gqaa' (did you mean gqa?)",
+        ),
+        (None, ["--report-only", "--from-csv", "missing.csv"], "--from-csv: file 'missing.csv' not found"),
+        (drop_column("final_val_loss"), [], "has no column final_val_loss"),
+        (
+            set_cell("gqa-d40-lr6.4-seed1338", "final_val_loss", "1.9x"),
+            [],
+            "line 90 (gqa-d40-lr6.4-seed1338): final_val_loss '1.9x' is not a finite number",
+        ),
+        (set_cell("mha-d32-lr1-seed1337", "steps", "many"), [], "(mha-d32-lr1-seed1337): steps 'many'"),
+        (rename_arm("gqa", "gqa2"), [], "arm 'gqa2' is not a variant of the config (did you mean gqa?)"),
+        (set_cell("mha-d64-lr2-seed1337", "size", "d80"), [], "size 'd80' is not one of the config's"),
+        (set_cell("mha-d64-lr2-seed1337", "budget", "40"), [], "budget '40' is not one of the config's"),
+        (without_arm("gated"), [], "has no row of arm(s) gated of the config; add --only mha,gqa,local,mta"),
+        (set_cell("mha-d32-lr1-seed1337", "status", "done"), [], "status 'done' is not one of ok, failed"),
+    ],
+)
+def test_a_csv_or_command_line_that_does_not_fit_is_refused_in_one_line(
+    tmp_path, capsys, change, extra, expected
+):
+    """Refused before the plan is made (what the sweep file alone can tell), nothing written."""
+    path = showcase_with(tmp_path, change) if change else SHOWCASE_CSV
+    output = tmp_path / "out"
+    argv = ["--config", CONFIG, "--output", str(output)]
+    argv += (
+        [str(path) if a == "FILE" else a for a in extra]
+        if extra
+        else ["--report-only", "--from-csv", str(path)]
+    )
+    assert expected in one_line_refusal(argv, capsys)
+    assert not output.exists()  # nothing written, not even the folder
+
+
+def test_the_output_folder_is_refused_where_the_report_would_overwrite_what_it_reads(tmp_path, capsys):
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "results.csv").write_bytes(SHOWCASE_CSV.read_bytes())
+    argv = ["--config", CONFIG, "--report-only", "--from-csv", str(copy / "results.csv")]
+    assert "the CSV being read" in one_line_refusal([*argv, "--output", str(copy)], capsys)
+    sweep = tmp_path / "sweep"
+    (sweep / "runs" / "mha-d32-lr1-seed1337").mkdir(parents=True)
+    (sweep / "runs" / "mha-d32-lr1-seed1337" / "summary.json").write_text("{}")
+    assert "holds a sweep's runs" in one_line_refusal([*argv, "--output", str(sweep)], capsys)
+    assert "--from-csv: give --output DIR" in one_line_refusal(argv, capsys)
+    plain = str(ROOT / "configs" / "ablation.yaml")  # no budget, lr_sweep or ladder
+    refused = one_line_refusal(["--config", plain, *argv[2:], "--output", str(tmp_path / "o")], capsys)
+    assert "has no budget, lr_sweep or ladder" in refused
+
+
+def older_ladder_seed(columns, rows):
+    """The ladder at the sweep's own seed, as an earlier minitx planned it."""
+    kept: dict[str, dict] = {}
+    for row in rows:  # its ladder run at the smallest size was the sweep's run there
+        if row["seed"] == "1338":
+            row["seed"], row["run_dir"] = "1337", row["run_dir"].replace("-seed1338", "-seed1337")
+        kept.setdefault(row["run_dir"], row)
+    return columns, list(kept.values())
+
+
+def cut_ladder(columns, rows):
+    """gqa's ladder without its d40 run (nor its branches)."""
+    return columns, [
+        r for r in rows if not (r["arm"] == "gqa" and r["size"] == "d40" and r["seed"] == "1338")
+    ]
+
+
+def twin_ladder(columns, rows):
+    """gqa's d40 ladder run twice, at two rates."""
+    twin = dict(next(r for r in rows if r["run_dir"].endswith("/gqa-d40-lr6.4-seed1338")))
+    twin["multiplier"], twin["run_dir"] = "5", twin["run_dir"].replace("-lr6.4-", "-lr5-")
+    return columns, [*rows, twin]
+
+
+def other_params(columns, rows):
+    for row in rows:
+        if row["arm"] == "local" and row["size"] == "d48":
+            row["params"] = str(int(row["params"]) + 64)
+    return columns, rows
+
+
+def wrong_arm(columns, rows):
+    return set_cell("mha-d48-lr2.67-b5-seed1338", "arm", "local")(columns, rows)
+
+
+@pytest.fixture(scope="module")
+def showcase_plan(tmp_path_factory):
+    return make_plan(load_sweep(CONFIG), tmp_path_factory.mktemp("plan"))
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (older_ladder_seed, "its ladder runs have seed(s) 1337, 1339, 1340, not 1338 (the file's seed + 1)"),
+        (cut_ladder, "gqa's ladder runs (seed 1338) hold no row at d40"),
+        (twin_ladder, "are both gqa's ladder run at d40 (x6.4, x5)"),
+        (other_params, "local at d48 has 55,600 parameters, the config's 55,536"),
+        (wrong_arm, "(mha-d48-lr2.67-b5-seed1338): arm local at d48, but its run's name is mha's at d48"),
+        (set_cell("mla-d64-lr2-seed1338", "steps", "9999"), "(mla-d64-lr2-seed1338): trained 9999 steps"),
+    ],
+)
+def test_a_csv_made_by_another_plan_is_refused_in_one_line(tmp_path, showcase_plan, change, expected):
+    """What only the plan can tell (its ladder seed, parameters, steps), as run_designed reads it."""
+    path = showcase_with(tmp_path, change)
+    showcase_plan.recorded_rates = {}
+    with pytest.raises(UserError) as caught:
+        results = from_csv.read_results(path, showcase_plan)
+        from_csv.check_planned(results, sum(showcase_plan.all_points(results), []))
+    assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_refusal_after_the_plan_leaves_nothing_written(tmp_path, capsys):
+    output = tmp_path / "out"
+    path = showcase_with(tmp_path, set_cell("mla-d64-lr2-seed1338", "steps", "9999"))
+    argv = ["--config", CONFIG, "--report-only", "--from-csv", str(path), "--output", str(output)]
+    assert "trained 9999 steps, where the config plans 1874 by the same FLOP count" in one_line_refusal(
+        argv, capsys
+    )
+    assert not output.exists()
+
+
+def test_diagnostic_columns_are_optional_and_checked_when_there(tmp_path):
+    path = showcase_with(tmp_path, lambda c, r: ([x for x in c if x not in DIAGNOSTIC_KEYS], r))
+    rows = from_csv.read_rows(path)
+    assert len(rows) == 193 and all(row.diagnostics is None for row in rows)
+    bad = showcase_with(tmp_path, set_cell("mha-d32-lr1-seed1337", "entropy", "high"))
+    with pytest.raises(
+        UserError, match=r"line 4 \(mha-d32-lr1-seed1337\): entropy 'high' is not a finite number"
+    ):
+        from_csv.read_rows(bad)
