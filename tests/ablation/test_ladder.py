@@ -479,9 +479,10 @@ def test_report_of_a_planted_ladder(tmp_path, monkeypatch):
         for line in text.split("## Learning rate")[1].split("##")[0].splitlines()
         if line.startswith("| ")
     ]
-    assert "| x1 (fit over 3 runs" in next(r for r in lr_rows if r.startswith("| mha "))
+    mha_lr = next(r for r in lr_rows if r.startswith("| mha "))
+    assert "| x1 (within 0.5% of the fitted minimum x1.01 over 3 runs" in mha_lr
     twin_lr = next(r for r in lr_rows if r.startswith("| twin ")).split("|")
-    assert twin_lr[5].strip() != "" and "x2 (fit over 4 runs" in twin_lr[6]  # x4 run past the edge
+    assert twin_lr[5].strip() != "" and "x2 (within 0.5% of the fitted" in twin_lr[6]  # x4 run past the edge
     assert "| twin | x1 " in text and "| x2, x2, x2 |" in text.split("| twin | x1 ")[1].splitlines()[0]
     ladder = text.split("## The ladder")[1].split("## Seeds")[0]
     handicap = next(line for line in ladder.splitlines() if line.startswith("| handicap "))
