@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..arguments import ArgumentParser
+from ..arguments import ArgumentParser, missing_file_advice
 from ..errors import UserError
 from ..kinds import import_kind_modules
 from .designed_sweep import run_designed
@@ -25,9 +25,17 @@ from .runs.runner import check_variants
 from .runs.slurm import SlurmLauncher, SlurmOptions, SweepSubmitted, parse_sbatch_options
 
 
+class AblateParser(ArgumentParser):
+    def advice(self, given: Sequence[str], declared: Sequence[str]) -> str:
+        """A training key among ablate's flags (`--trainer.max_steps 50`): its place is after `--`."""
+        if "." in given[0].partition("=")[0]:
+            return f"; training settings go after `--`: python ablate.py --config FILE -- {' '.join(given)}"
+        return super().advice(given, declared)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = ArgumentParser(
-        prog="ablate",
+    parser = AblateParser(
+        prog="ablate.py",
         description="Train each attention variant of a sweep file on the same data and budget; write a table and plots.",
     )
     parser.add_argument("--config", required=True, help="sweep YAML: base training config + variants")
@@ -138,7 +146,9 @@ def check_readable(config_path: Path) -> None:
     except UnicodeDecodeError:
         raise UserError(f"--config: {str(config_path)!r} is not UTF-8 text; give a sweep YAML file") from None
     except FileNotFoundError:
-        pass  # load_sweep says so
+        advice = missing_file_advice(config_path)
+        if advice:  # `configs/ablation` for configs/ablation.yaml; load_sweep says the rest
+            raise UserError(f"--config: file {config_path} not found{advice}") from None
 
 
 def prepare(args: argparse.Namespace) -> tuple[Sweep, Path]:

@@ -68,7 +68,13 @@ class TrainCLI(LightningCLI):
             save_config_callback=None,  # main() writes <run dir>/config.yaml itself
             seed_everything_default=1337,
             auto_configure_optimizers=False,  # MinitxLM.configure_optimizers owns the optimiser
-            parser_kwargs={"exit_on_error": False, "description": "Train a minitx language model."},
+            # allow_abbrev=False: a key is taken only in full (`--trainer.max_step` is refused
+            # with trainer.max_steps named), not expanded to whichever key it begins.
+            parser_kwargs={
+                "exit_on_error": False,
+                "allow_abbrev": False,
+                "description": "Train a minitx language model.",
+            },
             trainer_defaults={
                 # The training loader never ends: validation is scheduled in steps, runs in max_steps.
                 "check_val_every_n_epoch": None,

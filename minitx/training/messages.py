@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from ..arguments import closest, missing_file_advice
 from ..errors import UserError
 from ..files import legacy
 from .links import LINKED
 
 
-def parse_error_message(err: BaseException, parser: Any = None, config_files: Sequence[str] = ()) -> str:
+def parse_error_message(
+    err: BaseException, parser: Any = None, config_files: Sequence[str] = (), own_flags: Sequence[str] = ()
+) -> str:
     """jsonargparse's (sometimes multi-line) error -> one line, with a did-you-mean for unknown keys
+    (among the parser's and `own_flags`, a command's flags besides the parser's: prepare's --verify)
     and the name of the config file where jsonargparse only says "<unicode string>"."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     message = " ".join(lines[:3]) if lines else type(err).__name__
@@ -25,8 +29,9 @@ def parse_error_message(err: BaseException, parser: Any = None, config_files: Se
         else:
             message += "; fix the YAML there"
     elif _MISSING_FILE.match(message):
-        missing = _MISSING_FILE.match(message)["path"]
-        message = f"--config: {missing} does not exist; give a YAML config file such as configs/default.yaml"
+        missing = _as_given(_MISSING_FILE.match(message)["path"].strip("'\""), config_files)
+        advice = missing_file_advice(missing) or "; give a YAML config file such as configs/default.yaml"
+        message = f"--config: {missing} does not exist{advice}"
     elif _LINKED.match(message):  # a key the train command sets from another
         key, source = _LINKED.match(message).group("key", "source")
         if source == "data.vocab_size":
@@ -40,11 +45,23 @@ def parse_error_message(err: BaseException, parser: Any = None, config_files: Se
     renamed = legacy.renamed_key(unknown) if unknown else None
     if renamed:  # a key of an older minitx: say what it is called now, and nothing else
         return f"{unknown}: this setting is now {renamed}; write that instead (the value is the same)"
-    if unknown and parser is not None:
-        close = difflib.get_close_matches(unknown, _known_keys(parser), n=1, cutoff=0.6)
-        if close:
-            message += f"; did you mean {close[0]!r}?"
+    if unknown and (parser is not None or own_flags):
+        near = closest(unknown, [*(_known_keys(parser) if parser is not None else ()), *own_flags])
+        if near:
+            message += f"; did you mean {near!r}?"
     return message
+
+
+def _as_given(path: str, given: Sequence[str]) -> str:
+    """The path jsonargparse names (absolute) as the user wrote it on the command line, where one
+    of the config files given is that path."""
+    for file in given:
+        try:
+            if Path(file).absolute() == Path(path).absolute() or Path(file).resolve() == Path(path).resolve():
+                return file
+        except (OSError, ValueError):
+            continue
+    return path
 
 
 _MISSING_FILE = re.compile(r'^Parser key "config": File does not exist: (?P<path>.*)$')
@@ -113,7 +130,7 @@ def config_files(args: Any) -> list[str]:
 
 def _unknown_key(message: str) -> str | None:
     """The key jsonargparse refused, from its three phrasings (flag, YAML key, key inside a group)."""
-    flag = re.search(r"unrecognized arguments: --([\w.]+)", message, re.IGNORECASE)
+    flag = re.search(r"unrecognized arguments: --([\w.-]+)", message, re.IGNORECASE)
     if flag:
         return flag.group(1)
     option = re.search(r"Option '([\w.]+)' is not accepted", message)

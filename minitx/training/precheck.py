@@ -120,7 +120,8 @@ def light_parser() -> Any:
     """A parser of the train command's keys, LightningCLI's in all but the trainer's types."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
-    parser = ArgumentParser(prog="train.py", exit_on_error=False)
+    # allow_abbrev=False: a key is taken only in full, as LightningCLI's parser is told (command.py).
+    parser = ArgumentParser(prog="train.py", exit_on_error=False, allow_abbrev=False)
     parser.add_argument("-c", "--config", action=ActionConfigFile)
     parser.add_argument("--seed_everything", type=Union[bool, int], default=1337)  # noqa: UP007
     # The Trainer's arguments by name, any value: their types are Lightning's, judged by LightningCLI.
@@ -157,10 +158,11 @@ def to_judge(args: Sequence[str], trainer_names: Sequence[str]) -> list[str]:
     return out
 
 
-def check_arguments(args: Sequence[str]) -> None:
+def check_arguments(args: Sequence[str], own_flags: Sequence[str] = ()) -> None:
     """Raise the UserError LightningCLI's parse would raise for a mistake in `args` (settled: see
     files.configs.with_config_files), without importing Lightning; return where it finds none, or
-    where the command line asks what only LightningCLI answers."""
+    where the command line asks what only LightningCLI answers. own_flags: a command's flags
+    besides the keys (prepare's --verify), which a did-you-mean may name too."""
     if any(word.partition("=")[0].endswith(ONLY_LIGHTNING) for word in args if word.startswith("--")):
         return
     check_command_line(args)
@@ -178,7 +180,7 @@ def check_arguments(args: Sequence[str]) -> None:
     try:
         config = parser.parse_args(to_judge(args, trainer_names))
     except ArgumentError as err:
-        raise UserError(parse_error_message(err, parser, config_files(args))) from None
+        raise UserError(parse_error_message(err, parser, config_files(args), own_flags)) from None
     if any(word.partition("=")[0] == "--print_config" for word in args):
         return  # LightningCLI prints the config it parsed and exits before it checks a value
     # The values: the checks LightningCLI's parse makes first (inputs.check_settings), on the

@@ -29,7 +29,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from .precheck import check_arguments
 
     args = with_config_files(args)
-    check_arguments(args)  # a mistake in a key, a value or a file: said before Lightning is imported
+    # A mistake in a key, a value or a file: said before Lightning is imported.
+    check_arguments(args, own_flags=["--verify"])
     # Here, past --help: the train command's parser and the data module import Lightning (seconds).
     # Beside the train command, whose parser reads the config: data/ knows nothing of commands.
     from ..data.datamodule import TextDataModule

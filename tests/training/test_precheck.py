@@ -93,6 +93,8 @@ def test_the_precheck_refuses_as_lightningcli_does(tmp_path):
         ["--model.n_layerz", "3"],
         ["--foo", "1"],
         ["--trainer.max_stepz", "3"],
+        ["--trainer.max_step", "3"],  # an abbreviation: refused by both parsers, the full key named
+        ["--model.n_lay", "3"],
         ["--run.nmae", "x"],
         ["--model.mlp", "relu"],
         ["--model.attention.n_kv_head", "two"],
