@@ -6,6 +6,11 @@ all. Both callbacks count optimiser steps out of trainer.max_steps:
 
     train:  12%|██▍       | 600/5000 [01:02<07:38, train_loss=2.10, tokens_per_sec=1.2e+04, val_loss=2.25]
     minitx: step 600/5000 (12%), loss 2.1034, 12,345 tokens/s, elapsed 1m02s, ETA 7m38s
+    minitx: step 750/5000 (15%), val loss 2.2512 (perplexity 9.50)
+
+Each validation of the fit gets its line, in both (above the bar on a terminal). The lines' ETA
+is the time left at the pace of the recent steps (`RecentPace`), not of all steps since the start:
+on a machine whose load changes, the mean of the whole run is slow to see it.
 
 `progress_callback` picks one for where stdout goes; trainer.enable_progress_bar false turns
 both off, as it turns off Lightning's bar.
@@ -13,8 +18,10 @@ both off, as it turns off Lightning's bar.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -40,18 +47,125 @@ def _metric(trainer: L.Trainer, name: str) -> float | None:
     return None if value is None else float(value)
 
 
+def validation_line(trainer: L.Trainer) -> str | None:
+    """`step 750/5000 (15%), val loss 2.2512 (perplexity 9.50)`, with a task's accuracy, for the
+    validation that just ended inside fit; None for the sanity check, a validation outside fit
+    (the command prints the final one itself) and one with no loss."""
+    if trainer.sanity_checking or trainer.state.fn != "fit":
+        return None
+    loss = _metric(trainer, "val_loss")
+    if loss is None:
+        return None
+    step, total = trainer.global_step, trainer.max_steps
+    parts = [f"step {step}/{total} ({100 * step // max(total, 1)}%)", f"val loss {loss:.4f}"]
+    parts[-1] += f" (perplexity {math.exp(loss):.2f})" if loss < 50 else ""
+    accuracy = _metric(trainer, "val_accuracy")
+    if accuracy is not None:
+        parts.append(f"val accuracy {accuracy:.4f}")
+    return ", ".join(parts)
+
+
+def validation_every(trainer: L.Trainer) -> int | None:
+    """The optimiser steps between validations, where val_check_interval counts batches (an int,
+    as train.py's configs give it); None where it is a fraction of an epoch or validation is off."""
+    interval = getattr(trainer, "val_check_interval", None)
+    if not isinstance(interval, int) or isinstance(interval, bool) or not trainer.limit_val_batches:
+        return None
+    return max(1, interval // max(1, int(trainer.accumulate_grad_batches or 1)))
+
+
+# How quickly the ETA follows a change of pace: a step's time counts half as much 20 steps later.
+# Lines come every log_every_n_steps (10 by default), so two lines after a machine slows down the
+# ETA has taken most of the new pace, while one slow step moves it by a few percent only.
+HALF_LIFE_STEPS = 20
+
+
+class RecentPace:
+    """Seconds per optimiser step, averaged with weights that halve every HALF_LIFE_STEPS steps,
+    and the time of a validation, kept apart: a validation stops the steps for as long as it takes
+    every val_check_interval, and counted in the steps' pace it would make the ETA jump after each.
+
+    The first step after the start (or a resume) is left out: it holds the compile, the first
+    batches' loading and the allocator's warm-up, which no later step repeats.
+    """
+
+    def __init__(self, half_life_steps: float = HALF_LIFE_STEPS):
+        self.decay = 0.5 ** (1.0 / half_life_steps)
+        self.seconds_per_step: float | None = None
+        self.validation_seconds: float | None = None  # of the latest validation
+        self.steps_between_validations: int | None = None
+        self._step: int | None = None  # the step at the latest mark, and its time
+        self._time = 0.0
+        self._validation_start: float | None = None
+        self._validated_at: int | None = None
+        self._first = 0  # the step this process started from
+
+    def start(self, step: int, now: float) -> None:
+        self._step, self._time = None, now  # None: the next step is the first, not counted
+        self._first = step
+
+    def step(self, step: int, now: float) -> None:
+        if self._step is None:  # the first step of this process
+            if step > self._first:
+                self._step, self._time = step, now
+            return
+        done = step - self._step
+        if done <= 0:
+            return  # micro-batches of one step under gradient accumulation
+        per_step = (now - self._time) / done
+        keep = self.decay**done
+        self.seconds_per_step = (
+            per_step
+            if self.seconds_per_step is None
+            else keep * self.seconds_per_step + (1 - keep) * per_step
+        )
+        self._step, self._time = step, now
+
+    def validation_started(self, now: float) -> None:
+        self._validation_start = now
+
+    def validation_ended(self, step: int, now: float) -> None:
+        if self._validation_start is None:
+            return
+        took = now - self._validation_start
+        self._validation_start = None
+        self.validation_seconds = took
+        if self._validated_at is not None and step > self._validated_at:
+            self.steps_between_validations = step - self._validated_at
+        self._validated_at = step
+        self._time += took  # the steps' clock stops while validating
+
+    def seconds_left(self, step: int, total: int, every: int | None = None) -> float | None:
+        """The time to step `total` from `step` at the recent pace, the validations still to come
+        (one each `every` steps, or as often as they came so far) included; None until a step has
+        been timed."""
+        if self.seconds_per_step is None or step >= total:
+            return None
+        left = (total - step) * self.seconds_per_step
+        every = every or self.steps_between_validations
+        if self.validation_seconds is not None and every:  # the validations ahead, the last step's included
+            left += (total // every - step // every) * self.validation_seconds
+        return left
+
+
 class StepProgressLines(ProgressBar):
     """A plain line every `every_n_steps` optimiser steps (default: trainer.log_every_n_steps),
     at most one per MIN_SECONDS_BETWEEN_LINES, and at the last step: step/max, train loss,
     tokens/s, time elapsed and the time left at the pace of this process's steps so far."""
 
-    def __init__(self, every_n_steps: int | None = None, stream: Any = None):
+    def __init__(
+        self,
+        every_n_steps: int | None = None,
+        stream: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         super().__init__()
         self.every_n_steps = every_n_steps
         self.stream = stream
+        self.clock = clock
+        self.pace = RecentPace()
         self._enabled = True
         self._started = 0.0
-        self._first_step = 0
         self._last_line = 0.0
         self._printed_step: int | None = None
 
@@ -66,8 +180,20 @@ class StepProgressLines(ProgressBar):
         return self._enabled
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._started = self._last_line = time.monotonic()
-        self._first_step = trainer.global_step  # a resumed run: its pace is that of its own steps
+        self._started = self._last_line = self.clock()
+        self.pace.start(trainer.global_step, self._started)  # a resumed run: the pace of its own steps
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.pace.validation_started(self.clock())
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        self.pace.validation_ended(trainer.global_step, self.clock())
+        line = validation_line(trainer) if self._enabled and trainer.is_global_zero else None
+        if line is not None:
+            self.write(line)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -76,7 +202,8 @@ class StepProgressLines(ProgressBar):
             return
         step, total = trainer.global_step, trainer.max_steps
         every = max(1, self.every_n_steps or trainer.log_every_n_steps or 1)
-        now = time.monotonic()
+        now = self.clock()
+        self.pace.step(step, now)
         last = step >= total
         if not last and (step % every or now - self._last_line < MIN_SECONDS_BETWEEN_LINES):
             return
@@ -95,11 +222,14 @@ class StepProgressLines(ProgressBar):
         if speed is not None:
             parts.append(f"{speed:,.0f} tokens/s")
         parts.append(f"elapsed {duration(elapsed)}")
-        done = step - self._first_step
-        if done > 0 and step < total:
-            parts.append(f"ETA {duration(elapsed / done * (total - step))}")
+        left = self.pace.seconds_left(step, total, validation_every(trainer))
+        if left is not None:
+            parts.append(f"ETA {duration(left)}")
+        self.write(", ".join(parts))
+
+    def write(self, line: str) -> None:
         stream = self.stream or sys.stdout
-        stream.write("minitx: " + ", ".join(parts) + "\n")
+        stream.write("minitx: " + line + "\n")
         stream.flush()
 
 
@@ -124,6 +254,13 @@ class StepProgressBar(TQDMProgressBar):
             bar.n = step
             bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
             bar.refresh()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        line = validation_line(trainer) if trainer.is_global_zero else None
+        bar = self.train_progress_bar if self._train_progress_bar is not None else None
+        if line is not None and bar is not None and not bar.disable:
+            bar.write("minitx: " + line)  # above the bar, which stays where it is
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
         items = super().get_metrics(trainer, pl_module)
