@@ -11,6 +11,7 @@ from ..arguments import ArgumentParser, missing_file_advice
 from ..errors import UserError
 from ..kinds import import_kind_modules
 from .designed_sweep import run_designed
+from .output import check_output, record_sweep, sweep_identity
 from .plain_sweep import run_plain
 from .plan.budget import match_budgets
 from .plan.ladder import check_design_keys
@@ -22,7 +23,14 @@ from .runs.eval_runs import (
 )
 from .runs.launch import Launcher, local_launcher
 from .runs.runner import check_variants
-from .runs.slurm import SlurmLauncher, SlurmOptions, SweepSubmitted, parse_sbatch_options
+from .runs.slurm import (
+    SlurmLauncher,
+    SlurmOptions,
+    SweepSubmitted,
+    check_slurm_commands,
+    import_submitit,
+    parse_sbatch_options,
+)
 
 
 class AblateParser(ArgumentParser):
@@ -104,6 +112,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="rebuild the table and plots from finished runs (no training, no new evaluations)",
     )
     parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the sweep --output holds: remove its results, plots, plan and runs first "
+        "(without it, another sweep there is refused and the same sweep resumes)",
+    )
+    parser.add_argument(
         "--from-csv",
         default=None,
         metavar="FILE",
@@ -178,6 +192,13 @@ def prepare(args: argparse.Namespace) -> tuple[Sweep, Path]:
         ]
         if given:
             raise UserError(f"{given[0]}: only with --launcher slurm; add --launcher slurm or leave it out")
+    if args.force and args.report_only and not args.from_csv:
+        raise UserError(
+            "--force: replaces the sweep in --output before it runs again; --report-only reads that sweep, leave one out"
+        )
+    if args.launcher == "slurm" and not (args.dry_run or args.report_only):
+        import_submitit()  # both before the sweep is read, checked or its data prepared
+        check_slurm_commands()
     if args.devices_per_run and args.devices_per_run > 1:
         given = [a for a in args.train_args if a == "--trainer.devices" or a.startswith("--trainer.devices=")]
         if given:
@@ -189,6 +210,8 @@ def prepare(args: argparse.Namespace) -> tuple[Sweep, Path]:
     config_path = Path(args.config)
     check_readable(config_path)
     sweep = load_sweep(config_path)
+    # Whose the output is: the file's every variant, before --only picks some (output.py).
+    args.identity = sweep_identity(sweep, config_path, args.train_args)
     select(sweep, args.only)
     # Kinds of the user's own that the sweep's configs name: writing them there is consent to
     # their code, here (budgets, checks) and in the evaluation of the runs (eval_runs.py).
@@ -243,6 +266,10 @@ def run_and_report(args: argparse.Namespace, sweep: Sweep, config_path: Path) ->
         raise UserError(f"--output: {str(output)!r} is a file; give a directory (new or of this sweep)")
     logging = wandb_arguments(args.wandb_project, group=output.resolve().name) if args.wandb else []
     launcher = None if args.report_only or args.dry_run else make_launcher(args)
+    # After every refusal of the command line: --force removes the sweep there only when this one runs.
+    check_output(output, args.identity, sweep, args.train_args, force=args.force, dry_run=args.dry_run)
+    if not (args.report_only or args.dry_run):
+        record_sweep(output, args.identity)
     title = f"Ablation: {config_path.name}"
     given = dict(  # what the command line gives either kind of sweep
         extra=args.train_args,

@@ -53,6 +53,9 @@ def run_plain(
     if all(entry["ok"] == 0 for entry in table):
         failed = next((entry for entry in table if entry["status"] != "ok"), None)
         first = f" ({failed['variant']}: {failed['status']})" if failed else ""
+        # A run whose SLURM job was cancelled did not fail: rerunning resumes it.
+        cancelled = any(" cancelled: " in entry["status"] for entry in table)
         raise UserError(
-            f"every run failed{first}; see the status column in {output / 'results.md'} and each run's {LOG_FILE}"
+            f"{'no run finished' if cancelled else 'every run failed'}{first}; see the status column in "
+            f"{output / 'results.md'} and each run's {LOG_FILE}"
         )

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,7 +18,13 @@ from minitx.ablation.analysis.table import collect
 from minitx.ablation.runs import launch
 from minitx.ablation.runs.launch import LocalLauncher, device_groups, local_launcher, run_sweep
 from minitx.ablation.runs.runner import RUN_FILE, SUMMARY_FILE, Run
-from minitx.ablation.runs.slurm import RunJob, SlurmLauncher, SlurmOptions, parse_sbatch_options
+from minitx.ablation.runs.slurm import (
+    RunJob,
+    SlurmLauncher,
+    SlurmOptions,
+    SweepSubmitted,
+    parse_sbatch_options,
+)
 from minitx.cli import ablate_main
 from minitx.errors import UserError
 
@@ -217,3 +224,243 @@ def test_a_submission_sbatch_refuses_is_one_line_and_leaves_no_run_behind(tmp_pa
     ):
         launcher.launch(runs, tmp_path, log=lambda line: None)
     assert not any(run.directory.exists() for run in runs)
+
+
+# A stand-in for SLURM's commands (squeue, scontrol, sacct, sbatch, srun), answering from a JSON
+# state file: "queue" (job -> [state, reason]) is what squeue lists, "ended" (job -> state) what
+# scontrol says of a job gone from it, "next_job" the id sbatch gives; after "countdown" calls of
+# squeue, "then" replaces the queue and "write" writes files (a job that ends and leaves its run.json).
+FAKE_SLURM = r"""#!/usr/bin/env python3
+import json, os, sys
+from pathlib import Path
+
+path = Path(os.environ["FAKE_SLURM_STATE"])
+state = json.loads(path.read_text())
+tool = Path(sys.argv[0]).name
+state.setdefault("calls", []).append([tool, *sys.argv[1:]])
+if tool == "squeue":
+    if "countdown" in state:
+        state["countdown"] -= 1
+        if state["countdown"] <= 0:
+            state["queue"] = state.pop("then")
+            for name, text in state.pop("write", {}).items():
+                Path(name).write_text(text)
+            del state["countdown"]
+    wanted = sys.argv[sys.argv.index("-j") + 1].split(",")
+    for job in wanted:
+        if job in state["queue"]:
+            print(f"{job}|{state['queue'][job][0]}|{state['queue'][job][1]}")
+elif tool == "scontrol":
+    job = sys.argv[-1]
+    if job in state.get("ended", {}):
+        print(f"JobId={job} JobName=minitx-ablate JobState={state['ended'][job]} Reason=None")
+    else:
+        print("slurm_load_jobs error: Invalid job id specified", file=sys.stderr)
+        path.write_text(json.dumps(state))
+        sys.exit(1)
+elif tool == "sbatch":
+    if state.get("refuse"):
+        print("sbatch: error: invalid partition specified: gpu", file=sys.stderr)
+        path.write_text(json.dumps(state))
+        sys.exit(1)
+    print(f"Submitted batch job {state['next_job']}")
+    state["next_job"] += 1
+elif tool == "sacct":
+    path.write_text(json.dumps(state))
+    sys.exit(1)  # no accounting, as on the loopback cluster
+path.write_text(json.dumps(state))
+"""
+
+
+@pytest.fixture
+def fake_slurm(tmp_path, monkeypatch):
+    """The state file of a fake SLURM whose commands come first on PATH."""
+    from minitx.ablation.runs import slurm
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "fake_slurm.py"
+    script.write_text(FAKE_SLURM.replace("/usr/bin/env python3", sys.executable, 1))
+    script.chmod(0o755)
+    for tool in ("squeue", "scontrol", "sacct", "sbatch", "srun"):
+        (bin_dir / tool).symlink_to(script)
+    state = tmp_path / "slurm_state.json"
+    state.write_text(json.dumps({"queue": {}, "ended": {}, "next_job": 31}))
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM_STATE", str(state))
+    monkeypatch.setattr(slurm, "POLL_S", 0.01)
+    return state
+
+
+def set_state(state: Path, **changes) -> dict:
+    data = {**json.loads(state.read_text()), **changes}
+    state.write_text(json.dumps(data))
+    return data
+
+
+def slurm_calls(state: Path, tool: str) -> list[list[str]]:
+    return [call for call in json.loads(state.read_text()).get("calls", []) if call[0] == tool]
+
+
+def submitted_before(run: Run, job: str, status: str, checkpoint: bool = True) -> dict:
+    """A run an earlier ablate submitted as `job`: its run.json, and a last.ckpt where it saved one."""
+    run.directory.mkdir(parents=True, exist_ok=True)
+    record = {
+        "variant": run.variant.name,
+        "seed": run.seed,
+        "fingerprint": run.fingerprint,
+        "launcher": "slurm",
+        "job_id": job,
+        "jobs": [job],
+        "attempts": 1,
+        "status": status,
+    }
+    (run.directory / RUN_FILE).write_text(json.dumps(record))
+    if checkpoint:
+        (run.directory / "checkpoints").mkdir(exist_ok=True)
+        (run.directory / "checkpoints" / "last.ckpt").write_text("17")
+    return record
+
+
+def test_a_job_slurm_still_holds_is_waited_for_never_booked_failed_nor_submitted_again(tmp_path, fake_slurm):
+    (run,) = fake_runs(tmp_path, ["a"])
+    # What a requeued job leaves while SLURM holds it: the stopped attempt's run.json (here the
+    # "failed" an older ablate booked) and a result file, while squeue lists it pending.
+    submitted_before(run, "25", "failed")
+    stale = tmp_path / "slurm" / "25_0_result.pkl"
+    stale.parent.mkdir()
+    stale.write_bytes(b"an earlier attempt's")
+    done = {**json.loads((run.directory / RUN_FILE).read_text()), "status": "ok", "attempts": 2, "resumed": 1}
+    set_state(
+        fake_slurm,
+        queue={"25": ["PENDING", "BeginTime"]},
+        countdown=4,  # then the job runs again, finishes and leaves the queue
+        then={},
+        write={str(run.directory / RUN_FILE): json.dumps(done)},
+    )
+    said: list[str] = []
+    SlurmLauncher(SlurmOptions()).launch([run], tmp_path, log=said.append)
+    assert said[0] == "ablate: wait   a seed 1 (job 25, submitted before; pending)"
+    assert said[1].startswith(
+        "ablate: requeued a seed 1 (job 25): SLURM holds a requeued job about 2 minutes"
+    )
+    assert said[-1].startswith("ablate: ok     a seed 1 (job 25, requeued 1x, resumed 1x from last.ckpt, ")
+    assert slurm_calls(fake_slurm, "sbatch") == []  # no second job
+    assert (run.directory / "checkpoints" / "last.ckpt").read_text() == "17"  # never deleted
+    assert json.loads((run.directory / RUN_FILE).read_text())["status"] == "ok"
+
+    # Held (scontrol requeuehold): said once, waited for; --no-wait returns without submitting.
+    submitted_before(run, "25", "stopped")
+    set_state(fake_slurm, queue={"25": ["PENDING", "job requeued in held state"]})
+    said.clear()
+    with pytest.raises(SweepSubmitted, match="1 run queued or running"):
+        SlurmLauncher(SlurmOptions(), wait=False).launch([run], tmp_path, log=said.append)
+    assert said == ["ablate: wait   a seed 1 (job 25, submitted before; pending)"]
+    assert slurm_calls(fake_slurm, "sbatch") == []
+
+
+def test_a_cancelled_job_is_a_cancelled_row_naming_its_stderr_and_its_rerun_resumes_from_last_ckpt(
+    tmp_path, fake_slurm
+):
+    (run,) = fake_runs(tmp_path, ["a"])
+    submitted_before(run, "25", "stopped")  # RunJob saw SLURM's SIGTERM
+    set_state(fake_slurm, queue={"25": ["RUNNING", "None"]}, countdown=2, then={}, ended={"25": "CANCELLED"})
+    said: list[str] = []
+    launcher = SlurmLauncher(SlurmOptions())
+    launcher.launch([run], tmp_path, log=said.append)
+    stderr = tmp_path / "slurm" / "25_0_log.err"
+    assert said[-1] == (
+        f"ablate: cancelled a seed 1 (job 25, 0 s): job 25 cancelled before its run ended (stderr: {stderr}); "
+        "run the same command again to resume it from its checkpoints/last.ckpt"
+    )
+    (row,) = collect([run])
+    assert row["status"] == "cancelled" and str(stderr) in row["error"]
+
+    # The rerun submits one new job, which resumes: the directory and its last.ckpt are kept.
+    with pytest.raises(SweepSubmitted):
+        SlurmLauncher(SlurmOptions(), wait=False).launch([run], tmp_path, log=said.append)
+    assert said[-2:] == [
+        "ablate: resume a seed 1 from its checkpoints/last.ckpt (its job 25 was stopped)",
+        f"ablate: submitted 1 run as job 31 (slurm; logs in {tmp_path / 'slurm'})",
+    ]
+    record = json.loads((run.directory / RUN_FILE).read_text())
+    assert record["status"] == "submitted" and record["job_id"] == "31" and record["jobs"] == ["25", "31"]
+    assert "error" not in record and (run.directory / "checkpoints" / "last.ckpt").read_text() == "17"
+    # A run whose training failed by itself starts afresh, as locally.
+    submitted_before(run, "31", "failed")
+    set_state(fake_slurm, queue={})
+    with pytest.raises(SweepSubmitted):
+        SlurmLauncher(SlurmOptions(), wait=False).launch([run], tmp_path, log=said.append)
+    assert not (run.directory / "checkpoints").exists() and said[-1].startswith(
+        "ablate: submitted 1 run as job 32"
+    )
+
+
+def test_a_refused_submission_leaves_no_pickle_and_a_resumable_run_as_it_was(tmp_path, fake_slurm):
+    runs = fake_runs(tmp_path, ["a", "b"])
+    earlier = submitted_before(runs[0], "25", "cancelled")
+    (tmp_path / "slurm").mkdir()
+    (tmp_path / "slurm" / "25_log.err").write_text("an earlier job's")
+    set_state(fake_slurm, refuse=True)
+    with pytest.raises(
+        UserError, match="--launcher slurm: submission failed: .*invalid partition specified: gpu"
+    ):
+        SlurmLauncher(SlurmOptions(partition="gpu")).launch(runs, tmp_path, log=lambda line: None)
+    assert [p.name for p in (tmp_path / "slurm").iterdir()] == ["25_log.err"]  # no *.pkl, no script
+    assert json.loads((runs[0].directory / RUN_FILE).read_text()) == earlier
+    assert (runs[0].directory / "checkpoints" / "last.ckpt").read_text() == "17"
+    assert not runs[1].directory.exists() and sorted(p.name for p in (tmp_path / "runs").iterdir()) == [
+        "a-seed1"
+    ]
+
+
+def test_ablate_checks_for_sbatch_before_it_reads_the_sweep_or_prepares_data(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("submitit")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(
+        launch, "prepare_data", lambda runs, log: pytest.fail("data prepared before the check")
+    )
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("base: {}\nvariants: [{name: a}]\n")
+    output = tmp_path / "out"
+    assert ablate_main(["--config", str(sweep), "--output", str(output), "--launcher", "slurm"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "ablate: error: --launcher slurm: sbatch and srun not found on PATH: run ablate where SLURM's commands "
+        "are (a login node), or use --launcher local on this machine"
+    )
+    assert not output.exists()
+
+
+def test_a_job_stopped_by_sigterm_is_stopped_not_failed_and_its_next_attempt_resumes(tmp_path, monkeypatch):
+    submitit = pytest.importorskip("submitit")
+    monkeypatch.setattr(submitit, "JobEnvironment", lambda: type("Env", (), {"job_id": "25"})())
+    (run,) = fake_runs(tmp_path, ["a"], steps=60)
+    run.directory.mkdir(parents=True)
+    (run.directory / RUN_FILE).write_text(
+        json.dumps({"variant": "a", "status": "submitted", "launcher": "slurm"})
+    )
+    outside: list[int] = []
+
+    def ours(*_):  # where a SIGTERM RunJob did not take would land
+        outside.append(1)
+
+    previous = signal.signal(signal.SIGTERM, ours)
+    try:
+
+        def stop_when_training() -> None:
+            while not (run.directory / "given.jsonl").exists():
+                time.sleep(0.05)
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGTERM)  # what SLURM sends on scancel or scontrol requeue
+
+        threading.Thread(target=stop_when_training, daemon=True).start()
+        record = RunJob(run)()
+        assert signal.getsignal(signal.SIGTERM) is ours and not outside  # RunJob's own, then restored
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert record["status"] == "stopped" and record["stopped_by"] == "SIGTERM" and "error" not in record
+    assert json.loads((run.directory / RUN_FILE).read_text())["status"] == "stopped"
+    step = int((run.directory / "checkpoints" / "last.ckpt").read_text())  # saved at the end of its step
+    record = RunJob(run)()  # the job started again by SLURM
+    assert record["status"] == "ok" and record["attempts"] == 2 and record["resumed"] == 1
+    assert [g["start"] for g in given(run)] == [0, step] and 0 < step < 60

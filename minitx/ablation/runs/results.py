@@ -47,7 +47,8 @@ class PointResult:
 
     @property
     def failure(self) -> str:
-        """Why the run failed (its record's one line), "" when it did not."""
+        """Why the run failed (its record's one line), "" when it did not. A run whose SLURM job
+        was cancelled did not fail: it is not run yet (a rerun resumes it from last.ckpt)."""
         return (self.record.get("error") or "failed") if self.record.get("status") == "failed" else ""
 
     @property
