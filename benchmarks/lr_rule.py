@@ -3,33 +3,36 @@ truth is known: a valley in log2(lr) with a cliff above it, and seed noise that 
 of stability (as the showcase's replicates at x8 showed: +0.085 and +0.042 nats between two seeds
 where other pairs differed by at most 0.019).
 
-    python benchmarks/lr_rule.py                 # 4,000 valleys per noise shape, about a minute
-    python benchmarks/lr_rule.py --valleys 500   # quicker, coarser
+    python benchmarks/lr_rule.py                  # 2,000 valleys per table, a few minutes
+    python benchmarks/lr_rule.py --valleys 4000   # as recorded in benchmarks/RESULTS.md
 
 Each valley, in log loss against x = log2(multiplier):
 
     mean(x) = FLOOR + c (x - x_opt)^2 + CLIFF_HEIGHT exp((x - x_edge) / CLIFF_WIDTH)
-    sd(x)   = S0 (1 + K exp((min(x, x_edge) - x_edge) / W))
+    sd(x)   = S0 (1 + k exp((min(x, x_edge) - x_edge) / w))
 
 with the optimum x_opt anywhere between x1 and x11 (uniform in log), the curvature c 0.008-0.02
 per octave squared (the showcase's d32 sweeps: about 0.015), and the edge of stability x_edge 1 to
 2.5 octaves above the optimum. The noise stops growing at the edge (past it the cliff and
-divergence take over: a run there is never much luckier than one at the edge). A run past the edge diverges with a probability that grows from 0
-at the edge to 1 an octave past it. Two noise shapes: `normal` (the extra noise near the edge
-either way) and `one-sided` (it only ever costs: a seed near the edge is unlucky or not).
+divergence take over: a run there is never much luckier than one at the edge); a run past the
+edge diverges with a probability that grows from 0 at the edge to 1 an octave past it. NOISES
+lists the noise shapes, each a table: a moderate growth (k 8, w 0.5) and one as large as the
+showcase's x8 pairs (k 20, w 0.6), each `normal` (the extra noise near the edge goes either way)
+or `one-sided` (it only ever costs: a seed near the edge is unlucky or not).
 
-A sweep is 7 multipliers, x0.25 to x16, extended past an edge as rates.choose asks (at most twice).
+A sweep is 7 multipliers, x0.25 to x16, extended past an edge as the rule asks (at most twice);
+the last table sweeps [0.5, 1, 2] as the issue's A/A sweep did, where refusals happen.
 Per rule, over the valleys:
 - A/A flips: two sweeps of the same valley with independent seeds choose different multipliers
   (or one refuses);
 - regret: the loss of the ladder's run (a fresh seed) at the chosen rate, minus the expected loss
-  of the best swept rate, in log loss (mean; and how often it exceeds 0.02, a ladder point as
-  unlucky as the showcase's);
-- refused: the sweep refused the arm (never with these valleys' optima, all inside the sweep);
+  of the best rate a sweep can run, in log loss (mean, a diverged ladder run counted as 0.2; and
+  how often it exceeds 0.02, a ladder point as unlucky as the showcase's);
+- refused: the sweep refused the arm;
 - spread: the sd of log2(choice) between the two sweeps of a valley, in octaves.
-The second table does the same at the largest size (the optimum an octave lower, as the showcase's
-d64 confirmations found): the three confirmation runs at the sweep's choice and its neighbours,
-chosen by the best of three (the old confirmation) or by the same rule as the sweep.
+"at the largest size" rows do the same there (the optimum and the edge an octave lower, as the
+showcase's d64 confirmations found): the three confirmation runs at the rule's sweep choice and its
+neighbours, chosen by the best of three (the confirmation before) or by the same rule as the sweep.
 
 Every rule sees the same draws (common random numbers), so their differences are the rules'.
 """
