@@ -125,6 +125,9 @@ def test_baseline_gqa_and_the_rates_the_csv_recorded(tmp_path, monkeypatch):
     assert re.search(r"^\| gqa \| [^\n]*\| 1 \(baseline\) \|", text, re.M)
     assert not re.search(r"^\| mha \| [^\n]*\| 1 \(baseline\) \|", text, re.M)
     assert "## Seeds: differences from gqa" in text
+    # what the runs were sized by stays the file's first variant's
+    assert "- budgets: tokens per non-embedding parameter of mha at each size" in text
+    assert "each arm's MLP width set to mha's budget at each size" in text
     # the losses are the CSV's whatever the baseline and the rates: gqa's column first
     header = next(line for line in text.splitlines() if line.startswith("| size |"))
     assert header.startswith("| size | gqa | mha | local |")
@@ -318,3 +321,108 @@ def test_diagnostic_columns_are_optional_and_checked_when_there(tmp_path):
         UserError, match=r"line 4 \(mha-d32-lr1-seed1337\): entropy 'high' is not a finite number"
     ):
         from_csv.read_rows(bad)
+
+
+SMALL = f"""base: {ROOT / "configs" / "default.yaml"}
+overrides:
+  model.optimizer: adamw
+  model.n_layer: 1
+  model.n_head: 2
+  model.block_size: 32
+  model.warmup_steps: 2
+  data.batch_size: 4
+  data.val_batches: 2
+  trainer.val_check_interval: 1000
+  run.checkpoint_every_n_steps: 0
+seed: 1
+seeds: 3
+eval: false
+lr_sweep: {{multipliers: [0.5, 1, 2]}}
+ladder:
+  sizes:
+    - {{name: d16, overrides: {{model.d_model: 16}}}}
+    - {{name: d24, overrides: {{model.d_model: 24}}}}
+    - {{name: d32, overrides: {{model.d_model: 32}}}}
+  budgets: {{tokens_per_param: [1, 2]}}
+seeds_at: {{size: d24, budget: 2}}
+variants:
+  - {{name: mha, overrides: {{model.attention.kind: mha}}}}
+  - {{name: twin, overrides: {{model.attention.kind: mha}}}}
+  - {{name: handicap, overrides: {{model.attention.kind: mha}}}}
+"""
+
+
+def plant_runs(plan) -> None:
+    """Every run the plan asks for, as a finished run leaves it (one failed), phase by phase."""
+    import json
+    import math
+
+    from minitx.ablation.runs.results import RunResults
+
+    plan.output.mkdir(parents=True, exist_ok=True)
+    (plan.output / "plan.json").write_text(json.dumps({"version": 2}))
+    best = {"mha": 1.0, "twin": 1.0, "handicap": 2.0}
+    while True:
+        todo = [
+            p for p in sum(plan.all_points(RunResults()), []) if not (p.run.directory / "run.json").is_file()
+        ]
+        if not todo:
+            return
+        for p in todo:
+            p.run.directory.mkdir(parents=True, exist_ok=True)
+            failed = p.arm == "twin" and p.size == "d16" and p.budget == 1
+            record = {"status": "failed", "error": "planted failure"} if failed else {"status": "ok"}
+            (p.run.directory / "run.json").write_text(json.dumps(record))
+            if failed:
+                continue
+            scale = 0.5 if p.arm == "handicap" else 1.0
+            loss = (
+                1.5
+                + 2.0 * (p.flops * scale / 1e9) ** -0.3
+                + 0.05 * math.log2(p.multiplier / best[p.arm]) ** 2
+            )
+            loss += 0.003 * ((p.seed * 7 + len(p.run.directory.name)) % 5)
+            summary = {"steps": p.steps, "final_val_loss": loss, "flop_convention": "minitx-flops/2"}
+            (p.run.directory / "summary.json").write_text(json.dumps(summary))
+
+
+def test_a_report_from_its_csv_is_the_report_from_its_runs(tmp_path, monkeypatch):
+    """A small ladder planted on disk (a failed branch among its runs): --report-only from the runs,
+    then from the results.csv it wrote, into a folder without runs: the same results.md but for
+    the notes that say where the figures came from."""
+    from minitx.ablation.report import designed_plots
+
+    monkeypatch.setattr(designed_plots, "draw_all", lambda *args: None)
+    config = tmp_path / "sweep.yaml"
+    config.write_text(SMALL, encoding="utf-8")
+    from_runs = tmp_path / "runs_out"
+    plant_runs(make_plan(load_sweep(config), from_runs))
+    ablation.main(["--config", str(config), "--output", str(from_runs), "--report-only"])
+    first = (from_runs / "results.md").read_text(encoding="utf-8")
+    assert "planted failure" in first
+    again = tmp_path / "csv_out"
+    argv = ["--config", str(config), "--report-only", "--from-csv", str(from_runs / "results.csv")]
+    ablation.main([*argv, "--output", str(again)])
+    second = (again / "results.md").read_text(encoding="utf-8")
+    assert not (again / "runs").exists()
+    notes = [line for line in second.splitlines() if line.startswith("- read from ")]
+    assert len(notes) == 1 and notes[0].startswith(f"- read from {from_runs / 'results.csv'} (43 rows)")
+    assert same_report(first, second.replace(notes[0] + "\n", ""))
+
+
+def same_report(first: str, second: str) -> bool:
+    """The same text line by line, each number to the CSV's precision: it keeps losses to five
+    decimals, so a loss shown to four may round the other way, and a bootstrap bound move a little."""
+    lines, others = first.splitlines(), second.splitlines()
+    if len(lines) != len(others):
+        return False
+    number = re.compile(r"(-?\d+\.\d+)")
+    for line, other in zip(lines, others):
+        parts, other_parts = number.split(line), number.split(other)
+        if len(parts) != len(other_parts):
+            return False
+        for i, (a, b) in enumerate(zip(parts, other_parts)):
+            same = abs(float(a) - float(b)) <= 1e-3 * max(1.0, abs(float(a))) if i % 2 else a == b
+            if not same:
+                return False
+    return True

@@ -646,16 +646,24 @@ def _notes(plan: Plan, analysis: Analysis, all_points: list[Point], trained: Run
         )
         if plan.ladder.unit == "tokens_per_param":
             notes.append(
-                f"budgets: tokens per non-embedding parameter of {analysis.baseline} at each size, times its FLOPs "
+                f"budgets: tokens per non-embedding parameter of {plan.sweep.variants[0].name} at each size, "
+                "times its FLOPs "
                 "per token: every arm of a size gets the same compute, in its own number of steps"
             )
         notes.append(_noise_note(plan, analysis))
     if plan.sweep.match:
         notes.append(
-            f"match: {plan.sweep.match}: each arm's MLP width set to the baseline's budget at each size"
+            f"match: {plan.sweep.match}: each arm's MLP width set to {_matched_to(plan)}'s budget at each size"
         )
     notes += analysis.notes
     return notes
+
+
+def _matched_to(plan: Plan) -> str:
+    """The arm `match` sized the others to: the file's first (make_plan, budget.py), whichever arm
+    the report's baseline is (ablate --baseline)."""
+    reference = plan.sweep.variants[0] if plan.ladder is not None else plan.sweep.reference
+    return reference.name if reference is not None else plan.arms[0]
 
 
 def _noise_note(plan: Plan, analysis: Analysis) -> str:
