@@ -101,7 +101,7 @@ from minitx.errors import UserError, one_line  # noqa: E402
 from minitx.files.configs import merged  # noqa: E402
 from minitx.generation.loop import generate  # noqa: E402
 from minitx.training import lm_loss, optimizer_groups, peak_flops  # noqa: E402
-from minitx.training.optim import Optimisation, Parameters, decays, muon_dtype, muon_matrix  # noqa: E402
+from minitx.training.optim import Optimisation, Parameters, muon_dtype  # noqa: E402
 
 
 def _load_attention_benchmark():
@@ -646,12 +646,7 @@ def muon_losses(config: ModelConfig, device: torch.device, precision: str, steps
     as train.py builds them, bf16 autocast, from weights and batches fixed by seed 0."""
     torch.manual_seed(0)
     model = Transformer(dataclasses.replace(config, dropout=0.0)).to(device).train()
-    named = list(model.named_parameters())
-    params = Parameters(
-        named,
-        {name for name, p in named if decays(name, p)},
-        {name for name, p in named if muon_matrix(name, p)},
-    )
+    params = Parameters.of(model)
     settings = Optimisation(optimizer="muon", muon_precision=precision, lr=3e-3, warmup_steps=0)
     optimizer = settings.configure(params, steps)["optimizer"]
     generator = torch.Generator().manual_seed(0)

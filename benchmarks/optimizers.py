@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minitx.data.datamodule import TextDataModule  # noqa: E402
 from minitx.files.configs import merged_config  # noqa: E402
 from minitx.training import DEFAULT_CONFIG, MinitxLM, lm_loss  # noqa: E402
-from minitx.training.optim import MUON_DTYPES, MUON_PRECISIONS, BatchedMuon, newton_schulz  # noqa: E402
+from minitx.training.optim import MUON_DTYPES, MUON_PRECISIONS, BatchedMuon, muon_matrix, newton_schulz  # noqa: E402
 
 SHAPES_VOCAB = 65  # --newton-schulz builds the model for its shapes only
 SKIP = 10  # first steps of each optimiser left out of the step time (allocation, warm-up)
@@ -92,7 +92,7 @@ def time_muon_steps(module: MinitxLM, repeats: int = 20) -> tuple[float, float]:
     params = [
         torch.nn.Parameter(p.detach().clone())
         for n, p in module.model.named_parameters()
-        if n in module.muon_names
+        if muon_matrix(n, p)
     ]
     for param in params:
         param.grad = torch.randn_like(param)
@@ -110,7 +110,7 @@ def newton_schulz_table(module: MinitxLM, repeats: int = 21) -> None:
     """Newton-Schulz per stack in float32 and bfloat16: time and error (module doc)."""
     group = module.configure_optimizers()["optimizer"].muon.param_groups[0]
     coefficients, steps = group["ns_coefficients"], group["ns_steps"]
-    shapes = Counter(tuple(p.shape) for n, p in module.model.named_parameters() if n in module.muon_names)
+    shapes = Counter(tuple(p.shape) for n, p in module.model.named_parameters() if muon_matrix(n, p))
     print(f"Newton-Schulz, {steps} steps, coefficients {coefficients}, {torch.get_num_threads()} thread(s)")
     print(
         "| stack | float32 ms | bfloat16 ms | ratio | error vs float64: float32 / bfloat16, Gaussian | ill-conditioned |"
@@ -241,7 +241,7 @@ def main() -> None:
     runs = [Run(name, with_optimizer(config, name, args), data, steps, clip) for name in ("adamw", "muon")]
     plain, batched = time_muon_steps(runs[1].module)
     print(
-        f"Muon's step on the {len(runs[1].module.muon_names)} hidden matrices (median of 20, in turn): "
+        f"Muon's step on the {sum(muon_matrix(n, p) for n, p in runs[1].module.model.named_parameters())} hidden matrices (median of 20, in turn): "
         f"torch.optim.Muon {plain:.1f} ms, minitx's BatchedMuon {batched:.1f} ms"
     )
     for run in runs:

@@ -14,6 +14,7 @@ directory, the checkpoint to resume); only then write anything (`start_run`), fi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import sys
@@ -46,7 +47,6 @@ from .interrupt import RunInterrupted, StopOnInterrupt
 from .links import LINKED, LINKED_AT_PARSE
 from .messages import config_files, find_user_error, parse_error_message
 from .module import MinitxLM
-from .optim import DEFAULTS
 from .resume import check_resume_checkpoint, dict_diff, resolve_ckpt_path
 from .run import RunCheckpoints, trainer_arguments
 from .runsection import RunSettings, settle_run_section
@@ -326,7 +326,7 @@ def keep_saved_optimizer(cli: TrainCLI, ckpt_path: str, saved: str) -> None:
     """A run resumes with the optimiser its checkpoint holds the state of (AdamW's moments are not
     Muon's momentum), whatever the config says: a run of an older minitx, or one begun before
     configs/default.yaml chose Muon, continues with AdamW. Said in one line when they differ."""
-    configured = cli.model.hparams.get("optimizer", DEFAULTS.optimizer)
+    configured = cli.model.optimisation.optimizer
     if saved == configured:
         return
     print(
@@ -334,7 +334,8 @@ def keep_saved_optimizer(cli: TrainCLI, ckpt_path: str, saved: str) -> None:
         f"continues with {saved} (start a new run to train with {configured})",
         file=sys.stderr,
     )
-    cli.model.hparams["optimizer"] = saved  # read by configure_optimizers, inside fit
+    cli.model.optimisation = dataclasses.replace(cli.model.optimisation, optimizer=saved)  # fit reads it
+    cli.model.hparams["optimizer"] = saved  # what the checkpoints it writes say
     cli.config["model"]["optimizer"] = saved  # the run's saved config says what it trains with
 
 

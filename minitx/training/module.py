@@ -15,7 +15,11 @@ or not the run was interrupted before it, whatever else drew random numbers in b
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import inspect
 import os
+import typing
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
@@ -31,7 +35,8 @@ from ..errors import UserError
 from ..files.checkpoint import CHECKPOINT_FORMAT
 from ..model import Transformer
 from .inputs import errors_named
-from .optim import DEFAULTS, Optimisation, Parameters, apply_schedule, decays, muon_matrix
+from .optim import Optimisation, Parameters, apply_schedule
+from .optim.groups import true_shapes
 from .resume import check_same_model
 from .sharding import is_sharded, shard_transformer
 from .throughput import ThroughputMeter
@@ -67,11 +72,12 @@ def _plain(value: Any) -> Any:
 class MinitxLM(L.LightningModule):
     """A Transformer trained as a causal language model.
 
-    The optimiser and schedule settings are minitx.training.optim.Optimisation's: their
-    declaration, defaults, checks and descriptions (this docstring's first entries, --help's
-    text) are there; the arguments below repeat only their names and types, which LightningCLI
-    reads as model.* keys and checkpoints save as hyperparameters (tests/training/test_recipe.py
-    holds the two lists equal).
+    The optimiser and schedule settings are one minitx.training.optim.Optimisation, given as
+    `optimisation` (Python) or setting by setting under their own names (model.lr, ...: a config,
+    LightningCLI, the hyperparameters a checkpoint saved), never both. Their declaration,
+    defaults, checks and descriptions (this docstring's first entries, --help's text) are
+    Optimisation's: the signature LightningCLI reads lists its fields in place of `optimisation`
+    (`__init__.__signature__`, below), so a setting added there is a model.* key here.
 
     Args:
         {optimisation}
@@ -93,41 +99,35 @@ class MinitxLM(L.LightningModule):
 
     def __init__(
         self,
-        lr: float = DEFAULTS.lr,
-        min_lr: float = DEFAULTS.min_lr,
-        warmup_steps: int = DEFAULTS.warmup_steps,
+        optimisation: Optimisation | None = None,
         max_steps: int = -1,
-        weight_decay: float = DEFAULTS.weight_decay,
-        betas: tuple[float, float] = DEFAULTS.betas,
-        eps: float = DEFAULTS.eps,
-        optimizer: str = DEFAULTS.optimizer,
-        muon_lr: float = DEFAULTS.muon_lr,
-        muon_momentum: float = DEFAULTS.muon_momentum,
-        muon_weight_decay: float = DEFAULTS.muon_weight_decay,
-        schedule: str = DEFAULTS.schedule,
-        decay_steps: int | None = DEFAULTS.decay_steps,
-        decay_fraction: float = DEFAULTS.decay_fraction,
-        decay_shape: str = DEFAULTS.decay_shape,
-        muon_precision: str = DEFAULTS.muon_precision,
         compile: bool = False,
         activation_checkpointing: bool = False,
         init_from: str | None = None,
         **model: Any,
     ):
         super().__init__()
+        self.optimisation = optimisation_given(optimisation, model)  # takes its settings out of `model`
         with errors_named("model"):
             # jsonargparse reads ModelConfig's fields from this call: keep it ModelConfig(**model).
             self.config = ModelConfig(**model)
-        Optimisation.of(locals())  # the checks: each setting is the argument of its name
-        self.save_hyperparameters()
-        # Checkpoints must load with weights_only=True: hyperparameters hold plain data only.
+        # Checkpoints must load with weights_only=True: hyperparameters hold plain data only, and
+        # the settings by name, as every minitx saved them (an older checkpoint's load the same).
+        switches = dict(
+            max_steps=max_steps,
+            compile=compile,
+            activation_checkpointing=activation_checkpointing,
+            init_from=init_from,
+        )
+        # Set as save_hyperparameters() sets them, which would read each declared argument (lr,
+        # ...) from this frame's variables: the settings are one object here.
+        self._set_hparams({**_plain(self.optimisation), **switches, **model})
+        self._hparams_initial = copy.deepcopy(self._hparams)
         self.hparams.update(self.config.to_dict())
-        self.hparams["betas"] = [float(b) for b in betas]
         self.model = Transformer(self.config)
         self.model.checkpoint_activations = activation_checkpointing
-        # The decay decision is made here, on the unwrapped model, where shapes are still true.
-        self.decay_names = {name for name, p in self.model.named_parameters() if decays(name, p)}
-        self.muon_names = {name for name, p in self.model.named_parameters() if muon_matrix(name, p)}
+        # Every optimiser decides on the unwrapped model's shapes, kept here: FSDP flattens them.
+        self.parameter_shapes = true_shapes(list(self.model.named_parameters()))
 
         self.tokenizer_dict: dict | None = None  # set by the train command; saved in checkpoints
         self.train_config: dict | None = None
@@ -288,14 +288,10 @@ class MinitxLM(L.LightningModule):
                 "trainer.max_steps: must be set to the number of optimiser steps (the training data never runs out)"
             )
         params = Parameters(
-            list(self.model.named_parameters()),
-            self.decay_names,
-            self.muon_names,
-            fused=self.device.type == "cuda",
+            list(self.model.named_parameters()), self.parameter_shapes, fused=self.device.type == "cuda"
         )
-        # From hparams, as they are now: a resume may have set the checkpoint's optimizer there
-        # (training/command.py), and one an older minitx saved lacks the later settings (defaults).
-        return Optimisation.of(hp).configure(params, max_steps)
+        # A resume may have replaced the optimizer with the checkpoint's (training/command.py).
+        return self.optimisation.configure(params, max_steps)
 
     # -- checkpoints -------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -321,6 +317,32 @@ class MinitxLM(L.LightningModule):
         check_same_model(saved, self.config)
 
 
+def optimisation_given(optimisation: Optimisation | None, settings: dict) -> Optimisation:
+    """The optimiser settings MinitxLM was given: `optimisation`, or those of its fields among
+    `settings` (removed from it; one left out takes its default), checked."""
+    named = {name: settings.pop(name) for name in Optimisation.names() if name in settings}
+    if optimisation is not None and named:
+        raise UserError(
+            f"model: give the optimiser settings as `optimisation` or by name, not both ({', '.join(named)})"
+        )
+    return optimisation if optimisation is not None else Optimisation(**named)
+
+
+def _declared_signature() -> inspect.Signature:
+    """MinitxLM.__init__'s signature with Optimisation's fields in place of `optimisation`: the
+    model.* keys LightningCLI reads (with ModelConfig's, through **model), each typed and with
+    its default, as configs and checkpoints spell them."""
+    signature = inspect.signature(MinitxLM.__init__)
+    own = list(signature.parameters.values())
+    keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    types = typing.get_type_hints(Optimisation)  # types, not the strings of postponed annotations
+    fields = [
+        inspect.Parameter(field.name, keyword, default=field.default, annotation=types[field.name])
+        for field in dataclasses.fields(Optimisation)
+    ]
+    return signature.replace(parameters=[own[0], *fields, *own[2:]])
+
+
 def _optimisation_args() -> str:
     """Optimisation's "Args:" entries, as they sit in its docstring (the same indentation as
     MinitxLM's), for MinitxLM's docstring, which is --help's text for model.*."""
@@ -328,3 +350,4 @@ def _optimisation_args() -> str:
 
 
 MinitxLM.__doc__ = MinitxLM.__doc__.replace("{optimisation}", _optimisation_args())
+MinitxLM.__init__.__signature__ = _declared_signature()

@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..files.checkpoint import load_file
 from ..model import Transformer
-from .optim import MuonWithAdamW
+from .optim.registry import state_parts
 
 STRATEGY_NAME = "fsdp2"
 
@@ -60,8 +60,8 @@ class FSDP2Strategy(ModelParallelStrategy):
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """The optimiser's own state_dict() with every DTensor gathered whole (all ranks take
         part; rank 0 keeps it): the format of a one-process run, with all its entries. (torch's
-        get_optimizer_state_dict re-keys by parameter name and does not know MuonWithAdamW's
-        two parts.)"""
+        get_optimizer_state_dict re-keys by parameter name and does not know an optimiser made
+        of several, as Muon's.)"""
         if isinstance(optimizer, LightningOptimizer):
             optimizer = optimizer._optimizer
         state = whole_tensors(optimizer.state_dict())
@@ -141,11 +141,9 @@ def placed_like(state: dict, optimizer: torch.optim.Optimizer) -> dict:
     DTensor parameter's shape turned into a DTensor placed as that parameter (this rank's rows)."""
     if isinstance(optimizer, LightningOptimizer):
         optimizer = optimizer._optimizer
-    if isinstance(optimizer, MuonWithAdamW):
-        return {
-            "adamw": placed_like(state["adamw"], optimizer.adamw),
-            "muon": placed_like(state["muon"], optimizer.muon),
-        }
+    parts = state_parts(optimizer, state)  # an optimiser of several (Muon's: registry.py)
+    if parts is not None:
+        return {key: placed_like(state[key], part) for key, part in parts.items()}
     params = {}
     for saved, group in zip(state["param_groups"], optimizer.param_groups):
         params.update(zip(saved["params"], group["params"]))

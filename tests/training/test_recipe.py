@@ -18,6 +18,7 @@ import math
 import random
 import shutil
 import signal
+import typing
 from pathlib import Path
 
 import pytest
@@ -341,17 +342,57 @@ def test_a_config_without_the_settings_is_adamw_and_cosine():
 
 
 def test_the_settings_are_declared_once_and_minitxlm_takes_each_by_name():
-    # LightningCLI and checkpoints' hyperparameters read MinitxLM's arguments; their names, types
-    # and defaults are Optimisation's, so a setting added there and not here (or the reverse) fails.
+    # LightningCLI and checkpoints' hyperparameters read MinitxLM's arguments by name: its declared
+    # signature lists Optimisation's fields, with their types and defaults, so a setting added
+    # there is a model.* key without an edit of MinitxLM.
     from minitx.training.module import MinitxLM
 
     arguments = inspect.signature(MinitxLM.__init__).parameters
+    types = typing.get_type_hints(Optimisation)
+    assert "optimisation" not in arguments  # the object is for Python; the keys are its fields
     for field in dataclasses.fields(Optimisation):
         assert field.name in arguments, field.name
-        assert arguments[field.name].annotation == field.type, field.name
+        assert arguments[field.name].annotation == types[field.name], field.name
         assert arguments[field.name].default == getattr(DEFAULTS, field.name), field.name
         assert f"{field.name}:" in MinitxLM.__doc__  # --help describes it (from Optimisation's docstring)
     assert set(OPTIMIZERS) == {"adamw", "muon"}  # the values model.optimizer takes, one entry each
+    # The schedule's own defaults are the settings'.
+    schedule = inspect.signature(lr_at).parameters
+    for name in ("schedule", "decay_steps", "decay_fraction", "decay_shape"):
+        assert schedule[name].default == getattr(DEFAULTS, name), name
+
+
+def test_minitxlm_takes_the_settings_as_one_object_or_by_name_not_both():
+    from minitx.training.module import MinitxLM
+
+    shape = {"vocab_size": 29, "block_size": 16, "n_layer": 1, "n_head": 2, "d_model": 16}
+    settings = Optimisation(optimizer="muon", lr=3e-3, muon_lr=0.05)
+    given = MinitxLM(optimisation=settings, **shape)
+    by_name = MinitxLM(optimizer="muon", lr=3e-3, muon_lr=0.05, **shape)
+    assert given.optimisation == by_name.optimisation == settings
+    # Checkpoints save the settings by name, as every minitx did; the model's fields beside them.
+    assert dict(given.hparams) == dict(by_name.hparams)
+    assert given.hparams["muon_lr"] == 0.05 and given.hparams["betas"] == [0.9, 0.95]
+    assert MinitxLM(**shape).optimisation == DEFAULTS
+    with pytest.raises(UserError, match=r"^model: give the optimiser settings as `optimisation` or by name"):
+        MinitxLM(optimisation=settings, lr=1e-3, **shape)
+    with pytest.raises(UserError, match=r"^model.muon_lr: is -1"):
+        MinitxLM(muon_lr=-1, **shape)
+
+
+def test_the_registry_declares_each_optimisers_learning_rates():
+    from minitx.ablation.plan.sweep import LR_KEYS
+    from minitx.training.optim.registry import all_lr_keys, lr_keys
+
+    assert lr_keys("adamw") == ("lr", "min_lr") and lr_keys("muon") == ("lr", "min_lr", "muon_lr")
+    assert lr_keys("not-an-optimiser") == ("lr", "min_lr")
+    assert LR_KEYS == tuple(f"model.{key}" for key in all_lr_keys()) == (
+        "model.lr",
+        "model.min_lr",
+        "model.muon_lr",
+    )
+    for spec in OPTIMIZERS.values():
+        assert set(spec.lr_keys) <= set(Optimisation.names())
 
 
 def test_older_runs_resume_with_what_they_ran():

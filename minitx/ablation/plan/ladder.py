@@ -36,11 +36,12 @@ from typing import Any, Protocol
 import yaml
 
 from ...errors import UserError
+from ...training.optim.registry import lr_keys as optimizer_lr_keys
 from . import rates
 from .budget import budget_of, match_budgets, model_config_of, training_vocab
 from .commands import Run, make_run
 from .design import Ladder, Size
-from .sweep import LR_KEYS, Sweep, Variant, design_conflict
+from .sweep import Sweep, Variant, design_conflict
 
 BASE_SIZE = Size("base", {})
 
@@ -361,7 +362,7 @@ def make_plan(sweep: Sweep, output: Path, extra: Sequence[str] = (), logging: Se
         int(data.get("batch_size") or 8) * block * int(trainer.get("accumulate_grad_batches") or 1)
     )
     optimizer = model.get("optimizer", _module_default("optimizer"))
-    lr_keys = [key for key in LR_KEYS if key != "model.muon_lr" or optimizer == "muon"]
+    lr_keys = [f"model.{key}" for key in optimizer_lr_keys(optimizer)]  # its registry entry's
     lr_bases = {
         key: float(model.get(key.split(".")[1], _module_default(key.split(".")[1]))) for key in lr_keys
     }

@@ -25,6 +25,7 @@ import yaml
 
 from ...errors import UserError
 from ...files.configs import base_of, merged_config
+from ...training.optim.registry import all_lr_keys
 from .design import DESIGN_KEYS, Design, parse_design
 
 # Keys a variant may not change on its own: they decide the data, the seed or the token budget,
@@ -46,7 +47,7 @@ BUDGET_PREFIXES = ("data.",)  # every data setting: source, tokenizer, batch, bl
 RESERVED_KEYS = ("run.root", "run.name", "ckpt_path", "config")
 
 # Learning rates: a designed sweep sets them for every run (the base's, times its multiplier).
-LR_KEYS = ("model.lr", "model.min_lr", "model.muon_lr")
+LR_KEYS = tuple(f"model.{key}" for key in all_lr_keys())  # every optimiser's (its registry entry)
 
 MATCH_CHOICES = ("params", "flops")
 FILE_KEYS = ("base", "overrides", "variants", "seed", "seeds", "match", "eval", *DESIGN_KEYS)

@@ -1,58 +1,61 @@
-"""The optimiser and its schedule.
+"""Muon: torch.optim.Muon on the hidden matrices (muon_matrix) and AdamW on everything else,
+stepped together as one optimiser (MuonWithAdamW); model.optimizer muon.
 
-Optimisers (model.optimizer): `adamw`, AdamW with weight decay on matrices only; `muon`,
-torch.optim.Muon on the hidden matrices (muon_matrix) and AdamW on everything else, stepped
-together as one MuonWithAdamW. Schedules (model.schedule), both after a linear warmup: `cosine`
-decays to min_lr over the whole run; `wsd` (warmup-stable-decay) holds the peak lr and decays
-only over the last steps (decay_steps, or decay_fraction of max_steps). The schedule multiplies
-every parameter group's lr by the same factor, so Muon's lr follows AdamW's.
+Its settings (model.muon_*: MuonSettings), how it is built (build_muon), how its saved state is
+recognised (is_muon_state) and split into plain torch optimisers' (muon_state_parts); its entry
+in registry.py puts them together with which settings are its learning rates. Newton-Schulz runs once per shape on the stacked matrices of
+that shape (BatchedMuon) and, under FSDP2, on whole matrices gathered from every process.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..errors import UserError
+from ...errors import UserError
+from .groups import NO_DECAY_NAMES, Parameters, clean_name, decays, optimizer_groups
 
-# MTA's key-query convolution and head-mixing matrices start as the identity. Weight decay pulls
-# parameters towards zero, which for these means towards "no attention" rather than towards the
-# plain attention they start from, so they are not decayed even though they are matrices.
-NO_DECAY_NAMES = ("kq_conv", "kq_conv_post", "mix_pre", "mix_post")
-# Prefixes wrappers put in parameter names (FSDP, activation checkpointing, torch.compile).
-_WRAPPER_PREFIXES = re.compile(r"(_fsdp_wrapped_module\.|_checkpoint_wrapped_module\.|_orig_mod\.)")
+MUON_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+MUON_PRECISIONS = ("auto", *MUON_DTYPES)
 
 
-def decays(name: str, param: Tensor) -> bool:
-    """Weight decay on matrices (dim >= 2: linear weights, and embeddings as in nanoGPT), not on
-    norms, biases, gates' biases or MTA's identity-initialised kernels."""
-    return param.dim() >= 2 and name.rsplit(".", 1)[-1] not in NO_DECAY_NAMES
+@dataclass(frozen=True)
+class MuonSettings:
+    """Muon's settings, model.muon_* (read when model.optimizer is muon).
 
+    Args:
+        muon_lr: Muon's peak learning rate.
+        muon_momentum: Muon's (Nesterov) momentum.
+        muon_weight_decay: Muon's decoupled weight decay (multiplied by its lr, as AdamW's).
+        muon_precision: the dtype of Muon's Newton-Schulz products: "auto" (float32 on a CPU,
+            bfloat16 on a GPU), "float32" or "bfloat16" (torch.optim.Muon's everywhere; on a CPU
+            with native bfloat16 products, about half float32's time).
+    """
 
-def optimizer_groups(
-    named_params: Sequence[tuple[str, Tensor]], weight_decay: float, decay_names: set[str] | None = None
-) -> list[dict]:
-    """Two AdamW groups: decayed matrices and undecayed rest. `decay_names` (clean names) overrides
-    the shape rule, for wrappers such as FSDP that flatten parameters after the decision was made."""
-    decay, no_decay = [], []
-    for name, param in named_params:
-        if not param.requires_grad:
-            continue
-        clean = _WRAPPER_PREFIXES.sub("", name)
-        wants_decay = clean in decay_names if decay_names is not None else decays(clean, param)
-        (decay if wants_decay else no_decay).append(param)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+    # Later than the first settings: a checkpoint or config without them ran with these values,
+    # so they are also what an older run resumes with (settings.ADDED_LATER).
+    muon_lr: float = 0.02
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.0
+    muon_precision: str = "auto"
+
+    def check_part(self, fail: Callable[[str, str], None]) -> None:
+        """Each of these settings' checks; `fail(setting, fix)` says what is wrong."""
+        if not self.muon_lr > 0:
+            fail("muon_lr", "use a positive learning rate such as 0.02")
+        if not 0 <= self.muon_momentum < 1:
+            fail("muon_momentum", "use a number in [0, 1), e.g. 0.95")
+        if self.muon_weight_decay < 0:
+            fail("muon_weight_decay", "use 0 or more")
+        if self.muon_precision not in MUON_PRECISIONS:
+            fail("muon_precision", f"use one of {', '.join(MUON_PRECISIONS)}")
 
 
 def muon_matrix(name: str, param: Tensor) -> bool:
@@ -79,22 +82,11 @@ def split_for_muon(
     for name, param in named_params:
         if not param.requires_grad:
             continue
-        if _WRAPPER_PREFIXES.sub("", name) in muon_names:
+        if clean_name(name) in muon_names:
             muon.append(param)
         else:
             rest.append((name, param))
     return muon, rest
-
-
-def apply_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
-    """Set every group's lr to the schedule's value at the scheduler's step. A checkpoint holds
-    the lr its run computed; a run resumed with another max_steps (or decay) must take its first
-    step at the lr of its own schedule, not the one it was saved with. An unchanged resume
-    computes the same value, so exact resumption is kept."""
-    lrs = [base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
-    for group, value in zip(scheduler.optimizer.param_groups, lrs):
-        group["lr"] = value
-    scheduler._last_lr = lrs
 
 
 class _JointState(Mapping):
@@ -352,26 +344,10 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self.param_groups = self.adamw.param_groups + self.muon.param_groups
 
 
-@dataclass(frozen=True)
-class Parameters:
-    """What an optimiser is built over: the model's named parameters and the decisions made on the
-    unwrapped model (`decays`, `muon_matrix`), as clean names, since wrappers rename and flatten."""
-
-    named: list[tuple[str, Tensor]]
-    decay_names: set[str]
-    muon_names: set[str]
-    fused: bool = False  # torch's fused AdamW kernel (CUDA)
-
-
-def build_adamw(settings: Optimisation, params: Parameters) -> torch.optim.Optimizer:
-    groups = optimizer_groups(params.named, settings.weight_decay, params.decay_names)
-    return torch.optim.AdamW(
-        groups, lr=settings.lr, betas=tuple(settings.betas), eps=settings.eps, fused=params.fused
-    )
-
-
-def build_muon(settings: Optimisation, params: Parameters) -> torch.optim.Optimizer:
-    muon, rest = split_for_muon(params.named, params.muon_names)
+def build_muon(settings: Any, params: Parameters) -> torch.optim.Optimizer:
+    """MuonWithAdamW from `settings` (an Optimisation: MuonSettings' fields and the shared ones)."""
+    muon, rest = split_for_muon(params.named, params.chosen(muon_matrix))
+    decay_names = params.chosen(decays)
     if any(p.dim() != 2 for p in muon):
         raise UserError(
             "model.optimizer: muon needs each hidden matrix as a matrix, but the strategy flattened the "
@@ -379,7 +355,7 @@ def build_muon(settings: Optimisation, params: Parameters) -> torch.optim.Optimi
         )
     return MuonWithAdamW(
         muon,
-        optimizer_groups(rest, settings.weight_decay, params.decay_names),
+        optimizer_groups(rest, settings.weight_decay, decay_names),
         muon_lr=settings.muon_lr,
         muon_momentum=settings.muon_momentum,
         muon_weight_decay=settings.muon_weight_decay,
@@ -391,205 +367,11 @@ def build_muon(settings: Optimisation, params: Parameters) -> torch.optim.Optimi
     )
 
 
-@dataclass(frozen=True)
-class OptimiserSpec:
-    """One value of model.optimizer: how it is built, and how its saved state is told apart (a
-    run resumes with the optimiser whose state its checkpoint holds, whatever the config says)."""
-
-    build: Callable[[Optimisation, Parameters], torch.optim.Optimizer]
-    saved: Callable[[dict], bool]  # whether an optimiser's state_dict() is this one's
+def muon_state_parts(optimizer: MuonWithAdamW) -> dict[str, torch.optim.Optimizer]:
+    """The two plain torch optimisers whose state_dicts MuonWithAdamW's holds, by key."""
+    return {"adamw": optimizer.adamw, "muon": optimizer.muon}
 
 
-# Adding an optimiser is one entry here, plus its settings (if any) in Optimisation. AdamW is
-# recognised last: a state no other optimiser claims is AdamW's, as every older checkpoint's.
-OPTIMIZERS: dict[str, OptimiserSpec] = {
-    "muon": OptimiserSpec(build_muon, lambda state: set(state) == {"adamw", "muon"}),
-    "adamw": OptimiserSpec(build_adamw, lambda state: True),
-}
-SCHEDULES = ("cosine", "wsd")
-DECAY_SHAPES = ("linear", "1-sqrt")
-MUON_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-MUON_PRECISIONS = ("auto", *MUON_DTYPES)
-
-
-@dataclass(frozen=True)
-class Optimisation:
-    """The optimiser and schedule settings, the model.* keys of a config (`model.lr`, ...), with
-    their checks: the one declaration that MinitxLM, its schedule and the resume checks read.
-
-    Args:
-        lr: AdamW's peak learning rate (the schedule scales Muon's muon_lr by the same factor).
-        min_lr: final learning rate of the schedule.
-        warmup_steps: optimiser steps of linear warmup.
-        weight_decay: AdamW decay on matrices only (see minitx.training.optim.decays).
-        betas: AdamW's betas.
-        eps: AdamW's eps.
-        optimizer: "adamw" for every parameter, or "muon": torch.optim.Muon on the hidden matrices
-            (minitx.training.optim.muon_matrix) and AdamW on the rest.
-        muon_lr: Muon's peak learning rate.
-        muon_momentum: Muon's (Nesterov) momentum.
-        muon_weight_decay: Muon's decoupled weight decay (multiplied by its lr, as AdamW's).
-        muon_precision: the dtype of Muon's Newton-Schulz products: "auto" (float32 on a CPU,
-            bfloat16 on a GPU), "float32" or "bfloat16" (torch.optim.Muon's everywhere; on a CPU
-            with native bfloat16 products, about half float32's time).
-        schedule: after the warmup, "cosine" down to min_lr over the run, or "wsd": lr held,
-            then down to min_lr over the last decay_steps (or decay_fraction of max_steps).
-        decay_steps: wsd's decay in steps; when unset, decay_fraction * max_steps.
-        decay_fraction: wsd's decay as a fraction of max_steps (0 holds lr to the end).
-        decay_shape: wsd's decay, "linear" or "1-sqrt" (lr - (lr - min_lr) * sqrt(progress)).
-    """
-
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    # The settings below came later. A checkpoint or config without them ran with these values,
-    # so they are also what an older run resumes with (ADDED_LATER): change them only with a
-    # mapping for older runs.
-    optimizer: str = "adamw"
-    muon_lr: float = 0.02
-    muon_momentum: float = 0.95
-    muon_weight_decay: float = 0.0
-    schedule: str = "cosine"
-    decay_steps: int | None = None
-    decay_fraction: float = 0.2
-    decay_shape: str = "linear"
-    muon_precision: str = "auto"
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))  # a config gives a list
-        self.check()
-
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
-    @classmethod
-    def of(cls, settings: Mapping[str, Any]) -> Optimisation:
-        """The settings among `settings` (a config's model section, a module's hparams: other keys
-        are ignored); one it lacks, from an older run, takes its default."""
-        return cls(**{name: settings[name] for name in cls.names() if name in settings})
-
-    def check(self, prefix: str = "model") -> None:
-        """Each setting's check; errors name `<prefix>.<setting>` and say the fix."""
-
-        def fail(name: str, fix: str) -> None:
-            value = getattr(self, name)
-            shown = (
-                repr(value) if isinstance(value, str) else list(value) if isinstance(value, tuple) else value
-            )
-            raise UserError(f"{prefix}.{name}: is {shown}; {fix}")
-
-        if not self.lr > 0:
-            fail("lr", "use a positive learning rate such as 1e-3")
-        if not 0 <= self.min_lr <= self.lr:
-            fail("min_lr", f"use a value between 0 and {prefix}.lr={self.lr}")
-        if self.warmup_steps < 0:
-            fail("warmup_steps", "use 0 or more")
-        if self.weight_decay < 0:
-            fail("weight_decay", "use 0 or more")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            fail("betas", "use two numbers in [0, 1), e.g. [0.9, 0.95]")
-        if not (self.eps > 0 and math.isfinite(self.eps)):
-            fail("eps", "use a small positive number such as 1e-8")
-        if self.optimizer not in OPTIMIZERS:
-            fail("optimizer", f"use one of {', '.join(sorted(OPTIMIZERS))}")
-        if not self.muon_lr > 0:
-            fail("muon_lr", "use a positive learning rate such as 0.02")
-        if not 0 <= self.muon_momentum < 1:
-            fail("muon_momentum", "use a number in [0, 1), e.g. 0.95")
-        if self.muon_weight_decay < 0:
-            fail("muon_weight_decay", "use 0 or more")
-        if self.schedule not in SCHEDULES:
-            fail("schedule", f"use one of {', '.join(SCHEDULES)}")
-        if self.decay_steps is not None and self.decay_steps < 0:
-            fail("decay_steps", f"use 0 or more, or leave it unset to use {prefix}.decay_fraction")
-        if not 0 <= self.decay_fraction <= 1:
-            fail("decay_fraction", "use a fraction of max_steps in [0, 1], e.g. 0.2")
-        if self.decay_shape not in DECAY_SHAPES:
-            fail("decay_shape", f"use one of {', '.join(DECAY_SHAPES)}")
-        if self.muon_precision not in MUON_PRECISIONS:
-            fail("muon_precision", f"use one of {', '.join(MUON_PRECISIONS)}")
-
-    def lr_at(self, step: int, max_steps: int) -> float:
-        """The peak lr's value at optimiser step `step` of a run of `max_steps` (see lr_at)."""
-        return lr_at(
-            step,
-            self.lr,
-            self.min_lr,
-            self.warmup_steps,
-            max_steps,
-            schedule=self.schedule,
-            decay_steps=self.decay_steps,
-            decay_fraction=self.decay_fraction,
-            decay_shape=self.decay_shape,
-        )
-
-    def configure(self, params: Parameters, max_steps: int) -> dict:
-        """The optimiser over `params` and a LambdaLR stepped every optimiser step, as
-        configure_optimizers returns them. Every group's lr is its initial lr times
-        lr_at(step) / lr, so AdamW's and Muon's groups move by the same factor."""
-        optimizer = OPTIMIZERS[self.optimizer].build(self, params)
-
-        def factor(step: int) -> float:  # a plain function: LambdaLR saves no state of it
-            return self.lr_at(step, max_steps) / self.lr
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
-        }
-
-
-DEFAULTS = Optimisation()
-# Settings a checkpoint of an older minitx may lack: it ran with their defaults.
-ADDED_LATER = Optimisation.names()[Optimisation.names().index("optimizer") :]
-
-
-def optimizer_of_state(state: Mapping | None) -> str:
-    """The model.optimizer whose state_dict() `state` is (the first that claims it)."""
-    if isinstance(state, Mapping):
-        for name, spec in OPTIMIZERS.items():
-            if spec.saved(state):
-                return name
-    return DEFAULTS.optimizer  # no state at all: a checkpoint of an older minitx, AdamW's
-
-
-def lr_at(
-    step: int,
-    lr: float,
-    min_lr: float,
-    warmup_steps: int,
-    max_steps: int,
-    schedule: str = DEFAULTS.schedule,
-    decay_steps: int | None = DEFAULTS.decay_steps,
-    decay_fraction: float = DEFAULTS.decay_fraction,
-    decay_shape: str = DEFAULTS.decay_shape,
-) -> float:
-    """The learning rate of optimiser step `step`: linear warmup from lr/warmup_steps to lr over
-    `warmup_steps`, then to `min_lr` at `max_steps` (and min_lr after that), by
-
-    - "cosine": a cosine over all steps after the warmup;
-    - "wsd" (warmup-stable-decay): lr until the last `decay_steps` steps (or the last
-      `decay_fraction` of max_steps when decay_steps is None), then down to min_lr, in a straight
-      line ("linear") or as 1 - sqrt(progress) ("1-sqrt", which drops faster at the start).
-
-    The stages follow from max_steps as given, so a wsd run resumed with a larger max_steps stays
-    at lr until its new decay starts: the schedule is a function, never state in a checkpoint.
-    """
-    if step < warmup_steps:
-        return lr * (step + 1) / warmup_steps
-    if step >= max_steps:
-        return min_lr
-    if schedule == "cosine":
-        progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
-        return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
-    decay = decay_steps if decay_steps is not None else round(decay_fraction * max_steps)
-    start = max(warmup_steps, max_steps - decay)  # a decay longer than the run starts after warmup
-    if step < start:
-        return lr
-    progress = (step - start) / max(1, max_steps - start)
-    drop = progress if decay_shape == "linear" else math.sqrt(progress)
-    return lr - drop * (lr - min_lr)
+def is_muon_state(state: Mapping) -> bool:
+    """Whether an optimiser's state_dict() is MuonWithAdamW's."""
+    return set(state) == {"adamw", "muon"}

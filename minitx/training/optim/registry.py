@@ -1,0 +1,89 @@
+"""The optimisers, by the value of model.optimizer: one entry each, all an optimiser declares.
+
+Adding an optimiser is a file of its own (its settings dataclass, if it has settings, and its
+build function, as muon.py) and one entry in OPTIMIZERS. The settings (settings.Optimisation), the
+train command's keys and --help, the resume checks, FSDP2's placement of its saved state
+(training/sharding.py) and a designed sweep's learning rates (ablation/plan/sweep.py, ladder.py)
+all read the entry; none names an optimiser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .adamw import build_adamw
+from .groups import Parameters
+from .muon import MuonSettings, build_muon, is_muon_state, muon_state_parts
+
+
+@dataclass(frozen=True)
+class OptimiserSpec:
+    """One value of model.optimizer.
+
+    build: the optimiser over the parameters, from the settings (an Optimisation).
+    saved: whether an optimiser's state_dict() is this one's: a run resumes with the optimiser
+        whose state its checkpoint holds, whatever the config says.
+    lr_keys: its settings that are learning rates (model.<key>). A designed sweep sets each for
+        every run, and its rule for an arm is theirs together: each is the base config's value
+        times the arm's lr_sweep multiplier, along the whole ladder.
+    state_parts: for an optimiser made of several torch optimisers, its parts by the key its
+        state_dict() holds each one's state under (FSDP2 places each part's per-parameter state
+        as that part's parameters); None for a single torch optimiser.
+    settings: the frozen dataclass of its own settings (model.* keys), None when it has none:
+        settings.Optimisation is made of these and the shared ones.
+    """
+
+    build: Callable[[Any, Parameters], torch.optim.Optimizer]
+    saved: Callable[[Mapping], bool]
+    lr_keys: tuple[str, ...] = ("lr", "min_lr")
+    state_parts: Callable[[Any], dict[str, torch.optim.Optimizer]] | None = None
+    settings: type | None = None
+
+
+# AdamW is recognised last: a state no other optimiser claims is AdamW's, as every older checkpoint's.
+OPTIMIZERS: dict[str, OptimiserSpec] = {
+    "muon": OptimiserSpec(
+        build_muon,
+        is_muon_state,
+        lr_keys=("lr", "min_lr", "muon_lr"),
+        state_parts=muon_state_parts,
+        settings=MuonSettings,
+    ),
+    "adamw": OptimiserSpec(build_adamw, lambda state: True),
+}
+FALLBACK = "adamw"  # the optimiser of a checkpoint that holds no optimiser state (an older minitx's)
+
+
+def optimizer_of_state(state: Mapping | None) -> str:
+    """The model.optimizer whose state_dict() `state` is (the first that claims it)."""
+    if isinstance(state, Mapping):
+        for name, spec in OPTIMIZERS.items():
+            if spec.saved(state):
+                return name
+    return FALLBACK
+
+
+def state_parts(optimizer: torch.optim.Optimizer, state: Mapping) -> dict[str, torch.optim.Optimizer] | None:
+    """The parts of `optimizer` by their keys in its saved `state`, or None for a single torch optimiser."""
+    spec = OPTIMIZERS[optimizer_of_state(state)]
+    return spec.state_parts(optimizer) if spec.state_parts is not None else None
+
+
+def lr_keys(optimizer: str) -> tuple[str, ...]:
+    """The learning-rate settings of model.optimizer `optimizer` (the shared lr and min_lr for a
+    name that is none of ours: the train command refuses it in one line)."""
+    spec = OPTIMIZERS.get(optimizer)
+    return spec.lr_keys if spec is not None else OptimiserSpec.lr_keys
+
+
+def all_lr_keys() -> tuple[str, ...]:
+    """Every optimiser's learning-rate settings, each once, in the registry's order."""
+    return tuple(dict.fromkeys(key for spec in OPTIMIZERS.values() for key in spec.lr_keys))
+
+
+# The settings dataclasses of the optimisers that have their own, for settings.Optimisation.
+OPTIMISER_SETTINGS: tuple[type, ...] = tuple(s.settings for s in OPTIMIZERS.values() if s.settings)
