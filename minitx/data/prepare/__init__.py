@@ -3,13 +3,16 @@
     stream pieces (streams.py) -> tokenise batches of pieces on `num_proc` threads -> shards
 
 One directory per prepared dataset, `<cache_dir>/prepared/<key>/`, where the key hashes what
-decides the ids (the source's paths or Hub name, the split rules, the tokenizer settings), not
-the files' sizes and times: those are the *fingerprint*, stored in the manifest and compared at
-every start (a stat per file, nothing read), so a changed source is prepared again, in place, with
-one line saying why.
+decides the ids (the source's paths or Hub name, the split rules, the tokenizer settings, and the
+code that shapes the shards: content.py), not where or when anything was written: two checkouts
+of the same code share it. The files' sizes and times are the *fingerprint*, stored in the
+manifest with each file's content hash and compared at every start (a stat per file, nothing
+read); where only times differ the files are hashed, and the same bytes are used as prepared. A
+changed source is prepared again, in place, with one line saying why.
 
-    manifest.json   written last, atomically: fingerprint, tokenizer, shards (name, ids, CRC-32,
-                    size, mtime), per split the bytes and characters of text the ids spell
+    manifest.json   written last, atomically: fingerprint, the source files' content hashes,
+                    tokenizer, shards (name, ids, CRC-32, size, mtime), per split the bytes and
+                    characters of text the ids spell
     progress.json   while preparing: the same, for the shards finished so far, and where in the
                     source to go on from. A prepare killed at any point resumes from there.
     train-00000.bin, val-00000.bin, ...   shards (shards.py), about `shard_tokens` ids each

@@ -28,6 +28,7 @@ from minitx.data.tokenizer import Tokenizer, tokenizer_from_dict
 from minitx.errors import UserError
 from minitx.files.atomic import TMP_PREFIX, read_json, write_json_atomically
 
+from .content import changed_file, code_digest, file_digests, library_version, same_content
 from .settings import DECODE_ERRORS, PREPARED_FORMAT, DataSettings
 from .source import Source, text_source
 from .tokenise import _fit_tokenizer
@@ -37,7 +38,12 @@ from .writing import _encode, _NoRoom, _stat_shard
 
 
 def _key(identity: dict, tokenizer_identity: dict) -> str:
-    canonical = json.dumps([PREPARED_FORMAT, identity, tokenizer_identity], sort_keys=True)
+    """The directory's name: a hash of what decides its bytes, the code that writes them included
+    (content.py), and nothing of where or when its files were written."""
+    library = {} if tokenizer_identity["kind"] == "char" else {"tokenizers": library_version("tokenizers")}
+    canonical = json.dumps(
+        [PREPARED_FORMAT, code_digest(), identity, {**tokenizer_identity, **library}], sort_keys=True
+    )
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:20]
 
 
@@ -178,7 +184,7 @@ def prepare(settings: DataSettings, log: Callable[[str], None] = _stderr, progre
         / _key({**source.identity, "max_tokens": settings.max_tokens}, _tokenizer_identity(settings))
     )
     fingerprint = _fingerprint(source, settings)
-    opened = _open_current(directory, fingerprint)  # the fast path: no lock, nothing read but stats
+    opened = _open_current(directory, fingerprint, source)  # the fast path: no lock, nothing read but stats
     if opened is not None:
         return opened
     try:
@@ -191,22 +197,24 @@ def prepare(settings: DataSettings, log: Callable[[str], None] = _stderr, progre
     # blocks here are a few batches' worth, reused batch after batch (measured: 570 MB peak RSS
     # for 1 GB; returning every block to the kernel cost 30% more time in page faults).
     with _locked(directory, log):
-        opened = _open_current(directory, fingerprint, log)  # another process may have just finished it
+        opened = _open_current(directory, fingerprint, source)  # another process may have just finished it
         if opened is not None:
             return opened
         return _prepare_locked(settings, source, directory, fingerprint, log, progress)
 
 
-def _open_current(
-    directory: Path, fingerprint: Any, log: Callable[[str], None] | None = None
-) -> Prepared | None:
+def _open_current(directory: Path, fingerprint: Any, source: Source) -> Prepared | None:
     manifest = read_json(directory / "manifest.json")
-    if (
-        manifest is None
-        or manifest.get("format") != PREPARED_FORMAT
-        or manifest.get("fingerprint") != fingerprint
-    ):
+    if manifest is None or manifest.get("format") != PREPARED_FORMAT:
         return None
+    if manifest.get("fingerprint") != fingerprint:
+        # Only times changed (a copy, another checkout's or environment's install of the same
+        # files)? Then the bytes decide: prepared from the same bytes, it is used as it is.
+        if not same_content(manifest, fingerprint, source.paths):
+            return None
+        manifest = {**manifest, "fingerprint": fingerprint}
+        with contextlib.suppress(OSError):  # a read-only cache is still used; the next start hashes again
+            write_json_atomically(directory / "manifest.json", manifest)
     headers = {}
     for checkpoint in manifest["checkpoints"]:
         for shard in checkpoint["shards"]:
@@ -248,9 +256,9 @@ def _prepare_locked(
         and state.get("format") == PREPARED_FORMAT
         and state.get("fingerprint") != fingerprint
     ):
-        log(
-            f"minitx: {source.describe} changed since it was prepared ({_changed(state.get('fingerprint'), fingerprint)}); preparing it again"
-        )
+        edited = changed_file(state, fingerprint, source.paths)
+        why = f"{edited} has new content" if edited else _changed(state.get("fingerprint"), fingerprint)
+        log(f"minitx: {source.describe} changed since it was prepared ({why}); preparing it again")
         state = None
     elif state is not None and state.get("format") == PREPARED_FORMAT:
         kept = []
@@ -302,6 +310,8 @@ def _prepare_locked(
         # Bad input (invalid UTF-8, a file changed under us): nothing of this attempt is kept.
         shutil.rmtree(directory, ignore_errors=True)
         raise
+    # Hashed before the stats are taken again: a file changed while it is read is named below.
+    content = file_digests(fingerprint, source.paths)
     now = _fingerprint(source, settings)
     if now != fingerprint:
         shutil.rmtree(directory, ignore_errors=True)
@@ -309,7 +319,7 @@ def _prepare_locked(
             f"{source.describe}: {_changed(fingerprint, now)} while it was being prepared; "
             "run again once it is complete"
         )
-    manifest = _finish_manifest(state, source)
+    manifest = {**_finish_manifest(state, source), "content": content}
     write_json_atomically(directory / "manifest.json", manifest)
     (directory / "progress.json").unlink(missing_ok=True)
     return _open(directory, manifest)

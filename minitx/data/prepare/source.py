@@ -7,7 +7,7 @@ import codecs
 import os
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,9 @@ class Source:
     fingerprint: Callable[[], Any]  # cheap: stats, names and revisions, nothing read
     describe: str  # for messages, e.g. "data.train_files"
     val_hint: str = "raise data.val_fraction"
+    # The file of each fingerprint entry named otherwise than by its path (the plays, by file name),
+    # hashed when only its modification time changed (content.py).
+    paths: dict[str, Path] = field(default_factory=dict)
 
 
 def _text_segment(split: str, parts: list, field_name: str) -> Segment:
@@ -148,6 +151,7 @@ def shakespeare_source(val_plays: tuple[str, ...] = VAL_PLAYS) -> Source:
         _Deferred(segments),
         lambda: [[Path(p).name, size, mtime] for p, size, mtime in path_fingerprint(paths)],
         "the built-in Shakespeare",
+        paths={Path(p).name: Path(p) for p in paths},
     )
 
 
