@@ -515,10 +515,58 @@ def test_report_of_a_planted_ladder(tmp_path, monkeypatch):
         assert (output / name).stat().st_size > 1000
 
 
+def test_a_replicate_pair_far_apart_gets_a_third_seed_and_the_median(tmp_path, monkeypatch):
+    """The twin's ladder run at its smallest size is unlucky (+8% in loss) where the sweep's run of
+    the same config is not: the pair is flagged, a third seed is planned there, and once it has
+    run the point's loss is the median of the three; the report says so."""
+    from minitx.ablation.analysis.designed import analyse, replicate_points
+
+    monkeypatch.setattr(fit, "BOOTSTRAP", 40)
+    path = write(tmp_path, BASE + LADDER + ARMS)
+    output = tmp_path / "out"
+    plan = make_plan(load_sweep(path), output)
+    rng = np.random.default_rng(FIXED)
+    unlucky = lambda p: p.arm == "twin" and p.size == "d16" and p.role in ("ladder", "branch")  # noqa: E731
+
+    def loss(p):
+        lr_penalty = 0.05 * math.log2(p.multiplier) ** 2
+        shift = 1.08 if unlucky(p) else 1.0
+        return float(curve(p.flops, C0=1e9) * math.exp(rng.normal(0, 0.002))) * shift + lr_penalty
+
+    plant_all(plan, loss)
+    trained = RunResults()
+    replicates = replicate_points(plan, analyse(plan, plan.all_points(trained), trained))
+    assert [(p.arm, p.size, p.role) for p in replicates] == [("twin", "d16", "replicate")]
+    assert replicates[0].seed not in {p.seed for p in sum(plan.all_points(trained), [])}
+
+    def twin_scatter() -> float:
+        ablation.main(["--config", str(path), "--output", str(output), "--report-only"])
+        ladder = (output / "results.md").read_text().split("## The ladder")[1]
+        return float(next(line for line in ladder.splitlines() if line.startswith("| twin ")).split("|")[-3])
+
+    before = twin_scatter()
+    assert "no third seed has run there" in (output / "results.md").read_text()
+    plant(plan, replicates, loss)
+    after = twin_scatter()
+    assert after < before  # the fit sees the median, not the unlucky run
+    text = (output / "results.md").read_text()
+    line = next(line for line in text.splitlines() if line.startswith("- **unreliable**: twin at d16"))
+    assert "a third seed ran there" in line and "median of the three" in line
+    ladder_loss = next(
+        trained(p).loss
+        for p in plan.all_points(trained)[1]
+        if (p.arm, p.size, p.role) == ("twin", "d16", "ladder")
+    )
+    median = float(line.split("median of the three, ")[1].split()[0].rstrip(";,."))
+    assert median < ladder_loss / 1.05  # the unlucky run no longer stands for the point
+    assert replicates[0].run.directory.name in (output / "results.csv").read_text()
+
+
 def test_a_two_size_ladder_says_its_fits_are_fragile_and_old_summaries_still_report(tmp_path):
     """Two sizes: a 3-parameter curve on 2 sizes is fragile, and the report says so beside each
     multiplier. The summaries hold only the final loss, as a minitx before flop_convention wrote them. One seed: the
-    intervals carry the fit's residual scatter, and the notes say so."""
+    intervals carry the seed noise of the replicate pairs the plan holds (the sweep's run and the
+    ladder's at the smaller size, the confirmation's and the ladder's at the larger), and say so."""
     two = LADDER.replace("    - {name: d32, overrides: {model.d_model: 32}}\n", "")
     path = write(tmp_path, BASE.replace("seeds: 3", "seeds: 1") + two + ARMS)
     output = tmp_path / "out"
@@ -547,7 +595,9 @@ def test_a_two_size_ladder_says_its_fits_are_fragile_and_old_summaries_still_rep
         assert "(2 sizes: fragile)" in row and row.split("|")[3].strip() == "2"
     assert "Fragile: an arm whose points cover fewer than 3 sizes" in ladder
     notes = (output / "results.md").read_text().split("## How these were measured")[1]
-    assert "no arm has 2 or more seeds: the intervals carry the fit's residual scatter instead" in notes
+    assert "degrees of freedom from the replicates" in notes
+    noise = (output / "results.md").read_text().split("## Seed noise by size")[1].split("##")[0]
+    assert "| d16 | 3 |" in noise and "| d24 | 3 |" in noise  # three arms' pairs at each size
 
 
 def test_report_only_on_the_recorded_showcase_refuses_in_one_line(tmp_path):

@@ -46,6 +46,9 @@ class ArmResult:
     dispersion: float | None = None  # its noise over the seed noise (>= 1: its lack of fit)
     held_out: list[robust.Prediction] = field(default_factory=list)  # its largest size, predicted
     pairs: dict[str, tuple[float, float]] = field(default_factory=dict)  # size -> (ladder, replicate) loss
+    medians: dict[str, tuple[float, float, float, float]] = field(
+        default_factory=dict
+    )  # size -> 3 seeds, median
 
     @property
     def sizes(self) -> int:
@@ -82,9 +85,14 @@ DIAGNOSTIC_NAMES = {
 
 
 def analyse(
-    plan: Plan, phases: tuple[list[Point], list[Point], list[Point]], trained: RunResults
+    plan: Plan,
+    phases: tuple[list[Point], list[Point], list[Point]],
+    trained: RunResults,
+    replicates: list[Point] | tuple = (),
 ) -> Analysis:
-    """`trained`: what each point's run did (its loss, compute, diagnostics)."""
+    """`trained`: what each point's run did (its loss, compute, diagnostics); `replicates`: third
+    seeds of the points whose replicate pair was flagged unreliable (replicate_points): each such
+    point's loss is the median of its three seeds."""
     first, second, third = phases
     multipliers = plan.sweep.design.multipliers
     found = plan.rates(trained)
@@ -128,7 +136,7 @@ def analyse(
     )
     analysis.noise = fit.seed_noise({a.name: a.seeds for a in results})
     if plan.ladder is not None:
-        _fit_all(plan, analysis, trained)
+        _fit_all(plan, analysis, trained, replicates)
     tests = compare_all({a.name: a.seeds for a in results}, plan.arms[0])
     for arm in results:
         arm.test = tests.get(arm.name)
@@ -142,7 +150,44 @@ def _unique(points: list[Point]) -> list[Point]:
     return list(seen.values())
 
 
-def _fit_all(plan: Plan, analysis: Analysis, trained: RunResults) -> None:
+def replicate_points(plan: Plan, analysis: Analysis) -> list[Point]:
+    """A third seed for each point whose two seeds (its replicate pair) differ by more than
+    uncertainty.FLAG_SDS seed sds: the same config as the ladder's run at the largest budget, with
+    the first seed no other run of the plan uses."""
+    if analysis.size_noise is None:
+        return []
+    found = []
+    for name, size, _ in analysis.size_noise.unreliable:
+        rate = analysis.arm(name).rate
+        size_name = plan.sizes[size].name
+        if rate is None or size_name not in rate.by_size:
+            continue
+        seed = plan.ladder_seed + max(1, plan.sweep.seeds)
+        found.append(
+            plan.point(name, size_name, plan.budgets[-1], rate.by_size[size_name], seed, "replicate")
+        )
+    return found
+
+
+def _medians(plan: Plan, fitted: list[ArmResult], trained: RunResults, replicates) -> dict:
+    """The ladder point -> the median of its three seeds, where a replicate settled a flagged pair."""
+    found = {}
+    for r in replicates:
+        arm = next((a for a in fitted if a.name == r.arm), None)
+        third = trained(r).loss
+        if arm is None or third is None or r.size not in arm.pairs:
+            continue
+        mine = next((p for p in arm.points if p.size == r.size and p.budget == plan.budgets[-1]), None)
+        if mine is None:
+            continue
+        a, b = arm.pairs[r.size]
+        median = float(np.median([a, b, third]))
+        arm.medians[r.size] = (a, b, third, median)
+        found[mine.run.directory] = median
+    return found
+
+
+def _fit_all(plan: Plan, analysis: Analysis, trained: RunResults, replicates=()) -> None:
     """The joint fit over the arms with 2 or more points, its bootstrap; each arm's own curve;
     the parameter share; L(N, D) where the ladder allows it."""
     results, notes = analysis.arms, analysis.notes
@@ -166,9 +211,12 @@ def _fit_all(plan: Plan, analysis: Analysis, trained: RunResults) -> None:
         return
     fitted.remove(baseline)
     fitted.insert(0, baseline)
+    for arm in fitted:
+        arm.pairs = replicate_pairs(plan, arm, trained)
+    settled = _medians(plan, fitted, trained, replicates)
     points = [(k, p) for k, a in enumerate(fitted) for p in a.points]
     x = [trained(p).trained_flops for _, p in points]
-    y = [trained(p).loss for _, p in points]
+    y = [settled.get(p.run.directory, trained(p).loss) for _, p in points]
     index = [k for k, _ in points]
     size_index = {s.name: i for i, s in enumerate(plan.sizes)}
     sizes = [size_index[p.size] for _, p in points]
@@ -249,7 +297,6 @@ def _seed_sd(plan, analysis, fitted, trained, x, y, index, sizes) -> tuple[np.nd
     rung_size = size_index.get(analysis.rung[0], len(plan.sizes) - 1)
     pairs: dict[int, dict[str, tuple[float, float]]] = {}
     for arm in fitted:
-        arm.pairs = replicate_pairs(plan, arm, trained)
         for size, pair in arm.pairs.items():
             pairs.setdefault(size_index[size], {})[arm.name] = pair
     params = [plan.shapes[plan.arms[0], s.name].params for s in plan.sizes]

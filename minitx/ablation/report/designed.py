@@ -23,6 +23,7 @@ from ..analysis.significance import CONFIDENCE, LEVEL
 from ..analysis.table import device_label
 from ..analysis.verdicts import Verdict, verdict
 from ..plan.ladder import Plan, Point
+from ..plan.rates import MARGIN
 from ..runs.results import PointResult, RunResults
 
 DESIGN_PLOTS = (
@@ -273,10 +274,19 @@ def _noise_section(plan: Plan, analysis: Analysis) -> list[str]:
         own = ", ".join(f"{arm} x{f:.2f}" for arm, f in noise.factor.items())
         lines += [f"Arms noisier at the rung (F-test stepping down, p < 0.01) keep their excess: {own}.", ""]
     for arm, size, d in noise.unreliable:
+        name = plan.sizes[size].name
+        settled = analysis.arm(arm).medians.get(name)
+        then = (
+            f"a third seed ran there ({settled[2]:.4f}), and the ladder's point is the median of the three, "
+            f"{settled[3]:.4f}"
+            if settled
+            else "no third seed has run there (a sweep runs one; --report-only of older runs and --from-csv cannot), "
+            "so the point keeps the ladder's run"
+        )
         lines.append(
-            f"- **unreliable**: {arm} at {plan.sizes[size].name}: its two seeds differ by {d:+.3f} in log loss, more "
-            f"than 4 sds of the seeds rung's noise: left out of that size's sd (an unlucky run is lack of fit, "
-            "which the arm's dispersion carries); run another seed of that config to settle the point"
+            f"- **unreliable**: {arm} at {name}: its two seeds differ by {d:+.3f} in log loss, more than 4 sds of "
+            f"the noise (the rung's, or that size's where larger): left out of that size's sd (an unlucky run is "
+            f"lack of fit, which the arm's dispersion carries); {then}"
         )
     if noise.unreliable:
         lines.append("")
@@ -295,10 +305,18 @@ def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point], trained
     ]
     for arm in analysis.arms:
         cells = []
+        finite = {m: trained(p).loss for m, p in arm.rate.sweep.items() if trained(p).loss is not None}
+        lowest = min(finite, key=finite.get) if finite else None
         for m in ms:
             p = arm.rate.sweep.get(m)
-            text = "" if p is None else _outcome(trained(p)) + (" ⁺" if m in arm.rate.extended else "")
-            cells.append(f"**{text}**" if m == arm.multiplier else text)
+            text = "" if p is None else _outcome(trained(p))
+            if m == lowest:
+                text = f"**{text}**"
+            if p is not None and m in arm.rate.extended:
+                text += " ⁺"
+            if m == arm.multiplier and p is not None:
+                text += " ✓"
+            cells.append(text)
         choice = arm.rate.choice
         chosen = "refused" if choice.refused else "–"
         if arm.multiplier is not None:
@@ -307,10 +325,12 @@ def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point], trained
     bases = ", ".join(f"{key} {value:g}" for key, value in plan.lr_bases.items())
     lines += [
         "",
-        f"x1 is the base config's learning rates ({bases}); a multiplier scales all of them; ⁺ a run past the "
-        "sweep's edge. A choice is the "
-        "vertex of a parabola in log lr fitted to the lowest loss and up to two multipliers each side, rounded "
-        "to a multiplier swept; a best at an edge runs x2 further that way, at most "
+        f"x1 is the base config's learning rates ({bases}); a multiplier scales all of them; **bold** the "
+        "lowest loss of the row, ✓ the multiplier chosen (the rule below need not take the lowest run); ⁺ a run "
+        "past the sweep's edge. The choice: a parabola in log lr fitted to the lowest run and up to two "
+        f"multipliers each side, and the smallest of those multipliers whose loss on it lies within {MARGIN:.1%} of "
+        "its minimum over them (the flat side below a minimum is the safe side: the edge of stability is above "
+        "it). Only a lowest run at an edge runs x2 further that way, at most "
         f"{plan.sweep.design.extend} time(s) per arm, then refuses the arm. These runs only choose: the ladder "
         f"trains every point afresh with seed {plan.ladder_seed}.",
         "",
@@ -318,7 +338,8 @@ def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point], trained
     if len(plan.sizes) > 1:
         lines += [
             f"Confirmed at {large} ({_budget_text(plan, plan.budgets[-1])}, seed {plan.sweep.seed}): the choice and "
-            "its neighbours; the best of the three that neither diverged nor spiked is used there, sizes between "
+            "its neighbours; the same rule over those that neither diverged nor spiked gives the rate used there "
+            "(in bold), sizes between "
             "train at the rate interpolated geometrically in parameters.",
             "",
             f"| arm | at {large} | used at " + ", ".join(s.name for s in plan.sizes) + " |",
