@@ -426,3 +426,20 @@ def same_report(first: str, second: str) -> bool:
             if not same:
                 return False
     return True
+
+
+def test_only_some_arms_of_the_csv(tmp_path, monkeypatch):
+    """--only picks arms of the file: the CSV's rows of the others are left out, not refused."""
+    from minitx.ablation.report import designed_plots
+
+    monkeypatch.setattr(designed_plots, "draw_all", lambda *args: None)
+    text = rebuild(SHOWCASE_CSV, tmp_path / "two", "--only", "mha,qknorm")
+    columns, rows = read_showcase()
+    kept = sum(row["arm"] in ("mha", "qknorm") for row in rows)
+    assert (
+        f"({kept} rows; {len(rows) - kept} more of diff, gated, gqa, local, mla, mta, left out by --only)"
+        in text
+    )
+    table, recorded = losses_table(text), losses_table((RECORDED / "results.md").read_text(encoding="utf-8"))
+    assert {arm for _, arm in table} == {"mha", "qknorm"}
+    assert all(same_cell(cell, recorded[key]) for key, cell in table.items())

@@ -29,7 +29,7 @@ from ...errors import UserError
 from ...flops import FLOP_CONVENTION, OLDER_CONVENTION
 from ...kinds import nearest
 from ..plan.ladder import BASE_SIZE, Plan, Point
-from ..plan.sweep import Sweep
+from ..plan.sweep import Sweep, load_sweep
 from .results import PointResult
 
 # The columns read here (report/designed.py's CSV_FIELDS holds them all; the others are optional:
@@ -176,19 +176,25 @@ def _budget_text(budget: float | None) -> str:
     return "" if budget is None else f"{budget:g}"
 
 
-def check_fits_sweep(rows: Sequence[Row], sweep: Sweep, path: Path) -> None:
+def check_fits_sweep(
+    rows: Sequence[Row], sweep: Sweep, path: Path, file_arms: Sequence[str] | None = None
+) -> None:
     """The CSV's arms, sizes and budgets against the sweep file's (no plan needed): one line for
-    the first that does not fit."""
+    the first that does not fit. `file_arms`: every variant of the file, where --only picked the
+    sweep's (the rows of the others are left out, not refused)."""
     ladder = sweep.design.ladder
     arms = [v.name for v in sweep.variants]
+    known = list(file_arms or arms)
     sizes = [s.name for s in ladder.sizes] if ladder else [BASE_SIZE.name]
     budgets = [_budget_text(b) for b in (ladder.budgets if ladder else [sweep.design.flops])]
     for row in rows:
-        if row.arm not in arms:
+        if row.arm not in known:
             raise UserError(
                 f"--from-csv: {path}: {row.where}: arm {row.arm!r} is not a variant of the config"
-                f"{nearest(row.arm, arms)}; its variants: {', '.join(arms)}"
+                f"{nearest(row.arm, known)}; its variants: {', '.join(known)}"
             )
+    rows = [row for row in rows if row.arm in arms]
+    for row in rows:
         if row.size not in sizes:
             raise UserError(
                 f"--from-csv: {path}: {row.where}: size {row.size!r} is not one of the config's"
@@ -269,7 +275,8 @@ def check_against_sweep(
             f"--baseline: unknown arm {baseline!r}{nearest(baseline, names)}; the arms: {', '.join(names)}"
         )
     if from_csv is not None:
-        check_fits_sweep(read_rows(Path(from_csv)), sweep, Path(from_csv))
+        file_arms = [v.name for v in load_sweep(config).variants]  # before --only picked some
+        check_fits_sweep(read_rows(Path(from_csv)), sweep, Path(from_csv), file_arms)
 
 
 def put_baseline_first(plan: Plan, baseline: str) -> None:
@@ -285,9 +292,10 @@ def put_baseline_first(plan: Plan, baseline: str) -> None:
 class CsvResults:
     """PointResult of each point as its CSV row recorded it: call it with a point (as RunResults)."""
 
-    def __init__(self, rows: Sequence[Row], path: Path) -> None:
+    def __init__(self, rows: Sequence[Row], path: Path, other_arms: Sequence[Row] = ()) -> None:
         self.path = path
         self.rows = {row.name: row for row in rows}
+        self.other_arms = list(other_arms)  # rows of the arms --only left out of this report
         self._made: dict[str, PointResult] = {}
         self.used: set[str] = set()  # the rows a planned point asked for
 
@@ -358,7 +366,8 @@ def recorded_rates(rows: Sequence[Row], plan: Plan, path: Path) -> dict[str, dic
 
 def read_results(path: Path, plan: Plan) -> CsvResults:
     """The CSV as the plan's `trained`, with the ladder's rates as recorded set on the plan."""
-    rows = read_rows(path)
+    every = read_rows(path)
+    rows = [row for row in every if row.arm in plan.arms]  # an arm --only left out: not read
     check_fits_sweep(rows, plan.sweep, path)
     for row in rows:
         shape = plan.shapes.get((row.arm, row.size))
@@ -368,7 +377,7 @@ def read_results(path: Path, plan: Plan) -> CsvResults:
                 f"config's {shape.params:,}; give the config the CSV was made with"
             )
     plan.recorded_rates = recorded_rates(rows, plan, path)
-    return CsvResults(rows, path)
+    return CsvResults(rows, path, [row for row in every if row.arm not in plan.arms])
 
 
 def check_planned(results: CsvResults, points: Sequence[Point]) -> None:
@@ -418,8 +427,12 @@ def _rule_says(rate, plan: Plan) -> str:
 def notes(results: CsvResults, plan: Plan, points: Sequence[Point]) -> list[str]:
     """Lines for the report's "How these were measured": where the figures came from, the rates
     as recorded where today's rule differs, and the rows the plan did not read."""
+    others = sorted({row.arm for row in results.other_arms})
+    left_out = (
+        f"; {len(results.other_arms)} more of {', '.join(others)}, left out by --only" if others else ""
+    )
     lines = [
-        f"read from {results.path} ({len(results.rows)} rows), not from the runs: each run's loss, steps, FLOPs "
+        f"read from {results.path} ({len(results.rows)} rows{left_out}), not from the runs: each run's loss, steps, FLOPs "
         "and diagnostics as recorded; a CSV holds no training-loss curve, so no run is checked for a spike "
         "here, and no loss by position (its plot is empty)"
     ]
