@@ -5,7 +5,10 @@
 Rows: the key-query convolution (6 x 11) forward, and forward + both gradients, by the C loop
 (`NativeKeyQueryConv`) and by oneDNN (`KeyQueryConv`, channels-last depthwise conv2d); the
 pre-softmax head mix + mask + softmax + post-softmax head mix forward + backward, by the C loop
-(`MixedSoftmax`) and by torch's operations (mix_heads' matmul, masked_fill, softmax). The C
+(`MixedSoftmax`) and by torch's operations (mix_heads' matmul, masked_fill, softmax); and the
+convolution, mixes and softmax as a training chunk of the pre placement runs them, forward + every
+gradient, by the C loops' one pass (`torch.ops.minitx.conv_softmax`: native.conv_softmax and its
+one-pass gradient) and by oneDNN's convolution then torch's operations. The C
 convolution also gets GFLOP/s (66 multiply-adds per output entry). Median of --repeats, the two
 sides taking turns, one thread unless --threads; the causal mask of the chunk's last rows.
 """
@@ -68,6 +71,13 @@ def cases(keys: int, heads: int, rows: int, c_q: int, c_k: int) -> dict:
     def forward(fn):
         return lambda: torch.no_grad()(fn)()
 
+    def c_one_pass():
+        rows = (visible.lo, visible.hi, out_rows.lo, out_rows.hi)
+        return torch.ops.minitx.conv_softmax(scores, kernel, pre, post, *rows)[0]
+
+    def torch_one_pass():
+        return torch_mixed_softmax(KeyQueryConv.apply(masked, kernel), pre, post, out_rows.hidden)
+
     return {
         "convolution, forward": (forward(c_conv), forward(torch_conv)),
         "convolution, forward + both gradients": (
@@ -77,6 +87,10 @@ def cases(keys: int, heads: int, rows: int, c_q: int, c_k: int) -> dict:
         "mix + mask + softmax + mix, forward + gradients": (
             backward(c_softmax, (convolved, pre, post)),
             backward(t_softmax, (convolved, pre, post)),
+        ),
+        "convolution + mixes + softmax (training's one pass), forward + gradients": (
+            backward(c_one_pass, (scores, kernel, pre, post)),
+            backward(torch_one_pass, (masked, kernel, pre, post)),
         ),
     }
 

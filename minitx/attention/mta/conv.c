@@ -83,6 +83,17 @@ int64_t openmp(void) {
 #endif
 }
 
+/* out[e] = slots[0][e] + slots[1][e] + ... + slots[n - 1][e], added in that order from 0: the
+ * gradients of the kernels and the mixes, whose terms the loops leave in a slot per unit of work
+ * (a band of rows, a row) instead of in a sum per thread, so that the number of threads and how
+ * the units were split between them change no bit of the result. One thread did the same adds,
+ * in the same order, into one sum. */
+void add_slots(const double *slots, double *out, int64_t n, int64_t size) {
+    for (int64_t e = 0; e < size; e++) out[e] = 0;
+    for (int64_t s = 0; s < n; s++)
+        for (int64_t e = 0; e < size; e++) out[e] += slots[s * size + e];
+}
+
 #define T float
 #define IS_FLOAT 1
 #define S(name) name##_f32
@@ -715,7 +726,9 @@ static void S(softmax_grad_row)(T *const *c, T *const *p, T *const *g, T **dc, T
 
 /* mixed_softmax's gradient for rows (b, i), unit u = b * R + i from u0 to u1 (softmax_grad_row):
  * scores are its C, probs its saved P, grad out's gradient; grad_scores gets dC. Intervals as
- * mixed_softmax's. */
+ * mixed_softmax's. grad_pre, grad_post: a slot of H * c_pre (H * c_post) zeros per unit, which gets
+ * that row's terms of the mix's gradient (add_slots sums them in the order of the units, so that
+ * how the rows were split between threads does not change a bit). */
 void S(mixed_softmax_grad)(const T *scores, const T *probs, const T *grad, T *grad_scores, const T *pre, const T *post,
                            double *grad_pre, double *grad_post, int64_t u0, int64_t u1, int64_t H, int64_t R, int64_t N,
                            int64_t c_pre, int64_t c_post, const int64_t *lo, const int64_t *hi, int64_t stride) {
@@ -730,8 +743,9 @@ void S(mixed_softmax_grad)(const T *scores, const T *probs, const T *grad, T *gr
             size_t at = ((b * H + h) * R + i) * N;
             c[h] = (T *)scores + at, p[h] = (T *)probs + at, g[h] = (T *)grad + at, dc[h] = grad_scores + at;
         }
-        S(softmax_grad_row)(c, p, g, dc, buffer, rows + 4 * H, rows + 5 * H, pre, post, grad_pre, grad_post, H, N, c_pre,
-                            c_post, a, e);
+        S(softmax_grad_row)(c, p, g, dc, buffer, rows + 4 * H, rows + 5 * H, pre, post,
+                            grad_pre ? grad_pre + unit * H * c_pre : NULL, grad_post ? grad_post + unit * H * c_post : NULL,
+                            H, N, c_pre, c_post, a, e);
     }
 done:
     free(buffer), free(rows);
@@ -747,8 +761,9 @@ done:
  * sums aside, added in another order). Input-gradient row i reads dC rows i - c_q + 1 .. i: rows
  * of u0's map before u0's band's row i0 + c_q - 1 read rows another worker writes, so unless u0's
  * band is its map's first they are left to conv_rows once every worker is done (native.py).
- * grad_kernel (H, c_q, c_k), grad_pre and grad_post (NULL where pre, post are): this worker's sums,
- * in double. */
+ * grad_kernel: a slot of H * c_q * c_k zeros per unit (band), grad_pre and grad_post (NULL where
+ * pre, post are) a slot of H * c_pre (H * c_post) zeros per output row b * R_out + i: each gets its
+ * band's (row's) terms, in double, for add_slots to sum in order (independent of the threads). */
 void S(conv_softmax_grad)(const T *scores, const T *conved, const T *probs, const T *grad, T *dconved, T *grad_scores,
                           const T *flipped, const T *pre, const T *post, double *grad_kernel, double *grad_pre,
                           double *grad_post, int64_t u0, int64_t u1, int64_t H, int64_t R_in, int64_t R_out, int64_t N,
@@ -780,13 +795,15 @@ void S(conv_softmax_grad)(const T *scores, const T *conved, const T *probs, cons
                 size_t at = ((b * H + h) * R_out + i) * N;
                 c[h] = (T *)conved + at, p[h] = (T *)probs + at, gr[h] = (T *)grad + at, dc[h] = dconved + at;
             }
-            S(softmax_grad_row)(c, p, gr, dc, buffer, rows + 4 * H, rows + 5 * H, pre, post, grad_pre, grad_post, H, N,
-                                c_pre, c_post, a, e);
+            const int64_t row = b * R_out + i;
+            S(softmax_grad_row)(c, p, gr, dc, buffer, rows + 4 * H, rows + 5 * H, pre, post,
+                                grad_pre ? grad_pre + row * H * c_pre : NULL,
+                                grad_post ? grad_post + row * H * c_post : NULL, H, N, c_pre, c_post, a, e);
         }
         for (int64_t h = 0; h < H; h++)
             S(kernel_grad_band)(scores + (b * H + h) * R_in * N, dconved + (b * H + h) * R_out * N,
-                                grad_kernel + h * c_q * c_k, &g, h, i0, n_out, R_in, N, c_q, c_k, in_lo, in_hi, out_lo,
-                                out_hi);
+                                grad_kernel + (unit * H + h) * c_q * c_k, &g, h, i0, n_out, R_in, N, c_q, c_k, in_lo,
+                                in_hi, out_lo, out_hi);
         /* input-gradient rows first .. last - 1: the band's (and, after the map's last band, the
          * c_q - 1 rows past R_out) */
         int64_t first = b == first_map && i0 < safe ? safe : i0, last = i0 + n_out == R_out ? R_in : i0 + n_out;
@@ -803,8 +820,9 @@ done:
 }
 
 /* Head mixing of whole rows (b, i), u = b * R + i from u0 to u1 (mix_rows over every key),
- * unless out is NULL; when grad_mix is given, grad_mix[g][k][h] += in_k . other_h (in double): the
- * gradient of mix for an output gradient `other`. */
+ * unless out is NULL; when grad_mix is given (a slot of H * c zeros per unit), its slot u gets
+ * [g][k][h] += in_k . other_h (in double): row u's terms of the gradient of mix for an output
+ * gradient `other`, for add_slots to sum in order. */
 void S(mix)(const T *in, T *out, const T *mix, int64_t transposed, const T *other, double *grad_mix, int64_t u0,
             int64_t u1, int64_t H, int64_t R, int64_t N, int64_t c) {
     T **rows = malloc((size_t)(3 * H) * sizeof(T *));
@@ -816,7 +834,7 @@ void S(mix)(const T *in, T *out, const T *mix, int64_t transposed, const T *othe
             rows[h] = (T *)in + at, rows[H + h] = out ? out + at : NULL, rows[2 * H + h] = other ? (T *)other + at : NULL;
         }
         if (out) S(mix_rows)(rows + H, rows, mix, transposed, H, c, 0, N);
-        if (grad_mix) S(mix_grad_rows)(grad_mix, rows, rows + 2 * H, H, c, 0, N);
+        if (grad_mix) S(mix_grad_rows)(grad_mix + unit * H * c, rows, rows + 2 * H, H, c, 0, N);
     }
     free(rows);
 }

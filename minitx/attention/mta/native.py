@@ -17,7 +17,15 @@ name that includes the source's hash, written under a temporary name and renamed
 that processes starting together (DDP ranks, parallel ablation runs) never load a half-written file.
 Work is split over maps or rows between torch's CPU threads, on the threads of torch's own OpenMP
 team where the compiler has OpenMP (the library then shares torch's runtime; ctypes releases the
-GIL); gradients of the small mixing matrices are summed per thread, then added up.
+GIL). The gradients of the kernels and of the small mixing matrices are left in a slot per unit of
+work (a band of rows, a row), then added up in the units' order (conv.c's add_slots): the same
+bits on any number of threads, those one thread gave when it summed them as it went.
+
+Not the same bits on every CPU: conv.c's vectors are the target's (64 bytes with AVX-512, else 32),
+and the softmax's and the gradients' sums add their lanes in another grouping on each, as the
+compiler's tuning for the CPU decides where multiply-adds are fused; torch's own kernels (oneDNN,
+its vectorised reductions) differ between AVX2 and AVX-512 alike. A training run's loss on another
+CPU is therefore reproduced within a spread, measured for MTA in docs/results/README.md (ablation/).
 """
 
 from __future__ import annotations
@@ -100,6 +108,7 @@ def library() -> ctypes.CDLL | None:
         )
     lib.parallel_workers.argtypes = [WORKER_TASK, i64]
     lib.openmp.restype = ctypes.c_int64
+    lib.add_slots.argtypes = [ptr, ptr, i64, i64]
     return lib
 
 
@@ -219,6 +228,25 @@ def split(n_items: int, call) -> None:
         return
     for future in [pool(len(parts)).submit(call, a, b, t) for t, (a, b) in enumerate(parts)]:
         future.result()
+
+
+def slots(n_units: int, matrix: Tensor | tuple[int, ...] | None) -> Tensor | None:
+    """Zeros, float64, a slot of matrix's shape per unit of work, where the C loops leave each
+    unit's terms of its gradient (None for a matrix that is None)."""
+    if matrix is None:
+        return None
+    shape = tuple(matrix.shape) if isinstance(matrix, Tensor) else matrix
+    return torch.zeros(n_units, *shape, dtype=torch.float64)
+
+
+def added_up(units: Tensor | None) -> Tensor | None:
+    """The sum of `slots`' slots, added in their order (conv.c's add_slots): no bit depends on the
+    threads (a torch sum over them could group them by thread)."""
+    if units is None:
+        return None
+    out = units.new_empty(units.shape[1:])
+    library().add_slots(units.data_ptr(), out.data_ptr(), units.shape[0], out.numel())
+    return out
 
 
 def documents(rows) -> str:
@@ -386,7 +414,8 @@ def conv_softmax_grad(
     """(d scores, d kernel, d pre, d post) of conv_softmax's out for its gradient grad, from the
     maps its forward kept (keep): the gradient of mixed_softmax, then both of the convolution's, in
     one pass over bands of rows of every head (conv.c's ROW_BLOCK). Kernel (H, c_q, c_k); the
-    kernel's and the mixes' gradients in float64 (None for a mix that is None)."""
+    kernel's and the mixes' gradients in float64 (None for a mix that is None), summed over the
+    bands and rows in their order whatever the threads."""
     B, H, R_in, N = scores.shape
     c_q, c_k = kernel.shape[-2:]
     scores, grad = scores.contiguous(), grad.to(scores.dtype).contiguous()
@@ -397,20 +426,15 @@ def conv_softmax_grad(
     row_block = unit_rows("row_block")
     n_bands = -(-R_out // row_block)
     parts = ranges(B * n_bands)
-    grad_kernel = torch.zeros(len(parts), H, c_q, c_k, dtype=torch.float64)
-    grad_pre, grad_post = [
-        None if m is None else torch.zeros(len(parts), *m.shape, dtype=torch.float64) for m in (pre, post)
-    ]
+    # a slot per band for the kernel's gradient, per output row for the mixes' (conv.c)
+    grad_kernel = slots(B * n_bands, (H, c_q, c_k))
+    grad_pre, grad_post = [slots(B * R_out, m) for m in (pre, post)]
     maps = [
         address(t) for t in (scores, conved, probs, grad, dconved, grad_scores, flipped, call.pre, call.post)
     ]
+    sums = [address(g) for g in (grad_kernel, grad_pre, grad_post)]
     fn = getattr(library(), f"conv_softmax_grad_{SUFFIX[scores.dtype]}")
-
-    def band(u0, u1, worker):
-        sums = [None if g is None else g[worker].data_ptr() for g in (grad_kernel, grad_pre, grad_post)]
-        fn(*maps, *sums, u0, u1, *call.sizes, *bounds)
-
-    split(B * n_bands, band)
+    split(B * n_bands, lambda u0, u1, _: fn(*maps, *sums, u0, u1, *call.sizes, *bounds))
     # Input-gradient rows that read another worker's rows of d conved (conv.c), now that all are written.
     rows_fn = getattr(library(), f"conv_rows_{SUFFIX[scores.dtype]}")
     for u0, u1 in parts[1:]:
@@ -438,33 +462,25 @@ def conv_softmax_grad(
             *bounds[2:],
             *bounds[:2],
         )
-    return grad_scores, grad_kernel.sum(0), *[None if g is None else g.sum(0) for g in (grad_pre, grad_post)]
+    return grad_scores, *[added_up(g) for g in (grad_kernel, grad_pre, grad_post)]
 
 
 def mixed_softmax_grad(
     scores: Tensor, probs: Tensor, grad: Tensor, pre: Tensor | None, post: Tensor | None, rows
 ):
     """(d scores, d pre, d post) for `mixed_softmax`'s output gradient grad; the mixes' gradients in
-    float64, None for a mix that is None."""
+    float64 (summed over the rows in their order whatever the threads), None for a mix that is None."""
     B, H, R, N = scores.shape
     grad, rows = grad.to(scores.dtype).contiguous(), contiguous(rows)
     pre_t, post_t = [as_dtype(m, scores.dtype) for m in (pre, post)]
     grad_scores = torch.empty_like(scores)
-    n = workers(B * R)
-    grad_pre, grad_post = [
-        None if m is None else torch.zeros(n, *m.shape, dtype=torch.float64) for m in (pre, post)
-    ]
+    grad_pre, grad_post = [slots(B * R, m) for m in (pre, post)]  # a slot per row (conv.c)
     sizes = mix_widths(pre, post)
     fn = getattr(library(), f"mixed_softmax_grad_{SUFFIX[scores.dtype]}")
-    pointers = [address(t) for t in (scores, probs, grad, grad_scores, pre_t, post_t)]
+    pointers = [address(t) for t in (scores, probs, grad, grad_scores, pre_t, post_t, grad_pre, grad_post)]
     bounds = interval_pointers(rows)
-
-    def call(u0, u1, worker):
-        per_worker = [None if g is None else g[worker].data_ptr() for g in (grad_pre, grad_post)]
-        fn(*pointers, *per_worker, u0, u1, H, R, N, *sizes, *bounds)
-
-    split(B * R, call)
-    return grad_scores, *[None if g is None else g.sum(0) for g in (grad_pre, grad_post)]
+    split(B * R, lambda u0, u1, _: fn(*pointers, u0, u1, H, R, N, *sizes, *bounds))
+    return grad_scores, added_up(grad_pre), added_up(grad_post)
 
 
 def _mixer(maps: Tensor, matrix: Tensor):
@@ -493,21 +509,22 @@ def mix(maps: Tensor, matrix: Tensor) -> Tensor:
 
 
 def mix_grad(maps: Tensor, matrix: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
-    """(d maps, d matrix in float64) of `mix(maps, matrix)` for the output gradient grad."""
+    """(d maps, d matrix in float64, summed over the rows in their order) of `mix(maps, matrix)` for
+    the output gradient grad."""
     B, _, R, _ = maps.shape
     maps = maps.contiguous()
     grad = grad.to(maps.dtype).contiguous()
     grad_maps = torch.empty_like(maps)
-    grad_matrix = torch.zeros(workers(B * R), *matrix.shape, dtype=torch.float64)
+    grad_matrix = slots(B * R, matrix)  # a slot per row (conv.c)
     call = _mixer(maps, matrix)
 
-    def each(u0, u1, worker):
+    def each(u0, u1, _):
         # d maps is the transposed mix of grad; d matrix needs maps and grad, row by row alike.
         call(grad.data_ptr(), grad_maps.data_ptr(), 1, None, None, u0, u1)
-        call(maps.data_ptr(), None, 0, grad.data_ptr(), grad_matrix[worker].data_ptr(), u0, u1)
+        call(maps.data_ptr(), None, 0, grad.data_ptr(), grad_matrix.data_ptr(), u0, u1)
 
     split(B * R, each)
-    return grad_maps, grad_matrix.sum(0)
+    return grad_maps, added_up(grad_matrix)
 
 
 def gated_norm(x: Tensor, weight: Tensor, gate: Tensor, bias: Tensor, eps: float) -> Tensor:

@@ -101,7 +101,10 @@ def kq_conv_backward(
         grad_maps = native.conv(grad.to(maps.dtype), flipped, -(c_q - 1), maps.shape[2], out_rows, rows)
     if need_kernel:
         per_map = native.kernel_grad(maps, grad, c_q, c_k, rows, out_rows)
-        grad_kernel = per_map.view(maps.shape[0], -1, c_q, c_k).sum(0).to(kernel.dtype).view_as(kernel)
+        # over the batch rows in their order (whatever the threads, unlike a torch sum of many)
+        grad_kernel = (
+            native.added_up(per_map.view(maps.shape[0], -1, c_q, c_k)).to(kernel.dtype).view_as(kernel)
+        )
     return (
         _nothing(maps) if grad_maps is None else grad_maps,
         _nothing(kernel) if grad_kernel is None else grad_kernel,
