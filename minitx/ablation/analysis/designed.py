@@ -42,6 +42,7 @@ class ArmResult:
     seed_chose_lr: bool = False  # the rung's first-seed run is the learning-rate sweep's chosen run
     test: Difference | None = None
     diagnostics: dict[str, float] = field(default_factory=dict)  # means over the rung's seeds
+    diagnostic_seeds: dict[str, list[float]] = field(default_factory=dict)  # each seed's value at the rung
     answer: robust.ArmAnswer | None = None  # the ladder's multiplier, each size left out, the verdict
     dispersion: float | None = None  # its noise over the seed noise (>= 1: its lack of fit)
     held_out: list[robust.Prediction] = field(default_factory=list)  # its largest size, predicted
@@ -125,6 +126,7 @@ def analyse(
             found = [v[key] for v in values if v.get(key) is not None]
             if found:
                 arm.diagnostics[key] = sum(found) / len(found)
+                arm.diagnostic_seeds[key] = found
     analysis = Analysis(plan.arms[0], results, plan.seeds_rung, failed, notes)
     analysis.lr_seeds = sorted({p.seed for p in first if trained(p).loss is not None})
     analysis.rung_seeds = sorted(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
@@ -39,7 +40,10 @@ def lr_sweep(plan: Plan, analysis: Analysis, path: Path) -> None:
             if arm.multiplier is not None and arm.lr_losses.get(arm.multiplier) is not None:
                 ax.plot([arm.multiplier], [arm.lr_losses[arm.multiplier]], "*", ms=12, color=line.get_color())
     ax.set_xscale("log", base=2)
-    plain_log_ticks(ax.xaxis)
+    swept = sorted({m for arm in analysis.arms for m in arm.lr_losses})
+    if swept:  # a label at every multiplier swept: log ticks alone may label only x1
+        ax.set_xticks(swept, [f"x{m:g}" for m in swept])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("learning-rate multiplier (x the base config's)")
     ax.set_ylabel("final val loss")
     _finish(fig, ax, path, "Learning-rate sweep (star: each arm's choice)", "no learning-rate sweep")
@@ -84,15 +88,28 @@ def loss_vs_compute(plan: Plan, analysis: Analysis, trained: RunResults, path: P
 
 
 def diagnostic_bars(analysis: Analysis, key: str, path: Path) -> None:
+    """A bar per arm from zero (a bar's length is its value: a log axis or one cut above zero would
+    make 6 against 11 look like a factor of 10), the mean over the rung's seeds with their sd as an
+    error bar and each seed as a dot."""
     fig, ax = plt.subplots(figsize=(7, 4))
-    names = [a.name for a in analysis.arms if key in a.diagnostics]
-    ax.bar(names, [a.diagnostics[key] for a in analysis.arms if key in a.diagnostics])
+    arms = [a for a in analysis.arms if key in a.diagnostics]
+    names = [a.name for a in arms]
+    seeds = [a.diagnostic_seeds.get(key, [a.diagnostics[key]]) for a in arms]
+    spread = [float(np.std(v, ddof=1)) if len(v) > 1 else 0.0 for v in seeds]
+    ax.bar(names, [a.diagnostics[key] for a in arms], yerr=spread, capsize=4, alpha=0.8)
+    for i, values in enumerate(seeds):
+        ax.scatter([i] * len(values), values, color="black", s=10, zorder=3)
+    ax.set_ylim(bottom=0)
+    n = max((len(v) for v in seeds), default=0)
     ax.set_ylabel(DIAGNOSTIC_NAMES[key])
-    if key == "massive_ratio":
-        ax.set_yscale("log")
-        plain_log_ticks(ax.yaxis)
     ax.tick_params(axis="x", rotation=30)
-    _finish(fig, ax, path, f"{DIAGNOSTIC_NAMES[key]} (seeds rung)", "no diagnostics")
+    _finish(
+        fig,
+        ax,
+        path,
+        f"{DIAGNOSTIC_NAMES[key]} (seeds rung: mean, sd and each of {n} seeds)",
+        "no diagnostics",
+    )
 
 
 def loss_by_position(analysis: Analysis, points: list[Point], trained: RunResults, rung, path: Path) -> None:
