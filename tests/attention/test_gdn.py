@@ -389,8 +389,8 @@ def test_documents_through_fla_s_packed_sequences_equal_the_torch_path(name, mon
         calls.append(1)
         return fla_stand_in(chunk_size=8)
 
-    monkeypatch.setattr(gdn, "fla_installed", lambda: True)
-    monkeypatch.setattr(gdn, "fla_kernel", kernel)
+    monkeypatch.setattr(gdn.ops, "fla_installed", lambda: True)
+    monkeypatch.setattr(gdn.ops, "fla_kernel", kernel)
     monkeypatch.setattr(GatedDeltaNet, "use_fla", lambda self, q: self.backend == "fla")
     torch_path = random_model(cache_config(name, document_token=DOC)).double()
     fla_path = Transformer(cache_config(name, document_token=DOC, backend="fla")).double().eval()

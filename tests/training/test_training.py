@@ -126,8 +126,8 @@ def test_shakespeare_run_learns_checkpoints_resumes_and_samples(tmp_path, cache_
     assert "tokens_per_sec" in logged and "mfu" in logged
 
     # Generation loads the checkpoint with nothing but the file.
-    checkpoint = pytest.importorskip("minitx.files.checkpoint")
-    model, tokenizer, _ = checkpoint.load_checkpoint(str(run / "checkpoints" / "last.ckpt"))
+    trained = pytest.importorskip("minitx.trained_model")
+    model, tokenizer, _ = trained.load_checkpoint(str(run / "checkpoints" / "last.ckpt"))
     assert model.config.vocab_size == tokenizer.vocab_size
 
     # A fresh start into a run directory with checkpoints is refused ...

@@ -1,0 +1,40 @@
+"""Gated DeltaNet / DeltaNet, split as flash-linear-attention splits it:
+
+ops.py     the op on heads: the delta rule (one step), its loop (the tests' oracle), the chunked
+           WY/UT form, fla's kernel in its place on CUDA
+conv.py    the short causal depthwise convolution over q, k and v
+cache.py   GDNCache: the convolution's last inputs and the recurrent state, for decoding
+layer.py   GDNOptions, GatedDeltaNet (projections, gates, decay, its FLOPs), the kind's KindSpec
+"""
+
+from .cache import GDNCache
+from .conv import FEW_TOKENS, short_convolution
+from .layer import GDN, GatedDeltaNet, GDNOptions, check_gdn_model
+from .ops import (
+    chunk_gated_delta,
+    fla_chunk,
+    fla_installed,
+    fla_kernel,
+    l2_normalise,
+    recurrent_gated_delta,
+    state_dtype,
+    step_gated_delta,
+)
+
+__all__ = [
+    "FEW_TOKENS",
+    "GDN",
+    "GDNCache",
+    "GDNOptions",
+    "GatedDeltaNet",
+    "check_gdn_model",
+    "chunk_gated_delta",
+    "fla_chunk",
+    "fla_installed",
+    "fla_kernel",
+    "l2_normalise",
+    "recurrent_gated_delta",
+    "short_convolution",
+    "state_dtype",
+    "step_gated_delta",
+]
