@@ -107,6 +107,8 @@ def run(args: argparse.Namespace) -> None:
             if acc >= args.threshold:
                 escaped = step
                 break
+    if args.save:
+        save_checkpoint(lm, task, args.save)
     result = {
         "length": args.length,
         "d_model": args.d_model,
@@ -127,6 +129,24 @@ def run(args: argparse.Namespace) -> None:
     if args.out:
         with open(args.out, "a") as handle:
             handle.write(json.dumps(result) + "\n")
+
+
+def save_checkpoint(lm: MinitxLM, task: InductionConfig, path: str) -> None:
+    """The trained model as a minitx checkpoint (weights and the "minitx" entry, as train.py writes
+    them), so that `train.py --model.init_from PATH` or evaluate.py can start from it."""
+    from minitx.files.checkpoint import CHECKPOINT_FORMAT
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    checkpoint = {
+        "state_dict": {f"model.{name}": tensor for name, tensor in lm.model.state_dict().items()},
+        "minitx": {
+            "format": CHECKPOINT_FORMAT,
+            "model_config": lm.config.to_dict(),
+            "tokenizer": task.tokenizer().to_dict(),
+            "train_config": None,
+        },
+    }
+    torch.save(checkpoint, path)
 
 
 def power_fit(lengths: list[float], steps: list[float], to: float) -> dict:
@@ -153,6 +173,42 @@ def power_fit(lengths: list[float], steps: list[float], to: float) -> dict:
     se_pred = math.sqrt(s2 + float(x0 @ cov @ x0))
     out["predicted_90"] = [float(math.exp(x0 @ coef - t * se_pred)), float(math.exp(x0 @ coef + t * se_pred))]
     out["residual_sd_log"] = math.sqrt(s2)
+    return out
+
+
+def shared_fit(groups: dict[tuple, tuple[list[float], list[float]]], to: float) -> dict:
+    """log(steps) = a_model + b log(length): one intercept per model, one exponent for all; b with
+    its 90% interval and, per model, the 90% prediction interval of steps at `to`."""
+    from scipy import stats
+
+    keys = sorted(groups)
+    rows, y = [], []
+    for i, key in enumerate(keys):
+        lengths, steps = groups[key]
+        for length, step in zip(lengths, steps):
+            row = [0.0] * len(keys) + [math.log(length)]
+            row[i] = 1.0
+            rows.append(row)
+            y.append(math.log(step))
+    X, y = np.asarray(rows), np.asarray(y)
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    dof = len(y) - X.shape[1]
+    out = {"n": len(y), "exponent": float(coef[-1]), "predicted": {}}
+    if dof < 1:
+        return out
+    residual = y - X @ coef
+    s2 = float(residual @ residual) / dof
+    cov = s2 * np.linalg.inv(X.T @ X)
+    t = float(stats.t.ppf(0.95, dof))
+    se_b = math.sqrt(cov[-1, -1])
+    out["exponent_90"] = [float(coef[-1] - t * se_b), float(coef[-1] + t * se_b)]
+    out["residual_sd_log"] = math.sqrt(s2)
+    for i, key in enumerate(keys):
+        x0 = np.zeros(X.shape[1])
+        x0[i], x0[-1] = 1.0, math.log(to)
+        centre = float(x0 @ coef)
+        se = math.sqrt(s2 + float(x0 @ cov @ x0))
+        out["predicted"][key] = (math.exp(centre), math.exp(centre - t * se), math.exp(centre + t * se))
     return out
 
 
@@ -188,6 +244,23 @@ def fit(args: argparse.Namespace) -> None:
             )
         if censored:
             print(f"  not escaped (left out of the fit, lower bounds): {len(censored)}")
+    groups = {}
+    for r in rows:
+        if r["escape_step"]:
+            lengths, steps = groups.setdefault((r["d_model"], r["heads"]), ([], []))
+            lengths.append(r["length"])
+            steps.append(r["escape_step"])
+    if len(groups) > 1 and all(len(set(lengths)) >= 2 for lengths, _ in groups.values()):
+        shared = shared_fit(groups, args.to)
+        line = f"one exponent for every model, over {shared['n']} escaped runs: steps ~ L^{shared['exponent']:.2f}"
+        if "exponent_90" in shared:
+            low, high = shared["exponent_90"]
+            line += f", 90% interval [{low:.2f}, {high:.2f}]"
+        print(line)
+        for (d_model, heads), (centre, low, high) in shared["predicted"].items():
+            print(
+                f"  width {d_model}, {heads} heads at L={args.to:g}: {centre:,.0f} steps, 90% prediction interval [{low:,.0f}, {high:,.0f}]"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, default=0.9)
     parser.add_argument("--out", help="append the result as one JSON line to this file")
     parser.add_argument("--progress", action="store_true", help="print every check")
+    parser.add_argument("--save", help="write the trained model as a minitx checkpoint to this path")
     args = parser.parse_args(argv)
     run(args)
     return 0
