@@ -443,3 +443,15 @@ def test_only_some_arms_of_the_csv(tmp_path, monkeypatch):
     table, recorded = losses_table(text), losses_table((RECORDED / "results.md").read_text(encoding="utf-8"))
     assert {arm for _, arm in table} == {"mha", "qknorm"}
     assert all(same_cell(cell, recorded[key]) for key, cell in table.items())
+
+
+def test_a_csv_a_spreadsheet_saved_is_read_the_same(tmp_path):
+    """A byte-order mark, CRLF line ends and an error cell holding a line break (quoted)."""
+    lines = SHOWCASE_CSV.read_text(encoding="utf-8").splitlines()
+    lines[1] = lines[1].replace(",ok,,", ',failed,"out of memory\nat step 3",')
+    path = tmp_path / "saved.csv"
+    path.write_bytes(("\ufeff" + "\r\n".join(lines) + "\r\n").encode("utf-8"))
+    rows, recorded = from_csv.read_rows(path), from_csv.read_rows(SHOWCASE_CSV)
+    assert [r.name for r in rows] == [r.name for r in recorded]
+    assert rows[0].status == "failed" and rows[0].error == "out of memory at step 3" and rows[0].loss is None
+    assert [r.loss for r in rows[1:]] == [r.loss for r in recorded[1:]]

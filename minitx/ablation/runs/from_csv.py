@@ -20,6 +20,7 @@ before anything is written.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ SHOWN = 6  # names listed in a note before "and N more"
 class Row:
     """One run as the CSV recorded it."""
 
-    line: int  # in the file, the header being line 1
+    line: int  # in the file, where the row ends (the header being line 1)
     name: str  # the run's folder name: the key to the plan's point
     arm: str
     size: str
@@ -91,7 +92,7 @@ def read_rows(path: Path) -> list[Row]:
             f"--from-csv: {str(path)!r} is a directory; give the results.csv a designed sweep wrote"
         )
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a spreadsheet may save a byte-order mark
     except FileNotFoundError:
         raise UserError(
             f"--from-csv: file {str(path)!r} not found; give the results.csv a designed sweep wrote"
@@ -100,7 +101,7 @@ def read_rows(path: Path) -> list[Row]:
         raise UserError(
             f"--from-csv: {str(path)!r} is not UTF-8 text; give the results.csv a designed sweep wrote"
         ) from None
-    reader = csv.DictReader(text.splitlines())
+    reader = csv.DictReader(io.StringIO(text, newline=""))  # a quoted cell may hold a line break
     columns = reader.fieldnames or []
     if not columns:
         raise UserError(f"--from-csv: {path} is empty; give the results.csv a designed sweep wrote")
@@ -112,8 +113,8 @@ def read_rows(path: Path) -> list[Row]:
         )
     rows: list[Row] = []
     try:
-        for i, raw in enumerate(reader):
-            rows.append(_row(raw, i + 2, path))
+        for raw in reader:
+            rows.append(_row(raw, reader.line_num, path))  # the line the row ends on
     except csv.Error as error:
         raise UserError(
             f"--from-csv: {path}: line {reader.line_num}: not CSV ({error}); fix the file"
@@ -161,7 +162,7 @@ def _row(raw: dict, line: int, path: Path) -> Row:
         int(_number(cells["seed"], path, where, "seed", whole=True)),
         cells["role"],
         status,
-        cells["error"],
+        " ".join(cells["error"].split()),  # one line, as a run's record holds it
         int(_number(cells["steps"], path, where, "steps", whole=True)),
         flops,
         int(_number(cells["params"], path, where, "params", whole=True)),
