@@ -228,7 +228,7 @@ def check_fits_sweep(
 
 def check_flags(from_csv: str | None, baseline: str | None, report_only: bool, output: str | None) -> None:
     """The command line's --from-csv and --baseline, refused in one line where they cannot be
-    honoured, before the sweep is read; the CSV read and checked for its columns and numbers."""
+    honoured, before the sweep is read (the CSV is read once the sweep is known to be designed)."""
     if from_csv is not None and not report_only:
         raise UserError(
             "--from-csv: only with --report-only (it rebuilds a report, trains nothing); add --report-only"
@@ -255,14 +255,15 @@ def check_flags(from_csv: str | None, baseline: str | None, report_only: bool, o
             f"--output: {str(target)!r} holds a sweep's runs, whose report --report-only rebuilds from them; "
             "give another folder for the CSV's report"
         )
-    read_rows(source)
+    if not source.is_file():
+        read_rows(source)  # says why: not found, or a directory
 
 
 def check_against_sweep(
     from_csv: str | None, baseline: str | None, output: str | None, sweep: Sweep, config: Path
 ) -> None:
-    """--from-csv and --baseline against the sweep file (its design, arms, sizes and budgets),
-    before the (slower) plan is made."""
+    """--from-csv and --baseline against the sweep file (its design, arms, sizes and budgets), the
+    CSV read and checked for its columns and numbers, before the (slower) plan is made."""
     if not sweep.design.active:
         for flag, given in (("--from-csv", from_csv), ("--baseline", baseline)):
             if given is not None:
@@ -298,14 +299,11 @@ class CsvResults:
         self.rows = {row.name: row for row in rows}
         self.other_arms = list(other_arms)  # rows of the arms --only left out of this report
         self._made: dict[str, PointResult] = {}
-        self.used: set[str] = set()  # the rows a planned point asked for
 
     def __call__(self, point: Point) -> PointResult:
         name = point.run.directory.name
         if name not in self._made:
             self._made[name] = self._result(point, self.rows.get(name))
-        if name in self.rows:
-            self.used.add(name)
         return self._made[name]
 
     @staticmethod
