@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..arguments import ArgumentParser, add_trust_argument
 from ..errors import UserError
+from ..wording import counted
 from .attention_maps import DEFAULT_PROMPT, check_maps_path, draw_attention_maps
 from .evaluate import SWEEP_TOKENS, evaluate_checkpoint, usable_device
 from .report import table, write_json, write_plots
@@ -143,8 +144,8 @@ def attention_maps(args: argparse.Namespace) -> dict:
             f"its first {drawn['cut']} left out, the last {block} drawn"
         )
     print(
-        f"wrote {args.attention_maps}: {drawn['layers']} layers ({', '.join(drawn['kinds'])}) x "
-        f"{drawn['heads']} heads over {drawn['tokens']} tokens"
+        f"wrote {args.attention_maps}: {counted(drawn['layers'], 'layer')} ({', '.join(drawn['kinds'])}) x "
+        f"{counted(drawn['heads'], 'head')} over {counted(drawn['tokens'], 'token')}"
     )
     return drawn
 

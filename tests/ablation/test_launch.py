@@ -90,7 +90,7 @@ def test_gpus_are_cut_into_shares_and_parallel_is_capped_with_a_notice():
     said: list[str] = []
     launcher = local_launcher(8, 2, gpus=["0", "1", "2", "3"], log=said.append)
     assert (launcher.parallel, launcher.per_run) == (2, 2)
-    assert said == ["ablate: --parallel 8 cut to 2: 4 GPUs give 2 runs of 2 GPU(s) at a time"]
+    assert said == ["ablate: --parallel 8 cut to 2: 4 GPUs give 2 runs of 2 GPUs at a time"]
     said.clear()
     assert local_launcher(3, None, gpus=["a", "b", "c", "d"], log=said.append).parallel == 3 and not said
     with pytest.raises(UserError, match=r"--devices-per-run: 4 GPUs per run, but this machine shows 2"):

@@ -396,7 +396,7 @@ def test_the_prepare_command_prepares_then_verifies(tmp_path, capsys):
     assert prepare_main(args) == 0
     assert "char tokenizer" in capsys.readouterr().out
     assert prepare_main([*args, "--verify"]) == 0
-    assert "0 problem(s)" in capsys.readouterr().err
+    assert "0 problems in " in capsys.readouterr().err
     assert prepare_main(["--data.source", "mqar"]) == 0
     assert "nothing to prepare" in capsys.readouterr().out
 

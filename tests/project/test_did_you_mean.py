@@ -103,3 +103,19 @@ def test_a_value_that_starts_with_dashes_is_not_taken_for_a_flag():
     assert parser.parse_args(["--prompt=--promt"]).prompt == "--promt"
     with pytest.raises(UserError, match=r"^unrecognized arguments: --sed -3; did you mean '--seed'\?$"):
         parser.parse_args(["--sed", "-3"])
+
+
+@pytest.mark.parametrize("command", ["generate", "evaluate", "ablate", "export"])
+def test_every_usage_line_names_the_script(command, capsys):
+    """`usage: ablate.py ...` as `usage: generate.py ...`: the name a user types."""
+    with pytest.raises(SystemExit) as exit:  # argparse's --help
+        cli.run_command(command, ["--help"])
+    assert exit.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: {command}.py ")
+
+
+def test_counts_agree_with_their_nouns():
+    from minitx.wording import counted
+
+    assert [counted(n, "run") for n in (0, 1, 2)] == ["0 runs", "1 run", "2 runs"]
+    assert counted(1, "GPU") == "1 GPU" and counted(3, "index", "indices") == "3 indices"

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from ...errors import UserError
-from ...files.configs import base_of, merged_config
+from ...files.configs import DEFAULT_CONFIG, base_of, merged_config
 from ...training.optim.registry import all_lr_keys
 from .design import DESIGN_KEYS, Design, parse_design
 
@@ -212,11 +212,14 @@ def _is_whole(value: Any, low: int) -> bool:
 
 def _base_text(base: Any, path: Path) -> str:
     if isinstance(base, str):
-        candidates = [path.parent / base, Path(base)]
+        # Next to the sweep file first; a sweep file of one's own, written outside configs/ from
+        # the docs' `base: default.yaml`, then finds minitx's own config of that name.
+        candidates = [path.parent / base, Path(base), DEFAULT_CONFIG.parent / base]
         found = next((c for c in candidates if c.is_file()), None)
         if found is None:
             raise UserError(
-                f"{path}: base config {base!r} not found next to the sweep file or in the current directory"
+                f"{path}: base config {base!r} not found next to the sweep file, in the current directory "
+                f"or in {DEFAULT_CONFIG.parent}; give the training config's path relative to the sweep file"
             )
         text = found.read_text(encoding="utf-8")
         # An overlay (a config with its own base) is written out whole: the runs read one file.

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from ...errors import UserError
 from ...files.atomic import write_text_atomically
+from ...wording import counted
 from ..plan.sweep import Sweep
 from .runner import BASE_SNAPSHOT, Run, check_same_settings, execute, is_finished, prepare_data, whole_lines
 
@@ -109,7 +110,8 @@ def local_launcher(
     shares = len(gpus) // per_run
     if parallel > shares:
         log(
-            f"ablate: --parallel {parallel} cut to {shares}: {len(gpus)} GPUs give {shares} runs of {per_run} GPU(s) at a time"
+            f"ablate: --parallel {parallel} cut to {shares}: {counted(len(gpus), 'GPU')} give {counted(shares, 'run')} "
+            f"of {counted(per_run, 'GPU')} at a time"
         )
         parallel = shares
     return LocalLauncher(parallel, gpus, per_run)

@@ -27,6 +27,7 @@ from minitx.data.streams import (
 from minitx.data.tokenizer import Tokenizer, tokenizer_from_dict
 from minitx.errors import UserError
 from minitx.files.atomic import TMP_PREFIX, read_json, write_json_atomically
+from minitx.wording import counted
 
 from .content import changed_file, code_digest, file_digests, library_version, same_content
 from .settings import DECODE_ERRORS, PREPARED_FORMAT, DataSettings
@@ -354,6 +355,7 @@ def verify_prepared(prepared: Prepared, log: Callable[[str], None] = _stderr) ->
     for problem in problems:
         log(f"verify: {problem}")
     log(
-        f"verify: {len(problems)} problem(s) in {sum(len(c['shards']) for c in prepared.manifest['checkpoints'])} shards"
+        f"verify: {counted(len(problems), 'problem')} in "
+        f"{counted(sum(len(c['shards']) for c in prepared.manifest['checkpoints']), 'shard')}"
     )
     return problems
