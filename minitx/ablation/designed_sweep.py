@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..files.atomic import read_json, write_json_atomically, write_text_atomically
+from ..wording import counted
 from .analysis.designed import analyse
 from .plan.ladder import Plan, Point, make_plan
 from .report.designed import DESIGN_PLOTS, write_design_results
@@ -51,7 +52,7 @@ def describe(points: Sequence[Point], plan: Plan) -> str:
         else:
             kind = p.role
         kinds[kind] = kinds.get(kind, 0) + 1
-    return f"{sum(kinds.values())} runs ({', '.join(f'{n} {k}' for k, n in kinds.items())})"
+    return f"{counted(sum(kinds.values()), 'run')} ({', '.join(f'{n} {k}' for k, n in kinds.items())})"
 
 
 def log_count(plan: Plan, log) -> None:
@@ -59,7 +60,7 @@ def log_count(plan: Plan, log) -> None:
     extend = plan.sweep.design.extend * len(plan.arms) if plan.sweep.design.multipliers else 0
     past = f", and up to {extend} past the sweep's edges" if extend else ""
     log(
-        f"ablate: the plan: {sum(counts.values())} runs ({', '.join(f'{n} {k}' for k, n in counts.items())}{past})"
+        f"ablate: the plan: {counted(sum(counts.values()), 'run')} ({', '.join(f'{n} {k}' for k, n in counts.items())}{past})"
     )
 
 
