@@ -233,11 +233,28 @@ class Transformer(nn.Module):
         top_k, top_p, use_cache, ...) are those of minitx.generation.loop.generate."""
         return loop.generate(self, idx, max_new_tokens, **options)
 
-    def num_params(self, non_embedding: bool = True) -> int:
+    def num_params(self, positions: bool = False, *, non_embedding: bool | None = None) -> int:
+        """Parameters, each once (a tied output layer is the token table), the learned position
+        table only with positions=True: nanoGPT's count, which the train command prints. Not a
+        ladder's non-embedding parameters, which leave out the token table and the output layer
+        too (non_embedding_params). `non_embedding`: this flag's older name, its opposite."""
+        if non_embedding is not None:
+            positions = not non_embedding
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding and self.pos_emb is not None:
+        if not positions and self.pos_emb is not None:
             n -= self.pos_emb.weight.numel()
         return n
+
+    def non_embedding_params(self) -> int:
+        """The non-embedding parameters, as a scaling ladder counts them (Kaplan et al.'s N, the
+        ablation's `params_non_embedding` and its `match: params`): every parameter but the token
+        table, the output layer and the position table (a tied output layer is the token table,
+        left out once)."""
+        tables = [self.tok_emb.weight, self.lm_head.weight]
+        if self.pos_emb is not None:
+            tables.append(self.pos_emb.weight)
+        once = {id(table): table.numel() for table in tables}
+        return self.num_params(positions=True) - sum(once.values())
 
     def matmul_params(self) -> int:
         """Weights that multiply each token once, in a matmul: those of every nn.Linear, the output

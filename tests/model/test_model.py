@@ -432,6 +432,27 @@ def test_mta_extra_parameters_match_formula(head_mix, group):
     assert extra == expected
 
 
+@pytest.mark.parametrize("positions, tied", [("rope", True), ("learned", True), ("learned", False)])
+def test_the_two_parameter_counts_say_what_they_leave_out(positions, tied):
+    """num_params: every parameter once but the position table (nanoGPT's, what train prints);
+    non_embedding_params: a ladder's N, without the token table, the output layer and the position
+    table too (the ablation's params_non_embedding)."""
+    from minitx.ablation.plan.budget import model_budget
+
+    config = dataclasses.replace(tiny(), positions=positions, tie_embeddings=tied)
+    model = Transformer(config)
+    V, D, T = config.vocab_size, config.d_model, config.block_size
+    table = V * D
+    positions_table = T * D if positions == "learned" else 0
+    everything = sum(p.numel() for p in model.parameters())  # each once: a tied head is the table
+    assert everything == model.num_params(positions=True) == model.num_params(non_embedding=False)
+    assert model.num_params() == everything - positions_table
+    head = 0 if tied else table
+    assert model.non_embedding_params() == everything - table - head - positions_table
+    assert model_budget(model)["params_non_embedding"] == model.non_embedding_params()
+    assert model_budget(model)["params"] == everything
+
+
 def test_logits_shape_and_too_long_input():
     model = Transformer(tiny(kind="gqa", n_kv_head=2))
     assert model(torch.randint(0, VOCAB, (3, 10))).shape == (3, 10, VOCAB)

@@ -34,23 +34,16 @@ MEASURES = {"params": "params_non_embedding", "flops": "flops_per_token_non_embe
 
 
 def model_budget(model: Transformer) -> dict[str, Any]:
-    """Parameters (all, and without the vocabulary and position tables) and training FLOPs per token
+    """Parameters (all, and the non-embedding ones: Transformer.non_embedding_params) and training FLOPs per token
     at block_size: Transformer.flops_per_token, 6 per matmul weight plus each layer's attention
     work over the pairs its queries see (minitx/flops.py), so arms of different kinds cost what
     their math needs (a window's pairs, diff's two maps, MTA's convolutions and head mixes, MLA's
     widths), the same on the meta device that plans a sweep as on the device that trains it;
     `flop_convention` names that count in what a run records."""
-    total = model.num_params(non_embedding=False)
-    shared = [
-        model.tok_emb.weight,
-        model.lm_head.weight,
-        *([model.pos_emb.weight] if model.pos_emb is not None else []),
-    ]
-    tables = sum(p.numel() for p in {id(p): p for p in shared}.values())  # a tied head is one table
     flops = model.flops_per_token()
     return {
-        "params": total,
-        "params_non_embedding": total - tables,
+        "params": model.num_params(positions=True),
+        "params_non_embedding": model.non_embedding_params(),
         "flops_per_token": flops,
         "flop_convention": FLOP_CONVENTION,
         # the output layer's matmul (6 FLOPs per weight) is what the vocabulary adds to the FLOPs:
