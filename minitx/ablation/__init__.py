@@ -15,8 +15,9 @@ modules at the top drive them, and where the two kinds of sweep differ a stage h
 
     command.py          the ablate command line: checks the sweep, hands it to its orchestrator
     plain_sweep.py      a plain sweep from end to end: runs, evaluations, the table, the report
-    designed_sweep.py   a designed sweep from end to end: its three phases of runs, diagnostics,
-                        the analysis, the report
+    designed_sweep.py   a designed sweep from end to end: its phases of runs (a fourth, a third
+                        seed where two disagree), diagnostics, the analysis, the report
+    output.py           whose an --output is (its sweep.json): another sweep refused, --force
     summary.py          RunSummary, the callback that writes each run's summary.json
     plan/               what to run, from the sweep file; reads no run
       sweep.py          the sweep file: parsing and checks
@@ -38,11 +39,17 @@ modules at the top drive them, and where the two kinds of sweep differ a stage h
       eval_runs.py      evaluating each finished run's best checkpoint, diagnostics of its last
                         (cached per run)
       results.py        what each point of a designed sweep's plan trained (PointResult), read once
+      from_csv.py       the same read from a results.csv alone (--report-only --from-csv)
     analysis/           the numbers, from what the runs left; starts nothing
       table.py          a plain sweep's rows per run, mean and spread per variant
       designed.py       a designed sweep's chosen rates, fits, multipliers, tests, diagnostics
-      fit.py            one L(C) for all arms with a compute multiplier each, seed-noise bootstrap,
-                        L(N, D)
+      fit.py            the fits under one name: solver.py (many small Huber fits at once),
+                        curves.py (L(C) and the joint model with a compute multiplier per arm),
+                        uncertainty.py (seed noise per size, the bootstrap, intervals),
+                        robust.py (noise raised to each arm's lack of fit, each size left out,
+                        a held-out rung), chinchilla.py (L(N, D))
+      verdicts.py       one verdict per arm: the ladder's, the seeds test's, why they differ
+      simulation.py     ladders whose truth is known, off the method's assumptions: its calibration
       significance.py   Welch's t-test against the baseline, Holm's correction
     report/             what a sweep writes
       plain.py          a plain sweep's results.csv and results.md (Welch tests against the
@@ -52,7 +59,7 @@ modules at the top drive them, and where the two kinds of sweep differ a stage h
 
 Output, under --output: a directory per run (runs/<variant>-seed<k>, with the run's own logs and
 checkpoints, run.json, summary.json, evaluation.json, diagnostics.json, train.log), results.csv,
-results.md and the plots.
+results.md, the plots and sweep.json (whose the directory is: output.py).
 """
 
 from .analysis.table import COLUMNS, aggregate, collect, mean_curve, mean_std

@@ -37,6 +37,15 @@ from torch import Tensor
 from ..errors import UserError
 
 EPSILON = 0.3  # Gu et al.'s threshold on alpha_1 for a sink head
+# The per-run figures a sweep reports (run_diagnostics's keys), with their names in its tables: a
+# new diagnostic is its function here, its key in run_diagnostics and a line below.
+DIAGNOSTIC_KEYS = ("first_token_share", "sink_rate", "massive_ratio", "entropy")
+DIAGNOSTIC_NAMES = {
+    "first_token_share": "first-token share",
+    "sink_rate": "sink rate",
+    "massive_ratio": "massive act. (max/median)",
+    "entropy": "attention entropy (normalised)",
+}
 # Floats per materialised tensor of one batch (a layer's map, the logits): 64 MB in float32 bounds
 # the memory of 100 sequences of any length, at any width.
 BATCH_FLOATS = 1 << 24

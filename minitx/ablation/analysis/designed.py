@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import UserError
+from ...evaluation.diagnostics import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES  # noqa: F401  (their address before)
 from ..plan.ladder import Plan, Point, Rate
 from ..runs.results import RunResults
 from . import fit, robust
@@ -76,13 +77,7 @@ class Analysis:
         return next(a for a in self.arms if a.name == name)
 
 
-DIAGNOSTIC_KEYS = ("first_token_share", "sink_rate", "massive_ratio", "entropy")
-DIAGNOSTIC_NAMES = {
-    "first_token_share": "first-token share",
-    "sink_rate": "sink rate",
-    "massive_ratio": "massive act. (max/median)",
-    "entropy": "attention entropy (normalised)",
-}
+# the per-run diagnostics: defined beside their functions (evaluation/diagnostics.py)
 
 
 def analyse(

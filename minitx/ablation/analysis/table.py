@@ -9,13 +9,13 @@ import json
 import math
 from typing import Any
 
+from ...evaluation.diagnostics import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES
 from ...files.atomic import read_json
 from ...flops import OLDER_CONVENTION
 from ..plan.commands import data_source, is_synthetic  # noqa: F401  (their address before plan/ held them)
 from ..plan.sweep import EvalSettings
 from ..runs.eval_runs import DIAGNOSTICS_FILE, cached_evaluation, read_diagnostics
 from ..runs.runner import RUN_FILE, SUMMARY_FILE, Run
-from .designed import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES
 
 # (column in results.csv, heading in results.md, format, higher is better? None: not a quality)
 COLUMNS = [
@@ -48,14 +48,6 @@ TESTED_KEYS = ("final_val_loss", "eval_loss")
 DIAGNOSTIC_COLUMNS = [
     (key, DIAGNOSTIC_NAMES[key], "{:,.1f}" if key == "massive_ratio" else "{:.3f}") for key in DIAGNOSTIC_KEYS
 ]
-
-QUALITY_KEYS = (
-    "final_val_loss",
-    "best_val_loss",
-    "val_perplexity",
-    "val_accuracy",
-    *(key for key, *_ in EVAL_COLUMNS),
-)
 
 
 def length_key(length: int) -> str:
@@ -232,8 +224,3 @@ def aggregate(rows: list[dict]) -> list[dict]:
         entry["eval_note"] = "; ".join(dict.fromkeys(r["eval_note"] for r in ok if r.get("eval_note")))
         table.append(entry)
     return table
-
-
-def is_quality(key: str) -> bool:
-    """Columns of what a model learned (losses, accuracies): the ones seeds make noisy."""
-    return key in QUALITY_KEYS or key.startswith(length_key(0)[:-1])

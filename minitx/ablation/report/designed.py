@@ -13,12 +13,13 @@ from __future__ import annotations
 import csv
 import io
 import math
-from pathlib import Path
+from collections.abc import Sequence
 
+from ...evaluation.diagnostics import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES
 from ...files.atomic import write_text_atomically
 from ...flops import FLOP_CONVENTION
 from ..analysis.curves import ALPHA_MAX, FLAT
-from ..analysis.designed import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES, Analysis, share
+from ..analysis.designed import Analysis, share
 from ..analysis.significance import CONFIDENCE, LEVEL
 from ..analysis.table import device_label
 from ..analysis.verdicts import Verdict, verdict
@@ -113,7 +114,15 @@ def _budget_text(plan: Plan, budget: float | None) -> str:
     return f"{budget:.3g} FLOPs"
 
 
-def markdown(plan: Plan, analysis: Analysis, title: str, all_points: list[Point], trained: RunResults) -> str:
+def markdown(
+    plan: Plan,
+    analysis: Analysis,
+    title: str,
+    all_points: list[Point],
+    trained: RunResults,
+    given: Sequence[str] = (),
+) -> str:
+    """`given`: what the runs were given besides the sweep file (runner.given_arguments), listed last."""
     lines = [f"# {title}", ""]
     design = plan.sweep.design
     n_runs = len({p.run.directory for p in all_points})
@@ -142,6 +151,7 @@ def markdown(plan: Plan, analysis: Analysis, title: str, all_points: list[Point]
         lines.append("")
     lines += ["## How these were measured", ""]
     lines += [f"- {note}" for note in _notes(plan, analysis, all_points, trained)]
+    lines += [f"- {line}" for line in given]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -716,16 +726,17 @@ def _noise_note(plan: Plan, analysis: Analysis) -> str:
 
 
 def write_design_results(
-    plan: Plan, analysis: Analysis, all_points: list[Point], title: str, trained: RunResults
+    plan: Plan,
+    analysis: Analysis,
+    all_points: list[Point],
+    title: str,
+    trained: RunResults,
+    given: Sequence[str] = (),
 ) -> None:
     """`trained`: what each point's run did, as the analysis read it (runs/results.py)."""
     from . import designed_plots
 
     output = plan.output
     write_text_atomically(output / "results.csv", csv_text(all_points, trained))
-    write_text_atomically(output / "results.md", markdown(plan, analysis, title, all_points, trained))
+    write_text_atomically(output / "results.md", markdown(plan, analysis, title, all_points, trained, given))
     designed_plots.draw_all(plan, analysis, all_points, trained, output)
-
-
-def plot_paths(output: Path) -> list[Path]:
-    return [output / name for name in DESIGN_PLOTS]

@@ -12,8 +12,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 import numpy as np  # noqa: E402
 
+from ...evaluation.diagnostics import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES  # noqa: E402
 from ...plotting import plain_log_ticks  # noqa: E402
-from ..analysis.designed import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES, Analysis  # noqa: E402
+from ..analysis.designed import Analysis  # noqa: E402
 from ..plan.ladder import Plan, Point  # noqa: E402
 from ..runs.results import RunResults  # noqa: E402
 
