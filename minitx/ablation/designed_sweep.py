@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import UserError
-from ..files.atomic import read_json, write_json_atomically, write_text_atomically
+from ..files.atomic import read_json, write_json_atomically
 from ..wording import counted
-from .analysis.designed import analyse
+from .analysis.designed import analyse, replicate_points
 from .plan.ladder import Plan, Point, make_plan
 from .report.designed import DESIGN_PLOTS, write_design_results
 from .runs import from_csv
@@ -171,14 +171,25 @@ def run_designed(
         if rate.refused:
             log(f"ablate: refused {rate.arm}: {rate.refused}")
     analysis = analyse(plan, phases, trained)
+    # a replicate pair far apart: a third seed of that point settles it (the median of three)
+    replicates = replicate_points(plan, analysis)
+    todo = [p for p in replicates if not is_finished(p.run)]
+    if todo and not report_only and recorded is None:
+        log(f"ablate: phase 4 (a third seed where two disagree): {describe(todo, plan)}")
+        run_sweep(_unique_runs(todo), sweep, output, launcher, log)
+        for point in todo:
+            diagnose_run(point.run, trust_kind_modules, log)
+        trained = RunResults()
+        phases = plan.all_points(trained)
+    if replicates:
+        analysis = analyse(plan, phases, trained, replicates)
+        phases = (phases[0], phases[1], [*phases[2], *replicates])
     if recorded is not None:
         analysis.notes.extend(from_csv.notes(recorded, plan, sum(phases, [])))
         output.mkdir(parents=True, exist_ok=True)
-    write_design_results(plan, analysis, sum(phases, []), title, trained)
+    # what the runs were given besides the sweep file: part of what the table measured
     given = given_arguments(_unique_runs(sum(phases, [])))
-    if given:  # what the runs were given besides the sweep file: part of what the table measured
-        text = (output / "results.md").read_text(encoding="utf-8").rstrip("\n")
-        write_text_atomically(output / "results.md", text + "\n" + "".join(f"- {n}\n" for n in given))
+    write_design_results(plan, analysis, sum(phases, []), title, trained, given)
     log((output / "results.md").read_text(encoding="utf-8"))
     log(f"ablate: wrote {output / 'results.md'}, results.csv, {', '.join(DESIGN_PLOTS)}")
     if not any(trained(p).loss is not None for p in sum(phases, [])):
