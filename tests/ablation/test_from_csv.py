@@ -388,8 +388,8 @@ def plant_runs(plan) -> None:
 
 def test_a_report_from_its_csv_is_the_report_from_its_runs(tmp_path, monkeypatch):
     """A small ladder planted on disk (a failed branch among its runs): --report-only from the runs,
-    then from the results.csv it wrote, into a folder without runs: the same results.md but for
-    the notes that say where the figures came from."""
+    then from the results.csv it wrote, into a folder without runs, both against another baseline:
+    the same results.md but for the note that says where the figures came from."""
     from minitx.ablation.report import designed_plots
 
     monkeypatch.setattr(designed_plots, "draw_all", lambda *args: None)
@@ -397,12 +397,14 @@ def test_a_report_from_its_csv_is_the_report_from_its_runs(tmp_path, monkeypatch
     config.write_text(SMALL, encoding="utf-8")
     from_runs = tmp_path / "runs_out"
     plant_runs(make_plan(load_sweep(config), from_runs))
-    ablation.main(["--config", str(config), "--output", str(from_runs), "--report-only"])
+    ablation.main(
+        ["--config", str(config), "--output", str(from_runs), "--report-only", "--baseline", "twin"]
+    )
     first = (from_runs / "results.md").read_text(encoding="utf-8")
-    assert "planted failure" in first
+    assert "planted failure" in first and "Baseline: **twin**" in first  # --baseline of runs on disk too
     again = tmp_path / "csv_out"
     argv = ["--config", str(config), "--report-only", "--from-csv", str(from_runs / "results.csv")]
-    ablation.main([*argv, "--output", str(again)])
+    ablation.main([*argv, "--output", str(again), "--baseline", "twin"])
     second = (again / "results.md").read_text(encoding="utf-8")
     assert not (again / "runs").exists()
     notes = [line for line in second.splitlines() if line.startswith("- read from ")]
