@@ -24,7 +24,7 @@ import torch
 import yaml
 
 from minitx import AttentionConfig, ModelConfig, Transformer, kv_cache_bytes
-from minitx.generation.loop import generate
+from minitx.decoding.loop import generate
 
 REPO = Path(__file__).resolve().parents[1]
 FALLBACK = dict(vocab_size=65, block_size=256, n_layer=4, n_head=4, d_model=128)

@@ -97,9 +97,9 @@ from minitx import AttentionConfig, ModelConfig, Transformer, verify  # noqa: E4
 from minitx.arguments import ArgumentParser  # noqa: E402
 from minitx.attention import local  # noqa: E402
 from minitx.attention.mta import native  # noqa: E402
+from minitx.decoding.loop import generate  # noqa: E402
 from minitx.errors import UserError, one_line  # noqa: E402
 from minitx.files.configs import merged  # noqa: E402
-from minitx.generation.loop import generate  # noqa: E402
 from minitx.training import lm_loss, optimizer_groups, peak_flops  # noqa: E402
 from minitx.training.optim import Optimisation, Parameters, muon_dtype  # noqa: E402
 

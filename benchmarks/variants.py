@@ -17,7 +17,7 @@ Per row, with random weights and random tokens:
 - training step: forward, backward and AdamW step of a batch of --batch x T tokens, at each T of
   --seq-lens (block_size = T);
 - decoding: batch 1, greedy, --new-tokens tokens after a --prompt-token prompt through the KV cache,
-  by minitx.generation.loop.CachedSteps (generate's own loop; the prompt's prefill is not timed);
+  by minitx.decoding.loop.CachedSteps (generate's own loop; the prompt's prefill is not timed);
 - cache: bytes per token and layer, minitx.kv_cache_bytes at a full context of block_size tokens,
   divided by block_size and n_layer, in float32 and bf16 (local attention's ring holds window +
   n_global slots at any length, so its figure falls as the context grows; MTA also keeps its last
@@ -63,8 +63,8 @@ import torch
 import torch.nn.functional as F
 
 from minitx import AttentionConfig, ModelConfig, Transformer, kv_cache_bytes
+from minitx.decoding.loop import CachedSteps
 from minitx.files.configs import merged_config
-from minitx.generation.loop import CachedSteps
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"

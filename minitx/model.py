@@ -16,8 +16,8 @@ from torch.utils.checkpoint import checkpoint
 from . import attention
 from .cache import KVCache, ModelCache
 from .config import NORM_EPS, ModelConfig
+from .decoding import loop
 from .documents import Documents
-from .generation import loop
 from .rope import RotaryEmbedding, rotary_table, shared_tables  # noqa: F401  (RotaryEmbedding: its old home)
 
 
@@ -230,7 +230,7 @@ class Transformer(nn.Module):
 
     def generate(self, idx: Tensor, max_new_tokens: int, **options) -> Tensor:
         """Extend idx (B, T) by up to max_new_tokens tokens; options and their defaults (temperature,
-        top_k, top_p, use_cache, ...) are those of minitx.generation.loop.generate."""
+        top_k, top_p, use_cache, ...) are those of minitx.decoding.loop.generate."""
         return loop.generate(self, idx, max_new_tokens, **options)
 
     def num_params(self, positions: bool = False, *, non_embedding: bool | None = None) -> int:

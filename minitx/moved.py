@@ -20,7 +20,8 @@ RETIRED = {
     "minitx.legacy": "minitx.files.legacy",
     "minitx.configfiles": "minitx.files.configs",
     "minitx.generate_inputs": "minitx.generation.inputs",
-    "minitx.decoding": "minitx.generation.loop (the filters: minitx.generation.sampling)",
+    "minitx.generation.loop": "minitx.decoding.loop",
+    "minitx.generation.sampling": "minitx.decoding.sampling",
     "minitx.attention.mta.kernels": "minitx.attention.mta.torch_math",
     "minitx.ablation.runs.designed": "minitx.ablation.designed_sweep",
 }

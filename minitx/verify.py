@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from .attention.local import MIN_BLOCK
-from .generation.loop import CachedSteps
+from .decoding.loop import CachedSteps
 from .model import Transformer
 
 # Parameters that start as the identity (MTA's kernels, head mixes, output norm and gate).

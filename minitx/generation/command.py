@@ -14,11 +14,11 @@ import torch
 from torch import Tensor
 
 from ..arguments import ArgumentParser, add_trust_argument
+from ..decoding.loop import check_prompt_fits, generate
+from ..decoding.sampling import check_options
 from ..errors import UserError, one_line
 from ..trained_model import load_checkpoint
 from .inputs import check_generate_args
-from .loop import check_prompt_fits, generate
-from .sampling import check_options
 
 # -- the command ------------------------------------------------------------------------------------
 

@@ -33,10 +33,10 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from ..config import ModelConfig, used_kinds
 from ..data.datamodule import TextDataModule
+from ..decoding.loop import generate
 from ..errors import UserError, one_line
 from ..files.configs import DEFAULT_CONFIG, config_arguments, with_config_files  # noqa: F401 (DEFAULT_CONFIG: re-exported)
 from ..files.runlock import RunLock
-from ..generation.loop import generate
 from ..hf.load import check_init_from, init_model, run_model_fields
 from ..model import Transformer
 from .changes import report_resume_changes

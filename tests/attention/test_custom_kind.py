@@ -19,9 +19,9 @@ import torch
 
 from minitx import AttentionConfig, KindLayer, ModelConfig, Transformer, import_kind_modules
 from minitx.cli import ablate_main, eval_main, export_main, generate_main, train_main
+from minitx.decoding.loop import generate
 from minitx.errors import UserError
 from minitx.files.configs import REPO_ROOT
-from minitx.generation.loop import generate
 from minitx.kinds import registry, unregister
 from minitx.verify import cached_logits, causality_violation
 

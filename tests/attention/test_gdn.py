@@ -43,8 +43,8 @@ from minitx.attention.gdn import (
     recurrent_gated_delta,
     step_gated_delta,
 )
+from minitx.decoding.loop import generate
 from minitx.errors import UserError
-from minitx.generation.loop import generate
 from minitx.verify import cached_logits
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")

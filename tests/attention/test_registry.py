@@ -18,7 +18,7 @@ import minitx
 from minitx import AttentionConfig, ModelConfig, Transformer
 from minitx.attention import KindSpec, register, registry
 from minitx.attention.grouped import GroupedQueryAttention
-from minitx.generation.loop import generate
+from minitx.decoding.loop import generate
 from minitx.kinds import OptionError
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")

@@ -28,11 +28,11 @@ from minitx.attention.diff import DifferentialAttention
 from minitx.attention.mta import native
 from minitx.attention.mta.layer import MultiTokenAttention
 from minitx.data.tokenizer import CharTokenizer
+from minitx.decoding.loop import CachedSteps, generate
+from minitx.decoding.sampling import pick_next, top_k_filter, top_p_filter
 from minitx.errors import UserError
 from minitx.files.configs import merged
 from minitx.generation.command import TextStream, main
-from minitx.generation.loop import CachedSteps, generate
-from minitx.generation.sampling import pick_next, top_k_filter, top_p_filter
 from minitx.kinds import registry
 from minitx.trained_model import load_checkpoint
 from minitx.verify import cached_logits

@@ -166,3 +166,65 @@ def test_each_stage_of_ablation_imports_only_the_stages_before_it():
         f"imports against minitx/ablation/'s stages ({' -> '.join(STAGES)}; the package's top above them): "
         + "; ".join(found)
     )
+
+
+# A folder of minitx is one room of the house: it stands either below a module or above it, never
+# both. files/ stood both (its checkpoint reader built the model, while the model's config read
+# files/legacy.py), and so did generation/ (the model ran its decode loop, while its command loads
+# a trained model): each such folder is a circle of rooms, which the file graph does not show.
+PACKAGE = "minitx"
+
+
+def room_of(module: str) -> str:
+    """The room a module of minitx stands in: its folder right under minitx/, or itself."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def rooms_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph with each folder right under minitx/ drawn as one room (minitx's own
+    __init__.py, which only hands names on, is left out: it imports what it exports)."""
+    rooms: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        if name == PACKAGE:
+            continue
+        room = room_of(name)
+        rooms.setdefault(room, set()).update(
+            room_of(target) for target in targets if target != PACKAGE and room_of(target) != room
+        )
+    return rooms
+
+
+def test_rooms_are_read_from_a_made_up_graph():
+    graph = {
+        "minitx.files.checkpoint": {"minitx.model", "minitx.files.atomic"},
+        "minitx.files.legacy": set(),
+        "minitx.model": {"minitx.config"},
+        "minitx.config": {"minitx.files.legacy"},
+    }
+    assert rooms_graph(graph) == {
+        "minitx.files": {"minitx.model"},
+        "minitx.model": {"minitx.config"},
+        "minitx.config": {"minitx.files"},
+    }
+    assert circles(rooms_graph(graph)) == [["minitx.config", "minitx.files", "minitx.model"]]
+
+
+def test_no_folder_of_minitx_stands_both_below_and_above_another_room():
+    found = circles(rooms_graph(import_graph()))
+    assert not found, "folders of minitx both below and above another room (move the part above out):\n" + (
+        "\n".join(" <-> ".join(component) for component in found)
+    )
+
+
+def test_files_is_input_and_output_only():
+    """files/ reads and writes; it builds nothing (the model from a checkpoint: trained_model.py)."""
+    allowed = {"minitx.errors"}
+    found = {
+        name: sorted(
+            target for target in targets if room_of(target) != "minitx.files" and target not in allowed
+        )
+        for name, targets in import_graph().items()
+        if room_of(name) == "minitx.files"
+    }
+    assert not any(found.values()), f"files/ imports more than input and output needs: {found}"

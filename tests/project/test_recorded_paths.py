@@ -29,7 +29,8 @@ MOVED_MODULES = {
     "minitx.legacy": ["minitx.files.legacy"],
     "minitx.configfiles": ["minitx.files.configs"],
     "minitx.generate_inputs": ["minitx.generation.inputs"],
-    "minitx.decoding": ["minitx.generation.loop", "minitx.generation.sampling"],
+    "minitx.generation.loop": ["minitx.decoding.loop"],
+    "minitx.generation.sampling": ["minitx.decoding.sampling"],
     "minitx.attention.mta.kernels": ["minitx.attention.mta.torch_math"],
     "minitx.ablation.runs.designed": ["minitx.ablation.designed_sweep"],
 }
@@ -95,18 +96,15 @@ NAMES_BEFORE = {
         "check_generate_args",
         "machine_memory",
     ],
-    "minitx.decoding": [
+    "minitx.generation.loop": [
         "COMPILED_DECODING",
         "CachedSteps",
         "CroppedSteps",
-        "check_options",
         "check_prompt_fits",
         "compiled_decoding",
         "generate",
-        "pick_next",
-        "top_k_filter",
-        "top_p_filter",
     ],
+    "minitx.generation.sampling": ["check_options", "pick_next", "top_k_filter", "top_p_filter"],
     "minitx.ablation.runs.designed": [
         "PHASES",
         "PLAN_FILE",
@@ -138,6 +136,24 @@ NAMES_BEFORE = {
 
 # A module that became a package keeps the names it had: old module -> {name: the module that holds it}.
 SPLIT_MODULES = {
+    # minitx/decoding.py, split into the generation package's loop and filters and back: the
+    # package minitx.decoding holds them again, under the names the module had.
+    "minitx.decoding": {
+        **dict.fromkeys(
+            [
+                "COMPILED_DECODING",
+                "CachedSteps",
+                "CroppedSteps",
+                "check_prompt_fits",
+                "compiled_decoding",
+                "generate",
+            ],
+            "minitx.decoding.loop",
+        ),
+        **dict.fromkeys(
+            ["check_options", "pick_next", "top_k_filter", "top_p_filter"], "minitx.decoding.sampling"
+        ),
+    },
     # minitx/generation.py, the generate command's module, which became the package minitx.generation
     # (tests/fixtures/legacy/make.sh: `from minitx.generation import load_checkpoint`).
     "minitx.generation": {
@@ -145,10 +161,10 @@ SPLIT_MODULES = {
         "load_checkpoint": "minitx.trained_model",
         "check_generate_args": "minitx.generation.inputs",
         **dict.fromkeys(
-            ["CachedSteps", "CroppedSteps", "check_prompt_fits", "generate"], "minitx.generation.loop"
+            ["CachedSteps", "CroppedSteps", "check_prompt_fits", "generate"], "minitx.decoding.loop"
         ),
         **dict.fromkeys(
-            ["check_options", "pick_next", "top_k_filter", "top_p_filter"], "minitx.generation.sampling"
+            ["check_options", "pick_next", "top_k_filter", "top_p_filter"], "minitx.decoding.sampling"
         ),
     },
 }
