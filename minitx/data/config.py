@@ -214,13 +214,13 @@ def sources_reading(key: str) -> list[str]:
     return owners or list(SOURCE_SETTINGS)
 
 
-def check_given_settings(source: str, given: Mapping[str, Any]) -> None:
-    """Refuse a setting the user gave (`given`: dotted keys of the data section, as a config file
-    or a flag wrote them, at a value other than its default) that data.source does not read: it
-    would change nothing, and a user who wrote it meant data the run does not train on."""
-    if source not in SOURCE_SETTINGS:
-        return  # DataConfig names an unknown source
-    for key in given:
+def check_given_settings(given: Mapping[str, str]) -> None:
+    """Refuse a setting the user gave that the data source in effect where it was given does not
+    read (`given`: given_settings'): it would change nothing, and a user who wrote it meant data
+    the run does not train on."""
+    for key, source in given.items():
+        if source not in SOURCE_SETTINGS:
+            continue  # DataConfig names an unknown source
         owners = sources_reading(key)
         if source not in owners:
             readers = ", ".join(owners[:-1]) + (" or " if len(owners) > 1 else "") + owners[-1]
@@ -230,24 +230,36 @@ def check_given_settings(source: str, given: Mapping[str, Any]) -> None:
             )
 
 
-def given_settings(args: Sequence[str]) -> dict[str, Any]:
+def given_settings(args: Sequence[str]) -> dict[str, str]:
     """The data settings the user gave in `args` (the train command's arguments, settled: every
-    config file after its bases, see minitx/files/configs.py) at a value other than its default:
-    {dotted key inside the data section: value}. Defaults are not counted, so a saved run config
-    (which writes every setting out) and configs/default.yaml give nothing here by themselves."""
-    merged: dict[str, Any] = {}
+    config file after its bases, see minitx/files/configs.py) at a value other than its default,
+    each with the data.source in effect where it was given: {dotted key inside the data section:
+    source}. A config file's settings go with the source as of that file (a later file or flag
+    may switch sources: `--config configs/tinystories.yaml --data.source files` replaces the Hub
+    dataset, whose settings stay meant for it); the flags' with the run's source. Defaults are
+    not counted, so a saved run config (which writes every setting out) and configs/default.yaml
+    give nothing here by themselves."""
+    defaults = _dotted(_plain(DataConfig()))
+    source = defaults["source"]
+    given: dict[str, tuple[Any, Any]] = {}
+    flags: dict[str, Any] = {}
     for flag, value in _flags(list(args)):
         if flag == "--config":
-            data = _data_section_of(value)
-            merged.update(_dotted(data))
+            layer = _dotted(_data_section_of(value))
+            source = layer.get("source", source)
+            given.update({key: (setting, source) for key, setting in layer.items()})
         elif flag == "--data":
             loaded = _yaml(value)
-            if isinstance(loaded, Mapping):
-                merged.update(_dotted(loaded))
-        elif flag.startswith("--data."):
-            merged.update(_dotted({flag[len("--data.") :]: _yaml(value)}))
-    defaults = _dotted(_plain(DataConfig()))
-    return {key: value for key, value in merged.items() if key in defaults and value != defaults[key]}
+            flags.update(_dotted(loaded) if isinstance(loaded, Mapping) else {})
+        else:
+            flags.update(_dotted({flag[len("--data.") :]: _yaml(value)}))
+    source = flags.get("source", source)
+    given.update({key: (setting, source) for key, setting in flags.items()})
+    return {
+        key: where
+        for key, (setting, where) in given.items()
+        if key in defaults and setting != defaults[key] and isinstance(where, str)
+    }
 
 
 def _flags(args: list[str]):

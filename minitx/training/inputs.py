@@ -200,9 +200,7 @@ def check_settings(config: Any, args: Sequence[str] = ()) -> None:
     check_data_section(config["data"].as_dict())
     # Settings of a data source (a text source or a task) that data.source does not read, given
     # by a config file or a flag at other than their defaults, as unused attention options are.
-    check_given_settings(
-        config["data"]["source"], given_settings(args if isinstance(args, (list, tuple)) else ())
-    )
+    check_given_settings(given_settings(args if isinstance(args, (list, tuple)) else ()))
 
 
 def check_options_given(attention: Any, args: Sequence[str]) -> None:

@@ -221,20 +221,41 @@ def test_defaults_and_saved_configs_are_not_settings_given(tmp_path):
     (tmp_path / "saved.yaml").write_text(yaml.safe_dump(saved))
     args = ["--config", str(tmp_path / "saved.yaml")]
     given = given_settings(args)
-    assert set(given) == {
-        "source",
-        "toy_train_size",
-        "toy_val_size",
-        "batch_size",
-        "task.zoology.vocab",
-        "task.zoology.pairs",
-        "task.zoology.seq_len",
+    assert given == {
+        key: "zoology"
+        for key in (
+            "source",
+            "toy_train_size",
+            "toy_val_size",
+            "batch_size",
+            "task.zoology.vocab",
+            "task.zoology.pairs",
+            "task.zoology.seq_len",
+        )
     }
     precheck_train_args(args)  # every hf_*, train_files, tokenizer ... at its default: not refused
     precheck_train_args(
         ["--data.source", "zoology", "--data.val_fraction", "0.1", "--data.train_files", "null"]
     )
     precheck_train_args(["--config", str(REPO / "configs" / "default.yaml"), "--data.source", "markov"])
+
+
+def test_a_later_source_replaces_an_earlier_files_source_and_its_settings(tmp_path):
+    """configs/tinystories.yaml's Hub dataset, pointed at a local copy as its header says: the
+    file's hf_* settings were meant for the source it set, which the flag replaces."""
+    tinystories = str(REPO / "configs" / "tinystories.yaml")
+    given = given_settings(
+        with_config_files(["--config", tinystories, "--data.source", "files", "--data.train_files", "x"])
+    )
+    assert given["hf_name"] == "hf" and given["train_files"] == "files" and given["source"] == "files"
+    precheck_train_args(
+        ["--config", tinystories, "--data.source", "files", "--data.train_files", "'t/*.parquet'"]
+    )
+    # A file that sets a source and a setting it does not read is refused, whatever comes after.
+    mixed = tmp_path / "mixed.yaml"
+    mixed.write_text("data:\n  source: shakespeare\n  train_files: notes.txt\n")
+    with pytest.raises(UserError, match=r"^data\.train_files: data\.source shakespeare does not read it"):
+        precheck_train_args(["--config", str(mixed), "--data.batch_size", "4"])
 
 
 def test_the_source_that_reads_a_setting_takes_it(tmp_path):
@@ -254,5 +275,4 @@ def test_every_config_file_reads_the_settings_it_gives(tmp_path):
             base = config.get("base")
             path = tmp_path / path.name
             path.write_text(yaml.safe_dump({"data": base.get("data", {}) if isinstance(base, dict) else {}}))
-        given = given_settings(with_config_files(["--config", str(path)]))
-        check_given_settings(given.get("source", "shakespeare"), given)
+        check_given_settings(given_settings(with_config_files(["--config", str(path)])))
