@@ -4,8 +4,11 @@ and every --flag they show a command with is a flag of that command."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import io
 import re
+import shlex
 from functools import cache
 from pathlib import Path
 
@@ -214,3 +217,177 @@ def test_every_module_of_minitx_is_in_the_map():
         if not re.search(rf"(?<![\w.]){re.escape(path.name)}(?!\w)", where):
             missing.append(str(relative))
     assert not missing, f"docs/architecture.md's map lacks: {', '.join(missing)}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Every command a docs page shows runs on a CPU machine as written, or says what it needs with a
+# `[needs ...]` in its comment (`# [needs 4 GPUs] a copy per device`). The fast test checks each
+# command line as its command would before doing any work (the keys, the values, the files, the
+# device the config asks for); the slow one runs them, each cut short as the README's are.
+
+NEEDS = re.compile(r"\[needs ([^\]]+)\]")
+DOCS_PAGES = sorted((ROOT / "docs").glob("*.md"))  # docs/results/ records hours of sweeps: not run
+# What a page's command names that a user brings: the test makes or substitutes each.
+PLACEHOLDERS = {
+    "CKPT": "runs/default/checkpoints/best.ckpt",
+    "DIR": "hf/default",
+    "A.yaml": "configs/default.yaml",
+}
+USER_FILES = {
+    "web/a.jsonl": '{"text": "To be, or not to be, that is the question."}\n' * 400,
+    "stories/a.jsonl": '{"text": "Once upon a time there was a little cat."}\n' * 400,
+    "corpus/a.txt": "Now is the winter of our discontent made glorious summer.\n" * 400,
+    "prompt.txt": "ROMEO:",
+}
+GPU_ACCELERATORS = {"gpu", "cuda", "mps", "tpu"}
+
+
+def docs_commands(page: Path) -> list[tuple[str, list[str], str | None]]:
+    """(page:line, the command's words from the script on, what it needs or None) of each
+    `python X.py ...` in the page's code blocks: continued lines joined, `&&` parts apart,
+    variables set before it (MASTER_ADDR=...) and wrappers (/usr/bin/time) left out."""
+    _, code = prose_and_code(page)
+    lines = dict(code)
+    found = []
+    for number, line in code:
+        if line.rstrip().endswith("\\"):
+            continue
+        start, comments = number, [line.partition("#")[2]]
+        while lines.get(start - 1, "").rstrip().endswith("\\"):
+            start -= 1
+            head, _, comment = lines[start].rstrip()[:-1].partition("#")
+            line, comments = head + " " + line, [comment, *comments]
+        needs = NEEDS.search(" ".join(comments))
+        for part in line.partition("#")[0].split("&&"):
+            if not re.search(r"(^|\s)python\s", part):
+                continue  # YAML, output, or a command of another program
+            # `[--lm-eval-limit 100]`: an optional part, checked as if given
+            words = shlex.split(re.sub(r"\[(--[^\]]*)\]", r"\1", part))
+            while words and ("=" in words[0] or words[0].startswith("/usr/bin/")):
+                words = words[1:]
+            if words[:1] == ["python"] and words[1:2] != ["-m"] and len(words) > 1:
+                where = f"{page.relative_to(ROOT)}:{start}"
+                found.append((where, [PLACEHOLDERS.get(w, w) for w in words[1:]], needs and needs[1]))
+    return found
+
+
+def all_docs_commands() -> list[tuple[str, list[str], str | None]]:
+    return [command for page in DOCS_PAGES for command in docs_commands(page)]
+
+
+def clone(work: Path) -> Path:
+    """A directory that starts like a fresh clone (no runs/), with the files a user brings."""
+    work.mkdir(parents=True)
+    for name in ("configs", "examples", "scripts", "benchmarks", *[p.name for p in ROOT.glob("*.py")]):
+        (work / name).symlink_to(ROOT / name)
+    for name, text in USER_FILES.items():
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text(text, encoding="utf-8")
+    return work
+
+
+def option(words: list[str], flag: str) -> str | None:
+    for i, word in enumerate(words):
+        if word == flag and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith(flag + "="):
+            return word.partition("=")[2]
+    return None
+
+
+def cpu_problem(words: list[str]) -> str | None:
+    """Why the command, accepted by its parser, cannot run on a CPU machine without the network
+    (what its page must then say), or None. Raises the UserError its command would raise."""
+    from minitx.files.configs import with_config_files
+
+    script, args = words[0], words[1:]
+    if "..." in args:
+        return "it is an outline (...), not a command"
+    if script in ("train.py", "prepare.py"):
+        from minitx.training.precheck import check_arguments, light_parser, to_judge, trainer_argument_names
+
+        own = [a for a in args if a != "--verify"]
+        check_arguments(with_config_files(own), own_flags=["--verify"])
+        config = light_parser().parse_args(to_judge(with_config_files(own), trainer_argument_names()))
+        if config["data"]["source"] == "hf":
+            return "its data comes from the Hugging Face Hub"
+        if script == "prepare.py":
+            return None
+        trainer = config["trainer"]
+        if str(trainer.get("accelerator")) in GPU_ACCELERATORS:
+            return f"trainer.accelerator is {trainer['accelerator']}"
+        if int(trainer.get("num_nodes") or 1) > 1:
+            return "it spans machines (trainer.num_nodes)"
+        return None
+    if script == "ablate.py":
+        import yaml
+
+        from minitx.ablation.command import check_readable, parse_args
+        from minitx.ablation.plan.sweep import load_sweep
+
+        parsed = parse_args(args)
+        if parsed.launcher == "slurm":
+            return "it submits to SLURM"
+        check_readable(Path(parsed.config))
+        base = yaml.safe_load(load_sweep(Path(parsed.config)).base_text) or {}
+        accelerator = option(parsed.train_args, "--trainer.accelerator") or (base.get("trainer") or {}).get(
+            "accelerator"
+        )
+        return f"trainer.accelerator is {accelerator}" if str(accelerator) in GPU_ACCELERATORS else None
+    if script in COMMANDS:
+        parsed = importlib.import_module(PARSERS[script]).parse_args(args)
+        if str(getattr(parsed, "device", "cpu")).startswith(("cuda", "mps")):
+            return f"--device {parsed.device}"
+        if getattr(parsed, "lm_eval_tasks", None):
+            return "lm-eval's tasks download their data"
+        return None
+    if script == "benchmarks/gpu.py" and option(args, "--device") != "cpu":
+        return "benchmarks/gpu.py runs on CUDA without --device cpu"
+    if script == "scripts/collect_wheels.py":
+        return "it downloads wheels"
+    return None
+
+
+PARSERS = {
+    "generate.py": "minitx.generation.command",
+    "evaluate.py": "minitx.evaluation.command",
+    "export.py": "minitx.hf.command",
+}
+
+
+def test_every_docs_command_runs_on_a_cpu_or_says_what_it_needs(tmp_path, monkeypatch):
+    """docs/scale.md showed `--config configs/gpu.yaml --trainer.devices 2 --trainer.strategy ddp`
+    as tested on a CPU: on one it ends `No supported gpu backend found!`."""
+    from minitx.errors import UserError
+    from minitx.training import precheck
+
+    # One parser for the thirty train commands (building it is most of a check's time).
+    monkeypatch.setattr(precheck, "light_parser", functools.cache(precheck.light_parser))
+    monkeypatch.chdir(clone(tmp_path / "clone"))
+    commands = all_docs_commands()
+    assert len(commands) >= 40 and any(needs for *_, needs in commands)
+    wrong = []
+    for where, words, needs in commands:
+        if not (ROOT / words[0]).is_file():
+            wrong.append(f"{where}: no script {words[0]}")
+            continue
+        try:
+            problem = cpu_problem(words)
+        except UserError as error:
+            wrong.append(f"{where}: {' '.join(words)}: refused: {error}")
+            continue
+        if problem and not needs:
+            wrong.append(f"{where}: {' '.join(words)}: {problem}; say what it needs: # [needs ...]")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_sweep_snippet_of_the_ablations_page_works_outside_configs(tmp_path):
+    """Its `base: default.yaml`, copied into a file of one's own elsewhere, is minitx's config."""
+    from minitx.ablation.plan.sweep import load_sweep
+
+    text = (ROOT / "docs" / "ablations.md").read_text(encoding="utf-8")
+    snippet = re.search(r"```yaml\n(base: default\.yaml.*?)```", text, re.S).group(1)
+    (tmp_path / "my_sweep.yaml").write_text(snippet, encoding="utf-8")
+    sweep = load_sweep(tmp_path / "my_sweep.yaml")
+    assert sweep.base_text == (ROOT / "configs" / "default.yaml").read_text(encoding="utf-8")
+    assert [v.name for v in sweep.variants] == ["mha", "mqa"]
