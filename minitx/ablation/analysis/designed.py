@@ -344,21 +344,27 @@ def _params_share(
         return
     points = [(k, p) for k, a in enumerate(arms) for p in a.points if p.budget == top]
     index = [k for k, _ in points]
-    names = [arms[k].name for k in index]
+    size_index = {s.name: i for i, s in enumerate(plan.sizes)}
     x, y = [float(p.params) for _, p in points], [trained(p).loss for _, p in points]
-    group = list(range(len(points)))  # separate runs: no trunk shared
+    noise = analysis.size_noise
+    if noise is not None:  # the same noise as the compute multipliers: per size, raised to each arm's scatter
+        sd = np.array([noise.point_sd(arms[k].name, [size_index[p.size]])[0] for k, p in points])
+        dof = noise.dof
+    else:
+        first, _ = _noise(analysis, [arms[k].name for k in index], list(range(len(points))), 0.0, x, y, index)
+        sd, dof = np.asarray(first.sd, dtype=float), float(first.dof[0])
+    data = robust.LadderData(
+        np.asarray(x), np.asarray(index), np.asarray([size_index[p.size] for _, p in points]),
+        np.asarray(y)[None, :], sd[None, :], dof, 0.0,  # separate runs: no trunk shared
+    )  # fmt: skip
     try:
-        if analysis.noise is not None and analysis.noise.pooled > 0:
-            noise = analysis.noise.noise(names, group, 0.0)
-        else:
-            noise, _ = _noise(analysis, names, group, 0.0, x, y, index)
-        joint = fit.fit_joint(x, y, index, len(arms), min_points=4, delta=delta)
+        _check_points(np.asarray(x), np.asarray(y), 4)
+        _, answers = robust.answer(data, draws=fit.BOOTSTRAP, seed=1)
     except UserError as error:
         analysis.notes.append(f"parameter share at equal loss: {error}")
         return
-    boot = fit.bootstrap_joint(joint, x, index, noise, seed=1, delta=delta)
     for k, arm in enumerate(arms[1:], start=1):
-        arm.params = boot.comparison(k)
+        arm.params = answers[0][k - 1].comparison
 
 
 def _nd_view(plan: Plan, analysis: Analysis, trained: RunResults) -> None:
