@@ -56,6 +56,7 @@ def draw_attention_maps(model, tokenizer, prompt: str, path: str) -> dict:
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.colors
     import matplotlib.pyplot as plt
 
     given = prompt_tokens(tokenizer, prompt, model.config.block_size)
@@ -83,8 +84,10 @@ def draw_attention_maps(model, tokenizer, prompt: str, path: str) -> dict:
                 continue
             if signed:  # gdn's map: signed and unnormalised, white at 0
                 image = ax.imshow(layer[head].numpy(), cmap="RdBu_r", vmin=-bound, vmax=bound)
-            else:
-                image = ax.imshow(layer[head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+            else:  # a square-root scale: a row spreads its weight over many keys, so most weights are
+                # small, and on a linear scale every cell but the largest few looks the same dark
+                norm = matplotlib.colors.PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)
+                image = ax.imshow(layer[head].numpy(), cmap="viridis", norm=norm)
             ax.set_title(f"layer {row} ({kind}) head {head}", fontsize=6)
             if labels is not None:
                 ax.set_xticks(range(len(ids)), labels, fontsize=3, rotation=90)
@@ -92,7 +95,7 @@ def draw_attention_maps(model, tokenizer, prompt: str, path: str) -> dict:
             else:
                 ax.tick_params(labelsize=4)
         bar = fig.colorbar(image, ax=list(axes[row]), shrink=0.9, pad=0.01, aspect=15)
-        bar.set_label("signed weight" if signed else "weight", fontsize=5)
+        bar.set_label("signed weight" if signed else "weight (square-root scale)", fontsize=5)
         bar.ax.tick_params(labelsize=4)
     fig.suptitle(f"attention over {len(ids)} tokens: query (down) x key (across)", fontsize=8)
 
