@@ -89,6 +89,20 @@ def import_checkpoint_kinds(
         )
 
 
+def saved_model_config(
+    meta: dict, where: str, trust_kind_modules: bool | Sequence[str] = False
+) -> ModelConfig:
+    """The ModelConfig of a checkpoint's "minitx" entry, its kinds made available first (with
+    consent: import_checkpoint_kinds); a damaged one is a one-line UserError starting with `where`."""
+    import_checkpoint_kinds(meta.get("model_config"), where, trust_kind_modules)
+    try:
+        return ModelConfig.from_dict(meta["model_config"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise UserError(
+            f"{where}: its model config is invalid ({one_line(error, 200)}); the file is damaged or from another version"
+        ) from None
+
+
 def load_checkpoint(
     path: str,
     map_location="cpu",
@@ -110,13 +124,7 @@ def load_checkpoint(
     where = f"{label} {path}"
     raw = read_checkpoint(path, where, "give a checkpoint saved by train.py", map_location)
     meta = raw["minitx"]
-    import_checkpoint_kinds(meta.get("model_config"), where, trust_kind_modules)
-    try:
-        config = ModelConfig.from_dict(meta["model_config"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise UserError(
-            f"{where}: its model config is invalid ({one_line(error, 200)}); the file is damaged or from another version"
-        ) from None
+    config = saved_model_config(meta, where, trust_kind_modules)
     try:
         tokenizer = tokenizer_from_dict(meta["tokenizer"])
     except Exception as error:

@@ -31,9 +31,9 @@ import torch
 from torch import Tensor
 
 from ..config import ModelConfig
-from ..errors import UserError, one_line
+from ..errors import UserError
 from ..files.checkpoint import model_weights, read_checkpoint, state_mismatch
-from ..trained_model import import_checkpoint_kinds
+from ..trained_model import saved_model_config
 
 WHERE = "model.init_from"
 FIX = "give a checkpoint written by train.py (e.g. runs/<name>/checkpoints/last.ckpt) or a transformers directory"
@@ -72,14 +72,7 @@ def read_source(source: str) -> tuple[ModelConfig, dict[str, Tensor], Any]:
     where = f"{WHERE} {source}"
     raw = read_checkpoint(source, where, FIX)
     meta = raw["minitx"]
-    import_checkpoint_kinds(meta.get("model_config"), where)
-    try:
-        config = ModelConfig.from_dict(meta["model_config"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise UserError(
-            f"{where}: its model config is invalid ({one_line(error, 200)}); the file is damaged or from another version"
-        ) from None
-    return config, model_weights(raw), meta.get("tokenizer")
+    return saved_model_config(meta, where), model_weights(raw), meta.get("tokenizer")
 
 
 def _plain(value: Any) -> Any:

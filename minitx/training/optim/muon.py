@@ -177,10 +177,7 @@ class BatchedMuon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for group in self.param_groups:
             params = [param for param in group["params"] if param.grad is not None]
             if params:
@@ -256,6 +253,15 @@ class BatchedMuon(torch.optim.Muon):
         return distribute_tensor(whole, like.device_mesh, placements, src_data_rank=None).to_local()
 
 
+def closure_loss(closure: Callable[[], Any] | None) -> Any:
+    """What a step's closure returns, evaluated with gradients on, as torch's optimisers do; None
+    without one."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def is_dtensor(tensor: Tensor) -> bool:
     """Whether `tensor` is a DTensor (FSDP2's parameters). Without torch.distributed.tensor
     imported there is none: not importing it keeps the commands' start (the precheck) fast."""
@@ -322,10 +328,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         self.adamw.step()
         self.muon.step()
         return loss
