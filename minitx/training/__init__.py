@@ -1,8 +1,8 @@
 """Training: the LightningModule and the `train` command, one file per concern.
 
     module.py      MinitxLM (loss, steps, validation, checkpoint hooks)
-    optim.py       the optimiser (Muon or AdamW, decay on matrices only) and its schedule
-                   (warmup, then cosine or WSD)
+    optim/         the optimiser (Muon or AdamW, decay on matrices only) and its schedule
+                   (warmup, then cosine or WSD): settings, schedules, the registry, one file each
     throughput.py  tokens/s and MFU (the device peak table), one meter for every consumer
     runsection.py  RunSettings (the `run` section), the run's name and directory
     run.py         how a run saves: the trainer's directory and loggers, atomic CheckpointIO, last/best callback
@@ -27,7 +27,7 @@ import importlib
 # Each name is imported from its module when first read, not with the package: command.py and
 # module.py import Lightning (with torchmetrics, torch._dynamo and, where installed, transformers:
 # seconds at every start), which `ablate --help`, a sweep's one-line errors and the benchmarks
-# that only need optim.py or throughput.py would otherwise pay for.
+# that only need optim/ or throughput.py would otherwise pay for.
 _HOMES = {
     "DEFAULT_CONFIG": "command",
     "TrainCLI": "command",

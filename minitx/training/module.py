@@ -1,7 +1,7 @@
 """MinitxLM: a Transformer trained as a causal language model (the LightningModule).
 
 What a step does: cross-entropy loss; the optimiser (Muon, or AdamW, with weight decay on matrices
-only) and its schedule (warmup, then cosine or WSD), both from optim.py; gradient clipping and
+only) and its schedule (warmup, then cosine or WSD), both from optim/; gradient clipping and
 accumulation, precision and devices come from the trainer.
 Logged: train_loss, lr, tokens_per_sec and mfu (when the device's peak is known; throughput.py)
 and, at each validation, val_loss and val_ppl (and val_accuracy, val_item_accuracy on tasks

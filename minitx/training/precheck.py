@@ -6,7 +6,7 @@ it torchmetrics, torch._dynamo and, where installed, transformers): seconds befo
 asked for --help or mistyped a key hears anything. So `train` first parses its command line with
 a parser of the same library (jsonargparse) built from the settings' own declarations:
 
-    model.*     ModelConfig's fields and Optimisation's (training/optim.py), and MinitxLM's switches
+    model.*     ModelConfig's fields and Optimisation's (training/optim/settings.py), and MinitxLM's switches
     data.*      DataConfig (data/config.py)
     run.*       RunSettings (training/runsection.py)
     trainer.*   the names of the Trainer's arguments, read from Lightning's source, not imported
