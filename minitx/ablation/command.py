@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 
 from ..arguments import ArgumentParser, missing_file_advice
 from ..errors import UserError
 from ..kinds import import_kind_modules
 from .designed_sweep import run_designed
-from .output import check_output, record_sweep, sweep_identity
+from .output import check_output, recorded, sweep_identity
 from .plain_sweep import run_plain
 from .plan.budget import match_budgets
 from .plan.ladder import check_design_keys
@@ -268,8 +269,6 @@ def run_and_report(args: argparse.Namespace, sweep: Sweep, config_path: Path) ->
     launcher = None if args.report_only or args.dry_run else make_launcher(args)
     # After every refusal of the command line: --force removes the sweep there only when this one runs.
     check_output(output, args.identity, sweep, args.train_args, force=args.force, dry_run=args.dry_run)
-    if not (args.report_only or args.dry_run):
-        record_sweep(output, args.identity)
     title = f"Ablation: {config_path.name}"
     given = dict(  # what the command line gives either kind of sweep
         extra=args.train_args,
@@ -278,11 +277,15 @@ def run_and_report(args: argparse.Namespace, sweep: Sweep, config_path: Path) ->
         dry_run=args.dry_run,
         trust_kind_modules=sweep_kind_modules(sweep, args.train_args),
     )
-    if sweep.design.active:  # a budget, a learning-rate sweep or a ladder
-        csv_path = Path(args.from_csv) if args.from_csv else None
-        run_designed(sweep, output, title, launcher, **given, results_csv=csv_path, baseline=args.baseline)
-    else:
-        run_plain(sweep, output, title, launcher, seeds=args.seeds or sweep.seeds, **given)
+    # The output's sweep.json says whose it is from the moment this sweep runs there (output.py).
+    with nullcontext() if args.report_only or args.dry_run else recorded(output, args.identity):
+        if sweep.design.active:  # a budget, a learning-rate sweep or a ladder
+            csv_path = Path(args.from_csv) if args.from_csv else None
+            run_designed(
+                sweep, output, title, launcher, **given, results_csv=csv_path, baseline=args.baseline
+            )
+        else:
+            run_plain(sweep, output, title, launcher, seeds=args.seeds or sweep.seeds, **given)
 
 
 def wandb_arguments(project: str, group: str) -> list[str]:

@@ -18,7 +18,8 @@ import hashlib
 import json
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -224,7 +225,18 @@ def check_no_live_job(output: Path) -> None:
         )
 
 
-def record_sweep(output: Path, identity: SweepIdentity) -> None:
-    """sweep.json, written when the sweep starts to write into `output`."""
+@contextmanager
+def recorded(output: Path, identity: SweepIdentity) -> Iterator[None]:
+    """sweep.json in `output` while the sweep runs in the block; taken back (with the directory it
+    made) if the block stops before anything else of the sweep was written: nothing half-written."""
+    created, had = not output.exists(), (output / SWEEP_FILE).exists()
     output.mkdir(parents=True, exist_ok=True)
     write_json_atomically(output / SWEEP_FILE, identity.record())
+    try:
+        yield
+    except BaseException:
+        if not had and [p.name for p in output.iterdir()] == [SWEEP_FILE]:
+            (output / SWEEP_FILE).unlink()
+            if created:
+                output.rmdir()
+        raise

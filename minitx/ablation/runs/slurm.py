@@ -247,8 +247,9 @@ class RunJob:
         command = [*run.command, "--ckpt_path", "last"] if resume else run.command
         # SIGTERM is SLURM stopping the job from outside: cancelled, requeued (`scontrol requeue`,
         # a lost node) or past its time. The training process gets it too (SLURM signals every
-        # process of the job) and stops; a SIGINT asks it to save last.ckpt at the end of its step
-        # first. The attempt is then "stopped", not failed: whether the run goes on is SLURM's to
+        # process of the job) and stops at the end of its step; a SIGINT asks it to save last.ckpt
+        # there too (it may not: Lightning's own SIGTERM stop can come first, and the run then
+        # resumes from its last timed save). The attempt is then "stopped", not failed: whether the run goes on is SLURM's to
         # say (ablate asks it), and its next attempt resumes from last.ckpt.
         stopped: list[int] = []
 
@@ -286,6 +287,10 @@ class RunJob:
         seconds = time.perf_counter() - start
         returncode = self.process.returncode
         if stopped and not (returncode == 0 and (run.directory / SUMMARY_FILE).is_file()):
+            # Stopped mid-run (training's Ctrl-C path writes the summary of the steps so far and
+            # exits 130): not finished, so its summary is no run's result.
+            if (run.directory / SUMMARY_FILE).is_file():
+                os.replace(run.directory / SUMMARY_FILE, run.directory / ("stopped-" + SUMMARY_FILE))
             record.update(
                 status="stopped", stopped_by="SIGTERM", returncode=returncode, process_seconds=seconds
             )
