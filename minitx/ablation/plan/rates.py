@@ -79,7 +79,7 @@ def within_margin(losses: dict[float, float], margin: float = MARGIN) -> tuple[f
     whose loss on the fitted parabola lies within `margin` (relative) of the parabola's minimum
     over their range, with a sentence saying so. The flat side of a minimum is the safe side: the
     cliff of instability is above it. When the margin holds none of them (a sharp minimum between
-    two), the one nearest the minimum on the parabola; with fewer than three runs, or a parabola
+    two), the one lowest on the parabola; with fewer than three runs, or a parabola
     that does not open upwards (noise over a flat minimum), the same margin about the lowest run."""
     ms = sorted(losses)
     parabola = fitted_parabola(losses)
