@@ -75,17 +75,21 @@ def test_a_task_setting_is_checked_by_its_type_and_named_in_full():
 
 
 def test_nested_settings_merge_setting_by_setting_across_files_and_flags(tmp_path):
-    from minitx.training.command import checked_config
+    """As LightningCLI's parse reads them (the precheck's parser is the same library's, with the
+    same declarations: tests/training/test_precheck.py holds the two equal)."""
+    from minitx.training.precheck import light_parser
 
-    over = tmp_path / "over.yaml"
+    base, over = tmp_path / "base.yaml", tmp_path / "over.yaml"
+    base.write_text("data:\n  source: zoology\n  task:\n    zoology: {vocab: 8192, pairs: 8, seq_len: 128}\n")
     over.write_text("data:\n  task:\n    zoology:\n      pairs: 4\n")
-    config = checked_config(
+    parsed = light_parser().parse_args(
         [
-            *("--config", str(REPO / "configs" / "known_answers" / "zoology.yaml")),
+            *("--config", str(base)),
             *("--config", str(over), "--data.task.zoology.random_non_queries", "true"),
             *("--model.block_size", "64", "--data.task.zoology.seq_len", "64"),
         ]
     )
+    config = {"data": parsed["data"].as_dict()}
     assert config["data"]["task"]["zoology"] == {
         "vocab": 8192,  # the first file's, kept: a later file or flag changes only what it names
         "pairs": 4,
