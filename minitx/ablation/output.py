@@ -167,12 +167,13 @@ def check_output(
         other_config = ""
     if force:
         check_no_live_job(output)
+        what = describe(found)
         if dry_run:
-            log(f"# --force: would remove the sweep in {output} first ({describe(found)})")
+            log(f"# --force: would remove the sweep in {output} first ({what})")
             return
         for path in found:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-        log(f"ablate: --force: removed the sweep in {output} ({describe(found)})")
+        log(f"ablate: --force: removed the sweep in {output} ({what})")
         return
     if different:
         which = (

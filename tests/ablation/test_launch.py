@@ -464,3 +464,27 @@ def test_a_job_stopped_by_sigterm_is_stopped_not_failed_and_its_next_attempt_res
     record = RunJob(run)()  # the job started again by SLURM
     assert record["status"] == "ok" and record["attempts"] == 2 and record["resumed"] == 1
     assert [g["start"] for g in given(run)] == [0, step] and 0 < step < 60
+
+
+def test_force_removes_no_sweep_whose_slurm_job_still_runs(tmp_path, fake_slurm):
+    from minitx.ablation.output import check_output, sweep_identity
+    from minitx.ablation.plan.sweep import load_sweep
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text("base: {}\nvariants: [{name: b}]\n")
+    sweep = load_sweep(path)
+    (run,) = fake_runs(tmp_path / "out", ["a"])
+    submitted_before(run, "25", "running")
+    set_state(fake_slurm, queue={"25": ["RUNNING", "None"]})
+    with pytest.raises(UserError) as refused:
+        check_output(tmp_path / "out", sweep_identity(sweep, path, []), sweep, [], force=True)
+    assert str(refused.value) == (
+        f"--force: job 25 (a-seed1) of the sweep in {str(tmp_path / 'out')!r} is still running; "
+        "cancel its jobs first (scancel 25), or give another --output"
+    )
+    assert (run.directory / "checkpoints" / "last.ckpt").is_file()
+    set_state(fake_slurm, queue={})  # once it has ended, --force replaces the sweep
+    said: list[str] = []
+    check_output(tmp_path / "out", sweep_identity(sweep, path, []), sweep, [], force=True, log=said.append)
+    assert said == [f"ablate: --force: removed the sweep in {tmp_path / 'out'} (1 run)"]
+    assert not (tmp_path / "out" / "runs").exists()
