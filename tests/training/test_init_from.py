@@ -117,7 +117,6 @@ def test_a_rope_run_at_a_longer_context_needs_nothing_and_trains(checkpoints, tm
     ("args", "expected"),
     [
         (["--model.d_model", "32"], "model.d_model: is 32 but the model in model.init_from"),
-        (["--model.n_head", "4"], "model.n_head: is 4 but"),
         (["--model.positions", "rope"], "model.positions: is 'rope' but"),
         (
             ["--data.task.induction.vocab", "12"],
@@ -152,12 +151,10 @@ def test_another_shape_is_refused_in_one_line_naming_the_setting(
     ("source", "expected"),
     [
         ("missing.ckpt", "no such file or directory; give a checkpoint written by train.py"),
-        ("not_a_checkpoint.ckpt", "not a readable minitx checkpoint"),
         ("foreign.ckpt", "not a minitx checkpoint"),
     ],
 )
 def test_a_bad_source_is_refused_in_one_line(tmp_path, capsys, source, expected):
-    (tmp_path / "not_a_checkpoint.ckpt").write_text("model:\n  n_layer: 1\n")
     torch.save({"weights": torch.zeros(3)}, tmp_path / "foreign.ckpt")
     status = train_main(
         [*BASE, "--model.init_from", str(tmp_path / source), "--run.root", str(tmp_path / "runs")]
