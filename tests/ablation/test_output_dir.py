@@ -83,11 +83,19 @@ def test_a_sweep_into_another_sweeps_output_is_refused_the_same_resumes_and_forc
     )
     assert {p: p.stat().st_mtime_ns for p in output.rglob("*") if p.is_file()} == written
 
-    # The same sweep again (its file renamed, --only) resumes: nothing trained again.
+    # As an output written before sweep.json existed (this one without it): the same answers, from
+    # the runs it holds; the same sweep (its file renamed, --only) resumes and records sweep.json.
+    (output / SWEEP_FILE).unlink()
+    assert ablate_main(["--config", str(other), "--output", str(output)]) == 2
+    assert (
+        "holds another sweep: other arms: a run of 'mha' (mha-seed5), where this one has mqa; give"
+        in refusal(capsys)
+    )
     same = tmp_path / "renamed.yaml"
     same.write_text(first.read_text())
     assert ablate_main(["--config", str(same), "--output", str(output), "--only", "mha"]) == 0
     assert "ablate: skip   mha seed 5 (finished)" in capsys.readouterr().out
+    assert json.loads((output / SWEEP_FILE).read_text())["config"] == str(same)
 
     # --force replaces it: the earlier sweep's files go (its plots, runs), the user's file stays.
     assert ablate_main(["--config", str(other), "--output", str(output), "--force"]) == 0
