@@ -7,8 +7,11 @@ import contextlib
 import functools
 import importlib
 import io
+import os
 import re
 import shlex
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -391,3 +394,90 @@ def test_the_sweep_snippet_of_the_ablations_page_works_outside_configs(tmp_path)
     sweep = load_sweep(tmp_path / "my_sweep.yaml")
     assert sweep.base_text == (ROOT / "configs" / "default.yaml").read_text(encoding="utf-8")
     assert [v.name for v in sweep.variants] == ["mha", "mqa"]
+
+
+def docs_run_commands() -> list[tuple[str, list[str]]]:
+    return [(where, words) for where, words, needs in all_docs_commands() if not needs]
+
+
+# A docs command cut short (the README test's cuts: tests/project/test_readme_examples.py), and
+# what it needs made first in its fresh clone: the run a checkpoint path names, an export, a file.
+SHORT_TRAIN = [
+    "--trainer.max_steps", "4", "--trainer.val_check_interval", "2", "--data.val_batches", "1",
+    "--data.batch_size", "4", "--run.sample_tokens", "0", "--trainer.enable_model_summary", "false",
+    "--data.max_tokens", "200000",
+]  # fmt: skip
+SHORT = {
+    "scripts/make_speeches.py": ["--plays", "2"],
+    "generate.py": ["--max-new-tokens", "5"],
+    "evaluate.py": ["--max-tokens", "2000", "--sweep-tokens", "500"],
+}
+
+
+def shortened(words: list[str], work: Path) -> list[str]:
+    script = words[0]
+    if script in ("train.py", "prepare.py"):
+        words = list(words)
+        if "--model.decay_steps" in words:  # a decay of 300 steps in a run cut to 4
+            words[words.index("--model.decay_steps") + 1] = "1"
+        return [*words, *(SHORT_TRAIN if script == "train.py" else [])]
+    if script == "ablate.py":
+        from minitx.ablation.plan.sweep import load_sweep
+
+        config = option(words, "--config")
+        sweep = load_sweep(work / config)
+        output = [] if option(words, "--output") else ["--output", "runs/ablation/docs"]
+        if sweep.design.active:  # a designed sweep of many runs: its plan is checked, not trained
+            return [*words, *output, "--dry-run"]
+        only = ",".join(v.name for v in sweep.variants[:2])
+        cut = words.index("--") if "--" in words else len(words)  # training flags after --
+        head, tail = words[:cut], words[cut + 1 :]
+        return [*head, *output, "--seeds", "1", "--only", only, "--", *tail, *SHORT_TRAIN[:6]]
+    return [*words, *SHORT.get(script, [])]
+
+
+def prerequisites(words: list[str], work: Path) -> list[list[str]]:
+    """The commands that make what `words` reads in a fresh clone, first to last."""
+    before: list[list[str]] = []
+    for flag in ("--ckpt", "--model.init_from", "--ckpt_path"):
+        path = option(words, flag)
+        if path is None or (work / path).exists():
+            continue
+        if path == "last":  # the same run, shorter, to resume
+            first = [w for w in words if w not in ("--ckpt_path", "last")]
+            before.append([*shortened(first, work), "--trainer.max_steps", "2"])
+            continue
+        parts = Path(path).parts
+        if parts[0] == "hf":  # an export of the default run
+            before += [
+                ["train.py", *SHORT_TRAIN],
+                ["export.py", "--ckpt", PLACEHOLDERS["CKPT"], "--out", path],
+            ]
+        elif parts[0] == "runs":
+            name = parts[1]
+            config = (
+                f"configs/{name}.yaml"
+                if (ROOT / "configs" / f"{name}.yaml").is_file()
+                else "configs/default.yaml"
+            )
+            before.append(
+                ["train.py", "--config", config, "--run.name", name, *SHORT_TRAIN, "--trainer.max_steps", "2"]
+            )
+            if "checkpoints" not in parts:  # a checkpoint a user copied aside (stable.ckpt)
+                before.append(["cp", f"runs/{name}/checkpoints/last.ckpt", path])
+    if "data/speeches.jsonl" in words:
+        before.append(["scripts/make_speeches.py", *SHORT["scripts/make_speeches.py"]])
+    return before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where, words", docs_run_commands(), ids=lambda value: str(value)[:60])
+def test_a_docs_command_runs_on_a_cpu(where, words, tmp_path):
+    work = clone(tmp_path / "clone")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(ROOT)}
+    for step in [*prerequisites(words, work), shortened(words, work)]:
+        command = step if step[0] == "cp" else [sys.executable, *step]
+        result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, (
+            f"{where}: {' '.join(step)}\n{result.stdout[-1500:]}\n{result.stderr[-1500:]}"
+        )
