@@ -11,6 +11,8 @@ gradient, by the C loops' one pass (`torch.ops.minitx.conv_softmax`: native.conv
 one-pass gradient) and by oneDNN's convolution then torch's operations. The C
 convolution also gets GFLOP/s (66 multiply-adds per output entry). Median of --repeats, the two
 sides taking turns, one thread unless --threads; the causal mask of the chunk's last rows.
+`--clock cpu` times the process's CPU time instead of the wall clock: on a machine other work
+shares, the wall clock counts the waits for a core as well.
 """
 
 from __future__ import annotations
@@ -95,15 +97,15 @@ def cases(keys: int, heads: int, rows: int, c_q: int, c_k: int) -> dict:
     }
 
 
-def median_ms(fns: list, repeats: int) -> list[float]:
+def median_ms(fns: list, repeats: int, clock=time.perf_counter) -> list[float]:
     for fn in fns:
         fn()  # warm-up
     times = [[] for _ in fns]
     for _ in range(repeats):
         for fn, spent in zip(fns, times):
-            start = time.perf_counter()
+            start = clock()
             fn()
-            spent.append(time.perf_counter() - start)
+            spent.append(clock() - start)
     return [1000 * statistics.median(t) for t in times]
 
 
@@ -116,7 +118,14 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="wall clock (default) or the process's CPU time (a machine shared with other work)",
+    )
     args = parser.parse_args(argv)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     if native.library() is None:
         parser.error(
             "the C loops could not be built here (is a C compiler installed? is MINITX_NATIVE=0 set?)"
@@ -126,13 +135,14 @@ def main(argv=None) -> None:
     keep_freed_memory()
     print(
         f"# {platform.processor() or platform.machine()} CPU, {args.threads} threads, torch {torch.__version__}, "
-        f"{datetime.date.today()}, {args.heads} heads x {args.rows} rows, 6 x 11 kernel, float32, median of {args.repeats}\n"
+        f"{datetime.date.today()}, {args.heads} heads x {args.rows} rows, 6 x 11 kernel, float32, median of {args.repeats}, "
+        f"{args.clock} clock; C loops {native.build_target()}; {' '.join(native.vector_extensions())}\n"
     )
     print("| keys | work | C loops ms | torch ms | torch / C | C GFLOP/s |")
     print("|---:|---|---:|---:|---:|---:|")
     for keys in args.keys:
         for name, (c_fn, torch_fn) in cases(keys, args.heads, args.rows, 6, 11).items():
-            c_ms, torch_ms = median_ms([c_fn, torch_fn], args.repeats)
+            c_ms, torch_ms = median_ms([c_fn, torch_fn], args.repeats, clock)
             flops = 2 * 66 * args.heads * (args.rows - 5) * keys if name == "convolution, forward" else None
             rate = f"{flops / c_ms / 1e6:.0f}" if flops else ""
             print(
