@@ -37,7 +37,9 @@
  * registers, since 64-byte vectors there are register pairs and the AVX-512 tiles (16 and 18
  * sums) would spill to memory at every step: MTA took 4-7x MHA's time on an AVX2 machine so.
  * Each sum is in the same order either way; only the lanes of the softmax's and the gradients'
- * sums are added in another grouping. */
+ * sums are added in another grouping. That, and GCC's tuning for the CPU (which multiply-adds it
+ * fuses: -march=native on an AMD Zen fuses fewer than on an Intel CPU), make builds for two CPUs
+ * differ in the last bits; the number of threads does not (add_slots). */
 #if defined(__AVX512F__)
 #define VECTOR_BYTES 64
 /* The convolution's tile: output rows x vectors of keys summed in registers (16 of 32). */
