@@ -6,7 +6,7 @@ subprocesses, parallel, finished runs skipped on a rerun):
 
 1. the learning rates (rates.py): every arm at every multiplier on the smallest size at the
    largest budget, with the file's seed; past an edge one more multiplier, up to lr_sweep.extend;
-   then the choice and its two neighbours at the largest size, the best of which is used there.
+   then the choice and its two neighbours at the largest size, where the same rule chooses again.
    These runs only choose: none is a ladder point (the lowest of several noisy runs is biased low);
 2. the ladder: every arm at every size at its own multiplier, trained to the largest budget with
    a warmup-stable-decay schedule, with the next seed (the file's seed + 1), and the extra seeds

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -133,6 +134,8 @@ def differences(table: list[dict], reference: dict) -> dict[str, dict[str, Diffe
 def _difference_cells(test: Difference | None, seeds: int) -> list[str]:
     if test is None:
         return ["needs 2+ seeds" if seeds < 2 else "–", ""]
+    if math.isnan(test.p_holm):  # no spread on either side: no test (significance.welch)
+        return [f"{test.difference:+.4f} (no spread: no test)", "–"]
     cells = [f"{test.difference:+.4f} [{test.low:+.4f}, {test.high:+.4f}]", f"{test.p_holm:.2g}"]
     return [f"**{cell}**" for cell in cells] if test.significant else cells
 
