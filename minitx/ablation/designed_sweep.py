@@ -193,5 +193,12 @@ def run_designed(
     log((output / "results.md").read_text(encoding="utf-8"))
     log(f"ablate: wrote {output / 'results.md'}, results.csv, {', '.join(DESIGN_PLOTS)}")
     if not any(trained(p).loss is not None for p in sum(phases, [])):
-        raise UserError(f"every run failed; see {output / 'results.md'} and each run's train.log")
+        # a run whose SLURM job was cancelled did not fail: rerunning resumes it from last.ckpt
+        cancelled = any(trained(p).record.get("status") == "cancelled" for p in sum(phases, []))
+        what = (
+            "no run finished (some were cancelled: run the same command again to resume them)"
+            if cancelled
+            else "every run failed"
+        )
+        raise UserError(f"{what}; see {output / 'results.md'} and each run's train.log")
     return plan
