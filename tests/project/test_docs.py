@@ -405,7 +405,6 @@ def docs_run_commands() -> list[tuple[str, list[str]]]:
 SHORT_TRAIN = [
     "--trainer.max_steps", "4", "--trainer.val_check_interval", "2", "--data.val_batches", "1",
     "--data.batch_size", "4", "--run.sample_tokens", "0", "--trainer.enable_model_summary", "false",
-    "--data.max_tokens", "200000",
 ]  # fmt: skip
 SHORT = {
     "scripts/make_speeches.py": ["--plays", "2"],
@@ -418,8 +417,9 @@ def shortened(words: list[str], work: Path) -> list[str]:
     script = words[0]
     if script in ("train.py", "prepare.py"):
         words = list(words)
-        if "--model.decay_steps" in words:  # a decay of 300 steps in a run cut to 4
-            words[words.index("--model.decay_steps") + 1] = "1"
+        for flag, short in (("--model.decay_steps", "1"), ("--data.max_tokens", "200000")):
+            if flag in words:  # a decay of 300 steps in a run cut to 4; a billion tokens to prepare
+                words[words.index(flag) + 1] = short
         return [*words, *(SHORT_TRAIN if script == "train.py" else [])]
     if script == "ablate.py":
         from minitx.ablation.plan.sweep import load_sweep
