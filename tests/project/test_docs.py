@@ -238,7 +238,7 @@ PLACEHOLDERS = {
 }
 USER_FILES = {
     "web/a.jsonl": '{"text": "To be, or not to be, that is the question."}\n' * 400,
-    "stories/a.jsonl": '{"text": "Once upon a time there was a little cat."}\n' * 400,
+    "stories/a.jsonl": '{"text": "Once upon a time there was a little cat."}\n' * 4000,
     "corpus/a.txt": "Now is the winter of our discontent made glorious summer.\n" * 400,
     "prompt.txt": "ROMEO:",
 }
