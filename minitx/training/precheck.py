@@ -62,7 +62,12 @@ TRAINING_SWITCHES = (
         False,
         "recompute each block's activations in backward: less memory, about one more forward",
     ),
-    ("init_from", Optional[str], None, "a minitx checkpoint (.ckpt) or a local transformers directory the run starts from"),  # noqa: UP045
+    (
+        "init_from",
+        Optional[str],
+        None,
+        "a minitx checkpoint (.ckpt) or a local transformers directory the run starts from",
+    ),  # noqa: UP045
 )
 # Whole command lines left to LightningCLI: a class's help, a shell completion script.
 ONLY_LIGHTNING = (".help", "--print_shtab")

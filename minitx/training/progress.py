@@ -74,10 +74,10 @@ def validation_every(trainer: L.Trainer) -> int | None:
     return max(1, interval // max(1, int(trainer.accumulate_grad_batches or 1)))
 
 
-# How quickly the ETA follows a change of pace: a step's time counts half as much 20 steps later.
-# Lines come every log_every_n_steps (10 by default), so two lines after a machine slows down the
-# ETA has taken most of the new pace, while one slow step moves it by a few percent only.
-HALF_LIFE_STEPS = 20
+# How quickly the ETA follows a change of pace: a step's time counts half as much 10 steps later.
+# Lines come every log_every_n_steps (10 by default), so four lines after a machine slows down the
+# ETA has taken 94% of the new pace, while one step twice as slow as the rest moves it by 7%.
+HALF_LIFE_STEPS = 10
 
 
 class RecentPace:

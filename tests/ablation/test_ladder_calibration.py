@@ -45,7 +45,9 @@ def test_a_misspecified_ladder_keeps_its_false_daggers_near_the_nominal_rate(nam
 
 def test_the_seed_noise_alone_gives_false_daggers_when_noise_varies_by_size():
     """The method before this one, on the same ladders: the test above would fail it."""
-    rates = simulation.run_method(BY_NAME["noise 2x at the smallest size"], LADDERS, FIXED, 60, robust_noise=False)
+    rates = simulation.run_method(
+        BY_NAME["noise 2x at the smallest size"], LADDERS, FIXED, 60, robust_noise=False
+    )
     show(rates)
     assert rates.daggers > 0.12
 

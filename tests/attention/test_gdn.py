@@ -377,7 +377,7 @@ def test_attention_map_is_the_linear_map_the_layer_applies(value_heads):
 @pytest.mark.parametrize("name", ["gdn", "deltanet-grouped-neg-eigval", "hybrid"])
 def test_documents_through_fla_s_packed_sequences_equal_the_torch_path(name, monkeypatch):
     """On CUDA with flash-linear-attention, packed documents go to fla's kernel as packed sequences
-    (GatedDeltaNet.fla_chunk: the batch one row, cut where documents start, cu_seqlens). Rehearsed
+    (gdn.ops.fla_chunk: the batch one row, cut where documents start, cu_seqlens). Rehearsed
     on the CPU with a stand-in for the kernel (tests/helpers.py) in float64: the whole forward, and
     a prefill in two pieces through the cache, where a row's first sequence goes on from the row's
     state unless a document starts it, equal the torch path, states included."""

@@ -20,8 +20,8 @@ from minitx import AttentionConfig, ModelConfig
 from minitx.cli import eval_main, generate_main, train_main
 from minitx.data.prepare import DataSettings
 from minitx.errors import UserError
-from minitx.files.configs import REPO_ROOT, with_config_files
 from minitx.files import legacy
+from minitx.files.configs import REPO_ROOT, with_config_files
 from minitx.files.legacy import ATTENTION_FIELDS, DATA_FIELDS, DATA_TASK_FIELDS, renamed_key
 from minitx.trained_model import load_checkpoint
 from minitx.training.command import checked_config

@@ -386,10 +386,14 @@ def test_the_registry_declares_each_optimisers_learning_rates():
 
     assert lr_keys("adamw") == ("lr", "min_lr") and lr_keys("muon") == ("lr", "min_lr", "muon_lr")
     assert lr_keys("not-an-optimiser") == ("lr", "min_lr")
-    assert LR_KEYS == tuple(f"model.{key}" for key in all_lr_keys()) == (
-        "model.lr",
-        "model.min_lr",
-        "model.muon_lr",
+    assert (
+        LR_KEYS
+        == tuple(f"model.{key}" for key in all_lr_keys())
+        == (
+            "model.lr",
+            "model.min_lr",
+            "model.muon_lr",
+        )
     )
     for spec in OPTIMIZERS.values():
         assert set(spec.lr_keys) <= set(Optimisation.names())
