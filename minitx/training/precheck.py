@@ -64,10 +64,10 @@ TRAINING_SWITCHES = (
     ),
     (
         "init_from",
-        Optional[str],
+        Optional[str],  # noqa: UP045
         None,
         "a minitx checkpoint (.ckpt) or a local transformers directory the run starts from",
-    ),  # noqa: UP045
+    ),
 )
 # Whole command lines left to LightningCLI: a class's help, a shell completion script.
 ONLY_LIGHTNING = (".help", "--print_shtab")
