@@ -54,7 +54,9 @@ modules at the top drive them, and where the two kinds of sweep differ a stage h
     report/             what a sweep writes
       plain.py          a plain sweep's results.csv and results.md (Welch tests against the
                         reference, diagnostics); plain_plots.py its plots
-      designed.py       a designed sweep's results.csv and results.md; designed_plots.py its plots
+      designed.py       a designed sweep's results.csv and results.md; ladder.py its ladder's
+                        sections (verdicts, each size left out, the held-out rung, noise by size),
+                        cells.py how numbers are written; designed_plots.py its plots
       missing.py        why a diagnostic is "–"
 
 Output, under --output: a directory per run (runs/<variant>-seed<k>, with the run's own logs and

@@ -247,7 +247,7 @@ def test_interval_uses_draws_it_was_given_and_sorts_nan_last():
 
 
 def test_a_multiplier_prints_a_word_where_it_has_no_number():
-    from minitx.ablation.report.designed import _interval
+    from minitx.ablation.report.cells import interval_text as _interval
 
     assert _interval(1.06, 0.56, math.inf) == "1.06 [0.56, unbounded]"
     assert _interval(0.04, 0.0, 0.09) == "0.04 [unbounded, 0.09]"

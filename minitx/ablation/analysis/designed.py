@@ -237,9 +237,7 @@ def _fit_all(plan: Plan, analysis: Analysis, trained: RunResults, replicates=())
         notes.append(f"no joint fit: {error}")
         return
     joint = analysis.joint = found.joints[0]
-    boot = fit.bootstrap_joint(
-        joint, x, index, found.noises[0], seed=0, delta=robust.DELTA_SDS, weighted=True
-    )
+    boot = found.boots[0]  # the draws the intervals came from: the curves' bands too
     for k, arm in enumerate(fitted):
         mine = [i for i, j in enumerate(index) if j == k]
         curve = joint.curve(k)
@@ -257,11 +255,7 @@ def _fit_all(plan: Plan, analysis: Analysis, trained: RunResults, replicates=())
                 fitted[prediction.arm].held_out.append(prediction)
         except UserError as error:
             notes.append(f"held-out rung: {error}")
-    delta = (
-        1.345 * (analysis.noise.pooled if analysis.noise and analysis.noise.pooled > 0 else 0)
-        or fit.HUBER_DELTA
-    )
-    _params_share(plan, analysis, fitted, delta, trained)
+    _params_share(plan, analysis, fitted, trained)
     _nd_view(plan, analysis, trained)
 
 
@@ -328,9 +322,7 @@ def _noise(analysis: Analysis, arms, group, shared, x, y, index) -> tuple[fit.No
     return noise, 1.345 * sd if sd > 0 else fit.HUBER_DELTA
 
 
-def _params_share(
-    plan: Plan, analysis: Analysis, fitted: list[ArmResult], delta: float, trained: RunResults
-) -> None:
+def _params_share(plan: Plan, analysis: Analysis, fitted: list[ArmResult], trained: RunResults) -> None:
     """The parameter form needs one token ratio across sizes: the largest budget, per parameter;
     the joint model of loss against parameters there gives each arm's parameter multiplier."""
     if plan.ladder.unit != "tokens_per_param" or len(plan.sizes) < 4:

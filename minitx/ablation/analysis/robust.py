@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .curves import JointFit, fit_joint_many
-from .uncertainty import INTERVAL, Comparison, Noise, bootstrap_joint_many, interval
+from .uncertainty import INTERVAL, Comparison, JointBootstrap, Noise, bootstrap_joint_many, interval
 
 DELTA_SDS = 1.345  # Huber's delta in noise sds: 95% as efficient as least squares under normal noise
 PARAMETERS = 3  # E, A, alpha, shared by every arm (each arm but the baseline adds its log m)
@@ -85,6 +85,7 @@ class RobustFit:
     dispersion_dof: np.ndarray  # (arms,)
     noises: list[Noise]
     sd: np.ndarray  # (L, n): each point's noise as the intervals carry it
+    boots: list[JointBootstrap] = field(default_factory=list)  # per ladder, once answer() drew them
 
 
 def trunk_freedom(data: LadderData) -> np.ndarray:
@@ -204,7 +205,7 @@ def answer(
     """Each ladder's robust fit and, per arm but the baseline, its answer (module doc, 1 and 2).
     `robust_noise` False: the seed noise alone, and no size left out (the method before)."""
     robust = fit_robust(data, robust_noise)
-    boots = bootstrap_joint_many(
+    boots = robust.boots = bootstrap_joint_many(
         robust.joints, data.compute, data.arm, robust.noises, draws, seed, DELTA_SDS, weighted=True
     )
     loso = without_each_size(data, robust.sd, robust.joints) if robust_noise else {}

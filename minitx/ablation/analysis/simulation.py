@@ -87,7 +87,7 @@ def simulate(rng: np.random.Generator, scenario: Scenario, ladders: int) -> Simu
         hit = rng.random(shape) < scenario.unlucky
         return hit * rng.uniform(scenario.unlucky_low, scenario.unlucky_high, shape)
 
-    common = rng.standard_normal((ladders, arms * 4))[:, trunk] + 0 * sd
+    common = rng.standard_normal((ladders, arms * 4))[:, trunk]
     own = rng.standard_normal((ladders, n))
     bad = unlucky((ladders, arms * 4))[:, trunk]
     log_y = clean + sd * (math.sqrt(SHARED) * common + math.sqrt(1 - SHARED) * own) + bad

@@ -18,14 +18,14 @@ from collections.abc import Sequence
 from ...evaluation.diagnostics import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES
 from ...files.atomic import write_text_atomically
 from ...flops import FLOP_CONVENTION
-from ..analysis.curves import ALPHA_MAX, FLAT
-from ..analysis.designed import Analysis, share
+from ..analysis.designed import Analysis
 from ..analysis.significance import CONFIDENCE, LEVEL
 from ..analysis.table import device_label
-from ..analysis.verdicts import Verdict, verdict
 from ..plan.ladder import Plan, Point
 from ..plan.rates import MARGIN
 from ..runs.results import PointResult, RunResults
+from .cells import budget_text, num
+from .ladder import held_out_section, ladder_section, noise_note, noise_section, verdict_section
 
 DESIGN_PLOTS = (
     "lr_sweep.png",
@@ -82,38 +82,6 @@ def csv_text(points: list[Point], trained: RunResults) -> str:
     return out.getvalue()
 
 
-def _num(value: float | None, fmt: str = "{:.4f}") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    if math.isinf(value):
-        return "unbounded"
-    return fmt.format(value)
-
-
-def _ratio(value: float | None) -> str:
-    """A multiplier or share: three significant figures, a word where there is no number (0 and
-    inf are the two ends of log scale: a fit or draw at the multiplier's bound)."""
-    if value is None or math.isnan(value):
-        return "–"
-    if value == 0 or math.isinf(value):
-        return "unbounded"
-    if 0.01 <= value < 1000:
-        return f"{value:.3g}" if value < 10 else f"{value:.1f}"
-    return f"{value:.2g}"
-
-
-def _interval(value: float, low: float, high: float) -> str:
-    return f"{_ratio(value)} [{_ratio(low)}, {_ratio(high)}]"
-
-
-def _budget_text(plan: Plan, budget: float | None) -> str:
-    if budget is None:
-        return "the base's steps"
-    if plan.ladder is not None and plan.ladder.unit == "tokens_per_param":
-        return f"{budget:g} tokens/param"
-    return f"{budget:.3g} FLOPs"
-
-
 def markdown(
     plan: Plan,
     analysis: Analysis,
@@ -132,13 +100,13 @@ def markdown(
         f"{done} of {n_runs} runs finished. Baseline: **{analysis.baseline}**.",
         "",
     ]
-    lines += _verdict_section(plan, analysis)
+    lines += verdict_section(plan, analysis)
     if design.multipliers:
         lines += _lr_section(plan, analysis, all_points, trained)
     if plan.ladder is not None:
-        lines += _ladder_section(plan, analysis, trained)
-        lines += _held_out_section(plan, analysis)
-        lines += _noise_section(plan, analysis)
+        lines += ladder_section(plan, analysis, trained)
+        lines += held_out_section(plan, analysis)
+        lines += noise_section(plan, analysis)
     lines += _seeds_section(plan, analysis)
     if any(a.diagnostics for a in analysis.arms):
         lines += _diagnostics_section(plan, analysis)
@@ -164,150 +132,11 @@ def _outcome(result: PointResult) -> str:
     return "diverged" if result.trouble.startswith("diverged") else "failed"
 
 
-def verdicts(plan: Plan, analysis: Analysis) -> dict[str, Verdict]:
-    """Each arm but the baseline's verdict (analysis/verdicts.py)."""
-    size, budget = analysis.rung
-    compute = plan.compute.get((size, budget)) if plan.ladder is not None else None
-    found = {}
-    for arm in analysis.arms:
-        if arm.name == analysis.baseline:
-            continue
-        gap = None
-        if analysis.joint is not None and compute and arm.curve is not None:
-            base = analysis.arms[0].curve
-            gap = float(arm.curve.fit.loss(compute) - base.fit.loss(compute)) if base is not None else None
-        found[arm.name] = verdict(arm, size, gap, [s.name for s in plan.sizes])
-    return found
-
-
-def _verdict_section(plan: Plan, analysis: Analysis) -> list[str]:
-    found = verdicts(plan, analysis)
-    if not found:
-        return []
-    size, budget = analysis.rung
-    where = f"{size}, {_budget_text(plan, budget)}" if plan.ladder else "the sweep's budget"
-    lines = [
-        "## Verdicts",
-        "",
-        f"Each arm against **{analysis.baseline}**. "
-        + (
-            "The ladder decides (every size and budget, each arm at its own rate): **better** or **worse** when "
-            "the compute multiplier's 90% interval excludes 1 and no size left out moves it to the other side "
-            "of 1; **fragile** when one size decides its side; else **no difference found**. "
-            if plan.ladder is not None
-            else ""
-        )
-        + f"The seeds test (Welch, Holm-corrected, p < {LEVEL}) at {where} stands beside it.",
-        "",
-        "| arm | verdict | compute multiplier [90%] | without each size | seeds test | why they differ |",
-        "|---|---|---|---|---|---|",
-    ]
-    for arm in analysis.arms:
-        if arm.name not in found:
-            continue
-        v = found[arm.name]
-        c = arm.answer.comparison if arm.answer else None
-        multiplier = "–" if c is None else _interval(c.multiplier, c.low, c.high)
-        without = "–"
-        if arm.answer and arm.answer.without:
-            values = [v for v in arm.answer.without.values()]
-            without = f"{_ratio(min(values))}–{_ratio(max(values))}"
-        test = arm.test
-        seeds = "–" if test is None else f"{test.difference:+.4f}, p (Holm) {_num(test.p_holm, '{:.2g}')}"
-        if v.seeds:
-            seeds += f": {v.seeds}"
-        lines.append(f"| {arm.name} | **{v.word}** | {multiplier} | {without} | {seeds} | {v.why} |")
-    return [*lines, ""]
-
-
-def _held_out_section(plan: Plan, analysis: Analysis) -> list[str]:
-    predictions = [p for arm in analysis.arms for p in arm.held_out]
-    if not predictions:
-        return []
-    below = ", ".join(s.name for s in plan.sizes[:-1])
-    inside = sum(p.covered for p in predictions)
-    lines = [
-        f"## A held-out rung: {analysis.held_out_size} predicted from {below}",
-        "",
-        f"The same fit and noise model without {analysis.held_out_size}, each arm's loss predicted at its "
-        f"{analysis.held_out_size} points with a 90% predictive interval (the refits' curves there plus a new "
-        f"point's noise, as measured at {plan.sizes[-2].name}); **{inside} of {len(predictions)}** measured losses "
-        "fall inside (on simulated ladders such intervals hold 85-95%: benchmarks/ladder_calibration.py).",
-        "",
-        "| arm | "
-        + " | ".join(f"@ {_budget_text(plan, b)}: measured, predicted [90%]" for b in plan.budgets)
-        + " |",
-        "|---|" + "---|" * len(plan.budgets),
-    ]
-    for arm in analysis.arms:
-        if not arm.held_out:
-            continue
-        by_compute = sorted(arm.held_out, key=lambda p: p.compute)
-        cells = [
-            f"{p.measured:.4f}, {p.predicted:.4f} [{p.low:.4f}, {p.high:.4f}]" + ("" if p.covered else " ✗")
-            for p in by_compute
-        ]
-        lines.append(f"| {arm.name} | " + " | ".join(cells) + " |")
-    return [*lines, "", "✗: the measured loss lies outside its predictive interval.", ""]
-
-
-def _noise_section(plan: Plan, analysis: Analysis) -> list[str]:
-    noise = analysis.size_noise
-    if noise is None:
-        return []
-    lines = [
-        "## Seed noise by size, from the replicates the plan holds",
-        "",
-        f"At {plan.sizes[0].name} the sweep's run at the rate the ladder uses there and the ladder's run are one "
-        f"config with two seeds; so are the confirmation's and the ladder's at {plan.sizes[-1].name}; the seeds "
-        f"rung ({analysis.rung[0]}) has its seeds. A size without replicates takes the sd interpolated in log "
-        "parameters. Each point's noise in the intervals is its size's sd times its arm's dispersion (the arm's "
-        "scatter about the joint curve in those sds, at least 1).",
-        "",
-        "| size | freedom | sd of log loss |",
-        "|---|---:|---:|",
-    ]
-    for i, size in enumerate(plan.sizes):
-        freedom = noise.measured.get(i)
-        lines.append(
-            f"| {size.name} | {'interpolated' if freedom is None else f'{freedom:g}'} | {noise.sd[i]:.4f} |"
-        )
-    pairs = [
-        f"{arm.name} at {size}: {a:.4f} and {b:.4f}"
-        for arm in analysis.arms
-        for size, (a, b) in arm.pairs.items()
-    ]
-    lines.append("")
-    if pairs:
-        lines += ["Replicate pairs (the ladder's run, then the other seed's): " + "; ".join(pairs) + ".", ""]
-    if noise.factor:
-        own = ", ".join(f"{arm} x{f:.2f}" for arm, f in noise.factor.items())
-        lines += [f"Arms noisier at the rung (F-test stepping down, p < 0.01) keep their excess: {own}.", ""]
-    for arm, size, d in noise.unreliable:
-        name = plan.sizes[size].name
-        settled = analysis.arm(arm).medians.get(name)
-        then = (
-            f"a third seed ran there ({settled[2]:.4f}), and the ladder's point is the median of the three, "
-            f"{settled[3]:.4f}"
-            if settled
-            else "no third seed has run there (a sweep runs one; --report-only of older runs and --from-csv cannot), "
-            "so the point keeps the ladder's run"
-        )
-        lines.append(
-            f"- **unreliable**: {arm} at {name}: its two seeds differ by {d:+.3f} in log loss, more than 4 sds of "
-            f"the noise (the rung's, or that size's where larger): left out of that size's sd (an unlucky run is "
-            f"lack of fit, which the arm's dispersion carries); {then}"
-        )
-    if noise.unreliable:
-        lines.append("")
-    return lines
-
-
 def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point], trained: RunResults) -> list[str]:
     ms = sorted({m for arm in analysis.arms for m in arm.lr_losses} | set(plan.sweep.design.multipliers))
     small, large = plan.sizes[0].name, plan.sizes[-1].name
     lines = [
-        f"## Learning rate: each arm at its own best (size {small}, {_budget_text(plan, plan.budgets[-1])}, "
+        f"## Learning rate: each arm at its own best (size {small}, {budget_text(plan, plan.budgets[-1])}, "
         f"seed {plan.sweep.seed})",
         "",
         "| arm | " + " | ".join(f"x{m:g}" for m in ms) + " | chosen |",
@@ -347,7 +176,7 @@ def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point], trained
     ]
     if len(plan.sizes) > 1:
         lines += [
-            f"Confirmed at {large} ({_budget_text(plan, plan.budgets[-1])}, seed {plan.sweep.seed}): the choice and "
+            f"Confirmed at {large} ({budget_text(plan, plan.budgets[-1])}, seed {plan.sweep.seed}): the choice and "
             "its neighbours; the same rule over those that neither diverged nor spiked gives the rate used there "
             "(in bold), sizes between "
             "train at the rate interpolated geometrically in parameters.",
@@ -380,190 +209,9 @@ def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point], trained
     return lines
 
 
-def _ladder_section(plan: Plan, analysis: Analysis, trained: RunResults) -> list[str]:
-    joint = analysis.joint
-    shape = (
-        f"E {joint.E:.3f}, A {joint.A:.3f}, alpha {joint.alpha:.3f}, C0 {joint.C0:.3g} FLOPs"
-        if joint
-        else "no joint fit"
-    )
-    lines = [
-        "## The ladder: loss against compute",
-        "",
-        "One curve for every arm, L_arm(C) = E + A (m_arm C / C0)^-alpha with m = 1 for "
-        f"{analysis.baseline} ({shape}; Huber in log space): an arm's **compute multiplier** m is the "
-        f"compute {analysis.baseline} needs for the arm's loss, over the arm's compute (> 1: the arm is worth "
-        f"more compute than it spends). Its 90% interval comes from {_draws()} refits to losses redrawn "
-        "about the fit with each point's noise: its size's seed noise, raised to the arm's own scatter where that "
-        "is larger (the dispersion; see the notes). † the interval excludes 1 and no size left out moves the "
-        "multiplier to the other side of 1; *fragile*: one size decides its side.",
-        "",
-        "| arm | points (branches) | sizes | compute multiplier [90%] | without "
-        + ", ".join(s.name for s in plan.sizes)
-        + " | params share at equal loss [90%] | own curve: E, alpha | scatter about the curve | dispersion |",
-        "|---|---:|---:|---|---|---|---|---:|---:|",
-    ]
-    fragile = False
-    for arm in analysis.arms:
-        branches = sum(p.role == "branch" for p in arm.points)
-        head = f"| {arm.name} | {len(arm.points)} ({branches}) | {arm.sizes} |"
-        own = "–" if arm.own is None else f"{arm.own.E:.3f}, {arm.own.alpha:.3f}"
-        if arm.curve is None:
-            lines.append(f"{head} {arm.fit_note or '–'} | | | {own} | | |")
-            continue
-        without = "–"
-        if arm.name == analysis.baseline:
-            multiplier, params = "1 (baseline)", "1 (baseline)"
-        else:
-            c, answer = arm.compute, arm.answer
-            multiplier = "–" if c is None else _interval(c.multiplier, c.low, c.high)
-            if answer is not None and answer.dagger:
-                multiplier += " †"
-            elif answer is not None and answer.verdict == "fragile":
-                multiplier += f" *fragile: {plan.sizes[answer.fragile_size].name}*"
-            if answer is not None and answer.without:
-                without = ", ".join(_ratio(answer.without.get(i, math.nan)) for i in range(len(plan.sizes)))
-            params = "–" if arm.params is None else _interval(*share(arm.params))
-        if arm.sizes < 3:
-            multiplier += " (2 sizes: fragile)" if arm.sizes == 2 else " (1 size: fragile)"
-            fragile = True
-        scatter = "–" if arm.scatter is None else f"{arm.scatter:.4f}"
-        dispersion = "–" if arm.dispersion is None else f"{arm.dispersion:.2f}"
-        lines.append(f"{head} {multiplier} | {without} | {params} | {own} | {scatter} | {dispersion} |")
-    sd = analysis.noise.pooled if analysis.noise else None
-    lines += [
-        "",
-        "Parameter share: the arm's non-embedding parameters over the baseline's at equal loss, from the "
-        "same joint form in N over the sizes at the largest budget (< 1: the arm needs fewer).",
-        "Own curve: each arm fitted alone (E + A (C/C0)^-alpha, 5 or more points), a check of the shared shape. "
-        "Scatter: rms of the arm's log-loss residuals about its joint curve"
-        + (f", to set beside the seed noise (sd of log loss {sd:.4f} at the rung): much larger says the arm's "
-           "curve has another shape or a point had an unlucky run, and its multiplier is an average over the "
-           "ladder." if sd else ".")
-        + " Dispersion: the arm's noise in the intervals over its seed noise (its scatter in seed sds, over the "
-        "freedom the fit leaves; at least 1). Without each size: the multiplier refitted with that size left out.",
-    ]  # fmt: skip
-    if fragile:
-        lines.append(
-            "Fragile: an arm whose points cover fewer than 3 sizes pins its place on the curve by too few "
-            "independent runs (a size's budgets share one trunk); read its multiplier as a rough guide."
-        )
-    lines.append("")
-    rows = ["| size | " + " | ".join(analysis.arms[i].name for i in range(len(analysis.arms))) + " |"]
-    rows.append("|---|" + "---:|" * len(analysis.arms))
-    for size in plan.sizes:
-        cells = [f"{plan.shapes[a, size.name].params:,}" for a in plan.arms]
-        rows.append(f"| {size.name} params | " + " | ".join(cells) + " |")
-        for budget in plan.budgets:
-            cells = []
-            for arm in analysis.arms:
-                p = next((q for q in arm.points if q.size == size.name and q.budget == budget), None)
-                cells.append(
-                    "–" if p is None else f"{trained(p).loss:.4f}" + (" ᵇ" if p.role == "branch" else "")
-                )
-            rows.append(f"| {size.name} @ {_budget_text(plan, budget)} | " + " | ".join(cells) + " |")
-    return [
-        *lines,
-        "Final val loss per point (ᵇ: a decay branched from the size's longest run):",
-        "",
-        *rows,
-        "",
-        *_steps_table(plan, analysis, trained),
-        *_nd_section(analysis),
-    ]
-
-
-def _draws() -> int:
-    from ..analysis import fit
-
-    return fit.BOOTSTRAP
-
-
-def _steps_table(plan: Plan, analysis: Analysis, trained: RunResults) -> list[str]:
-    """What equal compute bought each arm: the steps and tokens of each point (as trained)."""
-    rows = [
-        f"Steps and tokens at equal compute (tokens = steps x {plan.tokens_per_step:,}; an arm whose "
-        "token costs more FLOPs trains fewer steps):",
-        "",
-        "| size @ budget | FLOPs | " + " | ".join(a.name for a in analysis.arms) + " |",
-        "|---|---:|" + "---:|" * len(analysis.arms),
-    ]
-    for size in plan.sizes:
-        for budget in plan.budgets:
-            cells = []
-            for arm in analysis.arms:
-                p = next((q for q in arm.points if q.size == size.name and q.budget == budget), None)
-                if p is None:
-                    cells.append("–")
-                    continue
-                steps = trained(p).trained_steps
-                cells.append(f"{steps:,} · {_count(steps * plan.tokens_per_step)}")
-            compute = plan.compute.get((size.name, budget))
-            flops = "–" if compute is None else f"{compute:.3g}"
-            rows.append(
-                f"| {size.name} @ {_budget_text(plan, budget)} | {flops} | " + " | ".join(cells) + " |"
-            )
-    return [*rows, "", "Each cell: steps · tokens.", ""]
-
-
-def _count(n: float) -> str:
-    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n:.0f}"
-
-
-def _at_bound(exponent: float) -> bool:
-    return exponent <= FLAT or exponent >= ALPHA_MAX - 1e-6
-
-
-def _exponent(value: float) -> str:
-    return f"{value:.3f}" + (" ‡" if _at_bound(value) else "")
-
-
-def _nd_section(analysis: Analysis) -> list[str]:
-    arms = [a for a in analysis.arms if a.nd is not None]
-    if not arms:
-        return []
-    lines = [
-        "## A second view: L(N, D) = E + A (N/N0)^-a + B (D/D0)^-b per arm",
-        "",
-        "Chinchilla's third approach, each arm alone (Huber in log space, 81 starts): how loss splits "
-        "between parameters (a) and tokens (b). The multiplier here is the baseline's compute for the arm's "
-        "fitted loss at the arm's largest point, reached with more tokens at the same size, over the arm's "
-        "compute; a point estimate to set beside the joint fit's, not a test.",
-        "",
-        "| arm | E | A | a | B | b | compute multiplier at its largest size |",
-        "|---|---:|---:|---:|---:|---:|---|",
-    ]
-    for arm in arms:
-        f = arm.nd
-        m = "1 (baseline)" if arm.name == analysis.baseline else _ratio(arm.nd_multiplier)
-        lines.append(
-            f"| {arm.name} | {f.E:.3f} | {f.A:.3f} | {_exponent(f.a)} | {f.B:.3f} | {_exponent(f.b)} | {m} |"
-        )
-    f = arms[0].nd
-    bound = any(_at_bound(a.nd.a) or _at_bound(a.nd.b) for a in arms)
-    return [
-        *lines,
-        "",
-        *(
-            [
-                f"‡ an exponent at its bound (0 or {ALPHA_MAX:g}): the fit could not place it, and the terms it "
-                "scales are not identified by these points; read that arm's split as undetermined.",
-                "",
-            ]
-            if bound
-            else []
-        ),
-        f"N0 {f.N0:,.0f} parameters, D0 {f.D0:.3g} tokens (the baseline's geometric means, for every arm).",
-        "",
-    ]
-
-
 def _seeds_section(plan: Plan, analysis: Analysis) -> list[str]:
     size, budget = analysis.rung
-    where = f"size {size}, {_budget_text(plan, budget)}" if plan.ladder else "the sweep's budget"
+    where = f"size {size}, {budget_text(plan, budget)}" if plan.ladder else "the sweep's budget"
     level = f"{CONFIDENCE:.0%}"
     lines = [
         f"## Seeds: differences from {analysis.baseline} ({where})",
@@ -585,10 +233,10 @@ def _seeds_section(plan: Plan, analysis: Analysis) -> list[str]:
             lines.append(f"| {arm.name} | {n} | {cell} | {note} | | |")
             continue
         diff = f"{t.difference:+.4f} [{t.low:+.4f}, {t.high:+.4f}]"
-        p_holm = _num(t.p_holm, "{:.2g}")
+        p_holm = num(t.p_holm, "{:.2g}")
         if t.significant:
             diff, p_holm = f"**{diff}**", f"**{p_holm}**"
-        lines.append(f"| {arm.name} | {n} | {cell} | {diff} | {_num(t.p, '{:.2g}')} | {p_holm} |")
+        lines.append(f"| {arm.name} | {n} | {cell} | {diff} | {num(t.p, '{:.2g}')} | {p_holm} |")
     lines.append("")
     both = sorted(set(analysis.lr_seeds) & set(analysis.rung_seeds))
     if both:
@@ -623,7 +271,7 @@ def _diagnostics_section(plan: Plan, analysis: Analysis) -> list[str]:
         "|---|" + "---:|" * len(DIAGNOSTIC_KEYS),
     ]
     for arm in analysis.arms:
-        cells = [_num(arm.diagnostics.get(k), "{:.3f}") for k in DIAGNOSTIC_KEYS]
+        cells = [num(arm.diagnostics.get(k), "{:.3f}") for k in DIAGNOSTIC_KEYS]
         lines.append(f"| {arm.name} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
@@ -681,7 +329,7 @@ def _notes(plan: Plan, analysis: Analysis, all_points: list[Point], trained: Run
                 "times its FLOPs "
                 "per token: every arm of a size gets the same compute, in its own number of steps"
             )
-        notes.append(_noise_note(plan, analysis))
+        notes.append(noise_note(plan, analysis))
     if plan.sweep.match:
         notes.append(
             f"match: {plan.sweep.match}: each arm's MLP width set to {_matched_to(plan)}'s budget at each size"
@@ -695,34 +343,6 @@ def _matched_to(plan: Plan) -> str:
     the report's baseline is (ablate --baseline)."""
     reference = plan.sweep.variants[0] if plan.ladder is not None else plan.sweep.reference
     return reference.name if reference is not None else plan.arms[0]
-
-
-def _noise_note(plan: Plan, analysis: Analysis) -> str:
-    shared = 1 - plan.decay_fraction if len(plan.budgets) > 1 else 0.0
-    trunk = (
-        f"; {shared:.0%} of a point's noise variance is shared by the points of its arm and size (a size's "
-        "smaller budgets are decays branched from its longest run: they share its trunk)"
-        if shared
-        else ""
-    )
-    head = (
-        f"intervals: a parametric bootstrap, {_draws()} refits of the joint fit (weighted by each point's noise, "
-        "Huber's delta 1.345 of it) to losses redrawn about it"
-    )
-    if analysis.size_noise is None:
-        return f"{head}; {analysis.noise_note}{trunk}"
-    noise = analysis.size_noise
-    sizes = ", ".join(f"{s.name} {noise.sd[i]:.4f}" for i, s in enumerate(plan.sizes))
-    return (
-        f"{head} with each point's noise: its size's seed noise (sd of log loss {sizes}; {noise.dof:g} degrees "
-        "of freedom from the replicates) times its arm's dispersion, at least 1: an arm whose points stray from "
-        "the joint curve more than seeds do (an unlucky run, a curve of another shape) gets intervals that wide"
-        f"{trunk}; each draw also redraws each sd from its own uncertainty (the seeds' freedom, or the arm's "
-        "residuals' counted by trunk). A 90% interval: on simulated ladders with the showcase's design, noise "
-        "and misspecifications (unlucky trunks, noise growing at small sizes, a bending arm) it held the planted "
-        "multiplier 90-95% of the time (benchmarks/ladder_calibration.py); it is not a promise that a rerun lands "
-        "inside, since a rerun redraws the rates' luck too"
-    )
 
 
 def write_design_results(
