@@ -30,9 +30,10 @@ from typing import Any
 import yaml
 
 from minitx.data import induction, markov, mqar, needle, toy, zoology
-from minitx.data.prepare import DataSettings
+from minitx.data.prepare import DataSettings, prepare
 from minitx.data.sources import SOURCES
 from minitx.data.task import Task, build_options, register, registry
+from minitx.data.tokenizer import Tokenizer
 from minitx.errors import UserError, require
 from minitx.files import legacy
 from minitx.kinds import nearest
@@ -127,6 +128,13 @@ class DataConfig(TaskSizes, LoaderSettings, DataSettings):
         None for a text source."""
         spec = TASKS.get(self.source)
         return None if spec is None else spec.task(getattr(self.task, self.source))
+
+    def training_tokenizer(self) -> Tokenizer:
+        """The tokenizer a run on this data trains with, and so its vocabulary: a task's is built
+        from the task's settings alone; a text's is the prepared data's (prepared now if it is not
+        yet, as the run would; the cache is keyed by content, so a later run only opens it)."""
+        task = self.synthetic_task()
+        return task.tokenizer() if task is not None else prepare(self.prepare_settings()).tokenizer
 
     def prepare_settings(self) -> DataSettings:
         """What decides the prepared text: the part of this config that prepare() reads."""

@@ -643,6 +643,36 @@ def test_the_plan_counts_the_output_layer_at_the_vocabulary_the_runs_train_with(
     assert plan.shapes["mha", "base"].flops_per_token == Transformer(config).flops_per_token()
 
 
+def test_the_plan_learns_each_arms_vocabulary_from_its_data_section_alone(tmp_path, monkeypatch):
+    """No training parser: the vocabulary is a pure function of the data section (the base, the
+    shared and the arm's overrides, `--data.*` after --), whatever the spelling of a task's key."""
+    from minitx.ablation.plan import budget
+    from minitx.training import command
+
+    def no_parser(*args, **kwargs):
+        raise AssertionError("the plan ran the training command's parser")
+
+    monkeypatch.setattr(command, "checked_config", no_parser)
+    monkeypatch.setattr(budget, "_VOCABULARIES", {})
+    arms = """variants:
+  - {name: text, overrides: {model.attention.kind: mha}}
+  - {name: recall, overrides: {data.source: zoology, data.task.zoology.vocab: 64}, allow_budget_change: true}
+  - {name: older, overrides: {data.source: zoology, data.zoology_vocab: 32}, allow_budget_change: true}
+  - {name: zoology, overrides: {data.source: zoology}, allow_budget_change: true}
+"""
+    sweep = load_sweep(write(tmp_path, BASE + "budget: {flops: 2.0e11}\n" + arms))
+    text, recall, older, default = sweep.variants
+    chars = TextDataModule(source="shakespeare", tokenizer="char", block_size=32).vocab_size
+    assert budget.training_vocab(sweep, text) == chars
+    assert budget.training_vocab(sweep, recall) == 64
+    assert budget.training_vocab(sweep, older) == 32
+    assert budget.training_vocab(sweep, default) == 8192
+    assert budget.training_vocab(sweep, default, ["--data.task.zoology.vocab=256"]) == 256
+    assert budget.training_vocab(sweep, default, ["--data.task.zoology.vocab", "128"]) == 128
+    with pytest.raises(UserError, match="variant 'zoology': data.task.zoology.vocab: must be an even number"):
+        budget.training_vocab(sweep, default, ["--data.task.zoology.vocab=7"])
+
+
 def test_a_plan_whose_data_cannot_be_read_is_refused_in_one_line(tmp_path):
     missing = f"  data.source: files\n  data.train_files: {tmp_path / 'none.txt'}\n"
     base = BASE.replace("  data.batch_size: 4\n", "  data.batch_size: 4\n" + missing)

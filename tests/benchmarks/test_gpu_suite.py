@@ -334,17 +334,18 @@ def test_triton_check_passes_on_the_kernels_and_fails_on_a_broken_one(gpu_suite,
 
 @pytest.mark.slow  # four short trainings: about a minute and a half of CPU
 def test_muon_precision_check_passes_and_fails_a_broken_bfloat16_path(gpu_suite, monkeypatch):
-    from minitx.training import optim
+    # Muon's step calls the name in its own module (optim is a package of one optimiser a file).
+    from minitx.training.optim import muon
 
     config = tiny_config(gpu_suite, "mha")
     results = gpu_suite.Results(torch.device("cpu"), tiny=True)
     gpu_suite.check_muon_precision(results, "mha", config, torch.device("cpu"))
-    newton_schulz = optim.newton_schulz
+    newton_schulz = muon.newton_schulz
 
     def one_iteration_in_bfloat16(x, coefficients, steps):  # a bf16 path that stops early
         return newton_schulz(x, coefficients, steps if x.dtype == torch.float32 else 1)
 
-    monkeypatch.setattr(optim, "newton_schulz", one_iteration_in_bfloat16)
+    monkeypatch.setattr(muon, "newton_schulz", one_iteration_in_bfloat16)
     gpu_suite.check_muon_precision(results, "mha", config, torch.device("cpu"))
     assert [c["ok"] for c in results.checks] == [True, False], results.checks
     assert results.checks[0]["detail"].startswith("auto is float32 here")

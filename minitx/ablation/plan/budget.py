@@ -11,21 +11,18 @@ The output layer is counted at the vocabulary the runs train with (training_voca
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
 
 from ...config import ModelConfig
+from ...data.config import DataConfig
 from ...errors import UserError
 from ...flops import FLOP_CONVENTION
 from ...model import Transformer
-from ...training import check_train_args
-from .commands import BASE_SNAPSHOT, format_value, run_overrides, train_arguments
 from .sweep import Sweep, Variant
 
 TOLERANCE = 0.02  # a matched variant's count is within 2% of the reference's
@@ -63,25 +60,32 @@ def _parsed(value: Any) -> Any:
     return yaml.safe_load(value) if isinstance(value, str) else value
 
 
-def model_section(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> dict[str, Any]:
-    """The `model` section a variant's runs train with: base, shared overrides, the variant's,
-    then `--model.*` arguments given after --."""
-    section = dict((yaml.safe_load(sweep.base_text) or {}).get("model") or {})
-    section["attention"] = dict(section.get("attention") or {})
+def config_section(name: str, sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """A section (`model`, `data`) as a variant's runs train with it: the base's, the shared
+    overrides, the variant's, then `--<name>.*` arguments given after --; nested keys
+    (model.attention.options.local.window, data.task.zoology.pairs) into nested sections."""
+    section = dict((yaml.safe_load(sweep.base_text) or {}).get(name) or {})
     dotted = {**sweep.overrides, **variant.overrides}
     for i, arg in enumerate(extra):
-        if arg.startswith("--model."):
+        if arg.startswith(f"--{name}."):
             key, _, value = arg[2:].partition("=")
             dotted[key] = value if "=" in arg else (extra[i + 1] if i + 1 < len(extra) else None)
     for key, value in dotted.items():
         parts = key.split(".")
-        if parts[0] != "model" or len(parts) < 2:
+        if parts[0] != name or len(parts) < 2:
             continue
         inner = section
-        for part in parts[1:-1]:  # model.attention.options.local.window: nested sections
+        for part in parts[1:-1]:
             inner[part] = dict(inner.get(part) or {})
             inner = inner[part]
         inner[parts[-1]] = _parsed(value)
+    return section
+
+
+def model_section(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """The `model` section a variant's runs train with (config_section's)."""
+    section = config_section("model", sweep, variant, extra)
+    section["attention"] = dict(section.get("attention") or {})
     return section
 
 
@@ -94,38 +98,28 @@ def model_config_of(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -
         raise UserError(f"variant {variant.name!r}: model.{error}") from None
 
 
-# The vocabularies found by training_vocab, by what decides them: a sweep planned again in the
-# same process (a rerun's phases, tests) parses and opens its data once.
+# The vocabularies found by training_vocab, by the data settings that decide them: a sweep planned
+# again in the same process (a rerun's phases, tests) opens its tokenizer once.
 _VOCABULARIES: dict[str, int] = {}
 
 
 def training_vocab(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> int:
-    """The vocabulary a variant's runs train with: their data's tokenizer, to which the train
-    command links model.vocab_size (the data prepared now if it is not yet, as the sweep would
-    before its first run). The sweep's budgets count the output layer at this size. Refused in
-    one line, naming the data's problem, when the data cannot be read."""
-    from ...data.datamodule import TextDataModule
-
-    data_keys = sorted((k, format_value(v)) for k, v in variant.overrides.items() if k.startswith("data."))
-    decided_by = json.dumps(
-        [sweep.base_text, sorted(sweep.overrides.items()), data_keys, list(extra)], default=str
-    )
-    if decided_by in _VOCABULARIES:
-        return _VOCABULARIES[decided_by]
-    with tempfile.TemporaryDirectory(prefix="minitx-ablate-") as scratch:
-        base = Path(scratch) / BASE_SNAPSHOT
-        base.write_text(sweep.base_text, encoding="utf-8")
-        overrides = run_overrides(sweep, variant.overrides, sweep.seed)
-        data = check_train_args(train_arguments(base, Path(scratch) / "runs", variant.name, overrides, extra))
-    try:
-        vocab = TextDataModule(**data).vocab_size
-    except UserError as error:
-        raise UserError(
-            f"variant {variant.name!r}: {error} (the budgets count the output layer at the vocabulary "
-            "of the data its runs train with, so the data is read before the sweep is planned)"
-        ) from None
-    _VOCABULARIES[decided_by] = vocab
-    return vocab
+    """The vocabulary a variant's runs train with, to which the train command links
+    model.vocab_size: a pure function of their data section (DataConfig.training_tokenizer; a
+    text's is prepared now if it is not yet, as the sweep would before its first run). The
+    sweep's budgets count the output layer at this size. Refused in one line, naming the data's
+    problem, when the data cannot be read."""
+    section = config_section("data", sweep, variant, extra)
+    decided_by = json.dumps(section, sort_keys=True, default=str)
+    if decided_by not in _VOCABULARIES:
+        try:
+            _VOCABULARIES[decided_by] = DataConfig.from_config(section).training_tokenizer().vocab_size
+        except (UserError, TypeError) as error:
+            raise UserError(
+                f"variant {variant.name!r}: {error} (the budgets count the output layer at the vocabulary "
+                "of the data its runs train with, so the data is read before the sweep is planned)"
+            ) from None
+    return _VOCABULARIES[decided_by]
 
 
 def _with_width(config: ModelConfig, width: int) -> ModelConfig:
