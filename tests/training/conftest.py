@@ -1,4 +1,5 @@
-"""Fixtures of the training tests: a small corpus, an uninterrupted run to compare against, and
+"""Fixtures of the training tests, built once per test process (each is read or copied, never
+changed): a small corpus, an uninterrupted run to compare against, and
 checkpoints (good and damaged) of it; shared by the failure, interrupt and damaged-file tests."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from runs import (
 from minitx.files.checkpoint import LAST
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> dict[str, Path]:
     """A small generated text corpus (train.txt, val.txt) and a token cache, shared by the file."""
     directory = tmp_path_factory.mktemp("corpus")
@@ -37,14 +38,14 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def killer_dir(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("killer")
     (directory / "killer.py").write_text(KILLER)
     return directory
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def uninterrupted(tmp_path_factory, corpus) -> Path:
     """The reference: the tiny run from start to end without a crash. Returns its run directory."""
     directory = tmp_path_factory.mktemp("uninterrupted")
@@ -54,7 +55,7 @@ def uninterrupted(tmp_path_factory, corpus) -> Path:
     return directory / "runs" / "tiny"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory, uninterrupted) -> dict[str, Path]:
     """A good training checkpoint and bad files made from it (all built once)."""
     directory = tmp_path_factory.mktemp("checkpoints")

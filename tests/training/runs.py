@@ -224,7 +224,7 @@ def one_line_error(capfd, prog: str, *fragments: str) -> str:
     lines = [line for line in err.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith(f"{prog}: error: ")]
     assert len(errors) == 1 and lines[-1] == errors[0], err[-3000:]
-    assert "Traceback" not in out + err
+    assert "Traceback" not in out + err, (out + err)[-3000:]
     assert not any(
         line.split(":")[0].endswith(("Error", "Exception")) for line in (out + err).splitlines()
     ), err[-3000:]
