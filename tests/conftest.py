@@ -3,14 +3,13 @@
 import os
 import random
 
-import pytest
-import torch
-
 # Lightning gives its loggers a handler on the sys.stderr of the moment it is first imported. Were
 # that inside a test that captures output (capsys, capfd), the handler would keep that test's
 # stream, closed after it, and every later in-process run would print a logging traceback into
 # the next test's output. Imported here, the handler writes to pytest's session-long capture.
 import lightning.pytorch  # noqa: F401
+import pytest
+import torch
 
 
 @pytest.fixture
