@@ -78,7 +78,7 @@ def test_the_recorded_showcase_rebuilt_from_its_csv_alone(tmp_path):
     for key, cell in recorded.items():
         assert same_cell(rebuilt[key], cell), (key, cell, rebuilt[key])
     assert "Baseline: **mha**" in text
-    assert f"read from {SHOWCASE_CSV} (193 rows), not from the runs" in text
+    assert f"read from {SHOWCASE_CSV} (195 rows), not from the runs" in text
     assert not (output / "runs").exists()
     assert all((output / name).is_file() for name in ("results.csv", "lr_sweep.png", "loss_vs_compute.png"))
     # results.csv rewritten from the rows as the plan read them: the same runs and figures
@@ -97,7 +97,7 @@ def test_the_recorded_showcase_rebuilt_from_its_csv_alone(tmp_path):
 
 def same_cell(rebuilt: str, recorded: str) -> bool:
     """A loss cell as recorded, to the CSV's rounding; any other cell exactly."""
-    found = re.fullmatch(r"([0-9.]+)( ᵇ)?", rebuilt), re.fullmatch(r"([0-9.]+)( ᵇ)?", recorded)
+    found = re.fullmatch(r"([0-9.]+)( ᵇ| ᵐ)?", rebuilt), re.fullmatch(r"([0-9.]+)( ᵇ| ᵐ)?", recorded)
     if None in found:
         return rebuilt == recorded
     return (
@@ -134,7 +134,7 @@ def test_baseline_gqa_and_the_rates_the_csv_recorded(tmp_path, monkeypatch):
     table = losses_table(text)
     recorded = losses_table((RECORDED / "results.md").read_text(encoding="utf-8"))
     assert all(same_cell(table[key], cell) for key, cell in recorded.items())
-    assert table["d48 @ 20 tokens/param", "gqa"] == "1.8818"  # found at x3, the rate recorded
+    assert table["d48 @ 20 tokens/param", "gqa"] == "1.8739"  # found at x3, the rate recorded
     assert (
         "- gqa: the ladder's rates as the CSV recorded them, x3, x3, x3, x3 at d32, d40, d48, d64; " in text
     )
@@ -197,9 +197,9 @@ def without_arm(arm: str):
         (None, ["--report-only", "--from-csv", "missing.csv"], "--from-csv: file 'missing.csv' not found"),
         (drop_column("final_val_loss"), [], "has no column final_val_loss"),
         (
-            set_cell("gqa-d40-lr6.4-seed1338", "final_val_loss", "1.9x"),
+            set_cell("gqa-d40-lr3.2-seed1338", "final_val_loss", "1.9x"),
             [],
-            "line 90 (gqa-d40-lr6.4-seed1338): final_val_loss '1.9x' is not a finite number",
+            "line 90 (gqa-d40-lr3.2-seed1338): final_val_loss '1.9x' is not a finite number",
         ),
         (set_cell("mha-d32-lr1-seed1337", "steps", "many"), [], "(mha-d32-lr1-seed1337): steps 'many'"),
         (rename_arm("gqa", "gqa2"), [], "arm 'gqa2' is not a variant of the config (did you mean gqa?)"),
@@ -260,8 +260,8 @@ def cut_ladder(columns, rows):
 
 def twin_ladder(columns, rows):
     """gqa's d40 ladder run twice, at two rates."""
-    twin = dict(next(r for r in rows if r["run_dir"].endswith("/gqa-d40-lr6.4-seed1338")))
-    twin["multiplier"], twin["run_dir"] = "5", twin["run_dir"].replace("-lr6.4-", "-lr5-")
+    twin = dict(next(r for r in rows if r["run_dir"].endswith("/gqa-d40-lr3.2-seed1338")))
+    twin["multiplier"], twin["run_dir"] = "5", twin["run_dir"].replace("-lr3.2-", "-lr5-")
     return columns, [*rows, twin]
 
 
@@ -286,7 +286,7 @@ def showcase_plan(tmp_path_factory):
     [
         (older_ladder_seed, "its ladder runs have seed(s) 1337, 1339, 1340, not 1338 (the file's seed + 1)"),
         (cut_ladder, "gqa's ladder runs (seed 1338) hold no row at d40"),
-        (twin_ladder, "are both gqa's ladder run at d40 (x6.4, x5)"),
+        (twin_ladder, "are both gqa's ladder run at d40 (x3.2, x5)"),
         (other_params, "local at d48 has 55,600 parameters, the config's 55,536"),
         (wrong_arm, "(mha-d48-lr2.67-b5-seed1338): arm local at d48, but its run's name is mha's at d48"),
         (set_cell("mla-d64-lr2-seed1338", "steps", "9999"), "(mla-d64-lr2-seed1338): trained 9999 steps"),
@@ -315,7 +315,7 @@ def test_a_refusal_after_the_plan_leaves_nothing_written(tmp_path, capsys):
 def test_diagnostic_columns_are_optional_and_checked_when_there(tmp_path):
     path = showcase_with(tmp_path, lambda c, r: ([x for x in c if x not in DIAGNOSTIC_KEYS], r))
     rows = from_csv.read_rows(path)
-    assert len(rows) == 193 and all(row.diagnostics is None for row in rows)
+    assert len(rows) == 195 and all(row.diagnostics is None for row in rows)
     bad = showcase_with(tmp_path, set_cell("mha-d32-lr1-seed1337", "entropy", "high"))
     with pytest.raises(
         UserError, match=r"line 4 \(mha-d32-lr1-seed1337\): entropy 'high' is not a finite number"
@@ -444,7 +444,9 @@ def test_only_some_arms_of_the_csv(tmp_path, monkeypatch):
     )
     table, recorded = losses_table(text), losses_table((RECORDED / "results.md").read_text(encoding="utf-8"))
     assert {arm for _, arm in table} == {"mha", "qknorm"}
-    assert all(same_cell(cell, recorded[key]) for key, cell in table.items())
+    # A point the whole sweep settled by a third seed (ᵐ) is judged on two arms' replicates here:
+    # their noise, not the eight arms', decides whether its pair is far apart.
+    assert all(same_cell(cell, recorded[key]) for key, cell in table.items() if "ᵐ" not in recorded[key])
 
 
 def test_a_csv_a_spreadsheet_saved_is_read_the_same(tmp_path):

@@ -560,6 +560,10 @@ def test_a_replicate_pair_far_apart_gets_a_third_seed_and_the_median(tmp_path, m
     median = float(line.split("median of the three, ")[1].split()[0].rstrip(";,."))
     assert median < ladder_loss / 1.05  # the unlucky run no longer stands for the point
     assert replicates[0].run.directory.name in (output / "results.csv").read_text()
+    # The table of points shows what the fit used, marked, not the unlucky run.
+    points = text.split("Final val loss per point")[1]
+    assert "ᵐ: the median of three seeds" in points.splitlines()[0]
+    assert f"{median:.4f} ᵐ" in points and f"{ladder_loss:.4f}" not in points.split("\n\n")[1]
 
 
 def test_a_two_size_ladder_says_its_fits_are_fragile_and_old_summaries_still_report(tmp_path):
