@@ -56,7 +56,14 @@ def loss_vs_compute(plan: Plan, analysis: Analysis, trained: RunResults, path: P
         if not arm.points:
             continue
         x = [trained(p).trained_flops for p in arm.points]
-        y = [trained(p).loss for p in arm.points]
+        # a point a third seed settled is drawn where the fit has it, the median of three; the
+        # ladder's own run there, hollow
+        settled = {
+            i: arm.medians[p.size][3]
+            for i, p in enumerate(arm.points)
+            if p.size in arm.medians and p.budget == plan.budgets[-1]
+        }
+        y = [settled.get(i, trained(p).loss) for i, p in enumerate(arm.points)]
         branch = [p.role == "branch" for p in arm.points]
         (line,) = ax.plot([], [], label=arm.name)
         color = line.get_color()
@@ -68,6 +75,9 @@ def loss_vs_compute(plan: Plan, analysis: Analysis, trained: RunResults, path: P
         )
         ax.scatter([a for a, b in zip(x, branch) if b], [a for a, b in zip(y, branch) if b], color=color, s=18,
                    marker="^")  # fmt: skip
+        if settled:
+            ax.scatter([x[i] for i in settled], [trained(arm.points[i]).loss for i in settled],
+                       facecolors="none", edgecolors=color, s=18)  # fmt: skip
         if arm.curve is not None:
             grid = np.geomspace(min(x) / 1.3, max(x) * 1.3, 60)
             line.set_data(grid, arm.curve.fit.loss(grid))
@@ -83,7 +93,12 @@ def loss_vs_compute(plan: Plan, analysis: Analysis, trained: RunResults, path: P
         fig,
         ax,
         path,
-        "Loss against compute: fits with 90% bootstrap bands (triangles: branches)",
+        "Loss against compute: fits with 90% bootstrap bands (triangles: branches"
+        + (
+            ";\nhollow: a ladder run replaced by the median of three seeds)"
+            if any(a.medians for a in analysis.arms)
+            else ")"
+        ),
         "no ladder",
     )
 
