@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -51,11 +52,17 @@ class ArmResult:
     medians: dict[str, tuple[float, float, float, float]] = field(
         default_factory=dict
     )  # size -> 3 seeds, median
+    settled: dict[Path, float] = field(default_factory=dict)  # a point's run directory -> that median
 
     @property
     def sizes(self) -> int:
         """The distinct sizes among the arm's fitted points."""
         return len({p.size for p in self.points})
+
+    def fitted_loss(self, point: Point, trained: RunResults) -> float | None:
+        """The point's loss as the fit uses it: the median of three seeds where a third seed
+        settled a far-apart pair, else its run's."""
+        return self.settled.get(point.run.directory, trained(point).loss)
 
 
 @dataclass
@@ -166,9 +173,9 @@ def replicate_points(plan: Plan, analysis: Analysis) -> list[Point]:
     return found
 
 
-def _medians(plan: Plan, fitted: list[ArmResult], trained: RunResults, replicates) -> dict:
-    """The ladder point -> the median of its three seeds, where a replicate settled a flagged pair."""
-    found = {}
+def _medians(plan: Plan, fitted: list[ArmResult], trained: RunResults, replicates) -> None:
+    """Each arm's ladder point -> the median of its three seeds, where a replicate settled a
+    flagged pair (ArmResult.medians, .settled)."""
     for r in replicates:
         arm = next((a for a in fitted if a.name == r.arm), None)
         third = trained(r).loss
@@ -180,8 +187,7 @@ def _medians(plan: Plan, fitted: list[ArmResult], trained: RunResults, replicate
         a, b = arm.pairs[r.size]
         median = float(np.median([a, b, third]))
         arm.medians[r.size] = (a, b, third, median)
-        found[mine.run.directory] = median
-    return found
+        arm.settled[mine.run.directory] = median
 
 
 def _fit_all(plan: Plan, analysis: Analysis, trained: RunResults, replicates=()) -> None:
@@ -210,10 +216,10 @@ def _fit_all(plan: Plan, analysis: Analysis, trained: RunResults, replicates=())
     fitted.insert(0, baseline)
     for arm in fitted:
         arm.pairs = replicate_pairs(plan, arm, trained)
-    settled = _medians(plan, fitted, trained, replicates)
+    _medians(plan, fitted, trained, replicates)
     points = [(k, p) for k, a in enumerate(fitted) for p in a.points]
     x = [trained(p).trained_flops for _, p in points]
-    y = [settled.get(p.run.directory, trained(p).loss) for _, p in points]
+    y = [fitted[k].fitted_loss(p, trained) for k, p in points]
     index = [k for k, _ in points]
     size_index = {s.name: i for i, s in enumerate(plan.sizes)}
     sizes = [size_index[p.size] for _, p in points]

@@ -56,14 +56,10 @@ def loss_vs_compute(plan: Plan, analysis: Analysis, trained: RunResults, path: P
         if not arm.points:
             continue
         x = [trained(p).trained_flops for p in arm.points]
-        # a point a third seed settled is drawn where the fit has it, the median of three; the
+        # each point where the fit has it (a settled one at the median of three seeds); the
         # ladder's own run there, hollow
-        settled = {
-            i: arm.medians[p.size][3]
-            for i, p in enumerate(arm.points)
-            if p.size in arm.medians and p.budget == plan.budgets[-1]
-        }
-        y = [settled.get(i, trained(p).loss) for i, p in enumerate(arm.points)]
+        y = [arm.fitted_loss(p, trained) for p in arm.points]
+        settled = [i for i, p in enumerate(arm.points) if p.run.directory in arm.settled]
         branch = [p.role == "branch" for p in arm.points]
         (line,) = ax.plot([], [], label=arm.name)
         color = line.get_color()
@@ -96,7 +92,7 @@ def loss_vs_compute(plan: Plan, analysis: Analysis, trained: RunResults, path: P
         "Loss against compute: fits with 90% bootstrap bands (triangles: branches"
         + (
             ";\nhollow: a ladder run replaced by the median of three seeds)"
-            if any(a.medians for a in analysis.arms)
+            if any(a.settled for a in analysis.arms)
             else ")"
         ),
         "no ladder",

@@ -232,15 +232,14 @@ def ladder_section(plan: Plan, analysis: Analysis, trained: RunResults) -> list[
             cells = []
             for arm in analysis.arms:
                 p = next((q for q in arm.points if q.size == size.name and q.budget == budget), None)
-                settled = arm.medians.get(size.name) if p is not None and budget == plan.budgets[-1] else None
                 if p is None:
                     cells.append("–")
-                elif settled is not None:  # what the fit used: the median of three seeds
-                    cells.append(f"{settled[3]:.4f} ᵐ")
+                elif p.run.directory in arm.settled:  # what the fit used: the median of three seeds
+                    cells.append(f"{arm.settled[p.run.directory]:.4f} ᵐ")
                 else:
                     cells.append(f"{trained(p).loss:.4f}" + (" ᵇ" if p.role == "branch" else ""))
             rows.append(f"| {size.name} @ {budget_text(plan, budget)} | " + " | ".join(cells) + " |")
-    settled_any = any(arm.medians for arm in analysis.arms)
+    settled_any = any(arm.settled for arm in analysis.arms)
     return [
         *lines,
         "Final val loss per point (ᵇ: a decay branched from the size's longest run"
