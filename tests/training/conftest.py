@@ -25,7 +25,7 @@ from minitx.files.checkpoint import LAST
 
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> dict[str, Path]:
-    """A small generated text corpus (train.txt, val.txt) and a token cache, shared by the file."""
+    """A small generated text corpus (train.txt, val.txt) and a token cache, built once per process."""
     directory = tmp_path_factory.mktemp("corpus")
     rng = random.Random(0)
     for name, lines in (("train.txt", 500), ("val.txt", 80)):
