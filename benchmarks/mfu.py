@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_throughput import build, lightning_tokens_per_sec  # noqa: E402
 
 from minitx.allocator import keep_freed_memory  # noqa: E402
-from minitx.files.configs import merged_config  # noqa: E402
-from minitx.training import DEFAULT_CONFIG, lm_loss  # noqa: E402
+from minitx.files.configs import DEFAULT_CONFIG, merged_config  # noqa: E402
+from minitx.training import lm_loss  # noqa: E402
 from minitx.training.throughput import MATMUL_SIZE, matmul_dtype, matmul_flops  # noqa: E402
 
 # Operators that are the dense matmuls the FLOP count is made of (linear layers, attention's

@@ -39,8 +39,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minitx.data.datamodule import TextDataModule  # noqa: E402
-from minitx.files.configs import merged_config  # noqa: E402
-from minitx.training import DEFAULT_CONFIG, MinitxLM, lm_loss  # noqa: E402
+from minitx.files.configs import DEFAULT_CONFIG, merged_config  # noqa: E402
+from minitx.training import MinitxLM, lm_loss  # noqa: E402
 from minitx.training.optim import MUON_DTYPES, MUON_PRECISIONS, BatchedMuon, muon_matrix, newton_schulz  # noqa: E402
 
 SHAPES_VOCAB = 65  # --newton-schulz builds the model for its shapes only

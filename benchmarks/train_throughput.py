@@ -26,8 +26,8 @@ from lightning.pytorch.loggers import CSVLogger
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minitx.data.datamodule import TextDataModule  # noqa: E402
-from minitx.files.configs import merged_config  # noqa: E402
-from minitx.training import DEFAULT_CONFIG, MinitxLM, lm_loss, lr_at, optimizer_groups  # noqa: E402
+from minitx.files.configs import DEFAULT_CONFIG, merged_config  # noqa: E402
+from minitx.training import MinitxLM, lm_loss, lr_at, optimizer_groups  # noqa: E402
 
 
 class StepTimer(L.Callback):

@@ -1,6 +1,6 @@
 """minitx: a small, fast, trainable decoder-only transformer with switchable attention."""
 
-from . import functional, moved
+from . import functional
 from .attention import Attention, KindLayer
 from .cache import kv_cache_bytes
 from .config import AttentionConfig, ModelConfig
@@ -21,5 +21,3 @@ __all__ = [
     "register",
 ]
 __version__ = "0.1.0"
-
-moved.install()  # old module paths (minitx.checkpoint, ...) refused naming their new homes: minitx/moved.py

@@ -18,7 +18,7 @@ from .cache import KVCache, ModelCache
 from .config import NORM_EPS, ModelConfig
 from .decoding import loop
 from .documents import Documents
-from .rope import RotaryEmbedding, rotary_table, shared_tables  # noqa: F401  (RotaryEmbedding: its old home)
+from .rope import rotary_table, shared_tables
 
 
 def make_norm(config: ModelConfig) -> nn.Module:
@@ -211,10 +211,6 @@ class Transformer(nn.Module):
         for block in self.blocks:
             block.attn.remove_cache()
 
-    @property
-    def caches_are_set_up(self) -> bool:
-        return self.blocks[0].attn.kv_cache is not None
-
     # -- tools -----------------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -233,13 +229,11 @@ class Transformer(nn.Module):
         top_k, top_p, use_cache, ...) are those of minitx.decoding.loop.generate."""
         return loop.generate(self, idx, max_new_tokens, **options)
 
-    def num_params(self, positions: bool = False, *, non_embedding: bool | None = None) -> int:
+    def num_params(self, positions: bool = False) -> int:
         """Parameters, each once (a tied output layer is the token table), the learned position
         table only with positions=True: nanoGPT's count, which the train command prints. Not a
         ladder's non-embedding parameters, which leave out the token table and the output layer
-        too (non_embedding_params). `non_embedding`: this flag's older name, its opposite."""
-        if non_embedding is not None:
-            positions = not non_embedding
+        too (non_embedding_params)."""
         n = sum(p.numel() for p in self.parameters())
         if not positions and self.pos_emb is not None:
             n -= self.pos_emb.weight.numel()

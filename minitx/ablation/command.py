@@ -18,10 +18,7 @@ from .plan.budget import match_budgets
 from .plan.ladder import check_design_keys
 from .plan.sweep import Sweep, load_sweep
 from .runs import from_csv
-from .runs.eval_runs import (
-    diagnose_runs,  # noqa: F401  (its address before runs/ held it)
-    sweep_kind_modules,
-)
+from .runs.eval_runs import sweep_kind_modules
 from .runs.launch import Launcher, local_launcher
 from .runs.runner import check_variants
 from .runs.slurm import (

@@ -117,10 +117,6 @@ def register(spec: TaskSpec) -> TaskSpec:
     return spec
 
 
-def option_key(task: str, option: str) -> str:
-    return f"data.task.{task}.{option}"
-
-
 def build_options(name: str, given: Any) -> Any:
     """The options object of task `name` from what a config holds for `data.task.<name>`: a
     mapping of the options set (the rest take their defaults), or the options object itself."""

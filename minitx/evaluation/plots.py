@@ -107,7 +107,7 @@ def diagnostics(figures: dict, kinds: list[str]) -> Callable:
         entropy.set_ylim(0, 1.05)
         entropy.set_ylabel("attention entropy / log(keys seen)")
         missing = [i for i, e in enumerate(figures["entropy_by_layer"]) if e is None]
-        if missing:  # say why a layer has no point, in the panel (report.missing_notes' words)
+        if missing:  # say why a layer has no point, in the panel (missing.missing_notes' words)
             where = f"no point at layer{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}: "
             why = "\n".join(textwrap.wrap(where + "; ".join(missing_notes(figures, kinds)), 48))
             entropy.text(0.5, 0.5, why, ha="center", va="center", fontsize=7, transform=entropy.transAxes)

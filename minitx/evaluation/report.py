@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..files.atomic import write_atomically, write_json_atomically
 from ..kinds import registry
-from .missing import MISSING_ENTROPY, missing_notes  # noqa: F401 (their old home)
+from .missing import missing_notes
 from .tasks import SIDES
 
 

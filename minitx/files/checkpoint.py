@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from ..errors import UserError, one_line
-from .atomic import TMP_PREFIX, copy_atomically, write_atomically  # noqa: F401 (re-exported)
+from .atomic import TMP_PREFIX
 
 CHECKPOINT_FORMAT = 1
 LAST = "last.ckpt"

@@ -29,7 +29,6 @@ import importlib
 # seconds at every start), which `ablate --help`, a sweep's one-line errors and the benchmarks
 # that only need optim/ or throughput.py would otherwise pay for.
 _HOMES = {
-    "DEFAULT_CONFIG": "command",
     "TrainCLI": "command",
     "main": "command",
     "sample_text": "command",

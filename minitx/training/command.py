@@ -35,7 +35,7 @@ from ..config import ModelConfig, used_kinds
 from ..data.datamodule import TextDataModule
 from ..decoding.loop import generate
 from ..errors import UserError, one_line
-from ..files.configs import DEFAULT_CONFIG, config_arguments, with_config_files  # noqa: F401 (DEFAULT_CONFIG: re-exported)
+from ..files.configs import config_arguments, with_config_files
 from ..files.runlock import RunLock
 from ..hf.load import check_init_from, init_model, run_model_fields
 from ..model import Transformer

@@ -6,7 +6,8 @@ import threading
 import time
 
 from minitx.ablation import Sweep, Variant
-from minitx.ablation.runs.runner import RUN_FILE, given_arguments, make_run, whole_lines
+from minitx.ablation.plan.commands import make_run
+from minitx.ablation.runs.runner import RUN_FILE, given_arguments, whole_lines
 from minitx.files.atomic import write_json_atomically
 
 

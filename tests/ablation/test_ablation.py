@@ -10,6 +10,7 @@ import yaml
 
 from minitx import ablation
 from minitx.ablation.plan import budget
+from minitx.ablation.plan.commands import is_synthetic
 from minitx.ablation.runs import eval_runs
 from minitx.cli import ablate_main
 from minitx.errors import UserError
@@ -514,7 +515,7 @@ def fake_diagnostics(calls: list):
 
 
 def test_diagnostics_of_every_run_in_a_plain_sweep(tmp_path, monkeypatch):
-    from minitx.ablation.command import diagnose_runs
+    from minitx.ablation.runs.eval_runs import diagnose_runs
 
     calls: list = []
     monkeypatch.setattr(eval_runs, "diagnose", fake_diagnostics(calls))
@@ -550,8 +551,8 @@ def test_diagnostics_of_every_run_in_a_plain_sweep(tmp_path, monkeypatch):
 
 
 def test_no_diagnostics_for_synthetic_tasks_nor_without_evaluation(tmp_path, monkeypatch):
-    from minitx.ablation.command import diagnose_runs
     from minitx.ablation.report.plain import BASE_PLOTS, DIAGNOSTIC_PLOTS
+    from minitx.ablation.runs.eval_runs import diagnose_runs
 
     calls: list = []
     monkeypatch.setattr(eval_runs, "diagnose", fake_diagnostics(calls))
@@ -564,11 +565,9 @@ def test_no_diagnostics_for_synthetic_tasks_nor_without_evaluation(tmp_path, mon
     assert read_rows(tmp_path / "toy")[0]["sink_rate"] == ""
     # A variant that switches a text sweep to a task, and a task given after --, are tasks too.
     text_sweep = ablation.Sweep(base_text="data: {source: files}\n", overrides={}, variants=[])
-    assert not ablation.analysis.table.is_synthetic(text_sweep, ablation.Variant("v", {}))
-    assert ablation.analysis.table.is_synthetic(text_sweep, ablation.Variant("v", {"data.source": "mqar"}))
-    assert ablation.analysis.table.is_synthetic(
-        text_sweep, ablation.Variant("v", {}), ["--data.source", "needle"]
-    )
+    assert not is_synthetic(text_sweep, ablation.Variant("v", {}))
+    assert is_synthetic(text_sweep, ablation.Variant("v", {"data.source": "mqar"}))
+    assert is_synthetic(text_sweep, ablation.Variant("v", {}), ["--data.source", "needle"])
 
     # eval: false keeps the old report: nothing diagnosed, no section, columns or plots.
     plain = planted_runs(tmp_path / "plain", {"mha": [2.0]})
@@ -582,7 +581,7 @@ def test_no_diagnostics_for_synthetic_tasks_nor_without_evaluation(tmp_path, mon
 
 
 def test_report_only_reads_cached_diagnostics_and_computes_none(tmp_path, monkeypatch, capsys):
-    from minitx.ablation.command import diagnose_runs
+    from minitx.ablation.runs.eval_runs import diagnose_runs
 
     path = write_sweep(
         tmp_path, [{"name": "mha"}, {"name": "mqa", "overrides": {"model.attention.kind": "mqa"}}]
@@ -697,8 +696,9 @@ def test_bad_eval_settings_are_user_errors(tmp_path, value, message):
 
 
 def test_data_is_prepared_once_per_setting_before_the_runs_and_a_missing_file_fails_only_its_runs(tmp_path):
+    from minitx.ablation.plan.commands import BASE_SNAPSHOT, plan_runs
     from minitx.ablation.plan.sweep import load_sweep
-    from minitx.ablation.runs.runner import BASE_SNAPSHOT, plan_runs, prepare_data
+    from minitx.ablation.runs.runner import prepare_data
 
     variants = [
         {"name": "mha", "overrides": {"model.attention.kind": "mha"}},

@@ -12,12 +12,12 @@ import pytest
 
 from minitx import ablation
 from minitx.ablation.analysis import fit
-from minitx.ablation.analysis.designed import DIAGNOSTIC_KEYS
 from minitx.ablation.plan.ladder import make_plan
 from minitx.ablation.plan.sweep import load_sweep
 from minitx.ablation.runs import from_csv
 from minitx.cli import ablate_main
 from minitx.errors import UserError
+from minitx.evaluation.diagnostics import DIAGNOSTIC_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs" / "ablation_ladder.yaml")

@@ -170,12 +170,12 @@ def test_vectorised_huber_fit_matches_scipy_one_problem_at_a_time():
         residuals = curves._joint_residuals(np.log(x / found.C0), index, np.log(y)[None, :], arms)
 
         def huber(t, residuals=residuals, delta=delta):
-            return float(fit._huber(residuals(np.asarray(t)[None, :], np.arange(1))[0], delta).sum())
+            return float(fit.huber(residuals(np.asarray(t)[None, :], np.arange(1))[0], delta).sum())
 
         def value_and_grad(t, residuals=residuals, delta=delta):
             r, J = residuals(np.asarray(t)[None, :], np.arange(1))
             psi = np.clip(r, -delta, delta)
-            return float(fit._huber(r, delta).sum()), (psi[..., None] * J).sum(axis=1)[0]
+            return float(fit.huber(r, delta).sum()), (psi[..., None] * J).sum(axis=1)[0]
 
         bounds = curves._joint_bounds(np.array([y.min()]), arms)[0]
         best = math.inf

@@ -1,50 +1,14 @@
-"""minitx/ablation/'s layout: its docstring's map is true, and every module and name it had before
-its stages were regrouped still imports from its old address (the same object)."""
+"""minitx/ablation/'s layout: its docstring's map is true."""
 
 from __future__ import annotations
 
-import importlib
 import re
 from pathlib import Path
-
-import pytest
 
 from minitx import ablation
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "minitx" / "ablation"
-
-# Every module minitx.ablation had before its orchestrators moved above the stages.
-OLD_MODULES = [
-    "command", "summary",
-    "plan.sweep", "plan.design", "plan.budget", "plan.ladder", "plan.rates",
-    "runs.runner", "runs.launch", "runs.slurm", "runs.eval_runs",
-    "analysis.table", "analysis.fit", "analysis.significance", "analysis.designed",
-    "report.plain", "report.plain_plots", "report.designed", "report.designed_plots", "report.missing",
-]  # fmt: skip
-# (old module, new module, the names that moved from the one to the other). runs/designed.py is
-# gone: its path is refused naming designed_sweep.py (tests/project/test_recorded_paths.py).
-MOVED = [
-    ("runs.runner", "plan.commands",
-     ["Run", "make_run", "plan_runs", "format_value", "BASE_SNAPSHOT", "TRAIN_COMMAND", "SEED_KEYS",
-      "RUN_DEFAULTS", "SUMMARY_CALLBACK", "run_overrides", "train_arguments"]),
-    ("runs.runner", "plan.budget", ["training_vocab"]),
-    ("analysis.table", "plan.commands", ["data_source", "is_synthetic"]),
-    ("command", "runs.eval_runs", ["diagnose_runs"]),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("module", OLD_MODULES)
-def test_every_old_module_still_imports(module):
-    importlib.import_module(f"minitx.ablation.{module}")
-
-
-@pytest.mark.parametrize("old, new, names", MOVED)
-def test_a_moved_name_is_the_same_object_at_its_old_address(old, new, names):
-    before = importlib.import_module(f"minitx.ablation.{old}")
-    after = importlib.import_module(f"minitx.ablation.{new}")
-    for name in names:
-        assert getattr(before, name) is getattr(after, name), f"{old}.{name}"
 
 
 def test_every_public_name_of_the_package_imports():

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import UserError
-from ...evaluation.diagnostics import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES  # noqa: F401  (their address before)
+from ...evaluation.diagnostics import DIAGNOSTIC_KEYS
 from ..plan.ladder import Plan, Point, Rate
 from ..runs.results import RunResults
 from . import fit, robust

@@ -37,8 +37,6 @@ from .uncertainty import (
     seed_noise,
 )
 
-_huber = huber  # its name before the split
-
 __all__ = [
     "ALPHA_MAX", "BOOTSTRAP", "FLAT", "HUBER_DELTA", "INTERVAL", "LOG_M_MAX", "MIN_POINTS", "Comparison",
     "Curve", "Fit", "JointBootstrap", "JointFit", "NDFit", "Noise", "SeedNoise", "bootstrap_joint",

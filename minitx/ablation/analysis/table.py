@@ -12,7 +12,6 @@ from typing import Any
 from ...evaluation.diagnostics import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES
 from ...files.atomic import read_json
 from ...flops import OLDER_CONVENTION
-from ..plan.commands import data_source, is_synthetic  # noqa: F401  (their address before plan/ held them)
 from ..plan.sweep import EvalSettings
 from ..runs.eval_runs import DIAGNOSTICS_FILE, cached_evaluation, read_diagnostics
 from ..runs.runner import RUN_FILE, SUMMARY_FILE, Run

@@ -24,21 +24,11 @@ from typing import Any
 from ...errors import UserError
 from ...files.atomic import read_json, write_json_atomically
 from ...training import check_train_args, precheck_train_args
-
-# A run's command and the vocabulary it trains with are planned in plan/; training_vocab,
-# format_value, make_run, plan_runs, RUN_DEFAULTS and SEED_KEYS are imported here only for code
-# that imports them from this module, their address before the stages were split.
-from ..plan.budget import training_vocab  # noqa: F401
-from ..plan.commands import (  # noqa: F401
+from ..plan.commands import (
     BASE_SNAPSHOT,
-    RUN_DEFAULTS,
-    SEED_KEYS,
     SUMMARY_CALLBACK,
     TRAIN_COMMAND,
     Run,
-    format_value,
-    make_run,
-    plan_runs,
     run_overrides,
     train_arguments,
 )

@@ -39,10 +39,9 @@ from . import flops, native
 from . import triton_launch as mta_triton
 from .cache import MTACache
 from .decoding import CachedDecoding
-from .options import FACTORISED_FROM, MTAOptions, check_mta_model  # noqa: F401 (FACTORISED_FROM: re-exported)
-from .torch_math import (  # noqa: F401 (KeyQueryConv: re-exported)
+from .options import FACTORISED_FROM, MTAOptions, check_mta_model
+from .torch_math import (
     ChunkedRows,
-    KeyQueryConv,
     MixedSoftmax,
     VisibleKeys,
     band_scores,
