@@ -223,6 +223,7 @@ def _fit_all(plan: Plan, analysis: Analysis, trained: RunResults, replicates=())
     index = [k for k, _ in points]
     size_index = {s.name: i for i, s in enumerate(plan.sizes)}
     sizes = [size_index[p.size] for _, p in points]
+    groups = budget_groups(plan, [p for _, p in points])
     shared = 1 - plan.decay_fraction if len(plan.budgets) > 1 else 0.0
     try:
         _check_points(np.asarray(x), np.asarray(y), fit.MIN_POINTS)
@@ -235,6 +236,7 @@ def _fit_all(plan: Plan, analysis: Analysis, trained: RunResults, replicates=())
             seed_sd[None, :],
             dof,
             shared,
+            groups,
         )
         found, answers = robust.answer(data, draws=fit.BOOTSTRAP, seed=0)
     except UserError as error:
@@ -248,7 +250,9 @@ def _fit_all(plan: Plan, analysis: Analysis, trained: RunResults, replicates=())
         mine = [i for i, j in enumerate(index) if j == k]
         curve = joint.curve(k)
         arm.curve = fit.Curve(curve, [d.curve(k) for d in boot.draws], float(max(x[i] for i in mine)))
-        residuals = [math.log(float(curve.loss(x[i]))) - math.log(y[i]) for i in mine]
+        at = np.asarray([x[i] for i in mine]), [k] * len(mine)
+        fitted_here = joint.loss(*at, None if groups is None else groups[mine])
+        residuals = [math.log(float(f)) - math.log(y[i]) for f, i in zip(fitted_here, mine)]
         arm.scatter = math.sqrt(sum(r * r for r in residuals) / len(residuals))
         arm.dispersion = float(found.dispersion[0, k])
         if k:
@@ -263,6 +267,17 @@ def _fit_all(plan: Plan, analysis: Analysis, trained: RunResults, replicates=())
             notes.append(f"held-out rung: {error}")
     _params_share(plan, analysis, fitted, trained)
     _nd_view(plan, analysis, trained)
+
+
+def budget_groups(plan: Plan, points: list[Point]) -> np.ndarray | None:
+    """Each point's budget group for the joint fit (curves.py): its index among the ladder's
+    budgets where they are ratios of tokens to parameters (a curve per ratio, offsets shared by
+    every arm); None where they are FLOPs (an offset per compute would take the curve's place) or
+    there is one budget."""
+    ladder = plan.ladder
+    if ladder is None or ladder.unit != "tokens_per_param" or len(plan.budgets) < 2:
+        return None
+    return np.asarray([plan.budgets.index(p.budget) for p in points], dtype=int)
 
 
 def replicate_pairs(plan: Plan, arm: ArmResult, trained: RunResults) -> dict[str, tuple[float, float]]:

@@ -53,10 +53,15 @@ class LadderData:
     seed_sd: np.ndarray
     seed_dof: float
     shared: float
+    budget: np.ndarray | None = None  # each point's tokens-per-parameter group (curves.py); None: one
 
     @property
     def n_arms(self) -> int:
         return int(self.arm.max()) + 1
+
+    @property
+    def n_budgets(self) -> int:
+        return 1 if self.budget is None else int(self.budget.max()) + 1
 
     @property
     def trunk(self) -> np.ndarray:
@@ -72,7 +77,24 @@ class LadderData:
             self.seed_sd[:, keep],
             self.seed_dof,
             self.shared,
+            None if self.budget is None else self.budget[keep],
         )
+
+    def fit(self, scale: np.ndarray, start: list[JointFit] | None = None, keep=None) -> list[JointFit]:
+        """The weighted joint fit of every ladder (its points `keep`, default all), with its
+        budget groups: the same n_budgets whatever the subset, so fits stay comparable."""
+        part = self if keep is None else self.subset(keep)
+        scale = scale if keep is None else scale[:, keep]
+        return fit_joint_many(
+            part.compute, part.loss, part.arm, self.n_arms, delta=DELTA_SDS, scale=scale, start=start,
+            budget=part.budget, n_budgets=self.n_budgets,
+        )  # fmt: skip
+
+    def bootstrap(self, fits: RobustFit, draws: int, seed: int) -> list[JointBootstrap]:
+        return bootstrap_joint_many(
+            fits.joints, self.compute, self.arm, fits.noises, draws, seed, DELTA_SDS, weighted=True,
+            budget=self.budget,
+        )  # fmt: skip
 
 
 @dataclass
@@ -104,7 +126,7 @@ def dispersion(data: LadderData, joints: list[JointFit]) -> tuple[np.ndarray, np
     """Each arm's dispersion lambda (>= 1) per ladder and its degrees of freedom: the rms of its
     residuals in seed sds, over the share of the freedom the fit leaves (P of n parameters)."""
     n, arms = len(data.compute), data.n_arms
-    left = max(1e-3, 1 - (PARAMETERS + arms - 1) / n)
+    left = max(1e-3, 1 - (PARAMETERS + arms - 1 + data.n_budgets - 1) / n)
     z2 = (residuals(data, joints) / data.seed_sd) ** 2
     counts = np.bincount(data.arm, minlength=arms)
     sums = np.stack([np.bincount(data.arm, weights=row, minlength=arms) for row in z2])
@@ -114,27 +136,19 @@ def dispersion(data: LadderData, joints: list[JointFit]) -> tuple[np.ndarray, np
 
 def residuals(data: LadderData, joints: list[JointFit]) -> np.ndarray:
     """(L, n) log-loss residuals, fitted minus measured."""
-    return np.stack([np.log(predicted(j, data.compute, data.arm)) for j in joints]) - np.log(data.loss)
-
-
-def predicted(joint: JointFit, compute: np.ndarray, arm: np.ndarray) -> np.ndarray:
-    return joint.curve(0).loss(compute * np.exp(np.asarray(joint.log_m)[arm]))
+    return np.stack([np.log(j.loss(data.compute, data.arm, data.budget)) for j in joints]) - np.log(data.loss)
 
 
 def fit_robust(data: LadderData, raise_noise: bool = True) -> RobustFit:
     """The weighted joint fit with each arm's noise raised to its lack of fit (module doc, 1);
     `raise_noise` False: the seed noise alone (the method before this one, for comparison)."""
-    joints = fit_joint_many(
-        data.compute, data.loss, data.arm, data.n_arms, delta=DELTA_SDS, scale=data.seed_sd
-    )
+    joints = data.fit(data.seed_sd)
     lam, dof = dispersion(data, joints)
     if not raise_noise:
         lam = np.ones_like(lam)
     sd = data.seed_sd * lam[:, data.arm]
     if raise_noise:  # refit with the raised noise, from the first fit; its dispersion is the one used
-        joints = fit_joint_many(
-            data.compute, data.loss, data.arm, data.n_arms, delta=DELTA_SDS, scale=sd, start=joints
-        )
+        joints = data.fit(sd, start=joints)
         lam, dof = dispersion(data, joints)
         sd = data.seed_sd * lam[:, data.arm]
     noises = []
@@ -193,9 +207,7 @@ def without_each_size(data: LadderData, sd: np.ndarray, start: list[JointFit]) -
         part = data.subset(keep)
         if len(set(part.compute.tolist())) < 3 or len(np.unique(part.arm)) < data.n_arms:
             continue
-        found[int(s)] = fit_joint_many(
-            part.compute, part.loss, part.arm, data.n_arms, delta=DELTA_SDS, scale=sd[:, keep], start=start
-        )
+        found[int(s)] = data.fit(sd, start=start, keep=keep)
     return found
 
 
@@ -205,9 +217,7 @@ def answer(
     """Each ladder's robust fit and, per arm but the baseline, its answer (module doc, 1 and 2).
     `robust_noise` False: the seed noise alone, and no size left out (the method before)."""
     robust = fit_robust(data, robust_noise)
-    boots = robust.boots = bootstrap_joint_many(
-        robust.joints, data.compute, data.arm, robust.noises, draws, seed, DELTA_SDS, weighted=True
-    )
+    boots = robust.boots = data.bootstrap(robust, draws, seed)
     loso = without_each_size(data, robust.sd, robust.joints) if robust_noise else {}
     answers = []
     for row, boot in enumerate(boots):
@@ -245,32 +255,52 @@ def predict_held_out(
     data: LadderData, draws: int = 200, seed: int = 1, level: float = INTERVAL
 ) -> list[list[Prediction]]:
     """The method applied without the largest size, each ladder's arms predicted at that size's
-    points (module doc, 3). The predictive interval carries the refits' spread of the curve and a
-    new point's noise: the arm's noise at the largest remaining size (its seed sd times the arm's
-    dispersion: nothing measured at the held-out size is used), its sd redrawn from its freedom."""
+    points (module doc, 3)."""
     top = int(data.size.max())
-    kept, held = data.size != top, data.size == top
-    part = data.subset(kept)
-    robust = fit_robust(part)
-    boots = bootstrap_joint_many(
-        robust.joints, part.compute, part.arm, robust.noises, draws, seed, DELTA_SDS, weighted=True
-    )
+    held = data.size == top
+    targets = Targets(data.compute[held], data.arm[held], data.size[held], data.loss[:, held],
+                      None if data.budget is None else data.budget[held])  # fmt: skip
+    return predict(data.subset(~held), targets, draws, seed, level)
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Points to predict: compute, arm, size and budget group of each, and what was measured
+    there (L, m), one row per ladder as LadderData.loss."""
+
+    compute: np.ndarray
+    arm: np.ndarray
+    size: np.ndarray
+    measured: np.ndarray
+    budget: np.ndarray | None = None
+
+
+def predict(
+    data: LadderData, targets: Targets, draws: int = 200, seed: int = 1, level: float = INTERVAL
+) -> list[list[Prediction]]:
+    """Each ladder's fit (the whole method on `data`) predicting the `targets`, none of which it
+    saw. The predictive interval carries the refits' spread of the curve and a new point's noise:
+    the arm's noise at the largest size fitted (its seed sd times the arm's dispersion: nothing
+    measured at a target is used), its sd redrawn from its freedom."""
+    robust = fit_robust(data)
+    boots = data.bootstrap(robust, draws, seed)
     rng = np.random.default_rng(seed + 1)
-    below = int(part.size.max())
+    below = int(data.size.max())
     found = []
     for row, boot in enumerate(boots):
         row_found = []
-        for i in np.flatnonzero(held):
-            k = int(data.arm[i])
-            near = (part.arm == k) & (part.size == below)
+        for i in range(len(targets.compute)):
+            k = int(targets.arm[i])
+            b = None if targets.budget is None else targets.budget[i : i + 1]
+            near = (data.arm == k) & (data.size == below)
             sd = float(np.mean(robust.sd[row][near])) if near.any() else float(np.mean(robust.sd[row]))
             dof = float(robust.dispersion_dof[k]) if robust.dispersion[row, k] > 1 else data.seed_dof
-            curves = np.array([d.curve(k).loss(data.compute[i]) for d in boot.draws], dtype=float)
+            c = targets.compute[i : i + 1]
+            curves = np.array([float(d.loss(c, [k], b)[0]) for d in boot.draws])
             spread = sd * np.sqrt(dof / rng.chisquare(dof, draws)) * rng.standard_normal(draws)
             low, high = interval(curves * np.exp(spread), level)
-            point = float(robust.joints[row].curve(k).loss(data.compute[i]))
-            row_found.append(
-                Prediction(k, top, float(data.compute[i]), float(data.loss[row, i]), point, low, high)
-            )
+            point = float(robust.joints[row].loss(c, [k], b)[0])
+            measured = float(targets.measured[row, i])
+            row_found.append(Prediction(k, int(targets.size[i]), float(c[0]), measured, point, low, high))
         found.append(row_found)
     return found

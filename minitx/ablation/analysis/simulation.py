@@ -13,7 +13,11 @@ break the method's assumptions on purpose (`Scenario`):
 - one arm whose curve bends: its log loss tilts linearly in log compute, by `bend` seed sds at
   the ladder's ends, the tilt made orthogonal to what a change of multiplier does to its points,
   so the single multiplier that fits it best is still its planted one (an A/A arm with another
-  shape, within noise).
+  shape, within noise);
+- a budget-dependent bias (`budget_bias`): at equal compute, a short budget (few tokens per
+  parameter) ends higher in log loss than a long one, by a constant per budget, or growing with
+  size (`bias_growth`: the factor at the largest size over the smallest), as the showcase's d64
+  points at 5 tokens/param were (the cause: curves.py).
 
 `run_method` applies the report's own analysis (uncertainty.size_noise, robust.answer) to each
 ladder, so the rates printed here are the rates of the code that writes results.md.
@@ -28,6 +32,7 @@ import numpy as np
 
 from . import robust
 from .curves import Fit
+from .decisions import decision_accuracy, verdict_score
 from .uncertainty import size_noise
 
 # The showcase's design: non-embedding parameters per size, tokens per parameter per budget, and
@@ -36,6 +41,7 @@ SIZES = np.array([24736, 38600, 55536, 98624.0])
 TOKENS_PER_PARAM = np.array([5, 10, 20.0])
 COMPUTE = (TOKENS_PER_PARAM[None, :] * SIZES[:, None] * 8.45 * SIZES[:, None]).ravel()
 SIZE_OF_POINT = np.repeat(np.arange(4), 3)
+BUDGET_OF_POINT = np.tile(np.arange(3), 4)
 TOP = 2  # the largest budget's index: the trunk's own end
 RUNG = 2  # d48: the seeds rung's size
 SHARED = 0.8  # 1 - decay_fraction
@@ -52,6 +58,8 @@ class Scenario:
     unlucky_high: float = 0.09
     size_noise: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0)
     bend: dict[int, float] = field(default_factory=dict)  # arm -> its tilt at the ends, in seed sds
+    budget_bias: tuple[float, ...] = (0.0, 0.0, 0.0)  # log loss added per budget, at the middle size
+    bias_growth: float = 1.0  # the bias at the largest size over the smallest (geometric in between)
 
 
 @dataclass
@@ -79,6 +87,9 @@ def simulate(rng: np.random.Generator, scenario: Scenario, ladders: int) -> Simu
             log_y = log_y + scenario.bend[k] * SEED_SD * tilt / np.abs(tilt).max()
         clean.append(log_y)
     clean = np.concatenate(clean)
+    position = SIZE_OF_POINT / SIZE_OF_POINT.max() - 0.5  # -0.5 at the smallest size, 0.5 at the largest
+    bias = np.asarray(scenario.budget_bias)[BUDGET_OF_POINT] * scenario.bias_growth**position
+    clean = clean + np.tile(bias, arms)
     factor = np.asarray(scenario.size_noise)[np.tile(SIZE_OF_POINT, arms)]
     sd = SEED_SD * factor
     trunk = np.arange(n) // 3  # arm * 4 + size
@@ -107,9 +118,10 @@ def simulate(rng: np.random.Generator, scenario: Scenario, ladders: int) -> Simu
     return Simulated(np.exp(log_y), np.exp(seeds), {s: np.exp(v) for s, v in pairs.items()})
 
 
-def ladder_data(sim: Simulated, arms: int) -> tuple[robust.LadderData, list]:
+def ladder_data(sim: Simulated, arms: int, offsets: bool = True) -> tuple[robust.LadderData, list]:
     """The method's view of simulated ladders: each ladder's seed noise per size from its rung
-    and pairs (uncertainty.size_noise), as the report measures it."""
+    and pairs (uncertainty.size_noise), as the report measures it; `offsets`: each budget its
+    offset (curves.py), False for one curve over every budget (the method before)."""
     names = [str(k) for k in range(arms)]
     sd_rows, dofs, noises = [], [], []
     for row in range(len(sim.loss)):
@@ -127,6 +139,7 @@ def ladder_data(sim: Simulated, arms: int) -> tuple[robust.LadderData, list]:
         np.stack(sd_rows),
         float(np.median(dofs)),
         SHARED,
+        np.tile(BUDGET_OF_POINT, arms) if offsets else None,
     )
     return data, noises
 
@@ -144,22 +157,29 @@ class Rates:
     width: float  # median high / low of the intervals
     held_out: float  # share of the held-out rung's predictive intervals holding the measured loss
     bent: float = math.nan  # share of the bending arms (A/A on average) given a dagger
+    held_by_budget: tuple[float, ...] = ()  # the held-out coverage at each budget
 
 
 def run_method(
-    scenario: Scenario, ladders: int, seed: int, draws: int = 100, robust_noise: bool = True
+    scenario: Scenario,
+    ladders: int,
+    seed: int,
+    draws: int = 100,
+    robust_noise: bool = True,
+    offsets: bool = True,
 ) -> Rates:
     """The method's rates on `ladders` simulated ladders of `scenario`; `robust_noise` False: the
-    method before robust.py (the rung's seed noise alone, no size left out, no held-out rung)."""
+    method before robust.py (the rung's seed noise alone, no size left out, no held-out rung);
+    `offsets` False: one curve over every budget (before the budgets' offsets)."""
     rng = np.random.default_rng(seed)
     truth = scenario.multipliers
     sim = simulate(rng, scenario, ladders)
-    data, _ = ladder_data(sim, len(truth))
+    data, _ = ladder_data(sim, len(truth), offsets)
     if not robust_noise:  # then: every point at the rung's pooled seed sd, as measured there
         data = robust.LadderData(
             data.compute, data.arm, data.size, data.loss,
             np.broadcast_to(data.seed_sd[:, data.size == RUNG].min(axis=1, keepdims=True), data.loss.shape),
-            data.seed_dof, data.shared,
+            data.seed_dof, data.shared, data.budget,
         )  # fmt: skip
     _, answers = robust.answer(data, draws=draws, seed=seed, robust_noise=robust_noise)
     same, planted, covered, widths, fragile, bent = [], [], [], [], [], []
@@ -175,10 +195,13 @@ def run_method(
                 fragile.append(arm.verdict == "fragile")
             else:
                 planted.append(arm.verdict == ("better" if truth[k] > 1 else "worse"))
-    held = []
+    held, by_budget = [], {b: [] for b in range(len(TOKENS_PER_PARAM))}
     if robust_noise:
         predictions = robust.predict_held_out(data, draws=draws, seed=seed)
         held = [p.covered for row in predictions for p in row]
+        for row in predictions:
+            for p in row:  # a size's points come in budget order
+                by_budget[int(np.argmin(np.abs(COMPUTE[9:] - p.compute)))].append(p.covered)
     mean = lambda v: float(np.mean(v)) if v else math.nan  # noqa: E731
     return Rates(
         scenario.name,
@@ -190,7 +213,67 @@ def run_method(
         float(np.median(widths)),
         mean(held),
         mean(bent),
+        tuple(mean(v) for v in by_budget.values()),
     )
+
+
+@dataclass
+class Decisions:
+    """How well each predictor orders the arms at the held-out rung (the largest size, its
+    largest budget, the ladder's run and its replicate averaged), over many ladders."""
+
+    scenario: str
+    curves: float  # decision accuracy of the fitted curves without the held-out size
+    one_rung: float  # of ranking at the largest fitted size's largest budget (its seeds averaged)
+    verdicts_right: float  # share of better/worse verdicts (without the held-out size) that hold there
+    decided: float  # share of arms given a better/worse verdict
+    undecided_within: float  # share of "no difference" verdicts within the held-out noise
+
+
+def decide(scenario: Scenario, ladders: int, seed: int, draws: int = 60, offsets: bool = True) -> Decisions:
+    """The three predictors of decisions.py on simulated ladders whose largest size is held out;
+    the fit and verdicts see the three smaller sizes only (offsets: as run_method)."""
+    rng = np.random.default_rng(seed)
+    arms = len(scenario.multipliers)
+    sim = simulate(rng, scenario, ladders)
+    data, _ = ladder_data(sim, arms, offsets)
+    top = int(SIZE_OF_POINT.max())
+    target = sim.pairs[top].mean(axis=2)  # (L, arms): the held-out rung's two runs, averaged
+    rung = sim.seeds.mean(axis=2)  # (L, arms): the largest fitted size's seeds, averaged (d48)
+    predictions = robust.predict_held_out(data, draws=draws, seed=seed)
+    _, answers = robust.answer(data.subset(data.size != top), draws=draws, seed=seed)
+    noise = SEED_SD * scenario.size_noise[top]  # the sd of a difference of two 2-run means
+    curves, one_rung, right, decided, within, undecided = [], [], [], [], [], []
+    for row in range(ladders):
+        at_top = [p for p in predictions[row] if p.compute == COMPUTE[-1]]
+        predicted = [next(p.predicted for p in at_top if p.arm == k) for k in range(arms)]
+        curves.append(decision_accuracy(predicted, list(target[row])).share)
+        one_rung.append(decision_accuracy(list(rung[row]), list(target[row])).share)
+        words = [a.verdict for a in answers[row]]
+        score = verdict_score(words, list(np.log(target[row, 1:] / target[row, 0])), noise)
+        decided.append(score.decided / len(words))
+        if score.decided:
+            right.append(score.right / score.decided)
+        if score.undecided:
+            within.append(score.within_noise / score.undecided)
+        undecided.append(score.undecided)
+    mean = lambda v: float(np.mean(v)) if v else math.nan  # noqa: E731
+    return Decisions(scenario.name, mean(curves), mean(one_rung), mean(right), mean(decided), mean(within))
+
+
+def decision_scenarios() -> list[Scenario]:
+    """Arms that differ as the showcase's do (its multipliers, rounded: two near 1, one at 1.2,
+    three at 0.25-0.7), so that the order of most pairs is a real question."""
+    arms = (1.0, 0.9, 1.2, 0.27, 0.7, 0.25, 1.05, 1.0)
+    return [
+        Scenario("as assumed", arms),
+        Scenario("budget bias (+0.05, +0.025 at 5, 10 tokens/param)", arms, budget_bias=BUDGET_BIAS),
+        Scenario("unlucky trunks (p 0.125, +0.04-0.09)", arms, unlucky=0.125),
+    ]
+
+
+# The showcase's budget offsets (fitted: +0.048 and +0.025 in log loss at 5 and 10 tokens/param)
+BUDGET_BIAS = (0.05, 0.025, 0.0)
 
 
 def scenarios() -> list[Scenario]:
@@ -202,4 +285,6 @@ def scenarios() -> list[Scenario]:
         Scenario("unlucky trunks (p 0.125, +0.04-0.09)", arms, unlucky=0.125),
         Scenario("noise 2x at the smallest size", arms, size_noise=(2.0, 1.5, 1.0, 0.8)),
         Scenario("an A/A arm whose curve bends (±2 sd)", arms, bend={1: 2.0}),
+        Scenario("budget bias (+0.05, +0.025 at 5, 10 tokens/param)", arms, budget_bias=BUDGET_BIAS),
+        Scenario("budget bias growing 2x over the sizes", arms, budget_bias=BUDGET_BIAS, bias_growth=2.0),
     ]

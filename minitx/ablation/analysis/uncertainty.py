@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .curves import LOG_M_MAX, Fit, JointFit, _joint_bounds, _joint_of, _joint_residuals
+from .curves import LOG_M_MAX, Fit, JointFit, _joint_bounds, _joint_of, _joint_residuals, _theta_of
 from .solver import HUBER_DELTA, huber_fit
 
 BOOTSTRAP = 200
@@ -155,28 +155,30 @@ def bootstrap_joint_many(
     seed: int = 0,
     delta: float = HUBER_DELTA,
     weighted: bool = False,
+    budget: Sequence[int] | None = None,
 ) -> list[JointBootstrap]:
-    """bootstrap_joint of many ladders with the same points (one point fit and noise each)."""
+    """bootstrap_joint of many ladders with the same points (one point fit and noise each);
+    `budget`: each point's budget group, as the point fits had it (curves.py)."""
     x = np.asarray(compute, dtype=float)
     index = np.asarray(arm, dtype=int)
-    n_arms = len(points[0].log_m)
+    group = None if budget is None else np.asarray(budget, dtype=int)
+    n_arms, n_budgets = len(points[0].log_m), len(points[0].offsets)
     C0 = points[0].C0
     rng = np.random.default_rng(seed)
     log_y, starts = [], []
     for point, noise in zip(points, noises):
-        fitted = np.log(point.curve(0).loss(x * np.exp(np.asarray(point.log_m)[index])))
+        fitted = np.log(point.loss(x, index, group))
         log_y.append(fitted[None, :] + noise.draw(rng, draws))
-        start = [point.E, math.log(point.A), point.alpha, *point.log_m[1:]]
-        starts.append(np.tile(start, (draws, 1)))
+        starts.append(np.tile(_theta_of(point, n_budgets), (draws, 1)))
     log_y, starts = np.concatenate(log_y), np.concatenate(starts)
     # each start strictly inside its bounds: E below the draw's lowest loss, log m off its bound
     low = np.exp(log_y.min(axis=1))
     starts[:, 0] = np.minimum(starts[:, 0], 0.99 * low)
-    starts[:, 3:] = np.clip(starts[:, 3:], -LOG_M_MAX + 0.5, LOG_M_MAX - 0.5)
+    starts[:, 3 : 2 + n_arms] = np.clip(starts[:, 3 : 2 + n_arms], -LOG_M_MAX + 0.5, LOG_M_MAX - 0.5)
     scale = np.repeat(np.stack([n.sd for n in noises]), draws, axis=0) if weighted else None
-    residuals = _joint_residuals(np.log(x / C0), index, log_y, n_arms, scale)
-    theta = huber_fit(residuals, starts, _joint_bounds(low, n_arms), delta)
-    fits = [_joint_of(row, C0) for row in theta]
+    residuals = _joint_residuals(np.log(x / C0), index, log_y, n_arms, scale, group, n_budgets)
+    theta = huber_fit(residuals, starts, _joint_bounds(low, n_arms, n_budgets), delta)
+    fits = [_joint_of(row, C0, n_arms) for row in theta]
     return [JointBootstrap(point, fits[i * draws : (i + 1) * draws]) for i, point in enumerate(points)]
 
 
