@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from pathlib import Path
 
 
@@ -113,3 +114,33 @@ def fla_stand_in(chunk_size: int = 16, decays: bool = True, packed: bool = True)
         return torch.cat(outs, dim=2).transpose(1, 2), torch.cat(states)
 
     return chunk_gated_delta_rule
+
+
+# SLURM's commands: ablate --launcher slurm looks for sbatch and srun, and asks squeue, scontrol
+# and sacct of its jobs. A test whose answer depends on them puts its own first on PATH or hides
+# them (tests/ablation/test_launch.py); .ci/run sets MINITX_HIDE_SLURM=1 for the fast suite, and
+# tests/conftest.py then hides them from every test, as on a new user's machine.
+SLURM_COMMANDS = ("sbatch", "srun", "scontrol", "squeue", "sacct")
+HIDE_SLURM = "MINITX_HIDE_SLURM"
+
+
+def path_without(commands: tuple[str, ...], path: str, scratch: Path) -> str:
+    """`path` (a PATH) in which none of `commands` is found and all else is found as before: a
+    folder that holds one of them is replaced by a folder in `scratch` of links to its other
+    entries. (Leaving the folder out would lose the rest: /usr/bin holds python and sbatch alike.)"""
+    kept = []
+    for index, folder in enumerate(path.split(os.pathsep)):
+        try:
+            names = os.listdir(folder) if folder else []
+        except OSError:  # not a folder: found nothing before, finds nothing now
+            names = []
+        if not any(name in commands for name in names):
+            kept.append(folder)
+            continue
+        copy = scratch / f"path{index}"
+        copy.mkdir(parents=True)
+        for name in names:
+            if name not in commands:
+                (copy / name).symlink_to(Path(folder).absolute() / name)
+        kept.append(str(copy))
+    return os.pathsep.join(kept)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import SLURM_COMMANDS
 
 from minitx.ablation import Sweep, Variant
 from minitx.ablation.analysis.table import collect
@@ -129,7 +130,28 @@ def test_a_cpu_machine_runs_parallel_processes_as_before(tmp_path, monkeypatch):
     assert [row["device"] for row in collect(runs)] == ["cpu"] * 3
 
 
-def test_devices_per_run_is_refused_where_there_is_no_gpu_and_sets_trainer_devices(tmp_path, capsys):
+def slurm_on_path(bin_dir: Path, monkeypatch, **scripts: str) -> None:
+    """SLURM's five commands first on PATH, whatever this machine has: each a shell script that
+    fails (`scripts`: tool -> a body of its own), so that a test's answer is the same with SLURM
+    installed or not."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for tool in SLURM_COMMANDS:
+        path = bin_dir / tool
+        path.write_text("#!/bin/sh\n" + scripts.get(tool, f"echo '{tool}: a test stand-in' >&2\nexit 1\n"))
+        path.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_devices_per_run_is_refused_where_there_is_no_gpu_and_sets_trainer_devices(
+    tmp_path, capsys, monkeypatch
+):
+    import torch
+
+    # The answers below are a machine's without a GPU and with SLURM's commands (a login node):
+    # said here, not left to the machine the test runs on (ablate checks for sbatch and srun
+    # before it reads --slurm-option; --devices-per-run asks torch for GPUs).
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    slurm_on_path(tmp_path / "bin", monkeypatch)
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text("base: {}\nvariants: [{name: a}]\n")
     assert ablate_main(["--config", str(sweep), "--devices-per-run", "2", "--dry-run"]) == 0
@@ -209,14 +231,12 @@ def test_a_machine_without_slurm_is_told_in_one_line_and_keeps_no_run(tmp_path, 
 
 def test_a_submission_sbatch_refuses_is_one_line_and_leaves_no_run_behind(tmp_path, monkeypatch):
     pytest.importorskip("submitit")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    sbatch = bin_dir / "sbatch"  # a cluster that refuses the job, as sbatch says it
-    sbatch.write_text("#!/bin/sh\necho 'sbatch: error: invalid partition specified: gpu' >&2\nexit 1\n")
-    sbatch.chmod(0o755)
-    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")  # a cluster has srun (submitit looks for it)
-    (bin_dir / "srun").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    # A cluster that refuses the job, as sbatch says it (it has srun too: submitit looks for it).
+    slurm_on_path(
+        tmp_path / "bin",
+        monkeypatch,
+        sbatch="echo 'sbatch: error: invalid partition specified: gpu' >&2\nexit 1\n",
+    )
     runs = fake_runs(tmp_path, ["a", "b"])
     launcher = SlurmLauncher(SlurmOptions(partition="gpu"))
     with pytest.raises(
@@ -282,7 +302,7 @@ def fake_slurm(tmp_path, monkeypatch):
     script = bin_dir / "fake_slurm.py"
     script.write_text(FAKE_SLURM.replace("/usr/bin/env python3", sys.executable, 1))
     script.chmod(0o755)
-    for tool in ("squeue", "scontrol", "sacct", "sbatch", "srun"):
+    for tool in SLURM_COMMANDS:
         (bin_dir / tool).symlink_to(script)
     state = tmp_path / "slurm_state.json"
     state.write_text(json.dumps({"queue": {}, "ended": {}, "next_job": 31}))
