@@ -14,6 +14,7 @@ from minitx import ablation
 from minitx.ablation.analysis import fit
 from minitx.ablation.plan.ladder import make_plan
 from minitx.ablation.plan.sweep import load_sweep
+from minitx.ablation.report.designed import CSV_FIELDS
 from minitx.ablation.runs import from_csv
 from minitx.cli import ablate_main
 from minitx.errors import UserError
@@ -320,6 +321,89 @@ def test_diagnostic_columns_are_optional_and_checked_when_there(tmp_path):
     with pytest.raises(
         UserError, match=r"line 4 \(mha-d32-lr1-seed1337\): entropy 'high' is not a finite number"
     ):
+        from_csv.read_rows(bad)
+
+
+# A cell out of its column's range (from_csv.RANGES), each column at least once: in mha's first
+# sweep run (line 4 of the showcase), refused by ablate in one line naming the line, the run, the
+# column and the range. The diagnostics and tokens, flops_per_token are optional: checked when there.
+RUN = "mha-d32-lr1-seed1337"
+OUT_OF_RANGE = [
+    ("multiplier", "0", "is not a finite number > 0 (the learning rate's multiplier)"),
+    ("multiplier", "-2", "is not a finite number > 0"),
+    ("seed", "-1", "is not a whole number from 0 to 4294967295 (a training seed)"),
+    ("seed", "1337.5", "is not a whole number from 0 to 4294967295"),
+    ("seed", "4294967296", "is not a whole number from 0 to 4294967295"),
+    ("steps", "0", "is not a whole number > 0 (steps trained)"),
+    ("steps", "-100", "is not a whole number > 0"),
+    ("tokens", "0", "is not a whole number > 0 (tokens trained on)"),
+    ("tokens", "-4096", "is not a whole number > 0"),
+    ("flops", "-5", "is not a finite number > 0 (the training FLOPs)"),
+    ("flops", "0", "is not a finite number > 0"),
+    ("params", "0", "is not a whole number > 0 (the model's parameters)"),
+    ("params", "24722.5", "is not a whole number > 0"),
+    ("flops_per_token", "-172896", "is not a finite number > 0 (the model's FLOPs per token)"),
+    ("final_val_loss", "-1.5", "is not a finite number >= 0 (a cross-entropy)"),
+    ("final_val_loss", "inf", "is not a finite number >= 0"),
+    ("first_token_share", "nan", "is not a finite number (the mean attention on key 0)"),
+    ("sink_rate", "1.5", "is not a finite number from 0 to 1 (a share of heads)"),
+    ("sink_rate", "-0.125", "is not a finite number from 0 to 1"),
+    (
+        "massive_ratio",
+        "0.5",
+        "is not a finite number >= 1 (the largest |activation| over the mean median one)",
+    ),
+    ("entropy", "-0.01", "is not a finite number >= 0 (a normalised attention entropy)"),
+]
+
+
+@pytest.mark.parametrize(
+    "column, value, expected", OUT_OF_RANGE, ids=[f"{c}={v}" for c, v, _ in OUT_OF_RANGE]
+)
+def test_a_number_outside_its_columns_range_is_refused_in_one_line_with_nothing_written(
+    tmp_path, capsys, column, value, expected
+):
+    path = showcase_with(tmp_path, set_cell(RUN, column, value))
+    output = tmp_path / "out"
+    argv = ["--config", CONFIG, "--report-only", "--from-csv", str(path), "--output", str(output)]
+    refused = one_line_refusal(argv, capsys)  # exit status 2, one line
+    assert (
+        f"{path}: line 4 ({RUN}): {column} {value!r} {expected}" in refused
+        and "fix or remove the row" in refused
+    )
+    assert not output.exists()  # nothing written, not even the folder
+
+
+def test_every_numeric_column_has_its_range_and_a_test_out_of_it():
+    words = ("arm", "size", "budget", "role", "status", "error", "flop_convention", "branch_of", "device")
+    numeric = [c for c in CSV_FIELDS if c not in (*words, "run_dir")]  # budget: one of the config's
+    assert list(from_csv.RANGES) == numeric  # in one place, in the file's order
+    assert {column for column, _, _ in OUT_OF_RANGE} == set(from_csv.RANGES)
+
+
+def set_cells(run: str, **values: str):
+    def change(columns, rows):
+        for column, value in values.items():
+            set_cell(run, column, value)(columns, rows)
+        return columns, rows
+
+    return change
+
+
+def test_the_ends_of_each_range_are_accepted_and_a_run_not_ok_is_checked_where_written(tmp_path):
+    ends = set_cells(
+        RUN, multiplier="1e-9", seed="0", final_val_loss="0", tokens="", flops_per_token="",
+        first_token_share="-0.5", sink_rate="1", massive_ratio="1", entropy="0",
+    )  # fmt: skip
+    row = next(row for row in from_csv.read_rows(showcase_with(tmp_path, ends)) if row.name == RUN)
+    assert (row.multiplier, row.seed, row.loss) == (1e-9, 0, 0.0)
+    assert row.diagnostics == {"first_token_share": -0.5, "sink_rate": 1, "massive_ratio": 1, "entropy": 0}
+    # A failed run has no loss and counts the plan's FLOPs: blank cells pass, a written one is checked.
+    failed = set_cells(RUN, status="failed", final_val_loss="", flops="")
+    row = next(row for row in from_csv.read_rows(showcase_with(tmp_path, failed)) if row.name == RUN)
+    assert row.status == "failed" and row.loss is None and row.flops is None
+    bad = showcase_with(tmp_path, set_cells(RUN, status="failed", flops="-5"))
+    with pytest.raises(UserError, match=rf"line 4 \({RUN}\): flops '-5' is not a finite number > 0"):
         from_csv.read_rows(bad)
 
 

@@ -13,8 +13,8 @@ loss by position (its plot is empty). The ladder's learning rates are taken as r
 trained at them; the report says where today's rule would choose otherwise.
 
 A CSV that does not fit the config (an arm, size or budget the config lacks, an arm of the
-config without a row, a missing column, a number that is not one) is refused in one line,
-before anything is written.
+config without a row, a missing column, a number that is not one or lies outside its column's
+range: RANGES) is refused in one line, before anything is written.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path, PurePosixPath
 from ...errors import UserError
 from ...flops import FLOP_CONVENTION, OLDER_CONVENTION
 from ...kinds import nearest
+from ...training.inputs import SEED_RANGE
 from ..plan.ladder import BASE_SIZE, Plan, Point
 from ..plan.sweep import Sweep, load_sweep
 from .results import PointResult
@@ -40,6 +41,60 @@ REQUIRED_COLUMNS = (
     "flop_convention", "final_val_loss", "run_dir",
 )  # fmt: skip
 DIAGNOSTIC_COLUMNS = ("first_token_share", "sink_rate", "massive_ratio", "entropy")
+
+
+@dataclass(frozen=True)
+class Range:
+    """What a numeric column may hold: a finite number (a whole one where `whole`), at least
+    `least` (more than it where `above`) and at most `most`; `what` says what the number is."""
+
+    what: str
+    least: float | None = None
+    most: float | None = None
+    above: bool = False
+    whole: bool = False
+
+    def holds(self, value: float) -> bool:
+        if not math.isfinite(value) or (self.whole and value != int(value)):
+            return False
+        if self.least is not None and (value <= self.least if self.above else value < self.least):
+            return False
+        return self.most is None or value <= self.most
+
+    def __str__(self) -> str:
+        kind = "a whole number" if self.whole else "a finite number"
+        if self.least is not None and self.most is not None:
+            return f"{kind} from {_plain(self.least)} to {_plain(self.most)}"
+        if self.least is not None:
+            return f"{kind} {'>' if self.above else '>='} {_plain(self.least)}"
+        return kind
+
+
+def _plain(value: float) -> str:
+    return str(int(value)) if value == int(value) else f"{value:g}"
+
+
+# Every numeric column's range, as a designed sweep writes it (report/designed.py) and the code
+# that computes it allows, in the file's order: a cell outside it is refused in one line (_row
+# says which cells must be there). budget is matched against the config's (check_fits_sweep).
+RANGES = {
+    "multiplier": Range("the learning rate's multiplier", 0, above=True),
+    "seed": Range("a training seed", *SEED_RANGE, whole=True),
+    "steps": Range("steps trained", 0, above=True, whole=True),
+    "tokens": Range("tokens trained on", 0, above=True, whole=True),
+    "flops": Range("the training FLOPs", 0, above=True),
+    "params": Range("the model's parameters", 0, above=True, whole=True),
+    "flops_per_token": Range("the model's FLOPs per token", 0, above=True),
+    "final_val_loss": Range("a cross-entropy", 0),
+    # evaluation/diagnostics.py. A softmax map's weight on key 0 lies in [0, 1], but MTA's map,
+    # after its post-softmax convolution and head mixing, may put less than none there (the
+    # showcase's mta rows go down to -0.061): any finite number.
+    "first_token_share": Range("the mean attention on key 0"),
+    "sink_rate": Range("a share of heads", 0, 1),
+    "massive_ratio": Range("the largest |activation| over the mean median one", 1),
+    # rows of a learned sink sum to less than 1, which can lift their entropy above 1: no upper end
+    "entropy": Range("a normalised attention entropy", 0),
+}
 STATUSES = ("ok", "failed", "not run")
 SHOWN = 6  # names listed in a note before "and N more"
 
@@ -71,16 +126,18 @@ class Row:
         return f"line {self.line} ({self.name})"
 
 
-def _number(text: str, path: Path, where: str, column: str, whole: bool = False) -> float:
-    """A cell as a finite number, else the row and column named in one line."""
+def _number(text: str, path: Path, where: str, column: str) -> float:
+    """A cell as a number in its column's range (RANGES), else the row, the column and the range
+    named in one line."""
+    allowed = RANGES[column]
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or (whole and value != int(value)):
-        kind = "a whole number" if whole else "a finite number"
+    if not allowed.holds(value):
         raise UserError(
-            f"--from-csv: {path}: {where}: {column} {text!r} is not {kind}; fix or remove the row"
+            f"--from-csv: {path}: {where}: {column} {text!r} is not {allowed} ({allowed.what}); "
+            "fix or remove the row"
         )
     return value
 
@@ -145,29 +202,28 @@ def _row(raw: dict, line: int, path: Path) -> Row:
     status = cells["status"]
     if status not in STATUSES:
         raise UserError(f"--from-csv: {path}: {where}: status {status!r} is not one of {', '.join(STATUSES)}")
-    loss = flops = None
-    if status == "ok":
-        loss = _number(cells["final_val_loss"], path, where, "final_val_loss")
-        flops = _number(cells["flops"], path, where, "flops")
-    diagnostics = {
-        key: _number(cells[key], path, where, key) for key in DIAGNOSTIC_COLUMNS if cells.get(key, "") != ""
-    }
+    # Every numeric cell in its range: those of REQUIRED_COLUMNS always, but a run not ok has no
+    # loss and counts the plan's FLOPs (CsvResults); an optional one where it is not empty.
+    ok = status == "ok"
+    needed = [c for c in REQUIRED_COLUMNS if c in RANGES and (ok or c not in ("final_val_loss", "flops"))]
+    numbers = {c: _number(cells[c], path, where, c) for c in RANGES if c in needed or cells.get(c, "") != ""}
+    diagnostics = {key: numbers[key] for key in DIAGNOSTIC_COLUMNS if key in numbers}
     return Row(
         line,
         name,
         cells["arm"],
         cells["size"],
         cells["budget"],
-        _number(cells["multiplier"], path, where, "multiplier"),
-        int(_number(cells["seed"], path, where, "seed", whole=True)),
+        numbers["multiplier"],
+        int(numbers["seed"]),
         cells["role"],
         status,
         " ".join(cells["error"].split()),  # one line, as a run's record holds it
-        int(_number(cells["steps"], path, where, "steps", whole=True)),
-        flops,
-        int(_number(cells["params"], path, where, "params", whole=True)),
+        int(numbers["steps"]),
+        numbers["flops"] if ok else None,
+        int(numbers["params"]),
         cells["flop_convention"] or OLDER_CONVENTION,
-        loss,
+        numbers["final_val_loss"] if ok else None,
         diagnostics or None,
         cells.get("device", ""),
     )
