@@ -8,15 +8,13 @@ change. Configs are plain dataclasses of plain values, so they travel inside che
 from __future__ import annotations
 
 import dataclasses
-import functools
 import typing
-import warnings
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from . import kinds
 from .errors import UserError
-from .files import legacy
+from .files import upgrade
 from .kinds import fail as _fail
 
 # minitx's RMSNorm eps, everywhere: the blocks' and the final norm, QK-norm, diff's per-head norm,
@@ -127,28 +125,6 @@ def _is_default(kind: str, section: Any) -> bool:
         return kinds.build_options(kind, section or {}) == spec.options()
     except ValueError:
         return False
-
-
-_dataclass_init = AttentionConfig.__init__
-
-
-@functools.wraps(_dataclass_init)
-def _init_with_old_keywords(self, *args, **kwargs) -> None:
-    # Keywords of minitx before per-kind options (AttentionConfig(kind="local", window=64)) still
-    # work: minitx.files.legacy moves each to its kind's section, with a warning naming the new spelling.
-    old = {name: kwargs.pop(name) for name in list(kwargs) if name in legacy.ATTENTION_FIELDS}
-    if old:
-        warnings.warn(
-            "AttentionConfig: "
-            + "; ".join(f"{name} is now {legacy.attention_spelling(name)}" for name in old),
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        kwargs["options"] = legacy.options_with(kwargs.get("options") or {}, old)
-    _dataclass_init(self, *args, **kwargs)
-
-
-AttentionConfig.__init__ = _init_with_old_keywords
 
 
 @dataclass
@@ -273,14 +249,21 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelConfig:
-        """A config saved by minitx (a checkpoint's, a run's), older spellings included."""
+        """A config as to_dict gives it (a checkpoint's, once files/upgrade.py has read it in
+        today's spelling); a field it lacks takes its default."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise UserError(f"model config: unknown field(s) {', '.join(unknown)}; remove them")
         data = dict(data)
         if isinstance(data.get("attention"), dict):
-            section = legacy.attention_section(data["attention"])
+            section = data["attention"]
+            renamed = next((name for name in section if upgrade.renamed_key(f"attention.{name}")), None)
+            if renamed:
+                raise UserError(
+                    f"attention.{renamed}: this setting is now {upgrade.renamed_key(f'attention.{renamed}')}; "
+                    "write that instead (the value is the same)"
+                )
             att_known = {f.name for f in fields(AttentionConfig)}
             bad = sorted(set(section) - att_known)
             if bad:

@@ -21,7 +21,6 @@ from .arguments import TRUST_FLAG
 from .config import ModelConfig
 from .data.tokenizer import tokenizer_from_dict
 from .errors import UserError, one_line
-from .files import legacy
 from .files.checkpoint import model_weights, read_checkpoint, state_mismatch
 from .kinds import KindModuleError
 from .model import Transformer
@@ -53,7 +52,6 @@ def import_checkpoint_kinds(
     attention = model_config.get("attention") if isinstance(model_config, dict) else None
     if not isinstance(attention, dict):
         return  # ModelConfig.from_dict says what is wrong with it
-    attention = legacy.attention_section(attention)
     missing = kinds.unregistered_kinds(attention)
     modules = attention.get("kind_modules") or []
     if not missing or not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):

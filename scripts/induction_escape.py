@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> None:
 def save_checkpoint(lm: MinitxLM, task: InductionConfig, path: str) -> None:
     """The trained model as a minitx checkpoint (weights and the "minitx" entry, as train.py writes
     them), so that `train.py --model.init_from PATH` or evaluate.py can start from it."""
-    from minitx.files.checkpoint import CHECKPOINT_FORMAT
+    from minitx.files.upgrade import CHECKPOINT_FORMAT
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     checkpoint = {

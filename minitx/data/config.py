@@ -16,7 +16,7 @@ gives them (check_given_settings), as the options of an attention kind no layer 
 
 The data module takes the section as keywords (`TextDataModule(**section)`, LightningCLI reads
 its fields from here); evaluation rebuilds a run's from its saved config with `from_config`
-(DataSettings', inherited: older names read as today's, keys of other sections left out).
+(DataSettings', inherited: keys of other sections left out).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from minitx.data.sources import SOURCES
 from minitx.data.task import Task, build_options, register, registry
 from minitx.data.tokenizer import Tokenizer
 from minitx.errors import UserError, require
-from minitx.files import legacy
 from minitx.kinds import nearest
 
 # The known-answer tasks, not texts: "toy" (the Multi-Token Attention paper's), "mqar"
@@ -165,16 +164,15 @@ def task_settings(given: Any) -> TaskSettings:
 
 
 def saved_data_section(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A data section as a run saved it (its config.yaml, a checkpoint's train_config), maybe by an
-    older minitx, in today's spelling (minitx/files/legacy.py), each task's settings added since at
-    their defaults. Where it no longer builds, only the spellings change."""
-    translated = legacy.data_section(data)
+    """A data section as a run saved it (its config.yaml, a checkpoint's train_config), in today's
+    spelling (files/upgrade.py's upgrade_config), with each task's settings added since at their
+    defaults. Where it no longer builds, it is returned as it is."""
     try:
         complete = dataclasses.asdict(DataConfig.from_config(data))
     except (UserError, TypeError, ValueError):
-        return translated
+        return dict(data)
     # The keys the run saved (a linked key it left out stays out), and every task's every setting.
-    return {**{key: complete.get(key, value) for key, value in translated.items()}, "task": complete["task"]}
+    return {**{key: complete.get(key, value) for key, value in data.items()}, "task": complete["task"]}
 
 
 # -- settings of a data source the run does not read --------------------------------------------

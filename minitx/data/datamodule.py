@@ -22,7 +22,6 @@ Because the train loader never ends, validation must be scheduled in steps:
 """
 
 import dataclasses
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,15 +30,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from minitx.data.config import DATA_SOURCES, LENGTH_KEYS, TASKS, DataConfig
+from minitx.data.config import LENGTH_KEYS, DataConfig
 from minitx.data.prepare import Prepared, prepare
 from minitx.data.shards import TokenArray
 from minitx.data.tokenizer import Tokenizer
 from minitx.data.toy import ToyTrainBatches, ToyValSet
 from minitx.errors import UserError, require
-from minitx.files import legacy
-
-__all__ = ["DATA_SOURCES", "TASKS", "TextDataModule"]  # DATA_SOURCES, TASKS: re-exported
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -58,7 +54,7 @@ def random_window_starts(
 
 def windows_to_batch(tokens: TokenArray, starts: np.ndarray, block_size: int) -> Batch:
     """Windows of block_size + 1 tokens -> inputs x and targets y (x shifted left by one)."""
-    chunk = torch.from_numpy(np.stack([tokens.window(int(start), block_size + 1) for start in starts]))
+    chunk = torch.from_numpy(tokens.windows(starts, block_size + 1))
     return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
 
 
@@ -129,21 +125,6 @@ class TextDataModule(L.LightningDataModule):
 
     def __init__(self, **settings: Any) -> None:
         super().__init__()
-        for key in sorted(set(settings) & set(legacy.DATA_FIELDS)):  # an older keyword, from Python
-            warnings.warn(
-                f"TextDataModule: {key} is now {legacy.DATA_FIELDS[key]}", DeprecationWarning, stacklevel=2
-            )
-            settings[legacy.DATA_FIELDS[key]] = settings.pop(key)  # in place: the call below stays as it is
-        old_task_keys = sorted(set(settings) & set(legacy.DATA_TASK_FIELDS))
-        if old_task_keys:  # a task's flat keyword, from Python: moved into its task's section
-            warnings.warn(
-                "TextDataModule: "
-                + "; ".join(f"{key} is now {legacy.data_task_spelling(key)}" for key in old_task_keys),
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            moved = legacy.data_section({key: settings.pop(key) for key in old_task_keys})["task"]
-            settings["task"] = _with_sections(settings.get("task"), moved)
         # jsonargparse reads the data section's keys from this call: keep it DataConfig(**settings).
         self.config = DataConfig(**settings)
         config = self.config
@@ -338,17 +319,3 @@ class TextDataModule(L.LightningDataModule):
                 f"(fingerprint {saved}, now {self._tokenizer.fingerprint()}); "
                 "resume with the same data settings as the original run"
             )
-
-
-def _with_sections(task: Any, moved: dict) -> dict:
-    """The data.task mapping `task` (a mapping, TaskSettings or None) with `moved`'s settings
-    added where it does not set them."""
-    if task is None:
-        sections: dict = {}
-    elif dataclasses.is_dataclass(task):
-        sections = {name: dataclasses.asdict(getattr(task, name)) for name in task.__dataclass_fields__}
-    else:
-        sections = {name: dict(section or {}) for name, section in task.items()}
-    for name, section in moved.items():
-        sections[name] = {**section, **sections.get(name, {})}
-    return sections

@@ -44,8 +44,8 @@ from torch import Tensor
 
 from ..errors import UserError, one_line
 from .atomic import TMP_PREFIX
+from .upgrade import upgrade_checkpoint
 
-CHECKPOINT_FORMAT = 1
 LAST = "last.ckpt"
 BEST = "best.ckpt"
 
@@ -152,16 +152,13 @@ def load_file(path: str | os.PathLike, where: str, fix: str, map_location: Any =
 
 def read_checkpoint(path: str | os.PathLike, where: str, fix: str, map_location: Any = "cpu") -> dict:
     """The dictionary of a checkpoint written by minitx (see the top of this file), after
-    `load_file`'s checks and those of its "state_dict" and "minitx" entries."""
+    `load_file`'s checks and those of its "state_dict" and "minitx" entries, the latter in
+    today's spelling (upgrade.py: one written by an earlier minitx reads the same)."""
     checkpoint = load_file(path, where, fix, map_location)
     meta = checkpoint.get("minitx") if isinstance(checkpoint, dict) else None
     if not isinstance(meta, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise UserError(f"{where}: not a minitx checkpoint (no 'minitx' and 'state_dict' entries); {fix}")
-    if meta.get("format") != CHECKPOINT_FORMAT:
-        raise UserError(
-            f"{where}: checkpoint format {meta.get('format')!r} is not supported (expected {CHECKPOINT_FORMAT}); "
-            "use the minitx version that wrote it"
-        )
+    checkpoint["minitx"] = upgrade_checkpoint(meta, where)
     return checkpoint
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..data.config import saved_data_section
+from ..files.upgrade import upgrade_config
 from . import optim
 from .optim import DEFAULTS, Optimisation
 
@@ -60,7 +61,7 @@ def report_resume_changes(ckpt_path: str, current: dict) -> None:
     """One line on stderr if this start's settings differ from the checkpoint's run (nothing otherwise)."""
     # mmap: only the small pickled part is read; the CRCs were checked when the checkpoint was.
     checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
-    saved = (checkpoint.get("minitx") or {}).get("train_config") or {}
+    saved = upgrade_config((checkpoint.get("minitx") or {}).get("train_config") or {})
     changes = changed_settings(saved, current) if saved else []
     if changes:
         print(

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..arguments import closest, missing_file_advice
 from ..errors import UserError
-from ..files import legacy
+from ..files.upgrade import renamed_key
 from .links import LINKED
 
 
@@ -42,8 +42,8 @@ def parse_error_message(
         message = f"--config: {files} is not a mapping of sections (model:, data:, trainer:, run:); see configs/default.yaml"
     message = _plain_type_error(message)
     unknown = _unknown_key(message)
-    renamed = legacy.renamed_key(unknown) if unknown else None
-    if renamed:  # a key of an older minitx: say what it is called now, and nothing else
+    renamed = renamed_key(unknown) if unknown else None
+    if renamed:  # a key that was renamed: say what it is called now, and nothing else
         return f"{unknown}: this setting is now {renamed}; write that instead (the value is the same)"
     if unknown and (parser is not None or own_flags):
         near = closest(unknown, [*(_known_keys(parser) if parser is not None else ()), *own_flags])

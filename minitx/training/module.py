@@ -32,7 +32,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..data.toy import IGNORE_INDEX, rows_all_right
 from ..errors import UserError
-from ..files.checkpoint import CHECKPOINT_FORMAT
+from ..files.upgrade import CHECKPOINT_FORMAT
 from ..model import Transformer
 from .inputs import errors_named
 from .optim import Optimisation, Parameters, apply_schedule

@@ -9,6 +9,7 @@ from ..config import ModelConfig
 from ..data.tokenizer import tokenizer_from_dict
 from ..errors import UserError
 from ..files.checkpoint import BEST, LAST, existing_checkpoints, read_checkpoint, state_mismatch
+from ..files.upgrade import upgrade_checkpoint
 from .optim import optimizer_of_state
 
 
@@ -78,8 +79,8 @@ def saved_optimizer(checkpoint: dict) -> str:
 
 def check_same_model(saved: dict, config: ModelConfig) -> None:
     """A run resumes only into the model it saved: `saved` is a checkpoint's "minitx" entry."""
-    stored = saved.get("model_config") or {}
-    try:  # a checkpoint of an older minitx spells some settings differently: compare in today's
+    stored = upgrade_checkpoint(saved, "ckpt_path").get("model_config") or {}
+    try:  # in today's spelling, fields added since at their defaults
         stored = ModelConfig.from_dict(stored).to_dict()
     except (TypeError, ValueError):
         pass  # compared as it is: the difference names the field

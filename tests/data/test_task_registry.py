@@ -31,7 +31,7 @@ from minitx.data.config import (
 from minitx.data.task import Task
 from minitx.errors import UserError
 from minitx.files.configs import with_config_files
-from minitx.files.legacy import DATA_TASK_FIELDS, renamed_key
+from minitx.files.upgrade import DATA_TASK_FIELDS, renamed_key, upgrade_config
 from minitx.training import precheck_train_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,18 +125,11 @@ def test_an_old_flat_key_stops_train_with_one_line_and_exit_2(tmp_path, capfd):
     assert not (tmp_path / "runs").exists()
 
 
-def test_an_old_flat_keyword_in_python_still_works_with_a_warning():
-    from minitx.data.datamodule import TextDataModule
-
-    with pytest.warns(DeprecationWarning, match="zoology_pairs is now task.zoology.pairs"):
-        module = TextDataModule(source="zoology", zoology_pairs=4, zoology_seq_len=32, block_size=32)
-    assert (module.task.pairs, module.task.seq_len) == (4, 32)
-
-
 def test_an_old_saved_data_section_reads_as_todays():
     saved = yaml.safe_load((OLD / "zoology.yaml").read_text())["data"]
-    assert "zoology_pairs" in saved and "task" not in saved  # as the older minitx saved it
-    config = DataConfig.from_config(saved)
+    assert "zoology_pairs" in saved and "task" not in saved  # as the earlier minitx saved it
+    upgraded = upgrade_config({"data": saved})["data"]
+    config = DataConfig.from_config(upgraded)
     assert (
         config.synthetic_task()
         == DataConfig(
@@ -144,7 +137,7 @@ def test_an_old_saved_data_section_reads_as_todays():
         ).synthetic_task()
     )
     # every task's old keys land in that task's section: nothing of the old section is lost
-    moved = saved_data_section(saved)
+    moved = saved_data_section(upgraded)
     old_keys = [key for key in saved if key in DATA_TASK_FIELDS]
     assert len(old_keys) >= 15
     for old in old_keys:
@@ -219,7 +212,7 @@ def test_the_issue_case_stops_train_with_one_line_and_exit_2(tmp_path, capfd):
 
 def test_defaults_and_saved_configs_are_not_settings_given(tmp_path):
     """A saved run config writes every setting out, a file may repeat a default: neither is refused."""
-    saved = yaml.safe_load((OLD / "zoology.yaml").read_text())
+    saved = upgrade_config(yaml.safe_load((OLD / "zoology.yaml").read_text()))
     saved["data"] = {**saved_data_section(saved["data"]), "source": "zoology"}
     saved["data"].pop("block_size", None)  # linked from model.block_size
     (tmp_path / "saved.yaml").write_text(yaml.safe_dump(saved))

@@ -10,6 +10,7 @@ import pytest
 
 from minitx import AttentionConfig, ModelConfig
 from minitx.attention import registry
+from minitx.files.upgrade import upgrade_checkpoint
 
 
 def model(n_layer: int = 4, n_head: int = 4, d_model: int = 32, **attention) -> ModelConfig:
@@ -231,14 +232,19 @@ def test_stored_config_drops_options_its_kinds_do_not_read():
     stored = ModelConfig(attention=AttentionConfig(kind="mha")).to_dict()
     stored["attention"]["mta_backend"] = "factorised"
     stored["attention"]["window"] = 7
-    assert ModelConfig.from_dict(stored).attention == AttentionConfig(kind="mha")
+    assert ModelConfig.from_dict(upgraded(stored)).attention == AttentionConfig(kind="mha")
     with pytest.raises(
         ValueError, match="attention.options.mta: sets options of kind mta, but the layers are of kind mha"
     ):
         AttentionConfig(kind="mha", options={"mta": {"backend": "factorised"}})
     # Options a layer does read are kept.
     stored["attention"].update(kind="local", layers=["local", "mha"])
-    assert ModelConfig.from_dict(stored).attention.options_of("local").window == 7
+    assert ModelConfig.from_dict(upgraded(stored)).attention.options_of("local").window == 7
+
+
+def upgraded(model_config: dict) -> dict:
+    """A checkpoint's model config as read_checkpoint reads it (minitx/files/upgrade.py)."""
+    return upgrade_checkpoint({"format": 1, "model_config": model_config}, "here")["model_config"]
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""What users saved with an older minitx keeps working, or is refused in one line naming the new spelling.
+"""What users saved with an earlier minitx keeps working, read through minitx/files/upgrade.py,
+or is refused in one line naming the new spelling.
 
 tests/fixtures/legacy/ holds checkpoints, run configs and config files written by minitx before
 attention options moved into per-kind sections (make.sh there says how): every kind, MTA in its
@@ -7,9 +8,11 @@ released setting, a three-kind mix with learned positions and a trained BPE toke
 
 from __future__ import annotations
 
+import csv
+import dataclasses
+import io
 import json
 import re
-import warnings
 from pathlib import Path
 
 import pytest
@@ -20,9 +23,19 @@ from minitx import AttentionConfig, ModelConfig
 from minitx.cli import eval_main, generate_main, train_main
 from minitx.data.prepare import DataSettings
 from minitx.errors import UserError
-from minitx.files import legacy
+from minitx.files import upgrade
 from minitx.files.configs import REPO_ROOT, with_config_files
-from minitx.files.legacy import ATTENTION_FIELDS, DATA_FIELDS, DATA_TASK_FIELDS, renamed_key
+from minitx.files.upgrade import (
+    ATTENTION_FIELDS,
+    CHECKPOINT_FORMAT,
+    DATA_FIELDS,
+    DATA_TASK_FIELDS,
+    renamed_key,
+    upgrade_checkpoint,
+    upgrade_config,
+    upgrade_results_csv,
+)
+from minitx.flops import FLOP_CONVENTION, OLDER_CONVENTION
 from minitx.trained_model import load_checkpoint
 from minitx.training.command import checked_config
 
@@ -79,23 +92,82 @@ def test_old_checkpoint_resumes_training(tmp_path, monkeypatch):
     assert resumed["global_step"] == 42
 
 
-def test_old_attention_keywords_still_build_the_same_config():
-    with pytest.warns(DeprecationWarning, match="window is now options.local.window"):
-        old = AttentionConfig(kind="local", window=64, n_global=2, local_backend="chunked")
-    assert old == AttentionConfig(
-        kind="local", options={"local": {"window": 64, "n_global": 2, "backend": "chunked"}}
-    )
-    with pytest.warns(DeprecationWarning, match="mta_query_kernel is now options.mta.query_kernel"):
-        assert AttentionConfig(kind="mta", mta_query_kernel=3).options_of("mta").query_kernel == 3
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the shared setting did not move
-        assert AttentionConfig(kind="gqa", n_kv_head=2).n_kv_head == 2
-    assert (
+def test_an_old_saved_attention_section_upgrades_to_the_same_config():
+    old = {"model": {"attention": {"kind": "local", "window": 64, "n_global": 2, "local_backend": "chunked"}}}
+    today = {
+        "model": {
+            "attention": {
+                "kind": "local",
+                "options": {"local": {"window": 64, "n_global": 2, "backend": "chunked"}},
+            }
+        }
+    }
+    assert upgrade_config(old) == today and upgrade_config(today) == today
+    assert ModelConfig.from_dict(upgrade_config(old)["model"]) == ModelConfig.from_dict(today["model"])
+    # the fields of a kind no layer uses were saved at their defaults: they are dropped
+    mixed = {"attention": {"kind": "mha", "window": 64, "mta_query_kernel": 3}}
+    assert upgrade_config({"model": mixed})["model"]["attention"] == {"kind": "mha", "options": {}}
+
+
+def test_an_old_attention_field_given_today_is_refused_naming_the_new_spelling():
+    with pytest.raises(UserError) as refused:
         ModelConfig.from_dict({"attention": {"kind": "local", "window": 9}})
-        .attention.options_of("local")
-        .window
-        == 9
+    assert str(refused.value) == (
+        "attention.window: this setting is now attention.options.local.window; write that instead (the value is the same)"
     )
+    with pytest.raises(TypeError, match="window"):  # no keyword of the old spelling in Python
+        AttentionConfig(kind="local", window=64)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_upgrade_checkpoint_reads_every_old_checkpoint_in_todays_spelling(name):
+    entry = torch.load(FIXTURES / f"{name}.ckpt", weights_only=True)["minitx"]
+    upgraded = upgrade_checkpoint(entry, "here")
+    assert upgraded["format"] == CHECKPOINT_FORMAT
+    assert not set(upgraded["model_config"]["attention"]) & set(ATTENTION_FIELDS)
+    data = upgraded["train_config"]["data"]
+    assert not set(data) & {*DATA_FIELDS, *DATA_TASK_FIELDS}
+    assert upgrade_checkpoint(upgraded, "here") == upgraded  # today's spelling passes unchanged
+    assert entry == torch.load(FIXTURES / f"{name}.ckpt", weights_only=True)["minitx"]  # a copy
+    with pytest.raises(UserError) as refused:
+        upgrade_checkpoint({**entry, "format": 2}, "here")
+    assert str(refused.value) == (
+        "here: checkpoint format 2 is not supported (expected 1); use the minitx version that wrote it"
+    )
+
+
+def test_upgrade_results_csv_reads_a_csv_from_before_flop_convention():
+    """A designed sweep's results.csv written before flop_convention (version 1): its FLOPs were
+    counted under minitx-flops/1, which --from-csv counts again by today's convention."""
+    old = (
+        "arm,size,budget,multiplier,seed,role,status,error,steps,tokens,flops,params,final_val_loss,run_dir\n"
+    )
+    old += "mha,d32,1e+13,1,1337,ladder,ok,,10,100,1e+10,1000,3.5,out/mha-d32\n"
+    reader = csv.DictReader(io.StringIO(old))
+    columns, rows = upgrade_results_csv(reader.fieldnames, list(reader))
+    assert columns[columns.index("flops") + 1] == "flop_convention"
+    assert rows[0]["flop_convention"] == OLDER_CONVENTION and rows[0]["flops"] == "1e+10"
+    assert upgrade_results_csv(columns, rows) == (columns, rows)  # today's header: unchanged
+    assert upgrade.OLDER_FLOP_CONVENTION == OLDER_CONVENTION != FLOP_CONVENTION
+
+
+def test_from_csv_reads_a_results_csv_from_before_flop_convention(tmp_path):
+    """The showcase's results.csv without its flop_convention column, as a designed sweep wrote it
+    then: --from-csv reads every row as before, each recorded under the older count."""
+    from minitx.ablation.runs.from_csv import read_rows
+
+    today = REPO_ROOT / "docs" / "results" / "ladder" / "results.csv"
+    reader = csv.DictReader(io.StringIO(today.read_text(encoding="utf-8"), newline=""))
+    columns = [c for c in reader.fieldnames if c != "flop_convention"]
+    old = io.StringIO()
+    writer = csv.DictWriter(old, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(reader)
+    (tmp_path / "results.csv").write_text(old.getvalue(), encoding="utf-8")
+    rows, expected = read_rows(tmp_path / "results.csv"), read_rows(today)
+    assert {row.convention for row in expected} == {FLOP_CONVENTION}
+    assert {row.convention for row in rows} == {OLDER_CONVENTION}
+    assert [dataclasses.replace(row, convention=FLOP_CONVENTION) for row in rows] == expected
 
 
 @pytest.mark.parametrize("key", sorted(ATTENTION_FIELDS))
@@ -133,7 +205,7 @@ def test_every_old_config_file_works_the_same_or_names_the_new_spelling(path, tm
         if set(old_data) & set(DATA_TASK_FIELDS):
             today_data = today_base.get("data") or {}
             assert not set(today_data) & set(DATA_TASK_FIELDS)
-            assert legacy.data_section(old_data) == today_data
+            assert upgrade_config({"data": old_data})["data"] == today_data
         return
     old = yaml.safe_load(path.read_text())
     old_attention = (old.get("model") or {}).get("attention") or {}
@@ -147,7 +219,7 @@ def test_every_old_config_file_works_the_same_or_names_the_new_spelling(path, tm
         )
         if set(old_data) & set(DATA_TASK_FIELDS):  # moved as saved runs are read, it is today's file
             moved = tmp_path / path.name
-            moved.write_text(yaml.safe_dump({**old, "data": legacy.data_section(old_data)}))
+            moved.write_text(yaml.safe_dump(upgrade_config(old)))
             new = checked_config(with_config_files(["--config", str(REPO_ROOT / "configs" / path.name)]))
             assert checked_config(with_config_files(["--config", str(moved)]))["data"] == new["data"]
         return
@@ -167,11 +239,11 @@ def test_old_data_key_is_refused_naming_the_new_one_and_read_from_saved_runs(tmp
     assert capsys.readouterr().err.strip() == (
         "train: error: data.vocab_size: this setting is now data.bpe_vocab_size; write that instead (the value is the same)"
     )
-    saved = yaml.safe_load((FIXTURES / "mix_bpe.yaml").read_text())[
-        "data"
-    ]  # a run's config.yaml, as saved then
+    saved = yaml.safe_load((FIXTURES / "mix_bpe.yaml").read_text())  # a run's config.yaml, as saved then
+    data = upgrade_config(saved)["data"]
     assert (
-        "vocab_size" in saved and DataSettings.from_config(saved).bpe_vocab_size == saved["vocab_size"] == 300
+        "vocab_size" not in data
+        and DataSettings.from_config(data).bpe_vocab_size == saved["data"]["vocab_size"] == 300
     )
 
 
@@ -192,11 +264,3 @@ def test_old_bpe_checkpoint_evaluates_on_its_own_validation_text(tmp_path, monke
     assert eval_main([*args, "--lengths", "16", "32"]) == 0
     figures = json.loads(report.read_text())
     assert figures["loss"] > 0 and figures["tokens"] > 0
-
-
-def test_old_data_keyword_in_python_still_works_with_a_warning():
-    from minitx.data.datamodule import TextDataModule
-
-    with pytest.warns(DeprecationWarning, match="vocab_size is now bpe_vocab_size"):
-        module = TextDataModule(tokenizer="bpe", vocab_size=300)
-    assert module.settings.bpe_vocab_size == 300

@@ -170,7 +170,7 @@ def test_each_stage_of_ablation_imports_only_the_stages_before_it():
 
 # A folder of minitx is one room of the house: it stands either below a module or above it, never
 # both. files/ stood both (its checkpoint reader built the model, while the model's config read
-# files/legacy.py), and so did generation/ (the model ran its decode loop, while its command loads
+# files/upgrade.py), and so did generation/ (the model ran its decode loop, while its command loads
 # a trained model): each such folder is a circle of rooms, which the file graph does not show.
 PACKAGE = "minitx"
 
@@ -198,9 +198,9 @@ def rooms_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 def test_rooms_are_read_from_a_made_up_graph():
     graph = {
         "minitx.files.checkpoint": {"minitx.model", "minitx.files.atomic"},
-        "minitx.files.legacy": set(),
+        "minitx.files.upgrade": set(),
         "minitx.model": {"minitx.config"},
-        "minitx.config": {"minitx.files.legacy"},
+        "minitx.config": {"minitx.files.upgrade"},
     }
     assert rooms_graph(graph) == {
         "minitx.files": {"minitx.model"},

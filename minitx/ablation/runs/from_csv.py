@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ...errors import UserError
-from ...flops import FLOP_CONVENTION, OLDER_CONVENTION
+from ...files.upgrade import upgrade_results_csv
+from ...flops import FLOP_CONVENTION
 from ...kinds import nearest
 from ...training.inputs import SEED_RANGE
 from ..plan.ladder import BASE_SIZE, Plan, Point
@@ -162,20 +163,20 @@ def read_rows(path: Path) -> list[Row]:
     columns = reader.fieldnames or []
     if not columns:
         raise UserError(f"--from-csv: {path} is empty; give the results.csv a designed sweep wrote")
+    try:
+        raws = [(raw, reader.line_num) for raw in reader]  # the line each row ends on
+    except csv.Error as error:
+        raise UserError(
+            f"--from-csv: {path}: line {reader.line_num}: not CSV ({error}); fix the file"
+        ) from None
+    columns, upgraded = upgrade_results_csv(columns, [raw for raw, _ in raws])  # an earlier minitx's
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
         raise UserError(
             f"--from-csv: {path} has no column {', '.join(missing)}; a designed sweep's results.csv has "
             f"{', '.join(REQUIRED_COLUMNS)} (and the diagnostics)"
         )
-    rows: list[Row] = []
-    try:
-        for raw in reader:
-            rows.append(_row(raw, reader.line_num, path))  # the line the row ends on
-    except csv.Error as error:
-        raise UserError(
-            f"--from-csv: {path}: line {reader.line_num}: not CSV ({error}); fix the file"
-        ) from None
+    rows = [_row(raw, line, path) for raw, (_, line) in zip(upgraded, raws)]
     if not rows:
         raise UserError(
             f"--from-csv: {path} holds no run (a header only); give the results.csv a sweep wrote"
@@ -222,7 +223,7 @@ def _row(raw: dict, line: int, path: Path) -> Row:
         int(numbers["steps"]),
         numbers["flops"] if ok else None,
         int(numbers["params"]),
-        cells["flop_convention"] or OLDER_CONVENTION,
+        cells["flop_convention"],
         numbers["final_val_loss"] if ok else None,
         diagnostics or None,
         cells.get("device", ""),

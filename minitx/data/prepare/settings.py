@@ -12,7 +12,6 @@ from typing import Any
 from minitx.data.streams import (
     PIECE_BYTES,
 )
-from minitx.files import legacy
 
 PREPARED_FORMAT = 1  # bump when the ids a setting gives, or the files, change: old directories are not reused
 SHARD_TOKENS = 100_000_000
@@ -52,9 +51,8 @@ class DataSettings:
     @classmethod
     def from_config(cls, data: Mapping[str, Any]) -> DataSettings:
         """The settings among a config's data section (DataConfig: all of it); a key it lacks
-        takes the default, an older name is read as today's. The data module and evaluation (rebuilding a run's data
-        from its checkpoint's config) both build them this way, so the two prepare the same data."""
-        data = legacy.data_section(data)  # a run saved by an older minitx
+        takes the default. The data module and evaluation (rebuilding a run's data from its
+        checkpoint's config) both build them this way, so the two prepare the same data."""
         names = {f.name for f in fields(cls)}
         return cls(**{key: value for key, value in data.items() if key in names})
 
