@@ -4,10 +4,10 @@
     upgrade_config(config)               a run's saved config: its config.yaml, a checkpoint's train_config
     upgrade_results_csv(columns, rows)   a designed sweep's results.csv (ablate --from-csv)
 
-Each reads the version its file records and applies the steps since, in order (STEPS, CSV_STEPS).
-Checkpoints and configs record none of the spellings below (the checkpoint format, 1, is the
-first), so their steps apply to every one and each changes only the keys in the old spelling: a
-file in today's spelling passes through unchanged. A results.csv's version is its header's.
+Each reads its file's version and applies the steps since, in order: a results.csv's version is
+its header's (CSV_STEPS). A checkpoint's format (one this minitx does not know is refused) has been
+1 through every change of spelling below, and a config records none, so their steps (STEPS) apply
+to each, changing only keys in an old spelling: a file in today's spelling passes unchanged.
 
 What a user writes today in an old spelling (a YAML key, a flag) is not upgraded but refused, in
 one line naming the new spelling (`renamed_key`, read by the train command's messages).
@@ -125,19 +125,15 @@ def _task_sections(config: dict) -> dict:
     return config
 
 
-# The steps of a saved config, in order: (what changed, the step).
-STEPS: list[tuple[str, Callable[[dict], dict]]] = [
-    ("attention options in per-kind sections", _model_options),
-    ("data.vocab_size became data.bpe_vocab_size", _bpe_vocab_size),
-    ("task settings in data.task.<task>", _task_sections),
-]
+# The steps of a saved config, in the order the spellings changed (1, 2, 3 above).
+STEPS: list[Callable[[dict], dict]] = [_model_options, _bpe_vocab_size, _task_sections]
 
 
 def upgrade_config(config: Mapping[str, Any]) -> dict:
     """A run's saved config (sections model, data, trainer, run) in today's spelling: a copy, the
     steps applied in order; sections no step reads are left as they are."""
     upgraded = dict(config)
-    for _, step in STEPS:
+    for step in STEPS:
         upgraded = step(upgraded)
     return upgraded
 
@@ -172,22 +168,15 @@ def _flop_convention(columns: list[str], rows: list[dict]) -> tuple[list[str], l
     return columns, [{**row, "flop_convention": OLDER_FLOP_CONVENTION} for row in rows]
 
 
-# Version -> the step that makes a results.csv of that version the next one.
-CSV_STEPS: dict[int, Callable[[list[str], list[dict]], tuple[list[str], list[dict]]]] = {
-    1: _flop_convention,
-}
-RESULTS_CSV_VERSION = len(CSV_STEPS) + 1
-
-
-def results_csv_version(columns: list[str]) -> int:
-    return 2 if "flop_convention" in columns else 1
+# Version -> the step that makes a results.csv of that version the next one (today's: 2).
+CSV_STEPS = {1: _flop_convention}
 
 
 def upgrade_results_csv(columns: list[str], rows: list[dict]) -> tuple[list[str], list[dict]]:
     """A results.csv's header and rows (csv.DictReader's) in today's columns: the steps from the
-    version its header shows, in order."""
+    version its header shows (1 without a flop_convention column), in order."""
     columns, rows = list(columns), list(rows)
-    for version in range(results_csv_version(columns), RESULTS_CSV_VERSION):
+    for version in range(2 if "flop_convention" in columns else 1, len(CSV_STEPS) + 1):
         columns, rows = CSV_STEPS[version](columns, rows)
     return columns, rows
 
