@@ -649,7 +649,8 @@ def test_the_plan_counts_the_output_layer_at_the_vocabulary_the_runs_train_with(
 
 def test_the_plan_learns_each_arms_vocabulary_from_its_data_section_alone(tmp_path, monkeypatch):
     """No training parser: the vocabulary is a pure function of the data section (the base, the
-    shared and the arm's overrides, `--data.*` after --), whatever the spelling of a task's key."""
+    shared and the arm's overrides, `--data.*` after --); a task's key in its old spelling is
+    refused naming the new one."""
     from minitx.ablation.plan import budget
     from minitx.training import command
 
@@ -669,7 +670,12 @@ def test_the_plan_learns_each_arms_vocabulary_from_its_data_section_alone(tmp_pa
     chars = TextDataModule(source="shakespeare", tokenizer="char", block_size=32).vocab_size
     assert budget.training_vocab(sweep, text) == chars
     assert budget.training_vocab(sweep, recall) == 64
-    assert budget.training_vocab(sweep, older) == 32
+    with pytest.raises(UserError) as refused:
+        budget.training_vocab(sweep, older)
+    assert str(refused.value).startswith(
+        "variant 'older': data.zoology_vocab: this setting is now data.task.zoology.vocab; "
+        "write that instead (the value is the same)"
+    )
     assert budget.training_vocab(sweep, default) == 8192
     assert budget.training_vocab(sweep, default, ["--data.task.zoology.vocab=256"]) == 256
     assert budget.training_vocab(sweep, default, ["--data.task.zoology.vocab", "128"]) == 128

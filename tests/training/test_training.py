@@ -21,8 +21,8 @@ from helpers import metrics
 from minitx.cli import train_main
 from minitx.config import AttentionConfig, ModelConfig
 from minitx.files.atomic import TMP_PREFIX, write_atomically
+from minitx.files.configs import DEFAULT_CONFIG
 from minitx.training import (
-    DEFAULT_CONFIG,
     MinitxLM,
     ThroughputMeter,
     format_mfu,

@@ -12,6 +12,8 @@ from typing import Any
 from minitx.data.streams import (
     PIECE_BYTES,
 )
+from minitx.errors import UserError
+from minitx.files.upgrade import renamed_key
 
 PREPARED_FORMAT = 1  # bump when the ids a setting gives, or the files, change: old directories are not reused
 SHARD_TOKENS = 100_000_000
@@ -51,8 +53,15 @@ class DataSettings:
     @classmethod
     def from_config(cls, data: Mapping[str, Any]) -> DataSettings:
         """The settings among a config's data section (DataConfig: all of it); a key it lacks
-        takes the default. The data module and evaluation (rebuilding a run's data from its
-        checkpoint's config) both build them this way, so the two prepare the same data."""
+        takes the default, a key of an old spelling is refused naming the new one (a saved run's
+        is upgraded first: files/upgrade.py). The data module and evaluation (rebuilding a run's
+        data from its checkpoint's config) both build them this way, so the two prepare the same data."""
+        renamed = next((key for key in data if renamed_key(f"data.{key}")), None)
+        if renamed:
+            raise UserError(
+                f"data.{renamed}: this setting is now {renamed_key(f'data.{renamed}')}; "
+                "write that instead (the value is the same)"
+            )
         names = {f.name for f in fields(cls)}
         return cls(**{key: value for key, value in data.items() if key in names})
 
