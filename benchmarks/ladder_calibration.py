@@ -10,7 +10,11 @@ intervals (the largest size predicted from the others).
     python benchmarks/ladder_calibration.py [--ladders 60] [--draws 100] [--seed 7]
 
 Goals (issue 55): at most 12% of A/A arms with a dagger at the nominal 10%; the planted 0.5 found
-in at least 80% of ladders; held-out coverage 85-95%.
+in at least 80% of ladders; held-out coverage 85-95%. Issue 61: held-out coverage per budget under
+a budget-dependent bias (the showcase's d64 miss at 5 tokens/param), before ("one curve": a law in
+compute alone) and now (an offset per tokens-per-parameter budget); and the decision accuracy of
+three predictors of the held-out rung's order (analysis/decisions.py): the fitted curves, ranking
+at the largest fitted size alone, and the verdicts, on arms that differ as the showcase's do.
 """
 
 from __future__ import annotations
@@ -31,19 +35,45 @@ def main() -> None:
     print()
     print(
         "| scenario | method | A/A daggers | A/A fragile | bending arm daggers | power (0.5 found) "
-        "| coverage | median high/low | held-out coverage | wall s |"
+        "| coverage | median high/low | held-out coverage | by budget (5 / 10 / 20) | wall s |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for scenario in simulation.scenarios():
-        for robust, label in ((False, "before"), (True, "now")):
+        methods = ((False, True, "before issue 55"), (True, False, "one curve"), (True, True, "now"))
+        for robust, offsets, label in methods:
             start = time.perf_counter()
-            r = simulation.run_method(scenario, args.ladders, args.seed, args.draws, robust_noise=robust)
+            r = simulation.run_method(
+                scenario, args.ladders, args.seed, args.draws, robust_noise=robust, offsets=offsets
+            )
             wall = time.perf_counter() - start
             bent = "–" if r.bent != r.bent else f"{r.bent:.0%}"
             held = "–" if r.held_out != r.held_out else f"{r.held_out:.1%}"
+            by_budget = " / ".join(f"{v:.0%}" for v in r.held_by_budget) if robust else "–"
             print(
                 f"| {scenario.name} | {label} | {r.daggers:.1%} | {r.fragile:.1%} | {bent} | {r.power:.0%} "
-                f"| {r.coverage:.1%} | {r.width:.2f} | {held} | {wall:.0f} |",
+                f"| {r.coverage:.1%} | {r.width:.2f} | {held} | {by_budget} | {wall:.0f} |",
+                flush=True,
+            )
+    print()
+    print("Decision accuracy at the held-out size (d64 @ 20 tokens/param, its two runs averaged), predicted")
+    print(
+        "from d32-d48: the share of the 28 arm pairs ordered as measured there; the verdicts (from d32-d48)"
+    )
+    print("scored as the held-out sign of each arm's difference from the baseline.")
+    print()
+    print(
+        "| scenario | method | fitted curves | ranking at d48 alone | better/worse verdicts that hold "
+        '| arms given a side | "no difference" within the noise | wall s |'
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for scenario in simulation.decision_scenarios():
+        for offsets, label in ((False, "one curve"), (True, "now")):
+            start = time.perf_counter()
+            d = simulation.decide(scenario, args.ladders, args.seed, args.draws, offsets=offsets)
+            wall = time.perf_counter() - start
+            print(
+                f"| {scenario.name} | {label} | {d.curves:.1%} | {d.one_rung:.1%} | {d.verdicts_right:.1%} "
+                f"| {d.decided:.0%} | {d.undecided_within:.0%} | {wall:.0f} |",
                 flush=True,
             )
 

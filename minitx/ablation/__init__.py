@@ -39,7 +39,8 @@ modules at the top drive them, and where the two kinds of sweep differ a stage h
       eval_runs.py      evaluating each finished run's best checkpoint, diagnostics of its last
                         (cached per run)
       results.py        what each point of a designed sweep's plan trained (PointResult), read once
-      from_csv.py       the same read from a results.csv alone (--report-only --from-csv)
+      from_csv.py       the same read from a results.csv alone (--report-only --from-csv), or
+                        with the plan's other runs trained (--from-csv: a held-out rung added)
     analysis/           the numbers, from what the runs left; starts nothing
       table.py          a plain sweep's rows per run, mean and spread per variant
       designed.py       a designed sweep's chosen rates, fits, multipliers, tests, diagnostics
@@ -49,7 +50,9 @@ modules at the top drive them, and where the two kinds of sweep differ a stage h
                         robust.py (noise raised to each arm's lack of fit, each size left out,
                         a held-out rung), chinchilla.py (L(N, D))
       verdicts.py       one verdict per arm: the ladder's, the seeds test's, why they differ
-      simulation.py     ladders whose truth is known, off the method's assumptions: its calibration
+      decisions.py      decision accuracy: does the small scale's order hold at a held-out size?
+      simulation.py     ladders whose truth is known, off the method's assumptions: its calibration;
+                        a whole sweep's runs drawn from a known truth (simulated_runs)
       significance.py   Welch's t-test against the baseline, Holm's correction
     report/             what a sweep writes
       plain.py          a plain sweep's results.csv and results.md (Welch tests against the

@@ -1,5 +1,6 @@
 """A designed sweep (a budget, an lr_sweep or a ladder: plan/design.py) from end to end: its plan
-(plan/ladder.py), its three phases of runs in order (runs/), the diagnostics of every finished run
+(plan/ladder.py), its phases of runs in order (runs/; a fourth, the held-out rung, where the
+ladder has one), the diagnostics of every finished run
 (runs/eval_runs.py), then its analysis (analysis/designed.py) and report (report/designed.py).
 It sits above the stages it drives; plain_sweep.py does the same for a sweep without a design.
 
@@ -37,7 +38,7 @@ def _unique_runs(points: Sequence[Point]) -> list:
 
 PLAN_FILE = "plan.json"  # what the output's runs were planned by: older sweeps chose rates otherwise
 PLAN_VERSION = 2  # 2: rates chosen past the sweep's edges, confirmed at the largest size, fresh ladder seeds
-PHASES = ("learning rates", "ladder", "branches")
+PHASES = ("learning rates", "ladder", "branches", "held out", "held-out branches")
 
 
 def describe(points: Sequence[Point], plan: Plan) -> str:
@@ -49,6 +50,10 @@ def describe(points: Sequence[Point], plan: Plan) -> str:
             kind = "sweep" if p.multiplier in grids else "past the sweep's edge"
         elif p.role == "confirm":
             kind = f"confirmation at {p.size}"
+        elif p.role.startswith("holdout"):
+            kind = {"holdout": "held-out trunk", "holdout-branch": "held-out branch"}.get(
+                p.role, "held-out seed"
+            )
         else:
             kind = p.role
         kinds[kind] = kinds.get(kind, 0) + 1
@@ -93,6 +98,15 @@ def check_baseline_rate(plan: Plan) -> None:
     )
 
 
+def _phase(plan: Plan, trained, phase: int) -> list[Point]:
+    """The runs of one phase (PHASES): the plan's four, the held-out rung's trunks before its
+    branches (a branch starts from its trunk's checkpoint)."""
+    found = plan.all_points(trained)
+    if phase < 3:
+        return found[phase]
+    return [p for p in found[3] if plan.holdout_stage(p) == phase - 3]
+
+
 def report_instability(points: Sequence[Point], trained: RunResults, log) -> None:
     for p in points:
         if p.role in ("confirm", "ladder", "seed") and trained(p).trouble:
@@ -118,12 +132,13 @@ def run_designed(
     """`results_csv`: a results.csv read in place of the runs (runs/from_csv.py), with report_only;
     `baseline`: the arm the report compares the others with (default the file's first)."""
     plan = make_plan(sweep, output, extra, logging)
+    count = len(PHASES) if plan.holdout is not None else len(PHASES) - 2  # phases that hold runs
     if baseline is not None:
         from_csv.put_baseline_first(plan, baseline)
     # Each RunResults() below is what the runs on disk hold at that moment: the plan grows from
     # the runs as they finish, and the analysis reads them once they all have.
     if dry_run:
-        first, second, third = plan.all_points(RunResults())
+        first, second, _, _ = plan.all_points(RunResults())
         shown = first or second
         for run in _unique_runs(shown):
             log(" ".join(shlex.quote(part) for part in run.command))
@@ -133,14 +148,26 @@ def run_designed(
             if first
             else "the branches"
         )
+        if plan.holdout is not None:
+            later += (
+                f", then phase 4, the held-out rung: every arm at {plan.holdout.name} at the rate extrapolated "
+                "there, never fitted"
+            )
         log(f"# then {later}; {output / BASE_SNAPSHOT} is written when the sweep runs")
         log_count(plan, lambda line: log("# " + line))
         return plan
-    # A results.csv stands for the runs (--from-csv, with report_only): none needs to be on disk
+    # A results.csv stands for the runs (--from-csv): none needs to be on disk; without
+    # --report-only the held-out rung it lacks is trained (ladder.holdout added since)
     recorded = from_csv.read_results(results_csv, plan) if results_csv is not None else None
+    extended = from_csv.ExtendedResults(recorded) if recorded is not None and not report_only else None
+
+    def now():
+        """What the runs hold at this moment: the runs on disk (and the CSV's, where extended)."""
+        return extended.now() if extended is not None else RunResults()
+
     if report_only and recorded is None:
         check_plan_version(plan, output)
-        first, second, _ = plan.all_points(RunResults())
+        first, second, _, _ = plan.all_points(RunResults())
         if not any(is_finished(p.run) for p in first + second):
             raise UserError(
                 f"--report-only: {str(output)!r} holds no finished run of this sweep; run it first (without --report-only)"
@@ -149,20 +176,32 @@ def run_designed(
         output.mkdir(parents=True, exist_ok=True)
         write_json_atomically(output / PLAN_FILE, {"version": PLAN_VERSION})
         log_count(plan, log)
+        if extended is not None:
+            log(
+                f"ablate: the runs {results_csv} holds are read from it; the held-out rung it lacks is trained"
+            )
         tried: set[Path] = set()  # each run once per invocation: a failed run is a row, not retried here
-        for phase in range(3):  # each phase is planned from the finished runs before it
+        # extending a CSV's sweep trains its held-out rung only: the ladder ran at the CSV's rates
+        # (a rule changed since would plan other learning-rate runs, which choose nothing here)
+        for phase in range(3 if extended is not None else 0, count):  # each planned from the runs before it
             while True:  # the learning rates grow run by run: past an edge, then the confirmation
-                points = [p for p in plan.all_points(RunResults())[phase] if p.run.directory not in tried]
+                snapshot = now()
+                points = [
+                    p
+                    for p in _phase(plan, snapshot, phase)
+                    if p.run.directory not in tried and not (extended is not None and extended.holds(p))
+                ]
                 if not points:
                     break
-                log(f"ablate: phase {phase + 1} of 3 ({PHASES[phase]}): {describe(points, plan)}")
+                log(f"ablate: phase {phase + 1} of {count} ({PHASES[phase]}): {describe(points, plan)}")
                 run_sweep(_unique_runs(points), sweep, output, launcher, log)
                 tried |= {p.run.directory for p in points}
             if phase == 0:
                 check_baseline_rate(plan)
-        for point in sum(plan.all_points(RunResults()), []):
-            diagnose_run(point.run, trust_kind_modules, log)
-    trained = recorded if recorded is not None else RunResults()
+        for point in sum(plan.all_points(now()), []):
+            if extended is None or not extended.holds(point):
+                diagnose_run(point.run, trust_kind_modules, log)
+    trained = now() if extended is not None else recorded if recorded is not None else RunResults()
     phases = plan.all_points(trained)
     if recorded is not None:
         from_csv.check_planned(recorded, sum(phases, []))
@@ -175,7 +214,7 @@ def run_designed(
     replicates = replicate_points(plan, analysis)
     todo = [p for p in replicates if not is_finished(p.run)]
     if todo and not report_only and recorded is None:
-        log(f"ablate: phase 4 (a third seed where two disagree): {describe(todo, plan)}")
+        log(f"ablate: phase {count + 1} (a third seed where two disagree): {describe(todo, plan)}")
         run_sweep(_unique_runs(todo), sweep, output, launcher, log)
         for point in todo:
             diagnose_run(point.run, trust_kind_modules, log)
@@ -183,7 +222,7 @@ def run_designed(
         phases = plan.all_points(trained)
     if replicates:
         analysis = analyse(plan, phases, trained, replicates)
-        phases = (phases[0], phases[1], [*phases[2], *replicates])
+        phases = (phases[0], phases[1], [*phases[2], *replicates], phases[3])
     if recorded is not None:
         analysis.notes.extend(from_csv.notes(recorded, plan, sum(phases, [])))
         output.mkdir(parents=True, exist_ok=True)

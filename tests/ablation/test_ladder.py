@@ -387,7 +387,7 @@ def test_equal_compute_gives_each_arm_steps_from_its_own_flops(tmp_path):
 """
     sweep = load_sweep(write(tmp_path, BASE + "budget: {flops: 2.0e11}\n" + arms))
     plan = make_plan(sweep, tmp_path / "out")
-    _, second, _ = plan.all_points(RunResults())
+    _, second, _, _ = plan.all_points(RunResults())
     first_seed = {p.arm: p for p in second if p.seed == 1}
     for point in first_seed.values():
         per_step = point.flops_per_token * plan.tokens_per_step
@@ -400,10 +400,10 @@ def test_equal_compute_gives_each_arm_steps_from_its_own_flops(tmp_path):
 def test_branches_start_where_their_decay_starts(tmp_path):
     sweep = load_sweep(write(tmp_path, BASE + LADDER + ARMS))
     plan = make_plan(sweep, tmp_path / "out")
-    first, second, third = plan.all_points(RunResults())
+    first, second, third, _ = plan.all_points(RunResults())
     assert len(first) == 3 * 3 and not second and not third  # the rest needs phase 1's choices first
     plant_all(plan, lambda p: 3.0 + 0.1 * math.log2(p.multiplier) ** 2)  # best at x1, inside the sweep
-    first, second, third = plan.all_points(RunResults())
+    first, second, third, _ = plan.all_points(RunResults())
     assert {p.role for p in third} == {"branch"} and len(third) == 3 * 3  # 3 arms x 3 sizes x 1 budget
     for branch in third:
         main = branch.branch_of
@@ -709,7 +709,7 @@ def test_report_only_of_an_older_sweep_says_its_runs_used_the_older_count(tmp_pa
     path = write(tmp_path, BASE + "budget: {flops: 2.0e11}\n" + ARMS)
     output = tmp_path / "out"
     plan = make_plan(load_sweep(path), output)
-    _, second, _ = plan.all_points(RunResults())
+    _, second, _, _ = plan.all_points(RunResults())
     plant(plan, second, lambda p: 2.0 + 0.01 * p.seed, convention=convention)
     ablation.main(["--config", str(path), "--output", str(output), "--report-only"])
     text = (output / "results.md").read_text()

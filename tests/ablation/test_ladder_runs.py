@@ -40,7 +40,7 @@ def test_a_tiny_ladder_trains_branches_resumes_and_reports(tmp_path, capsys):
     log = capsys.readouterr().out
     plan = make_plan(load_sweep(path), output)
     trained = RunResults()
-    first, second, third = plan.all_points(trained)
+    first, second, third, _ = plan.all_points(trained)
     points = {p.run.directory: p for p in [*first, *second, *third]}
     assert all(trained(p).loss is not None for p in points.values()), [
         p.run.directory.name for p in points.values()

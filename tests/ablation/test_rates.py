@@ -13,6 +13,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from test_ladder import ARMS, BASE, LADDER, ROOT, plant, plant_all, write
 
@@ -119,7 +120,8 @@ def test_the_rule_flips_fewer_a_a_pairs_and_loses_no_more_than_the_rounded_verte
     twice with independent seeds. The rule flips fewer A/A pairs than the vertex rounded to the
     nearest multiplier, and the ladder's run at its choice loses no more (what the docs claim);
     where the extra noise only ever costs (one-sided), no more than 0.0003 in log loss more (the
-    flat side's price; benchmarks/RESULTS.md)."""
+    flat side's price; benchmarks/RESULTS.md); under the showcase's heaviest noise, no more flips
+    and 0.0015 more (the tolerance's price: it trusts a noisy run over the parabola)."""
     bench = lr_rule()
     rules = {"old": bench.vertex_rounded, "new": bench.margin_rule(rates.MARGIN)}
     for noise in bench.NOISES[:3]:
@@ -129,8 +131,13 @@ def test_the_rule_flips_fewer_a_a_pairs_and_loses_no_more_than_the_rounded_verte
         print(
             f"{noise.name}: flips {old.flips}/{old.pairs} -> {new.flips}; regret {old_regret:.4f} -> {new_regret:.4f}"
         )
-        assert new.flips < old.flips and new.refused == old.refused == 0
-        assert new_regret <= old_regret + (0.0003 if noise.one_sided else 0.0)
+        heavy = noise is bench.NOISES[2]  # the showcase's x8 pairs: a run's noise ~2x the tolerance
+        assert (
+            new.flips <= old.flips if heavy else new.flips < old.flips
+        ) and new.refused == old.refused == 0
+        # the price of rates.TOLERANCE (a choice never measured 1% above another run): where one
+        # run's noise exceeds it, trusting the runs over the parabola costs 0.001 (issue 61)
+        assert new_regret <= old_regret + (0.0015 if heavy else 0.0003 if noise.one_sided else 0.0)
         best_of_3, rule = at_largest["best of 3 (old)"], at_largest["the rule"]
         assert rule.flips <= best_of_3.flips + 2  # at the largest size the rule is no less stable
     narrow = bench.simulate(rules, 150, 55, bench.NOISES[0], bench.NARROW)[0]
@@ -227,7 +234,7 @@ def test_the_plan_extends_confirms_and_never_reuses_a_choosing_run(tmp_path):
     assert trained(mha.confirm[2]).trouble.startswith("spiked:") and mha.confirmed.multiplier == 1
     assert twin.extended == [4] and twin.choice.multiplier == 2  # within 0.5% of the minimum x2.5
     assert handicap.extended == [4] and "lr_sweep.extend" in handicap.refused
-    first, second, third = plan.all_points(RunResults())
+    first, second, third, _ = plan.all_points(RunResults())
     assert {p.arm for p in second} == {"mha", "twin"} and {p.arm for p in third} == {"mha", "twin"}
     assert not {p.run.directory for p in first} & {p.run.directory for p in second}
     assert {p.seed for p in second if p.role == "ladder"} == {2, 3, 4} and {p.seed for p in first} == {1}
@@ -392,3 +399,34 @@ def test_the_command_refuses_what_the_design_sets_with_status_2(tmp_path):
         )  # fmt: skip
         assert result.returncode == 2 and said in result.stderr and result.stderr.strip().count("\n") == 0
     assert not (tmp_path / "out").exists()
+
+
+def test_a_parabola_that_misfits_its_runs_is_reported_not_trusted():
+    """Issue 61's small design: the baseline's x4 ran 2.1% lower than its x2, yet x2 was "within
+    0.5% of the fitted minimum x2.8" of a parabola that fitted those four runs badly. A choice
+    never measures more than TOLERANCE above another run of its arm; the sentence says why."""
+    runs = {1: 2.30, 2: 2.2455, 4: 2.199, 8: 2.33}
+    choice = rates.choose(runs, extended=0)
+    assert choice.multiplier == 4
+    assert "the parabola misfit them: its choice x2 measured 2.1% above x4" in choice.how
+    # the showcase's gqa: its choice x4 lies 0.9% above a lucky x8, within the tolerance: kept
+    gqa = dict(zip(GRID, [2.4609, 2.3440, 2.2305, 2.1133, 2.0794, 2.0608, 2.0962]))
+    assert rates.choose(gqa, extended=0).multiplier == 4
+
+
+def test_an_a_a_pair_never_chooses_a_rate_measured_above_the_tolerance():
+    """Identical arms on noisy sweeps (a valley with seed noise, two seeds each): whatever either
+    chooses lies within TOLERANCE of its own lowest run, and identical sweeps choose identically."""
+    rng = np.random.default_rng(61)
+    agree = 0
+    for _ in range(200):
+        truth = {m: bowl(2.8, curvature=0.01)(m) for m in GRID}
+        pair = [{m: v * math.exp(0.01 * rng.standard_normal()) for m, v in truth.items()} for _ in range(2)]
+        chosen = [rates.choose(s, extended=2).multiplier for s in pair]
+        for sweep, m in zip(pair, chosen):
+            if m is not None:
+                assert sweep[m] <= min(sweep.values()) * (1 + rates.TOLERANCE) + 1e-12
+        agree += chosen[0] == chosen[1]
+        assert rates.choose(dict(pair[0]), extended=2).multiplier == chosen[0]  # the same runs, the same rate
+    print(f"A/A pairs choosing the same rate: {agree} of 200")
+    assert agree >= 100

@@ -70,11 +70,15 @@ class VerdictScore:
         return "; ".join(parts) or "no verdicts"
 
 
-def verdict_score(verdicts: Sequence[str], difference: Sequence[float], noise: float) -> VerdictScore:
+def verdict_score(
+    verdicts: Sequence[str], difference: Sequence[float], noise: float | Sequence[float]
+) -> VerdictScore:
     """`verdicts`: each arm's word against the baseline; `difference`: its held-out loss minus
-    the baseline's (nan: not measured, left out); `noise`: the sd of such a difference there."""
+    the baseline's (nan: not measured, left out); `noise`: the sd of such a difference there,
+    one for all or one per arm."""
+    noises = [float(noise)] * len(verdicts) if isinstance(noise, (int, float)) else list(noise)
     decided = right = undecided = within = 0
-    for word, diff in zip(verdicts, map(float, difference)):
+    for word, diff, noise in zip(verdicts, map(float, difference), noises):
         if math.isnan(diff):
             continue
         if word in ("better", "worse"):

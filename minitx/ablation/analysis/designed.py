@@ -19,8 +19,10 @@ from ..plan.ladder import Plan, Point, Rate
 from ..runs.results import RunResults
 from . import fit, robust
 from .curves import _check_points
+from .decisions import Accuracy, VerdictScore, decision_accuracy, verdict_score
 from .significance import Difference, compare_all
 from .uncertainty import SizeNoise, size_noise
+from .verdicts import verdict_word
 
 
 @dataclass
@@ -53,6 +55,9 @@ class ArmResult:
         default_factory=dict
     )  # size -> 3 seeds, median
     settled: dict[Path, float] = field(default_factory=dict)  # a point's run directory -> that median
+    holdout: list[tuple[Point, robust.Prediction]] = field(
+        default_factory=list
+    )  # the held-out rung, predicted
 
     @property
     def sizes(self) -> int:
@@ -63,6 +68,23 @@ class ArmResult:
         """The point's loss as the fit uses it: the median of three seeds where a third seed
         settled a far-apart pair, else its run's."""
         return self.settled.get(point.run.directory, trained(point).loss)
+
+
+@dataclass
+class Transfer:
+    """How the small scale's answers order the arms at a held-out size (decisions.py): seeds
+    averaged first, at the largest budget; `target` per arm, and the three predictors' scores."""
+
+    size: str  # the size predicted
+    source: str  # what predicted it: "d32-d48", say
+    rung: str  # the largest fitted size (the one-rung predictor)
+    target: dict[str, float]  # arm -> mean loss at the size's largest budget
+    seeds: dict[str, int]  # arm -> runs averaged there
+    curves: Accuracy
+    one_rung: Accuracy
+    verdicts: VerdictScore | None = None  # only for a rung no verdict saw
+    noise: float = math.nan  # sd of one run's log loss there, for "no difference" (nan: none)
+    noise_from: str = ""
 
 
 @dataclass
@@ -79,6 +101,9 @@ class Analysis:
     held_out_size: str = ""  # the size the held-out check predicts
     lr_seeds: list[int] = field(default_factory=list)  # the seeds of the learning-rate sweep's runs
     rung_seeds: list[int] = field(default_factory=list)  # the seeds of the seeds rung's runs
+    data: robust.LadderData | None = None  # the joint fit's points, as fitted
+    fitted: list[str] = field(default_factory=list)  # the arms of the joint fit, by its index
+    transfer: list[Transfer] = field(default_factory=list)  # decision accuracy at each held-out size
 
     def arm(self, name: str) -> ArmResult:
         return next(a for a in self.arms if a.name == name)
@@ -96,11 +121,12 @@ def analyse(
     """`trained`: what each point's run did (its loss, compute, diagnostics); `replicates`: third
     seeds of the points whose replicate pair was flagged unreliable (replicate_points): each such
     point's loss is the median of its three seeds."""
-    first, second, third = phases
+    first, second, third, *rest = phases
+    held = rest[0] if rest else []
     multipliers = plan.sweep.design.multipliers
     found = plan.rates(trained)
     results = [ArmResult(name, rate=found[name]) for name in plan.arms]
-    everything = [*first, *second, *third]
+    everything = [*first, *second, *third, *held]
     failed = [p for p in everything if trained(p).loss is None and trained(p).started]
     notes: list[str] = []
     for arm in results:
@@ -144,7 +170,135 @@ def analyse(
     tests = compare_all({a.name: a.seeds for a in results}, plan.arms[0])
     for arm in results:
         arm.test = tests.get(arm.name)
+    if analysis.data is not None and len(plan.sizes) >= 3:
+        _transfer_within(plan, analysis, [*second, *third], trained)
+    if held and analysis.data is not None:
+        _predict_holdout(plan, analysis, held, trained)
     return analysis
+
+
+def _means_at(points: list[Point], size: str, budget, trained: RunResults) -> tuple[dict, dict]:
+    """Each arm's mean loss over every run the plan holds at (size, budget), and how many."""
+    found: dict[str, dict] = {}
+    for p in points:
+        if p.size == size and p.budget == budget and trained(p).loss is not None:
+            found.setdefault(p.arm, {})[p.run.directory] = trained(p).loss
+    return (
+        {arm: float(np.mean(list(v.values()))) for arm, v in found.items()},
+        {arm: len(v) for arm, v in found.items()},
+    )
+
+
+def _confirmed(analysis: Analysis, size: str) -> list[Point]:
+    """The confirmation's run at the rate each arm uses at `size` (a second seed of its ladder
+    run there), where the plan has one."""
+    found = []
+    for arm in analysis.arms:
+        rate = arm.rate
+        if rate is not None and rate.by_size.get(size) in rate.confirm:
+            point = rate.confirm[rate.by_size[size]]
+            if point.size == size:
+                found.append(point)
+    return found
+
+
+def _transfer_within(plan: Plan, analysis: Analysis, points: list[Point], trained: RunResults) -> None:
+    """Decision accuracy at the ladder's own largest size, predicted without it (the held-out
+    check of robust.predict_held_out), against ranking at the size below: the verdicts saw it."""
+    top, largest, below = plan.budgets[-1], plan.sizes[-1].name, plan.sizes[-2].name
+    every = [*points, *_confirmed(analysis, largest)]
+    target, seeds = _means_at(every, largest, top, trained)
+    rung, _ = _means_at(every, below, top, trained)
+    predicted = {}
+    for arm in analysis.arms:
+        at_top = [q for q in arm.held_out if math.isclose(q.compute, max(h.compute for h in arm.held_out))]
+        if at_top:
+            predicted[arm.name] = at_top[0].predicted
+    names = [a for a in analysis.fitted if a in target and a in predicted and a in rung]
+    if len(names) < 2:
+        return
+    analysis.transfer.append(
+        Transfer(
+            largest, ", ".join(s.name for s in plan.sizes[:-1]), below,
+            {a: target[a] for a in names}, {a: seeds[a] for a in names},
+            decision_accuracy([predicted[a] for a in names], [target[a] for a in names]),
+            decision_accuracy([rung[a] for a in names], [target[a] for a in names]),
+        )
+    )  # fmt: skip
+
+
+def _predict_holdout(plan: Plan, analysis: Analysis, held: list[Point], trained: RunResults) -> None:
+    """The held-out rung (ladder.holdout): each arm's points there predicted by the whole fit
+    (it never saw them), then read; coverage, and the three predictors' decision accuracy."""
+    data, names = analysis.data, analysis.fitted
+    ladder_runs = [p for p in held if p.seed == plan.ladder_seed and p.arm in names]
+    measured = [trained(p).loss for p in ladder_runs]
+    groups = budget_groups(plan, ladder_runs) if data.budget is not None else None
+    targets = robust.Targets(
+        np.asarray([trained(p).trained_flops for p in ladder_runs], dtype=float),
+        np.asarray([names.index(p.arm) for p in ladder_runs], dtype=int),
+        np.full(len(ladder_runs), len(plan.sizes)),
+        np.asarray([[math.nan if v is None else v for v in measured]]),
+        groups,
+    )
+    if not ladder_runs:
+        return
+    try:
+        predictions = robust.predict(data, targets, draws=fit.BOOTSTRAP, seed=2)[0]
+    except UserError as error:
+        analysis.notes.append(f"held-out rung {plan.holdout.name}: {error}")
+        return
+    for p, prediction in zip(ladder_runs, predictions):
+        analysis.arm(p.arm).holdout.append((p, prediction))
+    top = plan.budgets[-1]
+    target, seeds = _means_at(held, plan.holdout.name, top, trained)
+    largest = plan.sizes[-1].name
+    rung, _ = _means_at(
+        [*(p for a in analysis.arms for p in a.points), *_confirmed(analysis, largest)], largest, top, trained
+    )
+    predicted = {p.arm: q.predicted for p, q in zip(ladder_runs, predictions) if p.budget == top}
+    order = [a for a in names if a in target and a in predicted and a in rung]
+    if len(order) < 2:
+        return
+    noise, noise_from = _holdout_noise(held, plan, trained, analysis)
+    base = analysis.baseline
+    words, diffs, sds = [], [], []
+    for name in order[1:] if order[0] == base else []:
+        arm = analysis.arm(name)
+        words.append(verdict_word(arm))
+        diffs.append(math.log(target[name] / target[base]))
+        sds.append(noise * math.sqrt(1 / seeds[name] + 1 / seeds[base]))
+    analysis.transfer.append(
+        Transfer(
+            plan.holdout.name, ", ".join(s.name for s in plan.sizes), plan.sizes[-1].name,
+            {a: target[a] for a in order}, {a: seeds[a] for a in order},
+            decision_accuracy([predicted[a] for a in order], [target[a] for a in order]),
+            decision_accuracy([rung[a] for a in order], [target[a] for a in order]),
+            verdict_score(words, diffs, sds) if words else None,
+            noise, noise_from,
+        )
+    )  # fmt: skip
+
+
+def _holdout_noise(
+    held: list[Point], plan: Plan, trained: RunResults, analysis: Analysis
+) -> tuple[float, str]:
+    """The sd of one run's log loss at the held-out rung: pooled over the arms it seeded twice or
+    more, else the largest fitted size's seed noise (said)."""
+    runs: dict[str, list[float]] = {}
+    for p in held:
+        if p.budget == plan.budgets[-1] and trained(p).loss is not None:
+            runs.setdefault(p.arm, []).append(math.log(trained(p).loss))
+    groups = [v for v in runs.values() if len(v) >= 2]
+    dof = sum(len(v) - 1 for v in groups)
+    if dof:
+        sd = math.sqrt(sum(float(np.sum((np.asarray(v) - np.mean(v)) ** 2)) for v in groups) / dof)
+        return sd, f"{len(groups)} arms' seeds there, {dof} degrees of freedom"
+    if analysis.size_noise is not None:
+        return float(
+            analysis.size_noise.sd[-1]
+        ), f"no arm has two seeds there: {plan.sizes[-1].name}'s seed noise"
+    return math.nan, "no seed noise known"
 
 
 def _unique(points: list[Point]) -> list[Point]:
@@ -245,6 +399,7 @@ def _fit_all(plan: Plan, analysis: Analysis, trained: RunResults, replicates=())
         notes.append(f"no joint fit: {error}")
         return
     joint = analysis.joint = found.joints[0]
+    analysis.data, analysis.fitted = data, [a.name for a in fitted]
     boot = found.boots[0]  # the draws the intervals came from: the curves' bands too
     for k, arm in enumerate(fitted):
         mine = [i for i, j in enumerate(index) if j == k]

@@ -288,3 +288,61 @@ def scenarios() -> list[Scenario]:
         Scenario("budget bias (+0.05, +0.025 at 5, 10 tokens/param)", arms, budget_bias=BUDGET_BIAS),
         Scenario("budget bias growing 2x over the sizes", arms, budget_bias=BUDGET_BIAS, bias_growth=2.0),
     ]
+
+
+# -- a whole designed sweep's runs, simulated --------------------------------------------------------
+@dataclass(frozen=True)
+class RunsTruth:
+    """The truth a simulated sweep's runs are drawn from (`simulated_runs`): Chinchilla's L(N, D)
+    (E + A (N/N0)^-a + B (D/D0)^-b, the showcase's mha fitted by chinchilla.py, rounded), not the
+    compute law the ladder fits; a learning-rate valley per size (best x4 at the smallest, halving
+    per 4x parameters, LR_CURVE in log loss per octave squared); `handicap`: nats added to an arm's
+    every run; seed noise in log loss with TRUNK_SHARE of its variance shared by a trunk's branches."""
+
+    handicap: dict[str, float] = field(default_factory=dict)
+    sd: float = 0.008
+    E: float = 1.2
+    A: float = 0.03
+    a: float = 1.9
+    B: float = 0.8
+    b: float = 0.27
+    N0: float = 47821.0
+    D0: float = 4.78e5
+    lr_curve: float = 0.01
+    trunk_share: float = 0.8
+
+
+def simulated_runs(truth: RunsTruth, seed: int):
+    """A results source (as runs/results.py's RunResults: call it with a plan's point) whose runs
+    are drawn from `truth`, each the same whenever asked: its noise seeded by the run's trunk (its
+    arm, size, rate and seed; a branch shares its trunk's) and by the point itself."""
+    import zlib
+
+    from ...flops import FLOP_CONVENTION
+    from ..runs.results import PointResult
+
+    made: dict = {}
+
+    def draw(key: str) -> float:
+        return float(np.random.default_rng([seed, zlib.crc32(key.encode())]).standard_normal())
+
+    def result(point) -> PointResult:
+        name = point.run.directory.name
+        if name not in made:
+            n, d = float(point.params), float(point.tokens)
+            loss = truth.E + truth.A * (n / truth.N0) ** -truth.a + truth.B * (d / truth.D0) ** -truth.b
+            best = 4.0 * (n / 24736.0) ** (-0.5)
+            log_loss = math.log(loss + truth.handicap.get(point.arm, 0.0))
+            log_loss += truth.lr_curve * (math.log2(point.multiplier) - math.log2(best)) ** 2
+            trunk = f"{point.arm}/{point.size}/{point.multiplier:g}/{point.seed}"
+            shared, own = math.sqrt(truth.trunk_share), math.sqrt(1 - truth.trunk_share)
+            log_loss += truth.sd * (shared * draw(trunk) + own * draw(name))
+            summary = {
+                "final_val_loss": math.exp(log_loss),
+                "steps": point.steps,
+                "flop_convention": FLOP_CONVENTION,
+            }
+            made[name] = PointResult(summary, {"status": "ok"}, True, point.steps, point.flops, "", None)
+        return made[name]
+
+    return result

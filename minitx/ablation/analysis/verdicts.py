@@ -1,7 +1,14 @@
 """One verdict per arm: better, worse, no difference found, or fragile, from the ladder's multiplier
 (robust.ArmAnswer) with the seeds test beside it, and one line saying why the two disagree where
-they do. The ladder decides where there is one (it spans every size and budget); the seeds test
-decides a sweep without a ladder."""
+they do. The ladder decides where it can (it spans every size and budget); the seeds test decides
+a sweep without a ladder, and a ladder that cannot decide: an arm whose points cover fewer than
+MIN_SIZES sizes (two sizes leave the curve's shape free, so its interval has no bound), or whose
+interval is unbounded. A verdict never rests on evidence that could not have decided.
+
+Beside the interval, each ladder verdict states its reach (`reach`): the smallest multiplier the
+ladder could have told from 1 at that noise (its minimum detectable effect, at the interval's 90%
+and 80% power), so "no difference found" says whether it means "equal within x0.9-x1.1" or "too
+noisy to say"."""
 
 from __future__ import annotations
 
@@ -10,6 +17,9 @@ from dataclasses import dataclass
 
 from .significance import LEVEL
 
+MIN_SIZES = 3  # sizes an arm's points must cover for the ladder to decide
+Z_LEVEL, Z_POWER = 1.645, 0.842  # a two-sided 90% interval; 80% power
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -17,6 +27,7 @@ class Verdict:
     ladder: str  # the ladder's side: "better", "worse", "no difference found", "fragile", ""
     seeds: str  # the seeds test's side: "better", "worse", "no difference found", ""
     why: str = ""  # where the two disagree, why (one line)
+    reach: str = ""  # the smallest multiplier the ladder could have seen, in words ("" without one)
 
 
 def seeds_side(test) -> str:
@@ -28,24 +39,61 @@ def seeds_side(test) -> str:
     return "better" if test.difference < 0 else "worse"
 
 
+def ladder_cannot(arm) -> str:
+    """Why the ladder cannot decide this arm ("" when it can)."""
+    if arm.answer is None:
+        return ""
+    if arm.sizes < MIN_SIZES:
+        return f"the ladder cannot decide with {arm.sizes} sizes (add a size)"
+    if not arm.answer.comparison.bounded:
+        return "the ladder's interval is unbounded: it cannot decide"
+    return ""
+
+
+def verdict_word(arm) -> str:
+    """The arm's verdict in one word, as the report's table gives it."""
+    seeds = seeds_side(arm.test)
+    if arm.answer is None:
+        return "refused" if arm.rate is not None and arm.rate.refused else seeds or "no answer"
+    if ladder_cannot(arm):
+        return seeds or "no answer"
+    return arm.answer.verdict
+
+
+def reach(comparison) -> str:
+    """The minimum detectable multiplier of an interval: the effect that a ladder this noisy
+    would find 80% of the time, from the interval's width in log m read as 2 x 1.645 sds."""
+    if not comparison.bounded or comparison.high <= comparison.low:
+        return ""
+    sd = (math.log(comparison.high) - math.log(comparison.low)) / (2 * Z_LEVEL)
+    edge = math.exp((Z_LEVEL + Z_POWER) * sd)
+    return f"x{1 / edge:.2f} or x{edge:.2f}"
+
+
 def verdict(arm, rung_size: str, rung_gap: float | None, size_names: list[str]) -> Verdict:
     """`arm`: an analysis.designed.ArmResult; `rung_gap`: the loss difference the ladder's fit
     implies at the seeds rung (the arm's curve minus the baseline's at the rung's compute), None
     without a fit. `size_names`: the plan's sizes, by index."""
     seeds = seeds_side(arm.test)
+    word = verdict_word(arm)
     if arm.answer is None:
         if arm.rate is not None and arm.rate.refused:
-            return Verdict("refused", "", seeds, arm.rate.refused)
+            return Verdict(word, "", seeds, arm.rate.refused)
         if arm.fit_note:
-            return Verdict(seeds or "no answer", "", seeds, arm.fit_note if not seeds else "")
-        return Verdict(seeds or "no answer", "", seeds)
+            return Verdict(word, "", seeds, arm.fit_note if not seeds else "")
+        return Verdict(word, "", seeds)
+    cannot = ladder_cannot(arm)
+    if cannot:
+        rests = f"; the verdict rests on the seeds test at {rung_size}" if seeds else "; no seeds test either"
+        return Verdict(word, "", seeds, cannot + rests)
     ladder = arm.answer.verdict
+    seen = reach(arm.answer.comparison)
     if not seeds or seeds == ladder:
         why = ""
         if ladder == "fragile":
             why = _fragile_line(arm, size_names)
-        return Verdict(ladder, ladder, seeds, why)
-    return Verdict(ladder, ladder, seeds, _why(arm, ladder, seeds, rung_size, rung_gap, size_names))
+        return Verdict(ladder, ladder, seeds, why, seen)
+    return Verdict(ladder, ladder, seeds, _why(arm, ladder, seeds, rung_size, rung_gap, size_names), seen)
 
 
 def _fragile_line(arm, size_names: list[str]) -> str:

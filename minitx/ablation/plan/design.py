@@ -7,6 +7,11 @@
         - {name: d48, overrides: {model.d_model: 48}}
         - {name: d64, overrides: {model.d_model: 64}}
       budgets: {tokens_per_param: [4, 8, 16]}    # or {flops: [1e12, 2e12, 4e12]}
+      holdout:                                   # a larger size trained last and never fitted
+        name: d128
+        overrides: {model.d_model: 128}
+        seeds: 2                                 # at its largest budget, for seeded_arms
+        seeded_arms: [mha, gqa, local]           # default: the first three arms
     seeds_at: {size: d64, budget: 16}            # the rung where `seeds` seeds per arm are run
 
 `budget` and `ladder` exclude each other (a ladder's budgets are its own). Tokens per parameter
@@ -33,10 +38,25 @@ class Size:
 
 
 @dataclass
+class Holdout:
+    """A size larger than the ladder's, trained at every budget at the rate the plan's rule gives
+    there and never used by a fit: the report predicts it first, then reads it (does the answer
+    hold at a larger size?)."""
+
+    size: Size
+    seeds: int = 2  # runs at its largest budget for each of seeded_arms (the others: one)
+    seeded_arms: list[str] | None = None  # None: the first three arms
+
+    def seeded(self, arms: list[str]) -> list[str]:
+        return list(self.seeded_arms) if self.seeded_arms is not None else arms[:3]
+
+
+@dataclass
 class Ladder:
     sizes: list[Size]
     budgets: list[float]  # as written: tokens per parameter, or FLOPs
     unit: str  # "tokens_per_param" or "flops"
+    holdout: Holdout | None = None
 
     def size(self, name: str) -> Size:
         return next(s for s in self.sizes if s.name == name)
@@ -141,29 +161,49 @@ def parse_design(data: dict, path: Any, flatten) -> Design:
     return design
 
 
+def _size(item: Any, spot: str, flatten, taken: set[str]) -> Size:
+    item = _mapping(item, spot, ("name", "overrides"))
+    name = item.get("name")
+    if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "-_." for ch in name):
+        raise UserError(f"{spot}: needs a 'name' of letters, digits and - _ . (it names run folders)")
+    if name in taken:
+        raise UserError(f"{spot}: duplicate size name {name!r}")
+    overrides = flatten(item.get("overrides"), f"{spot}.overrides")
+    bad = [key for key in overrides if not key.startswith("model.")]
+    if bad:
+        raise UserError(
+            f"{spot}.overrides: {', '.join(bad)} is not a model setting; a size sets model.* only"
+        )
+    return Size(name, overrides)
+
+
+def _holdout(raw: Any, where: str, flatten, taken: set[str]) -> Holdout:
+    raw = _mapping(raw, where, ("name", "overrides", "seeds", "seeded_arms"))
+    size = _size({k: raw[k] for k in ("name", "overrides") if k in raw}, where, flatten, taken)
+    seeds = raw.get("seeds", 2)
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
+        raise UserError(f"{where}.seeds must be a whole number >= 1 (runs per seeded arm), got {seeds!r}")
+    arms = raw.get("seeded_arms")
+    if arms is not None and (not isinstance(arms, list) or not all(isinstance(a, str) for a in arms)):
+        raise UserError(
+            f"{where}.seeded_arms must be a list of variant names such as [mha, gqa], got {arms!r}"
+        )
+    return Holdout(size, seeds, arms)
+
+
 def _ladder(raw: Any, where: str, flatten) -> Ladder:
-    raw = _mapping(raw, where, ("sizes", "budgets"))
+    raw = _mapping(raw, where, ("sizes", "budgets", "holdout"))
     sizes_raw = raw.get("sizes")
     if not isinstance(sizes_raw, list) or len(sizes_raw) < 2:
         raise UserError(f"{where}.sizes: list 2 or more sizes, each {{name, overrides}} (small to large)")
     sizes: list[Size] = []
     for i, item in enumerate(sizes_raw):
-        spot = f"{where}.sizes[{i}]"
-        item = _mapping(item, spot, ("name", "overrides"))
-        name = item.get("name")
-        if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "-_." for ch in name):
-            raise UserError(f"{spot}: needs a 'name' of letters, digits and - _ . (it names run folders)")
-        if name in {s.name for s in sizes}:
-            raise UserError(f"{spot}: duplicate size name {name!r}")
-        overrides = flatten(item.get("overrides"), f"{spot}.overrides")
-        bad = [key for key in overrides if not key.startswith("model.")]
-        if bad:
-            raise UserError(
-                f"{spot}.overrides: {', '.join(bad)} is not a model setting; a size sets model.* only"
-            )
-        sizes.append(Size(name, overrides))
+        sizes.append(_size(item, f"{where}.sizes[{i}]", flatten, {s.name for s in sizes}))
     budgets = _mapping(raw.get("budgets"), f"{where}.budgets", ("tokens_per_param", "flops"))
     if len(budgets) != 1:
         raise UserError(f"{where}.budgets: give one of tokens_per_param (e.g. [4, 8, 16]) or flops")
     unit, values = next(iter(budgets.items()))
-    return Ladder(sizes, _numbers(values, f"{where}.budgets.{unit}", "[4, 8, 16]"), unit)
+    holdout = None
+    if raw.get("holdout") is not None:
+        holdout = _holdout(raw["holdout"], f"{where}.holdout", flatten, {s.name for s in sizes})
+    return Ladder(sizes, _numbers(values, f"{where}.budgets.{unit}", "[4, 8, 16]"), unit, holdout)

@@ -14,7 +14,11 @@ subprocesses, parallel, finished runs skipped on a rerun):
 3. the branches: each smaller budget of a size starts from the ladder run's checkpoint at the
    step where that budget's decay begins, and decays to its own end. A warmup-stable-decay run's
    schedule up to that step is the same whatever its length, so a branch is the run that budget
-   alone would have trained, at the cost of its decay only (OLMo's ladder does the same).
+   alone would have trained, at the cost of its decay only (OLMo's ladder does the same);
+4. the held-out rung (`ladder.holdout`), where the file has one: every arm at a size larger than
+   the ladder's, at the rate the rule extrapolates there (the power law lr(N) through the sweep's
+   size and the largest), trained to the largest budget with its branches, and more seeds at the
+   largest budget for a few arms (its noise). No fit ever sees it: the report predicts it first.
 
 Equal compute: an arm's steps at a budget are the budget's FLOPs over the arm's own FLOPs per
 training token (Transformer.flops_per_token, by the convention of minitx/flops.py, at the
@@ -94,6 +98,7 @@ class Rate:
     confirm: dict[float, Point] = field(default_factory=dict)
     confirmed: rates.Choice = field(default_factory=rates.Choice)
     by_size: dict[str, float] = field(default_factory=dict)
+    holdout: float | None = None  # the multiplier at the held-out size (extrapolated), if any
 
     @property
     def refused(self) -> str:
@@ -171,13 +176,17 @@ class Plan:
         if self.ladder is not None:
             overrides["model.schedule"] = "wsd"
         overrides.update({key: self.lr_bases[key] * multiplier for key in self.lr_bases})
-        if role == "ladder" and len(self.budgets) > 1:
+        if role in ("ladder", "holdout") and len(self.budgets) > 1:
             branches = [self.decay_start(self.steps(arm, size, b)) for b in self.budgets[:-1]]
             overrides["run.keep_steps"] = branches
-        if role == "branch":
+        if role in ("branch", "holdout-branch"):
             start = self.decay_start(steps)
             overrides["ckpt_path"] = str(main.run.directory / "checkpoints" / f"step-{start:07d}.ckpt")
-        name = label if role in ("sweep", "confirm", "ladder") else f"{label}-b{budget:g}"
+        name = (
+            label
+            if role in ("sweep", "confirm", "ladder", "holdout", "holdout-seed")
+            else f"{label}-b{budget:g}"
+        )
         run = make_run(
             self.sweep,
             shape.variant,
@@ -206,6 +215,12 @@ class Plan:
     def ladder_seed(self) -> int:
         """The ladder's seed: the file's, or the next one when the file's seed chose the rates."""
         return self.sweep.seed + (1 if self.sweep.design.multipliers else 0)
+
+    @property
+    def holdout(self) -> Size | None:
+        """The held-out size (ladder.holdout), never fitted, or None."""
+        ladder = self.ladder
+        return ladder.holdout.size if ladder is not None and ladder.holdout is not None else None
 
     def rates(self, trained: TrainedOf) -> dict[str, Rate]:
         """Each arm's learning rate as the finished runs decide it (rates.py; `trained`: what each
@@ -253,6 +268,18 @@ class Plan:
             rate = found.get(arm)
             if rate is not None and set(by_size) == {s.name for s in self.sizes}:
                 rate.rule_by_size, rate.by_size, rate.recorded = rate.by_size, dict(by_size), True
+        held = self.holdout
+        for arm, rate in found.items():
+            if held is not None and rate.by_size:
+                small, large = self.sizes[0].name, self.sizes[-1].name
+                n_low, n_high = self.shapes[arm, small].params, self.shapes[arm, large].params
+                rate.holdout = rates.interpolated(
+                    rate.by_size[small],
+                    rate.by_size[large],
+                    n_low,
+                    n_high,
+                    self.shapes[arm, held.name].params,
+                )
         return found
 
     def ladder_points(self, found: dict[str, Rate]) -> list[Point]:
@@ -281,6 +308,33 @@ class Plan:
             for budget in self.budgets[:-1]
         ]
 
+    def holdout_points(self, found: dict[str, Rate]) -> list[Point]:
+        """Phases 4 and 5: each arm at the held-out size at its extrapolated rate, to the largest
+        budget, with the extra seeds of the seeded arms there; then its smaller budgets, branched
+        from it as the ladder's are (holdout_phases splits the two)."""
+        held = self.holdout
+        if held is None:
+            return []
+        points, top = [], self.budgets[-1]
+        seeded = self.ladder.holdout.seeded(self.arms)
+        for arm in self.arms:
+            m = found[arm].holdout
+            if m is None:
+                continue
+            main = self.point(arm, held.name, top, m, self.ladder_seed, "holdout")
+            points.append(main)
+            for budget in self.budgets[:-1]:
+                points.append(self.point(arm, held.name, budget, m, self.ladder_seed, "holdout-branch", main))
+            if arm in seeded:
+                for seed in range(self.ladder_seed + 1, self.ladder_seed + self.ladder.holdout.seeds):
+                    points.append(self.point(arm, held.name, top, m, seed, "holdout-seed"))
+        return points
+
+    @staticmethod
+    def holdout_stage(point: Point) -> int:
+        """0 for a held-out trunk or seed, 1 for a branch (it starts from its trunk's checkpoint)."""
+        return 1 if point.role == "holdout-branch" else 0
+
     @property
     def seeds_rung(self) -> tuple[str, float | None]:
         design = self.sweep.design
@@ -288,13 +342,15 @@ class Plan:
             return self.sizes[-1].name, self.budgets[-1]
         return design.seeds_size, design.seeds_budget
 
-    def all_points(self, trained: TrainedOf) -> tuple[list[Point], list[Point], list[Point]]:
-        """The three phases as the finished runs determine them (each follows from the runs
-        before it: phase 2 from the rates phase 1 chose and confirmed)."""
+    def all_points(self, trained: TrainedOf) -> tuple[list[Point], list[Point], list[Point], list[Point]]:
+        """The four phases as the finished runs determine them (each follows from the runs
+        before it: phase 2 from the rates phase 1 chose and confirmed); the fourth, the held-out
+        rung, is empty without ladder.holdout (its branches run after its trunks: the sweep
+        splits it with `holdout_stage`)."""
         found = self.rates(trained)
         first = [p for rate in found.values() for p in [*rate.sweep.values(), *rate.confirm.values()]]
         second = self.ladder_points(found)
-        return first, second, self.branch_points(second)
+        return first, second, self.branch_points(second), self.holdout_points(found)
 
     def run_count(self) -> dict[str, int]:
         """The runs the plan makes when no arm is refused and none runs past the sweep's edges
@@ -308,6 +364,10 @@ class Plan:
             "extra seeds": arms * (self.sweep.seeds - 1),
             "branches": arms * len(self.sizes) * (len(self.budgets) - 1),
         }
+        if self.holdout is not None:
+            seeded = len([a for a in self.ladder.holdout.seeded(self.arms) if a in self.arms])
+            extra = seeded * (self.ladder.holdout.seeds - 1)
+            counts[f"held out at {self.holdout.name}"] = arms * len(self.budgets) + extra
         return {name: n for name, n in counts.items() if n}
 
 
@@ -356,6 +416,7 @@ def make_plan(sweep: Sweep, output: Path, extra: Sequence[str] = (), logging: Se
     model, data, trainer = (_section(sweep, name) for name in ("model", "data", "trainer"))
     ladder = design.ladder
     sizes = ladder.sizes if ladder else [BASE_SIZE]
+    held = [ladder.holdout.size] if ladder is not None and ladder.holdout is not None else []
     budgets: list[float | None] = list(ladder.budgets) if ladder else [design.flops]
     block = int(model.get("block_size") or 256)
     tokens_per_step = (
@@ -372,7 +433,7 @@ def make_plan(sweep: Sweep, output: Path, extra: Sequence[str] = (), logging: Se
         )
     shapes: dict[tuple[str, str], Shape] = {}
     vocabularies: dict[str, int] = {}  # per arm: the output layer as the runs will train it
-    for size in sizes:
+    for size in [*sizes, *held]:
         variants = [
             Variant(f"{v.name}-{size.name}" if ladder else v.name, {**size.overrides, **v.overrides})
             for v in sweep.variants
@@ -395,7 +456,7 @@ def make_plan(sweep: Sweep, output: Path, extra: Sequence[str] = (), logging: Se
             )
     reference = sweep.variants[0].name
     compute: dict[tuple[str, float | None], float] = {}
-    for size in sizes:
+    for size in [*sizes, *held]:
         ref = shapes[reference, size.name]
         for budget in budgets:
             if budget is None:
@@ -420,7 +481,26 @@ def make_plan(sweep: Sweep, output: Path, extra: Sequence[str] = (), logging: Se
         vocabularies,
     )
     _check_steps(plan)
+    if held:
+        _check_holdout(plan)
     return plan
+
+
+def _check_holdout(plan: Plan) -> None:
+    """The held-out size lies beyond the ladder (it tests extrapolation) and seeds known arms."""
+    holdout, largest, reference = plan.ladder.holdout, plan.sizes[-1].name, plan.arms[0]
+    name = holdout.size.name
+    if plan.shapes[reference, name].params <= plan.shapes[reference, largest].params:
+        raise UserError(
+            f"ladder.holdout: {name} has {plan.shapes[reference, name].params:,} non-embedding parameters, "
+            f"no more than the largest size {largest}'s {plan.shapes[reference, largest].params:,}; a held-out "
+            "rung tests the ladder beyond its sizes: give it a larger model (e.g. 4x the parameters)"
+        )
+    unknown = [a for a in holdout.seeded(plan.arms) if a not in plan.arms]
+    if unknown:
+        raise UserError(
+            f"ladder.holdout.seeded_arms: {', '.join(unknown)} is not a variant; use one of {', '.join(plan.arms)}"
+        )
 
 
 def _check_steps(plan: Plan) -> None:

@@ -25,7 +25,14 @@ from ..plan.ladder import Plan, Point
 from ..plan.rates import MARGIN
 from ..runs.results import PointResult, RunResults
 from .cells import budget_text, num
-from .ladder import held_out_section, ladder_section, noise_note, noise_section, verdict_section
+from .ladder import (
+    held_out_section,
+    holdout_section,
+    ladder_section,
+    noise_note,
+    noise_section,
+    verdict_section,
+)
 
 DESIGN_PLOTS = (
     "lr_sweep.png",
@@ -106,6 +113,7 @@ def markdown(
     if plan.ladder is not None:
         lines += ladder_section(plan, analysis, trained)
         lines += held_out_section(plan, analysis)
+        lines += holdout_section(plan, analysis)
         lines += noise_section(plan, analysis)
     lines += _seeds_section(plan, analysis)
     if any(a.diagnostics for a in analysis.arms):

@@ -50,8 +50,9 @@ def verdict_section(plan: Plan, analysis: Analysis) -> list[str]:
         )
         + f"The seeds test (Welch, Holm-corrected, p < {LEVEL}) at {where} stands beside it.",
         "",
-        "| arm | verdict | compute multiplier [90%] | without each size | seeds test | why they differ |",
-        "|---|---|---|---|---|---|",
+        "| arm | verdict | compute multiplier [90%] | without each size | smallest it could see | seeds test "
+        "| why they differ |",
+        "|---|---|---|---|---|---|---|",
     ]
     for arm in analysis.arms:
         if arm.name not in found:
@@ -67,8 +68,107 @@ def verdict_section(plan: Plan, analysis: Analysis) -> list[str]:
         seeds = "–" if test is None else f"{test.difference:+.4f}, p (Holm) {num(test.p_holm, '{:.2g}')}"
         if v.seeds:
             seeds += f": {v.seeds}"
-        lines.append(f"| {arm.name} | **{v.word}** | {multiplier} | {without} | {seeds} | {v.why} |")
+        seen = v.reach or "–"
+        if v.reach and v.ladder == "no difference found" and c is not None:
+            seen = f"no difference beyond x{c.low:.3g}–x{c.high:.3g} in compute; could see {v.reach}"
+        lines.append(f"| {arm.name} | **{v.word}** | {multiplier} | {without} | {seen} | {seeds} | {v.why} |")
+    lines += [
+        "",
+        "Smallest it could see: the multiplier the ladder would tell from 1 four times in five at this noise (its "
+        "minimum detectable effect: the interval's width read as 2 x 1.645 sds, 1.645 + 0.842 sds from 1); "
+        "a **no difference found** whose reach is wide means too noisy to say, not equal. A ladder whose arm "
+        "covers fewer than 3 sizes, or whose interval is unbounded, cannot decide: the seeds test decides, named.",
+    ]
     return [*lines, ""]
+
+
+def transfer_lines(plan: Plan, analysis: Analysis, size: str) -> list[str]:
+    """Decision accuracy at a held-out size (analysis.designed.Transfer), in words."""
+    found = next((t for t in analysis.transfer if t.size == size), None)
+    if found is None:
+        return []
+    seeds = sorted(set(found.seeds.values()))
+    averaged = " (seeds averaged first: " + ", ".join(f"{n} run{'s' if n > 1 else ''}" for n in seeds) + ")"
+    lines = [
+        f"Decision accuracy at {size}, {budget_text(plan, plan.budgets[-1])}{averaged}: the share of arm pairs "
+        f"ordered as measured there (DataDecide's; (Kendall tau + 1) / 2, a tie a half):",
+        "",
+        f"- the fitted curves ({found.source}), each arm's predicted loss: **{found.curves.text()}**",
+        f"- ranking at {found.rung} alone, {budget_text(plan, plan.budgets[-1])}: **{found.one_rung.text()}**",
+    ]
+    if found.verdicts is not None:
+        lines.append(
+            f"- the verdicts, read as the sign of each arm's difference from {analysis.baseline} there: "
+            f'**{found.verdicts.text()}** (a "no difference" agrees when the difference lies within '
+            f"1.96 sds of that rung's noise, sd of log loss {found.noise:.4f} from {found.noise_from})"
+        )
+    else:
+        lines.append(f"- the verdicts saw {size} (it is a ladder size): not scored here")
+    return [*lines, ""]
+
+
+def holdout_section(plan: Plan, analysis: Analysis) -> list[str]:
+    """The held-out rung (ladder.holdout): measured beside predicted, coverage per budget, and
+    the three predictors' decision accuracy."""
+    held = plan.holdout
+    rows = [(a, p, q) for a in analysis.arms for p, q in a.holdout]
+    if held is None:
+        return []
+    lines = [
+        f"## Held out: {held.name}, never fitted, predicted from {', '.join(s.name for s in plan.sizes)}",
+        "",
+    ]
+    if not rows:
+        return [
+            *lines,
+            f"No prediction: the runs at {held.name} have not finished, or there is no joint fit.",
+            "",
+        ]
+    params = plan.shapes[plan.arms[0], held.name].params
+    largest = plan.shapes[plan.arms[0], plan.sizes[-1].name].params
+    lines += [
+        f"Every arm at {held.name} ({params:,} non-embedding parameters, {params / largest:.2g}x "
+        f"{plan.sizes[-1].name}'s), at the rate the rule extrapolates there, each budget predicted by the "
+        "whole fit before its run was read, with a 90% predictive interval (the refits' curves plus a new "
+        f"point's noise, as at {plan.sizes[-1].name}).",
+        "",
+        "| arm | rate | "
+        + " | ".join(f"@ {budget_text(plan, b)}: measured, predicted [90%]" for b in plan.budgets)
+        + " |",
+        "|---|---|" + "---|" * len(plan.budgets),
+    ]
+    for arm in analysis.arms:
+        if not arm.holdout:
+            continue
+        cells = {}
+        for p, q in arm.holdout:
+            measured = "not run" if math.isnan(q.measured) else f"{q.measured:.4f}"
+            mark = "" if math.isnan(q.measured) or q.covered else " ✗"
+            cells[p.budget] = f"{measured}, {q.predicted:.4f} [{q.low:.4f}, {q.high:.4f}]{mark}"
+        rate = f"x{arm.holdout[0][0].multiplier:g}"
+        lines.append(f"| {arm.name} | {rate} | " + " | ".join(cells.get(b, "–") for b in plan.budgets) + " |")
+    coverage = []
+    for b in plan.budgets:
+        here = [q for _, p, q in rows if p.budget == b and not math.isnan(q.measured)]
+        coverage.append(f"{budget_text(plan, b)} {sum(q.covered for q in here)} of {len(here)}")
+    measured = [q for _, _, q in rows if not math.isnan(q.measured)]
+    lines += [
+        "",
+        f"✗: outside its interval. Coverage: **{sum(q.covered for q in measured)} of {len(measured)}** "
+        f"({'; '.join(coverage)}).",
+        "",
+    ]
+    found = next((t for t in analysis.transfer if t.size == held.name), None)
+    if found is not None:
+        extra = {a: n for a, n in found.seeds.items() if n > 1}
+        if extra:
+            lines += [
+                f"Seeds at {held.name}, {budget_text(plan, plan.budgets[-1])}: "
+                + ", ".join(f"{a} {n}" for a, n in extra.items())
+                + f" runs; the sd of one run's log loss there {found.noise:.4f} ({found.noise_from}).",
+                "",
+            ]
+    return [*lines, *transfer_lines(plan, analysis, held.name)]
 
 
 def held_out_section(plan: Plan, analysis: Analysis) -> list[str]:
@@ -99,7 +199,17 @@ def held_out_section(plan: Plan, analysis: Analysis) -> list[str]:
             for p in by_compute
         ]
         lines.append(f"| {arm.name} | " + " | ".join(cells) + " |")
-    return [*lines, "", "✗: the measured loss lies outside its predictive interval.", ""]
+    coverage = []
+    for b in plan.budgets:
+        compute = plan.compute.get((analysis.held_out_size, b))
+        here = [p for p in predictions if compute and math.isclose(p.compute, compute, rel_tol=0.2)]
+        coverage.append(f"{budget_text(plan, b)} {sum(p.covered for p in here)} of {len(here)}")
+    lines += [
+        "",
+        f"✗: the measured loss lies outside its predictive interval. By budget: {'; '.join(coverage)}.",
+        "",
+    ]
+    return [*lines, *transfer_lines(plan, analysis, analysis.held_out_size)]
 
 
 def noise_section(plan: Plan, analysis: Analysis) -> list[str]:

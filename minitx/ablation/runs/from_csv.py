@@ -33,7 +33,7 @@ from ...kinds import nearest
 from ...training.inputs import SEED_RANGE
 from ..plan.ladder import BASE_SIZE, Plan, Point
 from ..plan.sweep import Sweep, load_sweep
-from .results import PointResult
+from .results import PointResult, RunResults
 
 # The columns read here (report/designed.py's CSV_FIELDS holds them all; the others are optional:
 # the diagnostics, device, tokens, flops_per_token and branch_of)
@@ -244,6 +244,7 @@ def check_fits_sweep(
     arms = [v.name for v in sweep.variants]
     known = list(file_arms or arms)
     sizes = [s.name for s in ladder.sizes] if ladder else [BASE_SIZE.name]
+    held = [ladder.holdout.size.name] if ladder is not None and ladder.holdout is not None else []
     budgets = [_budget_text(b) for b in (ladder.budgets if ladder else [sweep.design.flops])]
     for row in rows:
         if row.arm not in known:
@@ -253,10 +254,10 @@ def check_fits_sweep(
             )
     rows = [row for row in rows if row.arm in arms]
     for row in rows:
-        if row.size not in sizes:
+        if row.size not in sizes + held:
             raise UserError(
                 f"--from-csv: {path}: {row.where}: size {row.size!r} is not one of the config's"
-                f"{nearest(row.size, sizes)}; its sizes: {', '.join(sizes)}"
+                f"{nearest(row.size, sizes + held)}; its sizes: {', '.join(sizes + held)}"
             )
         written = row.budget
         try:
@@ -286,10 +287,6 @@ def check_fits_sweep(
 def check_flags(from_csv: str | None, baseline: str | None, report_only: bool, output: str | None) -> None:
     """The command line's --from-csv and --baseline, refused in one line where they cannot be
     honoured, before the sweep is read (the CSV is read once the sweep is known to be designed)."""
-    if from_csv is not None and not report_only:
-        raise UserError(
-            "--from-csv: only with --report-only (it rebuilds a report, trains nothing); add --report-only"
-        )
     if baseline is not None and not report_only:
         raise UserError(
             "--baseline: only with --report-only (a sweep trains its baseline first: the file's first variant); "
@@ -307,7 +304,7 @@ def check_flags(from_csv: str | None, baseline: str | None, report_only: bool, o
             f"--output: {str(target)!r} holds {source}, the CSV being read, which the report would rewrite; "
             "give another folder"
         )
-    if any(target.glob("runs/*/summary.json")):
+    if report_only and any(target.glob("runs/*/summary.json")):
         raise UserError(
             f"--output: {str(target)!r} holds a sweep's runs, whose report --report-only rebuilds from them; "
             "give another folder for the CSV's report"
@@ -382,6 +379,27 @@ class CsvResults:
         if row.convention != FLOP_CONVENTION or flops is None:
             flops = row.steps * (point.tokens / point.steps) * point.flops_per_token
         return PointResult(summary, {"status": "ok"}, True, row.steps, flops, "", row.diagnostics)
+
+
+class ExtendedResults:
+    """A CSV's runs, and the plan's others as they are on disk: `ablate --from-csv FILE` without
+    --report-only extends a finished sweep by the held-out rung its CSV lacks (ladder.holdout added
+    to the config since), training only that; call it with a point, as RunResults."""
+
+    def __init__(self, recorded: CsvResults) -> None:
+        self.recorded = recorded
+        self.disk = RunResults()
+
+    def holds(self, point: Point) -> bool:
+        row = self.recorded.rows.get(point.run.directory.name)
+        return row is not None and row.status != "not run"
+
+    def __call__(self, point: Point) -> PointResult:
+        return self.recorded(point) if self.holds(point) else self.disk(point)
+
+    def now(self) -> ExtendedResults:
+        """A new snapshot of the runs on disk (after runs finished), the same CSV."""
+        return ExtendedResults(self.recorded)
 
 
 def recorded_rates(rows: Sequence[Row], plan: Plan, path: Path) -> dict[str, dict[str, float]]:
