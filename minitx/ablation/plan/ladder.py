@@ -247,7 +247,11 @@ class Plan:
             if len(self.sizes) == 1:  # the sweep's size is the largest: its neighbours were swept
                 rate.confirmed, rate.by_size = rate.choice, {small: chosen}
                 continue
-            for m in rates.neighbours(list(rate.sweep), chosen):
+            # a recorded sweep (from a results.csv) confirmed about the rate its ladder used there,
+            # whatever today's rule would choose: those are the runs it holds
+            anchor = self.recorded_rates.get(arm, {}).get(small, chosen)
+            anchor = anchor if anchor in rate.sweep else chosen
+            for m in rates.neighbours(list(rate.sweep), anchor):
                 rate.confirm[m] = self.point(arm, large, budget, m, seed, "confirm")
             confirmed = {m: (trained(p).outcome, trained(p).trouble) for m, p in rate.confirm.items()}
             rate.confirmed = rates.best_confirmed(confirmed, large)

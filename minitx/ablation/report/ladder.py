@@ -87,8 +87,18 @@ def transfer_lines(plan: Plan, analysis: Analysis, size: str) -> list[str]:
     found = next((t for t in analysis.transfer if t.size == size), None)
     if found is None:
         return []
-    seeds = sorted(set(found.seeds.values()))
-    averaged = " (seeds averaged first: " + ", ".join(f"{n} run{'s' if n > 1 else ''}" for n in seeds) + ")"
+    by_count: dict[int, list[str]] = {}
+    for arm, n in found.seeds.items():
+        by_count.setdefault(n, []).append(arm)
+    if len(by_count) == 1:
+        n = next(iter(by_count))
+        averaged = f" ({n} run{'s' if n > 1 else ''} an arm{', averaged first' if n > 1 else ''})"
+    else:
+        parts = [
+            f"{n} run{'s' if n > 1 else ''} for {', '.join(arms)}"
+            for n, arms in sorted(by_count.items(), reverse=True)
+        ]
+        averaged = f" (each arm's runs there averaged first: {'; '.join(parts)})"
     lines = [
         f"Decision accuracy at {size}, {budget_text(plan, plan.budgets[-1])}{averaged}: the share of arm pairs "
         f"ordered as measured there (DataDecide's; (Kendall tau + 1) / 2, a tie a half):",
