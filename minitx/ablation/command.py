@@ -248,7 +248,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     from_csv.check_flags(args.from_csv, args.baseline, args.report_only, args.output)
     sweep, config_path = prepare(args)
-    from_csv.check_against_sweep(args.from_csv, args.baseline, args.output, sweep, config_path)
+    from_csv.check_against_sweep(
+        args.from_csv, args.baseline, args.output, sweep, config_path, args.report_only
+    )
     try:
         run_and_report(args, sweep, config_path)
     except SweepSubmitted as submitted:

@@ -79,7 +79,7 @@ def test_the_recorded_showcase_rebuilt_from_its_csv_alone(tmp_path):
     for key, cell in recorded.items():
         assert same_cell(rebuilt[key], cell), (key, cell, rebuilt[key])
     assert "Baseline: **mha**" in text
-    assert f"read from {SHOWCASE_CSV} (195 rows), not from the runs" in text
+    assert f"read from {SHOWCASE_CSV} (222 rows), not from the runs" in text
     assert not (output / "runs").exists()
     assert all((output / name).is_file() for name in ("results.csv", "lr_sweep.png", "loss_vs_compute.png"))
     # results.csv rewritten from the rows as the plan read them: the same runs and figures
@@ -188,7 +188,6 @@ def without_arm(arm: str):
 @pytest.mark.parametrize(
     "change, extra, expected",
     [
-        (None, ["--from-csv", "FILE"], "--from-csv: only with --report-only"),
         (None, ["--baseline", "gqa"], "--baseline: only with --report-only"),
         (
             None,
@@ -316,7 +315,7 @@ def test_a_refusal_after_the_plan_leaves_nothing_written(tmp_path, capsys):
 def test_diagnostic_columns_are_optional_and_checked_when_there(tmp_path):
     path = showcase_with(tmp_path, lambda c, r: ([x for x in c if x not in DIAGNOSTIC_KEYS], r))
     rows = from_csv.read_rows(path)
-    assert len(rows) == 195 and all(row.diagnostics is None for row in rows)
+    assert len(rows) == 222 and all(row.diagnostics is None for row in rows)
     bad = showcase_with(tmp_path, set_cell("mha-d32-lr1-seed1337", "entropy", "high"))
     with pytest.raises(
         UserError, match=r"line 4 \(mha-d32-lr1-seed1337\): entropy 'high' is not a finite number"
@@ -543,3 +542,19 @@ def test_a_csv_a_spreadsheet_saved_is_read_the_same(tmp_path):
     assert [r.name for r in rows] == [r.name for r in recorded]
     assert rows[0].status == "failed" and rows[0].error == "out of memory at step 3" and rows[0].loss is None
     assert [r.loss for r in rows[1:]] == [r.loss for r in recorded[1:]]
+
+
+def test_from_csv_without_report_only_needs_a_held_out_rung_to_train(tmp_path, capsys):
+    """Without --report-only, --from-csv trains the held-out rung a recorded sweep lacks; a config
+    without ladder.holdout has nothing to train: refused in one line, nothing written."""
+    config = tmp_path / "ladder.yaml"
+    text = (ROOT / "configs" / "ablation_ladder.yaml").read_text(encoding="utf-8")
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("  holdout:"))
+    config.write_text(
+        text.replace("base: default.yaml", f"base: {ROOT / 'configs' / 'default.yaml'}"), encoding="utf-8"
+    )
+    argv = ["--config", str(config), "--output", str(tmp_path / "out"), "--from-csv", str(SHOWCASE_CSV)]
+    assert ablate_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--from-csv without --report-only trains the held-out rung" in err and "add --report-only" in err
+    assert not (tmp_path / "out").exists()

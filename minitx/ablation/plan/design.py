@@ -48,7 +48,8 @@ class Holdout:
     seeded_arms: list[str] | None = None  # None: the first three arms
 
     def seeded(self, arms: list[str]) -> list[str]:
-        return list(self.seeded_arms) if self.seeded_arms is not None else arms[:3]
+        """The seeded arms among `arms` (the sweep's, after --only picked some)."""
+        return [a for a in self.seeded_arms if a in arms] if self.seeded_arms is not None else arms[:3]
 
 
 @dataclass

@@ -187,6 +187,13 @@ def load_sweep(path: str | Path) -> Sweep:
     variants: list[Variant] = []
     for i, raw in enumerate(raw_variants):
         variants.append(_variant(raw, f"{path}: variants[{i}]", {v.name for v in variants}, design))
+    holdout = design.ladder.holdout if design.ladder is not None else None
+    names = [v.name for v in variants]
+    unknown = [a for a in (holdout.seeded_arms or []) if a not in names] if holdout is not None else []
+    if unknown:
+        raise UserError(
+            f"{path}: ladder.holdout.seeded_arms: {', '.join(unknown)} is not a variant; use one of {', '.join(names)}"
+        )
     seed, seeds = data.get("seed", 1337), data.get("seeds", 1)
     for key, value, low in (("seed", seed, 0), ("seeds", seeds, 1)):
         if not _is_whole(value, low):

@@ -314,10 +314,21 @@ def check_flags(from_csv: str | None, baseline: str | None, report_only: bool, o
 
 
 def check_against_sweep(
-    from_csv: str | None, baseline: str | None, output: str | None, sweep: Sweep, config: Path
+    from_csv: str | None,
+    baseline: str | None,
+    output: str | None,
+    sweep: Sweep,
+    config: Path,
+    report_only: bool = True,
 ) -> None:
     """--from-csv and --baseline against the sweep file (its design, arms, sizes and budgets), the
     CSV read and checked for its columns and numbers, before the (slower) plan is made."""
+    ladder = sweep.design.ladder
+    if from_csv is not None and not report_only and (ladder is None or ladder.holdout is None):
+        raise UserError(
+            f"--from-csv without --report-only trains the held-out rung a recorded sweep lacks, and {config} has "
+            "no ladder.holdout; add --report-only to rebuild the report from the CSV"
+        )
     if not sweep.design.active:
         for flag, given in (("--from-csv", from_csv), ("--baseline", baseline)):
             if given is not None:
