@@ -117,6 +117,19 @@ def transfer_lines(plan: Plan, analysis: Analysis, size: str) -> list[str]:
     return [*lines, ""]
 
 
+def _prediction_header(plan: Plan, first: list[str]) -> list[str]:
+    """A table of predictions: the first columns, then each budget's measured and predicted."""
+    budgets = [f"@ {budget_text(plan, b)}: measured, predicted [90%]" for b in plan.budgets]
+    return ["| " + " | ".join([*first, *budgets]) + " |", "|" + "---|" * (len(first) + len(budgets))]
+
+
+def _prediction_cell(q) -> str:
+    """One prediction (robust.Prediction) beside what was measured; ✗ outside its interval."""
+    measured = "not run" if math.isnan(q.measured) else f"{q.measured:.4f}"
+    mark = "" if math.isnan(q.measured) or q.covered else " ✗"
+    return f"{measured}, {q.predicted:.4f} [{q.low:.4f}, {q.high:.4f}]{mark}"
+
+
 def holdout_section(plan: Plan, analysis: Analysis) -> list[str]:
     """The held-out rung (ladder.holdout): measured beside predicted, coverage per budget, and
     the three predictors' decision accuracy."""
@@ -142,19 +155,12 @@ def holdout_section(plan: Plan, analysis: Analysis) -> list[str]:
         "whole fit before its run was read, with a 90% predictive interval (the refits' curves plus a new "
         f"point's noise, as at {plan.sizes[-1].name}).",
         "",
-        "| arm | rate | "
-        + " | ".join(f"@ {budget_text(plan, b)}: measured, predicted [90%]" for b in plan.budgets)
-        + " |",
-        "|---|---|" + "---|" * len(plan.budgets),
+        *_prediction_header(plan, ["arm", "rate"]),
     ]
     for arm in analysis.arms:
         if not arm.holdout:
             continue
-        cells = {}
-        for p, q in arm.holdout:
-            measured = "not run" if math.isnan(q.measured) else f"{q.measured:.4f}"
-            mark = "" if math.isnan(q.measured) or q.covered else " ✗"
-            cells[p.budget] = f"{measured}, {q.predicted:.4f} [{q.low:.4f}, {q.high:.4f}]{mark}"
+        cells = {p.budget: _prediction_cell(q) for p, q in arm.holdout}
         rate = f"x{arm.holdout[0][0].multiplier:g}"
         lines.append(f"| {arm.name} | {rate} | " + " | ".join(cells.get(b, "–") for b in plan.budgets) + " |")
     coverage = []
@@ -195,19 +201,12 @@ def held_out_section(plan: Plan, analysis: Analysis) -> list[str]:
         f"point's noise, as measured at {plan.sizes[-2].name}); **{inside} of {len(predictions)}** measured losses "
         "fall inside (on simulated ladders such intervals hold 85-95%: benchmarks/ladder_calibration.py).",
         "",
-        "| arm | "
-        + " | ".join(f"@ {budget_text(plan, b)}: measured, predicted [90%]" for b in plan.budgets)
-        + " |",
-        "|---|" + "---|" * len(plan.budgets),
+        *_prediction_header(plan, ["arm"]),
     ]
     for arm in analysis.arms:
         if not arm.held_out:
             continue
-        by_compute = sorted(arm.held_out, key=lambda p: p.compute)
-        cells = [
-            f"{p.measured:.4f}, {p.predicted:.4f} [{p.low:.4f}, {p.high:.4f}]" + ("" if p.covered else " ✗")
-            for p in by_compute
-        ]
+        cells = [_prediction_cell(p) for p in sorted(arm.held_out, key=lambda p: p.compute)]
         lines.append(f"| {arm.name} | " + " | ".join(cells) + " |")
     coverage = []
     for b in plan.budgets:
