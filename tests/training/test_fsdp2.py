@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from runs import REPO, WORDS, write_config
 
 from minitx.cli import eval_main, export_main, generate_main
 from minitx.training.module import MinitxLM
 from minitx.training.optim import muon_matrix
-from runs import REPO, WORDS, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -8,10 +8,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from runs import tiny_config, write_config
 
 from minitx.cli import train_main
 from minitx.training import progress
-from runs import tiny_config, write_config
 
 
 def _config(tmp_path: Path, corpus: dict, name: str, **trainer) -> str:
