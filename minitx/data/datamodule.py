@@ -54,7 +54,7 @@ def random_window_starts(
 
 def windows_to_batch(tokens: TokenArray, starts: np.ndarray, block_size: int) -> Batch:
     """Windows of block_size + 1 tokens -> inputs x and targets y (x shifted left by one)."""
-    chunk = torch.from_numpy(np.stack([tokens.window(int(start), block_size + 1) for start in starts]))
+    chunk = torch.from_numpy(tokens.windows(starts, block_size + 1))
     return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
 
 

@@ -446,9 +446,11 @@ def mapped_kb(path: Path) -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
-def test_random_windows_keep_no_pages_mapped(tmp_path):
+def test_random_windows_keep_no_pages_mapped(tmp_path, monkeypatch):
     """nanoGPT's issue 287: a long-lived memory map's touched pages count in the process's memory;
-    here they are dropped as each window is read, however many windows a run draws."""
+    here they are dropped as each window is read, however many windows a run draws. (The 6 MB of
+    ids stand for a large corpus: arrays up to KEEP_MAPPED_BYTES keep their pages, below.)"""
+    monkeypatch.setattr(shards_module, "KEEP_MAPPED_BYTES", 1 << 20)
     rng = random.Random(14)
     (tmp_path / "corpus.txt").write_text("".join(rng.choice("abcdefgh \n") for _ in range(3_000_000)))
     prepared = prepare(
@@ -479,6 +481,47 @@ def test_random_windows_keep_no_pages_mapped(tmp_path):
     for _ in range(100):
         next(loader)
     assert mapped_kb(module.train_tokens.paths[0]) < 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+def test_a_small_array_keeps_its_pages_and_reads_the_same_windows(tmp_path, monkeypatch):
+    """Ids of at most KEEP_MAPPED_BYTES stay mapped (no unmapping and faulting in again at every
+    batch): the resident set grows to the file's size at most; the windows are the same."""
+    rng = random.Random(14)
+    (tmp_path / "corpus.txt").write_text("".join(rng.choice("abcdefgh \n") for _ in range(3_000_000)))
+    prepared = prepare(
+        DataSettings(source="files", train_files=str(tmp_path / "corpus.txt"), cache_dir=str(tmp_path))
+    )
+    small = prepared.train
+    assert small.keeps_pages and len(small) * 2 <= shards_module.KEEP_MAPPED_BYTES
+    monkeypatch.setattr(shards_module, "KEEP_MAPPED_BYTES", 1 << 20)
+    large = TokenArray(small.paths, small.vocab_size)
+    assert not large.keeps_pages
+    starts = np.random.default_rng(1).integers(0, len(small) - 300, 3000)
+    for start in starts:
+        assert np.array_equal(small.window(int(start), 257), large.window(int(start), 257))
+    assert mapped_kb(small.paths[0]) > 2 * 1024  # the small array's pages: most of the 6 MB
+    assert np.array_equal(small.windows(starts, 257), large.windows(starts, 257))
+
+
+def test_a_batch_of_windows_equals_its_windows_one_by_one(tmp_path, tiny_pieces):
+    """TokenArray.windows (a training batch): rows inside a shard read with one index, those
+    across a shard's end piece by piece, the same ids either way; out of range and damaged ids
+    refused as `window` refuses them."""
+    (tmp_path / "corpus.txt").write_text(random_text(9, 500))
+    settings = dict(source="files", train_files=str(tmp_path / "corpus.txt"), val_fraction=0.1)
+    many = prepare(DataSettings(**settings, cache_dir=str(tmp_path / "many"), shard_tokens=333)).train
+    assert len(many.paths) > 5
+    starts = np.random.default_rng(0).integers(0, len(many) - 700, 50)
+    starts[:3] = [0, 333 - 5, len(many) - 700]  # the first id, across a shard's end, the last window
+    expected = np.stack([many.window(int(start), 700) for start in starts])
+    assert np.array_equal(many.windows(starts, 700), expected)
+    assert many.windows(starts[:0], 700).shape == (0, 700)
+    with pytest.raises(IndexError):
+        many.windows([0, len(many) - 10], 20)
+    many.vocab_size = int(expected.max())  # the largest id is now outside the vocabulary
+    with pytest.raises(shards_module.DamagedShard, match="prepare.py --verify"):
+        many.windows(starts, 700)
 
 
 def test_an_edited_tokenizer_json_prepares_the_data_again(tmp_path, capfd):
