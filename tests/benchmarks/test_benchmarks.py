@@ -193,6 +193,20 @@ def test_train_throughput_benchmark_compares_the_loops(tmp_path):
 
 
 @pytest.mark.slow
+def test_nanogpt_recipe_benchmark_times_both_sides_with_their_losses(tmp_path):
+    """Both sides train 12 steps of the recipe, one round; each prints its times, the table and
+    the ratio, with the digest of its per-step losses (StepClock records minitx's)."""
+    out = run_script("nanogpt_recipe.py", "--iters", "12", "--rounds", "1", "--skip", "2", cwd=tmp_path)
+    rows = {row[0]: row for row in table_rows(out, "minitx") + table_rows(out, "reference")}
+    assert set(rows) == {"minitx", "reference"}, out[-2000:]
+    for row in rows.values():
+        assert float(row[1]) > 0 and float(row[6]) > 0  # ms a step, wall
+        assert 1.0 < float(row[11]) < 6.0  # a val loss after 12 steps from ln(76) = 4.3
+        assert re.fullmatch(r"[0-9a-f]{12}", row[12]) and float(row[9]) > 0 and float(row[10]) > 0
+    assert re.search(r"minitx / reference: [\d.]+ in ms a step, [\d.]+ in wall", out), out[-1000:]
+
+
+@pytest.mark.slow
 def test_mfu_benchmark_prints_peak_ratio_and_profile(tmp_path):
     tiny_files_config(tmp_path)
     args = ("--steps", "4", "--skip", "1", "--size", "64", "--repeats", "2", "--profile-steps", "1")
