@@ -98,6 +98,7 @@ def test_a_planted_size_noise_is_measured_from_the_replicates():
     assert [(a, s) for a, s, _ in found.unreliable] == [("a0", 3)]
 
 
+@pytest.mark.slow  # 48 ladders, each fitted, bootstrapped and held out (3 s of two cores)
 def test_a_budget_dependent_bias_is_covered_at_every_budget_only_with_the_offsets():
     """Issue 61: at equal compute a short budget ends higher (the showcase's d64 rung at 5
     tokens/param, all five misses above their predictions). One curve over every budget misses the

@@ -241,6 +241,7 @@ def test_a_bad_holdout_is_refused_in_one_line(tmp_path, holdout, message):
     assert message in str(found.value) and "\n" not in str(found.value)
 
 
+@pytest.mark.slow  # a whole ablate process (10 s): the refusals themselves are the fast test above
 def test_the_command_refuses_a_bad_holdout_with_status_2_and_writes_nothing(tmp_path):
     import subprocess
     import sys
