@@ -52,6 +52,7 @@ def refusal(capsys) -> str:
     return err
 
 
+@pytest.mark.slow  # 9-24 s of real runs: the fast suite within its minutes (issue 62)
 def test_a_sweep_into_another_sweeps_output_is_refused_the_same_resumes_and_force_replaces(tmp_path, capsys):
     output = tmp_path / "sweep1"
     first = write_sweep(tmp_path, "my_ladder.yaml")

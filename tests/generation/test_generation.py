@@ -780,6 +780,7 @@ def test_command_line_usage_errors_are_one_line_and_exit_2(argv, message, capsys
 @pytest.mark.skipif(
     importlib.util.find_spec("minitx.training") is None, reason="minitx.training is not written yet"
 )
+@pytest.mark.slow  # 9-24 s of real runs: the fast suite within its minutes (issue 62)
 def test_checkpoint_from_a_real_training_run(tmp_path, capsys):
     """A few steps of the real train command on the built-in Shakespeare, then generate from it."""
     env = dict(os.environ, PYTHONPATH=str(REPO))

@@ -115,6 +115,7 @@ def test_sigkill_while_a_checkpoint_is_written_keeps_the_previous_one_and_resume
     assert_resumed_losses_equal(uninterrupted, checkpoints.parent, saved_before)
 
 
+@pytest.mark.slow  # 9-24 s of real runs: the fast suite within its minutes (issue 62)
 def test_nan_loss_stops_the_process_with_exit_2_naming_the_step_and_keeps_the_last_checkpoint(
     tmp_path, corpus, killer_dir
 ):

@@ -118,6 +118,7 @@ def test_the_precheck_refuses_as_lightningcli_does(tmp_path):
         assert precheck_says(args) == expected, args
 
 
+@pytest.mark.slow  # 9-24 s of real runs: the fast suite within its minutes (issue 62)
 def test_the_precheck_refuses_bad_values_as_lightningcli_does(tmp_path):
     # Values of the right type that the settings' own checks refuse: ModelConfig's and the kinds',
     # Optimisation's, DataConfig's (a task's included), the run section's and the seed's.
