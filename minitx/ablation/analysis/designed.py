@@ -232,6 +232,8 @@ def _predict_holdout(plan: Plan, analysis: Analysis, held: list[Point], trained:
     (it never saw them), then read; coverage, and the three predictors' decision accuracy."""
     data, names = analysis.data, analysis.fitted
     ladder_runs = [p for p in held if p.seed == plan.ladder_seed and p.arm in names]
+    if not ladder_runs:
+        return
     measured = [trained(p).loss for p in ladder_runs]
     groups = budget_groups(plan, ladder_runs) if data.budget is not None else None
     targets = robust.Targets(
@@ -241,8 +243,6 @@ def _predict_holdout(plan: Plan, analysis: Analysis, held: list[Point], trained:
         np.asarray([[math.nan if v is None else v for v in measured]]),
         groups,
     )
-    if not ladder_runs:
-        return
     try:
         predictions = robust.predict(data, targets, draws=fit.BOOTSTRAP, seed=2)[0]
     except UserError as error:
