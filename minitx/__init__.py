@@ -4,8 +4,9 @@ from . import functional
 from .attention import Attention, KindLayer
 from .cache import kv_cache_bytes
 from .config import AttentionConfig, ModelConfig
-from .kinds import KindSpec, OptionError, import_kind_modules, register
+from .kinds import KindSpec, import_kind_modules, register
 from .model import Transformer
+from .options import OptionError
 
 __all__ = [
     "Attention",

@@ -15,7 +15,8 @@ from typing import Any, Literal
 from . import kinds
 from .errors import UserError
 from .files import upgrade
-from .kinds import fail as _fail
+from .options import check_type, nearest
+from .options import fail as _fail
 
 # minitx's RMSNorm eps, everywhere: the blocks' and the final norm, QK-norm, diff's per-head norm,
 # mla's latent norms, gdn's output norm and its L2 norms of q and k. One value, because export
@@ -109,7 +110,7 @@ def check_given_options(given: dict, used: list[str]) -> None:
                 f"attention.options.{kind}",
                 f"sets options of kind {kind}, but the layers are of kind {'/'.join(used)}"
                 if known
-                else f"there is no kind {kind!r}{kinds.nearest(kind, used)}",
+                else f"there is no kind {kind!r}{nearest(kind, used)}",
                 f"remove it, or add {kind} to attention.kind or attention.layers"
                 if known
                 else f"write the options of a kind the layers use ({', '.join(used)})",
@@ -172,7 +173,7 @@ class ModelConfig:
             )
         hints = typing.get_type_hints(ModelConfig)
         for name in ("mlp", "norm", "positions"):  # each choice is stated once, as its Literal
-            kinds.check_type(name, getattr(self, name), hints[name])
+            check_type(name, getattr(self, name), hints[name])
         token = self.document_token
         if token is not None and (
             not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < self.vocab_size

@@ -14,35 +14,18 @@ This file imports nothing heavy, so `config` can validate against it.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.util
 import sys
-import types
-import typing
 import zlib
 from collections.abc import Callable
-from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import options
 from .errors import UserError
-
-
-def fail(field_name: str, problem: str, fix: str) -> None:
-    # UserError is a ValueError: Python callers catch ValueError, the command lines print one line.
-    raise UserError(f"{field_name}: {problem}; {fix}")
-
-
-def check_choice(field_name: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        fail(field_name, f"unknown value {value!r}", f"choose one of {', '.join(map(str, choices))}")
-
-
-def nearest(name: str, names) -> str:
-    """' (did you mean X?)' for the closest of names, or '' when none is close."""
-    close = difflib.get_close_matches(name, list(names), n=1)
-    return f" (did you mean {close[0]}?)" if close else ""
+from .options import fail, nearest
 
 
 def kv_heads_from_config(attention, n_head: int) -> int:
@@ -81,24 +64,13 @@ class KindModuleError(UserError):
     """A module named in attention.kind_modules cannot be imported."""
 
 
-class OptionError(ValueError):
-    """A kind's option is wrong: raised by an options dataclass, named in full by the config."""
-
-    def __init__(self, option: str, problem: str, fix: str):
-        super().__init__(option, problem, fix)
-        self.option, self.problem, self.fix = option, problem, fix
-
-
 registry: dict[str, KindSpec] = {}
 
 
 def register(spec: KindSpec) -> KindSpec:
     """Add a kind (or replace the one of the same name); returns the spec."""
-    if spec.options is not None and not is_dataclass(spec.options):
-        raise TypeError(f"kind {spec.name}: options must be a dataclass, got {spec.options!r}")
-    for f in fields(spec.options) if spec.options is not None else ():
-        if f.default is MISSING and f.default_factory is MISSING:
-            raise TypeError(f"kind {spec.name}: option {f.name} needs a default")
+    if spec.options is not None:
+        options.check_options_class(f"kind {spec.name}", spec.options)
     registry[spec.name] = spec
     return spec
 
@@ -140,67 +112,7 @@ def build_options(kind: str, given: Any) -> Any:
         if given:
             fail(where, f"kind {kind} has no options", "remove this section")
         return None
-    if isinstance(given, spec.options):
-        given = asdict(given)
-    if not isinstance(given, dict):
-        fail(where, f"is {given!r}, not a mapping of option names to values", "write option: value pairs")
-    known = [f.name for f in fields(spec.options)]
-    for name in given:
-        if name not in known:
-            fail(
-                f"{where}.{name}",
-                f"kind {kind} has no such option{nearest(name, known)}",
-                f"its options are {', '.join(known)}",
-            )
-    hints = typing.get_type_hints(spec.options)
-    values = {name: check_type(f"{where}.{name}", value, hints[name]) for name, value in given.items()}
-    try:
-        return spec.options(**values)
-    except OptionError as err:
-        fail(f"{where}.{err.option}", err.problem, err.fix)
-
-
-def check_type(name: str, value: Any, hint: Any) -> Any:
-    """value checked against a type annotation: the annotation is the one statement of a choice."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is typing.Literal:
-        check_choice(name, value, args)
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        problems = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return check_type(name, value, arg)
-            except UserError as err:
-                problems.append(str(err))
-        raise UserError(problems[0])
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            fail(name, f"is {value!r}, not a list", "write a list, e.g. [0, 1]")
-        return (
-            [check_type(f"{name}[{i}]", item, args[0]) for i, item in enumerate(value)]
-            if args
-            else list(value)
-        )
-    if hint is bool:
-        if not isinstance(value, bool):
-            fail(name, f"is {value!r}, not true or false", "write true or false")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            fail(name, f"is {value!r}, not a whole number", "write a whole number")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            fail(name, f"is {value!r}, not a number", "write a number")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            fail(name, f"is {value!r}, not text", "write text")
-        return value
-    return value  # an annotation this checker does not know: the dataclass checks it itself
+    return options.build_options(where, f"kind {kind}", spec.options, given)
 
 
 # -- kinds defined outside minitx ------------------------------------------------------------------

@@ -43,7 +43,8 @@ from ..cache import KVCache
 from ..config import NORM_EPS, ModelConfig
 from ..documents import Documents, masked_attention
 from ..flops import causal_pairs
-from ..kinds import KindSpec, OptionError, fail
+from ..kinds import KindSpec
+from ..options import OptionError, fail
 from .base import Attention
 
 

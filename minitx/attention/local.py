@@ -20,7 +20,8 @@ from .. import functional
 from ..config import ModelConfig
 from ..documents import Documents, masked_attention
 from ..flops import window_pairs
-from ..kinds import KindSpec, OptionError, fail
+from ..kinds import KindSpec
+from ..options import OptionError, fail
 from .base import SINK_WIDTH, Attention, SoftmaxOptions
 
 MIN_BLOCK = 64  # tiny windows still get blocks of this size: fewer, larger matmuls

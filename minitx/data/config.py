@@ -35,7 +35,7 @@ from minitx.data.sources import SOURCES
 from minitx.data.task import Task, build_options, register, registry
 from minitx.data.tokenizer import Tokenizer
 from minitx.errors import UserError, require
-from minitx.kinds import nearest
+from minitx.options import nearest
 
 # The known-answer tasks, not texts: "toy" (the Multi-Token Attention paper's), "mqar"
 # (multi-query associative recall), "needle" (needle in a haystack), "zoology" (MQAR as Zoology

@@ -13,12 +13,11 @@ minitx/data/config.py, which builds the `data.task` section from this registry.
 from __future__ import annotations
 
 import typing
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-from minitx.errors import UserError
-from minitx.kinds import check_type, nearest
+from minitx import options
 
 
 class TaskSample(typing.Protocol):
@@ -101,17 +100,12 @@ registry: dict[str, TaskSpec] = {}
 
 def register(spec: TaskSpec) -> TaskSpec:
     """Add a task (or replace the one of the same name); returns the spec."""
-    if not is_dataclass(spec.options):
-        raise TypeError(f"task {spec.name}: options must be a dataclass, got {spec.options!r}")
-    names = [f.name for f in fields(spec.options)]
-    for f in fields(spec.options):
-        if f.default is MISSING and f.default_factory is MISSING:
-            raise TypeError(f"task {spec.name}: option {f.name} needs a default")
+    options.check_options_class(f"task {spec.name}", spec.options)
     if spec.build is None and not issubclass(spec.options, Task):
         raise TypeError(
             f"task {spec.name}: its options are not a Task; subclass minitx.data.task.Task or give build"
         )
-    if spec.length_option not in names:
+    if spec.length_option not in [f.name for f in fields(spec.options)]:
         raise TypeError(f"task {spec.name}: length_option {spec.length_option!r} is not one of its options")
     registry[spec.name] = spec
     return spec
@@ -123,22 +117,4 @@ def build_options(name: str, given: Any) -> Any:
     spec = registry[name]
     if isinstance(given, spec.options):
         return given
-    if given is None:
-        given = {}
-    elif is_dataclass(given) and not isinstance(given, type):
-        given = asdict(given)
-    elif hasattr(given, "as_dict"):  # a jsonargparse Namespace, as a parse hands the section on
-        given = given.as_dict()
-    where = f"data.task.{name}"
-    if not isinstance(given, Mapping):
-        raise UserError(f"{where}: is {given!r}, not a mapping of its settings; write setting: value pairs")
-    known = [f.name for f in fields(spec.options)]
-    for key in given:
-        if key not in known:
-            raise UserError(
-                f"{where}.{key}: the {name} task has no such setting{nearest(str(key), known)}; "
-                f"its settings are {', '.join(known)}"
-            )
-    hints = typing.get_type_hints(spec.options)
-    values = {key: check_type(f"{where}.{key}", value, hints[key]) for key, value in given.items()}
-    return spec.options(**values)
+    return options.build_options(f"data.task.{name}", f"the {name} task", spec.options, given)

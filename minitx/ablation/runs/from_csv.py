@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 from ...errors import UserError
 from ...files.upgrade import upgrade_results_csv
 from ...flops import FLOP_CONVENTION
-from ...kinds import nearest
+from ...options import nearest
 from ...training.inputs import SEED_RANGE
 from ..plan.ladder import BASE_SIZE, Plan, Point
 from ..plan.sweep import Sweep, load_sweep

@@ -16,7 +16,8 @@ from torch import Tensor, nn
 from ...config import NORM_EPS, ModelConfig
 from ...documents import Documents
 from ...errors import UserError
-from ...kinds import KindSpec, OptionError, fail
+from ...kinds import KindSpec
+from ...options import OptionError, fail
 from ..base import KindLayer, norm_float32
 from . import ops  # through the module: tests put a stand-in for fla's kernel there
 from .cache import GDNCache

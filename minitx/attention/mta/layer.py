@@ -33,7 +33,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ...config import ModelConfig
 from ...documents import CALL_SCORES, Documents
-from ...kinds import KindSpec, fail
+from ...kinds import KindSpec
+from ...options import fail
 from ..base import Attention
 from . import flops, native
 from . import triton_launch as mta_triton

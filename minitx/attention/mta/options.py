@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ...kinds import OptionError, fail
+from ...options import OptionError, fail
 
 # backend "auto": with the C loops (native.py) the plain chunked convolution at every T (the
 # factorised path took 2.2x its time at T = 256 and 1.7-1.8x at 1024 and 4096, benchmarks/RESULTS.md);

@@ -1,0 +1,129 @@
+"""Options of a registered thing, in plain Python: an attention kind's
+(`attention.options.<kind>`), a known-answer task's (`data.task.<name>`).
+
+Each is a dataclass with a default for every field, declared beside the code that reads it. Its
+annotations are its type checks (int, float, bool, str, Literal choices, lists, None) and its
+`__post_init__` checks the rest, raising OptionError(option, problem, fix). `build_options` turns
+the plain values a config holds into that object, and every mistake into one line that names
+the option in full; the registries (minitx/kinds.py, minitx/data/task.py) call it and
+`check_options_class` and nothing else of their own.
+
+This file imports nothing heavy, so a config can validate against it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import MISSING, asdict, fields, is_dataclass
+from typing import Any
+
+from .errors import UserError
+
+
+def fail(field_name: str, problem: str, fix: str) -> None:
+    # UserError is a ValueError: Python callers catch ValueError, the command lines print one line.
+    raise UserError(f"{field_name}: {problem}; {fix}")
+
+
+def check_choice(field_name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        fail(field_name, f"unknown value {value!r}", f"choose one of {', '.join(map(str, choices))}")
+
+
+def nearest(name: str, names) -> str:
+    """' (did you mean X?)' for the closest of names, or '' when none is close."""
+    close = difflib.get_close_matches(name, list(names), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+class OptionError(ValueError):
+    """An option is wrong: raised by an options dataclass (`__post_init__`) with the option's own
+    name; build_options names it in full (`attention.options.<kind>.<option>`)."""
+
+    def __init__(self, option: str, problem: str, fix: str):
+        super().__init__(option, problem, fix)
+        self.option, self.problem, self.fix = option, problem, fix
+
+
+def check_options_class(owner: str, options: type) -> None:
+    """At registration: options must be a dataclass whose every field has a default (a config
+    sets only what it changes). `owner` names the registered thing, e.g. "kind local"."""
+    if not is_dataclass(options):
+        raise TypeError(f"{owner}: options must be a dataclass, got {options!r}")
+    for f in fields(options):
+        if f.default is MISSING and f.default_factory is MISSING:
+            raise TypeError(f"{owner}: option {f.name} needs a default")
+
+
+def build_options(where: str, owner: str, options: type, given: Any) -> Any:
+    """The `options` object from what a config holds at `where` (e.g. "attention.options.local"):
+    a mapping of the options set (the rest take their defaults), None, or such an object (checked
+    again). `owner` names the thing in errors ("kind local has no such option")."""
+    if given is None:
+        given = {}
+    elif is_dataclass(given) and not isinstance(given, type):
+        given = asdict(given)
+    elif hasattr(given, "as_dict"):  # a jsonargparse Namespace, as a parse hands a section on
+        given = given.as_dict()
+    if not isinstance(given, Mapping):
+        fail(where, f"is {given!r}, not a mapping of option names to values", "write option: value pairs")
+    known = [f.name for f in fields(options)]
+    for name in given:
+        if name not in known:
+            fail(
+                f"{where}.{name}",
+                f"{owner} has no such option{nearest(str(name), known)}",
+                f"its options are {', '.join(known)}",
+            )
+    hints = typing.get_type_hints(options)
+    values = {name: check_type(f"{where}.{name}", value, hints[name]) for name, value in given.items()}
+    try:
+        return options(**values)
+    except OptionError as err:
+        fail(f"{where}.{err.option}", err.problem, err.fix)
+
+
+def check_type(name: str, value: Any, hint: Any) -> Any:
+    """value checked against a type annotation: the annotation is the one statement of a choice."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        check_choice(name, value, args)
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        problems = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return check_type(name, value, arg)
+            except UserError as err:
+                problems.append(str(err))
+        raise UserError(problems[0])
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            fail(name, f"is {value!r}, not a list", "write a list, e.g. [0, 1]")
+        return (
+            [check_type(f"{name}[{i}]", item, args[0]) for i, item in enumerate(value)]
+            if args
+            else list(value)
+        )
+    if hint is bool:
+        if not isinstance(value, bool):
+            fail(name, f"is {value!r}, not true or false", "write true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            fail(name, f"is {value!r}, not a whole number", "write a whole number")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            fail(name, f"is {value!r}, not a number", "write a number")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            fail(name, f"is {value!r}, not text", "write text")
+        return value
+    return value  # an annotation this checker does not know: the dataclass checks it itself
