@@ -20,7 +20,12 @@ from minitx import AttentionConfig, ModelConfig, Transformer
 from minitx.attention.mta import native
 from minitx.attention.mta.torch_math import VisibleKeys
 
-pytestmark = pytest.mark.skipif(native.library() is None, reason="the C loops could not be built here")
+pytestmark = [
+    pytest.mark.skipif(native.library() is None, reason="the C loops could not be built here"),
+    # One thread: at these sizes OpenMP's hand-offs cost 100x the work on busy cores (gradcheck
+    # calls each operator hundreds of times: 22 s a test with two threads, 0.3 s with one).
+    pytest.mark.usefixtures("one_thread"),
+]
 
 ops = torch.ops.minitx
 DTYPES = [torch.float32, torch.float64]
