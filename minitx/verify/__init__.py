@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from .attention.local import MIN_BLOCK
-from .decoding.loop import CachedSteps
-from .model import Transformer
+from ..attention.local import MIN_BLOCK
+from ..decoding.loop import CachedSteps
+from ..model import Transformer
 
 # Parameters that start as the identity (MTA's kernels, head mixes, output norm and gate).
 IDENTITY_PARTS = ("kq_conv", "mix_pre", "mix_post", "attn.norm.", "attn.gate.")

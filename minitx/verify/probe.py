@@ -1,0 +1,127 @@
+"""The causality probe: each attention kind from outside minitx, checked whenever a command builds a model.
+
+minitx's first promise is that no token sees a later one. Its built-in kinds keep it because
+their tests hold them to it; a kind of a user's own is exactly the one a user compares, and one
+whose mask is left out trains silently to a better loss. So train (and ablate's check of its
+variants), generate and evaluate probe the layers of every kind registered from outside minitx
+before they build the real model: on a model of the same shape (a vocabulary of at most
+PROBE_VOCAB tokens, no documents), whose kind layers' parameters are moved away from their
+initialisation (a part that starts as the identity, or a gate that starts closed, would hide a
+leak), random sequences at two lengths go through once as they are and once with every token
+from a cut on changed; the first layer whose output moved before the cut is the leak.
+
+The probe draws its random numbers inside torch.random.fork_rng, from a seed of its own: the
+CPU generator a run's seed set is restored, and the run's losses are the same with or without it.
+A few milliseconds for a small model (docs/custom-attention.md gives the figure).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..attention.local import MIN_BLOCK
+from ..config import ModelConfig
+from ..kinds import is_built_in, kind_file, registry
+from ..model import Transformer
+
+# A short length, and one past local attention's second block edge that is a multiple of no block
+# size (each capped at the model's block_size).
+LENGTHS = (13, 2 * MIN_BLOCK + 5)
+BATCH = 2
+PROBE_VOCAB = 64  # the embedding and output layer play no part in a leak: a small vocabulary is cheaper
+PROBE_SEED = 0
+# A causal kind leaves earlier outputs exactly equal, except one that mixes positions in floating
+# point (a long convolution by FFT), whose rounding moves them by about 1e-7 of their size.
+RELATIVE_TOLERANCE = 1e-5
+
+
+@dataclass(frozen=True)
+class Leak:
+    """Where a kind let a later token move an earlier output: its first layer that did so, the
+    earliest position there that moved and by how much."""
+
+    kind: str
+    file: str
+    layer: int
+    position: int
+    change: float
+
+    def words(self) -> str:
+        return (
+            f"kind {self.kind} ({self.file}) is not causal: in layer {self.layer} a future token "
+            f"changes the output at position {self.position} by {self.change:.3g}"
+        )
+
+
+def outside_layers(config: ModelConfig) -> list[int]:
+    """The layers of kinds registered from outside minitx."""
+    return [i for i, kind in enumerate(config.layer_kinds) if not is_built_in(registry[kind])]
+
+
+def find_leak(config: ModelConfig) -> Leak | None:
+    """The first leak of a kind from outside minitx in a model of `config`'s shape, or None
+    (at once, building nothing, when every kind is built in). The caller's RNG is untouched."""
+    layers = outside_layers(config)
+    if not layers:
+        return None
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(PROBE_SEED)  # the CPU's alone: a GPU's is not forked
+        small = dataclasses.replace(
+            config, vocab_size=min(config.vocab_size, PROBE_VOCAB), document_token=None
+        )
+        model = perturbed(Transformer(small).eval(), layers)
+        for T in sorted({min(length, config.block_size) for length in LENGTHS}):
+            leak = first_leak(model, layers, torch.randint(0, small.vocab_size, (BATCH, T)))
+            if leak is not None:
+                return leak
+    return None
+
+
+@torch.no_grad()
+def perturbed(model: Transformer, layers: list[int]) -> Transformer:
+    """`model` with noise of scale 1/sqrt(fan-in) added to every parameter of the given layers."""
+    for layer in layers:
+        for param in model.blocks[layer].attn.parameters():
+            fan_in = param[0].numel() if param.dim() > 1 else 1
+            param.add_(torch.randn_like(param) / fan_in**0.5)
+    return model
+
+
+def first_leak(model: Transformer, layers: list[int], idx: Tensor) -> Leak | None:
+    """The first of `layers` whose output before a cut moves when every token from the cut on
+    changes (cuts at 1, the middle and the last position), or None."""
+    T, vocab = idx.shape[1], model.config.vocab_size
+    before = layer_outputs(model, idx, layers)
+    for cut in sorted({1, T // 2, T - 1} - {0}):
+        other = idx.clone()
+        other[:, cut:] = (idx[:, cut:] + torch.randint(1, vocab, other[:, cut:].shape)) % vocab
+        after = layer_outputs(model, other, layers)
+        for layer in layers:
+            moved = (before[layer][:, :cut] - after[layer][:, :cut]).abs().amax(dim=(0, 2))
+            over = (moved > RELATIVE_TOLERANCE * before[layer].abs().max()).nonzero()
+            if len(over):
+                position = int(over[0])
+                spec = registry[model.config.layer_kinds[layer]]
+                return Leak(spec.name, kind_file(spec), layer, position, float(moved[position]))
+    return None
+
+
+@torch.no_grad()
+def layer_outputs(model: Transformer, idx: Tensor, layers: list[int]) -> dict[int, Tensor]:
+    """The outputs (B, T, d_model) of the given layers' attention in one forward pass of idx."""
+    outputs: dict[int, Tensor] = {}
+
+    def keeper(layer: int):
+        return lambda _module, _inputs, output: outputs.__setitem__(layer, output.float())
+
+    hooks = [model.blocks[layer].attn.register_forward_hook(keeper(layer)) for layer in layers]
+    try:
+        model(idx)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return outputs
