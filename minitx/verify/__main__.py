@@ -19,18 +19,21 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
+
 from ..arguments import ArgumentParser
 from ..errors import UserError
 from ..kinds import (
     KindModuleError,
     KindSpec,
+    build_options,
     defining_file,
     import_kind_modules,
     is_built_in,
     kind_file,
     registry,
 )
-from .kind_check import check_kind, options_from
+from .kind_check import check_kind
 
 
 def parse_args(argv: Sequence[str] | None):
@@ -96,14 +99,29 @@ def chosen_kinds(args) -> list[KindSpec]:
     return specs
 
 
+def options_from(pairs: list[str]) -> dict:
+    """--options KEY=VALUE ...: each value read as YAML (1.0, true, [2, 3], text)."""
+    values = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise UserError(f"--options: {pair} is not KEY=VALUE; write e.g. scale_init=0.5")
+        try:
+            values[key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise UserError(
+                f"--options: {pair}: the value is not YAML; write e.g. 0.5, true or [2, 3]"
+            ) from None
+    return values
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_args(argv)
         specs = chosen_kinds(args)
-        try:
-            options = options_from(args.options)
-        except ValueError as error:
-            raise UserError(f"--options: {error} is not KEY=VALUE; write e.g. scale_init=0.5") from None
+        options = options_from(args.options)
+        for spec in specs:  # the kind's own checks of the values given: a mistake of the command line
+            build_options(spec.name, options)
     except UserError as error:
         print(f"verify: error: {error}", file=sys.stderr)
         return 2

@@ -20,11 +20,11 @@ import torch.nn.functional as F
 from ..attention.base import Attention, KindLayer
 from ..config import AttentionConfig, ModelConfig
 from ..decoding.loop import generate
-from ..errors import one_line, raised_in
+from ..errors import UserError, one_line, raised_in
 from ..kinds import KindSpec, outside_kind_files
 from ..model import Transformer
-from . import cached_logits, changed_logits_before, gradient_from_future
-from .probe import first_leak, perturbed
+from . import cached_logits, changed_logits_before, gradient_from_future, probe_positions
+from .probe import first_leak, one_thread, perturbed
 
 VOCAB, BLOCK, LAYERS = 29, 24, 2
 LENGTHS = (1, 7, 23)  # 1, and lengths that are no multiple of anything
@@ -52,6 +52,11 @@ def tiny_config(spec: KindSpec, options: dict) -> ModelConfig:
 
 def check_kind(spec: KindSpec, options: dict) -> list[Result]:
     """Every check of the kind, in the order they are printed; a kind that does not build gets one."""
+    with one_thread():
+        return checks_of(spec, options)
+
+
+def checks_of(spec: KindSpec, options: dict) -> list[Result]:
     torch.manual_seed(0)
     built = attempt("options", lambda: check_options(spec, options))
     if not built.ok:
@@ -74,7 +79,7 @@ class Failed(Exception):
 def attempt(name: str, check: Callable[[], str]) -> Result:
     try:
         return Result(name, True, check())
-    except Failed as failure:
+    except (Failed, UserError) as failure:  # UserError: the kind's own check of its options
         return Result(name, False, str(failure))
     except Exception as error:  # the kind's code raised: where, in the user's file if it passed through it
         where = raised_in(error, outside_kind_files())
@@ -107,18 +112,18 @@ def check_causality(model: Transformer) -> str:
     output reaches a later token's embedding; the layer and position named when one does."""
     layers = list(range(LAYERS))
     for T in LENGTHS[1:]:
-        idx = torch.randint(0, VOCAB, (2, T))
-        leak = first_leak(model, layers, idx)
+        leak = first_leak(model, layers, T)
         if leak is not None:
             raise Failed(
                 f"in layer {leak.layer} a future token changes the output at position {leak.position} by "
                 f"{leak.change:.3g}; hide from each query the keys after it (is_causal=True in attend)"
             )
-        changed = max(changed_logits_before(model, idx, t) for t in range(1, T))
+        idx = torch.randint(0, VOCAB, (2, T))
+        changed = max(changed_logits_before(model, idx, t) for t in (1, T // 2, T - 1))
         if changed > 0:
             raise Failed(f"a future token changes an earlier logit by {changed:.3g} (T = {T})")
     idx = torch.randint(0, VOCAB, (2, GRADIENT_LENGTH))
-    leak = gradient_from_future(model, idx, range(GRADIENT_LENGTH))
+    leak = gradient_from_future(model, idx, probe_positions(model, GRADIENT_LENGTH))
     if leak > 0:
         raise Failed(f"the gradient of an output reaches a later token's embedding ({leak:.3g})")
     return f"no future token moves an earlier output or gradient (T = {', '.join(map(str, LENGTHS[1:]))})"
@@ -161,15 +166,15 @@ def check_cached(model: Transformer) -> str:
 def check_generation(model: Transformer) -> str:
     """Greedy decoding gives the same tokens with the cache and without; sampling goes past the context."""
     prompt = torch.randint(0, VOCAB, (2, 3))
-    new = BLOCK - 3
+    new, past = 12, BLOCK + 4
     with torch.no_grad():
         cached = generate(model, prompt, new, temperature=0)
         plain = generate(model, prompt, new, temperature=0, use_cache=False)
         if not torch.equal(cached, plain):
             position = int((cached != plain).any(0).nonzero()[0])
             raise Failed(f"greedy tokens differ with and without the cache from position {position}")
-        generate(model, prompt, 2 * BLOCK, temperature=1.0)
-    return f"{new} greedy tokens equal with and without the cache; {2 * BLOCK} sampled past the context"
+        generate(model, prompt, past, temperature=1.0)
+    return f"{new} greedy tokens equal with and without the cache; {past} sampled, past the context"
 
 
 def check_gradient_step(model: Transformer) -> str:
@@ -195,16 +200,3 @@ def check_gradient_step(model: Transformer) -> str:
     if not math.isfinite(after):
         raise Failed(f"the loss after one step is {after}")
     return f"loss {loss.item():.3f} -> {after:.3f}; all {len(kind_parameters)} of the kind's parameters get a gradient"
-
-
-def options_from(pairs: list[str]) -> dict:
-    """--options k=v ...: each value read as YAML (1.0, true, [2, 3], text)."""
-    import yaml
-
-    values = {}
-    for pair in pairs:
-        key, eq, value = pair.partition("=")
-        if not eq or not key:
-            raise ValueError(pair)
-        values[key] = yaml.safe_load(value)
-    return values

@@ -7,8 +7,8 @@ variants), generate and evaluate probe the layers of every kind registered from 
 before they build the real model: on a model of the same shape (a vocabulary of at most
 PROBE_VOCAB tokens, no documents), whose kind layers' parameters are moved away from their
 initialisation (a part that starts as the identity, or a gate that starts closed, would hide a
-leak), random sequences at two lengths go through once as they are and once with every token
-from a cut on changed; the first layer whose output moved before the cut is the leak.
+leak), each such layer takes random inputs at two lengths once as they are and once with every
+position from a cut on changed; the first layer whose output moved before the cut is the leak.
 
 The probe draws its random numbers inside torch.random.fork_rng, from a seed of its own: the
 CPU generator a run's seed set is restored, and the run's losses are the same with or without it.
@@ -18,19 +18,20 @@ A few milliseconds for a small model (docs/custom-attention.md gives the figure)
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
 
 from ..attention.local import MIN_BLOCK
 from ..config import ModelConfig
 from ..kinds import is_built_in, kind_file, registry
 from ..model import Transformer
 
-# A short length, and one past local attention's second block edge that is a multiple of no block
-# size (each capped at the model's block_size).
-LENGTHS = (13, 2 * MIN_BLOCK + 5)
+# A short length, and one past the edges where kinds cut a sequence into blocks (16, 32, 64) that
+# is a multiple of none (each capped at the model's block_size).
+LENGTHS = (13, MIN_BLOCK + 3)
 BATCH = 2
 PROBE_VOCAB = 64  # the embedding and output layer play no part in a leak: a small vocabulary is cheaper
 PROBE_SEED = 0
@@ -68,17 +69,29 @@ def find_leak(config: ModelConfig) -> Leak | None:
     layers = outside_layers(config)
     if not layers:
         return None
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), one_thread():
         torch.default_generator.manual_seed(PROBE_SEED)  # the CPU's alone: a GPU's is not forked
         small = dataclasses.replace(
             config, vocab_size=min(config.vocab_size, PROBE_VOCAB), document_token=None
         )
         model = perturbed(Transformer(small).eval(), layers)
         for T in sorted({min(length, config.block_size) for length in LENGTHS}):
-            leak = first_leak(model, layers, torch.randint(0, small.vocab_size, (BATCH, T)))
+            leak = first_leak(model, layers, T)
             if leak is not None:
                 return leak
     return None
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one CPU thread for a while: a tiny model's matmuls gain nothing from more, which
+    only wait for each other (ten times slower on a busy 2-core machine, measured)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @torch.no_grad()
@@ -91,37 +104,31 @@ def perturbed(model: Transformer, layers: list[int]) -> Transformer:
     return model
 
 
-def first_leak(model: Transformer, layers: list[int], idx: Tensor) -> Leak | None:
-    """The first of `layers` whose output before a cut moves when every token from the cut on
-    changes (cuts at 1, the middle and the last position), or None."""
-    T, vocab = idx.shape[1], model.config.vocab_size
-    before = layer_outputs(model, idx, layers)
-    for cut in sorted({1, T // 2, T - 1} - {0}):
-        other = idx.clone()
-        other[:, cut:] = (idx[:, cut:] + torch.randint(1, vocab, other[:, cut:].shape)) % vocab
-        after = layer_outputs(model, other, layers)
-        for layer in layers:
-            moved = (before[layer][:, :cut] - after[layer][:, :cut]).abs().amax(dim=(0, 2))
-            over = (moved > RELATIVE_TOLERANCE * before[layer].abs().max()).nonzero()
+@torch.no_grad()
+def first_leak(model: Transformer, layers: list[int], T: int) -> Leak | None:
+    """The first of `layers` whose output before a cut moves when its input from the cut on
+    changes (cuts at 1, the middle and the last position), or None.
+
+    Each layer is called as its block calls it, on random inputs of the size the block's norm
+    gives (the rest of the model cannot hide or create a leak of this layer's, and costs more
+    than the layer): once with the inputs and their changed copies side by side in the batch."""
+    x = torch.randn(BATCH, T, model.config.d_model)
+    cuts = sorted({1, T // 2, T - 1} - {0})
+    changed = []
+    for cut in cuts:
+        other = x.clone()
+        other[:, cut:] = torch.randn_like(other[:, cut:])
+        changed.append(other)
+    rope = model.rope(0, T) if model.rope is not None else None
+    for layer in layers:
+        out = model.blocks[layer].attn(torch.cat([x, *changed]), rope, None, None).float()
+        before = out[:BATCH]
+        for n, cut in enumerate(cuts, start=1):
+            after = out[n * BATCH : (n + 1) * BATCH]
+            moved = (before[:, :cut] - after[:, :cut]).abs().amax(dim=(0, 2))
+            over = (moved > RELATIVE_TOLERANCE * before.abs().max()).nonzero()
             if len(over):
                 position = int(over[0])
                 spec = registry[model.config.layer_kinds[layer]]
                 return Leak(spec.name, kind_file(spec), layer, position, float(moved[position]))
     return None
-
-
-@torch.no_grad()
-def layer_outputs(model: Transformer, idx: Tensor, layers: list[int]) -> dict[int, Tensor]:
-    """The outputs (B, T, d_model) of the given layers' attention in one forward pass of idx."""
-    outputs: dict[int, Tensor] = {}
-
-    def keeper(layer: int):
-        return lambda _module, _inputs, output: outputs.__setitem__(layer, output.float())
-
-    hooks = [model.blocks[layer].attn.register_forward_hook(keeper(layer)) for layer in layers]
-    try:
-        model(idx)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return outputs
