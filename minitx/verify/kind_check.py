@@ -24,7 +24,7 @@ from ..errors import UserError, one_line, raised_in
 from ..kinds import KindSpec, outside_kind_files
 from ..model import Transformer
 from . import cached_logits, changed_logits_before, gradient_from_future, probe_positions
-from .probe import first_leak, one_thread, perturbed
+from .probe import ProbedLayers, first_leak, one_thread, perturbed
 
 VOCAB, BLOCK, LAYERS = 29, 24, 2
 LENGTHS = (1, 7, 23)  # 1, and lengths that are no multiple of anything
@@ -61,7 +61,8 @@ def checks_of(spec: KindSpec, options: dict) -> list[Result]:
     built = attempt("options", lambda: check_options(spec, options))
     if not built.ok:
         return [built]
-    model = perturbed(Transformer(tiny_config(spec, options)), list(range(LAYERS))).eval()
+    model = Transformer(tiny_config(spec, options)).eval()
+    perturbed(block.attn for block in model.blocks)
     checks: list[tuple[str, Callable[[], str]]] = [
         ("causality", lambda: check_causality(model)),
         ("reference", lambda: check_reference(model)),
@@ -110,9 +111,9 @@ def is_plain(value) -> bool:
 def check_causality(model: Transformer) -> str:
     """No future token moves an earlier logit (cuts at every position), and no gradient of an
     output reaches a later token's embedding; the layer and position named when one does."""
-    layers = list(range(LAYERS))
+    layers = ProbedLayers.of(model, list(range(LAYERS)))
     for T in LENGTHS[1:]:
-        leak = first_leak(model, layers, T)
+        leak = first_leak(layers, T)
         if leak is not None:
             raise Failed(
                 f"in layer {leak.layer} a future token changes the output at position {leak.position} by "
