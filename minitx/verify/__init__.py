@@ -10,6 +10,10 @@ one forward pass over the whole sequence.
 
 `perturb_identity_parts` moves MTA's parts away from their identity initialisation: an untrained
 MTA layer equals plain attention, so a wrong convolution or head mix would otherwise not show.
+
+Beside these: probe.py, the causality probe the commands make of every kind from outside minitx
+when they build a model; `python -m minitx.verify FILE` (__main__.py, its checks in
+kind_check.py), the check of a kind of one's own.
 """
 
 from __future__ import annotations
