@@ -15,6 +15,7 @@ train.py imports before the kinds are checked; the file registers its KindSpec. 
 is edited. Train it beside MHA, then generate, consenting to the checkpoint's import of this file
 (a checkpoint imports no code without --trust-kind-modules):
 
+    python -m minitx.verify examples/custom_attention.py     # each check of the kind: ok, or what is wrong
     python train.py --config examples/custom_attention.yaml
     python train.py --config examples/custom_attention.yaml --model.attention.options.ssmax.scale_init 0.5
     python generate.py --ckpt runs/custom_attention/checkpoints/last.ckpt --trust-kind-modules

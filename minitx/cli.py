@@ -2,8 +2,10 @@
 
 The top layer: each command's work lives beside what it drives (minitx/training/command.py,
 generation/command.py, ablation/, evaluation/, hf/); this file only turns a user's mistake into one clear line
-on stderr and exit status 2, with no traceback, so every command fails the same way. Nothing in
-minitx imports this module.
+on stderr and exit status 2, with no traceback, so every command fails the same way: a UserError,
+and an exception raised inside the code of an attention kind from outside minitx (a shape mistake
+in the user's layer), named by the innermost line of the user's file it passed through. Nothing
+in minitx imports this module.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import sys
 from collections.abc import Sequence
 
 from .allocator import keep_freed_memory
-from .errors import UserError
+from .errors import TRACEBACK_VARIABLE, UserError, raised_in
+from .kinds import outside_kind_files
 
 # Each command's module is imported when that command runs, not before: `generate` and `export`
 # need no Lightning, and importing Lightning (which imports torchmetrics, which imports
@@ -36,6 +39,16 @@ def run_command(command: str, argv: Sequence[str] | None = None) -> int:
         importlib.import_module(COMMANDS[command]).main(argv)
     except UserError as error:
         print(f"{command}: error: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:  # raised in a kind of the user's own: where in their file, one line
+        line = raised_in(error, outside_kind_files())
+        if line is None:  # minitx's own: its traceback
+            raise
+        print(
+            f"{command}: error: {line} (raised in the code of an attention kind from outside minitx; "
+            f"{TRACEBACK_VARIABLE}=1 shows the whole traceback)",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt as interrupt:  # Ctrl-C; a message, if any, says what was kept
         print(f"{command}: interrupted" + (f" {interrupt}" if str(interrupt) else ""), file=sys.stderr)

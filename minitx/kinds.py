@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import options
-from .errors import UserError
+from .errors import UserError, shown
 from .options import fail, nearest
 
 
@@ -116,6 +116,31 @@ def build_options(kind: str, given: Any) -> Any:
 
 
 # -- kinds defined outside minitx ------------------------------------------------------------------
+
+
+def is_built_in(spec: KindSpec) -> bool:
+    """Whether a kind is minitx's own (its layer class is defined inside the minitx package): the
+    built-in kinds are held causal and exact by their tests, a kind from outside by verify/."""
+    module = spec.module.__module__
+    return module == "minitx" or module.startswith("minitx.")
+
+
+def defining_file(cls: type) -> str | None:
+    """The resolved path of the file that defines `cls` (None for one defined without a file)."""
+    path = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    return str(Path(path).resolve()) if path else None
+
+
+def kind_file(spec: KindSpec) -> str:
+    """Where a kind's layer is defined, as shown to its user (its module's name if it has no file)."""
+    path = defining_file(spec.module)
+    return shown(path) if path else spec.module.__module__
+
+
+def outside_kind_files() -> set[str]:
+    """The files (resolved) that define the layers and options of the kinds registered from outside minitx."""
+    classes = [c for spec in registry.values() if not is_built_in(spec) for c in (spec.module, spec.options)]
+    return {path for path in map(defining_file, filter(None, classes)) if path}
 
 
 def used_kinds(attention: Any) -> list[str]:

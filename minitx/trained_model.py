@@ -8,7 +8,8 @@ input and output that the model's own modules may import. It needs no Lightning.
 A checkpoint of an attention kind defined outside minitx names the modules that register it
 (`model_config.attention.kind_modules`). `load_checkpoint` imports them only with the user's
 consent (`trust_kind_modules`, `--trust-kind-modules` on the commands); without it, such a
-checkpoint is refused in one line naming them, unless its kinds are registered already.
+checkpoint is refused in one line naming them, unless its kinds are registered already; once
+imported, such a kind is probed for causality (verify/probe.py) as training probes it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .errors import UserError, one_line
 from .files.checkpoint import model_weights, read_checkpoint, state_mismatch
 from .kinds import KindModuleError
 from .model import Transformer
+from .verify.probe import find_leak
 
 # How a user consents to importing a checkpoint's kind modules in Python (TRUST_FLAG: on the commands).
 TRUST_KEYWORD = "trust_kind_modules=True"
@@ -101,6 +103,22 @@ def saved_model_config(
         ) from None
 
 
+def refuse_noncausal_kinds(config: ModelConfig, meta: dict, where: str) -> None:
+    """A kind from outside minitx that lets a future token change an earlier output (the probe of
+    verify/probe.py) is refused, unless the run was trained with model.allow_noncausal_kinds: a
+    kind that passed the probe when it trained has changed since, or the run predates the probe."""
+    run_config = meta.get("train_config") or {}
+    if (run_config.get("model") or {}).get("allow_noncausal_kinds"):
+        return
+    leak = find_leak(config)
+    if leak is not None:
+        raise UserError(
+            f"{where}: {leak.words()}, and the run was not trained with --model.allow_noncausal_kinds true; "
+            "its losses are not a causal model's: make the kind hide from each query the keys after it, "
+            "and train again"
+        )
+
+
 def load_checkpoint(
     path: str,
     map_location="cpu",
@@ -134,6 +152,7 @@ def load_checkpoint(
             f"{where}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}; the file is damaged"
         )
 
+    refuse_noncausal_kinds(config, meta, where)
     weights = model_weights(raw)
     model = Transformer(config)
     mismatch = state_mismatch(model.state_dict(), weights)

@@ -6,6 +6,8 @@ precheck, before Lightning is imported, and again first of all on LightningCLI's
 Lightning and torch find most of these late (a ZeroDivisionError at fit start, a KeyError after
 the whole run, an optimiser that refuses eps=-1 after config.yaml is written) or never (a run name
 that leaves run.root, a negative sample count read as 0). Each check names the key and the fix.
+One check builds something: the layers of an attention kind from outside minitx, probed for
+causality on a random generator of their own (verify/probe.py; milliseconds for small models).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ..errors import UserError
 from ..files.configs import given_options
 from ..generation.inputs import machine_memory
 from ..kinds import import_config_kinds
+from ..verify.probe import find_leak
 from .optim import Optimisation
 
 SEED_RANGE = (0, 2**32 - 1)  # numpy's seeds, which Lightning's seed_everything also sets
@@ -228,8 +231,23 @@ def errors_named(prefix: str) -> Iterator[None]:
 
 
 def check_model_section(section: dict) -> None:
-    """The checks MinitxLM's constructor makes, without building the network (see check_train_args)."""
+    """The checks MinitxLM's constructor makes, without building the network (see check_train_args),
+    and the causality probe of the kinds from outside minitx, unless model.allow_noncausal_kinds."""
     config_fields = {f.name for f in fields(ModelConfig)}
     with errors_named("model"):
-        ModelConfig.from_dict({key: value for key, value in section.items() if key in config_fields})
+        config = ModelConfig.from_dict({key: value for key, value in section.items() if key in config_fields})
     Optimisation.of(section)
+    if not section.get("allow_noncausal_kinds"):
+        refuse_noncausal_kinds(config)
+
+
+def refuse_noncausal_kinds(config: ModelConfig) -> None:
+    """A kind from outside minitx that lets a future token change an earlier output is refused
+    (verify/probe.py) in one line that names it, its file, the layer and the position."""
+    leak = find_leak(config)
+    if leak is not None:
+        raise UserError(
+            f"model.attention: {leak.words()}; a causal kind hides from each query the keys after it "
+            "(is_causal=True in attend, the cache's mask in attend_cached), or, for a kind meant to see "
+            "the whole sequence, train with --model.allow_noncausal_kinds true"
+        )

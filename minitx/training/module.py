@@ -105,6 +105,10 @@ class MinitxLM(L.LightningModule):
             attention, whose fewer key/value heads are mean-pooled); see minitx/hf/load.py. Or a
             minitx checkpoint (a .ckpt file) of the same shape, at any block_size (learned
             positions extended); see minitx/training/init_from.py.
+        allow_noncausal_kinds: train even though a kind from outside minitx lets a future token
+            change an earlier output (the train command's probe, minitx/verify/probe.py, refuses
+            such a kind otherwise): for a kind meant to see the whole sequence. Recorded in the
+            run's config and checkpoints, whose loading then skips the probe.
         **model: the fields of minitx.config.ModelConfig (vocab_size, d_model, attention, ...):
             ModelConfig is their one definition, so a field added there is a model.* key here.
     """
@@ -116,6 +120,7 @@ class MinitxLM(L.LightningModule):
         compile: bool = False,
         activation_checkpointing: bool = False,
         init_from: str | None = None,
+        allow_noncausal_kinds: bool = False,
         **model: Any,
     ):
         super().__init__()
@@ -130,6 +135,7 @@ class MinitxLM(L.LightningModule):
             compile=compile,
             activation_checkpointing=activation_checkpointing,
             init_from=init_from,
+            allow_noncausal_kinds=allow_noncausal_kinds,
         )
         # Set as save_hyperparameters() sets them, which would read each declared argument (lr,
         # ...) from this frame's variables: the settings are one object here.

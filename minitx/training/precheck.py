@@ -68,6 +68,13 @@ TRAINING_SWITCHES = (
         None,
         "a minitx checkpoint (.ckpt) or a local transformers directory the run starts from",
     ),
+    (
+        "allow_noncausal_kinds",
+        bool,
+        False,
+        "train a kind from outside minitx that lets a future token change an earlier output "
+        "(one meant to see the whole sequence); recorded in the run's config",
+    ),
 )
 # Whole command lines left to LightningCLI: a class's help, a shell completion script.
 ONLY_LIGHTNING = (".help", "--print_shtab")

@@ -10,15 +10,19 @@ one forward pass over the whole sequence.
 
 `perturb_identity_parts` moves MTA's parts away from their identity initialisation: an untrained
 MTA layer equals plain attention, so a wrong convolution or head mix would otherwise not show.
+
+Beside these: probe.py, the causality probe the commands make of every kind from outside minitx
+when they build a model; `python -m minitx.verify FILE` (__main__.py, its checks in
+kind_check.py), the check of a kind of one's own.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .attention.local import MIN_BLOCK
-from .decoding.loop import CachedSteps
-from .model import Transformer
+from ..attention.local import MIN_BLOCK
+from ..decoding.loop import CachedSteps
+from ..model import Transformer
 
 # Parameters that start as the identity (MTA's kernels, head mixes, output norm and gate).
 IDENTITY_PARTS = ("kq_conv", "mix_pre", "mix_post", "attn.norm.", "attn.gate.")
