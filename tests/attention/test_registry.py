@@ -19,7 +19,7 @@ from minitx import AttentionConfig, ModelConfig, Transformer
 from minitx.attention import KindSpec, register, registry
 from minitx.attention.grouped import GroupedQueryAttention
 from minitx.decoding.loop import generate
-from minitx.kinds import OptionError
+from minitx.options import OptionError
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")
 
