@@ -76,27 +76,25 @@ class CommandLine:
         while i < len(words):
             word = words[i]
             name, eq, inline = word.partition("=")
-            if word == "-c" or name == "--config":
-                named_config = True
-                path = inline if eq else words[i + 1] if i + 1 < len(words) else None
-                i += 1 if eq or path is None else 2
-                if path is None:
-                    args.append(word)  # the parser says what is missing
-                    continue
-                for file in _chain(path, read):
-                    args += ["--config", file.value]
-                    layers.append(file)
-            elif word.startswith("--"):
-                value = inline if eq else words[i + 1] if _has_value(words, i) else None
-                step = 1 if eq or value is None else 2
-                layer = _flag(name[2:].rstrip("+"), value)
-                layers.append(layer)
-                if not (_inside(layer.key, OPTIONS) and value is not None):  # those become one flag
-                    args += words[i : i + step]
-                i += step
-            else:
+            is_file = word == "-c" or name == "--config"
+            if not (is_file or word.startswith("--")):
                 args.append(word)
                 i += 1
+                continue
+            # A file's path is the next word, whatever it is; a flag's value, unless it is a flag.
+            follows = i + 1 < len(words) and (is_file or not words[i + 1].startswith("--"))
+            value = inline if eq else words[i + 1] if follows else None
+            step = 1 if eq or value is None else 2
+            if is_file:
+                named_config = True
+                chain = _chain(value, read) if value is not None else []
+                args += [w for file in chain for w in ("--config", file.value)] or [word]
+                layers += chain
+            else:
+                layers.append(_flag(name[2:].rstrip("+"), value))
+                if value is None or not _inside(layers[-1].key, OPTIONS):  # those become one flag below
+                    args += words[i : i + step]
+            i += step
         if default_config and not named_config and DEFAULT_CONFIG.is_file():
             default = _chain(str(DEFAULT_CONFIG), read)
             args = [word for file in default for word in ("--config", file.value)] + args
@@ -148,11 +146,6 @@ class CommandLine:
         for _, section in self.given(OPTIONS):
             _merge(merged_options, copy.deepcopy(section))
         return merged_options
-
-
-def _has_value(words: list[str], i: int) -> bool:
-    """The word after the flag words[i] is its value: there is one, and it is not a flag."""
-    return i + 1 < len(words) and not words[i + 1].startswith("--")
 
 
 def _inside(key: str, section: str) -> bool:
