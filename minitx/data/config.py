@@ -22,12 +22,9 @@ its fields from here); evaluation rebuilds a run's from its saved config with `f
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from minitx.data import induction, markov, mqar, needle, toy, zoology
 from minitx.data.prepare import DataSettings, prepare
@@ -236,29 +233,27 @@ def check_given_settings(given: Mapping[str, str]) -> None:
             )
 
 
-def given_settings(args: Sequence[str]) -> dict[str, str]:
-    """The data settings the user gave in `args` (the train command's arguments, settled: every
-    config file after its bases, see minitx/files/configs.py) at a value other than its default,
-    each with the data.source in effect where it was given: {dotted key inside the data section:
-    source}. A config file's settings go with the source as of that file (a later file or flag
-    may switch sources: `--config configs/tinystories.yaml --data.source files` replaces the Hub
-    dataset, whose settings stay meant for it); the flags' with the run's source. Defaults are
-    not counted, so a saved run config (which writes every setting out) and configs/default.yaml
-    give nothing here by themselves."""
+def given_settings(layers: Iterable[tuple[bool, Mapping[str, Any]]]) -> dict[str, str]:
+    """The data settings a user gave at a value other than its default, each with the data.source
+    in effect where it was given: {dotted key inside the data section: source}. `layers`: the data
+    section as each config file (True) and flag (False) of a command line gives it, in order
+    (files.configs.CommandLine.given("data"): every config file after its bases). A config file's
+    settings go with the source as of that file (a later file or flag may switch sources:
+    `--config configs/tinystories.yaml --data.source files` replaces the Hub dataset, whose
+    settings stay meant for it); the flags' with the run's source. Defaults are not counted, so a
+    saved run config (which writes every setting out) and configs/default.yaml give nothing here
+    by themselves."""
     defaults = _dotted(_plain(DataConfig()))
     source = defaults["source"]
     given: dict[str, tuple[Any, Any]] = {}
     flags: dict[str, Any] = {}
-    for flag, value in _flags(list(args)):
-        if flag == "--config":
-            layer = _dotted(_data_section_of(value))
+    for from_file, section in layers:
+        if from_file:
+            layer = _dotted(section)
             source = layer.get("source", source)
             given.update({key: (setting, source) for key, setting in layer.items()})
-        elif flag == "--data":
-            loaded = _yaml(value)
-            flags.update(_dotted(loaded) if isinstance(loaded, Mapping) else {})
         else:
-            flags.update(_dotted({flag[len("--data.") :]: _yaml(value)}))
+            flags.update(_dotted(section))
     source = flags.get("source", source)
     given.update({key: (setting, source) for key, setting in flags.items()})
     return {
@@ -266,42 +261,6 @@ def given_settings(args: Sequence[str]) -> dict[str, str]:
         for key, (setting, where) in given.items()
         if key in defaults and setting != defaults[key] and isinstance(where, str)
     }
-
-
-def _flags(args: list[str]):
-    """(flag, value) of each --config and --data... in args ("--x v" or "--x=v")."""
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        name, eq, inline = arg.partition("=")
-        if name in ("-c", "--config") or name == "--data" or name.startswith("--data."):
-            flag = "--config" if name == "-c" else name
-            if eq:
-                yield flag, inline
-                i += 1
-            else:
-                yield flag, args[i + 1] if i + 1 < len(args) else None
-                i += 2
-        else:
-            i += 1
-
-
-def _yaml(value: Any) -> Any:
-    if not isinstance(value, str):
-        return value
-    try:
-        return yaml.safe_load(value)
-    except yaml.YAMLError:
-        return value
-
-
-def _data_section_of(path: Any) -> dict:
-    try:
-        data = yaml.safe_load(Path(str(path)).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return {}  # the parser reports it
-    section = data.get("data") if isinstance(data, dict) else None
-    return section if isinstance(section, dict) else {}
 
 
 def _dotted(section: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -53,20 +53,23 @@ __all__ = sorted([*_HOMES, "check_train_args", "precheck_train_args"])
 def precheck_train_args(args):
     """The UserError `train` raises for a mistake in a key, a value (its type, or one the model's,
     optimiser's, data's or run's checks refuse) or a config file, found without importing
-    Lightning (precheck.py); check_train_args makes it first."""
-    from ..files.configs import config_arguments
+    Lightning (precheck.py); check_train_args makes it first. Returns the command line as read
+    (files/configs.py's CommandLine), checked."""
+    from ..files.configs import CommandLine
     from .precheck import check_arguments
 
-    check_arguments(config_arguments(args))
+    line = CommandLine.read(args)
+    check_arguments(line)
+    return line
 
 
 def check_train_args(args):
     """command.check_train_args, the train command imported at the first call: ablate imports this
     name at start, and its --help and its sweep file's errors come before any run is checked."""
-    precheck_train_args(args)
+    line = precheck_train_args(args)
     from .command import check_train_args as check  # Lightning: seconds
 
-    return check(args)
+    return check(line)
 
 
 def __getattr__(name: str):

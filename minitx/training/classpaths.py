@@ -1,5 +1,5 @@
-"""What a train command line may make jsonargparse import, and the config files it reads: checked
-before parsing, because parsing itself imports every module a `class_path` names.
+"""What a train command line may make jsonargparse import: checked before parsing, because parsing
+itself imports every module a `class_path` names.
 
 A config value is never evaluated as code, and a config file must not be able to import code
 either: importing a module runs it. So a class named in a config (a `class_path` anywhere, or a
@@ -14,12 +14,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
-import yaml
-
 from ..errors import UserError
+from ..files.configs import FILE, CommandLine
 
 ALLOWED_MODULES = ("minitx", "lightning", "pytorch_lightning", "lightning_fabric", "torch")
 ENVIRONMENT = "MINITX_CLASS_PATHS"
@@ -63,54 +62,16 @@ def class_paths(value: Any, key: str) -> Iterator[tuple[str, str]]:
         yield key, value
 
 
-def flag_values(args: Sequence[str]) -> Iterator[tuple[str, str]]:
-    """(key, value) of each `--key value` and `--key=value` in a command line."""
-    for i, arg in enumerate(args):
-        if arg == "-c" and i + 1 < len(args):
-            yield "config", args[i + 1]
-        if not arg.startswith("--"):
-            continue
-        key, has_value, value = arg[2:].partition("=")
-        if has_value:
-            yield key.rstrip("+"), value
-        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
-            yield key.rstrip("+"), args[i + 1]
-
-
-def read_config_file(path: str) -> Any:
-    """The YAML of a --config file, refusing what is not a readable UTF-8 file (None: not YAML,
-    which the parser reports itself)."""
-    if os.path.isdir(path):
-        raise UserError(f"--config: {path!r} is a directory; give a YAML file such as configs/default.yaml")
-    if not os.path.exists(path):
-        return None  # the parser says it does not exist
-    try:
-        with open(path, encoding="utf-8") as file:
-            text = file.read()
-    except UnicodeDecodeError:
-        raise UserError(
-            f"--config: {path!r} is not UTF-8 text; give a YAML config file (configs/default.yaml is one)"
-        ) from None
-    except OSError as err:
-        raise UserError(f"--config: cannot read {path!r} ({err.strerror}); check its permissions") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return None
-
-
-def check_command_line(args: Sequence[str]) -> None:
-    """Refuse a config file that cannot be read, and any class outside the allowed modules."""
+def check_command_line(line: CommandLine) -> None:
+    """Refuse any class outside the allowed modules that a config file or a flag of `line` names
+    (a config file that cannot be read is refused as CommandLine.read reads it)."""
     found: list[tuple[str, str]] = []
-    for key, value in flag_values(args):
-        if key in ("config", "c"):
-            found += class_paths(read_config_file(value), "")
-            continue
-        try:
-            parsed = yaml.safe_load(value)
-        except yaml.YAMLError:
-            parsed = value
-        found += class_paths(parsed if isinstance(parsed, (dict, list)) else value, key)
+    for layer in line.layers:
+        if layer.key == FILE:
+            found += class_paths(layer.data, "")
+        elif layer.value is not None:
+            value = layer.data if isinstance(layer.data, (dict, list)) else layer.value
+            found += class_paths(value, layer.key)
     for key, class_path in found:
         if not is_allowed(class_path):
             raise UserError(

@@ -35,7 +35,7 @@ from ..config import ModelConfig, used_kinds
 from ..data.datamodule import TextDataModule
 from ..decoding.loop import generate
 from ..errors import UserError, one_line
-from ..files.configs import config_arguments, with_config_files
+from ..files.configs import CommandLine
 from ..files.runlock import RunLock
 from ..hf.load import check_init_from, init_model, run_model_fields
 from ..model import Transformer
@@ -45,7 +45,7 @@ from .init_from import check_section, init_from_checkpoint, is_checkpoint_source
 from .inputs import check_config
 from .interrupt import RunInterrupted, StopOnInterrupt
 from .links import LINKED, LINKED_AT_PARSE
-from .messages import config_files, find_user_error, parse_error_message
+from .messages import find_user_error, parse_error_message
 from .module import MinitxLM
 from .resume import check_resume_checkpoint, dict_diff, resolve_ckpt_path
 from .run import RunCheckpoints, trainer_arguments
@@ -57,13 +57,15 @@ from .throughput import device_name, peak_source
 class TrainCLI(LightningCLI):
     """LightningCLI without subcommands: parse, build, and let `main` call fit."""
 
-    def __init__(self, args: Sequence[str]):
-        args = config_arguments(args)  # bases read first; attention options merged option by option
-        check_command_line(args)  # before jsonargparse imports what a class_path names
+    def __init__(self, args: Sequence[str] | CommandLine):
+        # Read once (files/configs.py): bases first, attention options merged option by option.
+        self.line = args if isinstance(args, CommandLine) else CommandLine.read(args)
+        if not self.line.checked:  # the precheck's checks include this one
+            check_command_line(self.line)  # before jsonargparse imports what a class_path names
         super().__init__(
             MinitxLM,
             TextDataModule,
-            args=list(args),
+            args=list(self.line.args),
             run=False,
             save_config_callback=None,  # main() writes <run dir>/config.yaml itself
             seed_everything_default=1337,
@@ -116,10 +118,11 @@ class TrainCLI(LightningCLI):
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # exit_on_error=False: jsonargparse raises instead of exiting
-            raise UserError(parse_error_message(err, parser, config_files(args))) from None
+            raise UserError(parse_error_message(err, parser, self.line.files)) from None
         # Before the seed is set or anything is built (the data module reads and tokenises its
-        # text); check_config imports the config's own kinds first (a resumed run's names them again).
-        check_config(self.config, args)
+        # text). The settings' checks, here unless the precheck made them on this command line,
+        # import the config's own kinds first (a resumed run's names them again).
+        check_config(self.config, self.line)
         check_strategy(self.config["trainer"].get("strategy"))
         self._imported_vocab: int | None = None
         init_from = self.config["model"].get("init_from")
@@ -153,7 +156,7 @@ class TrainCLI(LightningCLI):
         # The parsed config, before anything is built: the place for checks across sections.
         settle_run_section(
             self.config["run"],
-            self.config.get("config") or [],
+            self.line,
             self.config["trainer"]["default_root_dir"],
             self.config["model"]["attention"],
         )
@@ -211,7 +214,7 @@ class _CheckOnlyCLI(TrainCLI):
         pass
 
 
-def check_train_args(args: Sequence[str]) -> dict[str, Any]:
+def check_train_args(args: Sequence[str] | CommandLine) -> dict[str, Any]:
     """Raise the UserError `train` would raise for a mistake in the config (unknown key, wrong
     type, bad model, optimiser, data or run value), in a second or two: `ablate` checks every
     variant this way before any run starts. The text and checkpoints are not read. Returns the data
@@ -219,11 +222,11 @@ def check_train_args(args: Sequence[str]) -> dict[str, Any]:
     return checked_config(args)["data"]
 
 
-def checked_config(args: Sequence[str]) -> dict[str, Any]:
+def checked_config(args: Sequence[str] | CommandLine) -> dict[str, Any]:
     """The whole config `train` would run with (every section as plain data), checked as
     check_train_args checks it; nothing is built or written."""
     _quiet_lightning()
-    return _CheckOnlyCLI(list(args)).config.as_dict()
+    return _CheckOnlyCLI(args).config.as_dict()
 
 
 # Known noise from Lightning that says nothing about a minitx run.
@@ -365,13 +368,13 @@ def start_run(cli: TrainCLI, run: RunSettings, ckpt_path: str | None) -> None:
             print(f"minitx: MFU against the {source} peak of this {device_name(device)}, no datasheet figure")
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """The `train` command: parse the config, fit, print the final val loss and a sample."""
-    args = with_config_files(sys.argv[1:] if argv is None else argv)
+def main(line: CommandLine) -> None:
+    """The `train` command past its precheck (precheck.py, which reads the command line): parse
+    the config, fit, print the final val loss and a sample."""
     _quiet_lightning()
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision("high")  # TF32 for the fp32 matmuls that remain
-    cli = TrainCLI(args)
+    cli = TrainCLI(line)
     model: MinitxLM = cli.model
     data: TextDataModule = cli.datamodule
     trainer: L.Trainer = cli.trainer

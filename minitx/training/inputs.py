@@ -1,7 +1,8 @@
 """Checks of a parsed train config that need no data, model or trainer: made right after parsing,
 before the seed is set or anything is built, read or written (also by ablate's pre-check).
-Those that read no trainer setting (check_settings) are made twice: by the train command's
-precheck, before Lightning is imported, and again first of all on LightningCLI's parse.
+Those that read no trainer setting (check_settings) are made once: by the train command's
+precheck, before Lightning is imported, or, on a command line the precheck has not checked, first
+of all on LightningCLI's parse.
 
 Lightning and torch find most of these late (a ZeroDivisionError at fit start, a KeyError after
 the whole run, an optimiser that refuses eps=-1 after config.yaml is written) or never (a run name
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
@@ -25,7 +26,7 @@ import torch
 from ..config import ModelConfig, check_given_options, used_kinds
 from ..data.config import DataConfig, check_given_settings, given_settings
 from ..errors import UserError
-from ..files.configs import given_options
+from ..files.configs import CommandLine
 from ..generation.inputs import machine_memory
 from ..kinds import import_config_kinds
 from ..verify.probe import find_leak
@@ -177,14 +178,16 @@ def device_memory(accelerator: Any) -> tuple[int | None, str]:
     return machine_memory(), "this machine's memory"
 
 
-def check_config(config: Any, args: Sequence[str] = ()) -> None:
+def check_config(config: Any, line: CommandLine) -> None:
     """Every check of this module on a parsed train config (jsonargparse Namespace: item access)
-    and the arguments it was parsed from."""
-    check_settings(config, args)
+    and the command line it was parsed from; check_settings' only where the precheck has not made
+    them on that command line."""
+    if not line.checked:
+        check_settings(config, line)
     check_trainer_section(config["trainer"])
 
 
-def check_settings(config: Any, args: Sequence[str] = ()) -> None:
+def check_settings(config: Any, line: CommandLine) -> None:
     """The checks of the seed and the model, data and run sections, in the order a mistake is
     reported: they read no trainer setting but trainer.default_root_dir (a path) and
     trainer.accelerator (a name), so the precheck (precheck.py), whose trainer values are untyped,
@@ -198,20 +201,20 @@ def check_settings(config: Any, args: Sequence[str] = ()) -> None:
     # Before the model's own checks, which list its layers: n_layer 10**20 is refused at once.
     check_model_memory(config["model"], config["trainer"])
     check_model_section(config["model"].as_dict())
-    check_options_given(config["model"]["attention"], args)
+    check_options_given(config["model"]["attention"], line)
     # After the model's: data.block_size is model.block_size (linked), named as the model's.
     check_data_section(config["data"].as_dict())
     # Settings of a data source (a text source or a task) that data.source does not read, given
     # by a config file or a flag at other than their defaults, as unused attention options are.
-    check_given_settings(given_settings(args if isinstance(args, (list, tuple)) else ()))
+    check_given_settings(given_settings(line.given("data")))
 
 
-def check_options_given(attention: Any, args: Sequence[str]) -> None:
-    """Options of a kind no layer uses, refused whenever a config file or flag in `args` gives
+def check_options_given(attention: Any, line: CommandLine) -> None:
+    """Options of a kind no layer uses, refused whenever a config file or flag of `line` gives
     them, at their defaults too (the parsed section cannot tell: its parse fills defaults in)."""
     used = used_kinds(attention["kind"], attention["layers"])
     with errors_named("model"):
-        check_given_options(given_options(args if isinstance(args, (list, tuple)) else ()), used)
+        check_given_options(line.options, used)
 
 
 def check_data_section(data: dict) -> None:

@@ -119,15 +119,6 @@ def _plain_type_error(message: str) -> str:
     return message
 
 
-def config_files(args: Any) -> list[str]:
-    """The values of --config / -c in a command line."""
-    args = list(args) if isinstance(args, (list, tuple)) else []
-    files = [value for flag, value in zip(args, args[1:]) if flag in ("--config", "-c")]
-    return files + [
-        arg.split("=", 1)[1] for arg in args if isinstance(arg, str) and arg.startswith("--config=")
-    ]
-
-
 def _unknown_key(message: str) -> str | None:
     """The key jsonargparse refused, from its three phrasings (flag, YAML key, key inside a group)."""
     flag = re.search(r"unrecognized arguments: --([\w.-]+)", message, re.IGNORECASE)

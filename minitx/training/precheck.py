@@ -13,10 +13,11 @@ a parser of the same library (jsonargparse) built from the settings' own declara
 
 It then makes the value checks of the model, data and run sections (inputs.check_settings: a
 layer count of 0, a width its heads do not divide, an unknown attention kind, a negative batch
-size, an optimiser setting out of range), the same calls LightningCLI's parse makes first.
-A command line it refuses is refused here, with the line LightningCLI's parse would give
-(messages.py); one it accepts is parsed again, from the start, by LightningCLI, which alone decides
-what a run is. So this parser may refuse only what LightningCLI refuses: it takes the trainer's
+size, an optimiser setting out of range), the calls LightningCLI's parse would make first; the
+CommandLine (files/configs.py), read once and handed on, says they are made, so that parse leaves
+them out. A command line it refuses is refused here, with the line LightningCLI's parse would
+give (messages.py); one it accepts is parsed again, from the start, by LightningCLI, which alone
+decides what a run is. So this parser may refuse only what LightningCLI refuses: it takes the trainer's
 values as they come (Lightning's types are Lightning's), and steps aside for what only
 LightningCLI knows (a `.help` of a class, --print_shtab). tests/training/test_precheck.py holds
 its keys and LightningCLI's equal.
@@ -42,11 +43,11 @@ from typing import Any, Literal, Optional, Union
 from ..config import ModelConfig
 from ..data.config import DataConfig
 from ..errors import UserError
-from ..files.configs import with_config_files
+from ..files.configs import CommandLine
 from .classpaths import check_command_line
 from .inputs import check_settings
 from .links import LINKED, LINKED_AT_PARSE
-from .messages import config_files, parse_error_message
+from .messages import parse_error_message
 from .optim import Optimisation
 from .runsection import RunSettings
 
@@ -77,7 +78,7 @@ TRAINING_SWITCHES = (
     ),
 )
 # Whole command lines left to LightningCLI: a class's help, a shell completion script.
-ONLY_LIGHTNING = (".help", "--print_shtab")
+ONLY_LIGHTNING = (".help", "print_shtab")
 
 
 @functools.cache
@@ -170,15 +171,15 @@ def to_judge(args: Sequence[str], trainer_names: Sequence[str]) -> list[str]:
     return out
 
 
-def check_arguments(args: Sequence[str], own_flags: Sequence[str] = ()) -> None:
-    """Raise the UserError LightningCLI's parse would raise for a mistake in `args` (settled: see
-    files.configs.with_config_files), without importing Lightning; return where it finds none, or
-    where the command line asks what only LightningCLI answers. own_flags: a command's flags
-    besides the keys (prepare's --verify), which a did-you-mean may name too."""
-    if any(word.partition("=")[0].endswith(ONLY_LIGHTNING) for word in args if word.startswith("--")):
+def check_arguments(line: CommandLine, own_flags: Sequence[str] = ()) -> None:
+    """Raise the UserError LightningCLI's parse would raise for a mistake in `line`, without
+    importing Lightning; return where it finds none (`line.checked` then says so), or where the
+    command line asks what only LightningCLI answers. own_flags: a command's flags besides the
+    keys (prepare's --verify), which a did-you-mean may name too."""
+    if any(flag.endswith(ONLY_LIGHTNING) for flag in line.flags):
         return
-    check_command_line(args)
-    for flag in (word.partition("=")[0][2:] for word in args if word.startswith("--")):
+    check_command_line(line)
+    for flag in line.flags:
         if flag in LINKED:  # jsonargparse's words, as LightningCLI's parse says them
             raise UserError(
                 parse_error_message(ValueError(f'Linked "{flag}" must be given via "{LINKED[flag]}".'))
@@ -190,10 +191,10 @@ def check_arguments(args: Sequence[str], own_flags: Sequence[str] = ()) -> None:
 
     parser = light_parser()
     try:
-        config = parser.parse_args(to_judge(args, trainer_names))
+        config = parser.parse_args(to_judge(line.args, trainer_names))
     except ArgumentError as err:
-        raise UserError(parse_error_message(err, parser, config_files(args), own_flags)) from None
-    if any(word.partition("=")[0] == "--print_config" for word in args):
+        raise UserError(parse_error_message(err, parser, line.files, own_flags)) from None
+    if "print_config" in line.flags:
         return  # LightningCLI prints the config it parsed and exits before it checks a value
     # The values: the checks LightningCLI's parse makes first (inputs.check_settings), on the
     # sections as it parses them, its links applied: the data's block_size is the model's,
@@ -201,7 +202,8 @@ def check_arguments(args: Sequence[str], own_flags: Sequence[str] = ()) -> None:
     # unset, not LightningCLI's default: no check reads it.)
     for key in LINKED_AT_PARSE:
         config[key] = config[LINKED[key]]
-    check_settings(config, args)
+    check_settings(config, line)
+    line.checked = True
 
 
 # ------------------------------------------------------------------------------------------------
@@ -313,12 +315,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     """The `train` command: --help and mistakes answered here, a run by command.main."""
     raw = list(sys.argv[1:] if argv is None else argv)
     if HELP_TRAINER in raw:
-        raw = ["--help"]
+        line = CommandLine.read(["--help"], default_config=True)
     elif "-h" in raw or "--help" in raw:
         print(help_text(), end="")
         return
     else:
-        check_arguments(with_config_files(raw))
+        line = CommandLine.read(raw, default_config=True)
+        check_arguments(line)
     from .command import main as train
 
-    train(raw)
+    train(line)

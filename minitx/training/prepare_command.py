@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import UserError
-from ..files.configs import with_config_files
+from ..files.configs import CommandLine
 
 
 def _split_verify(args: list[str]) -> tuple[list[str], bool]:
@@ -28,16 +28,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     from .precheck import check_arguments
 
-    args = with_config_files(args)
+    line = CommandLine.read(args, default_config=True)
     # A mistake in a key, a value or a file: said before Lightning is imported.
-    check_arguments(args, own_flags=["--verify"])
+    check_arguments(line, own_flags=["--verify"])
     # Here, past --help: the train command's parser and the data module import Lightning (seconds).
     # Beside the train command, whose parser reads the config: data/ knows nothing of commands.
     from ..data.datamodule import TextDataModule
     from ..data.prepare import verify_prepared
     from .command import check_train_args
 
-    data = TextDataModule(**check_train_args(args))
+    data = TextDataModule(**check_train_args(line))
     if data.task is not None:
         print(
             f"prepare: data.source={data.source} is a synthetic task, generated as it trains; nothing to prepare"

@@ -12,10 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..errors import UserError
-from ..files.configs import DEFAULT_CONFIG
+from ..files.configs import DEFAULT_CONFIG, FILE, CommandLine
 
 DEFAULT_ROOT = "runs"
 
@@ -65,7 +63,7 @@ class RunSettings:
 
 
 def settle_run_section(
-    run: Any, config_files: list, default_root_dir: str | None, attention: Any = None
+    run: Any, line: CommandLine, default_root_dir: str | None, attention: Any = None
 ) -> None:
     """Fill in what the `run` section leaves to others, in place (a parsed section: item access).
 
@@ -77,7 +75,7 @@ def settle_run_section(
     is refused, as one of the two would be ignored.
     """
     if run["name"] is None:
-        run["name"] = default_run_name(config_files, attention)
+        run["name"] = default_run_name(line, attention)
     if default_root_dir is None or str(default_root_dir) == str(run["root"]):
         return
     if str(run["root"]) != DEFAULT_ROOT:
@@ -88,19 +86,20 @@ def settle_run_section(
     run["root"] = str(default_root_dir)
 
 
-def default_run_name(config_files: list, attention: Any = None) -> str:
+def default_run_name(line: CommandLine, attention: Any = None) -> str:
     """The run name when none is given: the last config file's stem; for configs/default.yaml
     with an attention other than its own, the kind or the per-layer kinds ("local",
     "local-mta"), as configs/<kind>.yaml would be named."""
-    if not config_files:
+    files = [layer for layer in line.layers if layer.key == FILE]
+    if not files:
         return "default"
-    last = Path(str(config_files[-1]))
+    last = Path(str(files[-1].value))
     if attention is None or not (
         last.is_file() and DEFAULT_CONFIG.is_file() and last.samefile(DEFAULT_CONFIG)
     ):
         return last.stem
-    default = (yaml.safe_load(DEFAULT_CONFIG.read_text(encoding="utf-8")) or {}).get("model", {})
-    default = default.get("attention") or {}
+    model = files[-1].data.get("model") if isinstance(files[-1].data, dict) else None
+    default = (model.get("attention") if isinstance(model, dict) else None) or {}
     layers, kind = attention.get("layers"), attention.get("kind")
     if layers and layers != default.get("layers"):
         return "-".join(dict.fromkeys(str(layer) for layer in layers))

@@ -30,7 +30,7 @@ from minitx.data.config import (
 )
 from minitx.data.task import Task
 from minitx.errors import UserError
-from minitx.files.configs import with_config_files
+from minitx.files.configs import CommandLine
 from minitx.files.upgrade import DATA_TASK_FIELDS, renamed_key, upgrade_config
 from minitx.training import precheck_train_args
 
@@ -217,7 +217,7 @@ def test_defaults_and_saved_configs_are_not_settings_given(tmp_path):
     saved["data"].pop("block_size", None)  # linked from model.block_size
     (tmp_path / "saved.yaml").write_text(yaml.safe_dump(saved))
     args = ["--config", str(tmp_path / "saved.yaml")]
-    given = given_settings(args)
+    given = given_settings(CommandLine.read(args).given("data"))
     assert given == {
         key: "zoology"
         for key in (
@@ -242,7 +242,9 @@ def test_a_later_source_replaces_an_earlier_files_source_and_its_settings(tmp_pa
     file's hf_* settings were meant for the source it set, which the flag replaces."""
     tinystories = str(REPO / "configs" / "tinystories.yaml")
     given = given_settings(
-        with_config_files(["--config", tinystories, "--data.source", "files", "--data.train_files", "x"])
+        CommandLine.read(
+            ["--config", tinystories, "--data.source", "files", "--data.train_files", "x"]
+        ).given("data")
     )
     assert given["hf_name"] == "hf" and given["train_files"] == "files" and given["source"] == "files"
     precheck_train_args(
@@ -272,4 +274,4 @@ def test_every_config_file_reads_the_settings_it_gives(tmp_path):
             base = config.get("base")
             path = tmp_path / path.name
             path.write_text(yaml.safe_dump({"data": base.get("data", {}) if isinstance(base, dict) else {}}))
-        check_given_settings(given_settings(with_config_files(["--config", str(path)])))
+        check_given_settings(given_settings(CommandLine.read(["--config", str(path)]).given("data")))

@@ -24,7 +24,7 @@ from minitx.cli import eval_main, generate_main, train_main
 from minitx.data.prepare import DataSettings
 from minitx.errors import UserError
 from minitx.files import upgrade
-from minitx.files.configs import REPO_ROOT, with_config_files
+from minitx.files.configs import REPO_ROOT, CommandLine
 from minitx.files.upgrade import (
     ATTENTION_FIELDS,
     CHECKPOINT_FORMAT,
@@ -212,7 +212,7 @@ def test_every_old_config_file_works_the_same_or_names_the_new_spelling(path, tm
     old_data = old.get("data") or {}
     if set(old_attention) & set(ATTENTION_FIELDS) or set(old_data) & {*DATA_FIELDS, *DATA_TASK_FIELDS}:
         with pytest.raises(UserError) as refused:
-            checked_config(with_config_files(["--config", str(path)]))
+            checked_config(CommandLine.read(["--config", str(path)]))
         message = str(refused.value)
         assert "\n" not in message and re.search(
             r"this setting is now (model\.attention\.options|data\.bpe_|data\.task\.)", message
@@ -220,11 +220,11 @@ def test_every_old_config_file_works_the_same_or_names_the_new_spelling(path, tm
         if set(old_data) & set(DATA_TASK_FIELDS):  # moved as saved runs are read, it is today's file
             moved = tmp_path / path.name
             moved.write_text(yaml.safe_dump(upgrade_config(old)))
-            new = checked_config(with_config_files(["--config", str(REPO_ROOT / "configs" / path.name)]))
-            assert checked_config(with_config_files(["--config", str(moved)]))["data"] == new["data"]
+            new = checked_config(CommandLine.read(["--config", str(REPO_ROOT / "configs" / path.name)]))
+            assert checked_config(CommandLine.read(["--config", str(moved)]))["data"] == new["data"]
         return
-    old = checked_config(with_config_files(["--config", str(path)]))
-    new = checked_config(with_config_files(["--config", str(REPO_ROOT / "configs" / path.name)]))
+    old = checked_config(CommandLine.read(["--config", str(path)]))
+    new = checked_config(CommandLine.read(["--config", str(REPO_ROOT / "configs" / path.name)]))
     assert model_config(old) == model_config(new)
     assert old["data"] == new["data"] and old["trainer"] == new["trainer"]
 

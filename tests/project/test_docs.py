@@ -301,7 +301,7 @@ def option(words: list[str], flag: str) -> str | None:
 def cpu_problem(words: list[str]) -> str | None:
     """Why the command, accepted by its parser, cannot run on a CPU machine without the network
     (what its page must then say), or None. Raises the UserError its command would raise."""
-    from minitx.files.configs import with_config_files
+    from minitx.files.configs import CommandLine
 
     script, args = words[0], words[1:]
     if "..." in args:
@@ -310,8 +310,9 @@ def cpu_problem(words: list[str]) -> str | None:
         from minitx.training.precheck import check_arguments, light_parser, to_judge, trainer_argument_names
 
         own = [a for a in args if a != "--verify"]
-        check_arguments(with_config_files(own), own_flags=["--verify"])
-        config = light_parser().parse_args(to_judge(with_config_files(own), trainer_argument_names()))
+        line = CommandLine.read(own, default_config=True)
+        check_arguments(line, own_flags=["--verify"])
+        config = light_parser().parse_args(to_judge(line.args, trainer_argument_names()))
         if config["data"]["source"] == "hf":
             return "its data comes from the Hugging Face Hub"
         if script == "prepare.py":

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from minitx.errors import UserError
-from minitx.files.configs import DEFAULT_CONFIG, with_config_files
+from minitx.files.configs import DEFAULT_CONFIG, CommandLine
 from minitx.training.command import checked_config
 from minitx.training.precheck import (
     LINKED,
@@ -44,7 +44,7 @@ def lightning_parser():
     # The parser of a run of the default config, built as `train` builds it (nothing instantiated).
     from minitx.training.command import _CheckOnlyCLI
 
-    return _CheckOnlyCLI(with_config_files([])).parser
+    return _CheckOnlyCLI(CommandLine.read([], default_config=True)).parser
 
 
 def test_the_light_parser_has_lightningclis_keys_and_types(lightning_parser):
@@ -63,7 +63,7 @@ def test_the_light_parser_has_lightningclis_keys_and_types(lightning_parser):
 
 def lightningcli_says(args: list[str]) -> str | None:
     try:
-        checked_config(with_config_files(args))
+        checked_config(CommandLine.read(args, default_config=True))
     except UserError as error:
         return str(error)
     return None
@@ -71,7 +71,7 @@ def lightningcli_says(args: list[str]) -> str | None:
 
 def precheck_says(args: list[str]) -> str | None:
     try:
-        check_arguments(with_config_files(args))
+        check_arguments(CommandLine.read(args, default_config=True))
     except UserError as error:
         return str(error)
     return None
@@ -315,7 +315,9 @@ KNOWN_ANSWER_RUNS = [  # the command lines the configs' headers and the known an
 @pytest.mark.parametrize("files", KNOWN_ANSWER_RUNS, ids="+".join)
 def test_every_known_answer_run_is_a_valid_run(files):
     args = [arg for name in files for arg in ("--config", str(KNOWN / name))]
-    config = checked_config(with_config_files(args))  # LightningCLI's parse: a UserError if refused
+    config = checked_config(
+        CommandLine.read(args, default_config=True)
+    )  # LightningCLI's parse: a UserError if refused
     model, data = config["model"], config["data"]
     if "zoology.yaml" in files:  # Zoology's recipe: dropout on embeddings and weights, none on the stream
         assert (model["dropout"], model["resid_dropout"]) == (0.1, 0.0)
