@@ -11,7 +11,8 @@ from ..config import ModelConfig
 from ..kinds import KindSpec, register, registry
 from ..rope import apply_rope
 from . import diff, gdn, grouped, local, mla, mta
-from .base import Attention, KindLayer
+from .kind_layer import KindLayer
+from .softmax import Attention
 
 register(grouped.MHA)  # n_kv_head = n_head
 register(grouped.MQA)  # n_kv_head = 1
@@ -41,7 +42,7 @@ def check_layer_class(spec: KindSpec) -> None:
     if cls.missing():
         raise TypeError(
             f"attention kind {spec.name}: its layer class {cls.__qualname__} does not implement "
-            f"{', '.join(cls.missing())} (KindLayer.REQUIRED, minitx/attention/base.py)"
+            f"{', '.join(cls.missing())} (KindLayer.REQUIRED, minitx/attention/kind_layer.py)"
         )
 
 

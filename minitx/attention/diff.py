@@ -44,7 +44,7 @@ from ..config import NORM_EPS, ModelConfig
 from ..documents import Documents, masked_attention
 from ..flops import causal_pairs
 from ..kinds import KindSpec, OptionError, fail
-from .base import Attention
+from .softmax import Attention
 
 
 @dataclass

@@ -40,7 +40,7 @@ from ..documents import Documents, masked_attention
 from ..flops import causal_pairs
 from ..kinds import KindSpec, OptionError, fail
 from ..rope import apply_rope, rotary_table
-from .base import KindLayer, norm_float32
+from .kind_layer import KindLayer, norm_float32
 
 
 @dataclass

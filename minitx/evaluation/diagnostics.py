@@ -235,7 +235,7 @@ def probe(model, tokens: Tensor) -> tuple[Tensor, list[list[Tensor]], list[Tenso
     learned positions and hides other documents' keys); each layer's maps come from its
     materialised path on the same input, over the whole sequence as one text."""
     T = tokens.shape[1]
-    docs = model.documents(tokens, [None] * len(model.blocks))
+    docs = model.documents(tokens)
     x = model.embed(tokens, 0, docs)
     rope = model.rope(0, T) if model.rope is not None else None
     maps, hidden = [], []

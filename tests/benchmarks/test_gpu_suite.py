@@ -240,7 +240,7 @@ def test_precision_check_fails_when_the_bf16_path_differs(gpu_suite, monkeypatch
 
 
 def test_cache_check_fails_when_the_cached_path_is_wrong(gpu_suite, monkeypatch):
-    from minitx.attention.base import Attention
+    from minitx.attention.softmax import Attention
 
     real = Attention.attend_cached
     monkeypatch.setattr(

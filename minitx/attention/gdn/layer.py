@@ -17,7 +17,7 @@ from ...config import NORM_EPS, ModelConfig
 from ...documents import Documents
 from ...errors import UserError
 from ...kinds import KindSpec, OptionError, fail
-from ..base import KindLayer, norm_float32
+from ..kind_layer import KindLayer, norm_float32
 from . import ops  # through the module: tests put a stand-in for fla's kernel there
 from .cache import GDNCache
 from .conv import short_convolution

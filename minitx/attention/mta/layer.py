@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 from ...config import ModelConfig
 from ...documents import CALL_SCORES, Documents
 from ...kinds import KindSpec, fail
-from ..base import Attention
+from ..softmax import Attention
 from . import flops, native
 from . import triton_launch as mta_triton
 from .cache import MTACache
