@@ -238,7 +238,7 @@ def test_checker_catches_gdn_keys_one_token_early(monkeypatch):
     def early_keys(q, k, v, *args, **kwargs):
         return real(q, k.roll(-1, dims=2), v, *args, **kwargs)
 
-    monkeypatch.setattr(gdn.ops, "chunk_gated_delta", early_keys)
+    monkeypatch.setattr(gdn.delta_rule, "chunk_gated_delta", early_keys)
     changed, leak = causality_violation(build(case_config("gdn")))
     assert changed > 1e-3 and leak > 0
 
