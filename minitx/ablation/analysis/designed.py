@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import UserError
-from ...evaluation.diagnostics import DIAGNOSTIC_KEYS
+from ...evaluation.diagnostics import DIAGNOSTICS
 from ..plan.ladder import Plan, Point, Rate
 from ..runs.results import RunResults
 from . import fit, robust
@@ -150,7 +150,7 @@ def analyse(
         arm.seed_chose_lr = any(p.run.directory in swept and trained(p).loss is not None for p in rung_points)
         values = [trained(p).diagnostics for p in _unique(rung_points)]
         values = [v for v in values if v]
-        for key in DIAGNOSTIC_KEYS:
+        for key in DIAGNOSTICS:
             found = [v[key] for v in values if v.get(key) is not None]
             if found:
                 arm.diagnostics[key] = sum(found) / len(found)
