@@ -64,6 +64,10 @@ class ArmResult:
         """The distinct sizes among the arm's fitted points."""
         return len({p.size for p in self.points})
 
+    def point(self, size: str, budget) -> Point | None:
+        """The arm's ladder point at (size, budget), None where it has none finished."""
+        return next((p for p in self.points if p.size == size and p.budget == budget), None)
+
     def fitted_loss(self, point: Point, trained: RunResults) -> float | None:
         """The point's loss as the fit uses it: the median of three seeds where a third seed
         settled a far-apart pair, else its run's."""
@@ -335,7 +339,7 @@ def _medians(plan: Plan, fitted: list[ArmResult], trained: RunResults, replicate
         third = trained(r).loss
         if arm is None or third is None or r.size not in arm.pairs:
             continue
-        mine = next((p for p in arm.points if p.size == r.size and p.budget == plan.budgets[-1]), None)
+        mine = arm.point(r.size, plan.budgets[-1])
         if mine is None:
             continue
         a, b = arm.pairs[r.size]
@@ -446,7 +450,7 @@ def replicate_pairs(plan: Plan, arm: ArmResult, trained: RunResults) -> dict[str
     top = plan.budgets[-1]
     for size, runs in ((plan.sizes[0].name, rate.sweep), (plan.sizes[-1].name, rate.confirm)):
         other = runs.get(rate.by_size.get(size))
-        mine = next((p for p in arm.points if p.size == size and p.budget == top), None)
+        mine = arm.point(size, top)
         if other is None or mine is None or other.run.directory == mine.run.directory:
             continue
         a, b = trained(mine).loss, trained(other).loss
