@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from ..kinds import KindSpec, register, registry
-from ..rope import apply_rope
 from . import diff, gdn, grouped, local, mla, mta
 from .kind_layer import KindLayer
 from .softmax import Attention
@@ -46,4 +45,4 @@ def check_layer_class(spec: KindSpec) -> None:
         )
 
 
-__all__ = ["Attention", "KindLayer", "KindSpec", "apply_rope", "build", "register", "registry"]
+__all__ = ["Attention", "KindLayer", "build"]

@@ -84,16 +84,13 @@ class LocalAttention(Attention):
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if self.sinks is None:
             return self.attend_window(q, k, v, self.n_global)
+
         # The sink goes in as a token before the sequence (see sinks.with_sink), always in view: one
         # global token more. The window is unchanged: every real token moved by one place.
-        return with_sink(
-            lambda q, k, v: self.attend_window(q, k, v, self.n_global + 1, self.scale),
-            q,
-            k,
-            v,
-            self.sinks,
-            self.scale,
-        )
+        def window(q, k, v):
+            return self.attend_window(q, k, v, self.n_global + 1, self.scale)
+
+        return with_sink(window, q, k, v, self.sinks, self.scale)
 
     def attend_window(self, q: Tensor, k: Tensor, v: Tensor, n_global: int, scale=None) -> Tensor:
         T = q.shape[2]

@@ -258,12 +258,6 @@ class MultiHeadLatentAttention(KindLayer):
             window=config.block_size,
         )
 
-    def new_cache(self, batch: int, max_len: int | None = None, dtype=None, device=None) -> KVCache:
-        weight = self.kv_down.weight
-        return self.make_cache(
-            self.config, self.layer, batch, max_len, dtype or weight.dtype, device or weight.device
-        )
-
 
 MLA = KindSpec(
     "mla",

@@ -10,12 +10,8 @@ kind of one's own (examples/custom_attention.py) share.
 It may also override `cache_layout` (how many cache slots it needs), `cache_type` (a KVCache
 subclass, when it keeps more than keys and values), `on_prefill` and `attend_cached`; and, for the
 diagnostics, `softmax_maps` (a kind with more than one map per head) and `visible_keys` (a kind
-whose queries see fewer keys than the causal ones).
-
-Three additions of 2024-25 are options of every softmax kind whose options derive from
-`SoftmaxOptions` (mha, mqa, gqa, local): QK-norm and the output gate live here, in the shared
-projections; learned sinks change the softmax, so each kind's `attend` goes through
-`sinks.with_sink`.
+whose queries see fewer keys than the causal ones). QK-norm, learned sinks and the output gate
+(SoftmaxOptions) are options of every kind whose options derive from SoftmaxOptions.
 """
 
 from __future__ import annotations
@@ -170,13 +166,6 @@ class Attention(KindLayer):
             dtype=dtype,
             device=device,
             **cls.cache_layout(config, layer),
-        )
-
-    def new_cache(self, batch: int, max_len: int | None = None, dtype=None, device=None) -> KVCache:
-        """A cache for this layer, in the dtype and on the device of its q/k/v projection unless given."""
-        weight = self.qkv_proj.weight
-        return self.make_cache(
-            self.config, self.layer, batch, max_len, dtype or weight.dtype, device or weight.device
         )
 
     # -- FLOPs --------------------------------------------------------------------------------

@@ -112,42 +112,32 @@ def entropy_sum(A: Tensor, visible: Tensor) -> tuple[float, int]:
 
 
 class MapFigures:
-    """The figures of the layers' softmax maps, gathered batch by batch: run_diagnostics feeds it
-    a model's maps, the tests maps of known answers (map_figures).
+    """The figures of the layers' softmax maps, gathered batch by batch (run_diagnostics; the tests
+    give it maps of known answers through map_figures):
 
-    first_token_share: attention on position 0 (Qiu et al. 2025's "F-Attn": 0.467 for their
-        baseline, 0.048 gated), each map's weight A[i, 0] averaged over query rows i, then over the
-        layer's heads (all its maps' heads pooled), over sequences and over layers. 1 when every
-        query attends to key 0 alone.
-    sink_rate: Sink_1 (Gu et al., ICLR 2025, arXiv 2410.10781), the share, in [0, 1], of (layer,
-        head) pairs whose alpha_1 exceeds epsilon (0.3, theirs). For key k (1-based; key 1 is
-        position 0) alpha_k = (1 / (T - k + 1)) * sum_{i >= k} A[i, k], the mean attention key k
-        gets from the queries that see it (with a window: the queries whose window holds key 1),
-        averaged over sequences. Gu et al. measure it over 100 sequences of 64 tokens; sinks
-        appear only after enough training.
-    entropy: normalised attention entropy (Zhai et al., ICML 2023, arXiv 2303.06296), for each
-        query row i of each map -sum_j A[i, j] log A[i, j] over the keys, divided by log(n_i)
-        where n_i is the number of keys row i sees (causal: i + 1; a window: at most its width),
-        so 1 is uniform over them and 0 is all on one key; rows that see one key have no figure.
-        The mean over every counted row of every map, head, sequence and layer; per layer too
-        (entropy_by_layer), with why a layer has none (entropy_missing). With learned sinks a
-        row's weights sum to less than 1 (the rest went to the sink, which is no key): the entropy
-        is taken over the real keys' weights as they are, unrenormalised, so mass on the sink
-        lowers it as attention to nothing should."""
+    first_token_share: the weight A[i, 0] on position 0 (Qiu et al. 2025's "F-Attn": 0.467 for
+        their baseline, 0.048 gated), averaged over query rows, the layer's heads (all its maps'
+        pooled), sequences and layers. 1 when every query attends to key 0 alone.
+    sink_rate: Sink_1 (Gu et al., ICLR 2025, arXiv 2410.10781), the share of (layer, head) pairs
+        whose alpha_1, the mean attention position 0 gets from the queries that see it (averaged
+        over sequences), exceeds epsilon (0.3, theirs).
+    entropy: the normalised attention entropy (Zhai et al., ICML 2023, arXiv 2303.06296) of each
+        query row, -sum_j A[i, j] log A[i, j] / log(n_i) over the n_i keys it sees (entropy_sum);
+        the mean over every counted row of every map, head, sequence and layer, and per layer
+        (entropy_by_layer), with why a layer has none (entropy_missing). With learned sinks a row
+        sums to less than 1: the real keys' weights are taken as they are, so mass on the sink
+        lowers the entropy as attention to nothing should."""
 
     def __init__(self, visible: list[Tensor | None]):
         self.visible = visible  # per layer, the (T, T) keys each query sees (visible_keys)
         self.sequences = 0
-        self.share = [0.0] * len(
-            visible
-        )  # per layer: first-token share summed over sequences, mean over heads
-        self.alpha: list[Tensor | None] = [None] * len(
-            visible
-        )  # per layer: alpha_1 per head summed over sequences
-        self.entropy = [
-            [0.0, 0] for _ in visible
-        ]  # per layer: entropy summed over its counted rows, and their number
-        self.signed = [False] * len(visible)  # per layer: a map that is no distribution (MTA's after mixing)
+        # Per layer: the first-token share summed over sequences (a mean over heads), alpha_1 per
+        # head summed over sequences, the entropy summed over counted rows and their number, and
+        # whether a map was no distribution (MTA's after its mixing).
+        self.share = [0.0] * len(visible)
+        self.alpha: list[Tensor | None] = [None] * len(visible)
+        self.entropy = [[0.0, 0] for _ in visible]
+        self.signed = [False] * len(visible)
 
     def add(self, maps: list[list[Tensor]], sequences: int) -> None:
         """One batch of `sequences` sequences: per layer its maps, (B, H, T, T) each ([] for none)."""

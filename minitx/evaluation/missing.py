@@ -27,9 +27,10 @@ def missing_notes(figures: dict, kinds: list[str]) -> list[str]:
 
 
 # Why a variant's runs have diagnostics but not this figure (diagnostics.run_diagnostics: None).
+NO_MAP = "no layer has a softmax map (gdn alone: a linear recurrence, its map signed)"
 NO_FIGURE = {
-    "first_token_share": "no layer has a softmax map (gdn alone: a linear recurrence, its map signed)",
-    "sink_rate": "no layer has a softmax map (gdn alone: a linear recurrence, its map signed)",
+    "first_token_share": NO_MAP,
+    "sink_rate": NO_MAP,
     "entropy": "no layer's map is a probability distribution (gdn has no softmax map; MTA's, after its "
     "post-softmax convolution and head mixing, has weights below 0 or rows above 1)",
 }

@@ -16,10 +16,9 @@ from torch import nn
 
 import minitx
 from minitx import AttentionConfig, ModelConfig, Transformer
-from minitx.attention import KindSpec, register, registry
 from minitx.attention.grouped import GroupedQueryAttention
 from minitx.decoding.loop import generate
-from minitx.kinds import OptionError
+from minitx.kinds import KindSpec, OptionError, register, registry
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")
 
