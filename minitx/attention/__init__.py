@@ -24,6 +24,8 @@ register(gdn.GDN)  # Gated DeltaNet: linear attention, a recurrent state
 
 
 def build(config: ModelConfig, layer: int) -> KindLayer:
+    """Layer `layer`'s attention, of the kind the config names there (mha: softmax.py's Attention
+    with grouped.py's attend)."""
     spec = registry[config.layer_kinds[layer]]
     check_layer_class(spec)
     return spec.module(config, layer)
