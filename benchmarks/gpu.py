@@ -43,7 +43,7 @@ says which path ran, counted by wrapping both functions.
   and every gradient (FLA_TOL), and fla's kernels counted in every gdn layer. On auto, CUDA takes
   fla's kernels when installed, so the other checks and the rows run them there.
 - fla vs torch, documents: the same on packed documents (each row cut in two elsewhere), which fla
-  takes as packed sequences through cu_seqlens (minitx.attention.gdn.ops.fla_chunk).
+  takes as packed sequences through cu_seqlens (minitx.attention.gdn.delta_rule.fla_chunk).
 
 Measurements: training tokens/s and MFU of each kind (bare loop, bf16 autocast, AdamW), compiled
 and not (the options qknorm, sinks and gated eager only: COMPILED_TRAINING_KINDS); one attention
@@ -583,7 +583,7 @@ def check_fla(
     """config's gdn layers through fla's Triton kernels (backend fla) against the torch path (backend
     torch): same weights, same device, float32 with TF32 off; logits and every gradient. documents:
     on packed documents, which fla takes as packed sequences (cu_seqlens)."""
-    from minitx.attention.gdn import ops as gdn_ops
+    from minitx.attention.gdn import delta_rule
 
     if documents:
         config = with_documents(config)
@@ -597,7 +597,7 @@ def check_fla(
     logits, grads, calls = {}, {}, {}
     with ieee_float32():
         for name, model in (("torch", torch_path), ("fla", fla_path)):
-            with counting_calls(gdn_ops, "fla_chunk") as counts:
+            with counting_calls(delta_rule, "fla_chunk") as counts:
                 out = model(idx[:, :-1])
             lm_loss(out, idx[:, 1:]).backward()
             logits[name] = out.detach().double().cpu()

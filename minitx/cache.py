@@ -11,9 +11,10 @@ A layer's cache holds keys and values with the layer's own number of key/value h
 - multi-token attention also keeps its last (query kernel - 1) queries, which its convolution
   along the query axis needs: its own cache type, a subclass (see attention/mta/layer.py).
 
-A layer makes its cache (`Attention.setup_cache` / `new_cache`, sized by the layer's kind); the
-cache stores new keys and values and says what new queries may see (`update`). Caches are
-modules whose buffers are not persistent: `.to(device)` moves them, checkpoints never hold them.
+A layer makes its cache (`new_cache`, sized by the layer's kind) and `Transformer.new_cache`
+gathers them in a ModelCache, which the model's forward takes; the cache stores new keys and values
+and says what new queries may see (`update`). Caches are modules whose buffers are not persistent:
+`.to(device)` moves them, checkpoints never hold them.
 
 Because every slot carries its position, the attention mask is computed from positions (see
 `functional.allowed_mask`), and the order of slots in the ring does not matter to softmax.

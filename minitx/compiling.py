@@ -1,4 +1,5 @@
-"""What minitx tells torch.compile, said without importing the compiler.
+"""What minitx tells torch.compile, said without importing the compiler; and the one compiled
+function the attention kinds share, flex attention, compiled at its first call.
 
 `torch.compiler.assume_constant_result` imports torch._dynamo (and with it sympy, triton and a few
 hundred modules: about 1.3 s, more than the rest of `import minitx`) only to set one attribute on
@@ -11,6 +12,7 @@ whole (fullgraph).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -26,3 +28,12 @@ def constant_result(fn: F) -> F:
     constant of the graph (as torch.compiler.assume_constant_result does, without its import)."""
     setattr(fn, CONSTANT_RESULT, True)
     return fn
+
+
+@functools.lru_cache(maxsize=1)
+def compiled_flex_attention():
+    """torch's flex attention, compiled once per process (block-sparse masks: a window, documents)."""
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .compiling import compiled_flex_attention
+
 
 @dataclass
 class Documents:
@@ -180,6 +182,14 @@ def stack_pieces(rows: Tensor, index: Tensor) -> Tensor:
 # attention's time where one dense mask took 1.76x and blocks of 64 or 128 more than 1.6x (calls
 # and mask slices cost more than the keys they skip).
 QUERY_BLOCK = 256
+
+
+def flex_documents(
+    q: Tensor, k: Tensor, v: Tensor, docs: Documents, window: int | None, leading: int, scale: float
+) -> Tensor:
+    """Attention inside the documents (and a window) through compiled flex attention."""
+    mask = docs.flex_mask(window, leading)
+    return compiled_flex_attention()(q, k, v, block_mask=mask, scale=scale, enable_gqa=True)
 
 
 def masked_attention(attend, q: Tensor, k: Tensor, v: Tensor, docs: Documents, leading: int = 0) -> Tensor:

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from . import attention
-from .cache import KVCache, ModelCache
+from .cache import ModelCache
 from .config import NORM_EPS, ModelConfig
 from .decoding import loop
 from .documents import Documents
@@ -125,41 +125,33 @@ class Transformer(nn.Module):
             x = x + self.pos_emb(torch.arange(start, start + idx.shape[1], device=idx.device))
         return x
 
-    def documents(self, idx: Tensor, caches: list[KVCache | None]) -> Documents | None:
+    def documents(self, idx: Tensor, cache: ModelCache | None = None) -> Documents | None:
         """The documents of idx (None without a document token). Decoding, the caches remember
         where the running document began and learn where each new query's begins."""
         token = self.config.document_token
         if token is None:
             return None
-        first = caches[0]
-        if first is None:
+        if cache is None:
             return Documents.of(idx, token)
+        first = cache.layers[0]
         docs = Documents.of(idx, token, first.n_seen, first.doc_start if first.n_seen else None)
-        for cache in caches:
-            cache.set_documents(docs.starts)
+        for layer_cache in cache.layers:
+            layer_cache.set_documents(docs.starts)
         return docs
-
-    def layer_caches(self, cache: ModelCache | None = None) -> list[KVCache | None]:
-        """The caches the layers use: those of `cache` if given, else the layers' own (or None)."""
-        if cache is not None:
-            return list(cache.layers)
-        return [block.attn.kv_cache for block in self.blocks]
 
     def forward_embeddings(
         self,
         x: Tensor,
         cache: ModelCache | None = None,
-        caches: list[KVCache | None] | None = None,
         docs: Documents | None = None,
         at: Tensor | None = None,
     ) -> Tensor:
-        """Logits (B, T, vocab) from input embeddings (B, T, d_model); `caches`: the per-layer
-        caches when the caller has looked them up already (see layer_caches); `docs`: the
-        documents the tokens belong to (see `documents`), None: one text; `at`: a (B, T) bool
-        mask, the logits (N, vocab) of its N positions only (in order): a task that scores a few
-        positions (MQAR) pays for the output layer at those alone."""
-        caches = caches or self.layer_caches(cache)
-        start = caches[0].n_seen if caches[0] is not None else 0
+        """Logits (B, T, vocab) from input embeddings (B, T, d_model), through `cache` if given;
+        `docs`: the documents the tokens belong to (see `documents`), None: one text; `at`: a
+        (B, T) bool mask, the logits (N, vocab) of its N positions only (in order): a task that
+        scores a few positions (MQAR) pays for the output layer at those alone."""
+        caches = [None] * len(self.blocks) if cache is None else cache.layers
+        start = cache.n_seen if cache is not None else 0
         rope = self.rope(start, x.shape[1]) if self.rope is not None else None
         x = self.dropout(x)
         for block, layer_cache in zip(self.blocks, caches):
@@ -167,18 +159,16 @@ class Transformer(nn.Module):
         return self.lm_head(self.norm(x if at is None else x[at]))
 
     def forward(self, idx: Tensor, cache: ModelCache | None = None, at: Tensor | None = None) -> Tensor:
-        """Logits (B, T, vocab_size) for token ids idx (B, T), through `cache` if given, else
-        through the layers' own caches while they are set up (`setup_caches`); with `at` (B, T)
-        bool, the logits (N, vocab_size) of its N positions only (see forward_embeddings)."""
+        """Logits (B, T, vocab_size) for token ids idx (B, T), through `cache` (a `new_cache`) if
+        given; with `at` (B, T) bool, the logits (N, vocab_size) of its N positions only (see
+        forward_embeddings)."""
         T = idx.shape[1]
-        caches = self.layer_caches(cache)
-        first_cache = caches[0]
-        start = first_cache.n_seen if first_cache is not None else 0
-        if first_cache is None and T > self.config.block_size:
+        start = cache.n_seen if cache is not None else 0
+        if cache is None and T > self.config.block_size:
             raise ValueError(
                 f"sequence length {T} exceeds block_size={self.config.block_size}; crop the input"
             )
-        docs = self.documents(idx, caches)
+        docs = self.documents(idx, cache)
         if self.pos_emb is not None and start + T > self.config.block_size:
             # Past the context only a document that restarted its positions may go on decoding.
             end = start + T if docs is None else int(docs.positions.max()) + 1
@@ -186,30 +176,15 @@ class Transformer(nn.Module):
                 raise ValueError(
                     f"positions up to {end} exceed block_size={self.config.block_size} of a model with learned positions"
                 )
-        return self.forward_embeddings(self.embed(idx, start, docs), caches=caches, docs=docs, at=at)
+        return self.forward_embeddings(self.embed(idx, start, docs), cache, docs, at)
 
     # -- decoding caches -------------------------------------------------------------------------
     def new_cache(
         self, batch: int = 1, max_len: int | None = None, dtype: torch.dtype | None = None
     ) -> ModelCache:
-        """Preallocated caches for all layers, each made by its layer, to pass to forward."""
+        """Preallocated caches for all layers, each made by its layer, to pass to forward (and
+        `reset()` for a new sequence, keeping their memory)."""
         return ModelCache([block.attn.new_cache(batch, max_len, dtype) for block in self.blocks])
-
-    def setup_caches(
-        self, batch: int = 1, max_len: int | None = None, dtype: torch.dtype | None = None
-    ) -> None:
-        """Give every layer its own cache; forward uses them until `remove_caches` (not for training)."""
-        for block in self.blocks:
-            block.attn.setup_cache(batch, max_len, dtype)
-
-    def reset_caches(self) -> None:
-        """Empty the layers' own caches for a new sequence, keeping their memory."""
-        for block in self.blocks:
-            block.attn.reset_cache()
-
-    def remove_caches(self) -> None:
-        for block in self.blocks:
-            block.attn.remove_cache()
 
     # -- tools -----------------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 is left of a pair by the time its query comes.
 
 Gated DeltaNet multiplies its state by alpha_t = exp(g_t) at every token, g_t = -exp(A_log) *
-softplus(W_a x_t + dt_bias) (minitx/attention/gdn/ops.py), so a pair written d tokens before its
+softplus(W_a x_t + dt_bias) (minitx/attention/gdn/delta_rule.py), so a pair written d tokens before its
 query reaches it scaled by exp(g summed over those d tokens). Two uses:
 
     # a trained checkpoint: each layer's mean g per token (on the pairs, the filler and the

@@ -60,7 +60,7 @@ modules at the top drive them, and where the two kinds of sweep differ a stage h
       designed.py       a designed sweep's results.csv and results.md; ladder.py its ladder's
                         sections (verdicts, each size left out, the held-out rung, noise by size),
                         cells.py how numbers are written; designed_plots.py its plots
-      missing.py        why a diagnostic is "–"
+                        (why a diagnostic is "–": minitx/evaluation/missing.py)
 
 Output, under --output: a directory per run (runs/<variant>-seed<k>, with the run's own logs and
 checkpoints, run.json, summary.json, evaluation.json, diagnostics.json, train.log), results.csv,

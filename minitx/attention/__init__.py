@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from ..kinds import KindSpec, register, registry
-from ..rope import apply_rope
 from . import diff, gdn, grouped, local, mla, mta
-from .base import Attention, KindLayer
+from .kind_layer import KindLayer
+from .softmax import Attention
 
 register(grouped.MHA)  # n_kv_head = n_head
 register(grouped.MQA)  # n_kv_head = 1
@@ -24,6 +24,8 @@ register(gdn.GDN)  # Gated DeltaNet: linear attention, a recurrent state
 
 
 def build(config: ModelConfig, layer: int) -> KindLayer:
+    """Layer `layer`'s attention, of the kind the config names there (mha: softmax.py's Attention
+    with grouped.py's attend)."""
     spec = registry[config.layer_kinds[layer]]
     check_layer_class(spec)
     return spec.module(config, layer)
@@ -41,8 +43,8 @@ def check_layer_class(spec: KindSpec) -> None:
     if cls.missing():
         raise TypeError(
             f"attention kind {spec.name}: its layer class {cls.__qualname__} does not implement "
-            f"{', '.join(cls.missing())} (KindLayer.REQUIRED, minitx/attention/base.py)"
+            f"{', '.join(cls.missing())} (KindLayer.REQUIRED, minitx/attention/kind_layer.py)"
         )
 
 
-__all__ = ["Attention", "KindLayer", "KindSpec", "apply_rope", "build", "register", "registry"]
+__all__ = ["Attention", "KindLayer", "build"]

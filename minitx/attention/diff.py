@@ -45,7 +45,7 @@ from ..documents import Documents, masked_attention
 from ..flops import causal_pairs
 from ..kinds import KindSpec
 from ..options import OptionError, fail
-from .base import Attention
+from .softmax import Attention
 
 
 @dataclass

@@ -9,16 +9,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import functional
-from ..documents import Documents, masked_attention
+from ..documents import Documents, flex_documents, masked_attention
 from ..kinds import KindSpec
-from . import local
-from .base import Attention, SoftmaxOptions
+from .sinks import with_sink
+from .softmax import Attention, SoftmaxOptions
 
 
 class GroupedQueryAttention(Attention):
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if self.sinks is not None:
-            return self.with_sink(self.causal, q, k, v)
+            return with_sink(self.causal, q, k, v, self.sinks, self.scale)
         return self.causal(q, k, v)
 
     def causal(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -40,13 +40,13 @@ class GroupedQueryAttention(Attention):
         if self.use_flex(q):  # block-sparse: blocks wholly in another document are skipped
 
             def attend(q, k, v):
-                return local.flex_documents(q, k, v, docs, None, leading, self.scale)
+                return flex_documents(q, k, v, docs, None, leading, self.scale)
         else:  # SDPA under the mask, in blocks of queries
 
             def attend(q, k, v):
                 return masked_attention(self.causal, q, k, v, docs, leading)
 
-        return attend(q, k, v) if self.sinks is None else self.with_sink(attend, q, k, v)
+        return attend(q, k, v) if self.sinks is None else with_sink(attend, q, k, v, self.sinks, self.scale)
 
     def use_flex(self, q: Tensor) -> bool:
         """Documents through compiled flex attention: on CUDA, without dropout (flex has none)."""

@@ -17,12 +17,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import functional
+from ..compiling import compiled_flex_attention
 from ..config import ModelConfig
-from ..documents import Documents, masked_attention
+from ..documents import Documents, flex_documents, masked_attention
 from ..flops import window_pairs
 from ..kinds import KindSpec
 from ..options import OptionError, fail
-from .base import SINK_WIDTH, Attention, SoftmaxOptions
+from .sinks import SINK_WIDTH, with_sink
+from .softmax import Attention, SoftmaxOptions
 
 MIN_BLOCK = 64  # tiny windows still get blocks of this size: fewer, larger matmuls
 
@@ -83,11 +85,13 @@ class LocalAttention(Attention):
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if self.sinks is None:
             return self.attend_window(q, k, v, self.n_global)
-        # The sink goes in as a token before the sequence (see with_sink), always in view: one
+
+        # The sink goes in as a token before the sequence (see sinks.with_sink), always in view: one
         # global token more. The window is unchanged: every real token moved by one place.
-        return self.with_sink(
-            lambda q, k, v: self.attend_window(q, k, v, self.n_global + 1, self.scale), q, k, v
-        )
+        def window(q, k, v):
+            return self.attend_window(q, k, v, self.n_global + 1, self.scale)
+
+        return with_sink(window, q, k, v, self.sinks, self.scale)
 
     def attend_window(self, q: Tensor, k: Tensor, v: Tensor, n_global: int, scale=None) -> Tensor:
         T = q.shape[2]
@@ -117,7 +121,7 @@ class LocalAttention(Attention):
             def attend(q, k, v):
                 return chunked_local(q, k, v, self.window, leading, self.dropout_p, self.scale, starts=starts)
 
-        return attend(q, k, v) if self.sinks is None else self.with_sink(attend, q, k, v)
+        return attend(q, k, v) if self.sinks is None else with_sink(attend, q, k, v, self.sinks, self.scale)
 
     def use_flex(self, q: Tensor) -> bool:
         """Compiled flex attention: asked for, or `auto` on CUDA; it has no dropout."""
@@ -205,13 +209,6 @@ def _block_mask(n: int, C: int, window: int, n_global: int, device) -> Tensor:
     return allowed.unsqueeze(1)
 
 
-@functools.lru_cache(maxsize=1)
-def _compiled_flex():
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False)
-
-
 # Made outside inference mode even when generation asks first: flex attention's backward (CUDA
 # only) saves the block mask's tensors, which an inference tensor cannot be.
 @functools.lru_cache(maxsize=32)
@@ -230,7 +227,7 @@ def flex_local(
 ) -> Tensor:
     """Block-sparse sliding window through compiled flex attention (CUDA, or CPU for testing)."""
     block_mask = _flex_block_mask(q.shape[2], window, n_global, q.device)
-    return _compiled_flex()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
+    return compiled_flex_attention()(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
 
 
 def check_local_model(config: ModelConfig) -> None:
@@ -241,13 +238,6 @@ def check_local_model(config: ModelConfig) -> None:
             "global tokens are the first of the sequence, which with document_token set lie in another document",
             "set n_global to 0 (a learned sink, sinks: true, is in view of every document), or unset document_token",
         )
-
-
-def flex_documents(
-    q: Tensor, k: Tensor, v: Tensor, docs: Documents, window: int | None, leading: int, scale: float
-) -> Tensor:
-    """Attention inside the documents (and a window) through compiled flex attention."""
-    return _compiled_flex()(q, k, v, block_mask=docs.flex_mask(window, leading), scale=scale, enable_gqa=True)
 
 
 LOCAL = KindSpec("local", LocalAttention, options=LocalOptions, check_model=check_local_model)

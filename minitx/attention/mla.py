@@ -41,7 +41,7 @@ from ..flops import causal_pairs
 from ..kinds import KindSpec
 from ..options import OptionError, fail
 from ..rope import apply_rope, rotary_table
-from .base import KindLayer, norm_float32
+from .kind_layer import KindLayer, norm_float32
 
 
 @dataclass
@@ -257,12 +257,6 @@ class MultiHeadLatentAttention(KindLayer):
             # Full attention's: a ring of block_size slots; past it the context slides.
             capacity=config.block_size,
             window=config.block_size,
-        )
-
-    def new_cache(self, batch: int, max_len: int | None = None, dtype=None, device=None) -> KVCache:
-        weight = self.kv_down.weight
-        return self.make_cache(
-            self.config, self.layer, batch, max_len, dtype or weight.dtype, device or weight.device
         )
 
 

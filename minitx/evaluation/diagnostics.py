@@ -8,16 +8,16 @@ the loss by token position, on held-out text.
 The papers that compare attention designs explain their results with these figures: a design that
 removes the attention sink (Gated Attention, Qiu et al. 2025, arXiv 2505.06708) or the massive
 activations that feed it (Sun et al. 2024, arXiv 2402.17762) should show it here. Definitions are
-in each function's docstring and in docs/evaluation.md.
+in MapFigures' and MassiveStats' docstrings and in docs/evaluation.md.
 
 Maps: attention weights come from each kind's materialised path (`Attention.softmax_maps`, which
 goes through `reference`): fused attention never forms them. Every softmax map counts on its own,
 so differential attention gives two per layer (A1 and A2, each over H/2 heads), and its heads are
 pooled with the layer's. MTA's map is the one its values read, after its post-softmax convolution
 and head mixing: a mixture of softmax rows, near them as trained from the identity, though a weight
-may fall below 0 or a row rise above 1, and such a map has no entropy. The functions below take `maps` as one
-entry per layer, each a (B, H, T, T) tensor or a list of them (a layer's several maps); a single
-tensor is one layer.
+may fall below 0 or a row rise above 1, and such a map has no entropy. `map_figures` takes `maps`
+as one entry per layer, each a (B, H, T, T) tensor or a list of them (a layer's several maps); a
+single tensor is one layer.
 
 A layer with no softmax map (gdn: a linear recurrence, whose materialised map is signed and
 unnormalised) gives an empty list: it has no first-token share, alpha_1 or entropy ("-" in the
@@ -37,10 +37,9 @@ from torch import Tensor
 from ..errors import UserError
 
 EPSILON = 0.3  # Gu et al.'s threshold on alpha_1 for a sink head
-# The per-run figures a sweep reports (run_diagnostics's keys), with their names in its tables: a
-# new diagnostic is its function here, its key in run_diagnostics and a line below.
-DIAGNOSTIC_KEYS = ("first_token_share", "sink_rate", "massive_ratio", "entropy")
-DIAGNOSTIC_NAMES = {
+# The per-run figures a sweep reports (run_diagnostics's keys, in its order), each with its name
+# in the sweep's tables and plots: a new diagnostic is its figure here, in run_diagnostics and below.
+DIAGNOSTICS = {
     "first_token_share": "first-token share",
     "sink_rate": "sink rate",
     "massive_ratio": "massive act. (max/median)",
@@ -109,80 +108,89 @@ def entropy_sum(A: Tensor, visible: Tensor) -> tuple[float, int]:
     return float(normalised.sum()), normalised.numel()
 
 
-# ------------------------------------------------------------------------- the pure functions
+# ------------------------------------------------------------------------- the reductions
 
 
-def first_token_share(maps: Maps) -> float | None:
-    """Attention on position 0 (Qiu et al. 2025's "F-Attn": 0.467 for their baseline, 0.048 gated):
-    each map's weight A[i, 0] averaged over query rows i and sequences, then over the layer's heads
-    (all its maps' heads pooled), then over layers. 1 when every query attends to key 0 alone."""
-    layers = [layer for layer in layer_maps(maps) if layer]
-    if not layers:
-        return None
-    shares = [torch.cat([m[..., 0].mean(dim=(0, 2)) for m in layer]).mean() for layer in layers]
-    return float(torch.stack(shares).mean())
+class MapFigures:
+    """The figures of the layers' softmax maps, gathered batch by batch (run_diagnostics; the tests
+    give it maps of known answers through map_figures):
+
+    first_token_share: the weight A[i, 0] on position 0 (Qiu et al. 2025's "F-Attn": 0.467 for
+        their baseline, 0.048 gated), averaged over query rows, the layer's heads (all its maps'
+        pooled), sequences and layers. 1 when every query attends to key 0 alone.
+    sink_rate: Sink_1 (Gu et al., ICLR 2025, arXiv 2410.10781), the share of (layer, head) pairs
+        whose alpha_1, the mean attention position 0 gets from the queries that see it (averaged
+        over sequences), exceeds epsilon (0.3, theirs).
+    entropy: the normalised attention entropy (Zhai et al., ICML 2023, arXiv 2303.06296) of each
+        query row, -sum_j A[i, j] log A[i, j] / log(n_i) over the n_i keys it sees (entropy_sum);
+        the mean over every counted row of every map, head, sequence and layer, and per layer
+        (entropy_by_layer), with why a layer has none (entropy_missing). With learned sinks a row
+        sums to less than 1: the real keys' weights are taken as they are, so mass on the sink
+        lowers the entropy as attention to nothing should."""
+
+    def __init__(self, visible: list[Tensor | None]):
+        self.visible = visible  # per layer, the (T, T) keys each query sees (visible_keys)
+        self.sequences = 0
+        # Per layer: the first-token share summed over sequences (a mean over heads), alpha_1 per
+        # head summed over sequences, the entropy summed over counted rows and their number, and
+        # whether a map was no distribution (MTA's after its mixing).
+        self.share = [0.0] * len(visible)
+        self.alpha: list[Tensor | None] = [None] * len(visible)
+        self.entropy = [[0.0, 0] for _ in visible]
+        self.signed = [False] * len(visible)
+
+    def add(self, maps: list[list[Tensor]], sequences: int) -> None:
+        """One batch of `sequences` sequences: per layer its maps, (B, H, T, T) each ([] for none)."""
+        self.sequences += sequences
+        for layer, (own, v) in enumerate(zip(maps, self.visible)):
+            if not own:  # no softmax map (gdn)
+                continue
+            firsts, alphas = zip(*(key_zero_by_head(m.float(), v) for m in own))
+            self.share[layer] += float(torch.cat(firsts, dim=1).mean(1).sum())
+            heads = torch.cat(alphas, dim=1).sum(0)
+            self.alpha[layer] = heads if self.alpha[layer] is None else self.alpha[layer] + heads
+            for m in own:
+                self.signed[layer] |= not is_distribution(m.float())
+                s, n = entropy_sum(m.float(), v)
+                self.entropy[layer][0] += s
+                self.entropy[layer][1] += n
+
+    def result(self, epsilon: float = EPSILON) -> dict:
+        N, alpha, entropy = self.sequences, self.alpha, self.entropy
+        softmax = [layer for layer, heads in enumerate(alpha) if heads is not None]
+        heads = torch.cat([alpha[layer] for layer in softmax]) / N if softmax else None
+        counted = sum(n for _, n in entropy)
+        return {
+            "first_token_share": sum(self.share[i] for i in softmax) / (N * len(softmax))
+            if softmax
+            else None,
+            "sink_rate": float((heads > epsilon).float().mean()) if softmax else None,
+            "entropy": sum(s for s, _ in entropy) / counted if counted else None,
+            "entropy_by_layer": [s / n if n else None for s, n in entropy],
+            "entropy_missing": [
+                None
+                if n
+                else (
+                    "no softmax map"
+                    if alpha[i] is None
+                    else "not a distribution"
+                    if self.signed[i]
+                    else "one key"
+                )
+                for i, (_, n) in enumerate(entropy)
+            ],
+        }
 
 
-def alpha_1(maps: Maps, visible: Tensor | Sequence[Tensor] | None = None) -> list[Tensor]:
-    """alpha_1 per layer, (heads,) each (all the layer's maps' heads): for key k (1-based; key 1 is
-    position 0) alpha_k = (1 / (T - k + 1)) * sum_{i >= k} A[i, k], the mean attention key k gets
-    from the queries that see it (Gu et al., ICLR 2025, arXiv 2410.10781), averaged over sequences.
-    With `visible` (T, T) (a window) the mean is over the queries whose window holds key 1."""
+def map_figures(
+    maps: Maps, visible: Tensor | Sequence[Tensor] | None = None, epsilon: float = EPSILON
+) -> dict:
+    """MapFigures of one batch of maps (one entry per layer, see the module's docstring), each
+    layer's keys `visible` (T, T), one for all layers or one per layer: causal unless given."""
     layers = layer_maps(maps)
-    return [
-        torch.cat([key_zero_by_head(m, v)[1].mean(0) for m in layer] or [torch.zeros(0)])
-        for layer, v in zip(layers, layer_visible(visible, layers))
-    ]
-
-
-def sink_rate(
-    maps: Maps, epsilon: float = EPSILON, visible: Tensor | Sequence[Tensor] | None = None
-) -> float | None:
-    """Sink_1 (Gu et al., ICLR 2025, arXiv 2410.10781): the share, in [0, 1], of (layer, head)
-    pairs whose alpha_1 (see `alpha_1`: the mean attention position 0 gets from the queries that
-    see it, averaged over sequences) exceeds epsilon (0.3, theirs). Gu et al. measure it over 100
-    sequences of 64 tokens; sinks appear only after enough training."""
-    heads = torch.cat(alpha_1(maps, visible))
-    return float((heads > epsilon).float().mean()) if heads.numel() else None
-
-
-def attention_entropy(
-    maps: Maps, visible: Tensor | Sequence[Tensor] | None = None
-) -> tuple[float, list[float | None]]:
-    """(mean, per layer) normalised attention entropy (Zhai et al., ICML 2023, arXiv 2303.06296):
-    for each query row i of each map, -sum_j A[i, j] log A[i, j] over the keys, divided by log(n_i)
-    where n_i is the number of keys row i sees (causal: i + 1; a window: at most its width; given
-    by `visible`, (T, T) for every layer or one per layer), so 1 is uniform over them and 0 is all
-    on one key. Rows that see one key (row 0) have no figure and are left out. The mean is over
-    every counted row of every map, head, sequence and layer; a layer with no counted row is None.
-
-    With learned sinks a row's weights sum to less than 1 (the rest went to the sink, which is no
-    key): the entropy is taken over the real keys' weights as they are, unrenormalised, so mass on
-    the sink lowers it as attention to nothing should."""
-    layers = layer_maps(maps)
-    total, count, by_layer = 0.0, 0, []
-    for layer, v in zip(layers, layer_visible(visible, layers)):
-        sums = [entropy_sum(m, v) for m in layer]
-        s, n = sum(x for x, _ in sums), sum(n for _, n in sums)
-        total, count = total + s, count + n
-        by_layer.append(s / n if n else None)
-    return (total / count if count else None), by_layer
-
-
-def massive_activations(hidden: Tensor | Sequence[Tensor]) -> list[dict]:
-    """Per layer (one (B, T, d_model) residual stream each, a layer's output), Sun et al. 2024's
-    massive activations (arXiv 2402.17762): {"ratio": max |h| / median |h|, "max": max |h|,
-    "position", "channel": where the largest sits (its token position and feature)}. The median is
-    each sequence's median |h| over positions and channels, averaged over sequences, so that the
-    figure does not depend on how sequences are batched. Sun et al. call an activation massive past
-    |h| > 100 and about 1000x the median; at small scale the ratio itself is the figure."""
-    layers = [hidden] if isinstance(hidden, Tensor) else hidden
-    out = []
-    for h in layers:
-        stats = MassiveStats()
-        stats.add(h)
-        out.append(stats.result())
-    return out
+    figures = MapFigures(layer_visible(visible, layers))
+    figures.add(layers, max((maps[0].shape[0] for maps in layers if maps), default=0))
+    return figures.result(epsilon)
 
 
 def position_losses(logits: Tensor, tokens: Tensor) -> Tensor:
@@ -202,7 +210,12 @@ def loss_by_position(model, tokens: Tensor) -> list[float]:
 
 
 class MassiveStats:
-    """A layer's massive-activation figures gathered batch by batch."""
+    """A layer's massive activations (Sun et al. 2024, arXiv 2402.17762), gathered batch by batch
+    from its output, the (B, T, d_model) residual stream: {"ratio": max |h| / median |h|, "max":
+    max |h|, "position", "channel": where the largest sits (its token position and feature)}. The
+    median is each sequence's median |h| over positions and channels, averaged over sequences, so
+    that the figure does not depend on how sequences are batched. Sun et al. call an activation
+    massive past |h| > 100 and about 1000x the median; at small scale the ratio itself is the figure."""
 
     def __init__(self) -> None:
         self.max, self.position, self.channel = -1.0, 0, 0
@@ -235,7 +248,7 @@ def probe(model, tokens: Tensor) -> tuple[Tensor, list[list[Tensor]], list[Tenso
     learned positions and hides other documents' keys); each layer's maps come from its
     materialised path on the same input, over the whole sequence as one text."""
     T = tokens.shape[1]
-    docs = model.documents(tokens, [None] * len(model.blocks))
+    docs = model.documents(tokens)
     x = model.embed(tokens, 0, docs)
     rope = model.rope(0, T) if model.rope is not None else None
     maps, hidden = [], []
@@ -287,11 +300,7 @@ def run_diagnostics(model, tokens: Tensor, epsilon: float = EPSILON) -> dict:
     device = next(model.parameters()).device
     tokens = tokens.to(device)
     attns = [block.attn for block in model.blocks]
-    visible = [attn.visible_keys(T, device) for attn in attns]
-    share = [0.0] * len(attns)  # per layer: first-token share summed over sequences, mean over heads
-    alpha = [None] * len(attns)  # per layer: alpha_1 per head summed over sequences
-    entropy = [[0.0, 0] for _ in attns]
-    signed = [False] * len(attns)  # per layer: a map that is no distribution (MTA's after mixing)
+    figures = MapFigures([attn.visible_keys(T, device) for attn in attns])
     massive = [MassiveStats() for _ in attns]
     losses = torch.zeros(T - 1, device=device)
     was_training = model.training
@@ -302,38 +311,19 @@ def run_diagnostics(model, tokens: Tensor, epsilon: float = EPSILON) -> dict:
             batch = tokens[start : start + step]
             logits, maps, hidden = probe(model, batch)
             losses += position_losses(logits, batch)
-            for layer, (own, v, h) in enumerate(zip(maps, visible, hidden)):
-                massive[layer].add(h)
-                if not own:  # no softmax map (gdn)
-                    continue
-                firsts, alphas = zip(*(key_zero_by_head(m.float(), v) for m in own))
-                share[layer] += float(torch.cat(firsts, dim=1).mean(1).sum())
-                heads = torch.cat(alphas, dim=1).sum(0)
-                alpha[layer] = heads if alpha[layer] is None else alpha[layer] + heads
-                for m in own:
-                    signed[layer] |= not is_distribution(m.float())
-                    s, n = entropy_sum(m.float(), v)
-                    entropy[layer][0] += s
-                    entropy[layer][1] += n
+            figures.add(maps, batch.shape[0])
+            for stats, h in zip(massive, hidden):
+                stats.add(h)
     finally:
         model.train(was_training)
-    softmax = [layer for layer, heads in enumerate(alpha) if heads is not None]
-    heads = torch.cat([alpha[layer] for layer in softmax]) / N if softmax else None
-    counted = sum(n for _, n in entropy)
     per_layer = [stats.result() for stats in massive]
+    of_maps = figures.result(epsilon)
     return {
-        "first_token_share": sum(share[i] for i in softmax) / (N * len(softmax)) if softmax else None,
-        "sink_rate": float((heads > epsilon).float().mean()) if softmax else None,
+        "first_token_share": of_maps["first_token_share"],
+        "sink_rate": of_maps["sink_rate"],
         "massive_ratio": max(entry["ratio"] for entry in per_layer),
         "massive": per_layer,
-        "entropy": sum(s for s, _ in entropy) / counted if counted else None,
-        "entropy_by_layer": [s / n if n else None for s, n in entropy],
-        "entropy_missing": [
-            None
-            if n
-            else ("no softmax map" if alpha[i] is None else "not a distribution" if signed[i] else "one key")
-            for i, (_, n) in enumerate(entropy)
-        ],
+        **{key: of_maps[key] for key in ("entropy", "entropy_by_layer", "entropy_missing")},
         "loss_by_position": (losses / N).tolist(),
         "n_sequences": N,
         "seq_len": T,

@@ -1,4 +1,5 @@
-"""Why a diagnostic figure is "-": the reasons, in words, that the report and the plots both print."""
+"""Why a diagnostic figure is "-": the reasons, in words, that evaluate's report and plots print for
+a layer (missing_notes), and a sweep's tables and bar charts for a variant (missing_diagnostic)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,30 @@ def missing_notes(figures: dict, kinds: list[str]) -> list[str]:
         if named:
             notes.append(text.format(kinds="/".join(named)))
     return notes
+
+
+# Why a variant's runs have diagnostics but not this figure (diagnostics.run_diagnostics: None).
+NO_MAP = "no layer has a softmax map (gdn alone: a linear recurrence, its map signed)"
+NO_FIGURE = {
+    "first_token_share": NO_MAP,
+    "sink_rate": NO_MAP,
+    "entropy": "no layer's map is a probability distribution (gdn has no softmax map; MTA's, after its "
+    "post-softmax convolution and head mixing, has weights below 0 or rows above 1)",
+}
+
+
+def missing_diagnostic(entry: dict, key: str) -> str | None:
+    """Why a sweep's variant (its table entry) has no value of diagnostic `key` ("–" in the
+    table, no bar in its plot), or None where it has one."""
+    found = entry.get("diagnostics") or {}
+    if found.get(key, (None, None))[0] is not None:
+        return None
+    if entry["ok"] == 0:
+        return "no run finished"
+    if entry.get("diagnostics_note"):
+        return entry["diagnostics_note"]
+    if found.get("massive_ratio", (None, None))[0] is None:  # every diagnosed run has this one
+        if entry.get("task_exact_match", (None, None))[0] is not None:
+            return "a synthetic task: no held-out text to read"
+        return "not computed (the sweep's evaluation did not run for it)"
+    return NO_FIGURE.get(key, "none of its runs has it")

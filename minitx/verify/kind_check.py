@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..attention.base import Attention, KindLayer
+from ..attention.kind_layer import KindLayer
+from ..attention.softmax import Attention
 from ..config import AttentionConfig, ModelConfig
 from ..decoding.loop import generate
 from ..errors import UserError, one_line, raised_in

@@ -18,7 +18,7 @@ from minitx.ablation.report.designed import CSV_FIELDS
 from minitx.ablation.runs import from_csv
 from minitx.cli import ablate_main
 from minitx.errors import UserError
-from minitx.evaluation.diagnostics import DIAGNOSTIC_KEYS
+from minitx.evaluation.diagnostics import DIAGNOSTICS
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs" / "ablation_ladder.yaml")
@@ -313,7 +313,7 @@ def test_a_refusal_after_the_plan_leaves_nothing_written(tmp_path, capsys):
 
 
 def test_diagnostic_columns_are_optional_and_checked_when_there(tmp_path):
-    path = showcase_with(tmp_path, lambda c, r: ([x for x in c if x not in DIAGNOSTIC_KEYS], r))
+    path = showcase_with(tmp_path, lambda c, r: ([x for x in c if x not in DIAGNOSTICS], r))
     rows = from_csv.read_rows(path)
     assert len(rows) == 222 and all(row.diagnostics is None for row in rows)
     bad = showcase_with(tmp_path, set_cell("mha-d32-lr1-seed1337", "entropy", "high"))

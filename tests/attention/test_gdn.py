@@ -377,7 +377,7 @@ def test_attention_map_is_the_linear_map_the_layer_applies(value_heads):
 @pytest.mark.parametrize("name", ["gdn", "deltanet-grouped-neg-eigval", "hybrid"])
 def test_documents_through_fla_s_packed_sequences_equal_the_torch_path(name, monkeypatch):
     """On CUDA with flash-linear-attention, packed documents go to fla's kernel as packed sequences
-    (gdn.ops.fla_chunk: the batch one row, cut where documents start, cu_seqlens). Rehearsed
+    (gdn.delta_rule.fla_chunk: the batch one row, cut where documents start, cu_seqlens). Rehearsed
     on the CPU with a stand-in for the kernel (tests/helpers.py) in float64: the whole forward, and
     a prefill in two pieces through the cache, where a row's first sequence goes on from the row's
     state unless a document starts it, equal the torch path, states included."""
@@ -389,8 +389,8 @@ def test_documents_through_fla_s_packed_sequences_equal_the_torch_path(name, mon
         calls.append(1)
         return fla_stand_in(chunk_size=8)
 
-    monkeypatch.setattr(gdn.ops, "fla_installed", lambda: True)
-    monkeypatch.setattr(gdn.ops, "fla_kernel", kernel)
+    monkeypatch.setattr(gdn.delta_rule, "fla_installed", lambda: True)
+    monkeypatch.setattr(gdn.delta_rule, "fla_kernel", kernel)
     monkeypatch.setattr(GatedDeltaNet, "use_fla", lambda self, q: self.backend == "fla")
     torch_path = random_model(cache_config(name, document_token=DOC)).double()
     fla_path = Transformer(cache_config(name, document_token=DOC, backend="fla")).double().eval()

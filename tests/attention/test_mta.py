@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 
 from minitx import AttentionConfig, ModelConfig, Transformer
-from minitx.attention.base import Attention
 from minitx.attention.mta import native, torch_math
 from minitx.attention.mta.layer import MultiTokenAttention
 from minitx.attention.mta.torch_math import (
@@ -34,6 +33,7 @@ from minitx.attention.mta.torch_math import (
     convolve,
     run,
 )
+from minitx.attention.softmax import Attention
 from minitx.documents import Documents
 from minitx.errors import UserError
 

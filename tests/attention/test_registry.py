@@ -16,9 +16,9 @@ from torch import nn
 
 import minitx
 from minitx import AttentionConfig, ModelConfig, Transformer
-from minitx.attention import KindSpec, register, registry
 from minitx.attention.grouped import GroupedQueryAttention
 from minitx.decoding.loop import generate
+from minitx.kinds import KindSpec, register, registry
 from minitx.options import OptionError
 
 pytestmark = pytest.mark.usefixtures("seed", "one_thread")
@@ -81,9 +81,8 @@ def test_new_kind_decodes_with_the_cache_it_inherits(qknorm):
     model = Transformer(config(layers=["qknorm", "local"], options={"local": {"window": 4}})).eval()
     seq = torch.randint(0, 32, (2, 16))
     expected = model(seq)
-    model.setup_caches(batch=2, max_len=16)  # each layer makes its own cache
-    steps = [model(seq[:, :3])] + [model(seq[:, t : t + 1]) for t in range(3, 16)]
-    model.remove_caches()
+    cache = model.new_cache(batch=2, max_len=16)  # each layer makes its own
+    steps = [model(seq[:, :3], cache)] + [model(seq[:, t : t + 1], cache) for t in range(3, 16)]
     assert (torch.cat(steps, dim=1) - expected).abs().max() < 1e-5
     assert minitx.kv_cache_bytes(model.config, 16) == model.new_cache(1, 16).nbytes()
     prompt = seq[:, :3]  # and through the decode loop, sliding past block_size

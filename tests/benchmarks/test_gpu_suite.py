@@ -240,7 +240,7 @@ def test_precision_check_fails_when_the_bf16_path_differs(gpu_suite, monkeypatch
 
 
 def test_cache_check_fails_when_the_cached_path_is_wrong(gpu_suite, monkeypatch):
-    from minitx.attention.base import Attention
+    from minitx.attention.softmax import Attention
 
     real = Attention.attend_cached
     monkeypatch.setattr(
@@ -271,23 +271,23 @@ def test_fla_check_passes_on_a_matching_kernel_and_fails_on_one_that_misses_the_
     from minitx.attention import gdn
     from minitx.attention.gdn import GatedDeltaNet
 
-    monkeypatch.setattr(gdn.ops, "fla_installed", lambda: True)
+    monkeypatch.setattr(gdn.delta_rule, "fla_installed", lambda: True)
     monkeypatch.setattr(GatedDeltaNet, "use_fla", lambda self, q: self.backend == "fla")
     kind = "hybrid"  # two gdn layers of its pattern: T = 75 is a chunk of 64 and a partial one
     config = dataclasses.replace(tiny_config(gpu_suite, kind), n_layer=2)
     results = gpu_suite.Results(torch.device("cpu"), tiny=True)
     for documents in (False, True):
-        monkeypatch.setattr(gdn.ops, "fla_kernel", lambda: fla_stand_in())
+        monkeypatch.setattr(gdn.delta_rule, "fla_kernel", lambda: fla_stand_in())
         gpu_suite.check_fla(results, kind, config, torch.device("cpu"), documents)
         assert results.checks[-1]["ok"], results.checks[-1]["detail"]
         assert results.checks[-1]["name"] == ("fla vs torch, documents" if documents else "fla vs torch")
-        monkeypatch.setattr(gdn.ops, "fla_kernel", lambda: fla_stand_in(decays=False))
+        monkeypatch.setattr(gdn.delta_rule, "fla_kernel", lambda: fla_stand_in(decays=False))
         gpu_suite.check_fla(results, kind, config, torch.device("cpu"), documents)
         assert not results.checks[-1]["ok"], results.checks[-1]["detail"]
-    monkeypatch.setattr(gdn.ops, "fla_kernel", lambda: fla_stand_in(packed=False))  # documents leak
+    monkeypatch.setattr(gdn.delta_rule, "fla_kernel", lambda: fla_stand_in(packed=False))  # documents leak
     gpu_suite.check_fla(results, kind, config, torch.device("cpu"), documents=True)
     assert not results.checks[-1]["ok"], results.checks[-1]["detail"]
-    monkeypatch.setattr(gdn.ops, "fla_kernel", lambda: fla_stand_in())
+    monkeypatch.setattr(gdn.delta_rule, "fla_kernel", lambda: fla_stand_in())
     monkeypatch.setattr(GatedDeltaNet, "use_fla", lambda self, q: False)  # fla never runs
     gpu_suite.check_fla(results, kind, config, torch.device("cpu"), documents=True)
     assert not results.checks[-1]["ok"] and "ran in 0 of" in results.checks[-1]["detail"]

@@ -22,14 +22,11 @@ from minitx import AttentionConfig, ModelConfig, Transformer, kinds
 from minitx.cli import eval_main
 from minitx.evaluation import diagnostics
 from minitx.evaluation.diagnostics import (
-    alpha_1,
-    attention_entropy,
-    first_token_share,
+    MassiveStats,
     held_out_sequences,
     loss_by_position,
-    massive_activations,
+    map_figures,
     run_diagnostics,
-    sink_rate,
     validation_sequences,
 )
 from minitx.files.configs import REPO_ROOT
@@ -107,18 +104,27 @@ def tiny_model(name: str, monkeypatch) -> Transformer:
 # ------------------------------------------------------------------------------- known answers
 
 
+def sinks_past(maps, alpha: float, visible=None) -> tuple[float, float]:
+    """The sink rate of maps at thresholds just under and just over alpha: (1, 0) when every
+    head's alpha_1 is alpha."""
+    return tuple(map_figures(maps, visible, epsilon=alpha + d)["sink_rate"] for d in (-1e-3, 1e-3))
+
+
+def massive(hidden: torch.Tensor) -> dict:
+    stats = MassiveStats()
+    stats.add(hidden)
+    return stats.result()
+
+
 def test_uniform_causal_weights_have_entropy_one_and_alpha_one_the_harmonic_mean():
     for length in (2, 5, T):
         maps = uniform_causal(T=length)
-        mean, by_layer = attention_entropy([maps, [maps, maps]])
-        assert mean == pytest.approx(1.0, abs=1e-6) and by_layer == pytest.approx([1.0, 1.0], abs=1e-6)
+        figures = map_figures([maps, [maps, maps]])
+        assert figures["entropy"] == pytest.approx(1.0, abs=1e-6)
+        assert figures["entropy_by_layer"] == pytest.approx([1.0, 1.0], abs=1e-6)
         expected = harmonic(length) / length
-        assert torch.allclose(alpha_1(maps)[0], torch.full((3,), expected))
-        assert first_token_share(maps) == pytest.approx(expected, rel=1e-6)
-        assert (
-            sink_rate(maps, epsilon=expected - 1e-3) == 1.0
-            and sink_rate(maps, epsilon=expected + 1e-3) == 0.0
-        )
+        assert figures["first_token_share"] == pytest.approx(expected, rel=1e-6)
+        assert sinks_past(maps, expected) == (1.0, 0.0)
 
 
 def test_a_window_normalises_by_the_keys_it_holds_and_alpha_by_the_queries_that_see_key_zero():
@@ -126,23 +132,22 @@ def test_a_window_normalises_by_the_keys_it_holds_and_alpha_by_the_queries_that_
     positions = torch.arange(T)
     visible = allowed_mask(positions, positions, window=window)
     maps = (visible / visible.sum(-1, keepdim=True)).expand(2, 3, T, T)
-    assert attention_entropy(maps, visible)[0] == pytest.approx(1.0, abs=1e-6)
-    assert attention_entropy(maps)[0] < 0.9  # against every earlier key it is far from uniform
+    assert map_figures(maps, visible)["entropy"] == pytest.approx(1.0, abs=1e-6)
+    assert map_figures(maps)["entropy"] < 0.9  # against every earlier key it is far from uniform
     # key 0 is seen by queries 0, 1, 2, which give it 1, 1/2, 1/3
-    assert torch.allclose(alpha_1(maps, visible)[0], torch.full((3,), harmonic(window) / window))
+    assert sinks_past(maps, harmonic(window) / window, visible) == (1.0, 0.0)
 
 
 def test_all_weight_on_key_zero_is_a_sink_in_every_head_and_all_of_the_first_token_share():
-    maps = all_on_key_zero()
-    assert sink_rate(maps) == 1.0 and first_token_share(maps) == 1.0
-    assert attention_entropy(maps)[0] == 0.0
+    figures = map_figures(all_on_key_zero())
+    assert figures["sink_rate"] == 1.0 and figures["first_token_share"] == 1.0
+    assert figures["entropy"] == 0.0
     # one head of two layers' four uniform: a quarter of the (layer, head) pairs are sinks
     mixed = uniform_causal(H=2).clone()
     mixed[:, 0] = all_on_key_zero(H=1)[:, 0]
-    assert sink_rate([mixed, uniform_causal(H=2)]) == 0.25
-    assert first_token_share([mixed, uniform_causal(H=2)]) == pytest.approx(
-        ((1 + harmonic(T) / T) / 2 + harmonic(T) / T) / 2
-    )
+    figures = map_figures([mixed, uniform_causal(H=2)])
+    assert figures["sink_rate"] == 0.25
+    assert figures["first_token_share"] == pytest.approx(((1 + harmonic(T) / T) / 2 + harmonic(T) / T) / 2)
 
 
 def test_one_planted_massive_activation_gives_its_ratio_position_and_channel():
@@ -150,7 +155,7 @@ def test_one_planted_massive_activation_gives_its_ratio_position_and_channel():
     hidden = torch.randn(3, 64, 128, generator=generator)
     hidden[1, 5, 17] = -1e4  # the size counts, not the sign
     quiet = torch.randn(3, 64, 128, generator=generator)
-    planted, plain = massive_activations([hidden, quiet])
+    planted, plain = massive(hidden), massive(quiet)
     assert planted["ratio"] == pytest.approx(1e4 / 0.6745, rel=0.03)
     assert (planted["position"], planted["channel"], planted["max"]) == (5, 17, 1e4)
     assert plain["ratio"] < 10
@@ -206,7 +211,7 @@ def test_run_diagnostics_on_every_kind(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["mixed", "hybrid"])
-def test_run_diagnostics_agrees_with_the_pure_functions_and_does_not_depend_on_batching(name, monkeypatch):
+def test_run_diagnostics_reads_each_layers_maps_and_output_and_does_not_depend_on_batching(name, monkeypatch):
     model = tiny_model(name, monkeypatch)
     tokens = torch.randint(0, 11, (5, T))
     whole = run_diagnostics(model, tokens)
@@ -218,16 +223,14 @@ def test_run_diagnostics_agrees_with_the_pure_functions_and_does_not_depend_on_b
             visible.append(block.attn.visible_keys(T))
             x = block(x, rope)
             hidden.append(x)
-    assert_figures_close(whole["first_token_share"], first_token_share(maps), rel=1e-5)
-    assert whole["sink_rate"] == sink_rate(maps, visible=visible)
-    mean, by_layer = attention_entropy(maps, visible)
-    assert_figures_close(whole["entropy"], mean, rel=1e-5)
-    # a gdn layer has no softmax map: its entropy is None in both, the softmax layers' are numbers
+    of_maps = map_figures(maps, visible)
+    for key in ("first_token_share", "sink_rate", "entropy", "entropy_by_layer"):
+        assert_figures_close(whole[key], of_maps[key], rel=1e-5, what=key)
+    # a gdn layer has no softmax map: its entropy is None, the softmax layers' are numbers
     assert [e is None for e in whole["entropy_by_layer"]] == [
         kind == "gdn" for kind in model.config.layer_kinds
     ]
-    assert_figures_close(whole["entropy_by_layer"], by_layer, rel=1e-5, what="entropy_by_layer")
-    assert_figures_close(whole["massive"], massive_activations(hidden), rel=1e-5, what="massive")
+    assert_figures_close(whole["massive"], [massive(h) for h in hidden], rel=1e-5, what="massive")
     monkeypatch.setattr(diagnostics, "BATCH_FLOATS", 1)  # one sequence per batch
     one_by_one = run_diagnostics(model, tokens)
     assert one_by_one["entropy_missing"] == whole["entropy_missing"]  # words and None, compared as they are
@@ -316,12 +319,11 @@ def test_a_map_that_is_no_distribution_has_no_entropy():
     mixed[3] *= 3.0  # a row summing to 3
     negative = uniform.clone()
     negative[4, 0] = -0.1
-    mean, by_layer = attention_entropy(
-        [uniform.view(1, 1, T, T), mixed.view(1, 1, T, T), negative.view(1, 1, T, T)]
-    )
-    assert by_layer[0] == pytest.approx(1.0, abs=1e-6)
-    assert by_layer[1] is None and by_layer[2] is None
-    assert mean == pytest.approx(1.0, abs=1e-6)
+    figures = map_figures([uniform.view(1, 1, T, T), mixed.view(1, 1, T, T), negative.view(1, 1, T, T)])
+    assert figures["entropy_by_layer"][0] == pytest.approx(1.0, abs=1e-6)
+    assert figures["entropy_by_layer"][1:] == [None, None]
+    assert figures["entropy_missing"] == [None, "not a distribution", "not a distribution"]
+    assert figures["entropy"] == pytest.approx(1.0, abs=1e-6)
 
 
 def test_mta_layers_whose_map_is_no_distribution_say_so():

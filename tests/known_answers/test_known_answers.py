@@ -66,7 +66,7 @@ def _wide_window(monkeypatch):
 
 def _gdn_unnormalised_keys(monkeypatch):
     """gdn's queries and keys used as they come, not scaled to unit length."""
-    monkeypatch.setattr(gdn.ops, "l2_normalise", lambda x: x)
+    monkeypatch.setattr(gdn.delta_rule, "l2_normalise", lambda x: x)
 
 
 def _gdn_raw_beta(monkeypatch):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from minitx import AttentionConfig, ModelConfig
-from minitx.attention import registry
 from minitx.files.upgrade import upgrade_checkpoint
+from minitx.kinds import registry
 
 
 def model(n_layer: int = 4, n_head: int = 4, d_model: int = 32, **attention) -> ModelConfig:

@@ -238,7 +238,7 @@ def test_checker_catches_gdn_keys_one_token_early(monkeypatch):
     def early_keys(q, k, v, *args, **kwargs):
         return real(q, k.roll(-1, dims=2), v, *args, **kwargs)
 
-    monkeypatch.setattr(gdn.ops, "chunk_gated_delta", early_keys)
+    monkeypatch.setattr(gdn.delta_rule, "chunk_gated_delta", early_keys)
     changed, leak = causality_violation(build(case_config("gdn")))
     assert changed > 1e-3 and leak > 0
 
@@ -478,7 +478,7 @@ def test_attention_maps(name):
             assert (weights[..., outside & (j <= i)] == 0).all()
 
 
-# -- caches owned by the layers; RMSNorm from torch ---------------------------------------------------
+# -- each layer makes its cache; RMSNorm from torch ---------------------------------------------------
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -486,7 +486,7 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
 
-def test_layers_make_reset_and_remove_their_own_caches():
+def test_each_layer_makes_its_kinds_cache_and_a_reset_cache_starts_afresh():
     model = build(
         tiny(
             n_layer=3,
@@ -499,21 +499,18 @@ def test_layers_make_reset_and_remove_their_own_caches():
         )
     )
     seq = torch.randint(0, VOCAB, (2, 14))
-    keys = list(model.state_dict())
     with torch.no_grad():
         expected = model(seq)
-        model.setup_caches(batch=2, max_len=14)
-        caches = [block.attn.kv_cache for block in model.blocks]
-        assert [type(cache) for cache in caches] == [MTACache, KVCache, KVCache]
+        cache = model.new_cache(batch=2, max_len=14)
+        caches = list(cache.layers)
+        assert [type(layer) for layer in caches] == [MTACache, KVCache, KVCache]
         assert not hasattr(caches[1], "queries")  # query history is MTA's alone
-        assert list(model.state_dict()) == keys  # cache buffers are not persistent
-        for _ in range(2):  # the second pass after reset_caches sees nothing of the first
-            steps = [model(seq[:, :4])] + [model(seq[:, t : t + 1]) for t in range(4, 14)]
+        assert cache.state_dict() == {}  # cache buffers are not persistent
+        for _ in range(2):  # the second pass after reset sees nothing of the first
+            steps = [model(seq[:, :4], cache)] + [model(seq[:, t : t + 1], cache) for t in range(4, 14)]
             assert max_diff(torch.cat(steps, dim=1), expected) < 1e-5
-            model.reset_caches()
-            assert all(cache.n_seen == 0 for cache in caches) and caches[0].query_pos.eq(-1).all()
-        model.remove_caches()
-        assert max_diff(model(seq), expected) == 0  # no cache any more: a plain forward
+            cache.reset()
+            assert all(layer.n_seen == 0 for layer in caches) and caches[0].query_pos.eq(-1).all()
 
 
 def test_rmsnorm_is_torch_with_checkpoint_compatible_weight_and_eps():

@@ -228,3 +228,26 @@ def test_files_is_input_and_output_only():
         if room_of(name) == "minitx.files"
     }
     assert not any(found.values()), f"files/ imports more than input and output needs: {found}"
+
+
+def test_a_kind_imports_no_other_kind():
+    """A kind reads in its own files and the shared ones (kind_layer.py, softmax.py, sinks.py):
+    mha's path from the model to the softmax passes through no other kind's file."""
+    shared = {
+        "minitx.attention",
+        "minitx.attention.kind_layer",
+        "minitx.attention.softmax",
+        "minitx.attention.sinks",
+    }
+
+    def kind_of(module: str) -> str | None:
+        parts = module.split(".")
+        return None if module in shared or parts[:2] != ["minitx", "attention"] else parts[2]
+
+    found = {
+        name: sorted(others)
+        for name, targets in import_graph().items()
+        if kind_of(name) is not None
+        and (others := {t for t in targets if kind_of(t) not in (None, kind_of(name))})
+    }
+    assert not found, f"attention kinds import another kind: {found}"

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import UserError
-from ...evaluation.diagnostics import DIAGNOSTIC_KEYS
+from ...evaluation.diagnostics import DIAGNOSTICS
 from ..plan.ladder import Plan, Point, Rate
 from ..runs.results import RunResults
 from . import fit, robust
@@ -63,6 +63,10 @@ class ArmResult:
     def sizes(self) -> int:
         """The distinct sizes among the arm's fitted points."""
         return len({p.size for p in self.points})
+
+    def point(self, size: str, budget) -> Point | None:
+        """The arm's ladder point at (size, budget), None where it has none finished."""
+        return next((p for p in self.points if p.size == size and p.budget == budget), None)
 
     def fitted_loss(self, point: Point, trained: RunResults) -> float | None:
         """The point's loss as the fit uses it: the median of three seeds where a third seed
@@ -150,7 +154,7 @@ def analyse(
         arm.seed_chose_lr = any(p.run.directory in swept and trained(p).loss is not None for p in rung_points)
         values = [trained(p).diagnostics for p in _unique(rung_points)]
         values = [v for v in values if v]
-        for key in DIAGNOSTIC_KEYS:
+        for key in DIAGNOSTICS:
             found = [v[key] for v in values if v.get(key) is not None]
             if found:
                 arm.diagnostics[key] = sum(found) / len(found)
@@ -335,7 +339,7 @@ def _medians(plan: Plan, fitted: list[ArmResult], trained: RunResults, replicate
         third = trained(r).loss
         if arm is None or third is None or r.size not in arm.pairs:
             continue
-        mine = next((p for p in arm.points if p.size == r.size and p.budget == plan.budgets[-1]), None)
+        mine = arm.point(r.size, plan.budgets[-1])
         if mine is None:
             continue
         a, b = arm.pairs[r.size]
@@ -446,7 +450,7 @@ def replicate_pairs(plan: Plan, arm: ArmResult, trained: RunResults) -> dict[str
     top = plan.budgets[-1]
     for size, runs in ((plan.sizes[0].name, rate.sweep), (plan.sizes[-1].name, rate.confirm)):
         other = runs.get(rate.by_size.get(size))
-        mine = next((p for p in arm.points if p.size == size and p.budget == top), None)
+        mine = arm.point(size, top)
         if other is None or mine is None or other.run.directory == mine.run.directory:
             continue
         a, b = trained(mine).loss, trained(other).loss

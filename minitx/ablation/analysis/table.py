@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any
 
-from ...evaluation.diagnostics import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES
+from ...evaluation.diagnostics import DIAGNOSTICS
 from ...files.atomic import read_json
 from ...flops import OLDER_CONVENTION
 from ..plan.sweep import EvalSettings
@@ -45,7 +45,7 @@ TESTED_KEYS = ("final_val_loss", "eval_loss")
 # Diagnostics of each run (eval_runs.diagnose_run), means over seeds: the designed sweep's own
 # list and names, so that both reports say the same thing.
 DIAGNOSTIC_COLUMNS = [
-    (key, DIAGNOSTIC_NAMES[key], "{:,.1f}" if key == "massive_ratio" else "{:.3f}") for key in DIAGNOSTIC_KEYS
+    (key, DIAGNOSTICS[key], "{:,.1f}" if key == "massive_ratio" else "{:.3f}") for key in DIAGNOSTICS
 ]
 
 
@@ -89,7 +89,7 @@ def diagnostic_fields(run: Run, evaluation: EvalSettings) -> dict[str, Any]:
     if not evaluation.enabled:
         return {}
     found = read_diagnostics(run) or {}
-    fields: dict[str, Any] = {key: found.get(key) for key in DIAGNOSTIC_KEYS}
+    fields: dict[str, Any] = {key: found.get(key) for key in DIAGNOSTICS}
     cached = read_json(run.directory / DIAGNOSTICS_FILE) or {}
     fields["diagnostics_note"] = "" if found else cached.get("error", "")
     return fields
@@ -213,8 +213,8 @@ def aggregate(rows: list[dict]) -> list[dict]:
             entry[key] = mean_std([r.get(key) for r in ok])
         # The seed values themselves: a test needs more than a mean and a spread.
         entry["samples"] = {key: [r[key] for r in ok if r.get(key) is not None] for key in TESTED_KEYS}
-        if any(key in r for r in runs for key in DIAGNOSTIC_KEYS):
-            entry["diagnostics"] = {key: mean_std([r.get(key) for r in ok]) for key in DIAGNOSTIC_KEYS}
+        if any(key in r for r in runs for key in DIAGNOSTICS):
+            entry["diagnostics"] = {key: mean_std([r.get(key) for r in ok]) for key in DIAGNOSTICS}
             entry["diagnostics_note"] = "; ".join(
                 dict.fromkeys(r["diagnostics_note"] for r in ok if r.get("diagnostics_note"))
             )

@@ -15,7 +15,7 @@ import io
 import math
 from collections.abc import Sequence
 
-from ...evaluation.diagnostics import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES
+from ...evaluation.diagnostics import DIAGNOSTICS
 from ...files.atomic import write_text_atomically
 from ...flops import FLOP_CONVENTION
 from ..analysis.designed import Analysis
@@ -37,12 +37,12 @@ from .ladder import (
 DESIGN_PLOTS = (
     "lr_sweep.png",
     "loss_vs_compute.png",
-    *(f"diag_{key}.png" for key in DIAGNOSTIC_KEYS),
+    *(f"diag_{key}.png" for key in DIAGNOSTICS),
     "diag_loss_by_position.png",
 )
 CSV_FIELDS = [
     "arm", "size", "budget", "multiplier", "seed", "role", "status", "error", "steps", "tokens", "flops",
-    "params", "flops_per_token", "flop_convention", "final_val_loss", *DIAGNOSTIC_KEYS, "branch_of", "device",
+    "params", "flops_per_token", "flop_convention", "final_val_loss", *DIAGNOSTICS, "branch_of", "device",
     "run_dir",
 ]  # fmt: skip
 
@@ -80,7 +80,7 @@ def csv_text(points: list[Point], trained: RunResults) -> str:
                 "flops": f"{result.trained_flops:.4e}", "params": p.params,
                 "flops_per_token": f"{p.flops_per_token:.0f}", "flop_convention": FLOP_CONVENTION,
                 "final_val_loss": "" if result.loss is None else f"{result.loss:.5f}",
-                **{k: "" if found.get(k) is None else f"{found[k]:.5g}" for k in DIAGNOSTIC_KEYS},
+                **{k: "" if found.get(k) is None else f"{found[k]:.5g}" for k in DIAGNOSTICS},
                 "branch_of": "" if p.branch_of is None else p.branch_of.run.directory.name,
                 "device": run_device(result) or "",
                 "run_dir": str(p.run.directory),
@@ -275,11 +275,11 @@ def _diagnostics_section(plan: Plan, analysis: Analysis) -> list[str]:
     lines = [
         "## Diagnostics (held-out text, through each kind's materialised attention; mean over the seeds rung)",
         "",
-        "| arm | " + " | ".join(DIAGNOSTIC_NAMES[k] for k in DIAGNOSTIC_KEYS) + " |",
-        "|---|" + "---:|" * len(DIAGNOSTIC_KEYS),
+        "| arm | " + " | ".join(DIAGNOSTICS.values()) + " |",
+        "|---|" + "---:|" * len(DIAGNOSTICS),
     ]
     for arm in analysis.arms:
-        cells = [num(arm.diagnostics.get(k), "{:.3f}") for k in DIAGNOSTIC_KEYS]
+        cells = [num(arm.diagnostics.get(k), "{:.3f}") for k in DIAGNOSTICS]
         lines.append(f"| {arm.name} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 

@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 import numpy as np  # noqa: E402
 
-from ...evaluation.diagnostics import DIAGNOSTIC_KEYS, DIAGNOSTIC_NAMES  # noqa: E402
+from ...evaluation.diagnostics import DIAGNOSTICS  # noqa: E402
 from ...plotting import plain_log_ticks  # noqa: E402
 from ..analysis.designed import Analysis  # noqa: E402
 from ..plan.ladder import Plan, Point  # noqa: E402
@@ -113,13 +113,13 @@ def diagnostic_bars(analysis: Analysis, key: str, path: Path) -> None:
         ax.scatter([i] * len(values), values, color="black", s=10, zorder=3)
     ax.set_ylim(bottom=0)
     n = max((len(v) for v in seeds), default=0)
-    ax.set_ylabel(DIAGNOSTIC_NAMES[key])
+    ax.set_ylabel(DIAGNOSTICS[key])
     ax.tick_params(axis="x", rotation=30)
     _finish(
         fig,
         ax,
         path,
-        f"{DIAGNOSTIC_NAMES[key]} (seeds rung: mean, sd and each of {n} seeds)",
+        f"{DIAGNOSTICS[key]} (seeds rung: mean, sd and each of {n} seeds)",
         "no diagnostics",
     )
 
@@ -147,6 +147,6 @@ def loss_by_position(analysis: Analysis, points: list[Point], trained: RunResult
 def draw_all(plan: Plan, analysis: Analysis, points: list[Point], trained: RunResults, output: Path) -> None:
     lr_sweep(plan, analysis, output / "lr_sweep.png")
     loss_vs_compute(plan, analysis, trained, output / "loss_vs_compute.png")
-    for key in DIAGNOSTIC_KEYS:
+    for key in DIAGNOSTICS:
         diagnostic_bars(analysis, key, output / f"diag_{key}.png")
     loss_by_position(analysis, points, trained, analysis.rung, output / "diag_loss_by_position.png")

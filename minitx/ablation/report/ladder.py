@@ -342,21 +342,19 @@ def ladder_section(plan: Plan, analysis: Analysis, trained: RunResults) -> list[
             "independent runs (a size's budgets share one trunk); read its multiplier as a rough guide."
         )
     lines.append("")
+
+    def loss_cell(arm, p) -> str:
+        if p.run.directory in arm.settled:  # what the fit used: the median of three seeds
+            return f"{arm.settled[p.run.directory]:.4f} ᵐ"
+        return f"{trained(p).loss:.4f}" + (" ᵇ" if p.role == "branch" else "")
+
     rows = ["| size | " + " | ".join(analysis.arms[i].name for i in range(len(analysis.arms))) + " |"]
     rows.append("|---|" + "---:|" * len(analysis.arms))
     for size in plan.sizes:
         cells = [f"{plan.shapes[a, size.name].params:,}" for a in plan.arms]
         rows.append(f"| {size.name} params | " + " | ".join(cells) + " |")
         for budget in plan.budgets:
-            cells = []
-            for arm in analysis.arms:
-                p = next((q for q in arm.points if q.size == size.name and q.budget == budget), None)
-                if p is None:
-                    cells.append("–")
-                elif p.run.directory in arm.settled:  # what the fit used: the median of three seeds
-                    cells.append(f"{arm.settled[p.run.directory]:.4f} ᵐ")
-                else:
-                    cells.append(f"{trained(p).loss:.4f}" + (" ᵇ" if p.role == "branch" else ""))
+            cells = _point_cells(analysis, size.name, budget, loss_cell)
             rows.append(f"| {size.name} @ {budget_text(plan, budget)} | " + " | ".join(cells) + " |")
     settled_any = any(arm.settled for arm in analysis.arms)
     return [
@@ -382,8 +380,18 @@ def _draws() -> int:
     return fit.BOOTSTRAP
 
 
+def _point_cells(analysis: Analysis, size: str, budget, cell) -> list[str]:
+    """Each arm's cell at (size, budget) of the ladder: cell(arm, point), "–" where it has no point."""
+    return [("–" if (p := arm.point(size, budget)) is None else cell(arm, p)) for arm in analysis.arms]
+
+
 def _steps_table(plan: Plan, analysis: Analysis, trained: RunResults) -> list[str]:
     """What equal compute bought each arm: the steps and tokens of each point (as trained)."""
+
+    def steps_cell(arm, p) -> str:
+        steps = trained(p).trained_steps
+        return f"{steps:,} · {_count(steps * plan.tokens_per_step)}"
+
     rows = [
         f"Steps and tokens at equal compute (tokens = steps x {plan.tokens_per_step:,}; an arm whose "
         "token costs more FLOPs trains fewer steps):",
@@ -393,14 +401,7 @@ def _steps_table(plan: Plan, analysis: Analysis, trained: RunResults) -> list[st
     ]
     for size in plan.sizes:
         for budget in plan.budgets:
-            cells = []
-            for arm in analysis.arms:
-                p = next((q for q in arm.points if q.size == size.name and q.budget == budget), None)
-                if p is None:
-                    cells.append("–")
-                    continue
-                steps = trained(p).trained_steps
-                cells.append(f"{steps:,} · {_count(steps * plan.tokens_per_step)}")
+            cells = _point_cells(analysis, size.name, budget, steps_cell)
             compute = plan.compute.get((size.name, budget))
             flops = "–" if compute is None else f"{compute:.3g}"
             rows.append(

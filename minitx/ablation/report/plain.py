@@ -10,6 +10,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from ...evaluation.diagnostics import DIAGNOSTICS
+from ...evaluation.missing import missing_diagnostic
 from ...files.atomic import write_text_atomically
 from ...flops import FLOP_CONVENTION
 from ..analysis.significance import CONFIDENCE, LEVEL, Difference, compare_all
@@ -24,7 +26,6 @@ from ..analysis.table import (
 )
 from ..plan.sweep import EvalSettings, Sweep
 from ..runs.runner import Run
-from .missing import missing_diagnostic
 
 CSV_FIELDS = [
     "variant",
@@ -59,9 +60,8 @@ CSV_FIELDS = [
     "eval_note",
     "run_dir",
 ]
-DIAGNOSTIC_KEYS = [key for key, *_ in DIAGNOSTIC_COLUMNS]
 BASE_PLOTS = ("loss_curves.png", "cost_quality.png", "loss_vs_context.png")
-DIAGNOSTIC_PLOTS = tuple(f"diag_{key}.png" for key in DIAGNOSTIC_KEYS)
+DIAGNOSTIC_PLOTS = tuple(f"diag_{key}.png" for key in DIAGNOSTICS)
 PLOTS = (*BASE_PLOTS, *DIAGNOSTIC_PLOTS)  # the diagnostic ones only where the sweep evaluates (plot_names)
 MATCHED = {
     "params": "non-embedding parameters",
@@ -72,9 +72,9 @@ MATCHED = {
 def csv_text(rows: list[dict]) -> str:
     at = CSV_FIELDS.index("eval_bits_per_char") + 1
     fields = [*CSV_FIELDS[:at], *(length_key(n) for n in evaluated_lengths(rows)), *CSV_FIELDS[at:]]
-    if any(key in row for row in rows for key in DIAGNOSTIC_KEYS):  # a sweep with `eval: false` has none
+    if any(key in row for row in rows for key in DIAGNOSTICS):  # a sweep with `eval: false` has none
         at = fields.index("task_item_accuracy") + 1
-        fields[at:at] = [*DIAGNOSTIC_KEYS, "diagnostics_note"]
+        fields[at:at] = [*DIAGNOSTICS, "diagnostics_note"]
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()

@@ -14,9 +14,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
+from ...evaluation.missing import missing_diagnostic  # noqa: E402
 from ...plotting import plain_log_ticks  # noqa: E402
 from ..analysis.table import length_key  # noqa: E402
-from .missing import missing_diagnostic  # noqa: E402
 
 
 def _finished(table: list[dict]) -> list[dict]:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ...errors import UserError
+from ...evaluation.diagnostics import DIAGNOSTICS
 from ...files.upgrade import upgrade_results_csv
 from ...flops import FLOP_CONVENTION
 from ...options import nearest
@@ -41,7 +42,6 @@ REQUIRED_COLUMNS = (
     "arm", "size", "budget", "multiplier", "seed", "role", "status", "error", "steps", "flops", "params",
     "flop_convention", "final_val_loss", "run_dir",
 )  # fmt: skip
-DIAGNOSTIC_COLUMNS = ("first_token_share", "sink_rate", "massive_ratio", "entropy")
 
 
 @dataclass(frozen=True)
@@ -208,7 +208,7 @@ def _row(raw: dict, line: int, path: Path) -> Row:
     ok = status == "ok"
     needed = [c for c in REQUIRED_COLUMNS if c in RANGES and (ok or c not in ("final_val_loss", "flops"))]
     numbers = {c: _number(cells[c], path, where, c) for c in RANGES if c in needed or cells.get(c, "") != ""}
-    diagnostics = {key: numbers[key] for key in DIAGNOSTIC_COLUMNS if key in numbers}
+    diagnostics = {key: numbers[key] for key in DIAGNOSTICS if key in numbers}
     return Row(
         line,
         name,

@@ -1,16 +1,15 @@
 """Gated DeltaNet / DeltaNet, split as flash-linear-attention splits it:
 
-ops.py     the op on heads: the delta rule (one step), its loop (the tests' oracle), the chunked
-           WY/UT form, fla's kernel in its place on CUDA
-conv.py    the short causal depthwise convolution over q, k and v
-cache.py   GDNCache: the convolution's last inputs and the recurrent state, for decoding
-layer.py   GDNOptions, GatedDeltaNet (projections, gates, decay, its FLOPs), the kind's KindSpec
+delta_rule.py  the op on heads (fla's ops/): the delta rule (one step), its loop (the tests'
+               oracle), the chunked WY/UT form, fla's kernel in its place on CUDA
+conv.py        the short causal depthwise convolution over q, k and v
+cache.py       GDNCache: the convolution's last inputs and the recurrent state, for decoding
+layer.py       GDNOptions, GatedDeltaNet (projections, gates, decay, its FLOPs), the kind's KindSpec
 """
 
 from .cache import GDNCache
 from .conv import FEW_TOKENS, short_convolution
-from .layer import GDN, GatedDeltaNet, GDNOptions, check_gdn_model
-from .ops import (
+from .delta_rule import (
     chunk_gated_delta,
     fla_chunk,
     fla_installed,
@@ -20,6 +19,7 @@ from .ops import (
     state_dtype,
     step_gated_delta,
 )
+from .layer import GDN, GatedDeltaNet, GDNOptions, check_gdn_model
 
 __all__ = [
     "FEW_TOKENS",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .ops import state_dtype
+from .delta_rule import state_dtype
 
 
 class GDNCache(nn.Module):

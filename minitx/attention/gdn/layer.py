@@ -1,6 +1,6 @@
 """Gated DeltaNet's layer (fla's layers/gated_deltanet.py): its options, projections, gates and
-decay, the short convolution and the op (ops.py) put together, its cache (cache.py) and FLOPs;
-and the kind's KindSpec. The arithmetic is described in ops.py.
+decay, the short convolution and the op (delta_rule.py) put together, its cache (cache.py) and FLOPs;
+and the kind's KindSpec. The arithmetic is described in delta_rule.py.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from ...documents import Documents
 from ...errors import UserError
 from ...kinds import KindSpec
 from ...options import OptionError, fail
-from ..base import KindLayer, norm_float32
-from . import ops  # through the module: tests put a stand-in for fla's kernel there
+from ..kind_layer import KindLayer, norm_float32
+from . import delta_rule  # through the module: tests put a stand-in for fla's kernel there
 from .cache import GDNCache
 from .conv import short_convolution
 
@@ -46,7 +46,7 @@ class GDNOptions:
             raise OptionError("conv_size", f"is {self.conv_size}", "use a positive size such as 4")
         if self.chunk_size < 1:
             raise OptionError("chunk_size", f"is {self.chunk_size}", "use a positive size such as 64")
-        if self.backend == "fla" and not ops.fla_installed():
+        if self.backend == "fla" and not delta_rule.fla_installed():
             raise OptionError(
                 "backend",
                 "is fla, but flash-linear-attention is not installed",
@@ -143,7 +143,9 @@ class GatedDeltaNet(KindLayer):
         mixed, new_window = self.convolve(mixed, window, docs, start)
         keys = self.n_head * self.key_dim
         qk, v = mixed.split([2 * keys, self.n_value_head * self.value_dim], dim=-1)
-        q, k = ops.l2_normalise(self.heads(qk, self.key_dim)).split(self.n_head, dim=1)  # per head, in one go
+        q, k = delta_rule.l2_normalise(self.heads(qk, self.key_dim)).split(
+            self.n_head, dim=1
+        )  # per head, in one go
         v = self.heads(v, self.value_dim)
         if self.n_value_head != self.n_head:  # each key head serves consecutive value heads
             r = self.n_value_head // self.n_head
@@ -169,11 +171,11 @@ class GatedDeltaNet(KindLayer):
         state = cache.state if cache is not None and cache.n_seen > 0 else None
         resets = self.resets(docs, T)
         if self.use_fla(q):
-            o, h = ops.fla_chunk(q, k, v, g, beta, self.scale, state, resets)
+            o, h = delta_rule.fla_chunk(q, k, v, g, beta, self.scale, state, resets)
         elif T == 1 and state is not None:  # decoding: one step of the recurrence
-            o, h = ops.step_gated_delta(q, k, v, g, beta, self.scale, state, resets)
+            o, h = delta_rule.step_gated_delta(q, k, v, g, beta, self.scale, state, resets)
         else:
-            o, h = ops.chunk_gated_delta(q, k, v, g, beta, self.scale, self.chunk_size, state, resets)
+            o, h = delta_rule.chunk_gated_delta(q, k, v, g, beta, self.scale, self.chunk_size, state, resets)
         if cache is not None:
             cache.conv.copy_(new_window)
             cache.state.copy_(h)
@@ -183,7 +185,7 @@ class GatedDeltaNet(KindLayer):
         return self.out_proj((o * z).reshape(B, T, -1))
 
     def use_fla(self, q: Tensor) -> bool:
-        """fla's Triton kernels: CUDA only (documents too, as packed sequences: ops.fla_chunk)."""
+        """fla's Triton kernels: CUDA only (documents too, as packed sequences: delta_rule.fla_chunk)."""
         if self.backend == "torch":
             return False
         if self.backend == "fla":
@@ -192,7 +194,7 @@ class GatedDeltaNet(KindLayer):
                     "attention.options.gdn.backend: is fla, whose kernels run on CUDA only; use auto or torch on this device"
                 )
             return True
-        return q.is_cuda and ops.fla_installed()
+        return q.is_cuda and delta_rule.fla_installed()
 
     def attention_weights(self, x: Tensor, rope=None) -> Tensor:
         """The layer's materialised linear map M (B, value heads, T, T) over input x from an empty
@@ -203,7 +205,7 @@ class GatedDeltaNet(KindLayer):
         q, k, v, g, beta, _ = self.recurrence_inputs(x, None, None, 0)
         B, H, T, _ = v.shape
         one_hot = torch.eye(T, dtype=v.dtype, device=v.device).expand(B, H, T, T)
-        return ops.chunk_gated_delta(q, k, one_hot, g, beta, self.scale, self.chunk_size)[0]
+        return delta_rule.chunk_gated_delta(q, k, one_hot, g, beta, self.scale, self.chunk_size)[0]
 
     def softmax_maps(self, x: Tensor, rope=None) -> list[Tensor]:
         """No softmax map: the diagnostics' sink, first-token and entropy figures read
@@ -223,7 +225,7 @@ class GatedDeltaNet(KindLayer):
         return 6 * (self.n_value_head * work / T + self.conv_size * self.channels)
 
     def executed_flops_per_token(self, T: int, device: torch.device | str = "cpu") -> float:
-        """What `ops.chunk_gated_delta` runs: n = ceil(T / C) chunks of C = min(chunk_size, T), the
+        """What `delta_rule.chunk_gated_delta` runs: n = ceil(T / C) chunks of C = min(chunk_size, T), the
         last padded to a whole one, each product a whole C x C one (the masks applied after), a
         triangular solve half of one."""
         C = min(self.chunk_size, T)

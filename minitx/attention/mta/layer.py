@@ -35,7 +35,7 @@ from ...config import ModelConfig
 from ...documents import CALL_SCORES, Documents
 from ...kinds import KindSpec
 from ...options import fail
-from ..base import Attention
+from ..softmax import Attention
 from . import flops, native
 from . import triton_launch as mta_triton
 from .cache import MTACache
