@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,8 @@ def start_record(run: Run, **fields: Any) -> dict:
 def finish_record(run: Run, record: dict, returncode: int, seconds: float) -> dict:
     """run.json once the training process has ended: ok, or failed and why."""
     record["process_seconds"] = seconds
+    # when it ended: with process_seconds, the span it trained in (analysis/wall_time.py)
+    record["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     record["returncode"] = returncode
     record.pop("error", None)
     if returncode == 0 and is_finished(run):
