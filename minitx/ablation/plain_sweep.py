@@ -72,7 +72,9 @@ def report_from_csv(
     rows, left_out = plain_csv.read_rows(path, sweep)
     output.mkdir(parents=True, exist_ok=True)  # only once the CSV is known to fit
     note = plain_csv.note(path, rows, left_out)
-    table = write_report(rows, output, notes=[note], title=title, sweep=sweep, reference=baseline)
+    table = write_report(
+        rows, output, notes=[note], title=title, sweep=sweep, reference=baseline, curves=False
+    )
     log((output / "results.md").read_text(encoding="utf-8"))
     log(f"ablate: wrote {output / 'results.md'}, results.csv, {', '.join(plot_names(sweep, curves=False))}")
     check_finished(table, output)

@@ -228,6 +228,25 @@ def test_a_config_mistake_is_named_as_the_variants_or_the_bases(tmp_path):
             ablation.check_variants(ablation.load_sweep(own), own)
 
 
+def test_a_warmup_as_long_as_the_run_is_refused_before_any_run(tmp_path, capsys):
+    """As a designed sweep's budget refuses it: the variants would be compared before any reached
+    its learning rate. The base's, or one the arguments after -- make (a variant's own is named as
+    any mistake of a variant is: test_a_config_mistake_is_named_as_the_variants_or_the_bases)."""
+    shared = write_sweep(tmp_path, [{"name": "a"}], overrides={"model.warmup_steps": 4})  # max_steps 4
+    with pytest.raises(
+        UserError, match="base config or shared overrides: model.warmup_steps 4 is not less than"
+    ):
+        ablation.check_variants(ablation.load_sweep(shared), shared)
+    fine = write_sweep(tmp_path, [{"name": "a"}])  # warmup 1
+    output = tmp_path / "out"
+    assert (
+        ablate_main(["--config", str(fine), "--output", str(output), "--", "--trainer.max_steps", "1"]) == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert "model.warmup_steps 1 is not less than trainer.max_steps 1" in err and "\n" not in err
+    assert "lower model.warmup_steps or raise trainer.max_steps" in err and not output.exists()
+
+
 @pytest.mark.parametrize(
     "variants,extra,message",
     [

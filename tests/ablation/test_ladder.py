@@ -769,3 +769,15 @@ def test_a_budget_only_sweep_names_no_phase_and_draws_no_plot_it_did_not_declare
         "**Note:** arms mha and twin are equal to 4 decimals (3 runs of the same seed): is the kind really used? "
         "check model.attention.kind and model.attention.layers of each."
     ]
+
+
+def test_lr_sweep_alone_refuses_a_warmup_as_long_as_its_shared_steps_in_one_line(tmp_path):
+    """Its steps are trainer.max_steps (no budget): the refusal names that key, not a budget."""
+    base = BASE.replace("  model.warmup_steps: 2\n", "  model.warmup_steps: 2\n  trainer.max_steps: 2\n")
+    path = write(tmp_path, base + "lr_sweep: {multipliers: [0.5, 1, 2]}\n" + ARMS)
+    with pytest.raises(UserError) as caught:
+        make_plan(load_sweep(path), tmp_path / "out")
+    assert str(caught.value) == (
+        "trainer.max_steps: 2 steps are too few for 2 warmup steps; raise trainer.max_steps or lower "
+        "model.warmup_steps"
+    )

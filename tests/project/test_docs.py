@@ -406,6 +406,7 @@ SHORT_TRAIN = [
     "--trainer.max_steps", "4", "--trainer.val_check_interval", "2", "--data.val_batches", "1",
     "--data.batch_size", "4", "--run.sample_tokens", "0", "--trainer.enable_model_summary", "false",
 ]  # fmt: skip
+SHORT_WARMUP = ["--model.warmup_steps", "1"]
 SHORT = {
     "scripts/make_speeches.py": ["--plays", "2"],
     "generate.py": ["--max-new-tokens", "5"],
@@ -432,7 +433,8 @@ def shortened(words: list[str], work: Path) -> list[str]:
         only = ",".join(v.name for v in sweep.variants[:2])
         cut = words.index("--") if "--" in words else len(words)  # training flags after --
         head, tail = words[:cut], words[cut + 1 :]
-        return [*head, *output, "--seeds", "1", "--only", only, "--", *tail, *SHORT_TRAIN[:6]]
+        # a sweep refuses a warmup as long as its runs (runner.check_variants): cut it with them
+        return [*head, *output, "--seeds", "1", "--only", only, "--", *tail, *SHORT_TRAIN[:6], *SHORT_WARMUP]
     return [*words, *SHORT.get(script, [])]
 
 

@@ -514,6 +514,11 @@ def _check_steps(plan: Plan) -> None:
         for budget in plan.budgets:
             steps = plan.steps(arm, size, budget)
             stable = plan.decay_start(steps) if plan.ladder else steps
+            if stable <= plan.warmup_steps and budget is None:  # lr_sweep alone: the shared steps
+                raise UserError(
+                    f"trainer.max_steps: {steps} steps are too few for {plan.warmup_steps} warmup steps; raise "
+                    "trainer.max_steps or lower model.warmup_steps"
+                )
             if stable <= plan.warmup_steps:
                 raise UserError(
                     f"{key}: {budget:g} gives {arm} at size {size} {steps} steps, too few for {plan.warmup_steps} "

@@ -337,9 +337,11 @@ def write_report(
     title: str = "Ablation",
     sweep: Sweep | None = None,
     reference: str | None = None,
+    curves: bool = True,
 ) -> list[dict]:
     """results.csv, results.md and the plots of a sweep's rows (one per run, as collect makes them,
-    or as a results.csv recorded them: runs/plain_csv.py)."""
+    or as a results.csv recorded them: runs/plain_csv.py, whose rows hold no validation curve:
+    `curves` False, no loss_curves.png)."""
     table = aggregate(rows)
     write_csv(rows, output / "results.csv")
     if reference is None and sweep is not None and sweep.reference is not None:
@@ -348,7 +350,7 @@ def write_report(
     write_text_atomically(output / "results.md", text)
     from . import plain_plots as plots
 
-    if any(entry["curve"] for entry in table):  # a CSV holds no curve: no blank plot
+    if curves:
         plots.loss_curves(table, output / PLOTS[0])
     plots.cost_quality(table, output / PLOTS[1])
     plots.loss_vs_context(table, evaluated_lengths(rows), output / PLOTS[2])

@@ -119,6 +119,21 @@ class Optimisation(*OPTIMISER_SETTINGS, SharedSettings):
         if self.decay_shape not in DECAY_SHAPES:
             fail("decay_shape", f"use one of {', '.join(DECAY_SHAPES)}")
 
+    def warmup_longer_than(self, max_steps: int | None) -> str:
+        """Why a run of `max_steps` never reaches the peak rate (its warmup is as long as the run
+        or longer), in one line; "" where it does, or where max_steps is unset. A sweep refuses
+        such a run, as a designed sweep's budget does (its arms would be compared in their
+        warmups); `train` warns and trains, since a few steps to see that training starts are
+        a run of their own."""
+        if not max_steps or max_steps < 1 or self.warmup_steps < max_steps:
+            return ""
+        reached = self.lr_at(max_steps - 1, max_steps) / self.lr
+        return (
+            f"model.warmup_steps {self.warmup_steps} is not less than trainer.max_steps {max_steps}: the learning "
+            f"rate never reaches its peak model.lr (it ends at {reached:.0%} of it); lower model.warmup_steps or "
+            "raise trainer.max_steps"
+        )
+
     def lr_at(self, step: int, max_steps: int) -> float:
         """The peak lr's value at optimiser step `step` of a run of `max_steps` (see schedules.lr_at)."""
         return lr_at(
