@@ -1,6 +1,7 @@
 """A plain sweep (variants and seeds, no design) from end to end: its runs (plan/commands.py),
 trained (runs/launch.py), evaluated and diagnosed (runs/eval_runs.py), then its table
-(analysis/table.py) and report (report/plain.py). It sits above the stages it drives;
+(analysis/table.py) and report (report/plain.py), or that report from a results.csv alone
+(runs/plain_csv.py: --report-only --from-csv). It sits above the stages it drives;
 designed_sweep.py does the same for a sweep with a budget, an lr_sweep or a ladder.
 """
 

@@ -527,6 +527,15 @@ def test_the_wall_time_of_a_sweep_is_the_union_of_its_runs_spans(tmp_path):
     text = (tmp_path / "results.md").read_text()
     assert "- wall time: 20 min 00 s with some run training (the union of the runs' spans, 2 runs)" in text
     assert [row["finished_at"] for row in read_rows(tmp_path)] == [end for end, _ in ends[:2]]
+    # a run's record says when it ended, in UTC, beside its seconds
+    from datetime import datetime, timedelta
+
+    from minitx.ablation.runs.runner import finish_record
+
+    record = finish_record(runs[0], {}, 0, 12.0)
+    written = json.loads((runs[0].directory / ablation.RUN_FILE).read_text())
+    assert written["process_seconds"] == 12.0 and record["status"] == "ok"
+    assert datetime.fromisoformat(written["finished_at"]).utcoffset() == timedelta(0)
 
 
 def test_a_table_of_runs_recorded_before_the_flop_convention_says_so(tmp_path):
