@@ -452,18 +452,13 @@ def test_a_warmup_as_long_as_the_run_is_said_in_one_line_and_the_run_trains(tmp_
     _, err = capfd.readouterr()
     warned = [line for line in err.splitlines() if "warmup_steps" in line]
     assert warned == [
-        "minitx: warning: model.warmup_steps 5 is not less than trainer.max_steps 4: the learning rate never "
-        "reaches its peak model.lr (it ends at 80% of it); lower model.warmup_steps or raise trainer.max_steps"
+        "minitx: warning: model.warmup_steps 5 is not less than trainer.max_steps 4: the run is all warmup, its "
+        "learning rate ending at 80% of the peak model.lr, never decayed; lower model.warmup_steps or raise "
+        "trainer.max_steps"
     ]
     assert (run_dir(config) / "checkpoints" / "last.ckpt").is_file()
-    assert (
-        Optimisation(warmup_steps=4).warmup_longer_than(5)
-        == Optimisation(warmup_steps=0).warmup_longer_than(1)
-        == ""
-    )
-    assert (
-        Optimisation(warmup_steps=5).warmup_longer_than(5).startswith("model.warmup_steps 5 is not less than")
-    )
+    assert Optimisation(warmup_steps=4).all_warmup(5) == Optimisation(warmup_steps=0).all_warmup(1) == ""
+    assert Optimisation(warmup_steps=5).all_warmup(5).startswith("model.warmup_steps 5 is not less than")
 
 
 def test_cpu_mfu_is_against_its_measured_matmul_peak_measured_once(monkeypatch):

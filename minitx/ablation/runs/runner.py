@@ -71,10 +71,7 @@ def check_variants(sweep: Sweep, sweep_path: Path, extra: Sequence[str] = ()) ->
             except UserError as error:
                 return str(error)
             if steps_are_shared:  # else a budget gives each run its steps (plan/ladder.py checks those)
-                return (
-                    Optimisation.of(config["model"]).warmup_longer_than(config["trainer"]["max_steps"])
-                    or None
-                )
+                return Optimisation.of(config["model"]).all_warmup(config["trainer"]["max_steps"]) or None
             return None
 
         for variant in sweep.variants:

@@ -119,19 +119,19 @@ class Optimisation(*OPTIMISER_SETTINGS, SharedSettings):
         if self.decay_shape not in DECAY_SHAPES:
             fail("decay_shape", f"use one of {', '.join(DECAY_SHAPES)}")
 
-    def warmup_longer_than(self, max_steps: int | None) -> str:
-        """Why a run of `max_steps` never reaches the peak rate (its warmup is as long as the run
-        or longer), in one line; "" where it does, or where max_steps is unset. A sweep refuses
-        such a run, as a designed sweep's budget does (its arms would be compared in their
-        warmups); `train` warns and trains, since a few steps to see that training starts are
-        a run of their own."""
+    def all_warmup(self, max_steps: int | None) -> str:
+        """Why a run of `max_steps` is all warmup (the warmup as long as the run or longer: its
+        rate never reaches the peak, or only at the last step, and never decays), in one line;
+        "" where it is not, or where max_steps is unset. A sweep refuses such a run, as a designed
+        sweep's budget does (its arms would be compared in their warmups); `train` warns and
+        trains, since a few steps to see that training starts are a run of their own."""
         if not max_steps or max_steps < 1 or self.warmup_steps < max_steps:
             return ""
         reached = self.lr_at(max_steps - 1, max_steps) / self.lr
         return (
-            f"model.warmup_steps {self.warmup_steps} is not less than trainer.max_steps {max_steps}: the learning "
-            f"rate never reaches its peak model.lr (it ends at {reached:.0%} of it); lower model.warmup_steps or "
-            "raise trainer.max_steps"
+            f"model.warmup_steps {self.warmup_steps} is not less than trainer.max_steps {max_steps}: the run is all "
+            f"warmup, its learning rate ending at {reached:.0%} of the peak model.lr, never decayed; lower "
+            "model.warmup_steps or raise trainer.max_steps"
         )
 
     def lr_at(self, step: int, max_steps: int) -> float:
