@@ -505,7 +505,7 @@ def test_the_wall_time_of_a_sweep_is_the_union_of_its_runs_spans(tmp_path):
     """Two runs at once (10:00-10:10 and 10:05-10:20), one later (11:00-11:05): 25 min of wall time,
     the hour between left out, 30 min of training processes; a run of an earlier minitx (no end
     time) is counted in the sum and said apart."""
-    from minitx.ablation.analysis.wall_time import wall_time
+    from minitx.ablation.analysis.wall_time import phase_times, wall_time
 
     ends = [("2026-12-02T10:10:00+00:00", 600), ("2026-12-02T10:20:00+00:00", 900)]
     ends.append(("2026-12-02T11:05:00+00:00", 300))
@@ -516,6 +516,10 @@ def test_the_wall_time_of_a_sweep_is_the_union_of_its_runs_spans(tmp_path):
     assert "1 run(s) kept no end time" in wall_time([*ends, (None, 60)])
     assert wall_time([(None, 3725)]).startswith("time: 1 h 02 min of training processes in all (1 run)")
     assert wall_time([(None, None)]) == ""
+    # a designed sweep's phases, each its own union (report/designed.py names them by role)
+    assert phase_times({"learning rates": ends[:2], "ladder": ends[2:], "branches": [(None, 5)]}) == (
+        "learning rates 20 min 00 s, ladder 5 min 00 s"
+    )
     runs = planted_runs(tmp_path, {"ref": [2.0], "other": [2.1]})
     for run, (end, seconds) in zip(runs, ends):
         (run.directory / ablation.RUN_FILE).write_text(
