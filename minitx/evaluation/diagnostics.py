@@ -135,7 +135,7 @@ class SinkFigures:
         self.epsilon = epsilon
         self.sequences = 0
         # Per layer: the first-token share summed over sequences (a mean over heads), and alpha_1
-        # per head summed over sequences (None: the layer has no softmax map).
+        # per head summed over sequences; a layer with no softmax map has neither.
         self.share: dict[int, float] = {}
         self.alpha: dict[int, Tensor] = {}
 
