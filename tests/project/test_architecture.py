@@ -39,14 +39,9 @@ def where_to_add(text: str) -> dict[str, list[str]]:
     """The table's rows: the sort (its first cell) -> the paths its cells name in backticks (any
     backticked word with a slash, or ending in .py or .md)."""
     return {
-        sort: [p for p in named if "/" in p or p.endswith((".py", ".md"))]
-        for sort, named in cells(text).items()
+        sort: [word for cell in named for word in cell if "/" in word or word.endswith((".py", ".md"))]
+        for sort, named in row_cells(text).items()
     }
-
-
-def cells(text: str) -> dict[str, list[str]]:
-    """The table's rows: the sort -> every word its later cells name in backticks, in order."""
-    return {sort: [word for cell in rest for word in cell] for sort, rest in row_cells(text).items()}
 
 
 def row_cells(text: str) -> dict[str, list[list[str]]]:
@@ -80,11 +75,13 @@ def test_the_table_is_read_and_a_wrong_path_is_found(tmp_path):
     (tmp_path / "pkg" / "one.py").write_text("")
     text = (
         "# Map\n\n## Where to add\n\n| to add | its file |\n| --- | --- |\n"
-        "| a thing | `pkg/<name>.py`, then `pkg/one.py` and `pkg/gone.py` (`run_it`) |\n"
+        "| a thing | `pkg/<name>.py`, then `pkg/one.py` and `pkg/gone.py` (`run_it`) "
+        "| its entry in `THINGS`, `pkg/one.py` (`run_it` reads it) |\n"
     )
     rows = where_to_add(text)
-    assert rows == {"a thing": ["pkg/<name>.py", "pkg/one.py", "pkg/gone.py"]}
+    assert rows == {"a thing": ["pkg/<name>.py", "pkg/one.py", "pkg/gone.py", "pkg/one.py"]}
     assert missing_paths(rows, tmp_path) == ["a thing: pkg/gone.py"]
+    assert read_row(row_cells(text)["a thing"]) == Row("pkg/<name>.py", "pkg/one.py", "THINGS")
 
 
 def test_every_file_the_where_to_add_table_names_exists():
@@ -356,13 +353,13 @@ def differing(a: Path, b: Path) -> list[str]:
     return sorted((in_a ^ in_b) | {f for f in both if not filecmp.cmp(a / f, b / f, shallow=False)})
 
 
-def added_as_the_table_says(tmp_path: Path) -> Path:
-    """A copy of minitx under tmp_path with one new thing of each sort added as the table's rows
-    say, each checked to have changed its own file and, in its registration file, only its two
-    lines; returns the copy's parent (for PYTHONPATH)."""
+def added_as_the_table_says(tmp_path: Path) -> tuple[list[str], list[str]]:
+    """A copy of minitx in tmp_path (which goes on PYTHONPATH) with one new thing of each sort
+    added as the table's rows say, each checked to have added only its two lines to its
+    registration file; returns the files that differ from minitx's, and the files added to."""
     rows = row_cells((ROOT / "docs" / "architecture.md").read_text(encoding="utf-8"))
     copy = tmp_path / "minitx"
-    shutil.copytree(ROOT / "minitx", copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copytree(ROOT / "minitx", copy, ignore=shutil.ignore_patterns("__pycache__"))
     expected = []
     for sort, addition in ADDITIONS.items():
         row = read_row(rows[sort])
@@ -374,19 +371,25 @@ def added_as_the_table_says(tmp_path: Path) -> Path:
         assert changes == sorted([f"+ {addition.imported}", f"+ {addition.registration}"]), (
             f"{sort}: {row.registration_file} changed by more than its registration: {changes}"
         )
-    assert differing(ROOT / "minitx", copy) == sorted(expected)
-    return tmp_path
+    return differing(ROOT / "minitx", copy), sorted(expected)
 
 
 def test_each_sort_is_its_file_and_one_registration_where_the_table_says(tmp_path):
-    added_as_the_table_says(tmp_path)
+    changed, added_to = added_as_the_table_says(tmp_path)
+    assert changed == added_to and len(set(changed)) == 2 * len(ADDITIONS), changed
 
 
 @pytest.mark.slow  # a process that imports torch, jsonargparse and torch's compiler (any optimiser)
 def test_what_each_registration_adds_is_used(tmp_path):
-    root = added_as_the_table_says(tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1", "MINITX_HIDE_SLURM": "1"}
+    changed, added_to = added_as_the_table_says(tmp_path)
+    assert changed == added_to
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tmp_path),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "MINITX_HIDE_SLURM": "1",
+    }
     used = subprocess.run(
-        [sys.executable, "-c", USE, str(root)], env=env, cwd=root, capture_output=True, text=True
+        [sys.executable, "-c", USE, str(tmp_path)], env=env, cwd=tmp_path, capture_output=True, text=True
     )
     assert used.returncode == 0, used.stderr[-3000:]
