@@ -1,12 +1,13 @@
 """Options of a registered thing, in plain Python: an attention kind's
-(`attention.options.<kind>`), a known-answer task's (`data.task.<name>`).
+(`attention.options.<kind>`), a known-answer task's (`data.task.<name>`), an optimiser's
+(`model.optimizer_options.<name>`).
 
 Each is a dataclass with a default for every field, declared beside the code that reads it. Its
 annotations are its type checks (int, float, bool, str, Literal choices, lists, None) and its
 `__post_init__` checks the rest, raising OptionError(option, problem, fix). `build_options` turns
 the plain values a config holds into that object, and every mistake into one line that names
-the option in full; the registries (minitx/kinds.py, minitx/data/task.py) call it and
-`check_options_class` and nothing else of their own.
+the option in full; the registries (minitx/kinds.py, minitx/data/task.py,
+minitx/training/optim/settings.py) call it and `check_options_class` and nothing else of their own.
 
 This file imports nothing heavy, so a config can validate against it.
 """
