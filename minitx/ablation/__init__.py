@@ -41,6 +41,8 @@ modules at the top drive them, and where the two kinds of sweep differ a stage h
       results.py        what each point of a designed sweep's plan trained (PointResult), read once
       from_csv.py       the same read from a results.csv alone (--report-only --from-csv), or
                         with the plan's other runs trained (--from-csv: a held-out rung added)
+      plain_csv.py      a plain sweep's rows read from its results.csv (--report-only --from-csv)
+      csv_file.py       a results.csv as text rows, for either reader
     analysis/           the numbers, from what the runs left; starts nothing
       table.py          a plain sweep's rows per run, mean and spread per variant
       designed.py       a designed sweep's chosen rates, fits, multipliers, tests, diagnostics
@@ -54,6 +56,8 @@ modules at the top drive them, and where the two kinds of sweep differ a stage h
       simulation.py     ladders whose truth is known, off the method's assumptions: its calibration;
                         a whole sweep's runs drawn from a known truth (simulated_runs)
       significance.py   Welch's t-test against the baseline, Holm's correction
+      equal_arms.py     arms equal to 4 decimals on every shared run: is the kind really used?
+      wall_time.py      what a sweep cost in time, from its runs' records
     report/             what a sweep writes
       plain.py          a plain sweep's results.csv and results.md (Welch tests against the
                         reference, diagnostics); plain_plots.py its plots

@@ -119,13 +119,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--from-csv",
         default=None,
         metavar="FILE",
-        help="with --report-only: rebuild a designed sweep's report into --output from its results.csv, no runs needed",
+        help="with --report-only: rebuild a sweep's report into --output from its results.csv, no runs needed",
     )
     parser.add_argument(
         "--baseline",
         default=None,
         metavar="NAME",
-        help="with --report-only: the arm a designed sweep's report compares the others with (default the first)",
+        help="with --report-only: the variant (arm) the report compares the others with (default the first)",
     )
     parser.add_argument("train_args", nargs="*", help="extra training arguments for every run, after --")
     return parser.parse_args(argv)
@@ -284,7 +284,18 @@ def run_and_report(args: argparse.Namespace, sweep: Sweep, config_path: Path) ->
                 sweep, output, title, launcher, **given, results_csv=csv_path, baseline=args.baseline
             )
         else:
-            run_plain(sweep, output, title, launcher, seeds=args.seeds or sweep.seeds, **given)
+            csv_path = Path(args.from_csv) if args.from_csv else None
+            seeds = args.seeds or sweep.seeds
+            run_plain(
+                sweep,
+                output,
+                title,
+                launcher,
+                seeds=seeds,
+                **given,
+                results_csv=csv_path,
+                baseline=args.baseline,
+            )
 
 
 def wandb_arguments(project: str, group: str) -> list[str]:

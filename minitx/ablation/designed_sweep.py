@@ -21,7 +21,7 @@ from ..files.atomic import read_json, write_json_atomically
 from ..wording import counted
 from .analysis.designed import analyse, replicate_points
 from .plan.ladder import Plan, Point, make_plan
-from .report.designed import DESIGN_PLOTS, write_design_results
+from .report.designed import design_plots, write_design_results
 from .runs import from_csv
 from .runs.eval_runs import diagnose_run
 from .runs.launch import run_sweep
@@ -41,6 +41,22 @@ PLAN_VERSION = 2  # 2: rates chosen past the sweep's edges, confirmed at the lar
 PHASES = ("learning rates", "ladder", "branches", "held out", "held-out branches")
 
 
+def declared_phases(plan: Plan) -> list[tuple[int, str]]:
+    """The phases the sweep file declares, as (index in PHASES, name), in order: the learning
+    rates only with lr_sweep, the branches only with a ladder of two or more budgets, the held-out
+    rung's two only with ladder.holdout. Without a ladder the second phase trains each arm's seeds
+    at the budget, and is named so: a log line names no phase the file did not ask for."""
+    design, ladder = plan.sweep.design, plan.ladder
+    found = [(0, PHASES[0])] if design.multipliers else []
+    found.append((1, PHASES[1] if ladder is not None else "each arm's seeds"))
+    branched = ladder is not None and len(plan.budgets) > 1
+    if branched:
+        found.append((2, PHASES[2]))
+    if plan.holdout is not None:
+        found += [(3, PHASES[3]), *([(4, PHASES[4])] if branched else [])]
+    return found
+
+
 def describe(points: Sequence[Point], plan: Plan) -> str:
     """What a batch of runs is, in words: "56 runs (56 sweep)", "10 runs (2 past the sweep's edge, ...)"."""
     grids = set(plan.sweep.design.multipliers)
@@ -54,6 +70,8 @@ def describe(points: Sequence[Point], plan: Plan) -> str:
             kind = {"holdout": "held-out trunk", "holdout-branch": "held-out branch"}.get(
                 p.role, "held-out seed"
             )
+        elif plan.ladder is None:  # without a ladder its second phase is each arm's seeds
+            kind = "seeds"
         else:
             kind = p.role
         kinds[kind] = kinds.get(kind, 0) + 1
@@ -132,7 +150,8 @@ def run_designed(
     """`results_csv`: a results.csv read in place of the runs (runs/from_csv.py), with report_only;
     `baseline`: the arm the report compares the others with (default the file's first)."""
     plan = make_plan(sweep, output, extra, logging)
-    count = len(PHASES) if plan.holdout is not None else len(PHASES) - 2  # phases that hold runs
+    phases_declared = declared_phases(plan)
+    count = len(phases_declared)
     if baseline is not None:
         from_csv.put_baseline_first(plan, baseline)
     # Each RunResults() below is what the runs on disk hold at that moment: the plan grows from
@@ -142,18 +161,24 @@ def run_designed(
         shown = first or second
         for run in _unique_runs(shown):
             log(" ".join(shlex.quote(part) for part in run.command))
-        later = (
-            "runs past the sweep's edges where an arm's best is at one, the confirmation at the largest size, "
-            "the ladder at each arm's rates, then the branches"
-            if first
-            else "the branches"
-        )
+        later = []
+        if first:
+            later.append("runs past the sweep's edges where an arm's best is at one")
+            if len(plan.sizes) > 1:
+                later.append("the confirmation at the largest size")
+            later.append("the ladder at each arm's rates" if plan.ladder is not None else "each arm's seeds")
+        if any(index == 2 for index, _ in phases_declared):
+            later.append("the branches")
         if plan.holdout is not None:
-            later += (
-                f", then phase 4, the held-out rung: every arm at {plan.holdout.name} at the rate extrapolated "
+            number = next(n for n, (index, _) in enumerate(phases_declared, 1) if index == 3)
+            later.append(
+                f"phase {number}, the held-out rung: every arm at {plan.holdout.name} at the rate extrapolated "
                 "there, never fitted"
             )
-        log(f"# then {later}; {output / BASE_SNAPSHOT} is written when the sweep runs")
+        if later:
+            log(f"# then {', then '.join(later)}; {output / BASE_SNAPSHOT} is written when the sweep runs")
+        else:
+            log(f"# {output / BASE_SNAPSHOT} is written when the sweep runs")
         log_count(plan, lambda line: log("# " + line))
         return plan
     # A results.csv stands for the runs (--from-csv): none needs to be on disk; without
@@ -183,7 +208,9 @@ def run_designed(
         tried: set[Path] = set()  # each run once per invocation: a failed run is a row, not retried here
         # extending a CSV's sweep trains its held-out rung only: the ladder ran at the CSV's rates
         # (a rule changed since would plan other learning-rate runs, which choose nothing here)
-        for phase in range(3 if extended is not None else 0, count):  # each planned from the runs before it
+        for number, (phase, name) in enumerate(phases_declared, 1):  # each planned from the runs before it
+            if extended is not None and phase < 3:
+                continue
             while True:  # the learning rates grow run by run: past an edge, then the confirmation
                 snapshot = now()
                 points = [
@@ -193,7 +220,7 @@ def run_designed(
                 ]
                 if not points:
                     break
-                log(f"ablate: phase {phase + 1} of {count} ({PHASES[phase]}): {describe(points, plan)}")
+                log(f"ablate: phase {number} of {count} ({name}): {describe(points, plan)}")
                 run_sweep(_unique_runs(points), sweep, output, launcher, log)
                 tried |= {p.run.directory for p in points}
             if phase == 0:
@@ -230,7 +257,7 @@ def run_designed(
     given = given_arguments(_unique_runs(sum(phases, [])))
     write_design_results(plan, analysis, sum(phases, []), title, trained, given)
     log((output / "results.md").read_text(encoding="utf-8"))
-    log(f"ablate: wrote {output / 'results.md'}, results.csv, {', '.join(DESIGN_PLOTS)}")
+    log(f"ablate: wrote {output / 'results.md'}, results.csv, {', '.join(design_plots(plan))}")
     if not any(trained(p).loss is not None for p in sum(phases, [])):
         # a run whose SLURM job was cancelled did not fail: rerunning resumes it from last.ckpt
         cancelled = any(trained(p).record.get("status") == "cancelled" for p in sum(phases, []))

@@ -8,7 +8,7 @@ the loss by token position, on held-out text.
 The papers that compare attention designs explain their results with these figures: a design that
 removes the attention sink (Gated Attention, Qiu et al. 2025, arXiv 2505.06708) or the massive
 activations that feed it (Sun et al. 2024, arXiv 2402.17762) should show it here. Definitions are
-in MapFigures' and MassiveStats' docstrings and in docs/evaluation.md.
+in the docstrings of SinkFigures, EntropyFigures and MassiveStats and in docs/evaluation.md.
 
 Maps: attention weights come from each kind's materialised path (`Attention.softmax_maps`, which
 goes through `reference`): fused attention never forms them. Every softmax map counts on its own,
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -37,14 +38,6 @@ from torch import Tensor
 from ..errors import UserError
 
 EPSILON = 0.3  # Gu et al.'s threshold on alpha_1 for a sink head
-# The per-run figures a sweep reports (run_diagnostics's keys, in its order), each with its name
-# in the sweep's tables and plots: a new diagnostic is its figure here, in run_diagnostics and below.
-DIAGNOSTICS = {
-    "first_token_share": "first-token share",
-    "sink_rate": "sink rate",
-    "massive_ratio": "massive act. (max/median)",
-    "entropy": "attention entropy (normalised)",
-}
 # Floats per materialised tensor of one batch (a layer's map, the logits): 64 MB in float32 bounds
 # the memory of 100 sequences of any length, at any width.
 BATCH_FLOATS = 1 << 24
@@ -108,12 +101,25 @@ def entropy_sum(A: Tensor, visible: Tensor) -> tuple[float, int]:
     return float(normalised.sum()), normalised.numel()
 
 
-# ------------------------------------------------------------------------- the reductions
+# ------------------------------------------------------------------------- the diagnostics
 
 
-class MapFigures:
-    """The figures of the layers' softmax maps, gathered batch by batch (run_diagnostics; the tests
-    give it maps of known answers through map_figures):
+@dataclass(frozen=True)
+class Probed:
+    """One batch as every diagnostic sees it (probe): its number of sequences, the tokens (B, T)
+    and the logits, and per layer its softmax maps ([] for a layer with none), the (T, T) keys its
+    queries see and its output, the (B, T, d_model) residual stream."""
+
+    sequences: int
+    maps: list[list[Tensor]]
+    visible: list[Tensor | None]
+    tokens: Tensor | None = None  # None (and no logits, no outputs) for maps alone: map_figures
+    logits: Tensor | None = None
+    hidden: list[Tensor] = field(default_factory=list)
+
+
+class SinkFigures:
+    """The attention sink in the layers' softmax maps, gathered batch by batch:
 
     first_token_share: the weight A[i, 0] on position 0 (Qiu et al. 2025's "F-Attn": 0.467 for
         their baseline, 0.048 gated), averaged over query rows, the layer's heads (all its maps'
@@ -121,76 +127,99 @@ class MapFigures:
     sink_rate: Sink_1 (Gu et al., ICLR 2025, arXiv 2410.10781), the share of (layer, head) pairs
         whose alpha_1, the mean attention position 0 gets from the queries that see it (averaged
         over sequences), exceeds epsilon (0.3, theirs).
-    entropy: the normalised attention entropy (Zhai et al., ICML 2023, arXiv 2303.06296) of each
-        query row, -sum_j A[i, j] log A[i, j] / log(n_i) over the n_i keys it sees (entropy_sum);
-        the mean over every counted row of every map, head, sequence and layer, and per layer
-        (entropy_by_layer), with why a layer has none (entropy_missing). With learned sinks a row
-        sums to less than 1: the real keys' weights are taken as they are, so mass on the sink
-        lowers the entropy as attention to nothing should."""
+    Both are over the layers with a softmax map (None for a model with none)."""
 
-    def __init__(self, visible: list[Tensor | None]):
-        self.visible = visible  # per layer, the (T, T) keys each query sees (visible_keys)
+    reported = {"first_token_share": "first-token share", "sink_rate": "sink rate"}
+
+    def __init__(self, epsilon: float = EPSILON):
+        self.epsilon = epsilon
         self.sequences = 0
-        # Per layer: the first-token share summed over sequences (a mean over heads), alpha_1 per
-        # head summed over sequences, the entropy summed over counted rows and their number, and
-        # whether a map was no distribution (MTA's after its mixing).
-        self.share = [0.0] * len(visible)
-        self.alpha: list[Tensor | None] = [None] * len(visible)
-        self.entropy = [[0.0, 0] for _ in visible]
-        self.signed = [False] * len(visible)
+        # Per layer: the first-token share summed over sequences (a mean over heads), and alpha_1
+        # per head summed over sequences; a layer with no softmax map has neither.
+        self.share: dict[int, float] = {}
+        self.alpha: dict[int, Tensor] = {}
 
-    def add(self, maps: list[list[Tensor]], sequences: int) -> None:
-        """One batch of `sequences` sequences: per layer its maps, (B, H, T, T) each ([] for none)."""
-        self.sequences += sequences
-        for layer, (own, v) in enumerate(zip(maps, self.visible)):
+    def add(self, batch: Probed) -> None:
+        self.sequences += batch.sequences
+        for layer, (own, v) in enumerate(zip(batch.maps, batch.visible)):
             if not own:  # no softmax map (gdn)
                 continue
             firsts, alphas = zip(*(key_zero_by_head(m.float(), v) for m in own))
-            self.share[layer] += float(torch.cat(firsts, dim=1).mean(1).sum())
+            self.share[layer] = self.share.get(layer, 0.0) + float(torch.cat(firsts, dim=1).mean(1).sum())
             heads = torch.cat(alphas, dim=1).sum(0)
-            self.alpha[layer] = heads if self.alpha[layer] is None else self.alpha[layer] + heads
+            self.alpha[layer] = self.alpha[layer] + heads if layer in self.alpha else heads
+
+    def result(self) -> dict:
+        if not self.alpha:
+            return {"first_token_share": None, "sink_rate": None}
+        heads = torch.cat(list(self.alpha.values())) / self.sequences
+        return {
+            "first_token_share": sum(self.share.values()) / (self.sequences * len(self.share)),
+            "sink_rate": float((heads > self.epsilon).float().mean()),
+        }
+
+
+class EntropyFigures:
+    """entropy: the normalised attention entropy (Zhai et al., ICML 2023, arXiv 2303.06296) of each
+    query row, -sum_j A[i, j] log A[i, j] / log(n_i) over the n_i keys it sees (entropy_sum); the
+    mean over every counted row of every map, head, sequence and layer, and per layer
+    (entropy_by_layer), with why a layer has none (entropy_missing). With learned sinks a row sums
+    to less than 1: the real keys' weights are taken as they are, so mass on the sink lowers the
+    entropy as attention to nothing should."""
+
+    reported = {"entropy": "attention entropy (normalised)"}
+
+    def __init__(self) -> None:
+        # Per layer: the entropy summed over counted rows and their number, whether it has a
+        # softmax map, and whether a map was no distribution (MTA's after its mixing).
+        self.sums: list[list] = []
+        self.mapped: list[bool] = []
+        self.signed: list[bool] = []
+
+    def add(self, batch: Probed) -> None:
+        if not self.sums:
+            self.sums = [[0.0, 0] for _ in batch.maps]
+            self.mapped = [False] * len(batch.maps)
+            self.signed = [False] * len(batch.maps)
+        for layer, (own, v) in enumerate(zip(batch.maps, batch.visible)):
             for m in own:
+                self.mapped[layer] = True
                 self.signed[layer] |= not is_distribution(m.float())
                 s, n = entropy_sum(m.float(), v)
-                self.entropy[layer][0] += s
-                self.entropy[layer][1] += n
+                self.sums[layer][0] += s
+                self.sums[layer][1] += n
 
-    def result(self, epsilon: float = EPSILON) -> dict:
-        N, alpha, entropy = self.sequences, self.alpha, self.entropy
-        softmax = [layer for layer, heads in enumerate(alpha) if heads is not None]
-        heads = torch.cat([alpha[layer] for layer in softmax]) / N if softmax else None
-        counted = sum(n for _, n in entropy)
+    def result(self) -> dict:
+        counted = sum(n for _, n in self.sums)
+
+        def missing(layer: int) -> str | None:
+            if self.sums[layer][1]:
+                return None
+            if not self.mapped[layer]:
+                return "no softmax map"
+            return "not a distribution" if self.signed[layer] else "one key"
+
         return {
-            "first_token_share": sum(self.share[i] for i in softmax) / (N * len(softmax))
-            if softmax
-            else None,
-            "sink_rate": float((heads > epsilon).float().mean()) if softmax else None,
-            "entropy": sum(s for s, _ in entropy) / counted if counted else None,
-            "entropy_by_layer": [s / n if n else None for s, n in entropy],
-            "entropy_missing": [
-                None
-                if n
-                else (
-                    "no softmax map"
-                    if alpha[i] is None
-                    else "not a distribution"
-                    if self.signed[i]
-                    else "one key"
-                )
-                for i, (_, n) in enumerate(entropy)
-            ],
+            "entropy": sum(s for s, _ in self.sums) / counted if counted else None,
+            "entropy_by_layer": [s / n if n else None for s, n in self.sums],
+            "entropy_missing": [missing(layer) for layer in range(len(self.sums))],
         }
 
 
 def map_figures(
     maps: Maps, visible: Tensor | Sequence[Tensor] | None = None, epsilon: float = EPSILON
 ) -> dict:
-    """MapFigures of one batch of maps (one entry per layer, see the module's docstring), each
-    layer's keys `visible` (T, T), one for all layers or one per layer: causal unless given."""
+    """The sink and entropy figures of one batch of maps (one entry per layer, see the module's
+    docstring), each layer's keys `visible` (T, T), one for all layers or one per layer: causal
+    unless given."""
     layers = layer_maps(maps)
-    figures = MapFigures(layer_visible(visible, layers))
-    figures.add(layers, max((maps[0].shape[0] for maps in layers if maps), default=0))
-    return figures.result(epsilon)
+    batch = Probed(
+        max((m[0].shape[0] for m in layers if m), default=0), layers, layer_visible(visible, layers)
+    )
+    sinks, entropy = SinkFigures(epsilon), EntropyFigures()
+    sinks.add(batch)
+    entropy.add(batch)
+    return {**sinks.result(), **entropy.result()}
 
 
 def position_losses(logits: Tensor, tokens: Tensor) -> Tensor:
@@ -237,12 +266,63 @@ class MassiveStats:
         return {"ratio": ratio, "position": self.position, "channel": self.channel, "max": self.max}
 
 
+class MassiveFigures:
+    """massive_ratio: the largest of the layers' ratios; massive: each layer's MassiveStats."""
+
+    reported = {"massive_ratio": "massive act. (max/median)"}
+
+    def __init__(self) -> None:
+        self.layers: list[MassiveStats] = []
+
+    def add(self, batch: Probed) -> None:
+        self.layers = self.layers or [MassiveStats() for _ in batch.hidden]
+        for stats, h in zip(self.layers, batch.hidden):
+            stats.add(h)
+
+    def result(self) -> dict:
+        per_layer = [stats.result() for stats in self.layers]
+        return {"massive_ratio": max(entry["ratio"] for entry in per_layer), "massive": per_layer}
+
+
+class PositionLosses:
+    """loss_by_position: see loss_by_position. No sweep reports it."""
+
+    reported: dict[str, str] = {}
+
+    def __init__(self) -> None:
+        self.summed: Tensor | float = 0.0
+        self.sequences = 0
+
+    def add(self, batch: Probed) -> None:
+        self.summed = self.summed + position_losses(batch.logits, batch.tokens)
+        self.sequences += batch.sequences
+
+    def result(self) -> dict:
+        return {"loss_by_position": (self.summed / self.sequences).tolist()}
+
+
+# Every diagnostic, in the order of run_diagnostics's figures and of a sweep's columns. A diagnostic
+# is a class, built with no arguments for each run: add(batch) takes each batch (a Probed),
+# result() gives its figures (JSON-able; None where a model has none), `reported` names those a
+# sweep reports (results.csv's columns, its tables and plots) with their names there. A new one is
+# a file of its own (minitx/evaluation/<name>.py) and its entry here.
+FIGURES = (
+    SinkFigures,
+    MassiveFigures,
+    EntropyFigures,
+    PositionLosses,
+)
+# The per-run figures a sweep reports, each with its name in the sweep's tables and plots.
+DIAGNOSTICS = {key: name for figures in FIGURES for key, name in figures.reported.items()}
+
+
 # ------------------------------------------------------------------------------- on a model
 
 
 @torch.inference_mode()
-def probe(model, tokens: Tensor) -> tuple[Tensor, list[list[Tensor]], list[Tensor]]:
-    """(logits, each layer's softmax maps, each layer's output) of one batch of tokens (B, T).
+def probe(model, tokens: Tensor, visible: list[Tensor]) -> Probed:
+    """The logits, each layer's softmax maps and each layer's output of one batch of tokens (B, T),
+    whose layers' queries see `visible`.
 
     The layers run as the model's forward runs them (documents included: a document token restarts
     learned positions and hides other documents' keys); each layer's maps come from its
@@ -256,7 +336,7 @@ def probe(model, tokens: Tensor) -> tuple[Tensor, list[list[Tensor]], list[Tenso
         maps.append(block.attn.softmax_maps(block.norm1(x), rope))
         x = block(x, rope, None, docs)
         hidden.append(x)
-    return model.lm_head(model.norm(x)), maps, hidden
+    return Probed(tokens.shape[0], maps, visible, tokens, model.lm_head(model.norm(x)), hidden)
 
 
 def check_tokens(model, tokens) -> None:
@@ -277,13 +357,13 @@ def batch_size(model, T: int) -> int:
     return max(1, BATCH_FLOATS // per_sequence)
 
 
-def run_diagnostics(model, tokens: Tensor, epsilon: float = EPSILON) -> dict:
-    """Every diagnostic of `model` on tokens (N, T) of held-out text, as a JSON-able dict:
+def run_diagnostics(model, tokens: Tensor) -> dict:
+    """Every diagnostic of `model` (FIGURES) on tokens (N, T) of held-out text, as a JSON-able dict:
 
-        first_token_share   float, see first_token_share (None: no layer has a softmax map)
-        sink_rate           float in [0, 1], see sink_rate (epsilon 0.3; None as above)
+        first_token_share   float, see SinkFigures (None: no layer has a softmax map)
+        sink_rate           float in [0, 1], see SinkFigures (epsilon 0.3; None as above)
         massive_ratio       float, the largest per-layer ratio of `massive`
-        massive             per layer {"ratio", "position", "channel", "max"}, see massive_activations
+        massive             per layer {"ratio", "position", "channel", "max"}, see MassiveStats
         entropy             float, mean normalised entropy over all maps, layers, heads, rows
         entropy_by_layer    per layer (None for a layer whose rows all see one key, or with no
                             softmax map, or whose map is no distribution)
@@ -299,35 +379,20 @@ def run_diagnostics(model, tokens: Tensor, epsilon: float = EPSILON) -> dict:
     N, T = tokens.shape
     device = next(model.parameters()).device
     tokens = tokens.to(device)
-    attns = [block.attn for block in model.blocks]
-    figures = MapFigures([attn.visible_keys(T, device) for attn in attns])
-    massive = [MassiveStats() for _ in attns]
-    losses = torch.zeros(T - 1, device=device)
+    visible = [block.attn.visible_keys(T, device) for block in model.blocks]
+    diagnostics = [figures() for figures in FIGURES]
     was_training = model.training
     model.eval()
     try:
         step = batch_size(model, T)
         for start in range(0, N, step):
-            batch = tokens[start : start + step]
-            logits, maps, hidden = probe(model, batch)
-            losses += position_losses(logits, batch)
-            figures.add(maps, batch.shape[0])
-            for stats, h in zip(massive, hidden):
-                stats.add(h)
+            batch = probe(model, tokens[start : start + step], visible)
+            for diagnostic in diagnostics:
+                diagnostic.add(batch)
     finally:
         model.train(was_training)
-    per_layer = [stats.result() for stats in massive]
-    of_maps = figures.result(epsilon)
-    return {
-        "first_token_share": of_maps["first_token_share"],
-        "sink_rate": of_maps["sink_rate"],
-        "massive_ratio": max(entry["ratio"] for entry in per_layer),
-        "massive": per_layer,
-        **{key: of_maps[key] for key in ("entropy", "entropy_by_layer", "entropy_missing")},
-        "loss_by_position": (losses / N).tolist(),
-        "n_sequences": N,
-        "seq_len": T,
-    }
+    found = {key: value for diagnostic in diagnostics for key, value in diagnostic.result().items()}
+    return {**found, "n_sequences": N, "seq_len": T}
 
 
 def held_out_sequences(

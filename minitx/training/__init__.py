@@ -47,7 +47,7 @@ _HOMES = {
     "peak_source": "throughput",
 }
 
-__all__ = sorted([*_HOMES, "check_train_args", "precheck_train_args"])
+__all__ = sorted([*_HOMES, "check_train_args", "checked_train_config", "precheck_train_args"])
 
 
 def precheck_train_args(args):
@@ -70,6 +70,15 @@ def check_train_args(args):
     from .command import check_train_args as check  # Lightning: seconds
 
     return check(line)
+
+
+def checked_train_config(args):
+    """check_train_args's checks, returning the whole config the run would train with (every
+    section as plain data; command.checked_config)."""
+    precheck_train_args(args)
+    from .command import checked_config  # Lightning: seconds
+
+    return checked_config(args)
 
 
 def __getattr__(name: str):

@@ -360,6 +360,9 @@ def start_run(cli: TrainCLI, run: RunSettings, ckpt_path: str | None) -> None:
             f"minitx: {n_params / 1e6:.2f}M parameters, layers {model.config.layer_kinds}; data: {data.summary()}"
         )
         print(f"minitx: run directory {run.dir}" + (f", resuming from {ckpt_path}" if ckpt_path else ""))
+        warmup = model.optimisation.all_warmup(trainer.max_steps)
+        if warmup:  # said, not refused: a few steps to see that training starts are a run too
+            print(f"minitx: warning: {warmup}", file=sys.stderr)
         device = trainer.strategy.root_device
         source = peak_source(device)
         if source is None:

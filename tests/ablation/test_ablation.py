@@ -228,6 +228,25 @@ def test_a_config_mistake_is_named_as_the_variants_or_the_bases(tmp_path):
             ablation.check_variants(ablation.load_sweep(own), own)
 
 
+def test_a_warmup_as_long_as_the_run_is_refused_before_any_run(tmp_path, capsys):
+    """As a designed sweep's budget refuses it: the variants would be compared before any reached
+    its learning rate. The base's, or one the arguments after -- make (a variant's own is named as
+    any mistake of a variant is: test_a_config_mistake_is_named_as_the_variants_or_the_bases)."""
+    shared = write_sweep(tmp_path, [{"name": "a"}], overrides={"model.warmup_steps": 4})  # max_steps 4
+    with pytest.raises(
+        UserError, match="base config or shared overrides: model.warmup_steps 4 is not less than"
+    ):
+        ablation.check_variants(ablation.load_sweep(shared), shared)
+    fine = write_sweep(tmp_path, [{"name": "a"}])  # warmup 1
+    output = tmp_path / "out"
+    assert (
+        ablate_main(["--config", str(fine), "--output", str(output), "--", "--trainer.max_steps", "1"]) == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert "model.warmup_steps 1 is not less than trainer.max_steps 1" in err and "\n" not in err
+    assert "lower model.warmup_steps or raise trainer.max_steps" in err and not output.exists()
+
+
 @pytest.mark.parametrize(
     "variants,extra,message",
     [
@@ -448,7 +467,10 @@ def test_differences_from_the_reference_are_welch_tests_holm_corrected(tmp_path,
     # Both losses are tested, each with its difference, its 95% interval and Holm's p.
     far = table["far"]
     assert far[0] == "3" and far[1].startswith("**+0.1000 [+0.0") and far[2] == f"**{holm['far']:.2g}**"
-    assert far[3] == far[1] and far[4] == far[2]  # held-out loss: the same differences, shifted alike
+    assert far[4:] == far[1:4]  # held-out loss: the same differences, shifted alike
+    # The verdict in words, as the designed sweep's seeds test gives it, beside its interval.
+    assert far[3] == "worse" and table["near"][3] == table["edge"][3] == "no difference found"
+    assert table["one"][3] == ""
     low, high = (float(x) for x in far[1].strip("*").split("[")[1].rstrip("]").split(","))
     half = stats.t.ppf(0.975, 4) * math.sqrt(2 * 0.01**2 / 3)  # equal spreads: Welch's df is 4
     assert (low, high) == (pytest.approx(0.1 - half, abs=1e-4), pytest.approx(0.1 + half, abs=1e-4))
@@ -456,13 +478,68 @@ def test_differences_from_the_reference_are_welch_tests_holm_corrected(tmp_path,
     assert "**" not in "".join(table["edge"]) and table["edge"][2] == f"{holm['edge']:.2g}"
     assert table["edge"][1].startswith("+0.0450 [")
     assert table["one"][:2] == ["1", "needs 2+ seeds"]
-    assert "| held-out loss: difference [95% CI] | p (Holm) |" in text
+    assert "| held-out loss: difference [95% CI] | p (Holm) | verdict |" in text
     assert "significant at p < 0.01" in text
     # The spread screen is gone: no marks in the main table, no note about it.
     main = text.split("## Differences", 1)[0]
     assert " * |" not in main and "std + std" not in text
     # results.csv: still one row per run.
     assert len(read_rows(tmp_path)) == len(runs) == 13
+
+
+def test_variants_equal_to_4_decimals_get_a_note_and_others_none(tmp_path):
+    """An arm whose kind is never used trains the reference's model: the same loss on every seed."""
+    runs = planted_runs(tmp_path, {"ref": [2.0, 2.01], "unused": [2.00001, 2.01], "other": [2.0, 2.02]})
+    ablation.write_results(
+        runs, tmp_path, sweep=sweep_of(runs, evaluation=ablation.EvalSettings(enabled=False))
+    )
+    text = (tmp_path / "results.md").read_text()
+    notes = [line for line in text.splitlines() if "equal to 4 decimals" in line]
+    assert notes == [
+        "**Note:** arms ref and unused are equal to 4 decimals (2 runs of the same seed): is the kind really "
+        "used? check model.attention.kind and model.attention.layers of each."
+    ]
+
+
+def test_the_wall_time_of_a_sweep_is_the_union_of_its_runs_spans(tmp_path):
+    """Two runs at once (10:00-10:10 and 10:05-10:20), one later (11:00-11:05): 25 min of wall time,
+    the hour between left out, 30 min of training processes; a run of an earlier minitx (no end
+    time) is counted in the sum and said apart."""
+    from minitx.ablation.analysis.wall_time import phase_times, wall_time
+
+    ends = [("2026-12-02T10:10:00+00:00", 600), ("2026-12-02T10:20:00+00:00", 900)]
+    ends.append(("2026-12-02T11:05:00+00:00", 300))
+    assert wall_time(ends) == (
+        "wall time: 25 min 00 s with some run training (the union of the runs' spans, 3 runs), "
+        "30 min 00 s of training processes in all (3 runs)"
+    )
+    assert "1 run(s) kept no end time" in wall_time([*ends, (None, 60)])
+    assert wall_time([(None, 3725)]).startswith("time: 1 h 02 min of training processes in all (1 run)")
+    assert wall_time([(None, None)]) == ""
+    # a designed sweep's phases, each its own union (report/designed.py names them by role)
+    assert phase_times({"learning rates": ends[:2], "ladder": ends[2:], "branches": [(None, 5)]}) == (
+        "learning rates 20 min 00 s, ladder 5 min 00 s"
+    )
+    runs = planted_runs(tmp_path, {"ref": [2.0], "other": [2.1]})
+    for run, (end, seconds) in zip(runs, ends):
+        (run.directory / ablation.RUN_FILE).write_text(
+            json.dumps({"status": "ok", "finished_at": end, "process_seconds": seconds})
+        )
+    ablation.write_results(
+        runs, tmp_path, sweep=sweep_of(runs, evaluation=ablation.EvalSettings(enabled=False))
+    )
+    text = (tmp_path / "results.md").read_text()
+    assert "- wall time: 20 min 00 s with some run training (the union of the runs' spans, 2 runs)" in text
+    assert [row["finished_at"] for row in read_rows(tmp_path)] == [end for end, _ in ends[:2]]
+    # a run's record says when it ended, in UTC, beside its seconds
+    from datetime import datetime, timedelta
+
+    from minitx.ablation.runs.runner import finish_record
+
+    record = finish_record(runs[0], {}, 0, 12.0)
+    written = json.loads((runs[0].directory / ablation.RUN_FILE).read_text())
+    assert written["process_seconds"] == 12.0 and record["status"] == "ok"
+    assert datetime.fromisoformat(written["finished_at"]).utcoffset() == timedelta(0)
 
 
 def test_a_table_of_runs_recorded_before_the_flop_convention_says_so(tmp_path):

@@ -236,9 +236,9 @@ def test_the_output_folder_is_refused_where_the_report_would_overwrite_what_it_r
     (sweep / "runs" / "mha-d32-lr1-seed1337" / "summary.json").write_text("{}")
     assert "holds a sweep's runs" in one_line_refusal([*argv, "--output", str(sweep)], capsys)
     assert "--from-csv: give --output DIR" in one_line_refusal(argv, capsys)
-    plain = str(ROOT / "configs" / "ablation.yaml")  # no budget, lr_sweep or ladder
+    plain = str(ROOT / "configs" / "ablation.yaml")  # no budget, lr_sweep or ladder: a plain sweep's CSV
     refused = one_line_refusal(["--config", plain, *argv[2:], "--output", str(tmp_path / "o")], capsys)
-    assert "has no budget, lr_sweep or ladder" in refused
+    assert "is a designed sweep's results.csv (an arm column), and the config has no budget" in refused
 
 
 def older_ladder_seed(columns, rows):

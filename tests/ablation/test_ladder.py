@@ -721,3 +721,63 @@ def test_report_only_of_an_older_sweep_says_its_runs_used_the_older_count(tmp_pa
     assert (older in text) == (convention is None)
     csv_rows = (output / "results.csv").read_text().splitlines()
     assert all(FLOP_CONVENTION in row for row in csv_rows[1:])
+
+
+# -- what a sweep without a ladder logs and draws -----------------------------------------------
+def test_a_budget_only_sweep_names_no_phase_and_draws_no_plot_it_did_not_declare(
+    tmp_path, monkeypatch, capsys
+):
+    """`budget:` alone: one phase, each arm's seeds, named so (not "phase 2 of 3 (ladder)"), and
+    neither lr_sweep.png nor loss_vs_compute.png, which would be blank; --dry-run promises no
+    branches. results.md gives the sweep's wall time, and says that twin (MHA, as mha is) ended
+    equal to mha."""
+    from minitx.ablation import designed_sweep
+    from minitx.ablation.report import designed_plots
+
+    for drawn in ("diagnostic_bars", "loss_by_position"):  # drawn for any sweep: not what is tested
+        monkeypatch.setattr(designed_plots, drawn, lambda *args: None)
+    monkeypatch.setattr(ablation.command, "check_variants", lambda *args: None)  # the training parser's
+    path = write(tmp_path, BASE + "budget: {flops: 2.0e11}\n" + ARMS)
+    output = tmp_path / "out"
+    plan = make_plan(load_sweep(path), output)
+    loss = {"mha": 3.0, "twin": 3.0, "handicap": 3.3}
+
+    def train(runs, *rest):  # each run as it ends: its loss, and when it ended after 60 s
+        plant(
+            plan, [p for p in sum(plan.all_points(RunResults()), []) if p.run in runs], lambda p: loss[p.arm]
+        )
+        for minute, run in enumerate(runs):
+            record = json.loads((run.directory / "run.json").read_text())
+            record.update(process_seconds=60, finished_at=f"2026-12-02T10:{minute + 1:02d}:00+00:00")
+            (run.directory / "run.json").write_text(json.dumps(record))
+
+    monkeypatch.setattr(designed_sweep, "run_sweep", train)
+    ablation.main(["--config", str(path), "--output", str(output), "--dry-run"])
+    dry = capsys.readouterr().out
+    assert "branches" not in dry and "ladder" not in dry
+    ablation.main(["--config", str(path), "--output", str(output)])
+    log = capsys.readouterr().out
+    phases = [line for line in log.splitlines() if line.startswith("ablate: phase")]
+    assert phases == ["ablate: phase 1 of 1 (each arm's seeds): 9 runs (9 seeds)"]
+    assert not (output / "lr_sweep.png").exists() and not (output / "loss_vs_compute.png").exists()
+    wrote = next(line for line in log.splitlines() if line.startswith("ablate: wrote"))
+    assert "lr_sweep.png" not in wrote and "loss_vs_compute.png" not in wrote
+    text = (output / "results.md").read_text()
+    assert "- wall time: 9 min 00 s with some run training (the union of the runs' spans, 9 runs)" in text
+    equal = [line for line in text.splitlines() if "equal to 4 decimals" in line]
+    assert equal == [
+        "**Note:** arms mha and twin are equal to 4 decimals (3 runs of the same seed): is the kind really used? "
+        "check model.attention.kind and model.attention.layers of each."
+    ]
+
+
+def test_lr_sweep_alone_refuses_a_warmup_as_long_as_its_shared_steps_in_one_line(tmp_path):
+    """Its steps are trainer.max_steps (no budget): the refusal names that key, not a budget."""
+    base = BASE.replace("  model.warmup_steps: 2\n", "  model.warmup_steps: 2\n  trainer.max_steps: 2\n")
+    path = write(tmp_path, base + "lr_sweep: {multipliers: [0.5, 1, 2]}\n" + ARMS)
+    with pytest.raises(UserError) as caught:
+        make_plan(load_sweep(path), tmp_path / "out")
+    assert str(caught.value) == (
+        "trainer.max_steps: 2 steps are too few for 2 warmup steps; raise trainer.max_steps or lower "
+        "model.warmup_steps"
+    )

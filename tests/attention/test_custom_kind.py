@@ -204,7 +204,7 @@ def test_ablates_beside_mha(tmp_path):
             "--only",
             "mha,ssmax",
         ]
-        + ["--parallel", "2", "--", *TINY, "--run.sample_tokens", "0"]
+        + ["--parallel", "2", "--", *TINY, "--run.sample_tokens", "0", "--model.warmup_steps", "1"]
     )
     assert code == 0
     with open(output / "results.csv", newline="", encoding="utf-8") as handle:

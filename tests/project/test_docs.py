@@ -1,5 +1,6 @@
 """The docs say only what exists: every relative link and anchor in README.md and docs/ resolves,
-and every --flag they show a command with is a flag of that command."""
+every --flag they show a command with is a flag of that command, and every Python snippet
+imports what exists (and runs, where it is whole)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import re
 import shlex
 import subprocess
 import sys
+import textwrap
 from functools import cache
 from pathlib import Path
 
@@ -397,6 +399,87 @@ def test_the_sweep_snippet_of_the_ablations_page_works_outside_configs(tmp_path)
     assert [v.name for v in sweep.variants] == ["mha", "mqa"]
 
 
+# ------------------------------------------------------------------------------ python snippets
+PYTHON_BLOCK = re.compile(r"^( *)```python\n(.*?)^\1```", re.S | re.M)
+
+
+def python_snippets() -> list[tuple[str, str]]:
+    """(page:line, code) of every ```python block of README.md and docs/, dedented."""
+    found = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for match in PYTHON_BLOCK.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            found.append((f"{page.relative_to(ROOT)}:{line}", textwrap.dedent(match.group(2))))
+    return found
+
+
+def free_names(code: str) -> set[str]:
+    """The names a snippet reads that it neither binds nor imports, builtins aside: a fragment's
+    (a method, an options class) where there are some, which the page's example file defines."""
+    import builtins
+    import symtable
+
+    top = symtable.symtable(code, "<snippet>", "exec")
+    bound = {
+        s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported() or s.is_namespace()
+    }
+    read, tables = set(), [top]
+    while tables:
+        table = tables.pop()
+        tables += table.get_children()
+        for symbol in table.get_symbols():
+            global_here = table is top or symbol.is_global()
+            if global_here and symbol.is_referenced():
+                read.add(symbol.get_name())
+    return read - bound - set(dir(builtins))
+
+
+@cache
+def example_names() -> frozenset[str]:
+    """What minitx exports and examples/*.py define or import at their top level: the names a
+    fragment of the docs may take from the page it stands on."""
+    import ast
+
+    import minitx
+
+    names = set(dir(minitx))
+    for path in (ROOT / "examples").glob("*.py"):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.Assign):
+                names |= {target.id for target in node.targets if isinstance(target, ast.Name)}
+    return frozenset(names)
+
+
+@pytest.mark.parametrize("where, code", python_snippets(), ids=lambda value: str(value)[:40])
+def test_every_python_snippet_of_the_docs_imports_and_runs(where, code, tmp_path, monkeypatch):
+    """Each block compiles and every name it imports exists; a whole one (it binds every name it
+    reads) runs, unless it reads a run's files (`runs/...`, made by a page's commands: the slow
+    docs-command test trains those); a fragment's other names are minitx's or its example's."""
+    import ast
+
+    tree = ast.parse(code, where)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                importlib.import_module(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                assert hasattr(module, alias.name), f"{where}: {node.module} has no {alias.name}"
+    free = free_names(code)
+    unknown = sorted(free - example_names())
+    assert not unknown, f"{where}: uses {', '.join(unknown)}, which neither it, minitx nor examples/ define"
+    if free or "runs/" in code:
+        return
+    monkeypatch.chdir(tmp_path)  # whatever it writes, it writes here
+    exec(compile(tree, where, "exec"), {"__name__": "docs_snippet"})
+
+
 def docs_run_commands() -> list[tuple[str, list[str]]]:
     return [(where, words) for where, words, needs in all_docs_commands() if not needs]
 
@@ -407,6 +490,7 @@ SHORT_TRAIN = [
     "--trainer.max_steps", "4", "--trainer.val_check_interval", "2", "--data.val_batches", "1",
     "--data.batch_size", "4", "--run.sample_tokens", "0", "--trainer.enable_model_summary", "false",
 ]  # fmt: skip
+SHORT_WARMUP = ["--model.warmup_steps", "1"]
 SHORT = {
     "scripts/make_speeches.py": ["--plays", "2"],
     "generate.py": ["--max-new-tokens", "5"],
@@ -433,7 +517,8 @@ def shortened(words: list[str], work: Path) -> list[str]:
         only = ",".join(v.name for v in sweep.variants[:2])
         cut = words.index("--") if "--" in words else len(words)  # training flags after --
         head, tail = words[:cut], words[cut + 1 :]
-        return [*head, *output, "--seeds", "1", "--only", only, "--", *tail, *SHORT_TRAIN[:6]]
+        # a sweep refuses a warmup as long as its runs (runner.check_variants): cut it with them
+        return [*head, *output, "--seeds", "1", "--only", only, "--", *tail, *SHORT_TRAIN[:6], *SHORT_WARMUP]
     return [*words, *SHORT.get(script, [])]
 
 

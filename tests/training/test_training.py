@@ -30,6 +30,7 @@ from minitx.training import (
     optimizer_groups,
     peak_flops,
 )
+from minitx.training.optim import Optimisation
 
 REPO = Path(__file__).resolve().parents[2]
 WORDS = "the quick brown fox jumps over a lazy dog while seven kings sing of old stars".split()
@@ -440,6 +441,24 @@ def test_lr_schedule_warms_up_then_cosine_decays_to_min_lr():
     assert lrs[warmup + (total - warmup) // 2] == pytest.approx((lr + min_lr) / 2)  # cosine midpoint
     assert lrs[total:] == pytest.approx([min_lr] * 5)
     assert lrs == pytest.approx([lr_at(s, lr, min_lr, warmup, total) for s in range(total + 5)])
+
+
+def test_a_warmup_as_long_as_the_run_is_said_in_one_line_and_the_run_trains(tmp_path, cache_dir, capfd):
+    """train warns (a few steps to see that training starts are a run of their own); ablate
+    refuses the same (tests/ablation/test_ablation.py), as a designed sweep's budget does."""
+    config = tiny_config(tmp_path / "tiny.yaml", cache_dir)
+    args = ["--trainer.max_steps", 4, "--trainer.val_check_interval", 4, "--run.sample_tokens", 0]
+    assert train("--config", config, *args) == 0
+    _, err = capfd.readouterr()
+    warned = [line for line in err.splitlines() if "warmup_steps" in line]
+    assert warned == [
+        "minitx: warning: model.warmup_steps 5 is not less than trainer.max_steps 4: the run is all warmup, its "
+        "learning rate ending at 80% of the peak model.lr, never decayed; lower model.warmup_steps or raise "
+        "trainer.max_steps"
+    ]
+    assert (run_dir(config) / "checkpoints" / "last.ckpt").is_file()
+    assert Optimisation(warmup_steps=4).all_warmup(5) == Optimisation(warmup_steps=0).all_warmup(1) == ""
+    assert Optimisation(warmup_steps=5).all_warmup(5).startswith("model.warmup_steps 5 is not less than")
 
 
 def test_cpu_mfu_is_against_its_measured_matmul_peak_measured_once(monkeypatch):

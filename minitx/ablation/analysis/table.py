@@ -133,6 +133,7 @@ def collect(runs: list[Run], evaluation: EvalSettings | None = None) -> list[dic
             memory_kind=summary.get("memory_kind"),
             wall_time_s=summary.get("train_seconds"),
             process_seconds=record.get("process_seconds"),
+            finished_at=record.get("finished_at"),
             parallel=record.get("parallel", 1),
             steps=summary.get("steps"),
             device=device_label(summary.get("device"), record.get("gpus")),

@@ -362,10 +362,13 @@ class Plan:
         counts = {
             "learning-rate sweep": arms * len(design.multipliers),
             f"confirmation at {self.sizes[-1].name}": arms * confirm,
-            "ladder": arms * len(self.sizes),
-            "extra seeds": arms * (self.sweep.seeds - 1),
-            "branches": arms * len(self.sizes) * (len(self.budgets) - 1),
         }
+        if self.ladder is None:  # no ladder: each arm's seeds at the budget (or shared steps)
+            counts["seeds"] = arms * self.sweep.seeds
+        else:
+            counts["ladder"] = arms * len(self.sizes)
+            counts["extra seeds"] = arms * (self.sweep.seeds - 1)
+            counts["branches"] = arms * len(self.sizes) * (len(self.budgets) - 1)
         if self.holdout is not None:
             seeded = len(self.ladder.holdout.seeded(self.arms))
             extra = seeded * (self.ladder.holdout.seeds - 1)
@@ -510,6 +513,11 @@ def _check_steps(plan: Plan) -> None:
         for budget in plan.budgets:
             steps = plan.steps(arm, size, budget)
             stable = plan.decay_start(steps) if plan.ladder else steps
+            if stable <= plan.warmup_steps and budget is None:  # lr_sweep alone: the shared steps
+                raise UserError(
+                    f"trainer.max_steps: {steps} steps are too few for {plan.warmup_steps} warmup steps; raise "
+                    "trainer.max_steps or lower model.warmup_steps"
+                )
             if stable <= plan.warmup_steps:
                 raise UserError(
                     f"{key}: {budget:g} gives {arm} at size {size} {steps} steps, too few for {plan.warmup_steps} "

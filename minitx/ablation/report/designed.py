@@ -19,8 +19,10 @@ from ...evaluation.diagnostics import DIAGNOSTICS
 from ...files.atomic import write_text_atomically
 from ...flops import FLOP_CONVENTION
 from ..analysis.designed import Analysis
+from ..analysis.equal_arms import equal_lines
 from ..analysis.significance import CONFIDENCE, LEVEL
 from ..analysis.table import device_label
+from ..analysis.wall_time import phase_times, wall_time
 from ..plan.ladder import Plan, Point
 from ..plan.rates import MARGIN
 from ..runs.results import PointResult, RunResults
@@ -40,6 +42,19 @@ DESIGN_PLOTS = (
     *(f"diag_{key}.png" for key in DIAGNOSTICS),
     "diag_loss_by_position.png",
 )
+
+
+def design_plots(plan: Plan) -> tuple[str, ...]:
+    """The plots of this sweep (of DESIGN_PLOTS): the learning-rate sweep's only with lr_sweep, loss
+    against compute only with a ladder; no blank plot for what the file did not declare."""
+    skip = set()
+    if not plan.sweep.design.multipliers:
+        skip.add("lr_sweep.png")
+    if plan.ladder is None:
+        skip.add("loss_vs_compute.png")
+    return tuple(name for name in DESIGN_PLOTS if name not in skip)
+
+
 CSV_FIELDS = [
     "arm", "size", "budget", "multiplier", "seed", "role", "status", "error", "steps", "tokens", "flops",
     "params", "flops_per_token", "flop_convention", "final_val_loss", *DIAGNOSTICS, "branch_of", "device",
@@ -107,6 +122,8 @@ def markdown(
         f"{done} of {n_runs} runs finished. Baseline: **{analysis.baseline}**.",
         "",
     ]
+    equal = equal_lines(_losses_by_run(plan, all_points, trained))
+    lines += [*(f"**Note:** {line}." for line in equal), *([""] if equal else [])]
     lines += verdict_section(plan, analysis)
     if design.multipliers:
         lines += _lr_section(plan, analysis, all_points, trained)
@@ -129,6 +146,51 @@ def markdown(
     lines += [f"- {note}" for note in _notes(plan, analysis, all_points, trained)]
     lines += [f"- {line}" for line in given]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _losses_by_run(plan: Plan, all_points: list[Point], trained: RunResults) -> dict[str, dict[tuple, float]]:
+    """Each arm's finished runs by what else names them (size, budget, rate, seed and role): two
+    arms' runs of one key differ in nothing but the arm."""
+    found: dict[str, dict[tuple, float]] = {arm: {} for arm in plan.arms}
+    for p in all_points:
+        loss = trained(p).loss
+        if loss is not None and p.arm in found:
+            found[p.arm][p.size, p.budget, p.multiplier, p.seed, p.role] = loss
+    return found
+
+
+# The phase each role of run is trained in (designed_sweep.PHASES), for the wall time by phase.
+PHASE_OF_ROLE = {
+    "sweep": "learning rates",
+    "confirm": "learning rates",
+    "ladder": "ladder",
+    "seed": "ladder",
+    "branch": "branches",
+    "holdout": "held out",
+    "holdout-seed": "held out",
+    "holdout-branch": "held-out branches",
+    "replicate": "third seeds",
+}
+
+
+def _time_note(plan: Plan, all_points: list[Point], trained: RunResults) -> str:
+    """The sweep's wall time, and each phase's (analysis/wall_time.py)."""
+    runs = {p.run.directory: p for p in all_points}.values()
+
+    def times(points) -> list[tuple]:
+        return [
+            (trained(p).record.get("finished_at"), trained(p).record.get("process_seconds")) for p in points
+        ]
+
+    total = wall_time(times(runs))
+    phases: dict[str, list[Point]] = {}
+    for p in runs:
+        name = PHASE_OF_ROLE.get(p.role, p.role)
+        if name == "ladder" and plan.ladder is None:
+            name = "each arm's seeds"
+        phases.setdefault(name, []).append(p)
+    by_phase = phase_times({name: times(points) for name, points in phases.items()})
+    return f"{total}; by phase: {by_phase}" if total and by_phase and len(phases) > 1 else total
 
 
 def _outcome(result: PointResult) -> str:
@@ -342,6 +404,9 @@ def _notes(plan: Plan, analysis: Analysis, all_points: list[Point], trained: Run
         notes.append(
             f"match: {plan.sweep.match}: each arm's MLP width set to {_matched_to(plan)}'s budget at each size"
         )
+    spent = _time_note(plan, all_points, trained)
+    if spent:
+        notes.append(spent)
     notes += analysis.notes
     return notes
 

@@ -145,8 +145,11 @@ def loss_by_position(analysis: Analysis, points: list[Point], trained: RunResult
 
 
 def draw_all(plan: Plan, analysis: Analysis, points: list[Point], trained: RunResults, output: Path) -> None:
-    lr_sweep(plan, analysis, output / "lr_sweep.png")
-    loss_vs_compute(plan, analysis, trained, output / "loss_vs_compute.png")
+    """The plots of what the sweep declared (report.designed.design_plots)."""
+    if plan.sweep.design.multipliers:
+        lr_sweep(plan, analysis, output / "lr_sweep.png")
+    if plan.ladder is not None:
+        loss_vs_compute(plan, analysis, trained, output / "loss_vs_compute.png")
     for key in DIAGNOSTICS:
         diagnostic_bars(analysis, key, output / f"diag_{key}.png")
     loss_by_position(analysis, points, trained, analysis.rung, output / "diag_loss_by_position.png")

@@ -14,6 +14,7 @@ from ...evaluation.diagnostics import DIAGNOSTICS
 from ...evaluation.missing import missing_diagnostic
 from ...files.atomic import write_text_atomically
 from ...flops import FLOP_CONVENTION
+from ..analysis.equal_arms import equal_lines
 from ..analysis.significance import CONFIDENCE, LEVEL, Difference, compare_all
 from ..analysis.table import (
     DIAGNOSTIC_COLUMNS,
@@ -24,6 +25,8 @@ from ..analysis.table import (
     evaluated_lengths,
     length_key,
 )
+from ..analysis.verdicts import seeds_side
+from ..analysis.wall_time import wall_time
 from ..plan.sweep import EvalSettings, Sweep
 from ..runs.runner import Run
 
@@ -51,6 +54,7 @@ CSV_FIELDS = [
     "kv_bytes_per_token",
     "wall_time_s",
     "process_seconds",
+    "finished_at",
     "tokens_seen",
     "steps",
     "device",
@@ -132,12 +136,15 @@ def differences(table: list[dict], reference: dict) -> dict[str, dict[str, Diffe
 
 
 def _difference_cells(test: Difference | None, seeds: int) -> list[str]:
+    """The difference with its interval, Holm's p and the verdict in words (the designed sweep's
+    seeds test says it the same way: verdicts.seeds_side)."""
     if test is None:
-        return ["needs 2+ seeds" if seeds < 2 else "–", ""]
+        return ["needs 2+ seeds" if seeds < 2 else "–", "", ""]
     if math.isnan(test.p_holm):  # no spread on either side: no test (significance.welch)
-        return [f"{test.difference:+.4f} (no spread: no test)", "–"]
+        return [f"{test.difference:+.4f} (no spread: no test)", "–", "–"]
     cells = [f"{test.difference:+.4f} [{test.low:+.4f}, {test.high:+.4f}]", f"{test.p_holm:.2g}"]
-    return [f"**{cell}**" for cell in cells] if test.significant else cells
+    cells = [f"**{cell}**" for cell in cells] if test.significant else cells
+    return [*cells, seeds_side(test)]
 
 
 def differences_section(table: list[dict], reference: dict | None) -> list[str]:
@@ -152,15 +159,17 @@ def differences_section(table: list[dict], reference: dict | None) -> list[str]:
     name = reference["variant"]
     header = ["variant", "seeds"]
     for key in tests:
-        header += [f"{headings[key]}: difference [{CONFIDENCE:.0%} CI]", "p (Holm)"]
+        header += [f"{headings[key]}: difference [{CONFIDENCE:.0%} CI]", "p (Holm)", "verdict"]
     lines = [
         f"## Differences from {name}",
         "",
         f"Welch's t-test of each variant's seeds against {name}'s, p Holm-corrected across the variants of each "
-        f"column; **bold**: significant at p < {LEVEL:g}.",
+        f"column; **bold**: significant at p < {LEVEL:g}. The verdict: better or worse (a lower loss is better) "
+        f"where it is significant, else no difference found, which rules out only differences beyond its interval: "
+        "a wide one means too few seeds to say, not equal.",
         "",
         "| " + " | ".join(header) + " |",
-        "|---|---:|" + "---|---:|" * len(tests),
+        "|---|---:|" + "---|---:|---|" * len(tests),
     ]
     for entry in table:
         if entry is reference:
@@ -203,10 +212,15 @@ def diagnostics_section(table: list[dict]) -> list[str]:
 
 
 def markdown_table(
-    table: list[dict], title: str = "", notes: Sequence[str] = (), reference: str | None = None
+    table: list[dict],
+    title: str = "",
+    notes: Sequence[str] = (),
+    reference: str | None = None,
+    rows: Sequence[dict] = (),
 ) -> str:
     """The per-variant table, the differences from the reference and the diagnostics; `reference`:
-    the variant the differences are measured against (default the first row)."""
+    the variant the differences are measured against (default the first row); `rows`: the runs,
+    for the variants that ended equal to 4 decimals (analysis/equal_arms.py)."""
     every = columns_for(evaluated_lengths(table))
     columns = [c for c in every if any(entry.get(c[0], (None, None))[0] is not None for entry in table)]
     ref = next(
@@ -218,10 +232,20 @@ def markdown_table(
     lines += [_row(entry, columns) for entry in table]
     footnotes = _footnotes(table)
     lines += ["", *footnotes, ""] if footnotes else [""]
+    lines += [f"**Note:** {line}." for line in equal_lines(_losses_by_seed(rows))]
+    lines += [""] if lines[-1] else []
     lines += differences_section(table, ref)
     lines += diagnostics_section(table)
     lines += [f"- {note}" for note in notes]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _losses_by_seed(rows: Sequence[dict]) -> dict[str, dict[int, float]]:
+    found: dict[str, dict[int, float]] = {}
+    for row in rows:
+        if row["status"] == "ok" and row.get("final_val_loss") is not None:
+            found.setdefault(row["variant"], {})[row["seed"]] = row["final_val_loss"]
+    return found
 
 
 def standard_notes(rows: list[dict], table: list[dict], sweep: Sweep | None) -> list[str]:
@@ -238,7 +262,7 @@ def standard_notes(rows: list[dict], table: list[dict], sweep: Sweep | None) -> 
         "training steps from the end of the first, validation left out",
         f"peak memory: {', '.join(kinds) or 'n/a'} (CPU peak RSS is the whole process: Python, torch, data)",
         "KV cache B/token: minitx.kv_cache_bytes(config, block_size) / block_size, float32, batch 1",
-        "wall time: the training loop (fit) of one run, validation included",
+        "wall time (s): the training loop (fit) of one run, validation included",
         f"device: {', '.join(devices) or 'n/a'}",
     ]
     if sweep is not None and sweep.evaluation.enabled:
@@ -275,6 +299,9 @@ def standard_notes(rows: list[dict], table: list[dict], sweep: Sweep | None) -> 
             f"train FLOPs/token of {', '.join(variants)}: recorded under the older count {', '.join(older)} "
             f"(summary.json without flop_convention: each kind's code as it ran on its device), not {FLOP_CONVENTION}"
         )
+    spent = wall_time((r.get("finished_at"), r.get("process_seconds")) for r in rows)
+    if spent:
+        notes.append(spent)
     parallel = max((r["parallel"] or 1 for r in rows if r["status"] == "ok"), default=1)
     if parallel > 1:
         notes.insert(
@@ -295,16 +322,36 @@ def write_results(
     notes: Sequence[str] = (),
     title: str = "Ablation",
     sweep: Sweep | None = None,
+    reference: str | None = None,
 ) -> list[dict]:
+    """The report of finished runs (collect reads them); `reference`: the variant the others are
+    compared with (default the file's first: --baseline)."""
     rows = collect(runs, sweep.evaluation if sweep is not None else EvalSettings())
+    return write_report(rows, output, notes, title, sweep, reference)
+
+
+def write_report(
+    rows: list[dict],
+    output: Path,
+    notes: Sequence[str] = (),
+    title: str = "Ablation",
+    sweep: Sweep | None = None,
+    reference: str | None = None,
+    curves: bool = True,
+) -> list[dict]:
+    """results.csv, results.md and the plots of a sweep's rows (one per run, as collect makes them,
+    or as a results.csv recorded them: runs/plain_csv.py, whose rows hold no validation curve:
+    `curves` False, no loss_curves.png)."""
     table = aggregate(rows)
     write_csv(rows, output / "results.csv")
-    reference = sweep.reference.name if sweep is not None and sweep.reference is not None else None
-    text = markdown_table(table, title, [*standard_notes(rows, table, sweep), *notes], reference)
+    if reference is None and sweep is not None and sweep.reference is not None:
+        reference = sweep.reference.name
+    text = markdown_table(table, title, [*standard_notes(rows, table, sweep), *notes], reference, rows)
     write_text_atomically(output / "results.md", text)
     from . import plain_plots as plots
 
-    plots.loss_curves(table, output / PLOTS[0])
+    if curves:
+        plots.loss_curves(table, output / PLOTS[0])
     plots.cost_quality(table, output / PLOTS[1])
     plots.loss_vs_context(table, evaluated_lengths(rows), output / PLOTS[2])
     if any("diagnostics" in entry for entry in table):
@@ -313,6 +360,8 @@ def write_results(
     return table
 
 
-def plot_names(sweep: Sweep | None) -> tuple[str, ...]:
-    """The plots write_results draws for this sweep: no diagnostics where it does not evaluate."""
-    return PLOTS if sweep is None or sweep.evaluation.enabled else BASE_PLOTS
+def plot_names(sweep: Sweep | None, curves: bool = True) -> tuple[str, ...]:
+    """The plots write_report draws for this sweep: no diagnostics where it does not evaluate, no
+    loss curves without curves (a report from a CSV)."""
+    names = PLOTS if sweep is None or sweep.evaluation.enabled else BASE_PLOTS
+    return names if curves else tuple(name for name in names if name != PLOTS[0])

@@ -1,4 +1,5 @@
-"""A designed sweep's results.csv read in place of its runs: `ablate --report-only --from-csv FILE`.
+"""A designed sweep's results.csv read in place of its runs: `ablate --report-only --from-csv FILE`
+(plain_csv.py reads a plain sweep's; the command line's checks of both are here).
 
 The CSV (report/designed.py writes it: one row per run) holds what the analysis reads of each run:
 its final val loss, status, steps, training FLOPs and diagnostics. CsvResults gives each planned
@@ -19,8 +20,6 @@ range: RANGES) is refused in one line, before anything is written.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +33,8 @@ from ...options import nearest
 from ...training.inputs import SEED_RANGE
 from ..plan.ladder import BASE_SIZE, Plan, Point
 from ..plan.sweep import Sweep, load_sweep
+from . import plain_csv
+from .csv_file import read_table
 from .results import PointResult, RunResults
 
 # The columns read here (report/designed.py's CSV_FIELDS holds them all; the others are optional:
@@ -145,42 +146,20 @@ def _number(text: str, path: Path, where: str, column: str) -> float:
 
 def read_rows(path: Path) -> list[Row]:
     """The CSV's rows, each checked for the columns and numbers the analysis reads."""
-    if path.is_dir():
-        raise UserError(
-            f"--from-csv: {str(path)!r} is a directory; give the results.csv a designed sweep wrote"
-        )
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # a spreadsheet may save a byte-order mark
-    except FileNotFoundError:
-        raise UserError(
-            f"--from-csv: file {str(path)!r} not found; give the results.csv a designed sweep wrote"
-        ) from None
-    except UnicodeDecodeError:
-        raise UserError(
-            f"--from-csv: {str(path)!r} is not UTF-8 text; give the results.csv a designed sweep wrote"
-        ) from None
-    reader = csv.DictReader(io.StringIO(text, newline=""))  # a quoted cell may hold a line break
-    columns = reader.fieldnames or []
-    if not columns:
-        raise UserError(f"--from-csv: {path} is empty; give the results.csv a designed sweep wrote")
-    try:
-        raws = [(raw, reader.line_num) for raw in reader]  # the line each row ends on
-    except csv.Error as error:
-        raise UserError(
-            f"--from-csv: {path}: line {reader.line_num}: not CSV ({error}); fix the file"
-        ) from None
+    columns, raws = read_table(path)
     columns, upgraded = upgrade_results_csv(columns, [raw for raw, _ in raws])  # an earlier minitx's
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if missing and "variant" in columns:
+        raise UserError(
+            f"--from-csv: {path} is a plain sweep's results.csv (a variant column, no arm), and the config is a "
+            "designed sweep's (budget, lr_sweep or ladder); give the config the CSV was made with"
+        )
     if missing:
         raise UserError(
             f"--from-csv: {path} has no column {', '.join(missing)}; a designed sweep's results.csv has "
             f"{', '.join(REQUIRED_COLUMNS)} (and the diagnostics)"
         )
     rows = [_row(raw, line, path) for raw, (_, line) in zip(upgraded, raws)]
-    if not rows:
-        raise UserError(
-            f"--from-csv: {path} holds no run (a header only); give the results.csv a sweep wrote"
-        )
     seen: dict[str, Row] = {}
     for row in rows:
         if row.name in seen:
@@ -310,7 +289,7 @@ def check_flags(from_csv: str | None, baseline: str | None, report_only: bool, o
             "give another folder for the CSV's report"
         )
     if not source.is_file():
-        read_rows(source)  # says why: not found, or a directory
+        read_table(source)  # says why: not found, or a directory
 
 
 def check_against_sweep(
@@ -329,13 +308,6 @@ def check_against_sweep(
             f"--from-csv without --report-only trains the held-out rung a recorded sweep lacks, and {config} has "
             "no ladder.holdout; add --report-only to rebuild the report from the CSV"
         )
-    if not sweep.design.active:
-        for flag, given in (("--from-csv", from_csv), ("--baseline", baseline)):
-            if given is not None:
-                raise UserError(
-                    f"{flag}: {config} has no budget, lr_sweep or ladder; only a designed sweep's report is "
-                    "rebuilt this way"
-                )
     names = [v.name for v in sweep.variants]
     if baseline is not None and baseline not in names:
         raise UserError(
@@ -343,7 +315,10 @@ def check_against_sweep(
         )
     if from_csv is not None:
         file_arms = [v.name for v in load_sweep(config).variants]  # before --only picked some
-        check_fits_sweep(read_rows(Path(from_csv)), sweep, Path(from_csv), file_arms)
+        if not sweep.design.active:  # a plain sweep's CSV
+            plain_csv.read_rows(Path(from_csv), sweep, file_arms)
+        else:
+            check_fits_sweep(read_rows(Path(from_csv)), sweep, Path(from_csv), file_arms)
 
 
 def put_baseline_first(plan: Plan, baseline: str) -> None:

@@ -18,12 +18,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from ...errors import UserError
 from ...files.atomic import read_json, write_json_atomically
-from ...training import check_train_args, precheck_train_args
+from ...training import check_train_args, checked_train_config, precheck_train_args
+from ...training.optim import Optimisation
 from ..plan.commands import (
     BASE_SNAPSHOT,
     SUMMARY_CALLBACK,
@@ -49,6 +51,9 @@ def check_variants(sweep: Sweep, sweep_path: Path, extra: Sequence[str] = ()) ->
     way in every run after the others have trained for an hour. What only training can find (a
     missing data file, a loss gone NaN) still fails just its run, a row in the table.
     """
+    # A run whose warmup is as long as the run is refused, as a designed sweep's budget refuses
+    # it: the variants would be compared before any reached its learning rate.
+    steps_are_shared = sweep.design.flops is None and sweep.design.ladder is None
     with tempfile.TemporaryDirectory(prefix="minitx-ablate-") as scratch:
         base = Path(scratch) / BASE_SNAPSHOT
         base.write_text(sweep.base_text, encoding="utf-8")
@@ -59,9 +64,14 @@ def check_variants(sweep: Sweep, sweep_path: Path, extra: Sequence[str] = ()) ->
                 base, root, name, run_overrides(sweep, variant_overrides, sweep.seed), extra
             )
             try:
-                (precheck_train_args if before_lightning else check_train_args)(arguments)
+                if before_lightning:
+                    precheck_train_args(arguments)
+                    return None
+                config = checked_train_config(arguments)
             except UserError as error:
                 return str(error)
+            if steps_are_shared:  # else a budget gives each run its steps (plan/ladder.py checks those)
+                return Optimisation.of(config["model"]).all_warmup(config["trainer"]["max_steps"]) or None
             return None
 
         for variant in sweep.variants:
@@ -167,6 +177,8 @@ def start_record(run: Run, **fields: Any) -> dict:
 def finish_record(run: Run, record: dict, returncode: int, seconds: float) -> dict:
     """run.json once the training process has ended: ok, or failed and why."""
     record["process_seconds"] = seconds
+    # when it ended: with process_seconds, the span it trained in (analysis/wall_time.py)
+    record["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     record["returncode"] = returncode
     record.pop("error", None)
     if returncode == 0 and is_finished(run):

@@ -189,6 +189,21 @@ class Optimisation(SharedSettings):
         if self.decay_shape not in DECAY_SHAPES:
             fail("decay_shape", f"use one of {', '.join(DECAY_SHAPES)}")
 
+    def all_warmup(self, max_steps: int | None) -> str:
+        """Why a run of `max_steps` is all warmup (the warmup as long as the run or longer: its
+        rate never reaches the peak, or only at the last step, and never decays), in one line;
+        "" where it is not, or where max_steps is unset. A sweep refuses such a run, as a designed
+        sweep's budget does (its arms would be compared in their warmups); `train` warns and
+        trains, since a few steps to see that training starts are a run of their own."""
+        if not max_steps or max_steps < 1 or self.warmup_steps < max_steps:
+            return ""
+        reached = self.lr_at(max_steps - 1, max_steps) / self.lr
+        return (
+            f"model.warmup_steps {self.warmup_steps} is not less than trainer.max_steps {max_steps}: the run is all "
+            f"warmup, its learning rate ending at {reached:.0%} of the peak model.lr, never decayed; lower "
+            "model.warmup_steps or raise trainer.max_steps"
+        )
+
     def lr_at(self, step: int, max_steps: int) -> float:
         """The peak lr's value at optimiser step `step` of a run of `max_steps` (see schedules.lr_at)."""
         return lr_at(

@@ -1,0 +1,91 @@
+"""What a sweep cost in time, from its runs' records (run.json: process_seconds, and finished_at
+since minitx kept it): one line for its report.
+
+The wall time is the union of the runs' spans (each from finished_at - process_seconds to
+finished_at): the time during which some run was training. A sweep run in one go is that long
+(its evaluations after the runs aside); one stopped and resumed a day later does not count the
+day between. Beside it, the training processes' seconds summed, which --parallel runs overlap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+
+from ...wording import counted
+
+
+def duration_text(seconds: float) -> str:
+    """2 h 05 min, 46 min 51 s, 42 s: as the docs give a sweep's cost."""
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+
+def _number(value) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def _end(value) -> float | None:
+    """finished_at (ISO 8601, as runner.finish_record writes it) in seconds, None where absent."""
+    try:
+        return datetime.fromisoformat(str(value)).timestamp() if value else None
+    except ValueError:
+        return None
+
+
+def covered(spans: Iterable[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) spans."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def wall_time(runs: Iterable[tuple[object, object]]) -> str:
+    """One line of a sweep's time from its runs' (finished_at, process_seconds), "" when none
+    recorded a time."""
+    seconds, spans = [], []
+    for finished_at, process_seconds in runs:
+        length, end = _number(process_seconds), _end(finished_at)
+        if length is None:
+            continue
+        seconds.append(length)
+        if end is not None:
+            spans.append((end - length, end))
+    if not seconds:
+        return ""
+    summed = f"{duration_text(sum(seconds))} of training processes in all ({counted(len(seconds), 'run')})"
+    if not spans:
+        return f"time: {summed}; its runs kept no end time (an earlier minitx), so no wall time"
+    untimed = len(seconds) - len(spans)
+    missing = f"; {untimed} run(s) kept no end time and are not in it" if untimed else ""
+    return (
+        f"wall time: {duration_text(covered(spans))} with some run training (the union of the runs' spans, "
+        f"{counted(len(spans), 'run')}{missing}), {summed}"
+    )
+
+
+def phase_times(phases: Mapping[str, Iterable[tuple[object, object]]]) -> str:
+    """ "learning rates 12 min 03 s, ladder 20 min 11 s": each phase's wall time, from its runs'
+    (finished_at, process_seconds) as wall_time reads them; "" where no phase has one."""
+    parts = []
+    for name, runs in phases.items():
+        spans = []
+        for finished_at, process_seconds in runs:
+            length, end = _number(process_seconds), _end(finished_at)
+            if length is not None and end is not None:
+                spans.append((end - length, end))
+        if spans:
+            parts.append(f"{name} {duration_text(covered(spans))}")
+    return ", ".join(parts)

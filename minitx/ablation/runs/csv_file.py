@@ -1,0 +1,38 @@
+"""A sweep's results.csv as text rows (`ablate --report-only --from-csv FILE`), for either kind of
+sweep: from_csv.py reads a designed sweep's, plain_csv.py a plain sweep's, each its own columns."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from ...errors import UserError
+
+
+def read_table(path: Path) -> tuple[list[str], list[tuple[dict, int]]]:
+    """A sweep's results.csv as its header and its rows, each with the line it ends on; a file
+    that is not there, not text or not CSV refused in one line. Either kind of sweep's CSV:
+    from_csv.py reads a designed sweep's, plain_csv.py a plain sweep's."""
+    advice = "give the results.csv a sweep wrote"
+    if path.is_dir():
+        raise UserError(f"--from-csv: {str(path)!r} is a directory; {advice}")
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a spreadsheet may save a byte-order mark
+    except FileNotFoundError:
+        raise UserError(f"--from-csv: file {str(path)!r} not found; {advice}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"--from-csv: {str(path)!r} is not UTF-8 text; {advice}") from None
+    reader = csv.DictReader(io.StringIO(text, newline=""))  # a quoted cell may hold a line break
+    columns = reader.fieldnames or []
+    if not columns:
+        raise UserError(f"--from-csv: {path} is empty; {advice}")
+    try:
+        raws = [(raw, reader.line_num) for raw in reader]  # the line each row ends on
+    except csv.Error as error:
+        raise UserError(
+            f"--from-csv: {path}: line {reader.line_num}: not CSV ({error}); fix the file"
+        ) from None
+    if not raws:
+        raise UserError(f"--from-csv: {path} holds no run (a header only); {advice}")
+    return list(columns), raws
