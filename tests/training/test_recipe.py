@@ -433,9 +433,13 @@ def test_an_optimisers_settings_are_refused_in_one_line_naming_the_option_in_ful
             Optimisation(optimizer_options={"muon": {option: "high"}})
         assert str(error.value).startswith(start) and "\n" not in str(error.value)
     with pytest.raises(
-        UserError, match=r"^model.optimizer_options.mun: no optimiser 'mun' .*did you mean muon"
+        UserError, match=r"^model.optimizer_options.mun: there is no optimizer 'mun' \(did you mean muon"
     ):
         Optimisation(optimizer_options={"mun": {}})
+    with pytest.raises(
+        UserError, match=r"^model.optimizer_options.adamw: optimizer adamw has no settings of its own"
+    ):
+        Optimisation(optimizer_options={"adamw": {}})
 
 
 def test_older_runs_resume_with_what_they_ran():

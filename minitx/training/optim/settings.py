@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ...errors import UserError
-from ...options import build_options, check_options_class, nearest
+from ...options import build_options, build_sections, check_options_class, fail
 from .groups import Parameters
 from .registry import OPTIMIZERS
 from .schedules import DECAY_SHAPES, SCHEDULES, lr_at
@@ -93,31 +93,16 @@ def optimizer_options(given: Any) -> Any:
     """The OptimizerOptions from what a config, a checkpoint or Python holds: a mapping of optimiser
     names to their settings (an optimiser left out, or a setting, takes its defaults), a
     jsonargparse Namespace or the object itself, each setting checked (minitx/options.py)."""
-    if given is None:
-        given = {}
-    elif hasattr(given, "as_dict"):  # a jsonargparse Namespace
-        given = given.as_dict()
-    elif dataclasses.is_dataclass(given) and not isinstance(given, type):
-        given = {f.name: getattr(given, f.name) for f in fields(given)}
     where = "model.optimizer_options"
-    if not isinstance(given, Mapping):
-        raise UserError(
-            f"{where}: is {given!r}, not a mapping of optimiser names to their settings; "
-            "write e.g. optimizer_options: {muon: {lr: 0.02}}"
-        )
-    known = [f.name for f in fields(OptimizerOptions)]
-    for name in given:
-        if name not in known:
-            raise UserError(
-                f"{where}.{name}: no optimiser {name!r} has settings of its own{nearest(str(name), known)}; "
-                f"those that have are {', '.join(known)}"
-            )
-    return OptimizerOptions(
-        **{
-            name: build_options(f"{where}.{name}", f"optimizer {name}", OPTIMIZERS[name].settings, section)
-            for name, section in given.items()
-        }
-    )
+
+    def build(name: str, section: Any) -> Any:
+        settings = OPTIMIZERS[name].settings
+        if settings is None:
+            fail(f"{where}.{name}", f"optimizer {name} has no settings of its own", "remove this section")
+        return build_options(f"{where}.{name}", f"optimizer {name}", settings, section)
+
+    example = "optimizer_options: {muon: {lr: 0.02}}"
+    return OptimizerOptions(**build_sections(where, "optimizer", OPTIMIZERS, given, build, example))
 
 
 def _plain(value: Any) -> Any:
