@@ -29,10 +29,10 @@ that a wrong convolution or mix would show):
 - causal: minitx.verify.causality_violation on --device under bf16 autocast;
 - cache: greedy decoding with the KV cache equal to decoding without, on --device, float32;
 - train step: one bf16-autocast forward and backward in training mode, every gradient finite.
-- muon precision (mha): Muon's Newton-Schulz dtype by default on the device (model.muon_precision
-  auto: bfloat16 on CUDA, as the reference Muon, float32 on a CPU), and 30 steps of training with
-  bfloat16 Newton-Schulz against float32, same weights and batches: final losses within
-  MUON_PRECISION_TOL.
+- muon precision (mha): Muon's Newton-Schulz dtype by default on the device
+  (model.optimizer_options.muon.precision auto: bfloat16 on CUDA, as the reference Muon, float32
+  on a CPU), and 30 steps of training with bfloat16 Newton-Schulz against float32, same weights
+  and batches: final losses within MUON_PRECISION_TOL.
 Local attention takes flex attention on CUDA and the chunked path on the CPU; the check's detail
 says which path ran, counted by wrapping both functions.
 - triton vs conv (CUDA only): the mta model (released setting) and the same with the pre-softmax
@@ -190,9 +190,9 @@ FLA_TOL = 5e-3
 CUDA_ONLY = "skipped: CUDA only (on the CPU the Triton kernels run in Triton's interpreter, seconds per step)"
 FLA_CUDA_ONLY = "skipped: CUDA only (flash-linear-attention's kernels have no CPU path)"
 NO_FLA = "skipped: flash-linear-attention is not installed (pip install flash-linear-attention)"
-# Muon's Newton-Schulz in bfloat16 (the default on CUDA, model.muon_precision auto) against float32:
-# the same model, weights and batches trained MUON_CHECK_STEPS steps with each, the final losses
-# compared. Newton-Schulz only pushes singular values towards 1 (to within about +-0.3 in either
+# Muon's Newton-Schulz in bfloat16 (the default on CUDA, model.optimizer_options.muon.precision
+# auto) against float32: the same model, weights and batches trained MUON_CHECK_STEPS steps with
+# each, the final losses compared. Newton-Schulz only pushes singular values towards 1 (to within about +-0.3 in either
 # dtype), so bf16's rounding moves each update by about 2^-9 of itself and the losses stay
 # together: measured on the CPU at --tiny sizes, 3e-4 nats apart after 30 steps (4.21 -> 2.02).
 # Broken on purpose there, bf16 with one iteration instead of five ends 0.076 apart, a transposed
@@ -647,7 +647,9 @@ def muon_losses(config: ModelConfig, device: torch.device, precision: str, steps
     torch.manual_seed(0)
     model = Transformer(dataclasses.replace(config, dropout=0.0)).to(device).train()
     params = Parameters.of(model)
-    settings = Optimisation(optimizer="muon", muon_precision=precision, lr=3e-3, warmup_steps=0)
+    settings = Optimisation(
+        optimizer="muon", optimizer_options={"muon": {"precision": precision}}, lr=3e-3, warmup_steps=0
+    )
     optimizer = settings.configure(params, steps)["optimizer"]
     generator = torch.Generator().manual_seed(0)
     # A new batch every step, of a walk through a fixed random table (each token has 3 possible

@@ -17,8 +17,8 @@ trainer.max_steps would be), and its final val loss.
     python benchmarks/optimizers.py --newton-schulz        # the iteration alone, per shape
 
 --newton-schulz: Newton-Schulz alone on the stacks BatchedMuon orthogonalises for the config's
-model (one per shape, tall ones turned), in float32 and in bfloat16 (model.muon_precision), timed
-in turn on one thread (median thread-CPU time), with each one's largest error against a float64 run, on
+model (one per shape, tall ones turned), in float32 and in bfloat16
+(model.optimizer_options.muon.precision), timed in turn on one thread (median thread-CPU time), with each one's largest error against a float64 run, on
 Gaussian updates and on updates whose singular values span nine orders of magnitude (as
 gradients, near low rank).
 """
@@ -158,10 +158,11 @@ def with_optimizer(config: dict, optimizer: str, args: argparse.Namespace) -> di
     model = {**config["model"], "optimizer": optimizer}
     if args.schedule:
         model["schedule"] = args.schedule
-    if optimizer == "muon" and args.muon_lr is not None:
-        model["muon_lr"] = args.muon_lr
-    if optimizer == "muon" and args.muon_precision is not None:
-        model["muon_precision"] = args.muon_precision
+    if optimizer == "muon":
+        own = {"lr": args.muon_lr, "precision": args.muon_precision}
+        options = dict(model.get("optimizer_options") or {})
+        options["muon"] = {**(options.get("muon") or {}), **{k: v for k, v in own.items() if v is not None}}
+        model["optimizer_options"] = options
     return {**config, "model": model}
 
 
@@ -193,13 +194,16 @@ def main() -> None:
         "--schedule", choices=("cosine", "wsd"), default=None, help="both runs' model.schedule"
     )
     parser.add_argument(
-        "--muon-lr", type=float, default=None, help="Muon's model.muon_lr (default: the config's)"
+        "--muon-lr",
+        type=float,
+        default=None,
+        help="Muon's model.optimizer_options.muon.lr (default: the config's)",
     )
     parser.add_argument(
         "--muon-precision",
         choices=MUON_PRECISIONS,
         default=None,
-        help="Muon's model.muon_precision (default: the config's)",
+        help="Muon's model.optimizer_options.muon.precision (default: the config's)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument(
@@ -248,7 +252,7 @@ def main() -> None:
         hp = run.module.hparams
         lrs = ", ".join(f"{g['lr']:g}" for g in run.optimizer.param_groups)
         print(
-            f"{run.name}: {type(run.optimizer).__name__}, group lrs {lrs}, schedule {hp.schedule}, muon_precision {hp.muon_precision}"
+            f"{run.name}: {type(run.optimizer).__name__}, group lrs {lrs}, schedule {hp.schedule}, muon precision {run.module.optimisation.optimizer_options.muon.precision}"
         )
     train(runs, data, steps, args.val_every, val_batches)
     adamw, muon = runs

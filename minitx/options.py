@@ -1,12 +1,15 @@
 """Options of a registered thing, in plain Python: an attention kind's
-(`attention.options.<kind>`), a known-answer task's (`data.task.<name>`).
+(`attention.options.<kind>`), a known-answer task's (`data.task.<name>`), an optimiser's
+(`model.optimizer_options.<name>`).
 
 Each is a dataclass with a default for every field, declared beside the code that reads it. Its
 annotations are its type checks (int, float, bool, str, Literal choices, lists, None) and its
 `__post_init__` checks the rest, raising OptionError(option, problem, fix). `build_options` turns
 the plain values a config holds into that object, and every mistake into one line that names
-the option in full; the registries (minitx/kinds.py, minitx/data/task.py) call it and
-`check_options_class` and nothing else of their own.
+the option in full; the registries (minitx/kinds.py, minitx/data/task.py,
+minitx/training/optim/settings.py) call it and `check_options_class` and nothing else of their own.
+`build_sections` reads a section of such sections, one per registered thing (`data.task`,
+`model.optimizer_options`).
 
 This file imports nothing heavy, so a config can validate against it.
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import MISSING, asdict, fields, is_dataclass
 from typing import Any
 
@@ -84,6 +87,32 @@ def build_options(where: str, owner: str, options: type, given: Any) -> Any:
         return options(**values)
     except OptionError as err:
         fail(f"{where}.{err.option}", err.problem, err.fix)
+
+
+def build_sections(
+    where: str, noun: str, names: Collection[str], given: Any, build: Callable[[str, Any], Any], example: str
+) -> dict[str, Any]:
+    """Each named thing's options object from a section of sections, as a config holds them at
+    `where` ("data.task": a section per task): a mapping of names to what build_options takes, a
+    jsonargparse Namespace or a dataclass with a field per name. `names` are the registered
+    things, called `noun` in errors; `build(name, section)` makes one's options; `example` is a
+    section written right ("task: {zoology: {pairs: 16}}")."""
+    if given is None:
+        given = {}
+    elif hasattr(given, "as_dict"):  # a jsonargparse Namespace
+        given = given.as_dict()
+    elif is_dataclass(given) and not isinstance(given, type):
+        given = {f.name: getattr(given, f.name) for f in fields(given)}
+    if not isinstance(given, Mapping):
+        fail(where, f"is {given!r}, not a mapping of {noun} names to their settings", f"write e.g. {example}")
+    for name in given:
+        if name not in names:
+            fail(
+                f"{where}.{name}",
+                f"there is no {noun} {name!r}{nearest(str(name), names)}",
+                f"the {noun}s are {', '.join(names)}",
+            )
+    return {name: build(name, section) for name, section in given.items()}
 
 
 def check_type(name: str, value: Any, hint: Any) -> Any:

@@ -32,7 +32,7 @@ from minitx.data.sources import SOURCES
 from minitx.data.task import Task, build_options, register, registry
 from minitx.data.tokenizer import Tokenizer
 from minitx.errors import UserError, require
-from minitx.options import nearest
+from minitx.options import build_sections
 
 # The known-answer tasks, not texts: "toy" (the Multi-Token Attention paper's), "mqar"
 # (multi-query associative recall), "needle" (needle in a haystack), "zoology" (MQAR as Zoology
@@ -140,24 +140,8 @@ class DataConfig(TaskSizes, LoaderSettings, DataSettings):
 def task_settings(given: Any) -> TaskSettings:
     """The data.task section from a mapping of task names to their settings (a task left out, or
     a setting, takes its defaults); an unknown task is named with the tasks there are."""
-    if given is None:
-        given = {}
-    elif hasattr(given, "as_dict"):  # a jsonargparse Namespace
-        given = given.as_dict()
-    elif dataclasses.is_dataclass(given) and not isinstance(given, type):
-        given = {f.name: getattr(given, f.name) for f in fields(given)}
-    if not isinstance(given, Mapping):
-        raise UserError(
-            f"data.task: is {given!r}, not a mapping of task names to their settings; "
-            "write e.g. task: {zoology: {pairs: 16}}"
-        )
-    for name in given:
-        if name not in TASKS:
-            raise UserError(
-                f"data.task.{name}: there is no task {name!r}{nearest(str(name), TASKS)}; "
-                f"the tasks are {', '.join(TASKS)}"
-            )
-    return TaskSettings(**{name: build_options(name, section) for name, section in given.items()})
+    example = "task: {zoology: {pairs: 16}}"
+    return TaskSettings(**build_sections("data.task", "task", TASKS, given, build_options, example))
 
 
 def saved_data_section(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -69,6 +69,12 @@ DATA_TASK_FIELDS: dict[str, tuple[str, str]] = {
     for name in names
 }
 
+# 4. An optimiser's own settings were flat keys of `model` (`model.muon_lr`, ...); each optimiser
+#    now owns them under `model.optimizer_options.<optimizer>`: old key -> (optimizer, setting).
+OPTIMIZER_FIELDS: dict[str, tuple[str, str]] = {
+    f"muon_{name}": ("muon", name) for name in ("lr", "momentum", "weight_decay", "precision")
+}
+
 
 def attention_section(section: Mapping[str, Any]) -> dict:
     """Step 1 on a saved `attention` section. It held every field of every kind, those no layer
@@ -125,8 +131,30 @@ def _task_sections(config: dict) -> dict:
     return config
 
 
-# The steps of a saved config, in the order the spellings changed (1, 2, 3 above).
-STEPS: list[Callable[[dict], dict]] = [_model_options, _bpe_vocab_size, _task_sections]
+def _optimizer_options(config: dict) -> dict:
+    model = config.get("model")
+    if isinstance(model, Mapping) and set(model) & set(OPTIMIZER_FIELDS):
+        config["model"] = optimizer_section(model)
+    return config
+
+
+def optimizer_section(model: Mapping[str, Any]) -> dict:
+    """Step 4 on a saved model section: the flat settings moved under optimizer_options."""
+    options = {
+        name: dict(given) if isinstance(given, Mapping) else given
+        for name, given in (model.get("optimizer_options") or {}).items()
+    }
+    for key, value in model.items():
+        if key in OPTIMIZER_FIELDS:
+            optimizer, setting = OPTIMIZER_FIELDS[key]
+            if isinstance(options.setdefault(optimizer, {}), dict):
+                options[optimizer].setdefault(setting, value)  # a value the section already holds wins
+    moved = {key: value for key, value in model.items() if key not in OPTIMIZER_FIELDS}
+    return {**moved, "optimizer_options": options}
+
+
+# The steps of a saved config, in the order the spellings changed (1, 2, 3, 4 above).
+STEPS: list[Callable[[dict], dict]] = [_model_options, _bpe_vocab_size, _task_sections, _optimizer_options]
 
 
 def upgrade_config(config: Mapping[str, Any]) -> dict:
@@ -196,4 +224,7 @@ def renamed_key(key: str) -> str | None:
     if head == "data" and last in DATA_TASK_FIELDS:
         task, setting = DATA_TASK_FIELDS[last]
         return f"data.task.{task}.{setting}"
+    if head == "model" and last in OPTIMIZER_FIELDS:
+        optimizer, setting = OPTIMIZER_FIELDS[last]
+        return f"model.optimizer_options.{optimizer}.{setting}"
     return None

@@ -16,7 +16,7 @@ import torch
 from ..data.config import saved_data_section
 from ..files.upgrade import upgrade_config
 from . import optim
-from .optim import DEFAULTS, Optimisation
+from .optim import DEFAULTS
 
 # Where runs go and how they report may change freely; the model is compared by check_same_model.
 IGNORED = (
@@ -31,11 +31,12 @@ IGNORED = (
     "trainer.default_root_dir",
     "model.",
 )
-# Every optimiser and schedule setting is compared (optim.Optimisation declares them).
-COMPARED_MODEL_KEYS = tuple(f"model.{name}" for name in Optimisation.names())
+# Every optimiser and schedule setting is compared (optim.Optimisation declares them), each
+# optimiser's own included (model.optimizer_options.muon.lr, ...).
+COMPARED_MODEL_KEYS = tuple(f"model.{key}" for key in DEFAULTS.by_key())
 
 # Settings added after checkpoints were first written: one without them ran with these values.
-ADDED_LATER = {f"model.{name}": getattr(DEFAULTS, name) for name in optim.ADDED_LATER}
+ADDED_LATER = {f"model.{key}": DEFAULTS.by_key()[key] for key in optim.ADDED_LATER}
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:

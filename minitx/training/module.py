@@ -32,10 +32,10 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..data.toy import IGNORE_INDEX, rows_all_right
 from ..errors import UserError
-from ..files.upgrade import CHECKPOINT_FORMAT
+from ..files.upgrade import CHECKPOINT_FORMAT, renamed_key
 from ..model import Transformer
 from .inputs import errors_named
-from .optim import Optimisation, Parameters, apply_schedule
+from .optim import DEFAULTS, Optimisation, Parameters, apply_schedule
 from .optim.groups import true_shapes
 from .resume import check_same_model
 from .sharding import is_sharded, shard_transformer
@@ -85,8 +85,9 @@ class MinitxLM(L.LightningModule):
     """A Transformer trained as a causal language model.
 
     The optimiser and schedule settings are one minitx.training.optim.Optimisation, given as
-    `optimisation` (Python) or setting by setting under their own names (model.lr, ...: a config,
-    LightningCLI, the hyperparameters a checkpoint saved), never both. Their declaration,
+    `optimisation` (Python) or setting by setting under their own names (model.lr, ...,
+    model.optimizer_options with each optimiser's own: a config, LightningCLI, the hyperparameters
+    a checkpoint saved), never both. Their declaration,
     defaults, checks and descriptions (this docstring's first entries, --help's text) are
     Optimisation's: the signature LightningCLI reads lists its fields in place of `optimisation`
     (`__init__.__signature__`, below), so a setting added there is a model.* key here.
@@ -129,7 +130,7 @@ class MinitxLM(L.LightningModule):
             # jsonargparse reads ModelConfig's fields from this call: keep it ModelConfig(**model).
             self.config = ModelConfig(**model)
         # Checkpoints must load with weights_only=True: hyperparameters hold plain data only, and
-        # the settings by name, as every minitx saved them (an older checkpoint's load the same).
+        # the settings by name (each optimiser's own as a mapping under optimizer_options).
         switches = dict(
             max_steps=max_steps,
             compile=compile,
@@ -370,6 +371,12 @@ class MinitxLM(L.LightningModule):
 def optimisation_given(optimisation: Optimisation | None, settings: dict) -> Optimisation:
     """The optimiser settings MinitxLM was given: `optimisation`, or those of its fields among
     `settings` (removed from it; one left out takes its default), checked."""
+    for name in settings:
+        renamed = renamed_key(f"model.{name}")
+        if renamed:  # an optimiser's own setting as an earlier minitx spelled it: model.muon_lr
+            raise UserError(
+                f"model.{name}: this setting is now {renamed}; write that instead (the value is the same)"
+            )
     named = {name: settings.pop(name) for name in Optimisation.names() if name in settings}
     if optimisation is not None and named:
         raise UserError(
@@ -387,7 +394,9 @@ def _declared_signature() -> inspect.Signature:
     keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
     types = typing.get_type_hints(Optimisation)  # types, not the strings of postponed annotations
     fields = [
-        inspect.Parameter(field.name, keyword, default=field.default, annotation=types[field.name])
+        inspect.Parameter(
+            field.name, keyword, default=getattr(DEFAULTS, field.name), annotation=types[field.name]
+        )
         for field in dataclasses.fields(Optimisation)
     ]
     return signature.replace(parameters=[own[0], *fields, *own[2:]])

@@ -430,3 +430,25 @@ def test_an_a_a_pair_never_chooses_a_rate_measured_above_the_tolerance():
         assert rates.choose(dict(pair[0]), extended=2).multiplier == chosen[0]  # the same runs, the same rate
     print(f"A/A pairs choosing the same rate: {agree} of 200")
     assert agree >= 100
+
+
+def test_a_muon_sweep_scales_each_of_its_learning_rates_and_refuses_them_in_a_variant(tmp_path):
+    """Muon's own rate (model.optimizer_options.muon.lr, its registry entry's) is a learning rate
+    of the sweep as model.lr is: each run's is the base's times its multiplier, given on its
+    command line; a variant may not set it."""
+    muon = BASE.replace(
+        "model.optimizer: adamw", "model.optimizer: muon\n  model.optimizer_options.muon.lr: 0.03"
+    )
+    plan = make_plan(load_sweep(write(tmp_path, muon + LADDER + ARMS)), tmp_path / "out")
+    assert plan.lr_bases == {"model.lr": 3e-3, "model.min_lr": 3e-4, "model.optimizer_options.muon.lr": 0.03}
+    points = [p for stage in plan.all_points(RunResults()) for p in stage]
+    assert {p.multiplier for p in points} == {0.5, 1, 2}
+    for point in points:
+        command = point.run.command
+        given = command[len(command) - 1 - command[::-1].index("--model.optimizer_options.muon.lr") + 1]
+        assert float(given) == pytest.approx(0.03 * point.multiplier), point.run.label
+    arms = ARMS.replace("twin, overrides: {", "twin, overrides: {model.optimizer_options.muon.lr: 0.1, ")
+    with pytest.raises(
+        UserError, match=r"sets model.optimizer_options.muon.lr: every run trains at the base"
+    ):
+        load_sweep(write(tmp_path, muon + LADDER + arms))

@@ -158,6 +158,7 @@ def test_an_old_known_answer_checkpoint_resumes_in_todays_spelling(tmp_path, cap
     """The run, resumed with its config in today's spelling (and more steps): only the steps named
     as changed, no data setting."""
     saved = yaml.safe_load((OLD / "zoology.yaml").read_text())
+    saved["model"] = upgrade_config({"model": saved["model"]})["model"]  # Muon's settings, nested
     saved["data"] = {
         key: value
         for key, value in saved["data"].items()

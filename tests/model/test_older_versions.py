@@ -3,7 +3,9 @@ or is refused in one line naming the new spelling.
 
 tests/fixtures/legacy/ holds checkpoints, run configs and config files written by minitx before
 attention options moved into per-kind sections (make.sh there says how): every kind, MTA in its
-released setting, a three-kind mix with learned positions and a trained BPE tokenizer.
+released setting, a three-kind mix with learned positions and a trained BPE tokenizer;
+tests/fixtures/legacy/tasks/ a run from before known-answer tasks and optimisers had sections of
+their own (`model.muon_lr` flat beside `model.lr`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from minitx.files.upgrade import (
     CHECKPOINT_FORMAT,
     DATA_FIELDS,
     DATA_TASK_FIELDS,
+    OPTIMIZER_FIELDS,
     renamed_key,
     upgrade_checkpoint,
     upgrade_config,
@@ -38,6 +41,7 @@ from minitx.files.upgrade import (
 from minitx.flops import FLOP_CONVENTION, OLDER_CONVENTION
 from minitx.trained_model import load_checkpoint
 from minitx.training.command import checked_config
+from minitx.training.optim import Optimisation
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "legacy"
 NAMES = ["mha", "mqa", "gqa", "local", "mta", "mix_bpe"]
@@ -264,3 +268,53 @@ def test_old_bpe_checkpoint_evaluates_on_its_own_validation_text(tmp_path, monke
     assert eval_main([*args, "--lengths", "16", "32"]) == 0
     figures = json.loads(report.read_text())
     assert figures["loss"] > 0 and figures["tokens"] > 0
+
+
+@pytest.mark.parametrize("key", sorted(OPTIMIZER_FIELDS))
+def test_old_optimiser_flag_is_refused_naming_the_new_one(key, capsys):
+    value = "auto" if key == "muon_precision" else "0.5"
+    assert train_main([f"--model.{key}", value, "--print_config"]) == 2
+    optimizer, setting = OPTIMIZER_FIELDS[key]
+    assert capsys.readouterr().err.strip() == (
+        f"train: error: model.{key}: this setting is now model.optimizer_options.{optimizer}.{setting}; "
+        "write that instead (the value is the same)"
+    )
+
+
+def test_old_optimiser_key_in_a_config_file_is_refused_naming_the_new_one(tmp_path, capsys):
+    (tmp_path / "old.yaml").write_text("model:\n  optimizer: muon\n  muon_lr: 0.03\n")
+    assert train_main(["--config", str(tmp_path / "old.yaml"), "--print_config"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "train: error: model.muon_lr: this setting is now model.optimizer_options.muon.lr; "
+        "write that instead (the value is the same)"
+    )
+
+
+def test_an_old_runs_flat_optimiser_settings_are_read_in_todays_spelling():
+    """The Zoology run saved its optimiser settings flat (model.muon_lr, ...), in its config.yaml
+    and its checkpoint's train_config: read, they are the same settings under optimizer_options."""
+    entry = torch.load(FIXTURES / "tasks" / "zoology.ckpt", weights_only=True)["minitx"]
+    saved = entry["train_config"]["model"]
+    assert set(OPTIMIZER_FIELDS) <= set(saved)  # written by the old code, not regenerated
+    for model in (
+        upgrade_checkpoint(entry, "here")["train_config"]["model"],
+        upgrade_config(yaml.safe_load((FIXTURES / "tasks" / "zoology.yaml").read_text()))["model"],
+    ):
+        assert not set(model) & set(OPTIMIZER_FIELDS)
+        assert model["optimizer_options"] == {
+            "muon": {setting: saved[key] for key, (_, setting) in OPTIMIZER_FIELDS.items()}
+        }
+        assert upgrade_config({"model": model})["model"] == model  # today's spelling passes unchanged
+        settings = Optimisation.of(model)
+        assert settings.by_key() == {
+            **{key: saved[key] for key in ("lr", "min_lr", "warmup_steps", "optimizer", "schedule")},
+            **{key: saved[key] for key in ("weight_decay", "betas", "eps", "decay_fraction", "decay_shape")},
+            "decay_steps": None,
+            **{
+                f"optimizer_options.muon.{setting}": saved[key]
+                for key, (_, setting) in OPTIMIZER_FIELDS.items()
+            },
+        }
+    # A value the section already holds in today's spelling wins over a flat one beside it.
+    both = {"muon_lr": 0.5, "optimizer_options": {"muon": {"lr": 0.03}}}
+    assert upgrade_config({"model": both})["model"] == {"optimizer_options": {"muon": {"lr": 0.03}}}

@@ -45,7 +45,7 @@ TRAIN_MISTAKES = {
     "unknown attention kind": ["--model.attention.kind", "nosuch"],
     "bad kind option": ["--config", "configs/local.yaml", "--model.attention.options.local.window", "0"],
     "dropout over 1": ["--model.dropout", "1.5"],
-    "bad optimiser value": ["--model.muon_momentum", "1"],
+    "bad optimiser value": ["--model.optimizer_options.muon.momentum", "1"],
     "negative batch size": ["--data.batch_size", "-1"],
     "bad task setting": ["--data.source", "mqar", "--data.task.mqar.pairs", "0"],
     "bad values in a file": ["--config", "{tmp}/values.yaml"],

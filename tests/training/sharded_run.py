@@ -108,7 +108,7 @@ def main() -> None:
         dropout=0.0,
         attention={"kind": args.kind},
         optimizer=args.optimizer,
-        muon_precision=args.muon_precision,
+        optimizer_options={"muon": {"precision": args.muon_precision}},
         lr=3e-3,
         min_lr=3e-4,
         warmup_steps=3,

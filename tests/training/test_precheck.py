@@ -145,7 +145,8 @@ def test_the_precheck_refuses_bad_values_as_lightningcli_does(tmp_path):
         ["--model.eps", "0"],
         ["--model.eps", "-1"],
         ["--model.optimizer", "sgd"],
-        ["--model.muon_momentum", "1"],
+        ["--model.optimizer_options.muon.momentum", "1"],
+        ["--model.muon_lr", "0.05"],  # an earlier spelling: refused naming the new key
         ["--model.decay_fraction", "2"],
         ["--data.batch_size", "-1"],
         ["--data.num_workers", "-1"],

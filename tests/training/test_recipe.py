@@ -46,8 +46,10 @@ from minitx.training.optim import (
     DEFAULTS,
     OPTIMIZERS,
     BatchedMuon,
+    MuonSettings,
     MuonWithAdamW,
     Optimisation,
+    OptimizerOptions,
     lr_at,
     muon_matrix,
     optimizer_groups,
@@ -57,7 +59,13 @@ from minitx.training.optim import (
 
 # The recipe under test, on the tiny run of runs.tiny_config: 24 steps, warmup 5, the decay over
 # the last quarter (steps 18 to 23).
-RECIPE = {"optimizer": "muon", "muon_lr": 0.05, "schedule": "wsd", "decay_fraction": 0.25}
+RECIPE = {
+    "optimizer": "muon",
+    "optimizer_options": {"muon": {"lr": 0.05}},
+    "schedule": "wsd",
+    "decay_fraction": 0.25,
+}
+MUON_LR = RECIPE["optimizer_options"]["muon"]["lr"]
 LR, MIN_LR, WARMUP = 1e-2, 1e-3, 5
 
 
@@ -284,7 +292,7 @@ def test_batched_muon_takes_torch_muons_step(one_thread):
 
 
 def test_muon_in_bfloat16_is_torch_muons_precision(one_thread):
-    # model.muon_precision bfloat16: Newton-Schulz's products in bfloat16, as torch.optim.Muon's
+    # model.optimizer_options.muon.precision bfloat16: Newton-Schulz's products in bfloat16, as torch.optim.Muon's
     # on every device; each update as far from the float32 one as torch's is, and not closer.
     torch.manual_seed(1)
     shapes = [(48, 16), (16, 16), (16, 48), (48, 16), (16, 64)]
@@ -314,15 +322,21 @@ def test_muon_in_bfloat16_is_torch_muons_precision(one_thread):
 BAD_SETTINGS = {
     "eps": (0.0, "use a small positive number such as 1e-8"),
     "optimizer": ("sgd", "use one of adamw, muon"),
-    "muon_lr": (0.0, "use a positive learning rate"),
-    "muon_momentum": (1.0, "[0, 1)"),
-    "muon_weight_decay": (-0.1, "use 0 or more"),
+    "optimizer_options.muon.lr": (0.0, "use a positive learning rate"),
+    "optimizer_options.muon.momentum": (1.0, "[0, 1)"),
+    "optimizer_options.muon.weight_decay": (-0.1, "use 0 or more"),
     "schedule": ("step", "use one of cosine, wsd"),
     "decay_steps": (-5, "use 0 or more"),
     "decay_fraction": (1.5, "[0, 1]"),
     "decay_shape": ("cubic", "use one of linear, 1-sqrt"),
-    "muon_precision": ("float16", "use one of auto, float32, bfloat16"),
+    "optimizer_options.muon.precision": ("float16", "choose one of auto, float32, bfloat16"),
 }
+
+
+def nested(key: str, value) -> dict:
+    """{"a.b.c": v} as {"a": {"b": {"c": v}}}, as a config file writes it."""
+    head, _, rest = key.partition(".")
+    return {head: nested(rest, value) if rest else value}
 
 
 @pytest.mark.parametrize("setting", list(BAD_SETTINGS))
@@ -330,9 +344,9 @@ def test_each_setting_is_checked_with_one_line_naming_it(setting):
     value, fix = BAD_SETTINGS[setting]
     section = {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 10, "weight_decay": 0.1, "betas": [0.9, 0.95]}
     with pytest.raises(UserError) as error:
-        check_model_section({**section, setting: value})
+        check_model_section({**section, **nested(setting, value)})
     message = str(error.value)
-    assert message.startswith(f"model.{setting}: is ") and fix in message and "\n" not in message
+    assert message.startswith(f"model.{setting}: ") and fix in message and "\n" not in message
 
 
 def test_a_config_without_the_settings_is_adamw_and_cosine():
@@ -366,52 +380,82 @@ def test_minitxlm_takes_the_settings_as_one_object_or_by_name_not_both():
     from minitx.training.module import MinitxLM
 
     shape = {"vocab_size": 29, "block_size": 16, "n_layer": 1, "n_head": 2, "d_model": 16}
-    settings = Optimisation(optimizer="muon", lr=3e-3, muon_lr=0.05)
+    own = {"muon": {"lr": 0.05}}
+    settings = Optimisation(optimizer="muon", lr=3e-3, optimizer_options=own)
     given = MinitxLM(optimisation=settings, **shape)
-    by_name = MinitxLM(optimizer="muon", lr=3e-3, muon_lr=0.05, **shape)
+    by_name = MinitxLM(optimizer="muon", lr=3e-3, optimizer_options=own, **shape)
     assert given.optimisation == by_name.optimisation == settings
-    # Checkpoints save the settings by name, as every minitx did; the model's fields beside them.
+    # Checkpoints save the settings by name, each optimiser's own as plain data under its name.
     assert dict(given.hparams) == dict(by_name.hparams)
-    assert given.hparams["muon_lr"] == 0.05 and given.hparams["betas"] == [0.9, 0.95]
+    assert given.hparams["optimizer_options"] == {
+        "muon": {"lr": 0.05, "momentum": 0.95, "weight_decay": 0.0, "precision": "auto"}
+    }
+    assert given.hparams["betas"] == [0.9, 0.95]
     assert MinitxLM(**shape).optimisation == DEFAULTS
     with pytest.raises(UserError, match=r"^model: give the optimiser settings as `optimisation` or by name"):
         MinitxLM(optimisation=settings, lr=1e-3, **shape)
-    with pytest.raises(UserError, match=r"^model.muon_lr: is -1"):
-        MinitxLM(muon_lr=-1, **shape)
+    with pytest.raises(UserError, match=r"^model.optimizer_options.muon.lr: is -1"):
+        MinitxLM(optimizer_options={"muon": {"lr": -1}}, **shape)
+    with pytest.raises(
+        UserError, match=r"^model.muon_lr: this setting is now model.optimizer_options.muon.lr;"
+    ):
+        MinitxLM(muon_lr=0.05, **shape)
 
 
-def test_the_registry_declares_each_optimisers_learning_rates():
+def test_the_registry_declares_each_optimisers_settings_and_learning_rates():
     from minitx.ablation.plan.sweep import LR_KEYS
     from minitx.training.optim.registry import all_lr_keys, lr_keys
 
-    assert lr_keys("adamw") == ("lr", "min_lr") and lr_keys("muon") == ("lr", "min_lr", "muon_lr")
+    assert lr_keys("adamw") == ("lr", "min_lr")
+    assert lr_keys("muon") == ("lr", "min_lr", "optimizer_options.muon.lr")
     assert lr_keys("not-an-optimiser") == ("lr", "min_lr")
     assert (
         LR_KEYS
         == tuple(f"model.{key}" for key in all_lr_keys())
-        == (
-            "model.lr",
-            "model.min_lr",
-            "model.muon_lr",
-        )
+        == ("model.lr", "model.min_lr", "model.optimizer_options.muon.lr")
     )
-    for spec in OPTIMIZERS.values():
-        assert set(spec.lr_keys) <= set(Optimisation.names())
+    for name in OPTIMIZERS:  # each is a setting, with a default
+        assert set(lr_keys(name)) <= set(DEFAULTS.by_key())
+    # An optimiser's own settings are a section of model.optimizer_options, under its name.
+    assert [f.name for f in dataclasses.fields(OptimizerOptions)] == [
+        name for name, spec in OPTIMIZERS.items() if spec.settings is not None
+    ]
+    assert DEFAULTS.optimizer_options.muon == MuonSettings()
+
+
+def test_an_optimisers_settings_are_refused_in_one_line_naming_the_option_in_full():
+    cases = {
+        "lrr": "model.optimizer_options.muon.lrr: optimizer muon has no such option (did you mean lr?)",
+        "momentum": "model.optimizer_options.muon.momentum: is 'high', not a number",
+    }
+    for option, start in cases.items():
+        with pytest.raises(UserError) as error:
+            Optimisation(optimizer_options={"muon": {option: "high"}})
+        assert str(error.value).startswith(start) and "\n" not in str(error.value)
+    with pytest.raises(
+        UserError, match=r"^model.optimizer_options.mun: there is no optimizer 'mun' \(did you mean muon"
+    ):
+        Optimisation(optimizer_options={"mun": {}})
+    with pytest.raises(
+        UserError, match=r"^model.optimizer_options.adamw: optimizer adamw has no settings of its own"
+    ):
+        Optimisation(optimizer_options={"adamw": {}})
 
 
 def test_older_runs_resume_with_what_they_ran():
     # A checkpoint written before these settings existed trained with AdamW and the cosine: the
     # defaults of the settings added later stand for it, so they must stay these values.
-    assert {name: getattr(DEFAULTS, name) for name in ADDED_LATER} == {
+    assert {key: DEFAULTS.by_key()[key] for key in ADDED_LATER} == {
         "optimizer": "adamw",
-        "muon_lr": 0.02,
-        "muon_momentum": 0.95,
-        "muon_weight_decay": 0.0,
+        "optimizer_options.muon.lr": 0.02,
+        "optimizer_options.muon.momentum": 0.95,
+        "optimizer_options.muon.weight_decay": 0.0,
         "schedule": "cosine",
         "decay_steps": None,
         "decay_fraction": 0.2,
         "decay_shape": "linear",
-        "muon_precision": "auto",  # float32 on a CPU, bfloat16 on a GPU: what BatchedMuon always did
+        # float32 on a CPU, bfloat16 on a GPU: what BatchedMuon always did
+        "optimizer_options.muon.precision": "auto",
     }
     assert Optimisation.of({"lr": 3e-3, "betas": [0.9, 0.95], "block_size": 32}) == Optimisation(lr=3e-3)
     assert optimizer_of_state(None) == optimizer_of_state({"state": {}, "param_groups": []}) == "adamw"
@@ -445,7 +489,7 @@ def test_train_with_muon_and_wsd_logs_the_schedule_and_saves_both_states(recipe_
     assert len(muon) == 4 and all("momentum_buffer" in s for s in muon.values())  # 1 layer's 4 matrices
     # Both optimisers' lrs moved by the schedule's factor, down to min_lr / lr at the end.
     end = lr_at(STEPS, LR, MIN_LR, WARMUP, STEPS) / LR
-    assert state["muon"]["param_groups"][0]["lr"] == pytest.approx(RECIPE["muon_lr"] * end, rel=0.35)
+    assert state["muon"]["param_groups"][0]["lr"] == pytest.approx(MUON_LR * end, rel=0.35)
 
 
 def test_a_resumed_run_keeps_the_optimiser_of_its_checkpoint(recipe_run, corpus, tmp_path, capfd):

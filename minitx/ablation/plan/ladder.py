@@ -37,12 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
-
 from ...errors import UserError
 from ...training.optim.registry import lr_keys as optimizer_lr_keys
 from . import rates
-from .budget import budget_of, match_budgets, model_config_of, training_vocab
+from .budget import budget_of, config_section, match_budgets, model_config_of, training_vocab
 from .commands import Run, make_run
 from .design import Ladder, Size
 from .sweep import Sweep, Variant, design_conflict
@@ -379,20 +377,22 @@ class Plan:
 
 
 def _section(sweep: Sweep, name: str) -> dict:
-    """A section of the base config with the shared dotted overrides applied."""
-    section = dict((yaml.safe_load(sweep.base_text) or {}).get(name) or {})
-    for key, value in sweep.overrides.items():
-        parts = key.split(".")
-        if parts[0] == name and len(parts) == 2:
-            section[parts[1]] = yaml.safe_load(value) if isinstance(value, str) else value
-    return section
+    """A section of the base config with the shared dotted overrides applied (nested keys, such
+    as model.optimizer_options.muon.lr, into nested sections)."""
+    return config_section(name, sweep, Variant("shared", {}))
 
 
-def _module_default(name: str) -> Any:
-    """The default of an optimiser or schedule setting (model.<name>), where it is declared."""
+def _setting(model: dict, key: str) -> Any:
+    """An optimiser or schedule setting (`key` under model: lr, optimizer_options.muon.lr) as the
+    model section gives it, else its default, where it is declared."""
     from ...training.optim import DEFAULTS  # torch, not Lightning: ablate starts without it
 
-    return getattr(DEFAULTS, name)
+    found: Any = model
+    for part in key.split("."):
+        if not isinstance(found, dict) or part not in found:
+            return DEFAULTS.by_key()[key]
+        found = found[part]
+    return found
 
 
 def check_design_keys(sweep: Sweep, extra: Sequence[str]) -> None:
@@ -429,10 +429,9 @@ def make_plan(sweep: Sweep, output: Path, extra: Sequence[str] = (), logging: Se
     tokens_per_step = (
         int(data.get("batch_size") or 8) * block * int(trainer.get("accumulate_grad_batches") or 1)
     )
-    optimizer = model.get("optimizer", _module_default("optimizer"))
-    lr_keys = [f"model.{key}" for key in optimizer_lr_keys(optimizer)]  # its registry entry's
+    # Its registry entry's learning rates: model.lr, model.min_lr and its own.
     lr_bases = {
-        key: float(model.get(key.split(".")[1], _module_default(key.split(".")[1]))) for key in lr_keys
+        f"model.{key}": float(_setting(model, key)) for key in optimizer_lr_keys(_setting(model, "optimizer"))
     }
     if ladder is not None and model.get("decay_steps") is not None:
         raise UserError(
@@ -480,8 +479,8 @@ def make_plan(sweep: Sweep, output: Path, extra: Sequence[str] = (), logging: Se
         compute,
         tokens_per_step,
         int(trainer.get("max_steps") or 0),
-        float(model.get("decay_fraction", _module_default("decay_fraction"))),
-        int(model.get("warmup_steps", _module_default("warmup_steps"))),
+        float(_setting(model, "decay_fraction")),
+        int(_setting(model, "warmup_steps")),
         extra,
         logging,
         lr_bases,

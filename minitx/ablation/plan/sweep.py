@@ -47,7 +47,8 @@ BUDGET_PREFIXES = ("data.",)  # every data setting: source, tokenizer, batch, bl
 RESERVED_KEYS = ("run.root", "run.name", "ckpt_path", "config")
 
 # Learning rates: a designed sweep sets them for every run (the base's, times its multiplier).
-LR_KEYS = tuple(f"model.{key}" for key in all_lr_keys())  # every optimiser's (its registry entry)
+# Every optimiser's, by its registry entry: model.lr, model.min_lr, model.optimizer_options.muon.lr.
+LR_KEYS = tuple(f"model.{key}" for key in all_lr_keys())
 
 MATCH_CHOICES = ("params", "flops")
 FILE_KEYS = ("base", "overrides", "variants", "seed", "seeds", "match", "eval", *DESIGN_KEYS)

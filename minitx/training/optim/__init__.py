@@ -1,9 +1,11 @@
 """The optimiser and its schedule, one file per concern and one per optimiser.
 
-settings.py   Optimisation: the model.* settings (the shared ones and each optimiser's), checks
+settings.py   Optimisation: the model.* settings, the shared ones (model.lr, ...) and each
+              optimiser's own (model.optimizer_options.<name>.*), checks
 schedules.py  warmup, then cosine or WSD (lr_at); apply_schedule on a resume
-registry.py   OPTIMIZERS: per model.optimizer, how it is built, its saved state and its parts,
-              its learning-rate settings; a new optimiser is its own file plus one entry here
+registry.py   OPTIMIZERS: per model.optimizer, its settings, how it is built, its saved state and
+              its parts, its learning-rate settings; a new optimiser is its own file plus one
+              entry here
 groups.py     what an optimiser is built over (Parameters), weight decay on matrices only
 adamw.py      AdamW
 muon.py       Muon on the hidden matrices with AdamW on the rest (its settings, Newton-Schulz)
@@ -15,6 +17,7 @@ from .muon import (
     MUON_DTYPES,
     MUON_PRECISIONS,
     BatchedMuon,
+    MuonSettings,
     MuonWithAdamW,
     build_muon,
     muon_dtype,
@@ -26,7 +29,7 @@ from .muon import (
 )
 from .registry import OPTIMIZERS, OptimiserSpec, optimizer_of_state
 from .schedules import DECAY_SHAPES, SCHEDULES, apply_schedule, lr_at
-from .settings import ADDED_LATER, DEFAULTS, Optimisation
+from .settings import ADDED_LATER, DEFAULTS, Optimisation, OptimizerOptions
 
 __all__ = [
     "ADDED_LATER",
@@ -35,10 +38,12 @@ __all__ = [
     "DEFAULTS",
     "MUON_DTYPES",
     "MUON_PRECISIONS",
+    "MuonSettings",
     "MuonWithAdamW",
     "NO_DECAY_NAMES",
     "OPTIMIZERS",
     "Optimisation",
+    "OptimizerOptions",
     "OptimiserSpec",
     "Parameters",
     "SCHEDULES",

@@ -1,10 +1,11 @@
 """Muon: torch.optim.Muon on the hidden matrices (muon_matrix) and AdamW on everything else,
 stepped together as one optimiser (MuonWithAdamW); model.optimizer muon.
 
-Its settings (model.muon_*: MuonSettings), how it is built (build_muon), how its saved state is
-recognised (is_muon_state) and split into plain torch optimisers' (muon_state_parts); its entry
-in registry.py puts them together with which settings are its learning rates. Newton-Schulz runs once per shape on the stacked matrices of
-that shape (BatchedMuon) and, under FSDP2, on whole matrices gathered from every process.
+Its settings (model.optimizer_options.muon.*: MuonSettings), how it is built (build_muon), how
+its saved state is recognised (is_muon_state) and split into plain torch optimisers'
+(muon_state_parts); its entry in registry.py puts them together with which of its settings are
+learning rates. Newton-Schulz runs once per shape on the stacked matrices of that shape
+(BatchedMuon) and, under FSDP2, on whole matrices gathered from every process.
 """
 
 from __future__ import annotations
@@ -14,48 +15,47 @@ import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor
 
 from ...errors import UserError
+from ...options import OptionError
 from .groups import NO_DECAY_NAMES, Parameters, clean_name, decays, optimizer_groups
 
 MUON_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-MUON_PRECISIONS = ("auto", *MUON_DTYPES)
+MuonPrecision = Literal["auto", "float32", "bfloat16"]  # "auto", or a key of MUON_DTYPES
+MUON_PRECISIONS = get_args(MuonPrecision)
 
 
 @dataclass(frozen=True)
 class MuonSettings:
-    """Muon's settings, model.muon_* (read when model.optimizer is muon).
+    """Muon's settings, model.optimizer_options.muon.* (read when model.optimizer is muon).
 
     Args:
-        muon_lr: Muon's peak learning rate.
-        muon_momentum: Muon's (Nesterov) momentum.
-        muon_weight_decay: Muon's decoupled weight decay (multiplied by its lr, as AdamW's).
-        muon_precision: the dtype of Muon's Newton-Schulz products: "auto" (float32 on a CPU,
+        lr: Muon's peak learning rate (the schedule scales it by the same factor as model.lr).
+        momentum: Muon's (Nesterov) momentum.
+        weight_decay: Muon's decoupled weight decay (multiplied by its lr, as AdamW's).
+        precision: the dtype of Muon's Newton-Schulz products: "auto" (float32 on a CPU,
             bfloat16 on a GPU), "float32" or "bfloat16" (torch.optim.Muon's everywhere; on a CPU
             with native bfloat16 products, about half float32's time).
     """
 
-    # Later than the first settings: a checkpoint or config without them ran with these values,
-    # so they are also what an older run resumes with (settings.ADDED_LATER).
-    muon_lr: float = 0.02
-    muon_momentum: float = 0.95
-    muon_weight_decay: float = 0.0
-    muon_precision: str = "auto"
+    # Later than the first optimiser settings: a checkpoint or config without them ran with these
+    # values, so they are also what an older run resumes with (settings.ADDED_LATER).
+    lr: float = 0.02
+    momentum: float = 0.95
+    weight_decay: float = 0.0
+    precision: MuonPrecision = "auto"
 
-    def check_part(self, fail: Callable[[str, str], None]) -> None:
-        """Each of these settings' checks; `fail(setting, fix)` says what is wrong."""
-        if not self.muon_lr > 0:
-            fail("muon_lr", "use a positive learning rate such as 0.02")
-        if not 0 <= self.muon_momentum < 1:
-            fail("muon_momentum", "use a number in [0, 1), e.g. 0.95")
-        if self.muon_weight_decay < 0:
-            fail("muon_weight_decay", "use 0 or more")
-        if self.muon_precision not in MUON_PRECISIONS:
-            fail("muon_precision", f"use one of {', '.join(MUON_PRECISIONS)}")
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise OptionError("lr", f"is {self.lr}", "use a positive learning rate such as 0.02")
+        if not 0 <= self.momentum < 1:
+            raise OptionError("momentum", f"is {self.momentum}", "use a number in [0, 1), e.g. 0.95")
+        if self.weight_decay < 0:
+            raise OptionError("weight_decay", f"is {self.weight_decay}", "use 0 or more")
 
 
 def muon_matrix(name: str, param: Tensor) -> bool:
@@ -129,9 +129,10 @@ def orthogonalise(
 
 
 def muon_dtype(precision: str, device: torch.device) -> torch.dtype:
-    """The dtype of Newton-Schulz's products for model.muon_precision: "auto" is float32 on a CPU
-    and bfloat16 elsewhere; "bfloat16" everywhere is torch.optim.Muon's own choice, and on a CPU
-    with native bfloat16 products (AVX512-BF16, AMX) about half float32's time (RESULTS)."""
+    """The dtype of Newton-Schulz's products for model.optimizer_options.muon.precision: "auto" is
+    float32 on a CPU and bfloat16 elsewhere; "bfloat16" everywhere is torch.optim.Muon's own
+    choice, and on a CPU with native bfloat16 products (AVX512-BF16, AMX) about half float32's
+    time (RESULTS)."""
     if precision == "auto":
         return torch.float32 if device.type == "cpu" else torch.bfloat16
     return MUON_DTYPES[precision]
@@ -348,7 +349,9 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
 
 def build_muon(settings: Any, params: Parameters) -> torch.optim.Optimizer:
-    """MuonWithAdamW from `settings` (an Optimisation: MuonSettings' fields and the shared ones)."""
+    """MuonWithAdamW from `settings` (an Optimisation: the shared settings, and Muon's own under
+    optimizer_options.muon)."""
+    own = settings.optimizer_options.muon
     muon, rest = split_for_muon(params.named, params.chosen(muon_matrix))
     decay_names = params.chosen(decays)
     if any(p.dim() != 2 for p in muon):
@@ -359,10 +362,10 @@ def build_muon(settings: Any, params: Parameters) -> torch.optim.Optimizer:
     return MuonWithAdamW(
         muon,
         optimizer_groups(rest, settings.weight_decay, decay_names),
-        muon_lr=settings.muon_lr,
-        muon_momentum=settings.muon_momentum,
-        muon_weight_decay=settings.muon_weight_decay,
-        muon_precision=settings.muon_precision,
+        muon_lr=own.lr,
+        muon_momentum=own.momentum,
+        muon_weight_decay=own.weight_decay,
+        muon_precision=own.precision,
         lr=settings.lr,
         betas=settings.betas,
         eps=settings.eps,

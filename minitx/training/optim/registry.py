@@ -1,8 +1,10 @@
 """The optimisers, by the value of model.optimizer: one entry each, all an optimiser declares.
 
 Adding an optimiser is a file of its own (its settings dataclass, if it has settings, and its
-build function, as muon.py) and one entry in OPTIMIZERS. The settings (settings.Optimisation), the
-train command's keys and --help, the resume checks, FSDP2's placement of its saved state
+build function, as muon.py) and one entry in OPTIMIZERS. Its settings are options as an attention
+kind's are (minitx/options.py): `model.optimizer_options.<name>.<setting>`, beside the settings
+every optimiser shares (`model.lr`, ...). The settings (settings.Optimisation), the train
+command's keys and --help, the resume checks, FSDP2's placement of its saved state
 (training/sharding.py) and a designed sweep's learning rates (ablation/plan/sweep.py, ladder.py)
 all read the entry; none names an optimiser.
 """
@@ -27,19 +29,21 @@ class OptimiserSpec:
     build: the optimiser over the parameters, from the settings (an Optimisation).
     saved: whether an optimiser's state_dict() is this one's: a run resumes with the optimiser
         whose state its checkpoint holds, whatever the config says.
-    lr_keys: its settings that are learning rates (model.<key>). A designed sweep sets each for
+    lr_options: its own settings that are learning rates (model.optimizer_options.<name>.<setting>),
+        besides the shared model.lr and model.min_lr (lr_keys). A designed sweep sets each for
         every run, and its rule for an arm is theirs together: each is the base config's value
         times the arm's lr_sweep multiplier, along the whole ladder.
     state_parts: for an optimiser made of several torch optimisers, its parts by the key its
         state_dict() holds each one's state under (FSDP2 places each part's per-parameter state
         as that part's parameters); None for a single torch optimiser.
-    settings: the frozen dataclass of its own settings (model.* keys), None when it has none:
-        settings.Optimisation is made of these and the shared ones.
+    settings: the frozen dataclass of its own settings, model.optimizer_options.<name>.<setting>
+        (None when it has none): a default for every field, its annotations and __post_init__
+        (raising minitx.options.OptionError) its checks, as an attention kind's options.
     """
 
     build: Callable[[Any, Parameters], torch.optim.Optimizer]
     saved: Callable[[Mapping], bool]
-    lr_keys: tuple[str, ...] = ("lr", "min_lr")
+    lr_options: tuple[str, ...] = ()
     state_parts: Callable[[Any], dict[str, torch.optim.Optimizer]] | None = None
     settings: type | None = None
 
@@ -49,7 +53,7 @@ OPTIMIZERS: dict[str, OptimiserSpec] = {
     "muon": OptimiserSpec(
         build_muon,
         is_muon_state,
-        lr_keys=("lr", "min_lr", "muon_lr"),
+        lr_options=("lr",),
         state_parts=muon_state_parts,
         settings=MuonSettings,
     ),
@@ -73,17 +77,18 @@ def state_parts(optimizer: torch.optim.Optimizer, state: Mapping) -> dict[str, t
     return spec.state_parts(optimizer) if spec.state_parts is not None else None
 
 
+SHARED_LR_KEYS = ("lr", "min_lr")  # the learning rates every optimiser reads (settings.SharedSettings)
+
+
 def lr_keys(optimizer: str) -> tuple[str, ...]:
-    """The learning-rate settings of model.optimizer `optimizer` (the shared lr and min_lr for a
-    name that is none of ours: the train command refuses it in one line)."""
+    """The learning-rate settings of model.optimizer `optimizer`, as keys under model: the shared
+    lr and min_lr, then its own (optimizer_options.muon.lr); only the shared ones for a name that
+    is none of ours (the train command refuses it in one line)."""
     spec = OPTIMIZERS.get(optimizer)
-    return spec.lr_keys if spec is not None else OptimiserSpec.lr_keys
+    own = spec.lr_options if spec is not None else ()
+    return (*SHARED_LR_KEYS, *(f"optimizer_options.{optimizer}.{name}" for name in own))
 
 
 def all_lr_keys() -> tuple[str, ...]:
     """Every optimiser's learning-rate settings, each once, in the registry's order."""
-    return tuple(dict.fromkeys(key for spec in OPTIMIZERS.values() for key in spec.lr_keys))
-
-
-# The settings dataclasses of the optimisers that have their own, for settings.Optimisation.
-OPTIMISER_SETTINGS: tuple[type, ...] = tuple(s.settings for s in OPTIMIZERS.values() if s.settings)
+    return tuple(dict.fromkeys(key for name in OPTIMIZERS for key in lr_keys(name)))

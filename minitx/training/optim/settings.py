@@ -2,23 +2,27 @@
 checks: Optimisation, the one declaration that MinitxLM, its schedule, the train command's keys
 and the resume checks read.
 
-Optimisation is made of the settings every optimiser and the schedule share (SharedSettings) and
-each registered optimiser's own (muon.MuonSettings, ...; registry.OPTIMISER_SETTINGS), so an
-optimiser's settings are declared in its file and reach the config through its registration.
+Optimisation is the settings every optimiser and the schedule share (SharedSettings: model.lr,
+model.optimizer, ...) and, under model.optimizer_options.<name>, each registered optimiser's own
+(muon.MuonSettings: model.optimizer_options.muon.lr, ...), as an attention kind's options sit
+under model.attention.options.<kind>. An optimiser's settings are declared in its file and reach
+the config through its entry in registry.OPTIMIZERS; minitx/options.py builds and checks them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
 from ...errors import UserError
+from ...options import build_options, build_sections, check_options_class, fail
 from .groups import Parameters
-from .registry import OPTIMISER_SETTINGS, OPTIMIZERS
+from .registry import OPTIMIZERS
 from .schedules import DECAY_SHAPES, SCHEDULES, lr_at
 
 
@@ -27,7 +31,8 @@ class SharedSettings:
     """The settings every optimiser and the schedule read.
 
     Args:
-        lr: AdamW's peak learning rate (the schedule scales Muon's muon_lr by the same factor).
+        lr: AdamW's peak learning rate (the schedule scales an optimiser's own, such as
+            optimizer_options.muon.lr, by the same factor).
         min_lr: final learning rate of the schedule.
         warmup_steps: optimiser steps of linear warmup.
         weight_decay: AdamW decay on matrices only (see minitx.training.optim.decays).
@@ -63,15 +68,59 @@ def _args(cls: type) -> str:
     return cls.__doc__.split("Args:\n", 1)[1].rstrip()
 
 
+def _optimizer_options_class() -> type:
+    """model.optimizer_options: a section per registered optimiser that has settings, its settings
+    dataclass (checked as options are: every field has a default). Built from the registry, so an
+    entry there is all it takes for `--model.optimizer_options.<name>.<setting>` to parse, to be
+    listed by --help and to be saved in a run's config and its checkpoints."""
+    own = {name: spec.settings for name, spec in OPTIMIZERS.items() if spec.settings is not None}
+    for name, settings in own.items():
+        check_options_class(f"optimizer {name}", settings)
+    made = dataclasses.make_dataclass(
+        "OptimizerOptions",
+        [(name, settings, field(default_factory=settings)) for name, settings in own.items()],
+        frozen=True,
+    )
+    made.__module__ = __name__  # pickled and looked up by name, as a class written here would be
+    made.__doc__ = "model.optimizer_options: each optimiser's own settings, under its name."
+    return made
+
+
+OptimizerOptions = _optimizer_options_class()
+
+
+def optimizer_options(given: Any) -> Any:
+    """The OptimizerOptions from what a config, a checkpoint or Python holds: a mapping of optimiser
+    names to their settings (an optimiser left out, or a setting, takes its defaults), a
+    jsonargparse Namespace or the object itself, each setting checked (minitx/options.py)."""
+    where = "model.optimizer_options"
+
+    def build(name: str, section: Any) -> Any:
+        settings = OPTIMIZERS[name].settings
+        if settings is None:
+            fail(f"{where}.{name}", f"optimizer {name} has no settings of its own", "remove this section")
+        return build_options(f"{where}.{name}", f"optimizer {name}", settings, section)
+
+    example = "optimizer_options: {muon: {lr: 0.02}}"
+    return OptimizerOptions(**build_sections(where, "optimizer", OPTIMIZERS, given, build, example))
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
 @dataclass(frozen=True)
-class Optimisation(*OPTIMISER_SETTINGS, SharedSettings):
+class Optimisation(SharedSettings):
     """The optimiser and schedule settings (see the top of this file).
 
     Args:
     """
 
+    optimizer_options: OptimizerOptions = field(default_factory=OptimizerOptions)
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))  # a config gives a list
+        object.__setattr__(self, "optimizer_options", optimizer_options(self.optimizer_options))
         self.check()
 
     @classmethod
@@ -84,20 +133,28 @@ class Optimisation(*OPTIMISER_SETTINGS, SharedSettings):
         are ignored); one it lacks, from an older run, takes its default."""
         return cls(**{name: settings[name] for name in cls.names() if name in settings})
 
-    def check(self, prefix: str = "model") -> None:
-        """Each setting's check; errors name `<prefix>.<setting>` and say the fix."""
+    def by_key(self) -> dict[str, Any]:
+        """Each setting as plain data by its key under model: lr, ..., optimizer_options.muon.lr."""
+        keys = {name: _plain(getattr(self, name)) for name in self.names() if name != "optimizer_options"}
+        for name, settings in dataclasses.asdict(self.optimizer_options).items():
+            keys.update({f"optimizer_options.{name}.{key}": value for key, value in settings.items()})
+        return keys
+
+    def check(self) -> None:
+        """Each shared setting's check (an optimiser's own are checked as they are built); errors
+        name `model.<setting>` and say the fix."""
 
         def fail(name: str, fix: str) -> None:
             value = getattr(self, name)
             shown = (
                 repr(value) if isinstance(value, str) else list(value) if isinstance(value, tuple) else value
             )
-            raise UserError(f"{prefix}.{name}: is {shown}; {fix}")
+            raise UserError(f"model.{name}: is {shown}; {fix}")
 
         if not self.lr > 0:
             fail("lr", "use a positive learning rate such as 1e-3")
         if not 0 <= self.min_lr <= self.lr:
-            fail("min_lr", f"use a value between 0 and {prefix}.lr={self.lr}")
+            fail("min_lr", f"use a value between 0 and model.lr={self.lr}")
         if self.warmup_steps < 0:
             fail("warmup_steps", "use 0 or more")
         if self.weight_decay < 0:
@@ -108,12 +165,10 @@ class Optimisation(*OPTIMISER_SETTINGS, SharedSettings):
             fail("eps", "use a small positive number such as 1e-8")
         if self.optimizer not in OPTIMIZERS:
             fail("optimizer", f"use one of {', '.join(sorted(OPTIMIZERS))}")
-        for part in OPTIMISER_SETTINGS:
-            part.check_part(self, fail)
         if self.schedule not in SCHEDULES:
             fail("schedule", f"use one of {', '.join(SCHEDULES)}")
         if self.decay_steps is not None and self.decay_steps < 0:
-            fail("decay_steps", f"use 0 or more, or leave it unset to use {prefix}.decay_fraction")
+            fail("decay_steps", "use 0 or more, or leave it unset to use model.decay_fraction")
         if not 0 <= self.decay_fraction <= 1:
             fail("decay_fraction", "use a fraction of max_steps in [0, 1], e.g. 0.2")
         if self.decay_shape not in DECAY_SHAPES:
@@ -164,12 +219,16 @@ class Optimisation(*OPTIMISER_SETTINGS, SharedSettings):
         }
 
 
-# Its docstring's "Args:" (MinitxLM's docstring and --help show them): the shared settings' and
-# each optimiser's, in the order of the fields.
-Optimisation.__doc__ += "\n".join(_args(part) for part in (SharedSettings, *OPTIMISER_SETTINGS)) + "\n"
+# Its docstring's "Args:" (MinitxLM's docstring and --help show them): the shared settings', then
+# optimizer_options, whose settings --help lists under their own keys with their own docstrings'.
+_OWN = ", ".join(f"{f.name}: {f.type.__name__}" for f in fields(OptimizerOptions))
+Optimisation.__doc__ += (
+    _args(SharedSettings)
+    + f"\n        optimizer_options: each optimiser's own settings, under its name ({_OWN}).\n"
+)
 
 DEFAULTS = Optimisation()
-# Settings a checkpoint of an older minitx may lack: it ran with their defaults. The first six
-# are as old as the optimiser.
+# Settings a checkpoint of an older minitx may lack, by key under model: it ran with their
+# defaults. The first six are as old as the optimiser.
 FIRST_SETTINGS = ("lr", "min_lr", "warmup_steps", "weight_decay", "betas", "eps")
-ADDED_LATER = tuple(name for name in Optimisation.names() if name not in FIRST_SETTINGS)
+ADDED_LATER = tuple(key for key in DEFAULTS.by_key() if key not in FIRST_SETTINGS)
