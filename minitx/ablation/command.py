@@ -17,7 +17,7 @@ from .plain_sweep import run_plain
 from .plan.budget import match_budgets
 from .plan.ladder import check_design_keys
 from .plan.sweep import Sweep, load_sweep
-from .request import SweepRequest, make_request
+from .request import SLURM_TIME, SweepRequest, make_request
 from .runs import from_csv
 from .runs.eval_runs import sweep_kind_modules
 from .runs.launch import Launcher, local_launcher
@@ -70,7 +70,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--slurm-partition", default=None, help="partition of every job (default the cluster's)"
     )
     slurm.add_argument(
-        "--slurm-time", type=int, default=60, metavar="MINUTES", help="time limit of each job (default 60)"
+        "--slurm-time",
+        type=int,
+        default=SLURM_TIME,
+        metavar="MINUTES",
+        help=f"time limit of each job (default {SLURM_TIME})",
     )
     slurm.add_argument("--slurm-cpus-per-run", type=int, default=None, metavar="N", help="CPUs of each job")
     slurm.add_argument(

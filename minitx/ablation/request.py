@@ -15,17 +15,7 @@ from .runs.slurm import check_slurm_commands, import_submitit
 
 SLURM_TIME = 60  # minutes a job may run unless --slurm-time says otherwise
 # the choices a SweepRequest holds as the command line parsed them
-AS_PARSED = (
-    "only",
-    "seeds",
-    "launcher",
-    "parallel",
-    "devices_per_run",
-    "dry_run",
-    "report_only",
-    "force",
-    "baseline",
-)
+AS_PARSED = "only seeds launcher parallel devices_per_run dry_run report_only force baseline".split()
 
 
 @dataclass(frozen=True)
