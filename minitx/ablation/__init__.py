@@ -14,9 +14,12 @@ in order: plan -> runs -> analysis -> report. A stage imports only the stages be
 modules at the top drive them, and where the two kinds of sweep differ a stage has a module each.
 
     command.py          the ablate command line: checks the sweep, hands it to its orchestrator
+    request.py          what the command line asks (SweepRequest), its flags checked against
+                        one another; both kinds of sweep read it
     plain_sweep.py      a plain sweep from end to end: runs, evaluations, the table, the report
-    designed_sweep.py   a designed sweep from end to end: its phases of runs (a fourth, a third
-                        seed where two disagree), diagnostics, the analysis, the report
+    designed_sweep.py   a designed sweep from end to end: its plan, its phases of runs (a fourth,
+                        a third seed where two disagree) read from its results source (the runs,
+                        a results.csv, or both), diagnostics, the analysis, the report
     output.py           whose an --output is (its sweep.json): another sweep refused, --force
     summary.py          RunSummary, the callback that writes each run's summary.json
     plan/               what to run, from the sweep file; reads no run
@@ -65,6 +68,7 @@ modules at the top drive them, and where the two kinds of sweep differ a stage h
                         sections (verdicts, each size left out, the held-out rung, noise by size),
                         cells.py how numbers are written; designed_plots.py its plots
                         (why a diagnostic is "–": minitx/evaluation/missing.py)
+      written.py        a report as written (its text, its plots): what the command logs of it
 
 Output, under --output: a directory per run (runs/<variant>-seed<k>, with the run's own logs and
 checkpoints, run.json, summary.json, evaluation.json, diagnostics.json, train.log), results.csv,

@@ -12,23 +12,17 @@ from ..arguments import ArgumentParser, missing_file_advice
 from ..errors import UserError
 from ..kinds import import_kind_modules
 from .designed_sweep import run_designed
-from .output import check_output, recorded, sweep_identity
+from .output import SweepIdentity, check_output, recorded, sweep_identity
 from .plain_sweep import run_plain
 from .plan.budget import match_budgets
 from .plan.ladder import check_design_keys
 from .plan.sweep import Sweep, load_sweep
+from .request import SLURM_TIME, SweepRequest, make_request
 from .runs import from_csv
 from .runs.eval_runs import sweep_kind_modules
 from .runs.launch import Launcher, local_launcher
 from .runs.runner import check_variants
-from .runs.slurm import (
-    SlurmLauncher,
-    SlurmOptions,
-    SweepSubmitted,
-    check_slurm_commands,
-    import_submitit,
-    parse_sbatch_options,
-)
+from .runs.slurm import SlurmLauncher, SlurmOptions, SweepSubmitted, parse_sbatch_options
 
 
 class AblateParser(ArgumentParser):
@@ -76,7 +70,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--slurm-partition", default=None, help="partition of every job (default the cluster's)"
     )
     slurm.add_argument(
-        "--slurm-time", type=int, default=60, metavar="MINUTES", help="time limit of each job (default 60)"
+        "--slurm-time",
+        type=int,
+        default=SLURM_TIME,
+        metavar="MINUTES",
+        help=f"time limit of each job (default {SLURM_TIME})",
     )
     slurm.add_argument("--slurm-cpus-per-run", type=int, default=None, metavar="N", help="CPUs of each job")
     slurm.add_argument(
@@ -163,96 +161,56 @@ def check_readable(config_path: Path) -> None:
             raise UserError(f"--config: file {config_path} not found{advice}") from None
 
 
-def prepare(args: argparse.Namespace) -> tuple[Sweep, Path]:
-    """The sweep as it will run: read, filtered, resized (`match`), and checked unless only reporting."""
-    if args.seeds is not None and args.seeds < 1:
-        raise UserError(f"--seeds: must be 1 or more, got {args.seeds}")
-    if args.parallel < 1:
-        raise UserError(f"--parallel: must be 1 or more, got {args.parallel}")
-    if args.devices_per_run is not None and args.devices_per_run < (0 if args.launcher == "slurm" else 1):
-        raise UserError(f"--devices-per-run: must be 1 or more, got {args.devices_per_run}")
-    if args.launcher == "slurm" and args.parallel != 1:
-        raise UserError(
-            "--parallel: runs on this machine at once; with --launcher slurm give --slurm-array-parallelism N"
-        )
-    if args.launcher != "slurm":
-        given = [
-            flag
-            for flag, value in (
-                ("--slurm-partition", args.slurm_partition),
-                ("--slurm-time", args.slurm_time != 60 or None),
-                ("--slurm-cpus-per-run", args.slurm_cpus_per_run),
-                ("--slurm-array-parallelism", args.slurm_array_parallelism),
-                ("--slurm-option", args.slurm_option or None),
-                ("--no-wait", args.no_wait or None),
-            )
-            if value is not None
-        ]
-        if given:
-            raise UserError(f"{given[0]}: only with --launcher slurm; add --launcher slurm or leave it out")
-    if args.force and args.report_only and not args.from_csv:
-        raise UserError(
-            "--force: replaces the sweep in --output before it runs again; --report-only reads that sweep, leave one out"
-        )
-    if args.launcher == "slurm" and not (args.dry_run or args.report_only):
-        import_submitit()  # both before the sweep is read, checked or its data prepared
-        check_slurm_commands()
-    if args.devices_per_run and args.devices_per_run > 1:
-        given = [a for a in args.train_args if a == "--trainer.devices" or a.startswith("--trainer.devices=")]
-        if given:
-            raise UserError(
-                "--devices-per-run: sets --trainer.devices itself; leave --trainer.devices out of the training arguments"
-            )
-        # Part of what each run computes (K processes, K times the batch): in its fingerprint.
-        args.train_args = [*args.train_args, "--trainer.devices", str(args.devices_per_run)]
-    config_path = Path(args.config)
-    check_readable(config_path)
-    sweep = load_sweep(config_path)
+def prepare(request: SweepRequest) -> tuple[Sweep, SweepIdentity]:
+    """The sweep as it will run: read, filtered, resized (`match`), and checked unless only
+    reporting; and whose it is (output.py)."""
+    check_readable(request.config)
+    sweep = load_sweep(request.config)
     # Whose the output is: the file's every variant, before --only picks some (output.py).
-    args.identity = sweep_identity(sweep, config_path, args.train_args)
-    select(sweep, args.only)
+    identity = sweep_identity(sweep, request.config, request.extra)
+    select(sweep, request.only)
     # Kinds of the user's own that the sweep's configs name: writing them there is consent to
     # their code, here (budgets, checks) and in the evaluation of the runs (eval_runs.py).
     try:
-        import_kind_modules(sweep_kind_modules(sweep, args.train_args))
+        import_kind_modules(sweep_kind_modules(sweep, request.extra))
     except UserError as error:
-        raise UserError(f"{config_path}: model.{error}") from None
+        raise UserError(f"{request.config}: model.{error}") from None
     if sweep.match and not sweep.design.ladder:  # a ladder matches each size (ladder.make_plan)
         try:
-            match_budgets(sweep, sweep.match, args.train_args, log=print)
+            match_budgets(sweep, sweep.match, request.extra, log=print)
         except UserError as error:
-            raise UserError(f"{config_path}: {error}") from None
+            raise UserError(f"{request.config}: {error}") from None
     if sweep.design.active:  # what the design sets, refused before the slower checks of every variant
-        check_design_keys(sweep, args.train_args)
-    if not args.report_only:
-        check_variants(sweep, config_path, args.train_args)
-    return sweep, config_path
+        check_design_keys(sweep, request.extra)
+    if not request.report_only:
+        check_variants(sweep, request.config, request.extra)
+    return sweep, identity
 
 
-def make_launcher(args: argparse.Namespace, log=print) -> Launcher:
+def make_launcher(request: SweepRequest, log=print) -> Launcher:
     """Where the runs go: this machine (each run on its own GPUs where there are some) or SLURM."""
-    if args.launcher == "slurm":
+    if request.launcher == "slurm":
+        slurm = request.slurm
         options = SlurmOptions(
-            partition=args.slurm_partition,
-            time_min=args.slurm_time,
-            gpus_per_run=args.devices_per_run or 0,
-            cpus_per_run=args.slurm_cpus_per_run,
-            array_parallelism=args.slurm_array_parallelism,
-            sbatch=parse_sbatch_options(args.slurm_option),
+            partition=slurm.partition,
+            time_min=slurm.time_min,
+            gpus_per_run=request.devices_per_run or 0,
+            cpus_per_run=slurm.cpus_per_run,
+            array_parallelism=slurm.array_parallelism,
+            sbatch=parse_sbatch_options(list(slurm.options)),
         )
-        return SlurmLauncher(options, wait=not args.no_wait)
-    return local_launcher(args.parallel, args.devices_per_run, log=log)
+        return SlurmLauncher(options, wait=slurm.wait)
+    return local_launcher(request.parallel, request.devices_per_run, log=log)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(argv)
-    from_csv.check_flags(args.from_csv, args.baseline, args.report_only, args.output)
-    sweep, config_path = prepare(args)
+    request = make_request(parse_args(argv))
+    sweep, identity = prepare(request)
     from_csv.check_against_sweep(
-        args.from_csv, args.baseline, args.output, sweep, config_path, args.report_only
+        request.from_csv, request.baseline, sweep, request.config, request.report_only
     )
     try:
-        run_and_report(args, sweep, config_path)
+        run_and_report(request, sweep, identity)
     except SweepSubmitted as submitted:
         print(
             f"ablate: {submitted}; run the same command again once they end (it waits for them, then goes on "
@@ -260,43 +218,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
 
 
-def run_and_report(args: argparse.Namespace, sweep: Sweep, config_path: Path) -> None:
-    output = Path(args.output) if args.output else Path("runs") / "ablation" / config_path.stem
+def run_and_report(request: SweepRequest, sweep: Sweep, identity: SweepIdentity) -> None:
+    output = request.output
     if output.exists() and not output.is_dir():
         raise UserError(f"--output: {str(output)!r} is a file; give a directory (new or of this sweep)")
-    logging = wandb_arguments(args.wandb_project, group=output.resolve().name) if args.wandb else []
-    launcher = None if args.report_only or args.dry_run else make_launcher(args)
+    launcher = make_launcher(request) if request.trains else None
     # After every refusal of the command line: --force removes the sweep there only when this one runs.
-    check_output(output, args.identity, sweep, args.train_args, force=args.force, dry_run=args.dry_run)
-    title = f"Ablation: {config_path.name}"
-    given = dict(  # what the command line gives either kind of sweep
-        extra=args.train_args,
-        logging=logging,
-        report_only=args.report_only,
-        dry_run=args.dry_run,
-        trust_kind_modules=sweep_kind_modules(sweep, args.train_args),
-    )
+    check_output(output, identity, sweep, request.extra, force=request.force, dry_run=request.dry_run)
     # The output's sweep.json says whose it is from the moment this sweep runs there (output.py).
-    with nullcontext() if args.report_only or args.dry_run else recorded(output, args.identity):
+    with recorded(output, identity) if request.trains else nullcontext():
         if sweep.design.active:  # a budget, a learning-rate sweep or a ladder
-            csv_path = Path(args.from_csv) if args.from_csv else None
-            run_designed(
-                sweep, output, title, launcher, **given, results_csv=csv_path, baseline=args.baseline
-            )
+            run_designed(sweep, request, launcher)
         else:
-            csv_path = Path(args.from_csv) if args.from_csv else None
-            seeds = args.seeds or sweep.seeds
-            run_plain(
-                sweep,
-                output,
-                title,
-                launcher,
-                seeds=seeds,
-                **given,
-                results_csv=csv_path,
-                baseline=args.baseline,
-            )
-
-
-def wandb_arguments(project: str, group: str) -> list[str]:
-    return ["--run.wandb", "true", "--run.wandb_project", project, "--run.wandb_group", group]
+            run_plain(sweep, request, launcher)

@@ -1,8 +1,11 @@
-"""A designed sweep (a budget, an lr_sweep or a ladder: plan/design.py) from end to end: its plan
-(plan/ladder.py), its phases of runs in order (runs/; a fourth, the held-out rung, where the
-ladder has one), the diagnostics of every finished run
-(runs/eval_runs.py), then its analysis (analysis/designed.py) and report (report/designed.py).
-It sits above the stages it drives; plain_sweep.py does the same for a sweep without a design.
+"""A designed sweep (a budget, an lr_sweep or a ladder: plan/design.py) from end to end, as
+run_designed reads: its plan (plan/ladder.py); its phases of runs in order (runs/; a fourth, the
+held-out rung, where the ladder has one), then the diagnostics of every finished run
+(runs/eval_runs.py); the analysis (analysis/designed.py), a third seed where a replicate pair
+disagrees; the report (report/designed.py). Each step reads the sweep's results source, chosen
+once: the runs on disk, a results.csv in their place, or a recorded CSV extended by new runs
+(runs/results.py, runs/from_csv.py). It sits above the stages it drives; plain_sweep.py does the
+same for a sweep without a design.
 
 The first phase grows as its runs finish (runs past the sweep's edges, then the confirmation at
 the largest size: rates.py), so each phase is run until its plan holds no run not yet tried. A
@@ -19,12 +22,15 @@ from pathlib import Path
 from ..errors import UserError
 from ..files.atomic import read_json, write_json_atomically
 from ..wording import counted
-from .analysis.designed import analyse, replicate_points
+from .analysis.designed import Analysis, analyse, replicate_points
 from .plan.ladder import Plan, Point, make_plan
-from .report.designed import design_plots, write_design_results
+from .plan.sweep import Sweep
+from .report.designed import write_design_results
+from .request import SweepRequest
 from .runs import from_csv
-from .runs.eval_runs import diagnose_run
-from .runs.launch import run_sweep
+from .runs.eval_runs import diagnose_run, sweep_kind_modules
+from .runs.from_csv import CsvResults, ExtendedResults
+from .runs.launch import Launcher, run_sweep
 from .runs.results import RunResults
 from .runs.runner import BASE_SNAPSHOT, given_arguments, is_finished
 
@@ -39,6 +45,9 @@ def _unique_runs(points: Sequence[Point]) -> list:
 PLAN_FILE = "plan.json"  # what the output's runs were planned by: older sweeps chose rates otherwise
 PLAN_VERSION = 2  # 2: rates chosen past the sweep's edges, confirmed at the largest size, fresh ladder seeds
 PHASES = ("learning rates", "ladder", "branches", "held out", "held-out branches")
+HELD_OUT = PHASES.index("held out")  # the held-out rung's phases: its trunks, then its branches
+# Where a sweep's figures are read from (results_source): each is called with a point, as RunResults
+Results = RunResults | CsvResults | ExtendedResults
 
 
 def declared_phases(plan: Plan) -> list[tuple[int, str]]:
@@ -120,9 +129,9 @@ def _phase(plan: Plan, trained, phase: int) -> list[Point]:
     """The runs of one phase (PHASES): the plan's four, the held-out rung's trunks before its
     branches (a branch starts from its trunk's checkpoint)."""
     found = plan.all_points(trained)
-    if phase < 3:
+    if phase < HELD_OUT:
         return found[phase]
-    return [p for p in found[3] if plan.holdout_stage(p) == phase - 3]
+    return [p for p in found[HELD_OUT] if plan.holdout_stage(p) == phase - HELD_OUT]
 
 
 def report_instability(points: Sequence[Point], trained: RunResults, log) -> None:
@@ -133,138 +142,175 @@ def report_instability(points: Sequence[Point], trained: RunResults, log) -> Non
             )
 
 
-def run_designed(
-    sweep,
-    output: Path,
-    title: str,
-    launcher=1,
-    extra: Sequence[str] = (),
-    logging: Sequence[str] = (),
-    report_only: bool = False,
-    dry_run: bool = False,
-    trust_kind_modules: Sequence[str] = (),
-    log=print,
-    results_csv: Path | None = None,
-    baseline: str | None = None,
-) -> Plan:
-    """`results_csv`: a results.csv read in place of the runs (runs/from_csv.py), with report_only;
-    `baseline`: the arm the report compares the others with (default the file's first)."""
-    plan = make_plan(sweep, output, extra, logging)
-    phases_declared = declared_phases(plan)
-    count = len(phases_declared)
-    if baseline is not None:
-        from_csv.put_baseline_first(plan, baseline)
-    # Each RunResults() below is what the runs on disk hold at that moment: the plan grows from
-    # the runs as they finish, and the analysis reads them once they all have.
-    if dry_run:
-        first, second, _, _ = plan.all_points(RunResults())
-        shown = first or second
-        for run in _unique_runs(shown):
-            log(" ".join(shlex.quote(part) for part in run.command))
-        later = []
-        if first:
-            later.append("runs past the sweep's edges where an arm's best is at one")
-            if len(plan.sizes) > 1:
-                later.append("the confirmation at the largest size")
-            later.append("the ladder at each arm's rates" if plan.ladder is not None else "each arm's seeds")
-        if any(index == 2 for index, _ in phases_declared):
-            later.append("the branches")
-        if plan.holdout is not None:
-            number = next(n for n, (index, _) in enumerate(phases_declared, 1) if index == 3)
-            later.append(
-                f"phase {number}, the held-out rung: every arm at {plan.holdout.name} at the rate extrapolated "
-                "there, never fitted"
-            )
-        if later:
-            log(f"# then {', then '.join(later)}; {output / BASE_SNAPSHOT} is written when the sweep runs")
-        else:
-            log(f"# {output / BASE_SNAPSHOT} is written when the sweep runs")
-        log_count(plan, lambda line: log("# " + line))
+def run_designed(sweep: Sweep, request: SweepRequest, launcher: Launcher | None = None, log=print) -> Plan:
+    """The sweep the request asks for, step by step: its plan (only shown, with --dry-run), its
+    phases of runs (none with --report-only), the analysis of what its results source holds, the
+    report."""
+    plan = make_plan(sweep, request.output, request.extra, request.logging)
+    if request.baseline is not None:
+        from_csv.put_baseline_first(plan, request.baseline)
+    if request.dry_run:
+        show_plan(plan, log)
         return plan
-    # A results.csv stands for the runs (--from-csv): none needs to be on disk; without
-    # --report-only the held-out rung it lacks is trained (ladder.holdout added since)
-    recorded = from_csv.read_results(results_csv, plan) if results_csv is not None else None
-    extended = from_csv.ExtendedResults(recorded) if recorded is not None and not report_only else None
+    source = results_source(plan, request)
+    if request.trains:
+        run_phases(plan, source, launcher, log)
+    # a CSV's sweep is settled as it was recorded: only runs on disk are given a third seed
+    third_seeds = request.trains and source.recorded is None
+    analysis, points, trained = analyse_sweep(plan, source, third_seeds, launcher, log)
+    plan.output.mkdir(parents=True, exist_ok=True)  # a CSV's report may go to a new folder
+    # what the runs were given besides the sweep file: part of what the table measured
+    given = given_arguments(_unique_runs(points))
+    write_design_results(plan, analysis, points, request.title, trained, given).log(log)
+    check_finished(points, trained, plan.output)
+    return plan
 
-    def now():
-        """What the runs hold at this moment: the runs on disk (and the CSV's, where extended)."""
-        return extended.now() if extended is not None else RunResults()
 
-    if report_only and recorded is None:
-        check_plan_version(plan, output)
-        first, second, _, _ = plan.all_points(RunResults())
-        if not any(is_finished(p.run) for p in first + second):
-            raise UserError(
-                f"--report-only: {str(output)!r} holds no finished run of this sweep; run it first (without --report-only)"
-            )
-    elif not report_only:
-        output.mkdir(parents=True, exist_ok=True)
-        write_json_atomically(output / PLAN_FILE, {"version": PLAN_VERSION})
-        log_count(plan, log)
-        if extended is not None:
-            log(
-                f"ablate: the runs {results_csv} holds are read from it; the held-out rung it lacks is trained"
-            )
-        tried: set[Path] = set()  # each run once per invocation: a failed run is a row, not retried here
+def show_plan(plan: Plan, log) -> None:
+    """--dry-run: the first phase's commands, then what the later phases will be, in words."""
+    declared = declared_phases(plan)
+    first, second, _, _ = plan.all_points(RunResults())
+    for run in _unique_runs(first or second):
+        log(" ".join(shlex.quote(part) for part in run.command))
+    later = []
+    if first:
+        later.append("runs past the sweep's edges where an arm's best is at one")
+        if len(plan.sizes) > 1:
+            later.append("the confirmation at the largest size")
+        later.append("the ladder at each arm's rates" if plan.ladder is not None else "each arm's seeds")
+    if any(index == 2 for index, _ in declared):
+        later.append("the branches")
+    if plan.holdout is not None:
+        number = next(n for n, (index, _) in enumerate(declared, 1) if index == HELD_OUT)
+        later.append(
+            f"phase {number}, the held-out rung: every arm at {plan.holdout.name} at the rate extrapolated "
+            "there, never fitted"
+        )
+    snapshot = plan.output / BASE_SNAPSHOT
+    if later:
+        log(f"# then {', then '.join(later)}; {snapshot} is written when the sweep runs")
+    else:
+        log(f"# {snapshot} is written when the sweep runs")
+    log_count(plan, lambda line: log("# " + line))
+
+
+def results_source(plan: Plan, request: SweepRequest) -> Results:
+    """Where the sweep's figures are read from, chosen once: its runs on disk; a results.csv in
+    their place (--from-csv with --report-only: none need be on disk); or a recorded sweep's CSV
+    and the held-out rung it lacks, trained now (--from-csv alone: ladder.holdout added since)."""
+    if request.from_csv is None:
+        if request.report_only:
+            check_reportable(plan)
+        return RunResults()
+    recorded = from_csv.read_results(request.from_csv, plan)
+    return recorded if request.report_only else ExtendedResults(recorded)
+
+
+def check_reportable(plan: Plan) -> None:
+    """--report-only of the runs on disk: refused in one line where none of them finished, or an
+    earlier minitx planned them."""
+    check_plan_version(plan, plan.output)
+    first, second, _, _ = plan.all_points(RunResults())
+    if not any(is_finished(p.run) for p in first + second):
+        raise UserError(
+            f"--report-only: {str(plan.output)!r} holds no finished run of this sweep; run it first (without --report-only)"
+        )
+
+
+def run_phases(plan: Plan, source: Results, launcher: Launcher | None, log) -> None:
+    """Each declared phase in order, each planned from the runs before it; then the diagnostics
+    of every run. A run the source holds (a recorded CSV's) is not trained again."""
+    output = plan.output
+    output.mkdir(parents=True, exist_ok=True)
+    write_json_atomically(output / PLAN_FILE, {"version": PLAN_VERSION})
+    log_count(plan, log)
+    declared = declared_phases(plan)
+    numbered = list(enumerate(declared, 1))
+    if source.recorded is not None:
         # extending a CSV's sweep trains its held-out rung only: the ladder ran at the CSV's rates
         # (a rule changed since would plan other learning-rate runs, which choose nothing here)
-        for number, (phase, name) in enumerate(phases_declared, 1):  # each planned from the runs before it
-            if extended is not None and phase < 3:
-                continue
-            while True:  # the learning rates grow run by run: past an edge, then the confirmation
-                snapshot = now()
-                points = [
-                    p
-                    for p in _phase(plan, snapshot, phase)
-                    if p.run.directory not in tried and not (extended is not None and extended.holds(p))
-                ]
-                if not points:
-                    break
-                log(f"ablate: phase {number} of {count} ({name}): {describe(points, plan)}")
-                run_sweep(_unique_runs(points), sweep, output, launcher, log)
-                tried |= {p.run.directory for p in points}
-            if phase == 0:
-                check_baseline_rate(plan)
-        for point in sum(plan.all_points(now()), []):
-            if extended is None or not extended.holds(point):
-                diagnose_run(point.run, trust_kind_modules, log)
-    trained = now() if extended is not None else recorded if recorded is not None else RunResults()
+        log(
+            f"ablate: the runs {source.recorded.path} holds are read from it; the held-out rung it lacks is trained"
+        )
+        numbered = [(number, phase) for number, phase in numbered if phase[0] >= HELD_OUT]
+    tried: set[Path] = set()  # each run once per invocation: a failed run is a row, not retried here
+    for number, (phase, name) in numbered:
+        while True:  # the learning rates grow run by run: past an edge, then the confirmation
+            snapshot = source.now()
+            points = [
+                p
+                for p in _phase(plan, snapshot, phase)
+                if p.run.directory not in tried and not source.holds(p)
+            ]
+            if not points:
+                break
+            train(plan, points, f"phase {number} of {len(declared)} ({name})", launcher, log)
+            tried |= {p.run.directory for p in points}
+        if phase == 0:
+            check_baseline_rate(plan)
+    trusted = trusted_kind_modules(plan)
+    for point in sum(plan.all_points(source.now()), []):
+        if not source.holds(point):
+            diagnose_run(point.run, trusted, log)
+
+
+def train(plan: Plan, points: list[Point], phase: str, launcher: Launcher | None, log) -> None:
+    log(f"ablate: {phase}: {describe(points, plan)}")
+    run_sweep(_unique_runs(points), plan.sweep, plan.output, launcher, log)
+
+
+def trusted_kind_modules(plan: Plan) -> list[str]:
+    """The attention kinds of the user's own the sweep's configs name: run in its evaluations."""
+    return sweep_kind_modules(plan.sweep, plan.extra)
+
+
+def analyse_sweep(
+    plan: Plan, source: Results, third_seeds: bool, launcher: Launcher | None, log
+) -> tuple[Analysis, list[Point], RunResults]:
+    """The analysis of what the source holds, with the lines it gives rise to: the runs that were
+    unstable, the arms refused. With `third_seeds`, a replicate pair far apart is first settled by
+    a third seed of that point (the median of three), trained here. Returns the analysis, every
+    point it read and what their runs did."""
+    trained = source.now()
     phases = plan.all_points(trained)
-    if recorded is not None:
-        from_csv.check_planned(recorded, sum(phases, []))
+    source.check(sum(phases, []))
     report_instability(phases[0] + phases[1], trained, log)
     for rate in plan.rates(trained).values():
         if rate.refused:
             log(f"ablate: refused {rate.arm}: {rate.refused}")
     analysis = analyse(plan, phases, trained)
-    # a replicate pair far apart: a third seed of that point settles it (the median of three)
     replicates = replicate_points(plan, analysis)
     todo = [p for p in replicates if not is_finished(p.run)]
-    if todo and not report_only and recorded is None:
-        log(f"ablate: phase {count + 1} (a third seed where two disagree): {describe(todo, plan)}")
-        run_sweep(_unique_runs(todo), sweep, output, launcher, log)
+    if todo and third_seeds:
+        train(
+            plan,
+            todo,
+            f"phase {len(declared_phases(plan)) + 1} (a third seed where two disagree)",
+            launcher,
+            log,
+        )
+        trusted = trusted_kind_modules(plan)
         for point in todo:
-            diagnose_run(point.run, trust_kind_modules, log)
-        trained = RunResults()
+            diagnose_run(point.run, trusted, log)
+        trained = source.now()
         phases = plan.all_points(trained)
     if replicates:
         analysis = analyse(plan, phases, trained, replicates)
         phases = (phases[0], phases[1], [*phases[2], *replicates], phases[3])
-    if recorded is not None:
-        analysis.notes.extend(from_csv.notes(recorded, plan, sum(phases, [])))
-        output.mkdir(parents=True, exist_ok=True)
-    # what the runs were given besides the sweep file: part of what the table measured
-    given = given_arguments(_unique_runs(sum(phases, [])))
-    write_design_results(plan, analysis, sum(phases, []), title, trained, given)
-    log((output / "results.md").read_text(encoding="utf-8"))
-    log(f"ablate: wrote {output / 'results.md'}, results.csv, {', '.join(design_plots(plan))}")
-    if not any(trained(p).loss is not None for p in sum(phases, [])):
-        # a run whose SLURM job was cancelled did not fail: rerunning resumes it from last.ckpt
-        cancelled = any(trained(p).record.get("status") == "cancelled" for p in sum(phases, []))
-        what = (
-            "no run finished (some were cancelled: run the same command again to resume them)"
-            if cancelled
-            else "every run failed"
-        )
-        raise UserError(f"{what}; see {output / 'results.md'} and each run's train.log")
-    return plan
+    points = sum(phases, [])
+    analysis.notes.extend(source.notes(plan, points))
+    return analysis, points, trained
+
+
+def check_finished(points: Sequence[Point], trained: RunResults, output: Path) -> None:
+    """A sweep none of whose runs finished ends in one line (its report is written first)."""
+    if any(trained(p).loss is not None for p in points):
+        return
+    # a run whose SLURM job was cancelled did not fail: rerunning resumes it from last.ckpt
+    cancelled = any(trained(p).record.get("status") == "cancelled" for p in points)
+    what = (
+        "no run finished (some were cancelled: run the same command again to resume them)"
+        if cancelled
+        else "every run failed"
+    )
+    raise UserError(f"{what}; see {output / 'results.md'} and each run's train.log")

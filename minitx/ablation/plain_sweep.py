@@ -8,77 +8,57 @@ designed_sweep.py does the same for a sweep with a budget, an lr_sweep or a ladd
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import UserError
+from .analysis.table import collect
 from .plan.commands import BASE_SNAPSHOT, plan_runs
 from .plan.sweep import Sweep
-from .report.plain import plot_names, write_report, write_results
+from .report.plain import write_report
+from .request import SweepRequest
 from .runs import plain_csv
-from .runs.eval_runs import diagnose_runs, evaluate_runs
-from .runs.launch import run_sweep
-from .runs.runner import LOG_FILE, given_arguments, is_finished
+from .runs.eval_runs import diagnose_runs, evaluate_runs, sweep_kind_modules
+from .runs.launch import Launcher, run_sweep
+from .runs.runner import LOG_FILE, Run, given_arguments, is_finished
 
 
-def run_plain(
-    sweep: Sweep,
-    output: Path,
-    title: str,
-    launcher=1,
-    seeds: int = 1,
-    extra: Sequence[str] = (),
-    logging: Sequence[str] = (),
-    report_only: bool = False,
-    dry_run: bool = False,
-    trust_kind_modules: Sequence[str] = (),
-    log=print,
-    results_csv: Path | None = None,
-    baseline: str | None = None,
-) -> None:
-    """`results_csv`: a results.csv read in place of the runs (runs/plain_csv.py), with
-    report_only; `baseline`: the variant the report compares the others with (default the file's
-    first)."""
-    if results_csv is not None:
-        report_from_csv(sweep, output, title, results_csv, baseline, log)
-        return
-    runs = plan_runs(sweep, output, seeds, extra, logging)
-    if dry_run:  # writes nothing
-        for run in runs:
-            log(" ".join(shlex.quote(part) for part in run.command))
-        log(f"# {output / BASE_SNAPSHOT} is written when the sweep runs: the base config as it is then")
-        return
-    if report_only and not any(is_finished(run) for run in runs):
-        raise UserError(
-            f"--report-only: {str(output)!r} holds no finished run of this sweep; run it first (without --report-only)"
-        )
-    output.mkdir(parents=True, exist_ok=True)  # only once the sweep is known to be sound
-    if not report_only:
-        run_sweep(runs, sweep, output, launcher, log)
-        evaluate_runs(runs, sweep.evaluation, log, trust_kind_modules=trust_kind_modules)
-        diagnose_runs(runs, sweep, extra, trust_kind_modules, log)
-    table = write_results(
-        runs, output, notes=given_arguments(runs), title=title, sweep=sweep, reference=baseline
-    )
-    log((output / "results.md").read_text(encoding="utf-8"))
-    log(f"ablate: wrote {output / 'results.md'}, results.csv, {', '.join(plot_names(sweep))}")
-    check_finished(table, output)
+def run_plain(sweep: Sweep, request: SweepRequest, launcher: Launcher | None = None, log=print) -> None:
+    """The sweep the request asks for: its runs (only shown, with --dry-run), trained and
+    evaluated unless only reporting, then its report from their rows, or from a results.csv's
+    (--from-csv, with --report-only: the rows the runs would give, runs/plain_csv.py)."""
+    if request.from_csv is not None:
+        rows, left_out = plain_csv.read_rows(request.from_csv, sweep)
+        notes, curves = [plain_csv.note(request.from_csv, rows, left_out)], False  # a CSV holds no curve
+    else:
+        runs = plan_runs(sweep, request.output, request.seeds or sweep.seeds, request.extra, request.logging)
+        if request.dry_run:  # writes nothing
+            for run in runs:
+                log(" ".join(shlex.quote(part) for part in run.command))
+            log(
+                f"# {request.output / BASE_SNAPSHOT} is written when the sweep runs: the base config as it is then"
+            )
+            return
+        if request.report_only and not any(is_finished(run) for run in runs):
+            raise UserError(
+                f"--report-only: {str(request.output)!r} holds no finished run of this sweep; run it first "
+                "(without --report-only)"
+            )
+        if request.trains:
+            train(runs, sweep, request, launcher, log)
+        rows, notes, curves = collect(runs, sweep.evaluation), given_arguments(runs), True
+    request.output.mkdir(parents=True, exist_ok=True)  # only once what the report reads is known to be sound
+    report = write_report(rows, request.output, notes, request.title, sweep, request.baseline, curves)
+    report.log(log)
+    check_finished(report.table, request.output)
 
 
-def report_from_csv(
-    sweep: Sweep, output: Path, title: str, path: Path, baseline: str | None, log=print
-) -> None:
-    """The report rebuilt from a results.csv alone (`--report-only --from-csv`), no run needed:
-    the CSV's rows are the rows the runs would give (runs/plain_csv.py)."""
-    rows, left_out = plain_csv.read_rows(path, sweep)
-    output.mkdir(parents=True, exist_ok=True)  # only once the CSV is known to fit
-    note = plain_csv.note(path, rows, left_out)
-    table = write_report(
-        rows, output, notes=[note], title=title, sweep=sweep, reference=baseline, curves=False
-    )
-    log((output / "results.md").read_text(encoding="utf-8"))
-    log(f"ablate: wrote {output / 'results.md'}, results.csv, {', '.join(plot_names(sweep, curves=False))}")
-    check_finished(table, output)
+def train(runs: list[Run], sweep: Sweep, request: SweepRequest, launcher: Launcher | None, log) -> None:
+    """Every run trained (a finished one skipped), evaluated and diagnosed."""
+    request.output.mkdir(parents=True, exist_ok=True)
+    run_sweep(runs, sweep, request.output, launcher, log)
+    trusted = sweep_kind_modules(sweep, request.extra)
+    evaluate_runs(runs, sweep.evaluation, log, trust_kind_modules=trusted)
+    diagnose_runs(runs, sweep, request.extra, trusted, log)
 
 
 def check_finished(table: list[dict], output: Path) -> None:

@@ -35,6 +35,7 @@ from .ladder import (
     noise_section,
     verdict_section,
 )
+from .written import WrittenReport
 
 DESIGN_PLOTS = (
     "lr_sweep.png",
@@ -425,11 +426,13 @@ def write_design_results(
     title: str,
     trained: RunResults,
     given: Sequence[str] = (),
-) -> None:
+) -> WrittenReport:
     """`trained`: what each point's run did, as the analysis read it (runs/results.py)."""
     from . import designed_plots
 
     output = plan.output
     write_text_atomically(output / "results.csv", csv_text(all_points, trained))
-    write_text_atomically(output / "results.md", markdown(plan, analysis, title, all_points, trained, given))
+    text = markdown(plan, analysis, title, all_points, trained, given)
+    write_text_atomically(output / "results.md", text)
     designed_plots.draw_all(plan, analysis, all_points, trained, output)
+    return WrittenReport(output, text, design_plots(plan))

@@ -8,6 +8,7 @@ import csv
 import io
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ...evaluation.diagnostics import DIAGNOSTICS
@@ -29,6 +30,7 @@ from ..analysis.verdicts import seeds_side
 from ..analysis.wall_time import wall_time
 from ..plan.sweep import EvalSettings, Sweep
 from ..runs.runner import Run
+from .written import WrittenReport
 
 CSV_FIELDS = [
     "variant",
@@ -316,6 +318,11 @@ def standard_notes(rows: list[dict], table: list[dict], sweep: Sweep | None) -> 
     return notes
 
 
+@dataclass(frozen=True)
+class PlainReport(WrittenReport):
+    table: list[dict]  # mean and spread per variant (analysis/table.aggregate)
+
+
 def write_results(
     runs: list[Run],
     output: Path,
@@ -323,7 +330,7 @@ def write_results(
     title: str = "Ablation",
     sweep: Sweep | None = None,
     reference: str | None = None,
-) -> list[dict]:
+) -> PlainReport:
     """The report of finished runs (collect reads them); `reference`: the variant the others are
     compared with (default the file's first: --baseline)."""
     rows = collect(runs, sweep.evaluation if sweep is not None else EvalSettings())
@@ -338,7 +345,7 @@ def write_report(
     sweep: Sweep | None = None,
     reference: str | None = None,
     curves: bool = True,
-) -> list[dict]:
+) -> PlainReport:
     """results.csv, results.md and the plots of a sweep's rows (one per run, as collect makes them,
     or as a results.csv recorded them: runs/plain_csv.py, whose rows hold no validation curve:
     `curves` False, no loss_curves.png)."""
@@ -357,7 +364,7 @@ def write_report(
     if any("diagnostics" in entry for entry in table):
         for key, heading, _ in DIAGNOSTIC_COLUMNS:
             plots.diagnostic_bars(table, key, heading, output / f"diag_{key}.png")
-    return table
+    return PlainReport(output, text, plot_names(sweep, curves), table)
 
 
 def plot_names(sweep: Sweep | None, curves: bool = True) -> tuple[str, ...]:

@@ -293,12 +293,7 @@ def check_flags(from_csv: str | None, baseline: str | None, report_only: bool, o
 
 
 def check_against_sweep(
-    from_csv: str | None,
-    baseline: str | None,
-    output: str | None,
-    sweep: Sweep,
-    config: Path,
-    report_only: bool = True,
+    from_csv: Path | None, baseline: str | None, sweep: Sweep, config: Path, report_only: bool = True
 ) -> None:
     """--from-csv and --baseline against the sweep file (its design, arms, sizes and budgets), the
     CSV read and checked for its columns and numbers, before the (slower) plan is made."""
@@ -340,6 +335,23 @@ class CsvResults:
         self.other_arms = list(other_arms)  # rows of the arms --only left out of this report
         self._made: dict[str, PointResult] = {}
 
+    @property
+    def recorded(self) -> CsvResults:
+        return self
+
+    def now(self) -> CsvResults:
+        return self  # a CSV does not change
+
+    def holds(self, point: Point) -> bool:
+        row = self.rows.get(point.run.directory.name)
+        return row is not None and row.status != "not run"
+
+    def check(self, points: Sequence[Point]) -> None:
+        check_planned(self, points)
+
+    def notes(self, plan: Plan, points: Sequence[Point]) -> list[str]:
+        return notes(self, plan, points)
+
     def __call__(self, point: Point) -> PointResult:
         name = point.run.directory.name
         if name not in self._made:
@@ -377,8 +389,7 @@ class ExtendedResults:
         self.disk = RunResults()
 
     def holds(self, point: Point) -> bool:
-        row = self.recorded.rows.get(point.run.directory.name)
-        return row is not None and row.status != "not run"
+        return self.recorded.holds(point)
 
     def __call__(self, point: Point) -> PointResult:
         return self.recorded(point) if self.holds(point) else self.disk(point)
@@ -386,6 +397,12 @@ class ExtendedResults:
     def now(self) -> ExtendedResults:
         """A new snapshot of the runs on disk (after runs finished), the same CSV."""
         return ExtendedResults(self.recorded)
+
+    def check(self, points: Sequence[Point]) -> None:
+        self.recorded.check(points)
+
+    def notes(self, plan: Plan, points: Sequence[Point]) -> list[str]:
+        return self.recorded.notes(plan, points)
 
 
 def recorded_rates(rows: Sequence[Row], plan: Plan, path: Path) -> dict[str, dict[str, float]]:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...files.atomic import read_json
 from ...flops import OLDER_CONVENTION
 from ..plan import rates
-from ..plan.ladder import Point
+from ..plan.ladder import Plan, Point
 from .eval_runs import read_diagnostics
 from .runner import RUN_FILE, SUMMARY_FILE, is_finished
 
@@ -111,10 +112,29 @@ def logged_training_loss(directory: Path) -> tuple[list[int], list[float]]:
 
 
 class RunResults:
-    """PointResult of each point, its run read once: call it with a point."""
+    """PointResult of each point, its run read once: call it with a point. A designed sweep's
+    results source (the others, a results.csv in place of runs: from_csv.py); what a source says
+    of its runs: `now`, `holds`, `check`, `notes`."""
+
+    recorded = None  # the results.csv that stands for runs (from_csv.CsvResults): none here
 
     def __init__(self) -> None:
         self._read: dict[Path, PointResult] = {}
+
+    def now(self) -> RunResults:
+        """What the runs hold at this moment: a new snapshot, after runs finished."""
+        return RunResults()
+
+    def holds(self, point: Point) -> bool:
+        """Whether a record stands for the point's run, so that the run is not trained: only a CSV's."""
+        return False
+
+    def check(self, points: Sequence[Point]) -> None:
+        """Refused in one line where the source cannot be these points' (a CSV of another config)."""
+
+    def notes(self, plan: Plan, points: Sequence[Point]) -> list[str]:
+        """The report's lines on where the figures came from, where not from the runs."""
+        return []
 
     def __call__(self, point: Point) -> PointResult:
         # Points of one run (one directory) plan the same steps and model: one result serves them.
