@@ -27,19 +27,11 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
 
+from ..wording import duration
+
 # Off a terminal: a line at every log_every_n_steps-th step, but not more often than this, so a
 # fast run's log stays readable; the last step always gets its line.
 MIN_SECONDS_BETWEEN_LINES = 10.0
-
-
-def duration(seconds: float) -> str:
-    """1h02m, 3m05s, 42s: the width of a log column, no fractions."""
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def _metric(trainer: L.Trainer, name: str) -> float | None:
@@ -221,10 +213,10 @@ class StepProgressLines(ProgressBar):
         speed = _metric(trainer, "tokens_per_sec")
         if speed is not None:
             parts.append(f"{speed:,.0f} tokens/s")
-        parts.append(f"elapsed {duration(elapsed)}")
+        parts.append(f"elapsed {duration(elapsed, compact=True)}")
         left = self.pace.seconds_left(step, total, validation_every(trainer))
         if left is not None:
-            parts.append(f"ETA {duration(left)}")
+            parts.append(f"ETA {duration(left, compact=True)}")
         self.write(", ".join(parts))
 
     def write(self, line: str) -> None:

@@ -12,6 +12,7 @@ from runs import tiny_config, write_config
 
 from minitx.cli import train_main
 from minitx.training import progress
+from minitx.wording import duration
 
 
 def _config(tmp_path: Path, corpus: dict, name: str, **trainer) -> str:
@@ -92,7 +93,7 @@ class FakeTrainer(SimpleNamespace):
 
 
 def seconds(eta: str) -> int:
-    """'6m40s' -> 400, '1h02m' -> 3720, '45s' -> 45: progress.duration read back."""
+    """'6m40s' -> 400, '1h02m' -> 3720, '45s' -> 45: wording.duration read back."""
     parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", eta)
     hours, minutes, secs = (int(part or 0) for part in parts.groups())
     return 3600 * hours + 60 * minutes + secs
@@ -141,4 +142,4 @@ def test_the_eta_follows_the_recent_pace_and_counts_the_validations_ahead(monkey
 
 
 def test_durations_read_as_a_clock():
-    assert [progress.duration(s) for s in (4.4, 65, 3725)] == ["4s", "1m05s", "1h02m"]
+    assert [duration(s, compact=True) for s in (4.4, 65, 3725)] == ["4s", "1m05s", "1h02m"]

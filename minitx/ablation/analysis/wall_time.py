@@ -13,17 +13,7 @@ import math
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
-from ...wording import counted
-
-
-def duration_text(seconds: float) -> str:
-    """2 h 05 min, 46 min 51 s, 42 s: as the docs give a sweep's cost."""
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours} h {minutes:02d} min"
-    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+from ...wording import counted, duration
 
 
 def _number(value) -> float | None:
@@ -65,13 +55,13 @@ def wall_time(runs: Iterable[tuple[object, object]]) -> str:
             spans.append((end - length, end))
     if not seconds:
         return ""
-    summed = f"{duration_text(sum(seconds))} of training processes in all ({counted(len(seconds), 'run')})"
+    summed = f"{duration(sum(seconds))} of training processes in all ({counted(len(seconds), 'run')})"
     if not spans:
         return f"time: {summed}; its runs kept no end time (an earlier minitx), so no wall time"
     untimed = len(seconds) - len(spans)
     missing = f"; {untimed} run(s) kept no end time and are not in it" if untimed else ""
     return (
-        f"wall time: {duration_text(covered(spans))} with some run training (the union of the runs' spans, "
+        f"wall time: {duration(covered(spans))} with some run training (the union of the runs' spans, "
         f"{counted(len(spans), 'run')}{missing}), {summed}"
     )
 
@@ -87,5 +77,5 @@ def phase_times(phases: Mapping[str, Iterable[tuple[object, object]]]) -> str:
             if length is not None and end is not None:
                 spans.append((end - length, end))
         if spans:
-            parts.append(f"{name} {duration_text(covered(spans))}")
+            parts.append(f"{name} {duration(covered(spans))}")
     return ", ".join(parts)

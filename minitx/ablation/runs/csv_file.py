@@ -36,3 +36,42 @@ def read_table(path: Path) -> tuple[list[str], list[tuple[dict, int]]]:
     if not raws:
         raise UserError(f"--from-csv: {path} holds no run (a header only); {advice}")
     return list(columns), raws
+
+
+# Each kind of sweep's results.csv: (the column only it has, that column in words, the file's
+# owner, a config of that kind in words, what the file holds beyond the required columns).
+SWEEPS = {
+    "plain": (
+        "variant",
+        "a variant column, no arm",
+        "a plain sweep's",
+        "has no budget, lr_sweep or ladder",
+        "the table's figures",
+    ),
+    "designed": (
+        "arm",
+        "an arm column",
+        "a designed sweep's",
+        "is a designed sweep's (budget, lr_sweep or ladder)",
+        "the diagnostics",
+    ),
+}
+
+
+def check_columns(path: Path, columns: list[str], required: tuple[str, ...], sweep: str) -> None:
+    """Every column `sweep`'s analysis reads is there: a CSV of the other kind of sweep is named
+    as such (the config is not the one it was made with), any other lack lists what is needed."""
+    missing = [c for c in required if c not in columns]
+    if not missing:
+        return
+    _, _, owner, config, beyond = SWEEPS[sweep]
+    marker, in_words, other_owner, _, _ = next(v for name, v in SWEEPS.items() if name != sweep)
+    if marker in columns:
+        raise UserError(
+            f"--from-csv: {path} is {other_owner} results.csv ({in_words}), and the config {config}; "
+            "give the config the CSV was made with"
+        )
+    raise UserError(
+        f"--from-csv: {path} has no column {', '.join(missing)}; {owner} results.csv has "
+        f"{', '.join(required)} (and {beyond})"
+    )

@@ -34,7 +34,7 @@ from ...training.inputs import SEED_RANGE
 from ..plan.ladder import BASE_SIZE, Plan, Point
 from ..plan.sweep import Sweep, load_sweep
 from . import plain_csv
-from .csv_file import read_table
+from .csv_file import check_columns, read_table
 from .results import PointResult, RunResults
 
 # The columns read here (report/designed.py's CSV_FIELDS holds them all; the others are optional:
@@ -148,17 +148,7 @@ def read_rows(path: Path) -> list[Row]:
     """The CSV's rows, each checked for the columns and numbers the analysis reads."""
     columns, raws = read_table(path)
     columns, upgraded = upgrade_results_csv(columns, [raw for raw, _ in raws])  # an earlier minitx's
-    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
-    if missing and "variant" in columns:
-        raise UserError(
-            f"--from-csv: {path} is a plain sweep's results.csv (a variant column, no arm), and the config is a "
-            "designed sweep's (budget, lr_sweep or ladder); give the config the CSV was made with"
-        )
-    if missing:
-        raise UserError(
-            f"--from-csv: {path} has no column {', '.join(missing)}; a designed sweep's results.csv has "
-            f"{', '.join(REQUIRED_COLUMNS)} (and the diagnostics)"
-        )
+    check_columns(path, columns, REQUIRED_COLUMNS, "designed")
     rows = [_row(raw, line, path) for raw, (_, line) in zip(upgraded, raws)]
     seen: dict[str, Row] = {}
     for row in rows:

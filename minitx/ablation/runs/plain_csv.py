@@ -22,7 +22,7 @@ from typing import Any
 from ...errors import UserError
 from ...kinds import nearest
 from ..plan.sweep import Sweep
-from .csv_file import read_table
+from .csv_file import check_columns, read_table
 
 REQUIRED_COLUMNS = ("variant", "seed", "status", "final_val_loss", "run_dir")
 # The columns of words (report/plain.py's CSV_FIELDS); every other one holds a number or nothing.
@@ -88,17 +88,7 @@ def read_rows(
     of one --only left out is dropped, one the file lacks refused; None: every row's variant is
     taken as the file's, as the command line checked it before)."""
     columns, raws = read_table(path)
-    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
-    if missing and "arm" in columns:
-        raise UserError(
-            f"--from-csv: {path} is a designed sweep's results.csv (an arm column), and the config has no budget, "
-            "lr_sweep or ladder; give the config the CSV was made with"
-        )
-    if missing:
-        raise UserError(
-            f"--from-csv: {path} has no column {', '.join(missing)}; a plain sweep's results.csv has "
-            f"{', '.join(REQUIRED_COLUMNS)} (and the table's figures)"
-        )
+    check_columns(path, columns, REQUIRED_COLUMNS, "plain")
     rows = [(_row(raw, line, path), line) for raw, line in raws]
     seen: dict[tuple[str, int], int] = {}
     for row, line in rows:
