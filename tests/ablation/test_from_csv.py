@@ -68,6 +68,7 @@ def losses_table(text: str) -> dict[tuple[str, str], str]:
     return {(row[0], arm): cell for row in table[2:] for arm, cell in zip(arms, row[1:])}
 
 
+@pytest.mark.slow  # the whole showcase (222 runs) analysed and reported: about 6 s
 def test_the_recorded_showcase_rebuilt_from_its_csv_alone(tmp_path):
     """The same losses table as the recorded results.md, to the CSV's five decimals (a loss that
     the CSV rounded to ...5 may round the other way at four), no run directory needed or made."""
@@ -106,6 +107,7 @@ def same_cell(rebuilt: str, recorded: str) -> bool:
     )
 
 
+@pytest.mark.slow  # the whole showcase (222 runs) analysed and reported: about 6 s
 def test_baseline_gqa_and_the_rates_the_csv_recorded(tmp_path, monkeypatch):
     """--baseline gqa makes gqa the baseline. gqa's ladder moved to x3 at every size (its runs
     renamed with it): the plan reads those runs, not the ones today's rule asks for, and the

@@ -44,6 +44,7 @@ def table_rows(text: str, first_cell: str) -> list[list[str]]:
     return [row for row in rows if row[0].startswith(first_cell)]
 
 
+@pytest.mark.slow  # a benchmark script end to end: 3-5 s
 def test_attention_benchmark_times_every_variant(tmp_path):
     out = run_script(
         "attention.py",
@@ -140,6 +141,7 @@ def test_generate_benchmark_prints_speed_and_memory(tmp_path):
     assert len(set(memory["local (window 64)"][1:5])) == 1  # flat in length
 
 
+@pytest.mark.slow  # a benchmark script end to end: 3-5 s
 def test_mta_kernels_benchmark_times_the_c_loops_against_torch(tmp_path):
     from minitx.attention.mta import native
 
@@ -217,6 +219,7 @@ def test_mfu_benchmark_prints_peak_ratio_and_profile(tmp_path):
     assert "forward" in out and "backward" in out and "aten::mm" in out  # the profile, by phase and operator
 
 
+@pytest.mark.slow  # a benchmark script end to end: 3-5 s
 def test_prefill_benchmark_prints_a_row_per_kind_and_prompt(tmp_path):
     out = run_script(
         "prefill.py",
@@ -253,6 +256,7 @@ def test_sdpa_widths_prints_every_width_pair(tmp_path):
     assert rows[0][3] == "1.00" and all(float(row[2]) > 0 for row in rows)
 
 
+@pytest.mark.slow  # a benchmark script end to end: 3-5 s
 def test_diff_attention_benchmark_prints_every_way_at_every_length(tmp_path):
     out = run_script(
         "diff_attention.py", "--seq-lens", "1", "70", "--batch", "2", "--repeats", "1", cwd=tmp_path
@@ -292,6 +296,7 @@ def test_memory_benchmark_prints_both_rows_of_each_kind(tmp_path):
         assert float(on[3].replace(",", "")) < float(off[3].replace(",", "")), out  # checkpointing keeps less
 
 
+@pytest.mark.slow  # a benchmark script end to end: 3-5 s
 def test_startup_benchmark_prints_its_table(tmp_path):
     out = run_script("startup.py", "--rounds", "1", "--only", "import minitx", cwd=tmp_path)
     rows = {row[0]: row[1:] for row in table_rows(out, "import")}

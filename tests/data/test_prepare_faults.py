@@ -436,6 +436,7 @@ P.prepare(P.DataSettings(source="files", train_files=sys.argv[1], val_files=sys.
 """
 
 
+@pytest.mark.slow  # two real prepare processes, one waiting on the other's lock: about 5 s
 def test_a_second_prepare_waits_for_the_first_and_uses_its_result(corpus, tmp_path, monkeypatch, capfd):
     cache = tmp_path / "cache"
     process = subprocess.Popen(

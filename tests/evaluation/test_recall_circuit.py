@@ -83,6 +83,7 @@ def test_heads_are_averaged_and_middle_layers_ignored():
     assert circuit.value_read == pytest.approx((1 + uniform_last) / 2)
 
 
+@pytest.mark.slow  # trains a checkpoint and runs the script on it: about 4 s
 def test_the_script_reports_the_circuit_and_the_reach_of_a_checkpoint(tmp_path):
     config = ModelConfig(
         vocab_size=CONFIG.vocab, block_size=CONFIG.seq_len, n_layer=2, n_head=1, d_model=16, mlp="none"

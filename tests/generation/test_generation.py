@@ -611,6 +611,7 @@ def test_command_greedy_is_deterministic_and_matches_no_cache(tmp_path, capsys, 
     assert outputs[0].startswith("or not") and len(outputs[0]) == len("or not") + new + 1
 
 
+@pytest.mark.slow  # a torch.compile of the decoding loop: about 4 s
 def test_command_compile_decodes_through_torch_compile(tmp_path, capsys, monkeypatch):
     """--compile hands generate a torch.compile'd model (dynamo's own backend here, to keep the test
     short; inductor is tested above) and prints the text the eager model does."""

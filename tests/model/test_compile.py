@@ -59,7 +59,11 @@ def tiny_model(name: str) -> Transformer:
     return model
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(
+    # the hybrid traces each kind again, mixed: the slowest trace (about 7 s), with the slow ones
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n == "hybrid" else n for n in NAMES],
+)
 def test_traces_without_a_graph_break(name):
     torch._dynamo.reset()
     model = tiny_model(name)

@@ -75,6 +75,7 @@ def test_ablation_report_shows_a_results_directory(tmp_path, monkeypatch):
     assert "image/png" in text and "| local |" in text and "boom" in text
 
 
+@pytest.mark.slow  # runs a notebook end to end: about 5 s
 def test_attention_maps_runs_on_fresh_models(monkeypatch):
     notebook = run_notebook("attention_maps.ipynb", monkeypatch, MINITX_TINY="1", MINITX_CHECKPOINTS="")
     text = outputs_text(notebook)

@@ -111,6 +111,7 @@ def test_a_compiled_step_with_checkpointing_equals_eager(kind):
     torch._dynamo.reset()
 
 
+@pytest.mark.slow  # a whole training run: about 5 s (the gradients' equality stays fast)
 def test_a_run_with_checkpointing_trains(tmp_path, corpus):
     config = tiny_config(corpus, tmp_path / "runs", model={"n_layer": 2, "activation_checkpointing": True})
     config["trainer"].update(max_steps=16, val_check_interval=8)
