@@ -75,10 +75,10 @@ def check_train_args(args):
 def checked_train_config(args):
     """check_train_args's checks, returning the whole config the run would train with (every
     section as plain data; command.checked_config)."""
-    precheck_train_args(args)
+    line = precheck_train_args(args)
     from .command import checked_config  # Lightning: seconds
 
-    return checked_config(args)
+    return checked_config(line)
 
 
 def __getattr__(name: str):

@@ -18,6 +18,8 @@ kind_check.py), the check of a kind of one's own.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from ..attention.local import MIN_BLOCK
@@ -29,12 +31,16 @@ IDENTITY_PARTS = ("kq_conv", "mix_pre", "mix_post", "attn.norm.", "attn.gate.")
 
 
 @torch.no_grad()
+def perturb(params: Iterable[torch.nn.Parameter]) -> None:
+    """Add noise of scale 1/sqrt(fan-in) to each of the parameters."""
+    for param in params:
+        fan_in = param[0].numel() if param.dim() > 1 else 1
+        param.add_(torch.randn_like(param) / fan_in**0.5)
+
+
 def perturb_identity_parts(model: Transformer) -> Transformer:
-    """Add noise of scale 1/sqrt(fan-in) to every parameter that starts as the identity; returns the model."""
-    for name, param in model.named_parameters():
-        if any(part in name for part in IDENTITY_PARTS):
-            fan_in = param[0].numel() if param.dim() > 1 else 1
-            param.add_(torch.randn_like(param) / fan_in**0.5)
+    """perturb every parameter that starts as the identity; returns the model."""
+    perturb(p for name, p in model.named_parameters() if any(part in name for part in IDENTITY_PARTS))
     return model
 
 

@@ -30,6 +30,7 @@ from ..config import ModelConfig
 from ..kinds import is_built_in, kind_file, registry
 from ..model import Transformer
 from ..rope import rotary_table, shared_tables
+from . import perturb
 
 # A short length, and one past the edges where kinds cut a sequence into blocks (16, 32, 64) that
 # is a multiple of none (each capped at the model's block_size).
@@ -118,13 +119,9 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-@torch.no_grad()
 def perturbed(modules: Iterable[nn.Module]) -> None:
-    """Noise of scale 1/sqrt(fan-in) added to every parameter of the modules."""
-    for module in modules:
-        for param in module.parameters():
-            fan_in = param[0].numel() if param.dim() > 1 else 1
-            param.add_(torch.randn_like(param) / fan_in**0.5)
+    """Every parameter of the modules perturbed (verify.perturb)."""
+    perturb(param for module in modules for param in module.parameters())
 
 
 @torch.no_grad()

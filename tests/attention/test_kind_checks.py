@@ -22,6 +22,7 @@ from minitx.cli import generate_main, train_main
 from minitx.errors import TRACEBACK_VARIABLE
 from minitx.files.configs import REPO_ROOT
 from minitx.kinds import unregister
+from minitx.training import check_train_args, checked_train_config
 from minitx.training.command import checked_config
 from minitx.verify import probe
 from minitx.verify.__main__ import main as verify_main
@@ -147,6 +148,16 @@ def test_the_flag_lets_it_train_and_is_a_setting_of_the_runs_config(kind_file, t
         [*train_args(leaky, "leaky", tmp_path / "runs"), "--model.allow_noncausal_kinds", "true"]
     )
     assert parsed["model"]["allow_noncausal_kinds"] is True  # the resolved config, which config.yaml is
+
+
+def test_a_command_line_is_probed_once_as_train_and_ablate_check_it(kind_file, tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr("minitx.training.inputs.find_leak", lambda config: calls.append(config))
+    args = train_args(kind_file("fixed", {}), "fixed", tmp_path / "runs")
+    # The precheck probes; the parse after it, handed its command line, does not again.
+    checked_train_config(args)
+    check_train_args(args)
+    assert len(calls) == 2
 
 
 def test_an_error_in_the_kinds_code_names_its_file_and_line(kind_file, tmp_path, capsys, monkeypatch):
