@@ -16,12 +16,16 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from minitx.attention.mta import native
-from minitx.attention.mta.torch_math import VisibleKeys
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from minitx.attention.mta import native  # noqa: E402
+from minitx.attention.mta.torch_math import VisibleKeys  # noqa: E402
 
 
 def spin() -> None:
