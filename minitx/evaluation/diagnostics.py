@@ -184,8 +184,9 @@ class EntropyFigures:
         for layer, (own, v) in enumerate(zip(batch.maps, batch.visible)):
             for m in own:
                 self.mapped[layer] = True
-                self.signed[layer] |= not is_distribution(m.float())
                 s, n = entropy_sum(m.float(), v)
+                if not n:  # a map with counted rows is a distribution: only one without may not be
+                    self.signed[layer] |= not is_distribution(m.float())
                 self.sums[layer][0] += s
                 self.sums[layer][1] += n
 
