@@ -222,6 +222,23 @@ def test_the_check_command_says_what_is_wrong_with_a_kind(kind_file, capsys):
     assert code == 1 and all(f"FAILED: {broken}:" in line for line in lines[2:]), lines
 
 
+# Causal on the whole sequence, wrong in the cache once it holds more than 8 keys: only the
+# cached checks can see it, and not at the first cached position.
+LATE_CACHE_MISTAKE = {
+    "        keys, values, mask = cache.update(k, v)": "        keys, values, mask = cache.update(k, v)\n"
+    "        q = q * 1.5 if keys.shape[2] > 8 else q"
+}
+
+
+def test_the_check_command_finds_a_cache_that_goes_wrong_late(kind_file, capsys):
+    code, lines = verify([kind_file("late", LATE_CACHE_MISTAKE)], capsys)
+    results = {line.split(":")[0].strip(): line for line in lines[1:]}
+    assert code == 1 and list(results) == CHECKS, lines
+    for check in ("options", "causality", "reference", "gradient step"):
+        assert ": ok:" in results[check], results[check]
+    assert "FAILED" in results["cached decode"] and "FAILED" in results["generation"], lines
+
+
 def test_the_check_command_refuses_what_it_cannot_check(kind_file, tmp_path, capsys):
     leaky = kind_file("leaky", LEAKS)
     plain = tmp_path / "plain.py"
