@@ -150,6 +150,26 @@ def test_a_csv_that_does_not_fit_the_plain_sweep_is_refused_in_one_line(
     assert not target.exists()  # nothing written, not even the folder
 
 
+def test_a_row_with_more_cells_than_the_header_is_refused_in_one_line(finished, tmp_path, capsys):
+    config, output = finished
+    report(config, output)
+    lines = (output / "results.csv").read_text(encoding="utf-8").splitlines()
+    lines[1] += ",surplus"
+    path = tmp_path / "longer.csv"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    argv = [
+        "--config",
+        str(config),
+        "--output",
+        str(tmp_path / "o"),
+        "--report-only",
+        "--from-csv",
+        str(path),
+    ]
+    assert f"{path}: line 2 has more cells than the header; fix the row" in one_line_refusal(argv, capsys)
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_designed_sweeps_csv_for_a_plain_config_and_the_other_way_round(finished, tmp_path, capsys):
     config, output = finished
     report(config, output)

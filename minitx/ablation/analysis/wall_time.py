@@ -32,6 +32,19 @@ def _end(value) -> float | None:
         return None
 
 
+def _times(runs: Iterable[tuple[object, object]]) -> tuple[list[float], list[tuple[float, float]]]:
+    """The process seconds of the runs' (finished_at, process_seconds) that recorded some, and
+    the (start, end) spans of those that also kept an end time."""
+    seconds, spans = [], []
+    for finished_at, process_seconds in runs:
+        length, end = _number(process_seconds), _end(finished_at)
+        if length is not None:
+            seconds.append(length)
+            if end is not None:
+                spans.append((end - length, end))
+    return seconds, spans
+
+
 def covered(spans: Iterable[tuple[float, float]]) -> float:
     """The length of the union of (start, end) spans."""
     total, reach = 0.0, -math.inf
@@ -45,14 +58,7 @@ def covered(spans: Iterable[tuple[float, float]]) -> float:
 def wall_time(runs: Iterable[tuple[object, object]]) -> str:
     """One line of a sweep's time from its runs' (finished_at, process_seconds), "" when none
     recorded a time."""
-    seconds, spans = [], []
-    for finished_at, process_seconds in runs:
-        length, end = _number(process_seconds), _end(finished_at)
-        if length is None:
-            continue
-        seconds.append(length)
-        if end is not None:
-            spans.append((end - length, end))
+    seconds, spans = _times(runs)
     if not seconds:
         return ""
     summed = f"{duration(sum(seconds))} of training processes in all ({counted(len(seconds), 'run')})"
@@ -71,11 +77,7 @@ def phase_times(phases: Mapping[str, Iterable[tuple[object, object]]]) -> str:
     (finished_at, process_seconds) as wall_time reads them; "" where no phase has one."""
     parts = []
     for name, runs in phases.items():
-        spans = []
-        for finished_at, process_seconds in runs:
-            length, end = _number(process_seconds), _end(finished_at)
-            if length is not None and end is not None:
-                spans.append((end - length, end))
+        spans = _times(runs)[1]
         if spans:
             parts.append(f"{name} {duration(covered(spans))}")
     return ", ".join(parts)

@@ -20,10 +20,9 @@ range: RANGES) is refused in one line, before anything is written.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from ...errors import UserError
 from ...evaluation.diagnostics import DIAGNOSTICS
@@ -34,7 +33,7 @@ from ...training.inputs import SEED_RANGE
 from ..plan.ladder import BASE_SIZE, Plan, Point
 from ..plan.sweep import Sweep, load_sweep
 from . import plain_csv
-from .csv_file import check_columns, read_table
+from .csv_file import Range, check_columns, number, read_table, run_name, stripped_cells
 from .results import PointResult, RunResults
 
 # The columns read here (report/designed.py's CSV_FIELDS holds them all; the others are optional:
@@ -43,37 +42,6 @@ REQUIRED_COLUMNS = (
     "arm", "size", "budget", "multiplier", "seed", "role", "status", "error", "steps", "flops", "params",
     "flop_convention", "final_val_loss", "run_dir",
 )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Range:
-    """What a numeric column may hold: a finite number (a whole one where `whole`), at least
-    `least` (more than it where `above`) and at most `most`; `what` says what the number is."""
-
-    what: str
-    least: float | None = None
-    most: float | None = None
-    above: bool = False
-    whole: bool = False
-
-    def holds(self, value: float) -> bool:
-        if not math.isfinite(value) or (self.whole and value != int(value)):
-            return False
-        if self.least is not None and (value <= self.least if self.above else value < self.least):
-            return False
-        return self.most is None or value <= self.most
-
-    def __str__(self) -> str:
-        kind = "a whole number" if self.whole else "a finite number"
-        if self.least is not None and self.most is not None:
-            return f"{kind} from {_plain(self.least)} to {_plain(self.most)}"
-        if self.least is not None:
-            return f"{kind} {'>' if self.above else '>='} {_plain(self.least)}"
-        return kind
-
-
-def _plain(value: float) -> str:
-    return str(int(value)) if value == int(value) else f"{value:g}"
 
 
 # Every numeric column's range, as a designed sweep writes it (report/designed.py) and the code
@@ -128,22 +96,6 @@ class Row:
         return f"line {self.line} ({self.name})"
 
 
-def _number(text: str, path: Path, where: str, column: str) -> float:
-    """A cell as a number in its column's range (RANGES), else the row, the column and the range
-    named in one line."""
-    allowed = RANGES[column]
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not allowed.holds(value):
-        raise UserError(
-            f"--from-csv: {path}: {where}: {column} {text!r} is not {allowed} ({allowed.what}); "
-            "fix or remove the row"
-        )
-    return value
-
-
 def read_rows(path: Path) -> list[Row]:
     """The CSV's rows, each checked for the columns and numbers the analysis reads."""
     columns, raws = read_table(path)
@@ -162,10 +114,8 @@ def read_rows(path: Path) -> list[Row]:
 
 
 def _row(raw: dict, line: int, path: Path) -> Row:
-    cells = {key: (value or "").strip() for key, value in raw.items() if key is not None}
-    if None in raw:  # more cells than the header names
-        raise UserError(f"--from-csv: {path}: line {line} has more cells than the header; fix the row")
-    name = PurePosixPath(cells["run_dir"].replace("\\", "/")).name
+    cells = stripped_cells(raw, line, path)
+    name = run_name(cells["run_dir"])
     if not name:
         raise UserError(f"--from-csv: {path}: line {line}: run_dir is empty; each row names its run's folder")
     where = f"line {line} ({name})"
@@ -176,7 +126,11 @@ def _row(raw: dict, line: int, path: Path) -> Row:
     # loss and counts the plan's FLOPs (CsvResults); an optional one where it is not empty.
     ok = status == "ok"
     needed = [c for c in REQUIRED_COLUMNS if c in RANGES and (ok or c not in ("final_val_loss", "flops"))]
-    numbers = {c: _number(cells[c], path, where, c) for c in RANGES if c in needed or cells.get(c, "") != ""}
+    numbers = {
+        c: number(cells[c], RANGES[c], path, where, c)
+        for c in RANGES
+        if c in needed or cells.get(c, "") != ""
+    }
     diagnostics = {key: numbers[key] for key in DIAGNOSTICS if key in numbers}
     return Row(
         line,

@@ -14,15 +14,14 @@ before anything is written.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from ...errors import UserError
 from ...kinds import nearest
 from ..plan.sweep import Sweep
-from .csv_file import check_columns, read_table
+from .csv_file import Range, check_columns, number, read_table, run_name, stripped_cells
 
 REQUIRED_COLUMNS = ("variant", "seed", "status", "final_val_loss", "run_dir")
 # The columns of words (report/plain.py's CSV_FIELDS); every other one holds a number or nothing.
@@ -33,31 +32,14 @@ TEXT_COLUMNS = (
 # Of those, the ones collect leaves None where a run has none (the others are "" then).
 NONE_WHEN_EMPTY = ("flop_convention", "memory_kind", "device", "finished_at")
 STATUSES = ("ok", "failed", "cancelled", "not run")
-
-
-def _number(text: str, path: Path, line: int, name: str, column: str, whole: bool = False) -> float | None:
-    if text == "":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or (whole and value != int(value)):
-        kind = "a whole number" if whole else "a finite number"
-        raise UserError(
-            f"--from-csv: {path}: line {line} ({name}): {column} {text!r} is not {kind}; fix or remove the row"
-        )
-    return int(value) if whole else value
+# What a numeric cell may hold: any finite number, a whole one in the columns that count.
+FINITE, WHOLE = Range(""), Range("", whole=True)
 
 
 def _row(raw: dict, line: int, path: Path) -> dict[str, Any]:
     """A row as analysis/table.collect makes it from a run: numbers as numbers, None where empty."""
-    if None in raw:  # more cells than the header names
-        raise UserError(f"--from-csv: {path}: line {line} has more cells than the header; fix the row")
-    cells = {key: (value or "").strip() for key, value in raw.items()}
-    name = (
-        PurePosixPath(cells["run_dir"].replace("\\", "/")).name or f"{cells['variant']} seed {cells['seed']}"
-    )
+    cells = stripped_cells(raw, line, path)
+    name = run_name(cells["run_dir"]) or f"{cells['variant']} seed {cells['seed']}"
     if cells["status"] not in STATUSES:
         raise UserError(
             f"--from-csv: {path}: line {line} ({name}): status {cells['status']!r} is not one of {', '.join(STATUSES)}"
@@ -68,8 +50,12 @@ def _row(raw: dict, line: int, path: Path) -> dict[str, Any]:
     for column, text in cells.items():
         if column in TEXT_COLUMNS:
             row[column] = None if text == "" and column in NONE_WHEN_EMPTY else text
+        elif text == "":
+            row[column] = None
         else:
-            row[column] = _number(text, path, line, name, column, whole=column in ("seed", "parallel"))
+            allowed = WHOLE if column in ("seed", "parallel") else FINITE
+            value = number(text, allowed, path, f"line {line} ({name})", column)
+            row[column] = int(value) if allowed.whole else value
     if row["seed"] is None:
         raise UserError(f"--from-csv: {path}: line {line} ({name}): seed is empty; each row names its seed")
     if cells["status"] == "ok" and row["final_val_loss"] is None:
