@@ -219,10 +219,8 @@ class Transformer(nn.Module):
         ablation's `params_non_embedding` and its `match: params`): every parameter but the token
         table, the output layer and the position table (a tied output layer is the token table,
         left out once)."""
-        tables = [self.tok_emb.weight, self.lm_head.weight]
-        if self.pos_emb is not None:
-            tables.append(self.pos_emb.weight)
-        once = {id(table): table.numel() for table in tables}
+        tables = (self.tok_emb, self.lm_head, self.pos_emb)
+        once = {id(table.weight): table.weight.numel() for table in tables if table is not None}
         return self.num_params(positions=True) - sum(once.values())
 
     def matmul_params(self) -> int:
@@ -233,22 +231,17 @@ class Transformer(nn.Module):
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token (forward + backward = 3 x forward) at seq_len (default
-        block_size), by the convention of minitx/flops.py (FLOP_CONVENTION): the model FLOPs its
-        design needs, from its shape alone, the same on every device and code path. 6 per matmul
-        weight (`matmul_params`: 2 per multiply-add forward, 4 backward) plus each layer's
-        attention work over the (query, key) pairs its queries may see, as its kind declares it
-        (KindLayer.flops_per_token: the causal triangle's scores and values, a window's pairs,
-        diff's two maps, MTA's convolutions and head mixes, ...). Elementwise work (norms,
-        softmax, activations), padding and recomputation are not counted."""
+        block_size), by the convention of minitx/flops.py: the model FLOPs its design needs, the same
+        on every device and code path. 6 per matmul weight (`matmul_params`) plus each layer's
+        attention work as its kind declares it (KindLayer.flops_per_token)."""
         T = seq_len or self.config.block_size
         return 6 * self.matmul_params() + sum(block.attn.flops_per_token(T) for block in self.blocks)
 
     def executed_flops_per_token(self, seq_len: int | None = None, device=None) -> float:
-        """What the code paths execute per training token on `device` (default: the model's):
-        the weights' 6 per weight, and each layer's attention as its code runs there (padded
-        blocks, the whole T x T map of a dense SDPA call, a fused call's padded widths). A
-        figure of one device and backend, for hardware utilisation (benchmarks/mfu.py); budgets,
-        records and fits use flops_per_token."""
+        """What the code paths execute per training token on `device` (default: the model's): 6 per
+        weight, and each layer's attention as its code runs there (padded blocks, a dense SDPA
+        call's whole T x T map). A figure of one device and backend, for hardware utilisation
+        (benchmarks/mfu.py); budgets, records and fits use flops_per_token."""
         T = seq_len or self.config.block_size
         device = device if device is not None else next(self.parameters()).device
         attention = sum(block.attn.executed_flops_per_token(T, device) for block in self.blocks)

@@ -128,14 +128,10 @@ def load_checkpoint(
 ):
     """(model, tokenizer, raw) from a checkpoint saved by training; the model is in eval mode.
 
-    The file is read by read_checkpoint (torch.load with weights_only=True):
-    "state_dict" holds the weights, "minitx" the model config and the tokenizer as plain data.
-    Every problem is a UserError starting with `label` and the path.
-
-    A checkpoint whose attention kind is not registered in this process (a kind of your own, from
-    the modules its config names in attention.kind_modules) is refused with UntrustedKindError
-    unless `trust_kind_modules` is True (import them: their code runs) or lists them all; see
-    import_checkpoint_kinds. Importing the module yourself before loading needs no consent.
+    The file is read by read_checkpoint (torch.load with weights_only=True): "state_dict" holds the
+    weights, "minitx" the model config and the tokenizer as plain data. Every problem is a
+    UserError starting with `label` and the path. A kind not registered in this process needs
+    `trust_kind_modules` (import_checkpoint_kinds), else UntrustedKindError.
     """
     where = f"{label} {path}"
     raw = read_checkpoint(path, where, "give a checkpoint saved by train.py", map_location)
@@ -151,7 +147,6 @@ def load_checkpoint(
         raise UserError(
             f"{where}: tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}; the file is damaged"
         )
-
     refuse_noncausal_kinds(config, meta, where)
     weights = model_weights(raw)
     model = Transformer(config)

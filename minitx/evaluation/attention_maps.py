@@ -33,7 +33,7 @@ def check_maps_path(path: str) -> None:
         )
 
 
-def prompt_tokens(tokenizer, prompt: str, block_size: int) -> list[int]:
+def prompt_tokens(tokenizer, prompt: str) -> list[int]:
     """The prompt's ids, all of them: draw_attention_maps keeps the last block_size."""
     try:
         ids = tokenizer.encode(prompt)
@@ -59,7 +59,7 @@ def draw_attention_maps(model, tokenizer, prompt: str, path: str) -> dict:
     import matplotlib.colors
     import matplotlib.pyplot as plt
 
-    given = prompt_tokens(tokenizer, prompt, model.config.block_size)
+    given = prompt_tokens(tokenizer, prompt)
     ids = given[-model.config.block_size :]  # the model sees at most block_size positions
     device = next(model.parameters()).device
     maps = [layer[0].float().cpu() for layer in model.attention_maps(torch.tensor([ids], device=device))]

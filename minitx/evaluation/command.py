@@ -9,10 +9,11 @@ from pathlib import Path
 
 from ..arguments import ArgumentParser, add_trust_argument
 from ..errors import UserError
+from ..files.atomic import write_json_atomically
 from ..wording import counted
 from .attention_maps import DEFAULT_PROMPT, check_maps_path, draw_attention_maps
 from .evaluate import SWEEP_TOKENS, evaluate_checkpoint, usable_device
-from .report import table, write_json, write_plots
+from .report import table, write_plots
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -24,30 +25,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--ckpt", required=True, help="checkpoint file (.ckpt) saved by train.py")
     parser.add_argument(
-        "--files",
-        nargs="+",
-        default=None,
-        help="score these text files (globs) instead of the run's validation text",
+        "--files", nargs="+", help="score these text files (globs) instead of the run's validation text"
     )
+    parser.add_argument("--context", type=int, help="tokens per window (default: the model's block_size)")
     parser.add_argument(
-        "--context", type=int, default=None, help="tokens per window (default: the model's block_size)"
-    )
-    parser.add_argument(
-        "--stride",
-        type=int,
-        default=None,
-        help="tokens between window starts, 1 .. context (default: context)",
+        "--stride", type=int, help="tokens between window starts, 1 .. context (default: context)"
     )
     parser.add_argument(
         "--lengths",
         type=int,
         nargs="+",
-        default=None,
         help="context lengths of the extrapolation table (default: block_size/4 .. 8 x block_size)",
     )
-    parser.add_argument(
-        "--max-tokens", type=int, default=None, help="score only the first N tokens of the text"
-    )
+    parser.add_argument("--max-tokens", type=int, help="score only the first N tokens of the text")
     parser.add_argument(
         "--sweep-tokens",
         type=int,
@@ -55,10 +45,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"tokens of the text (its first) that each length of the sweep scores; 0: all (default {SWEEP_TOKENS})",
     )
     parser.add_argument(
-        "--task-samples",
-        type=int,
-        default=None,
-        help="test samples of a synthetic task (default: the task's)",
+        "--task-samples", type=int, help="test samples of a synthetic task (default: the task's)"
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of a synthetic task's fresh test set (default 0)"
@@ -66,7 +53,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--batch-size",
         type=int,
-        default=None,
         help="windows per forward pass (default: 8192 tokens' worth, fewer for a large vocabulary)",
     )
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps, ... (default cpu)")
@@ -76,24 +62,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="also attention sinks, massive activations, attention entropy and loss by position "
         "on 100 held-out sequences of 64 tokens (docs/evaluation.md)",
     )
-    parser.add_argument("--json", default=None, help="also write every figure to this JSON file")
-    parser.add_argument("--plots", default=None, help="write PNG plots into this directory")
+    parser.add_argument("--json", help="also write every figure to this JSON file")
+    parser.add_argument("--plots", help="write PNG plots into this directory")
     parser.add_argument("--no-progress", action="store_true", help="never show the progress line")
     parser.add_argument(
         "--lm-eval-tasks",
-        default=None,
         help="comma-separated lm-evaluation-harness tasks (e.g. "
         "hellaswag,lambada_openai) instead of the text evaluation; needs the eval extra and the network",
     )
     parser.add_argument(
-        "--lm-eval-limit", type=int, default=None, help="score only the first N examples of each lm-eval task"
+        "--lm-eval-limit", type=int, help="score only the first N examples of each lm-eval task"
     )
-    parser.add_argument(
-        "--lm-eval-include", default=None, help="a directory of your own lm-eval task YAML files"
-    )
+    parser.add_argument("--lm-eval-include", help="a directory of your own lm-eval task YAML files")
     parser.add_argument(
         "--attention-maps",
-        default=None,
         metavar="FILE.png",
         help="instead of the text evaluation, draw every layer's and head's attention over "
         "--attention-prompt into this PNG, through each kind's materialised attention",
@@ -159,10 +141,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         return attention_maps(args)
     if args.lm_eval_tasks:
         tasks = [task.strip() for task in args.lm_eval_tasks.split(",") if task.strip()]
-        from ..hf.lm_eval_adapter import (  # lm-eval is optional: imported when asked for
-            evaluate_tasks,
-            results_table,
-        )
+        # lm-eval is optional: imported when asked for
+        from ..hf.lm_eval_adapter import evaluate_tasks, results_table
 
         results = evaluate_tasks(
             args.ckpt,
@@ -174,26 +154,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
         )
         print(results_table(results))
         return results
+    # The flags of the same name as evaluate_checkpoint's keywords.
+    same = "lengths max_tokens files context stride batch_size device task_samples seed sweep_tokens"
     result = evaluate_checkpoint(
         args.ckpt,
-        lengths=args.lengths,
-        max_tokens=args.max_tokens,
-        files=args.files,
-        context=args.context,
-        stride=args.stride,
-        batch_size=args.batch_size,
-        device=args.device,
-        task_samples=args.task_samples,
-        seed=args.seed,
         progress=False if args.no_progress else None,
         refuse_lengths=args.lengths is not None,
-        sweep_tokens=args.sweep_tokens,
-        trust_kind_modules=args.trust_kind_modules,
-        diagnostics=args.diagnostics,
+        **{name: getattr(args, name) for name in (*same.split(), "trust_kind_modules", "diagnostics")},
     )
     print(table(result))
     if args.json is not None:
-        write_json(args.json, result)
+        write_json_atomically(args.json, result)
         print(f"wrote {args.json}")
     if args.plots is not None:
         for path in write_plots(args.plots, result):

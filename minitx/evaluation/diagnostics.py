@@ -15,9 +15,7 @@ goes through `reference`): fused attention never forms them. Every softmax map c
 so differential attention gives two per layer (A1 and A2, each over H/2 heads), and its heads are
 pooled with the layer's. MTA's map is the one its values read, after its post-softmax convolution
 and head mixing: a mixture of softmax rows, near them as trained from the identity, though a weight
-may fall below 0 or a row rise above 1, and such a map has no entropy. `map_figures` takes `maps`
-as one entry per layer, each a (B, H, T, T) tensor or a list of them (a layer's several maps); a
-single tensor is one layer.
+may fall below 0 or a row rise above 1, and such a map has no entropy.
 
 A layer with no softmax map (gdn: a linear recurrence, whose materialised map is signed and
 unnormalised) gives an empty list: it has no first-token share, alpha_1 or entropy ("-" in the
@@ -29,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -41,33 +39,6 @@ EPSILON = 0.3  # Gu et al.'s threshold on alpha_1 for a sink head
 # Floats per materialised tensor of one batch (a layer's map, the logits): 64 MB in float32 bounds
 # the memory of 100 sequences of any length, at any width.
 BATCH_FLOATS = 1 << 24
-
-Maps = Tensor | Sequence[Tensor | Sequence[Tensor]]
-
-
-# ------------------------------------------------------------------------------------ the inputs
-
-
-def layer_maps(maps: Maps) -> list[list[Tensor]]:
-    """maps as a list of layers, each a list of (B, H, T, T) float32 maps."""
-    if isinstance(maps, Tensor):
-        maps = [maps]
-    return [[m.float() for m in ([layer] if isinstance(layer, Tensor) else layer)] for layer in maps]
-
-
-def causal_keys(T: int, device=None) -> Tensor:
-    return torch.ones(T, T, dtype=torch.bool, device=device).tril()
-
-
-def layer_visible(visible: Tensor | Sequence[Tensor] | None, layers: list[list[Tensor]]) -> list[Tensor]:
-    """The (T, T) visibility of each layer's maps: the causal mask unless given (one for all
-    layers, or one per layer); None for a layer with no map."""
-    if visible is None:
-        return [causal_keys(maps[0].shape[-1], maps[0].device) if maps else None for maps in layers]
-    if isinstance(visible, Tensor):
-        visible = [visible] * len(layers)
-    return [v.to(maps[0].device) if maps else v for v, maps in zip(visible, layers, strict=True)]
-
 
 # ------------------------------------------------------------------------------ per-map figures
 
@@ -88,11 +59,8 @@ def is_distribution(A: Tensor) -> bool:
 def entropy_sum(A: Tensor, visible: Tensor) -> tuple[float, int]:
     """The sum over sequences, heads and counted rows of each row's normalised entropy
     -sum_j A[i, j] log A[i, j] / log(n_i), and the number of rows counted: those that see
-    n_i >= 2 keys (a row of one key has entropy 0 of at most 0: no figure). A map that is no
-    probability distribution, with a weight below 0 or a row above 1 (MTA's weights after its
-    post-softmax convolution and head mixing), has no entropy: it counts no rows."""
-    if not is_distribution(A):
-        return 0.0, 0
+    n_i >= 2 keys (a row of one key has entropy 0 of at most 0: no figure). Only for a map that
+    is a probability distribution (is_distribution)."""
     p = A.clamp(min=0)  # rounding below 0
     per_row = -torch.special.xlogy(p, p).sum(-1)  # (B, H, T); 0 log 0 = 0
     seen = visible.sum(-1)  # (T,)
@@ -113,9 +81,9 @@ class Probed:
     sequences: int
     maps: list[list[Tensor]]
     visible: list[Tensor | None]
-    tokens: Tensor | None = None  # None (and no logits, no outputs) for maps alone: map_figures
-    logits: Tensor | None = None
-    hidden: list[Tensor] = field(default_factory=list)
+    tokens: Tensor | None
+    logits: Tensor | None
+    hidden: list[Tensor]
 
 
 class SinkFigures:
@@ -170,57 +138,29 @@ class EntropyFigures:
     reported = {"entropy": "attention entropy (normalised)"}
 
     def __init__(self) -> None:
-        # Per layer: the entropy summed over counted rows and their number, whether it has a
-        # softmax map, and whether a map was no distribution (MTA's after its mixing).
+        # Per layer: the entropy summed over counted rows, their number, and why a layer with no
+        # counted row has no figure: no softmax map, a map that is no probability distribution (a
+        # weight below 0 or a row above 1: MTA's after its mixing), or rows of one key each.
         self.sums: list[list] = []
-        self.mapped: list[bool] = []
-        self.signed: list[bool] = []
 
     def add(self, batch: Probed) -> None:
-        if not self.sums:
-            self.sums = [[0.0, 0] for _ in batch.maps]
-            self.mapped = [False] * len(batch.maps)
-            self.signed = [False] * len(batch.maps)
-        for layer, (own, v) in enumerate(zip(batch.maps, batch.visible)):
+        self.sums = self.sums or [[0.0, 0, "one key" if own else "no softmax map"] for own in batch.maps]
+        for own, v, sums in zip(batch.maps, batch.visible, self.sums):
             for m in own:
-                self.mapped[layer] = True
+                if not is_distribution(m.float()):
+                    sums[2] = "not a distribution"
+                    continue
                 s, n = entropy_sum(m.float(), v)
-                if not n:  # a map with counted rows is a distribution: only one without may not be
-                    self.signed[layer] |= not is_distribution(m.float())
-                self.sums[layer][0] += s
-                self.sums[layer][1] += n
+                sums[0] += s
+                sums[1] += n
 
     def result(self) -> dict:
-        counted = sum(n for _, n in self.sums)
-
-        def missing(layer: int) -> str | None:
-            if self.sums[layer][1]:
-                return None
-            if not self.mapped[layer]:
-                return "no softmax map"
-            return "not a distribution" if self.signed[layer] else "one key"
-
+        counted = sum(n for _, n, _ in self.sums)
         return {
-            "entropy": sum(s for s, _ in self.sums) / counted if counted else None,
-            "entropy_by_layer": [s / n if n else None for s, n in self.sums],
-            "entropy_missing": [missing(layer) for layer in range(len(self.sums))],
+            "entropy": sum(s for s, _, _ in self.sums) / counted if counted else None,
+            "entropy_by_layer": [s / n if n else None for s, n, _ in self.sums],
+            "entropy_missing": [None if n else why for _, n, why in self.sums],
         }
-
-
-def map_figures(
-    maps: Maps, visible: Tensor | Sequence[Tensor] | None = None, epsilon: float = EPSILON
-) -> dict:
-    """The sink and entropy figures of one batch of maps (one entry per layer, see the module's
-    docstring), each layer's keys `visible` (T, T), one for all layers or one per layer: causal
-    unless given."""
-    layers = layer_maps(maps)
-    batch = Probed(
-        max((m[0].shape[0] for m in layers if m), default=0), layers, layer_visible(visible, layers)
-    )
-    sinks, entropy = SinkFigures(epsilon), EntropyFigures()
-    sinks.add(batch)
-    entropy.add(batch)
-    return {**sinks.result(), **entropy.result()}
 
 
 def position_losses(logits: Tensor, tokens: Tensor) -> Tensor:
@@ -307,12 +247,7 @@ class PositionLosses:
 # result() gives its figures (JSON-able; None where a model has none), `reported` names those a
 # sweep reports (results.csv's columns, its tables and plots) with their names there. A new one is
 # a file of its own (minitx/evaluation/<name>.py) and its entry here.
-FIGURES = (
-    SinkFigures,
-    MassiveFigures,
-    EntropyFigures,
-    PositionLosses,
-)
+FIGURES = (SinkFigures, MassiveFigures, EntropyFigures, PositionLosses)
 # The per-run figures a sweep reports, each with its name in the sweep's tables and plots.
 DIAGNOSTICS = {key: name for figures in FIGURES for key, name in figures.reported.items()}
 

@@ -82,34 +82,16 @@ def evaluate_text(
 ) -> dict:
     """The whole-text figures at `context`, then the length sweep on the text's first
     `sweep_tokens` targets (None or 0: all of them)."""
-    scores = score_tokens(
-        model,
-        text.tokens,
-        context,
-        stride,
-        max(1, batch_tokens // context),
-        progress.stage(f"loss at context {context}"),
-    )
+    stage = progress.stage(f"loss at context {context}")
+    scores = score_tokens(model, text.tokens, context, stride, max(1, batch_tokens // context), stage)
     result = text_figures(scores.nats, scores.tokens, text.characters, text.bytes)
-    result.update(
-        text=text.name,
-        unit=text.unit,
-        characters=text.characters,
-        bytes=text.bytes,
-        context=context,
-        stride=stride,
-        by_position=position_buckets(scores),
-    )
+    result.update(text=text.name, unit=text.unit, characters=text.characters, bytes=text.bytes)
+    result.update(context=context, stride=stride, by_position=position_buckets(scores))
     swept = text.tokens[: sweep_tokens + 1] if sweep_tokens else text.tokens
     result["sweep_tokens"] = len(swept) - 1
     reuse = stride == context and len(swept) == len(text.tokens)  # the whole-text figure is that length's
-    by_length = length_sweep(
-        model,
-        swept,
-        [n for n in lengths if not (reuse and n == context)],
-        batch_tokens,
-        progress.stage("length sweep"),
-    )
+    asked = [n for n in lengths if not (reuse and n == context)]
+    by_length = length_sweep(model, swept, asked, batch_tokens, progress.stage("length sweep"))
     if reuse and context in lengths:
         by_length[str(context)] = {
             "loss": scores.loss,
@@ -183,17 +165,13 @@ def evaluate_checkpoint(
             else:
                 scored = truncate(validation_text(train_config, tokenizer), max_tokens, tokenizer)
             check_window(config, len(scored.tokens) - 1, context, stride)
-            held_out = (
-                held_out_sequences(
-                    scored.tokens, DIAGNOSTIC_SEQUENCES, min(DIAGNOSTIC_LENGTH, config.block_size)
-                )
-                if diagnostics
-                else None
-            )
+            if diagnostics:  # cut before the first forward pass: a text too short is refused first
+                seq_len = min(DIAGNOSTIC_LENGTH, config.block_size)
+                held_out = held_out_sequences(scored.tokens, DIAGNOSTIC_SEQUENCES, seq_len)
             per_pass = batch_size * context if batch_size else batch_tokens(config.vocab_size)
             result = evaluate_text(model, scored, context, stride, lengths, per_pass, bar, sweep_tokens)
             result["task"] = None
-            if held_out is not None:
+            if diagnostics:
                 result["diagnostics"] = run_diagnostics(model, held_out)
     finally:
         bar.close()

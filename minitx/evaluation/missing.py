@@ -3,6 +3,12 @@ a layer (missing_notes), and a sweep's tables and bar charts for a variant (miss
 
 from __future__ import annotations
 
+
+def shown(value: float | None, spec: str) -> str:
+    """value formatted by `spec`, or "-" where there is none (what the notes below explain)."""
+    return "-" if value is None else format(value, spec)
+
+
 # Why a layer's entropy is "-" (diagnostics.run_diagnostics' entropy_missing), in words.
 MISSING_ENTROPY = {
     "no softmax map": "a {kinds} layer has no softmax map (a linear recurrence: its map is signed and "

@@ -1,7 +1,7 @@
 """The plots of one evaluation: loss against context length, loss by position, needle heatmap,
 diagnostics.
 
-Headless (the Agg backend), like minitx/plots.py. Each figure is a (file name, draw) pair where
+Headless (the Agg backend). Each figure is a (file name, draw) pair where
 draw(file) saves the PNG into an open binary file, so the caller can write it atomically.
 """
 
@@ -16,17 +16,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 from ..plotting import plain_log_ticks  # noqa: E402
-from .missing import missing_notes  # noqa: E402
+from .missing import missing_notes, shown  # noqa: E402
 
 
 def _save(fig, file) -> None:
     fig.tight_layout()
     fig.savefig(file, format="png", dpi=120)
     plt.close(fig)
-
-
-def _figure(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)  # None: no layer with a softmax map
 
 
 def _measured(by_length: dict) -> dict[int, dict]:
@@ -78,9 +74,8 @@ def loss_by_position(result: dict) -> Callable:
 def needle_heatmap(heatmap: dict) -> Callable:
     def draw(file) -> None:
         fig, ax = plt.subplots(figsize=(6, 4))
-        grid = [
-            [float("nan") if a is None else a for a in row] for row in heatmap["accuracy"]
-        ]  # skipped lengths: blank
+        # skipped lengths: blank
+        grid = [[float("nan") if a is None else a for a in row] for row in heatmap["accuracy"]]
         image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
         ax.set_xticks(range(len(heatmap["lengths"])), [str(n) for n in heatmap["lengths"]])
         ax.set_yticks(range(len(heatmap["depths"])), [f"{d:.0%}" for d in heatmap["depths"]])
@@ -118,16 +113,11 @@ def diagnostics(figures: dict, kinds: list[str]) -> Callable:
         loss.plot(range(1, len(losses) + 1), losses)
         loss.set_xlabel("tokens of context")
         loss.set_ylabel("loss (nats per token)")
-        fig.suptitle(
-            f"first-token share {_figure(figures['first_token_share'], '.3f')}, "
-            f"sink rate {_figure(figures['sink_rate'], '.0%')}"
-            + (
-                " (no layer has a softmax map to read them from)"
-                if figures["first_token_share"] is None
-                else ""
-            ),
-            fontsize=10,
-        )
+        title = f"first-token share {shown(figures['first_token_share'], '.3f')}, "
+        title += f"sink rate {shown(figures['sink_rate'], '.0%')}"
+        if figures["first_token_share"] is None:
+            title += " (no layer has a softmax map to read them from)"
+        fig.suptitle(title, fontsize=10)
         for ax in (ratio, entropy, loss):
             ax.grid(alpha=0.3)
         _save(fig, file)

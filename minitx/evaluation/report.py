@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..files.atomic import write_atomically, write_json_atomically
+from ..files.atomic import write_atomically
 from ..kinds import registry
-from .missing import missing_notes
+from .missing import missing_notes, shown
 from .tasks import SIDES
 
 
@@ -82,24 +82,20 @@ def _heatmap_rows(heatmap: dict) -> list[str]:
     return rows
 
 
-def _figure(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def diagnostic_rows(figures: dict, kinds: list[str]) -> list[str]:
     """The diagnostics (minitx/evaluation/diagnostics.py): the headline figures, then per layer."""
     rows = [
         f"diagnostics ({figures['n_sequences']} held-out sequences of {figures['seq_len']} tokens):",
-        f"first-token share {_figure(figures['first_token_share'], '.3f')}   "
-        f"sink rate {_figure(figures['sink_rate'], '.0%')}   "
-        f"massive activation ratio {figures['massive_ratio']:.1f}   entropy {_figure(figures['entropy'], '.3f')}",
+        f"first-token share {shown(figures['first_token_share'], '.3f')}   "
+        f"sink rate {shown(figures['sink_rate'], '.0%')}   "
+        f"massive activation ratio {figures['massive_ratio']:.1f}   entropy {shown(figures['entropy'], '.3f')}",
         f"  {'layer':>5}  {'kind':<8}  {'max/median':>10}  {'position':>8}  {'channel':>7}  {'entropy':>7}",
     ]
     for layer, (massive, entropy) in enumerate(zip(figures["massive"], figures["entropy_by_layer"])):
         kind = kinds[layer] if layer < len(kinds) else "?"
         rows.append(
             f"  {layer:>5}  {kind:<8}  {massive['ratio']:>10.1f}  {massive['position']:>8}  "
-            f"{massive['channel']:>7}  {_figure(entropy, '.3f'):>7}"
+            f"{massive['channel']:>7}  {shown(entropy, '.3f'):>7}"
         )
     rows += [f"  (-: {note})" for note in missing_notes(figures, kinds)]
     losses = figures["loss_by_position"]
@@ -141,14 +137,11 @@ def table(result: dict) -> str:
             f"loss {result['loss']:.4f}   perplexity {result['perplexity']:.3f}   bits per {unit} {bits:.4f}"
         )
     if task and task.get("heatmap"):
-        lines += ["", "needle exact match by context length (mean over depths):"] + _length_rows(
-            result["by_length"], "accuracy"
-        )
-        lines += _heatmap_rows(task["heatmap"])
+        lines += ["", "needle exact match by context length (mean over depths):"]
+        lines += _length_rows(result["by_length"], "accuracy") + _heatmap_rows(task["heatmap"])
     elif task and result.get("by_length"):
-        lines += ["", "item accuracy by input length (fresh samples at each):"] + _length_rows(
-            result["by_length"], "accuracy"
-        )
+        lines += ["", "item accuracy by input length (fresh samples at each):"]
+        lines += _length_rows(result["by_length"], "accuracy")
         if _split(result["by_length"]):
             lines.append(
                 "  past the trained length, by where the letter to copy lies (answers in brackets): near / far:"
@@ -156,38 +149,25 @@ def table(result: dict) -> str:
                 " position, or past"
             )
     elif result.get("by_length"):
-        swept = (
-            "the whole text"
-            if result["sweep_tokens"] == result["tokens"]
-            else f"the first {result['sweep_tokens']:,} tokens"
-        )
-        lines += [
-            "",
-            f"loss by context length ({swept}, non-overlapping windows of that many tokens):",
-        ] + _length_rows(result["by_length"])
+        n = result["sweep_tokens"]
+        swept = "the whole text" if n == result["tokens"] else f"the first {n:,} tokens"
+        lines += ["", f"loss by context length ({swept}, non-overlapping windows of that many tokens):"]
+        lines += _length_rows(result["by_length"])
     if result.get("by_position"):
-        lines += [
-            "",
-            f"loss by position inside the context (tokens before the target, context {result['context']}):",
-        ]
+        context = result["context"]
+        lines += ["", f"loss by position inside the context (tokens before the target, context {context}):"]
         lines += _position_rows(result["by_position"])
     if result.get("diagnostics"):
         lines += [""] + diagnostic_rows(result["diagnostics"], result["model"]["layers"])
     return "\n".join(lines)
 
 
-def write_json(path: str | Path, result: dict) -> None:
-    write_json_atomically(path, result)
-
-
 def write_plots(directory: str | Path, result: dict) -> list[Path]:
     """PNG plots into `directory`; returns their paths."""
     from . import plots  # matplotlib is slow to import: only when plots are asked for
 
-    directory = Path(directory)
     written = []
     for name, draw in plots.figures(result):
-        path = directory / name
-        write_atomically(path, lambda file, draw=draw: draw(file))
-        written.append(path)
+        written.append(Path(directory) / name)
+        write_atomically(written[-1], draw)
     return written

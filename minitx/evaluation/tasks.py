@@ -124,11 +124,8 @@ def needle_grid(
     model, task, stream: int, start: int, lengths: list[int], per_cell: int, progress: Progress
 ) -> tuple[dict, dict, dict]:
     """(totals over every cell, accuracy heatmap depth x length, figures by length)."""
-    heatmap = {
-        "depths": list(DEPTHS),
-        "lengths": list(lengths),
-        "accuracy": [[None] * len(lengths) for _ in DEPTHS],
-    }
+    accuracy = [[None] * len(lengths) for _ in DEPTHS]
+    heatmap = {"depths": list(DEPTHS), "lengths": list(lengths), "accuracy": accuracy}
     by_length: dict[str, dict] = {}
     totals: dict = {}
     for column, length in enumerate(lengths):
@@ -145,7 +142,7 @@ def needle_grid(
             cell = score_samples(
                 model, samples, task.pad_id, progress.stage(f"needle, length {length}, depth {depth:.0%}")
             )
-            heatmap["accuracy"][row][column] = cell["exact"] / cell["samples"]
+            accuracy[row][column] = cell["exact"] / cell["samples"]
             at_length = _add(at_length, cell)
         by_length[str(length)] = {
             **figures(at_length),
@@ -215,9 +212,8 @@ def evaluate_task(
     if samples is not None and samples < 1:
         raise UserError(f"--task-samples: is {samples}; use 1 or more")
     stream = int(data.get("seed", 1337)) + seed
-    start = int(data.get("toy_train_size", 100_000)) + int(
-        data.get("toy_val_size", 512)
-    )  # past training and validation
+    # past training and validation
+    start = int(data.get("toy_train_size", 100_000)) + int(data.get("toy_val_size", 512))
     result: dict = {
         "task": {"name": source, "seed": seed, "stream": stream, "first_sample": start},
         "by_length": {},
@@ -245,13 +241,10 @@ def evaluate_task(
             )
     result["task"].update(figures(totals))
     loss = result["task"]["loss"]
-    bits = (
-        totals["nats"] / math.log(2) / totals["items"]
-    )  # a character tokenizer: an answer token is a character
     result.update(
         loss=loss,
         perplexity=math.exp(loss),
-        bits_per_char=bits,
+        bits_per_char=totals["nats"] / math.log(2) / totals["items"],  # a character tokenizer's answers
         bits_per_byte=None,
         tokens=totals["items"],
         unit="character",

@@ -30,13 +30,16 @@ class ScoredText:
     unit: str  # the unit the report leads with: "character" or "byte"
 
 
-def unit_of(tokenizer: Tokenizer) -> str:
-    return "character" if isinstance(tokenizer, CharTokenizer) else "byte"
+def scored_text(name: str, tokens, characters: int, size: int, tokenizer: Tokenizer) -> ScoredText:
+    """The text of `tokens`, `characters` long and `size` bytes in all: its first token is never
+    scored (nothing precedes it), so its characters are left out of the unit count."""
+    unscored = tokenizer.decode(tokens[:1].tolist())
+    unit = "character" if isinstance(tokenizer, CharTokenizer) else "byte"
+    return ScoredText(name, tokens, characters - len(unscored), size - len(unscored.encode("utf-8")), unit)
 
 
 def tokenize(name: str, text: str, tokenizer: Tokenizer, field: str) -> ScoredText:
-    """Token ids of `text`; its first token is never scored (nothing precedes it), so its
-    characters are left out of the unit count."""
+    """Token ids of `text`, as a ScoredText."""
     try:
         ids = tokenizer.encode_corpus(text)
     except UserError as error:
@@ -45,10 +48,8 @@ def tokenize(name: str, text: str, tokenizer: Tokenizer, field: str) -> ScoredTe
         raise UserError(
             f"{field}: {name} has {len(ids)} token(s); give a text of at least two tokens to score"
         )
-    unscored = tokenizer.decode([int(ids[0])])
-    characters = len(text) - len(unscored)
-    size = len(text.encode("utf-8")) - len(unscored.encode("utf-8"))
-    return ScoredText(name, torch.from_numpy(ids.astype("int64")), characters, size, unit_of(tokenizer))
+    tokens = torch.from_numpy(ids.astype("int64"))
+    return scored_text(name, tokens, len(text), len(text.encode("utf-8")), tokenizer)
 
 
 def truncate(text: ScoredText, max_tokens: int | None, tokenizer: Tokenizer) -> ScoredText:
@@ -115,14 +116,9 @@ def validation_text(train_config: dict | None, tokenizer: Tokenizer) -> ScoredTe
         raise UserError(
             f"--ckpt: {name} has {len(tokens)} token(s); give a text of at least two tokens to score"
         )
-    characters, size = prepared.text_size("val")
-    unscored = tokenizer.decode([int(prepared.val[0])])  # the first token is never scored
-    return ScoredText(
-        name, tokens, characters - len(unscored), size - len(unscored.encode("utf-8")), unit_of(tokenizer)
-    )
+    return scored_text(name, tokens, *prepared.text_size("val"), tokenizer)
 
 
 def files_text(patterns: str | list[str]) -> tuple[str, str]:
-    return f"--files {patterns if isinstance(patterns, str) else ' '.join(patterns)}", read_files(
-        patterns, "--files"
-    )
+    name = f"--files {patterns if isinstance(patterns, str) else ' '.join(patterns)}"
+    return name, read_files(patterns, "--files")

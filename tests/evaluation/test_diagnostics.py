@@ -25,7 +25,6 @@ from minitx.evaluation.diagnostics import (
     MassiveStats,
     held_out_sequences,
     loss_by_position,
-    map_figures,
     run_diagnostics,
     validation_sequences,
 )
@@ -102,6 +101,24 @@ def tiny_model(name: str, monkeypatch) -> Transformer:
 
 
 # ------------------------------------------------------------------------------- known answers
+
+
+def map_figures(maps, visible=None, epsilon: float = diagnostics.EPSILON) -> dict:
+    """The sink and entropy figures of one batch of maps, one entry per layer: a (B, H, T, T) map
+    or a list of a layer's maps (a single map is one layer); the keys `visible` (T, T), one for
+    all layers or a list, one per layer: causal unless given."""
+    layers = [
+        [m] if isinstance(m, torch.Tensor) else m
+        for m in ([maps] if isinstance(maps, torch.Tensor) else maps)
+    ]
+    if not isinstance(visible, list):
+        T = next(m for layer in layers for m in layer).shape[-1]
+        visible = [torch.ones(T, T, dtype=torch.bool).tril() if visible is None else visible] * len(layers)
+    batch = diagnostics.Probed(max(m[0].shape[0] for m in layers if m), layers, visible, None, None, [])
+    sinks, entropy = diagnostics.SinkFigures(epsilon), diagnostics.EntropyFigures()
+    sinks.add(batch)
+    entropy.add(batch)
+    return {**sinks.result(), **entropy.result()}
 
 
 def sinks_past(maps, alpha: float, visible=None) -> tuple[float, float]:
