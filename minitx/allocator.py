@@ -28,11 +28,8 @@ TRIM_THRESHOLD = 2**30  # free memory at the heap's top kept for reuse, at most
 def keep_freed_memory() -> bool:
     """Ask glibc to serve blocks up to 32 MiB from the heap and to keep up to 1 GiB of freed heap.
     True if it was set; False where the C library is not glibc or the user set either variable."""
-    if (
-        not sys.platform.startswith("linux")
-        or "MALLOC_MMAP_THRESHOLD_" in os.environ
-        or "MALLOC_TRIM_THRESHOLD_" in os.environ
-    ):
+    chosen = "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ
+    if chosen or not sys.platform.startswith("linux"):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt

@@ -14,12 +14,14 @@ TIMEOUT_SECONDS = 3.0
 _TRUE = {"1", "true", "yes", "on"}
 
 
+def declared(name: str) -> bool:
+    """Whether the environment variable `name` is set true (1, true, yes, on)."""
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
 def offline_by_setting() -> str | None:
     """The environment variable that declares this machine offline, if one does."""
-    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-        if os.environ.get(name, "").strip().lower() in _TRUE:
-            return name
-    return None
+    return next((name for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if declared(name)), None)
 
 
 def _target() -> tuple[str, int]:
@@ -35,9 +37,9 @@ def _target() -> tuple[str, int]:
 def require_hub(field: str, what: str, fix: str) -> None:
     """Raise UserError `<field>: <what> needs the network ...; <fix>` when the Hub is declared
     offline or cannot be connected to within TIMEOUT_SECONDS."""
-    declared = offline_by_setting()
-    if declared:
-        raise UserError(f"{field}: {what} needs the network, and {declared} is set; {fix}")
+    offline = offline_by_setting()
+    if offline:
+        raise UserError(f"{field}: {what} needs the network, and {offline} is set; {fix}")
     host, port = _target()
     try:
         socket.create_connection((host, port), timeout=TIMEOUT_SECONDS).close()
@@ -52,16 +54,11 @@ def require_hub_for_tasks(tasks: list[str], include_path: str | None) -> None:
     """lm-eval's tasks download their data from the Hub. HF_DATASETS_OFFLINE=1 asks `datasets`
     for its cache, so it is let through (a failure then is the caller's one line); tasks of
     one's own (--lm-eval-include) may read local files."""
-    if include_path is not None or os.environ.get("HF_DATASETS_OFFLINE", "").strip().lower() in _TRUE:
+    if include_path is not None or declared("HF_DATASETS_OFFLINE"):
         return
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE:
-        declared = "HF_HUB_OFFLINE"
+    fix = "run where the Hub is reachable, or with HF_DATASETS_OFFLINE=1 once the data is cached"
+    if declared("HF_HUB_OFFLINE"):
         raise UserError(
-            f"--lm-eval-tasks: {','.join(tasks)} downloads its data from the Hugging Face Hub, and {declared} "
-            "is set; run where the Hub is reachable, or with HF_DATASETS_OFFLINE=1 once the data is cached"
+            f"--lm-eval-tasks: {','.join(tasks)} downloads its data from the Hugging Face Hub, and HF_HUB_OFFLINE is set; {fix}"
         )
-    require_hub(
-        "--lm-eval-tasks",
-        f"{','.join(tasks)} (its data is on the Hugging Face Hub)",
-        "run where the Hub is reachable, or with HF_DATASETS_OFFLINE=1 once the data is cached",
-    )
+    require_hub("--lm-eval-tasks", f"{','.join(tasks)} (its data is on the Hugging Face Hub)", fix)

@@ -66,13 +66,9 @@ def draw_attention_maps(model, tokenizer, prompt: str, path: str) -> dict:
     kinds = list(model.config.layer_kinds)
     heads = max(layer.shape[0] for layer in maps)
     size = 1.6 if len(ids) <= LABELLED_TOKENS else 2.2
-    fig, axes = plt.subplots(
-        len(maps),
-        heads,
-        figsize=(size * heads + 1.6, size * len(maps) + 1),
-        squeeze=False,
-        layout="constrained",  # room for each row's colour bar
-    )
+    figsize = (size * heads + 1.6, size * len(maps) + 1)
+    # layout="constrained": room for each row's colour bar
+    fig, axes = plt.subplots(len(maps), heads, figsize=figsize, squeeze=False, layout="constrained")
     labels = [_label(tokenizer, token) for token in ids] if len(ids) <= LABELLED_TOKENS else None
     for row, (layer, kind) in enumerate(zip(maps, kinds)):
         signed = bool((layer < 0).any())
@@ -98,18 +94,8 @@ def draw_attention_maps(model, tokenizer, prompt: str, path: str) -> dict:
         bar.set_label("signed weight" if signed else "weight (square-root scale)", fontsize=5)
         bar.ax.tick_params(labelsize=4)
     fig.suptitle(f"attention over {len(ids)} tokens: query (down) x key (across)", fontsize=8)
-
-    def save(file) -> None:
-        fig.savefig(file, format="png", dpi=150)
-
     try:
-        write_atomically(path, save)
+        write_atomically(path, lambda file: fig.savefig(file, format="png", dpi=150))
     finally:
         plt.close(fig)
-    return {
-        "tokens": len(ids),
-        "cut": len(given) - len(ids),
-        "layers": len(maps),
-        "heads": heads,
-        "kinds": kinds,
-    }
+    return dict(tokens=len(ids), cut=len(given) - len(ids), layers=len(maps), heads=heads, kinds=kinds)

@@ -175,13 +175,6 @@ def evaluate_checkpoint(
                 result["diagnostics"] = run_diagnostics(model, held_out)
     finally:
         bar.close()
-    result.update(
-        checkpoint=str(ckpt_path),
-        model={
-            "positions": config.positions,
-            "block_size": config.block_size,
-            "layers": list(config.layer_kinds),
-        },
-        seconds=time.monotonic() - started,
-    )
+    shape = dict(positions=config.positions, block_size=config.block_size, layers=list(config.layer_kinds))
+    result.update(checkpoint=str(ckpt_path), model=shape, seconds=time.monotonic() - started)
     return result

@@ -58,13 +58,8 @@ def truncate(text: ScoredText, max_tokens: int | None, tokenizer: Tokenizer) -> 
         return text
     kept = text.tokens[: max_tokens + 1]
     scored = tokenizer.decode(kept[1:].tolist())
-    return ScoredText(
-        f"{text.name}, its first {max_tokens + 1} tokens",
-        kept,
-        len(scored),
-        len(scored.encode("utf-8")),
-        text.unit,
-    )
+    name = f"{text.name}, its first {max_tokens + 1} tokens"
+    return ScoredText(name, kept, len(scored), len(scored.encode("utf-8")), text.unit)
 
 
 class ShardTokens:
