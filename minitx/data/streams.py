@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import io
+import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -88,15 +89,23 @@ def next_cut(buf: bytes | bytearray, start: int, final: bool, line_start: int | 
     # No line end: cut between words only once a line has run on for MAX_LINE_BYTES.
     if len(buf) - (start if line_start is None else line_start) < MAX_LINE_BYTES:
         return None
-    space = buf.find(b" ", start + 1)
-    while 0 < space < len(buf):
-        if 0x21 <= buf[space - 1] <= 0x7E:
-            return space
-        space = buf.find(b" ", space + 1)
+    space = _word_cut(buf, start)
+    if space > 0:
+        return space
     cut = start
     while cut < len(buf) and 0x80 <= buf[cut] < 0xC0:  # a UTF-8 continuation byte: not a character boundary
         cut += 1
     return cut
+
+
+def _word_cut(buf: bytes | bytearray, start: int) -> int:
+    """The first space after `start` that follows a non-space ASCII character, or -1."""
+    space = buf.find(b" ", start + 1)
+    while space > 0:
+        if 0x21 <= buf[space - 1] <= 0x7E:
+            return space
+        space = buf.find(b" ", space + 1)
+    return -1
 
 
 # -------------------------------------------------------------------------------- texts
@@ -206,13 +215,9 @@ class JoinedText:
     def word_cut_at_or_after(self, offset: int) -> int:
         """Before the first space at or after `offset` that follows a non-space ASCII character
         (see next_cut); the end of the text if there is none."""
-        data = self.read(max(offset - 1, 0), MAX_LINE_BYTES)
-        space = data.find(b" ", 1)
-        while 0 < space:
-            if 0x21 <= data[space - 1] <= 0x7E:
-                return max(offset - 1, 0) + space
-            space = data.find(b" ", space + 1)
-        return self.size
+        low = max(offset - 1, 0)
+        space = _word_cut(self.read(low, MAX_LINE_BYTES), 0)
+        return low + space if space > 0 else self.size
 
     def pieces(self, start: int, end: int, piece_bytes: int = PIECE_BYTES) -> Iterator[tuple[int, bytes]]:
         """(end offset, bytes) of consecutive pieces of about piece_bytes covering start .. end.
@@ -275,14 +280,10 @@ class RecordSource:
                 revision=self.revision,
                 streaming=True,
             )
-            batches = iter(
-                dataset.skip(skip).iter(batch_size=1024) if skip else dataset.iter(batch_size=1024)
-            )
+            batches = iter((dataset.skip(skip) if skip else dataset).iter(batch_size=1024))
             first = next(batches, None)
         except UserError:
             raise
-        except (ConnectionError, TimeoutError) as err:
-            raise self._offline(err) from None
         except FileNotFoundError as err:
             if self.data_files:  # a local file is missing: the field that names the files
                 field = self.field if self.field.endswith("_files") else "data.hf_data_files"
@@ -294,14 +295,10 @@ class RecordSource:
             raise UserError(
                 f"{self.field}: cannot load split {self.split!r} of {self.path!r}: {one_line(err)}"
             ) from None
-        except OSError as err:
+        except OSError as err:  # a connection or a timeout among them
             raise self._offline(err) from None
         except Exception as err:  # the Hub client's own errors (offline mode, HTTP failures)
-            if (
-                "offline" in str(err).lower()
-                or "connect" in str(err).lower()
-                or "resolve" in str(err).lower()
-            ):
+            if any(word in str(err).lower() for word in ("offline", "connect", "resolve")):
                 raise self._offline(err) from None
             raise UserError(f"{self.field}: cannot read {self.path!r}: {one_line(err, 300)}") from None
         if first is None:
@@ -310,11 +307,9 @@ class RecordSource:
             raise UserError(
                 f"data.text_column: {self.where()} has no column {self.text_column!r}; its columns are {sorted(first)}"
             )
-        batch: dict | None = first
-        while batch is not None:
+        for batch in itertools.chain([first], batches):
             for text in batch[self.text_column]:
                 yield text if isinstance(text, str) else ""
-            batch = next(batches, None)
 
     def on_hub(self) -> bool:
         """Whether reading this source streams a dataset from the Hub: not a builder that
@@ -323,12 +318,8 @@ class RecordSource:
 
         if self.path in _PACKAGED_DATASETS_MODULES or self.path in RECORD_FORMATS.values():
             return False
-        files = self.data_files
-        if not files:
-            return True
-        values = files.values() if isinstance(files, dict) else [files]
-        names = [name for value in values for name in ([value] if isinstance(value, str) else value)]
-        return not all(glob.glob(os.path.expanduser(str(name))) for name in names)
+        names = data_file_names(self.data_files)
+        return not self.data_files or not all(glob.glob(os.path.expanduser(str(name))) for name in names)
 
     def where(self) -> str:
         return repr(self.data_files) if self.data_files else f"{self.path!r} (split {self.split!r})"
@@ -349,10 +340,13 @@ def record_builder(paths: Sequence[Path], field: str) -> str | None:
     return kinds.pop()
 
 
+def data_file_names(data_files: Any) -> list:
+    """The names (or globs) of a `datasets` data_files: a name, a list of them, or either by split."""
+    values = data_files.values() if isinstance(data_files, dict) else [data_files] if data_files else []
+    return [name for value in values for name in ([value] if isinstance(value, str) else value)]
+
+
 def path_fingerprint(paths: Sequence[Path]) -> list[list[Any]]:
     """[[absolute path, size, modification time in ns], ...]: what decides that a file is unchanged."""
-    result = []
-    for path in paths:
-        stat = os.stat(path)
-        result.append([str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns])
-    return result
+    stats = [(path, os.stat(path)) for path in paths]
+    return [[str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns] for path, stat in stats]

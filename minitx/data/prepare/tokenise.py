@@ -11,12 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minitx.data.shards import (
-    token_dtype,
-)
-from minitx.data.streams import (
-    Piece,
-)
+from minitx.data.shards import token_dtype
+from minitx.data.streams import Piece
 from minitx.data.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, build_tokenizer
 from minitx.errors import UserError
 
@@ -117,12 +113,9 @@ def _bpe_sample(settings: DataSettings, source: Source) -> Iterator[str]:
 
 
 def _pieces(source: Source, position: list[int], settings: DataSettings, piece_bytes: int) -> Iterator[Piece]:
-    first_segment, offset = position
-    for index, segment in enumerate(source.segments):
-        if index < first_segment:
-            continue
-        start = offset if index == first_segment else 0
-        yield from segment.pieces(index, start, settings.val_fraction, piece_bytes)
+    first, offset = position
+    for index, segment in enumerate(source.segments[first:], start=first):
+        yield from segment.pieces(index, offset if index == first else 0, settings.val_fraction, piece_bytes)
 
 
 def _batches(pieces: Iterable[Piece], batch_bytes: int) -> Iterator[list[Piece]]:

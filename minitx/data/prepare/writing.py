@@ -14,10 +14,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from minitx.data.shards import (
-    ShardWriter,
-    token_dtype,
-)
+from minitx.data.shards import ShardWriter, token_dtype
 from minitx.data.tokenizer import CharTokenizer, Tokenizer
 from minitx.errors import UserError
 from minitx.files.atomic import write_json_atomically
@@ -26,6 +23,11 @@ from . import settings as tuning
 from .settings import DataSettings
 from .source import Source
 from .tokenise import _batches, _encoder, _ordered_map, _pieces, _set_threads
+
+
+def shards_of(state: dict) -> list[dict]:
+    """Every shard a manifest (or progress file) names, checkpoint by checkpoint."""
+    return [shard for checkpoint in state["checkpoints"] for shard in checkpoint["shards"]]
 
 
 def _stat_shard(path: Path) -> dict:
@@ -93,7 +95,7 @@ class _Shards:
 
     def __init__(self, directory: Path, dtype: np.dtype, state: dict) -> None:
         self.directory, self.dtype, self.state = directory, dtype, state
-        done = [s for c in state["checkpoints"] for s in c["shards"]]
+        done = shards_of(state)
         self.next_index = {split: sum(1 for s in done if s["split"] == split) for split in ("train", "val")}
         self.writers: dict[str, ShardWriter] = {}
         self.text: dict[str, dict[str, int]] = {}
@@ -109,11 +111,11 @@ class _Shards:
             self.writers[split] = ShardWriter(self.directory / name, self.dtype)
             self.text[split] = {"characters": 0, "bytes": 0, "tokens": 0}
             self.next_index[split] += 1
-        writer = self.writers[split]
+        writer, tokens = self.writers[split], sum(a.size for a in ids)
         self.text[split]["characters"] += characters
         self.text[split]["bytes"] += size
-        self.text[split]["tokens"] += sum(a.size for a in ids)
-        self.tokens[split] += sum(a.size for a in ids)
+        self.text[split]["tokens"] += tokens
+        self.tokens[split] += tokens
 
         def write() -> None:
             for array in ids:
@@ -128,16 +130,16 @@ class _Shards:
         shards = []
         for split, writer in sorted(self.writers.items()):
             header = _disk_safe(writer.finish)
-            path = writer.path
+            text = self.text[split]
             shards.append(
                 {
                     "split": split,
-                    "file": path.name,
+                    "file": writer.path.name,
                     "tokens": header.count,
                     "crc32": header.crc32,
-                    "characters": self.text[split]["characters"],
-                    "bytes": self.text[split]["bytes"],
-                    **_stat_shard(path),
+                    "characters": text["characters"],
+                    "bytes": text["bytes"],
+                    **_stat_shard(writer.path),
                 }
             )
         self.writers.clear()
@@ -181,18 +183,18 @@ def _encode(
     total = None
     if all(s.text is not None for s in source.segments):  # records: their size is known only at the end
         first, offset = position
-        total = sum(
-            s.end - max(s.start, offset if i == first else s.start)
-            for i, s in enumerate(source.segments)
-            if i >= first
-        )
+        segments = enumerate(source.segments[first:], start=first)
+        total = sum(s.end - max(s.start, offset if i == first else s.start) for i, s in segments)
     bar = _Progress(total, settings.max_tokens, progress)
-    if not isinstance(tokenizer, CharTokenizer):
+    char = isinstance(tokenizer, CharTokenizer)
+    if not char:
         _set_threads(settings.threads())
     # Char: many threads each look up a whole batch. BPE: the tokenizers library spreads one
     # batch's pieces over its own threads, and a second batch in flight hides the reading.
-    threads = settings.threads() if isinstance(tokenizer, CharTokenizer) else 2
-    piece_bytes = tuning.BATCH_BYTES // 4 if isinstance(tokenizer, CharTokenizer) else tuning.PIECE_BYTES
+    threads = settings.threads() if char else 2
+    piece_bytes = tuning.BATCH_BYTES // 4 if char else tuning.PIECE_BYTES
+    # BPE's batches are smaller: the library's encodings of a batch take ~100 bytes a token.
+    batch_bytes = tuning.BATCH_BYTES if char else tuning.BATCH_BYTES // 4
     encode = _encoder(tokenizer, settings)
     replaced = 0
     last_end = position
@@ -201,8 +203,6 @@ def _encode(
     io = ThreadPoolExecutor(max_workers=1)
     pending = None
     try:
-        # BPE's batches are smaller: the library's encodings of a batch take ~100 bytes a token.
-        batch_bytes = tuning.BATCH_BYTES if isinstance(tokenizer, CharTokenizer) else tuning.BATCH_BYTES // 4
         batches = _batches(_pieces(source, position, settings, piece_bytes), batch_bytes)
         for encoded in _ordered_map(encode, batches, threads):
             done = False
