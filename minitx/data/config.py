@@ -227,7 +227,7 @@ def given_settings(layers: Iterable[tuple[bool, Mapping[str, Any]]]) -> dict[str
     settings stay meant for it); the flags' with the run's source. Defaults are not counted, so a
     saved run config (which writes every setting out) and configs/default.yaml give nothing here
     by themselves."""
-    defaults = _dotted(_plain(DataConfig()))
+    defaults = _dotted(dataclasses.asdict(DataConfig()))
     source = defaults["source"]
     given: dict[str, tuple[Any, Any]] = {}
     flags: dict[str, Any] = {}
@@ -257,7 +257,3 @@ def _dotted(section: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
-
-
-def _plain(config: DataConfig) -> dict[str, Any]:
-    return dataclasses.asdict(config)

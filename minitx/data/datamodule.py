@@ -58,6 +58,7 @@ def windows_to_batch(tokens: TokenArray, starts: np.ndarray, block_size: int) ->
     return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
 
 
+@dataclasses.dataclass(eq=False)
 class RandomWindowBatches(IterableDataset):
     """Endless training batches, starting at batch number `start_batch`.
 
@@ -67,21 +68,12 @@ class RandomWindowBatches(IterableDataset):
     from the workers in turn, so the loader's output is still batch start, start+1, ...
     """
 
-    def __init__(
-        self,
-        tokens: TokenArray,
-        block_size: int,
-        batch_size: int,
-        seed: int,
-        rank: int,
-        start_batch: int = 0,
-    ) -> None:
-        self.tokens = tokens
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.seed = seed
-        self.rank = rank
-        self.start_batch = start_batch
+    tokens: TokenArray
+    block_size: int
+    batch_size: int
+    seed: int
+    rank: int
+    start_batch: int = 0
 
     def batch(self, batch_index: int) -> Batch:
         starts = random_window_starts(
@@ -171,10 +163,11 @@ class TextDataModule(L.LightningDataModule):
             self._check_checkpoint_tokenizer()
             return
         self.prepared = prepare(self.settings)
-        train_tokens, val_tokens = self.prepared.train, self.prepared.val
-        self._check_long_enough(len(train_tokens), "training", "add training text")
-        self._check_long_enough(len(val_tokens), "validation", self._val_size_hint())
-        self.train_tokens, self.val_tokens = train_tokens, val_tokens
+        self._check_long_enough(len(self.prepared.train), "training", "add training text")
+        more_val = self.settings.val_files or self.settings.hf_val_split
+        fix = "add validation text" if more_val else "raise data.val_fraction"
+        self._check_long_enough(len(self.prepared.val), "validation", fix)
+        self.train_tokens, self.val_tokens = self.prepared.train, self.prepared.val
         self._tokenizer = self.prepared.tokenizer
         self._check_checkpoint_tokenizer()
 
@@ -185,11 +178,6 @@ class TextDataModule(L.LightningDataModule):
             f"data.block_size: the {split} text has {num_tokens} tokens, fewer than "
             f"block_size + 1 = {needed}; {fix} or lower data.block_size",
         )
-
-    def _val_size_hint(self) -> str:
-        if self.settings.val_files or self.settings.hf_val_split:
-            return "add validation text"
-        return "raise data.val_fraction"
 
     @property
     def tokenizer(self) -> Tokenizer:

@@ -132,17 +132,9 @@ def _plays_text(plays: dict[str, Path], stems: Sequence[str]) -> str:
 # Local text files
 
 
-def _as_patterns(patterns: str | Sequence[str] | None) -> list[str]:
-    if patterns is None:
-        return []
-    if isinstance(patterns, str):
-        return [patterns]
-    return list(patterns)
-
-
 def expand_globs(patterns: str | Sequence[str] | None, field: str) -> list[Path]:
     """Every file matching any of the globs, each pattern's matches sorted, no duplicates."""
-    pattern_list = _as_patterns(patterns)
+    pattern_list = [patterns] if isinstance(patterns, str) else list(patterns or [])
     if not pattern_list:
         raise UserError(f"{field}: no file given; set it to a path or glob such as 'data/*.txt'")
     paths: list[Path] = []
@@ -173,14 +165,3 @@ def read_text_file(path: Path, field: str) -> str:
 def read_files(patterns: str | Sequence[str] | None, field: str) -> str:
     # Files are joined by a newline so the last line of one never runs into the next.
     return "\n".join(read_text_file(path, field) for path in expand_globs(patterns, field))
-
-
-def split_tail(text: str, val_fraction: float, field: str = "data.val_fraction") -> tuple[str, str]:
-    """Hold out the last `val_fraction` of the characters of `text` for validation."""
-    if not 0.0 < val_fraction < 1.0:
-        raise UserError(f"{field}: must be between 0 and 1 (exclusive), got {val_fraction}")
-    cut = int(len(text) * (1.0 - val_fraction))
-    train_text, val_text = text[:cut], text[cut:]
-    if not val_text.strip():
-        raise UserError(f"{field}: the validation set is empty; raise {field} or add more text")
-    return train_text, val_text

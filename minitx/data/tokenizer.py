@@ -28,7 +28,6 @@ from minitx.errors import UserError
 EOS_TOKEN = "<|endoftext|>"
 # Tokens that mean "end of text" in common tokenizer.json files, in order of preference.
 EOS_CANDIDATES = (EOS_TOKEN, "<|end_of_text|>", "<|eos|>", "</s>", "<eos>")
-TOKENIZER_KINDS = ("char", "bpe", "<path to tokenizer.json>")
 
 
 class Tokenizer(ABC):
@@ -75,10 +74,6 @@ class CharTokenizer(Tokenizer):
         table = [0x80] * 0x100  # bytes from 0x80: a placeholder, replaced or dropped in encode_utf8
         table[:0x80] = [int(i) if i != self._unknown else 0xFF for i in self._lut[:0x80]]
         self._ascii_table = bytes(table)
-
-    @classmethod
-    def from_text(cls, text: str) -> CharTokenizer:
-        return cls(text)
 
     def _raise_unknown(self, text: str) -> NoReturn:
         unknown = sorted(set(text) - set(self._id_of))
@@ -160,11 +155,11 @@ def _chunks(text: str) -> Iterator[str]:
 class HFTokenizer(Tokenizer):
     """A `tokenizers.Tokenizer`: the trained byte-level BPE, or one read from tokenizer.json."""
 
-    def __init__(self, tokenizer: Any, source: str) -> None:
+    def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
-        self.source = source  # "bpe" or the path it was read from, for messages only
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-        self.eos_id = _find_eos_id(tokenizer)
+        ids = (tokenizer.token_to_id(token) for token in EOS_CANDIDATES)
+        self.eos_id = next((token_id for token_id in ids if token_id is not None), None)
 
     def encode(self, text: str) -> list[int]:
         # No special tokens: a tokenizer.json may add BOS/CLS per call, which would land in
@@ -188,14 +183,6 @@ class HFTokenizer(Tokenizer):
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "tokenizers", "json": self._tokenizer.to_str()}
-
-
-def _find_eos_id(tokenizer: Any) -> int | None:
-    for token in EOS_CANDIDATES:
-        token_id = tokenizer.token_to_id(token)
-        if token_id is not None:
-            return token_id
-    return None
 
 
 def train_bpe(text: str | Iterable[str], vocab_size: int) -> HFTokenizer:
@@ -225,7 +212,7 @@ def train_bpe(text: str | Iterable[str], vocab_size: int) -> HFTokenizer:
         show_progress=False,
     )
     tokenizer.train_from_iterator(itertools.chain([first], pieces), trainer)
-    return HFTokenizer(tokenizer, "bpe")
+    return HFTokenizer(tokenizer)
 
 
 def load_tokenizer_file(path: str) -> HFTokenizer:
@@ -242,7 +229,7 @@ def load_tokenizer_file(path: str) -> HFTokenizer:
         raise UserError(
             f"data.tokenizer: {path!r} is not a valid tokenizer.json ({' '.join(str(err).split())})"
         ) from None
-    return HFTokenizer(tokenizer, path)
+    return HFTokenizer(tokenizer)
 
 
 def build_tokenizer(
@@ -253,7 +240,7 @@ def build_tokenizer(
     For convenience `kind` may itself be a path ending in ".json", which means "file".
     """
     if kind == "char":
-        return CharTokenizer.from_text(train_text)
+        return CharTokenizer(train_text)
     if kind == "bpe":
         if vocab_size is None:
             raise UserError("data.bpe_vocab_size: required for data.tokenizer=bpe, e.g. 512")
@@ -276,5 +263,5 @@ def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
     if kind == "tokenizers":
         from tokenizers import Tokenizer as RawTokenizer
 
-        return HFTokenizer(RawTokenizer.from_str(data["json"]), "checkpoint")
+        return HFTokenizer(RawTokenizer.from_str(data["json"]))
     raise UserError(f"tokenizer: unknown saved tokenizer kind {kind!r}; expected 'char' or 'tokenizers'")

@@ -37,7 +37,7 @@ from minitx.errors import require
 
 FIRST_CHAR = 0x4E00  # token id t is chr(FIRST_CHAR + t): code-point order is id order
 MAX_VOCAB = 20992  # the CJK Unified Ideographs block
-FILLER_ID = 0
+FILLER_ID = 0  # also the pad (Task.pad_id)
 
 
 @dataclass(frozen=True)
@@ -95,10 +95,6 @@ class ZoologyConfig(Task):
 
     def tokenizer(self) -> CharTokenizer:
         return zoology_tokenizer(self.vocab)
-
-    @property
-    def pad_id(self) -> int:
-        return FILLER_ID
 
 
 @functools.lru_cache(maxsize=8)

@@ -52,22 +52,12 @@ class MinitxConfig(PreTrainedConfig):
         attention=None,
         **kwargs,
     ):
-        self.vocab_size, self.block_size, self.n_layer, self.n_head, self.d_model = (
-            vocab_size,
-            block_size,
-            n_layer,
-            n_head,
-            d_model,
-        )
+        self.vocab_size, self.n_layer, self.n_head, self.d_model = vocab_size, n_layer, n_head, d_model
+        self.block_size = self.max_position_embeddings = block_size
         self.mlp, self.mlp_hidden, self.norm, self.norm_eps = mlp, mlp_hidden or 4 * d_model, norm, norm_eps
-        self.positions, self.rope_base, self.bias, self.tie_embeddings = (
-            positions,
-            rope_base,
-            bias,
-            tie_embeddings,
-        )
+        self.positions, self.rope_base = positions, rope_base
+        self.bias, self.tie_embeddings = bias, tie_embeddings
         self.attention = dict(attention or {"kind": "mha"})
-        self.max_position_embeddings = block_size
         kwargs["tie_word_embeddings"] = tie_embeddings
         super().__init__(**kwargs)
 
