@@ -170,22 +170,13 @@ PREPARE_SETTINGS = (
     "num_proc",
     "shard_tokens",
 )
+HF_SETTINGS = tuple(f.name for f in fields(DataSettings) if f.name.startswith("hf_"))
 # The settings only some sources read; a setting not named here (source, the loader's, documents)
 # is read by every source, or checked where it is read.
 SOURCE_SETTINGS: dict[str, tuple[str, ...]] = {
     "shakespeare": PREPARE_SETTINGS,
     "files": (*PREPARE_SETTINGS, "train_files", "val_files", "val_fraction", "text_column"),
-    "hf": (
-        *PREPARE_SETTINGS,
-        "hf_name",
-        "hf_config",
-        "hf_train_split",
-        "hf_val_split",
-        "hf_data_files",
-        "hf_revision",
-        "val_fraction",
-        "text_column",
-    ),
+    "hf": (*PREPARE_SETTINGS, *HF_SETTINGS, "val_fraction", "text_column"),
     **{name: ("toy_train_size", "toy_val_size", f"task.{name}") for name in TASKS},
 }
 

@@ -108,18 +108,13 @@ class EvenlySpacedWindows(Dataset):
 
 
 class TextDataModule(L.LightningDataModule):
-    """Text in, (x, y) batches of token ids out. See the module docstring for the design.
-
-    Takes the data section as keywords: every setting, its default and its check are defined once
-    in minitx/data/config.py (DataConfig: the text source and tokenizer, the loader, each
-    synthetic task), whose fields LightningCLI reads from the call below.
-    """
+    """Text in, (x, y) batches of token ids out (see the module docstring). Takes the data section
+    as keywords, each defined once in minitx/data/config.py (DataConfig)."""
 
     def __init__(self, **settings: Any) -> None:
         super().__init__()
         # jsonargparse reads the data section's keys from this call: keep it DataConfig(**settings).
-        self.config = DataConfig(**settings)
-        config = self.config
+        self.config = config = DataConfig(**settings)
         self.save_hyperparameters(dataclasses.asdict(config))
         self.source = config.source
         self.block_size = config.block_size
@@ -241,42 +236,26 @@ class TextDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
+        rank, drawn = self._global_rank(), self.train_batches_drawn
         if self.task is not None:
             world_size = self.trainer.world_size if self.trainer is not None else 1
-            batches = ToyTrainBatches(
-                self.task,
-                self.seed,
-                self.toy_train_size,
-                self.batch_size,
-                self.train_batches_drawn,
-                self._global_rank(),
-                world_size,
+            size = self.toy_train_size
+            batches = ToyTrainBatches(self.task, self.seed, size, self.batch_size, drawn, rank, world_size)
+        else:
+            batches = RandomWindowBatches(
+                self.train_tokens, self.block_size, self.batch_size, self.seed, rank, drawn
             )
-            return DataLoader(batches, batch_size=None, **self._loader_options())
-        assert self.train_tokens is not None
-        dataset = RandomWindowBatches(
-            tokens=self.train_tokens,
-            block_size=self.block_size,
-            batch_size=self.batch_size,
-            seed=self.seed,
-            rank=self._global_rank(),
-            start_batch=self.train_batches_drawn,
-        )
         # batch_size=None: the dataset yields whole batches.
-        return DataLoader(dataset, batch_size=None, **self._loader_options())
+        return DataLoader(batches, batch_size=None, **self._loader_options())
 
     def val_dataloader(self) -> DataLoader:
         self.setup()
         if self.task is not None:
             samples = ToyValSet(self.task, self.seed, self.toy_train_size, self.toy_val_size)
-            return DataLoader(samples, batch_size=self.batch_size, shuffle=False, **self._loader_options())
-        assert self.val_tokens is not None
-        dataset = EvenlySpacedWindows(
-            tokens=self.val_tokens,
-            block_size=self.block_size,
-            count=self.val_batches * self.batch_size,
-        )
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=False, **self._loader_options())
+        else:
+            count = self.val_batches * self.batch_size
+            samples = EvenlySpacedWindows(self.val_tokens, self.block_size, count)
+        return DataLoader(samples, batch_size=self.batch_size, shuffle=False, **self._loader_options())
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         # Lightning calls this for each batch just before the step that uses it.

@@ -168,8 +168,6 @@ class TokenArray:
         self.vocab_size = vocab_size  # given: every window is checked against it (one max per window)
         # `headers`: the shards' headers, when the caller has just read them (the manifest check).
         self.headers = [read_header(p) for p in self.paths] if headers is None else list(headers)
-        if len(self.headers) != len(self.paths):
-            raise ValueError(f"{len(self.headers)} headers for {len(self.paths)} shards")
         dtypes = {h.dtype for h in self.headers}
         if len(dtypes) > 1:
             raise ShardError(f"shards of mixed id types {sorted(d.name for d in dtypes)}")

@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from minitx.errors import UserError, one_line
 from minitx.network import require_hub
@@ -115,25 +115,15 @@ def _word_cut(buf: bytes | bytearray, start: int) -> int:
 class TextPart:
     name: str  # a path, or the name of a built-in text, for messages
     size: int
-    open_at: Callable[[int], Any]  # offset -> a binary file positioned there
+    open: Callable[[], BinaryIO]  # the part's bytes as a binary file, closed by the reader
 
 
 def file_part(path: Path) -> TextPart:
-    def open_at(offset: int):
-        file = open(path, "rb")  # closed by the reader's with-block
-        file.seek(offset)
-        return file
-
-    return TextPart(str(path), path.stat().st_size, open_at)
+    return TextPart(str(path), path.stat().st_size, lambda: open(path, "rb"))
 
 
 def bytes_part(name: str, data: bytes) -> TextPart:
-    def open_at(offset: int):
-        stream = io.BytesIO(data)
-        stream.seek(offset)
-        return stream
-
-    return TextPart(name, len(data), open_at)
+    return TextPart(name, len(data), lambda: io.BytesIO(data))
 
 
 class JoinedText:
@@ -163,7 +153,8 @@ class JoinedText:
             lo, hi = max(start, part_start), min(end, part_end)
             if lo >= hi:
                 continue
-            with part.open_at(lo - part_start) as file:
+            with part.open() as file:
+                file.seek(lo - part_start)
                 remaining = hi - lo
                 while remaining:
                     block = file.read(min(BLOCK_BYTES, remaining))

@@ -1,8 +1,4 @@
-"""The `generate` command: the prompt, and text streamed as it is made (the model from its checkpoint: trained_model.py).
-
-The decode loop (loop.py) and the sampling filters (sampling.py) are `Transformer.generate`'s; the
-command's option checks made before the checkpoint is read are inputs.py's.
-"""
+"""The `generate` command: the prompt, and text streamed as it is made (the model from its checkpoint: trained_model.py)."""
 
 from __future__ import annotations
 
@@ -19,8 +15,6 @@ from ..decoding.sampling import check_options
 from ..errors import UserError, one_line
 from ..trained_model import load_checkpoint
 from .inputs import check_generate_args
-
-# -- the command ------------------------------------------------------------------------------------
 
 
 class TextStream:
