@@ -38,12 +38,8 @@ from minitx.options import build_sections
 # (multi-query associative recall), "needle" (needle in a haystack), "zoology" (MQAR as Zoology
 # generates it), "induction" (the Mamba paper's induction heads), "markov" (in-context Markov
 # chains). A task of one's own: its file, and its line here.
-register(toy.TOY)
-register(mqar.MQAR)
-register(needle.NEEDLE)
-register(zoology.ZOOLOGY)
-register(induction.INDUCTION)
-register(markov.MARKOV)
+for spec in (toy.TOY, mqar.MQAR, needle.NEEDLE, zoology.ZOOLOGY, induction.INDUCTION, markov.MARKOV):
+    register(spec)
 
 TASKS = registry  # name -> TaskSpec
 DATA_SOURCES = (*SOURCES, *TASKS)
@@ -101,22 +97,15 @@ class DataConfig(TaskSizes, LoaderSettings, DataSettings):
             self.source in DATA_SOURCES,
             f"data.source: unknown source {self.source!r}; choose one of {', '.join(DATA_SOURCES)}",
         )
-        for name, low in (
-            ("block_size", 1),
-            ("batch_size", 1),
-            ("val_batches", 1),
-            ("num_workers", 0),
-            ("seed", 0),
-        ):
+        lowest = {"block_size": 1, "batch_size": 1, "val_batches": 1, "num_workers": 0, "seed": 0}
+        if self.source in TASKS:
+            lowest.update(toy_train_size=1, toy_val_size=1)
+        for name, low in lowest.items():
             value = getattr(self, name)
             require(
                 value >= low, f"data.{name}: must be {'0 or more' if low == 0 else 'at least 1'}, got {value}"
             )
         if self.source in TASKS:
-            for name in ("toy_train_size", "toy_val_size"):
-                require(
-                    getattr(self, name) >= 1, f"data.{name}: must be at least 1, got {getattr(self, name)}"
-                )
             self.synthetic_task()  # a task's own checks, now: they name their data.task.* keys
 
     def synthetic_task(self) -> Task | None:

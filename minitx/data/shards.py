@@ -186,12 +186,8 @@ class TokenArray:
                 handle = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
             if hasattr(mmap, "MADV_RANDOM"):  # random windows: no read-ahead from disk around each
                 handle.madvise(mmap.MADV_RANDOM)
-            ids = np.frombuffer(
-                handle,
-                dtype=self.dtype.newbyteorder("<"),
-                count=self.headers[shard].count,
-                offset=HEADER.size,
-            )
+            dtype, count = self.dtype.newbyteorder("<"), self.headers[shard].count
+            ids = np.frombuffer(handle, dtype=dtype, count=count, offset=HEADER.size)
             opened = self._maps[shard] = (handle, ids)
         return opened[1]
 

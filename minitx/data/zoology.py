@@ -82,10 +82,6 @@ class ZoologyConfig(Task):
         """S: the two-token slots after the pairs that a query may take."""
         return (self.seq_len - 2 * self.pairs) // 2
 
-    def gap_probabilities(self) -> np.ndarray:
-        """p(g) proportional to (g + 1)^(power_a - 1), g = 0 .. S - 1 (for the first query drawn)."""
-        return gap_probabilities(self.gap_slots, self.power_a)
-
     # The task interface (minitx/data/task.py).
     def sample(self, seed: int, index: int) -> ZoologySample:
         return zoology_sample(self, seed, index)
@@ -99,6 +95,7 @@ class ZoologyConfig(Task):
 
 @functools.lru_cache(maxsize=8)
 def gap_probabilities(slots: int, power_a: float) -> np.ndarray:
+    """p(g) proportional to (g + 1)^(power_a - 1), g = 0 .. S - 1 (for the first query drawn)."""
     weights = power_a * np.arange(1, slots + 1) ** (power_a - 1)
     return weights / weights.sum()
 
@@ -134,7 +131,8 @@ def zoology_sample(config: ZoologyConfig, seed: int, index: int) -> ZoologySampl
     half = config.vocab // 2
     keys = 1 + rng.choice(half - 1, size=config.pairs, replace=False)
     values = half + rng.choice(config.vocab - half, size=config.pairs, replace=False)
-    gaps = rng.choice(config.gap_slots, size=config.pairs, replace=False, p=config.gap_probabilities())
+    p = gap_probabilities(config.gap_slots, config.power_a)
+    gaps = rng.choice(config.gap_slots, size=config.pairs, replace=False, p=p)
 
     context = 2 * config.pairs
     ids = np.full(config.seq_len + 1, FILLER_ID, dtype=np.int64)

@@ -31,7 +31,6 @@ from .convert import (
     only_as,
     shape_config,
     shape_from_hf,
-    shape_reasons,
 )
 
 MODEL_TYPES = {"deepseek_v3": "DeepseekV3ForCausalLM"}
@@ -57,13 +56,8 @@ def claims(config: ModelConfig) -> bool:
 
 def native_class(config: ModelConfig) -> tuple[str | None, str]:
     """(DeepseekV3ForCausalLM, why) or (None, what to change: there is no other way to export mla)."""
-    kinds = list(dict.fromkeys(config.layer_kinds))
-    reasons = [
-        (kinds != ["mla"], f"attention {'/'.join(kinds)}", "mla in every layer"),
-        *shape_reasons(config),
-    ]
     return only_as(
-        "mla", ARCHITECTURE, reasons, "MLA in every layer, dense MLPs (first_k_dense_replace = n_layer)"
+        config, "mla", ARCHITECTURE, "MLA in every layer, dense MLPs (first_k_dense_replace = n_layer)"
     )
 
 

@@ -91,16 +91,13 @@ def softmax_layers(config: ModelConfig) -> list[int]:
 
 def native_class(config: ModelConfig) -> tuple[str | None, str]:
     """(Qwen3_5ForCausalLM, why) or (None, what it cannot hold: the model goes to custom code)."""
-    kinds = set(config.layer_kinds)
+    others = set(config.layer_kinds) - SOFTMAX_KINDS - {"gdn"}
     gdn = config.attention.options_of("gdn")
     softmax = [config.options_at(layer) for layer in softmax_layers(config)]
     kv_heads = {config.n_kv_head_at(layer) for layer in softmax_layers(config)}
-    reasons = [
-        *((bad, has) for bad, has, _ in convert.shape_reasons(config)),
-        (
-            bool(kinds - SOFTMAX_KINDS - {"gdn"}),
-            f"gdn beside {'/'.join(sorted(kinds - SOFTMAX_KINDS - {'gdn'}))}",
-        ),
+    found = convert.cannot_hold(
+        config,
+        (bool(others), f"gdn beside {'/'.join(sorted(others))}"),
         (not gdn.decay, "gdn without decay (DeltaNet)"),
         (gdn.allow_neg_eigval, "gdn with allow_neg_eigval"),
         (
@@ -109,10 +106,9 @@ def native_class(config: ModelConfig) -> tuple[str | None, str]:
         ),
         (any(getattr(options, "sinks", False) for options in softmax), "learned sinks"),
         (len(kv_heads) > 1, "softmax layers with different key/value head counts"),
-    ]
-    found = [why for bad, why in reasons if bad]
+    )
     if found:
-        return None, ", ".join(found)
+        return None, found
     if not softmax:
         return ARCHITECTURE, "Gated DeltaNet in every layer: Qwen3.5's linear_attention layers"
     return ARCHITECTURE, "Gated DeltaNet beside gated softmax with QK-norm: Qwen3.5's layer_types"

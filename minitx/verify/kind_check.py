@@ -53,13 +53,9 @@ def tiny_config(spec: KindSpec, options: dict) -> ModelConfig:
     )
 
 
+@one_thread()
 def check_kind(spec: KindSpec, options: dict) -> list[Result]:
     """Every check of the kind, in the order they are printed; a kind that does not build gets one."""
-    with one_thread():
-        return checks_of(spec, options)
-
-
-def checks_of(spec: KindSpec, options: dict) -> list[Result]:
     torch.manual_seed(0)
     built = attempt("options", lambda: check_options(spec, options))
     if not built.ok:

@@ -133,11 +133,7 @@ def first_leak(probed: ProbedLayers, T: int) -> Leak | None:
     gives: once with the inputs and their changed copies side by side in the batch."""
     x = torch.randn(BATCH, T, probed.config.d_model)
     cuts = sorted({1, T // 2, T - 1} - {0})
-    changed = []
-    for cut in cuts:
-        other = x.clone()
-        other[:, cut:] = torch.randn_like(other[:, cut:])
-        changed.append(other)
+    changed = [torch.cat([x[:, :cut], torch.randn_like(x[:, cut:])], dim=1) for cut in cuts]
     rope = probed.rope(0, T) if probed.rope is not None else None
     for layer, module in sorted(probed.modules.items()):
         out = module(torch.cat([x, *changed]), rope, None, None).float()

@@ -40,8 +40,7 @@ class _Progress:
     line on stderr every 15 s: MB read, MB/s, tokens, ETA."""
 
     def __init__(self, total_bytes: int | None, total_tokens: int | None, enabled: bool) -> None:
-        self.total_bytes, self.total_tokens = total_bytes, total_tokens
-        self.enabled = enabled
+        self.total_bytes, self.total_tokens, self.enabled = total_bytes, total_tokens, enabled
         self.start = self.last = time.monotonic()
         self.bytes = self.tokens = 0
         self.shown = False
@@ -70,8 +69,7 @@ class _Progress:
             return
         if final and not self.shown and now - self.start < 2.0:
             return  # a prepare of a second or two needs no report
-        self.shown = True
-        self.last = now
+        self.shown, self.last = True, now
         elapsed = max(now - self.start, 1e-9)
         rate = self.bytes / elapsed
         line = f"prepare: {self.bytes / 1e6:,.1f} MB"
@@ -83,10 +81,10 @@ class _Progress:
             left = (self.total_bytes - self.bytes) / rate
         elif self.total_tokens and self.tokens:
             left = (self.total_tokens - self.tokens) * elapsed / self.tokens
-        if left is not None and not final:
-            line += f", ETA {int(left) // 60}:{int(left) % 60:02d}"
         if final:
             line += f" in {elapsed:.1f} s"
+        elif left is not None:
+            line += f", ETA {int(left) // 60}:{int(left) % 60:02d}"
         print(line, file=sys.stderr, flush=True)
 
 
@@ -201,7 +199,7 @@ def _encode(
     # Writing (and its CRC-32) runs on a thread of its own, overlapping the next batch's reading
     # and tokenising; one write in flight, always finished before a checkpoint.
     io = ThreadPoolExecutor(max_workers=1)
-    pending = None
+    pending = io.submit(lambda: None)  # the write in flight
     try:
         batches = _batches(_pieces(source, position, settings, piece_bytes), batch_bytes)
         for encoded in _ordered_map(encode, batches, threads):
@@ -217,8 +215,7 @@ def _encode(
                         ids, done = [np.concatenate(ids)[:room]], True
                 if sum(a.size for a in ids):
                     writes.append(shards.write(split, ids, encoded.characters[split], encoded.bytes[split]))
-            if pending is not None:
-                pending.result()
+            pending.result()
             pending = io.submit(lambda calls=writes: [call() for call in calls])
             replaced += encoded.replaced
             last_end = encoded.end
@@ -229,13 +226,11 @@ def _encode(
                 pending.result()
                 shards.checkpoint(last_end, replaced)
                 replaced = 0
-        if pending is not None:
-            pending.result()
+        pending.result()
         if shards.writers:
             shards.checkpoint(last_end, replaced)
     except BaseException:
-        if pending is not None:
-            pending.cancel() or pending.exception()  # the writer must be idle before its file goes
+        pending.cancel() or pending.exception()  # the writer must be idle before its file goes
         shards.abort()
         raise
     finally:
