@@ -38,9 +38,8 @@ class NeedleConfig(Task):
 
     length: int = 256  # characters (= tokens) of the longest sample
     min_length: int | None = None  # training samples are min_length .. length long (default: all `length`)
-    filler: str = (
-        "shakespeare"  # "shakespeare" or a glob of UTF-8 text files (the last 10% is the test filler)
-    )
+    # "shakespeare" or a glob of UTF-8 text files (the last 10% is the test filler)
+    filler: str = "shakespeare"
 
     def __post_init__(self) -> None:
         if self.length < SHORTEST:
@@ -61,9 +60,8 @@ class NeedleConfig(Task):
 
     # The task interface (minitx/data/task.py).
     def sample(self, seed: int, index: int) -> NeedleSample:
-        rng = np.random.default_rng(
-            [seed, index, 1]
-        )  # a stream of its own: needle_sample draws from [seed, index]
+        # a stream of its own: needle_sample draws from [seed, index]
+        rng = np.random.default_rng([seed, index, 1])
         length = int(rng.integers(self.shortest, self.length + 1))
         return needle_sample(self, seed, index, length, float(rng.random()), "train")
 

@@ -132,12 +132,8 @@ class JoinedText:
     def __init__(self, parts: Sequence[TextPart], field: str) -> None:
         self.field = field  # the config key that names these parts, for messages
         self.parts = list(parts)
-        self.starts: list[int] = []
-        offset = 0
-        for part in self.parts:
-            self.starts.append(offset)
-            offset += part.size + 1
-        self.size = max(0, offset - 1)
+        offsets = list(itertools.accumulate((part.size + 1 for part in self.parts), initial=0))
+        self.starts, self.size = offsets[:-1], max(0, offsets[-1] - 1)  # parts and their separators
 
     def locate(self, offset: int) -> tuple[str, int]:
         """(part name, byte offset inside it) of an offset in the joined text."""

@@ -144,10 +144,9 @@ def _chunks(text: str) -> Iterator[str]:
     """`text` in pieces of about _CHUNK_BYTES of UTF-8, cut where the streams cut a text file
     (streams.next_cut), so that encoding piece by piece gives exactly the ids of the whole."""
     data = text.encode("utf-8")
-    target = _CHUNK_BYTES  # read at call time, so tests can make chunks tiny
     start = 0
     while start < len(data):
-        end = next_cut(data, start + target, final=True)  # after a newline: a character boundary
+        end = next_cut(data, start + _CHUNK_BYTES, final=True)  # after a newline: a character boundary
         yield data[start:end].decode("utf-8")
         start = end
 
@@ -167,10 +166,8 @@ class HFTokenizer(Tokenizer):
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
     def encode_corpus(self, text: str) -> np.ndarray:
-        encodings = self._tokenizer.encode_batch(list(_chunks(text)), add_special_tokens=False)
-        if not encodings:
-            return np.zeros(0, dtype=np.int64)
-        return np.concatenate([np.asarray(e.ids, dtype=np.int64) for e in encodings])
+        ids = [np.asarray(piece, dtype=np.int64) for piece in self.encode_pieces(list(_chunks(text)))]
+        return np.concatenate(ids or [np.zeros(0, dtype=np.int64)])
 
     def encode_pieces(self, pieces: list[str]) -> list[list[int]]:
         """Ids of each piece, in one call that spreads the pieces over the library's threads."""

@@ -180,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         check_prompt_fits(model.config, len(prompt_ids))
     generator = torch.Generator(device=device).manual_seed(args.seed) if args.seed is not None else None
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator)
+    options.update(use_cache=not args.no_cache, eos_id=tokenizer.eos_id)
     for sample in range(args.num_samples):
         if sample:
             print("---------------")
@@ -190,16 +192,5 @@ def main(argv: Sequence[str] | None = None) -> None:
             if token.item() != tokenizer.eos_id:  # the end-of-text token itself is not shown
                 stream.add(token.item())
 
-        generate(
-            model,
-            idx,
-            args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            use_cache=not args.no_cache,
-            generator=generator,
-            eos_id=tokenizer.eos_id,
-            on_token=show,
-        )
+        generate(model, idx, args.max_new_tokens, on_token=show, **options)
         stream.finish()

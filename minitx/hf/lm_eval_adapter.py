@@ -92,18 +92,12 @@ class MinitxLM(lm_eval_api.LM):
         return ids[:1], ids[1:]  # no end-of-text token: the first token can only condition
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
-        results = []
-        for request in requests:
-            context, target = self.encode_pair(*request.args)
-            results.append(self.score(context, target) if target else (0.0, True))
-        return results
+        pairs = [self.encode_pair(*request.args) for request in requests]
+        return [self.score(context, target) if target else (0.0, True) for context, target in pairs]
 
     def loglikelihood_rolling(self, requests) -> list[float]:
-        results = []
-        for request in requests:
-            context, target = self.with_start(self.tokenizer.encode(request.args[0]), 0)
-            results.append(self.score(context, target)[0])
-        return results
+        pairs = [self.with_start(self.tokenizer.encode(request.args[0]), 0) for request in requests]
+        return [self.score(context, target)[0] for context, target in pairs]
 
     # -- generation ----------------------------------------------------------------------------
     def generate_until(self, requests) -> list[str]:

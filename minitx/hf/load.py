@@ -149,9 +149,7 @@ def run_model_fields(
         raise UserError(
             f"data.tokenizer: has {tokens} tokens but the model in {directory} only {source.vocab_size}; use its tokenizer.json"
         )
-    fields = dict(fields)
-    for name in SHAPE_FIELDS:
-        fields[name] = getattr(source, name)
+    fields = {**fields, **{name: getattr(source, name) for name in SHAPE_FIELDS}}
     fields["mlp_hidden_size"] = fields.pop("mlp_hidden")
     attention = fields.get("attention")
     if hasattr(attention, "as_dict"):  # train.py's parser hands the section over as a Namespace

@@ -83,7 +83,6 @@ def _text_segment(split: str, parts: list, field_name: str) -> Segment:
 
 
 def _split_tail(text: JoinedText, val_fraction: float) -> list[Segment]:
-    _check_fraction(val_fraction)
     # The tail from the exact fraction's point, moved to the nearest place where the text can be
     # cut (a line end): later if there is one, else earlier.
     point = int(text.size * (1.0 - val_fraction))

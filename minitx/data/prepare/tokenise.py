@@ -13,7 +13,7 @@ import numpy as np
 
 from minitx.data.shards import token_dtype
 from minitx.data.streams import Piece
-from minitx.data.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, build_tokenizer
+from minitx.data.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, build_tokenizer, train_bpe
 from minitx.errors import UserError
 
 from . import settings as tuning
@@ -28,8 +28,6 @@ def _fit_tokenizer(settings: DataSettings, source: Source, log) -> Tokenizer:
     if kind == "char":
         return CharTokenizer(_alphabet(settings, source))
     if kind == "bpe":
-        from minitx.data.tokenizer import train_bpe
-
         _set_threads(settings.threads())
         return train_bpe(_bpe_sample(settings, source), settings.bpe_vocab_size)
     return build_tokenizer(kind, "", settings.bpe_vocab_size)
