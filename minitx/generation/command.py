@@ -30,11 +30,8 @@ class TextStream:
     CONTEXT, WINDOW = 8, 32
 
     def __init__(self, tokenizer, prompt_ids: list[int], out=None):
-        self.tokenizer = tokenizer
-        self.ids = list(prompt_ids)
-        self.n_prompt = len(self.ids)
+        self.tokenizer, self.ids, self.out = tokenizer, list(prompt_ids), out or sys.stdout
         self._settle(len(self.ids))
-        self.out = out or sys.stdout
 
     def _settle(self, anchor: int) -> None:
         """Everything before ids[anchor] is printed; decoding restarts CONTEXT tokens before it."""

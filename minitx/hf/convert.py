@@ -266,8 +266,7 @@ def model_config_from_hf(
     n_kv = hf.get("num_key_value_heads") or n_head
     check_importable(hf, where, d_model // n_head, log)
     full_kind = "mha" if n_kv == n_head else "mqa" if n_kv == 1 else "gqa"
-    layer_types = sliding_layers(hf)
-    kinds = ["local" if sliding else full_kind for sliding in layer_types]
+    kinds = ["local" if sliding else full_kind for sliding in sliding_layers(hf)]
     attention: dict = {"kind": kinds[0]} if len(set(kinds)) == 1 else {"kind": kinds[0], "layers": kinds}
     options: dict = {kind: {} for kind in kinds}
     if "local" in kinds:

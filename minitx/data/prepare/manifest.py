@@ -151,12 +151,8 @@ def prepare(settings: DataSettings, log: Callable[[str], None] = _stderr, progre
     if settings.max_tokens is not None and settings.max_tokens < 1:
         raise UserError(f"data.max_tokens: must be at least 1 (or unset for all), got {settings.max_tokens}")
     source = text_source(settings)
-    root = cache_root(settings.cache_dir)
-    directory = (
-        root
-        / "prepared"
-        / _key({**source.identity, "max_tokens": settings.max_tokens}, _tokenizer_identity(settings))
-    )
+    key = _key({**source.identity, "max_tokens": settings.max_tokens}, _tokenizer_identity(settings))
+    directory = cache_root(settings.cache_dir) / "prepared" / key
     fingerprint = _fingerprint(source, settings)
     opened = _open_current(directory, fingerprint, source)  # the fast path: no lock, nothing read but stats
     if opened is not None:
@@ -170,11 +166,9 @@ def prepare(settings: DataSettings, log: Callable[[str], None] = _stderr, progre
     # Memory: the commands' allocator settings (allocator.py) keep freed blocks for reuse, and the
     # blocks here are a few batches' worth, reused batch after batch (measured: 570 MB peak RSS
     # for 1 GB; returning every block to the kernel cost 30% more time in page faults).
-    with _locked(directory, log):
-        opened = _open_current(directory, fingerprint, source)  # another process may have just finished it
-        if opened is not None:
-            return opened
-        return _prepare_locked(settings, source, directory, fingerprint, log, progress)
+    with _locked(directory, log):  # and another process may have just finished it
+        opened = _open_current(directory, fingerprint, source)
+        return opened or _prepare_locked(settings, source, directory, fingerprint, log, progress)
 
 
 def _open_current(directory: Path, fingerprint: Any, source: Source) -> Prepared | None:
