@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from minitx.errors import UserError
+from minitx.errors import UserError, require
 
 SOURCES = ("shakespeare", "files", "hf")
 
@@ -114,8 +114,7 @@ def shakespeare_plays(val_plays: Sequence[str]) -> dict[str, Path]:
     """The built-in plays by stem, once the validation plays named are known to be among them."""
     plays = shakespeare_play_paths()
     unknown = sorted(set(val_plays) - set(plays))
-    if unknown:
-        raise UserError(f"unknown validation play(s) {unknown}; choose from {sorted(plays)}")
+    require(not unknown, f"unknown validation play(s) {unknown}; choose from {sorted(plays)}")
     return plays
 
 

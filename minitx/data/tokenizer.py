@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from minitx.data.streams import next_cut
-from minitx.errors import UserError
+from minitx.errors import UserError, require
 
 EOS_TOKEN = "<|endoftext|>"
 # Tokens that mean "end of text" in common tokenizer.json files, in order of preference.
@@ -239,8 +239,7 @@ def build_tokenizer(
     if kind == "char":
         return CharTokenizer(train_text)
     if kind == "bpe":
-        if vocab_size is None:
-            raise UserError("data.bpe_vocab_size: required for data.tokenizer=bpe, e.g. 512")
+        require(vocab_size is not None, "data.bpe_vocab_size: required for data.tokenizer=bpe, e.g. 512")
         return train_bpe(train_text, vocab_size)
     if kind == "file" or kind.endswith(".json"):
         file_path = path if kind == "file" else kind

@@ -12,7 +12,7 @@ from torch import Tensor
 from ..arguments import ArgumentParser, add_trust_argument
 from ..decoding.loop import check_prompt_fits, generate
 from ..decoding.sampling import check_options
-from ..errors import UserError, one_line
+from ..errors import UserError, one_line, require
 from ..trained_model import load_checkpoint
 from .inputs import check_generate_args
 
@@ -156,8 +156,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     check_options(args.max_new_tokens, args.temperature, args.top_k, args.top_p, cli=True)
     check_generate_args(args)
-    if args.num_samples < 1:
-        raise UserError(f"--num-samples: is {args.num_samples}; use 1 or more")
+    require(args.num_samples >= 1, f"--num-samples: is {args.num_samples}; use 1 or more")
     device = _device(args.device)
     model, tokenizer, _ = load_checkpoint(
         args.ckpt, map_location=device, label="--ckpt", trust_kind_modules=args.trust_kind_modules

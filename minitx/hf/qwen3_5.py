@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from ..config import AttentionConfig, ModelConfig
-from ..errors import UserError
+from ..errors import UserError, require
 from . import convert
 
 MODEL_TYPES = {"qwen3_5_text": "Qwen3_5ForCausalLM"}
@@ -195,8 +195,7 @@ def from_hf_weights(hf: dict[str, Tensor], config: ModelConfig, where: str = "we
     seen = set()
 
     def take(name: str) -> Tensor:
-        if name not in hf:
-            raise UserError(f"{where}: lacks {name}; the weights are incomplete")
+        require(name in hf, f"{where}: lacks {name}; the weights are incomplete")
         seen.add(name)
         return hf[name]
 

@@ -17,7 +17,7 @@ from typing import Any
 from minitx.data.shards import ShardError, ShardHeader, TokenArray, read_header, verify
 from minitx.data.streams import path_fingerprint
 from minitx.data.tokenizer import Tokenizer, tokenizer_from_dict
-from minitx.errors import UserError
+from minitx.errors import UserError, require
 from minitx.files.atomic import TMP_PREFIX, read_json, write_json_atomically
 from minitx.wording import counted
 
@@ -288,8 +288,7 @@ def _finish_manifest(state: dict, source: Source) -> dict:
         shards = [shard for shard in shards_of(state) if shard["split"] == split]
         splits[split] = {key: sum(s[key] for s in shards) for key in ("tokens", "bytes", "characters")}
         splits[split]["shards"] = len(shards)
-    if splits["val"]["tokens"] == 0:
-        raise UserError(f"data: the validation set is empty; {source.val_hint}")
+    require(splits["val"]["tokens"] > 0, f"data: the validation set is empty; {source.val_hint}")
     return {**state, "splits": splits}
 
 

@@ -23,7 +23,7 @@ from minitx.data.streams import (
     path_fingerprint,
     record_builder,
 )
-from minitx.errors import UserError
+from minitx.errors import UserError, require
 
 from .settings import DataSettings
 
@@ -77,8 +77,7 @@ class Source:
 
 def _text_segment(split: str, parts: list, field_name: str) -> Segment:
     text = JoinedText(parts, field_name)
-    if all(part.size == 0 for part in parts):
-        raise UserError(f"{field_name}: the text is empty; add text")
+    require(any(part.size for part in parts), f"{field_name}: the text is empty; add text")
     return Segment(split, text=text, start=0, end=text.size)
 
 
