@@ -92,14 +92,12 @@ class ShardWriter:
     removes the temporary file."""
 
     def __init__(self, path: Path, dtype: np.dtype) -> None:
-        self.path = Path(path)
-        self.dtype = np.dtype(dtype)
+        self.path, self.dtype = Path(path), np.dtype(dtype)
         # Not .bin: a temporary must not look like a shard to the globs that find shards.
         self.atomic = AtomicFile(self.path, suffix=".shard")
         self.file = self.atomic.file
         self.file.write(bytes(HEADER.size))  # a placeholder; the real header goes in last
-        self.count = 0
-        self.crc = 0
+        self.count = self.crc = 0
 
     def write(self, ids: np.ndarray) -> None:
         data = np.ascontiguousarray(ids, dtype=self.dtype.newbyteorder("<"))

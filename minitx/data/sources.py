@@ -61,9 +61,7 @@ _ESCAPE = re.compile(r"\\(.)")
 def _is_direction_start(line: str) -> bool:
     # Directions are italic (`_..._`, or `*...*` in Edward III) or bracketed asides that sit
     # on their own line ("[Within]_"). A speaker line starts with `**`, so it is excluded.
-    if line.startswith("**"):
-        return False
-    return line.startswith(("_", "*", "[", "\\["))
+    return not line.startswith("**") and line.startswith(("_", "*", "[", "\\["))
 
 
 def play_markdown_to_text(markdown: str) -> str:
@@ -81,8 +79,7 @@ def play_markdown_to_text(markdown: str) -> str:
             continue
         if not line or line.startswith("#"):
             continue
-        speaker = _SPEAKER.match(line)
-        if speaker:
+        if speaker := _SPEAKER.match(line):
             if out:
                 out.append("")  # blank line between speeches
             out.append(speaker.group("name").strip() + ":")

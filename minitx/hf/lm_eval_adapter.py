@@ -15,6 +15,8 @@ are scored block_size tokens at a time, each with up to block_size tokens of wha
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -107,15 +109,16 @@ class MinitxLM(lm_eval_api.LM):
     def generate_one(self, context: str, options: dict) -> str:
         until = options.get("until") or []
         until = [until] if isinstance(until, str) else list(until)
-        if self.tokenizer.eos_id is not None:
-            until.append(self.tokenizer.decode([self.tokenizer.eos_id]))
+        eos = self.tokenizer.eos_id
+        if eos is not None:
+            until.append(self.tokenizer.decode([eos]))
         max_new = int(options.get("max_gen_toks", 256))
         temperature = float(options.get("temperature", 0.0)) if options.get("do_sample", False) else 0.0
         prompt = self.tokenizer.encode(context)[-self.block_size :]
         if not prompt:
-            if self.tokenizer.eos_id is None:
+            if eos is None:
                 return ""  # nothing to condition on: a tokenizer without end-of-text cannot start
-            prompt = [self.tokenizer.eos_id]
+            prompt = [eos]
         new: list[int] = []
 
         def stop_at_strings(token: torch.Tensor) -> None:
@@ -123,16 +126,9 @@ class MinitxLM(lm_eval_api.LM):
             if any(stop in self.tokenizer.decode(new) for stop in until):
                 raise StopGeneration
 
-        try:
-            self.model.generate(
-                torch.tensor([prompt], device=self._device),
-                max_new,
-                temperature=temperature,
-                eos_id=self.tokenizer.eos_id,
-                on_token=stop_at_strings,
-            )
-        except StopGeneration:
-            pass
+        ids = torch.tensor([prompt], device=self._device)
+        with contextlib.suppress(StopGeneration):
+            self.model.generate(ids, max_new, temperature=temperature, eos_id=eos, on_token=stop_at_strings)
         text = self.tokenizer.decode(new)
         for stop in until:
             text = text.split(stop)[0]

@@ -75,14 +75,10 @@ def file_digest(path: Path) -> str:
 def stat_entries(fingerprint: Any) -> dict[str, list] | None:
     """{file: [size, mtime_ns]} of a fingerprint made of stats ([[file, size, mtime_ns], ...]); None
     for any other fingerprint (a Hub dataset's names and revision)."""
-    if not isinstance(fingerprint, list):
-        return None
-    entries = {}
-    for entry in fingerprint:
-        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)):
-            return None
-        entries[entry[0]] = entry[1:]
-    return entries
+    stats = isinstance(fingerprint, list) and all(
+        isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) for entry in fingerprint
+    )
+    return {entry[0]: entry[1:] for entry in fingerprint} if stats else None
 
 
 def file_digests(fingerprint: Any, paths: Mapping[str, Path]) -> dict[str, str]:
