@@ -112,13 +112,10 @@ def custom_model(model):
     """MinitxForCausalLM (this package's modeling_minitx.py) holding the minitx model's weights."""
     from .modeling_minitx import MinitxConfig, MinitxForCausalLM
 
-    fields = model.config.to_dict()
-    for name in DROPOUT_FIELDS:
-        fields.pop(name, None)  # inference only
-    fields.pop("document_token", None)  # not in the exported code (see export_checkpoint's note)
-    fields["mlp_hidden"] = model.config.mlp_hidden
-    fields.pop("mlp_hidden_size", None)
-    config = MinitxConfig(**fields)
+    # dropout: inference only; document_token: not in the exported code (see export_checkpoint's note)
+    left_out = {*DROPOUT_FIELDS, "document_token", "mlp_hidden_size"}
+    fields = {name: value for name, value in model.config.to_dict().items() if name not in left_out}
+    config = MinitxConfig(**fields, mlp_hidden=model.config.mlp_hidden)
     config.auto_map = AUTO_MAP
     hf_model = MinitxForCausalLM(config)
     hf_model.load_state_dict(model.state_dict(), strict=True)

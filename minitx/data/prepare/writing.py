@@ -93,13 +93,12 @@ class _Shards:
 
     def __init__(self, directory: Path, dtype: np.dtype, state: dict) -> None:
         self.directory, self.dtype, self.state = directory, dtype, state
-        done = shards_of(state)
-        self.next_index = {split: sum(1 for s in done if s["split"] == split) for split in ("train", "val")}
         self.writers: dict[str, ShardWriter] = {}
-        self.text: dict[str, dict[str, int]] = {}
-        self.tokens = {
-            split: sum(s["tokens"] for s in done if s["split"] == split) for split in ("train", "val")
-        }
+        self.text: dict[str, dict[str, int]] = {}  # of each open shard: characters, bytes, tokens
+        self.next_index, self.tokens = {"train": 0, "val": 0}, {"train": 0, "val": 0}
+        for shard in shards_of(state):
+            self.next_index[shard["split"]] += 1
+            self.tokens[shard["split"]] += shard["tokens"]
 
     def write(self, split: str, ids: list[np.ndarray], characters: int, size: int) -> Callable[[], None]:
         """Count the ids into the split's open shard now; returns the call that writes them, which
@@ -128,15 +127,13 @@ class _Shards:
         shards = []
         for split, writer in sorted(self.writers.items()):
             header = _disk_safe(writer.finish)
-            text = self.text[split]
             shards.append(
                 {
                     "split": split,
                     "file": writer.path.name,
+                    **self.text[split],
                     "tokens": header.count,
                     "crc32": header.crc32,
-                    "characters": text["characters"],
-                    "bytes": text["bytes"],
                     **_stat_shard(writer.path),
                 }
             )
