@@ -34,10 +34,8 @@ from minitx.data.tokenizer import Tokenizer
 from minitx.errors import UserError, require
 from minitx.options import build_sections
 
-# The known-answer tasks, not texts: "toy" (the Multi-Token Attention paper's), "mqar"
-# (multi-query associative recall), "needle" (needle in a haystack), "zoology" (MQAR as Zoology
-# generates it), "induction" (the Mamba paper's induction heads), "markov" (in-context Markov
-# chains). A task of one's own: its file, and its line here.
+# The known-answer tasks, not texts, each described in its file. A task of one's own: its file,
+# and its line here.
 for spec in (toy.TOY, mqar.MQAR, needle.NEEDLE, zoology.ZOOLOGY, induction.INDUCTION, markov.MARKOV):
     register(spec)
 

@@ -43,11 +43,9 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 def random_window_starts(
     seed: int, rank: int, batch_index: int, num_tokens: int, block_size: int, batch_size: int
 ) -> np.ndarray:
-    """Start offsets of the windows in training batch `batch_index` on `rank`.
-
-    A fresh generator per batch, seeded by the triple, makes batch n independent of how many
-    batches came before it: that is what makes resuming exact and workers interchangeable.
-    """
+    """Start offsets of the windows in training batch `batch_index` on `rank`. A fresh generator
+    per batch, seeded by the triple, makes batch n independent of how many batches came before it:
+    that is what makes resuming exact and workers interchangeable."""
     rng = np.random.default_rng([seed, rank, batch_index])
     return rng.integers(0, num_tokens - block_size, size=batch_size)
 
@@ -94,8 +92,7 @@ class EvenlySpacedWindows(Dataset):
     """A fixed set of `count` windows spread evenly over the tokens; item i is (x, y)."""
 
     def __init__(self, tokens: TokenArray, block_size: int, count: int):
-        self.tokens = tokens
-        self.block_size = block_size
+        self.tokens, self.block_size = tokens, block_size
         last_start = len(tokens) - block_size - 1
         self.starts = np.linspace(0, last_start, num=count).round().astype(np.int64)
 

@@ -89,8 +89,7 @@ def play_markdown_to_text(markdown: str) -> str:
             if marker is not None and not (len(line) > 1 and line.endswith(marker)):
                 closing_marker = marker
             continue
-        text = _ESCAPE.sub(r"\1", _INLINE_DIRECTION.sub("", line)).strip()
-        if text:
+        if text := _ESCAPE.sub(r"\1", _INLINE_DIRECTION.sub("", line)).strip():
             out.append(text)
     return "\n".join(out) + "\n"
 

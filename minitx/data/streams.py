@@ -89,8 +89,7 @@ def next_cut(buf: bytes | bytearray, start: int, final: bool, line_start: int | 
     # No line end: cut between words only once a line has run on for MAX_LINE_BYTES.
     if len(buf) - (start if line_start is None else line_start) < MAX_LINE_BYTES:
         return None
-    space = _word_cut(buf, start)
-    if space > 0:
+    if (space := _word_cut(buf, start)) > 0:
         return space
     cut = start
     while cut < len(buf) and 0x80 <= buf[cut] < 0xC0:  # a UTF-8 continuation byte: not a character boundary
@@ -181,8 +180,7 @@ class JoinedText:
         while True:
             data = self.read(offset - 1, window)
             final = offset - 1 + len(data) >= self.size
-            cut = next_cut(data, 1, final)
-            if cut is not None:
+            if (cut := next_cut(data, 1, final)) is not None:
                 return offset - 1 + cut
             window *= 4
 

@@ -229,23 +229,16 @@ def load_tokenizer_file(path: str) -> HFTokenizer:
     return HFTokenizer(tokenizer)
 
 
-def build_tokenizer(
-    kind: str, train_text: str, vocab_size: int | None = None, path: str | None = None
-) -> Tokenizer:
-    """Make a tokenizer of `kind` ("char", "bpe" or "file"), fitted to `train_text` if it learns.
-
-    For convenience `kind` may itself be a path ending in ".json", which means "file".
-    """
+def build_tokenizer(kind: str, train_text: str, vocab_size: int | None = None) -> Tokenizer:
+    """A tokenizer of `kind` ("char", "bpe" or the path of a tokenizer.json), fitted to `train_text`
+    if it learns."""
     if kind == "char":
         return CharTokenizer(train_text)
     if kind == "bpe":
         require(vocab_size is not None, "data.bpe_vocab_size: required for data.tokenizer=bpe, e.g. 512")
         return train_bpe(train_text, vocab_size)
-    if kind == "file" or kind.endswith(".json"):
-        file_path = path if kind == "file" else kind
-        if not file_path:
-            raise UserError("data.tokenizer: kind 'file' needs the path to a tokenizer.json")
-        return load_tokenizer_file(file_path)
+    if kind.endswith(".json"):
+        return load_tokenizer_file(kind)
     raise UserError(
         f"data.tokenizer: unknown tokenizer {kind!r}; use 'char', 'bpe' or a path to a tokenizer.json"
     )

@@ -49,10 +49,8 @@ class ZoologyConfig(Task):
     pairs: int = 8  # key-value pairs, every one of them asked
     seq_len: int = 128  # the model's input length (Zoology's input_seq_len)
     power_a: float = 0.01  # a query's gap g has weight (g + 1)^(power_a - 1)
-    # Zoology's random filler: every input position that is not a key, value or query holds a
-    # token drawn uniformly from the whole vocabulary (keys and values included: distractors),
-    # as multiquery_ar's default and later Zoology configs and papers have it. False (the
-    # default): the filler stays token 0, as Zoology's Figure 2 config sets it.
+    # Zoology's random filler (the module docstring), as multiquery_ar's default and later Zoology
+    # configs and papers have it; False: token 0, as its Figure 2 config sets it
     random_non_queries: bool = False
 
     recalls: ClassVar[bool] = True

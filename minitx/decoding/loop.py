@@ -132,12 +132,10 @@ def generate(
     eos_id: int | None = None,
     on_token: Callable[[Tensor], object] | None = None,
 ) -> Tensor:
-    """Extend idx (B, T) by up to max_new_tokens tokens; returns (B, T + n).
-
-    temperature 0 is greedy. `generator` makes sampling reproducible. With `eos_id`, a row that
-    produced it keeps producing it, and generation stops once every row has. `on_token` is called
-    with each step's new tokens (B,), for streaming.
-    """
+    """Extend idx (B, T) by up to max_new_tokens tokens; returns (B, T + n). temperature 0 is greedy.
+    `generator` makes sampling reproducible. With `eos_id`, a row that produced it keeps producing
+    it, and generation stops once every row has. `on_token` is called with each step's new tokens
+    (B,), for streaming."""
     check_options(max_new_tokens, temperature, top_k, top_p)
     if idx.dim() != 2 or idx.shape[1] == 0:
         raise UserError(

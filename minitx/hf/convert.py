@@ -372,6 +372,5 @@ def check_importable(hf: dict, where: str, head_dim: int, log: Callable[[str], N
             f"{where}: RoPE {rope.get('rope_type', 'default')} with theta {theta} cannot be imported; "
             f"minitx's RoPE is the default one with base {ROPE_BASE:g}"
         )
-    eps = hf.get("rms_norm_eps", NORM_EPS)
-    if eps != NORM_EPS:
+    if (eps := hf.get("rms_norm_eps", NORM_EPS)) != NORM_EPS:
         log(f"init_from: rms_norm_eps={eps} becomes minitx's {NORM_EPS}: the logits shift slightly")

@@ -100,8 +100,7 @@ def model_config_from_hf(
     """The minitx ModelConfig of a DeepseekV3 config.json (a dict); what minitx cannot express is
     a UserError naming the field."""
     n_layer, n_head, d_model = hf["num_hidden_layers"], hf["num_attention_heads"], hf["hidden_size"]
-    dense = hf.get("first_k_dense_replace") or 0
-    if dense < n_layer:
+    if (dense := hf.get("first_k_dense_replace") or 0) < n_layer:
         raise UserError(
             f"{where}: first_k_dense_replace={dense} makes layers {dense}..{n_layer - 1} mixture-of-experts, "
             f"which minitx cannot import; only all-dense models (first_k_dense_replace >= num_hidden_layers={n_layer}) import"

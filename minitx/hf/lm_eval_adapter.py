@@ -156,8 +156,7 @@ def evaluate_tasks(
     )
     if manager is None or any(task not in manager.all_tasks for task in tasks):
         manager = lm_eval_tasks.TaskManager(include_path=include_path)
-    unknown = [task for task in tasks if task not in manager.all_tasks]
-    if unknown:
+    if unknown := [task for task in tasks if task not in manager.all_tasks]:
         raise UserError(f"--lm-eval-tasks: unknown task(s) {', '.join(unknown)}; see `lm_eval ls tasks`")
     try:
         return lm_eval_evaluator.simple_evaluate(

@@ -89,8 +89,7 @@ def read_hf_directory(
         state = convert.complete_biases(family.from_hf_weights(state, config, where), expected)
     if config.tie_embeddings and "lm_head.weight" not in state and "tok_emb.weight" in state:
         state["lm_head.weight"] = state["tok_emb.weight"]
-    mismatch = state_mismatch(expected, state)
-    if mismatch:
+    if mismatch := state_mismatch(expected, state):
         raise UserError(
             f"{where}: its weights do not match its config.json ({mismatch}); the directory is damaged"
         )

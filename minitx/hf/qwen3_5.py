@@ -217,12 +217,8 @@ def from_hf_weights(hf: dict[str, Tensor], config: ModelConfig, where: str = "we
                 out[f"{ours}attn.{part}_proj.weight"] = piece.contiguous()
             continue
         query, gate = take(f"{theirs}self_attn.q_proj.weight").view(H, 2 * D, -1).split(D, dim=1)
-        parts = [
-            query.flatten(0, 1),
-            take(f"{theirs}self_attn.k_proj.weight"),
-            take(f"{theirs}self_attn.v_proj.weight"),
-        ]
-        out[f"{ours}attn.qkv_proj.weight"] = torch.cat(parts, dim=0)
+        k, v = (take(f"{theirs}self_attn.{part}_proj.weight") for part in "kv")
+        out[f"{ours}attn.qkv_proj.weight"] = torch.cat([query.flatten(0, 1), k, v], dim=0)
         out[f"{ours}attn.gate_proj.weight"] = gate.flatten(0, 1)
         out[f"{ours}attn.out_proj.weight"] = take(f"{theirs}self_attn.o_proj.weight")
     convert.refuse_unexpected(

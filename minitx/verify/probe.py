@@ -28,7 +28,6 @@ from .. import attention
 from ..attention.local import MIN_BLOCK
 from ..config import ModelConfig
 from ..kinds import is_built_in, kind_file, registry
-from ..model import Transformer
 from ..rope import rotary_table, shared_tables
 from . import perturb
 
@@ -73,10 +72,6 @@ class ProbedLayers:
     modules: dict[int, nn.Module]
     rope: nn.Module | None
 
-    @classmethod
-    def of(cls, model: Transformer, layers: list[int]) -> ProbedLayers:
-        return cls(model.config, {i: model.blocks[i].attn for i in layers}, model.rope)
-
 
 def find_leak(config: ModelConfig) -> Leak | None:
     """The first leak of a kind from outside minitx in a model of `config`, or None (at once,
@@ -88,8 +83,7 @@ def find_leak(config: ModelConfig) -> Leak | None:
         torch.default_generator.manual_seed(PROBE_SEED)  # the CPU's alone: a GPU's is not forked
         probed = outside_kind_layers(config, layers)
         for T in sorted({min(length, config.block_size) for length in LENGTHS}):
-            leak = first_leak(probed, T)
-            if leak is not None:
+            if (leak := first_leak(probed, T)) is not None:
                 return leak
     return None
 
@@ -139,8 +133,7 @@ def first_leak(probed: ProbedLayers, T: int) -> Leak | None:
         out = module(torch.cat([x, *changed]), rope, None, None).float()
         before = out[:BATCH]
         for n, cut in enumerate(cuts, start=1):
-            after = out[n * BATCH : (n + 1) * BATCH]
-            moved = (before[:, :cut] - after[:, :cut]).abs().amax(dim=(0, 2))
+            moved = (before[:, :cut] - out[n * BATCH : (n + 1) * BATCH, :cut]).abs().amax(dim=(0, 2))
             over = (moved > RELATIVE_TOLERANCE * before.abs().max()).nonzero()
             if len(over):
                 position = int(over[0])

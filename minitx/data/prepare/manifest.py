@@ -269,8 +269,7 @@ def _prepare_locked(
         raise
     # Hashed before the stats are taken again: a file changed while it is read is named below.
     content = file_digests(fingerprint, source.paths)
-    now = _fingerprint(source, settings)
-    if now != fingerprint:
+    if (now := _fingerprint(source, settings)) != fingerprint:
         shutil.rmtree(directory, ignore_errors=True)
         raise UserError(
             f"{source.describe}: {_changed(fingerprint, now)} while it was being prepared; "

@@ -51,8 +51,7 @@ class DataSettings:
         an old spelling is refused naming the new one (a saved run's is upgraded first:
         files/upgrade.py). The data module and evaluation both build them this way, so the two
         prepare the same data."""
-        renamed = next((key for key in data if renamed_key(f"data.{key}")), None)
-        if renamed:
+        if renamed := next((key for key in data if renamed_key(f"data.{key}")), None):
             raise UserError(
                 f"data.{renamed}: this setting is now {renamed_key(f'data.{renamed}')}; "
                 "write that instead (the value is the same)"

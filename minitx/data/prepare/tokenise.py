@@ -155,10 +155,8 @@ class Encoded:
 
 
 def _encoder(tokenizer: Tokenizer, settings: DataSettings) -> Callable[[list[Piece]], Encoded]:
-    eos = tokenizer.eos_id
-    newline = (
-        tokenizer.encode("\n") if isinstance(tokenizer, CharTokenizer) and "\n" in tokenizer.chars else None
-    )
+    eos, char = tokenizer.eos_id, isinstance(tokenizer, CharTokenizer)
+    newline = tokenizer.encode("\n") if char and "\n" in tokenizer.chars else None
     dtype = token_dtype(tokenizer.vocab_size)
 
     def encode(batch: list[Piece]) -> Encoded:
@@ -172,7 +170,7 @@ def _encoder(tokenizer: Tokenizer, settings: DataSettings) -> Callable[[list[Pie
             size = len(piece.data) if isinstance(piece.data, bytes) else len(piece.data.encode("utf-8"))
             out.source_bytes += size
             out.bytes[piece.split] += size
-            if isinstance(tokenizer, CharTokenizer):  # one id per character: no decoding to count them
+            if char:  # one id per character: no decoding to count them
                 try:
                     ids = tokenizer.encode_utf8(piece.data)
                 except UnicodeDecodeError:  # say where (strict), or replace and count
