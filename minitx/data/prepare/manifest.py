@@ -166,8 +166,8 @@ def prepare(settings: DataSettings, log: Callable[[str], None] = _stderr, progre
     # Memory: the commands' allocator settings (allocator.py) keep freed blocks for reuse, and the
     # blocks here are a few batches' worth, reused batch after batch (measured: 570 MB peak RSS
     # for 1 GB; returning every block to the kernel cost 30% more time in page faults).
-    with _locked(directory, log):  # and another process may have just finished it
-        opened = _open_current(directory, fingerprint, source)
+    with _locked(directory, log):
+        opened = _open_current(directory, fingerprint, source)  # another process may have just finished it
         return opened or _prepare_locked(settings, source, directory, fingerprint, log, progress)
 
 
