@@ -34,16 +34,10 @@ from minitx.data.tokenizer import Tokenizer
 from minitx.errors import UserError, require
 from minitx.options import build_sections
 
-# The known-answer tasks, not texts: "toy" (the Multi-Token Attention paper's), "mqar"
-# (multi-query associative recall), "needle" (needle in a haystack), "zoology" (MQAR as Zoology
-# generates it), "induction" (the Mamba paper's induction heads), "markov" (in-context Markov
-# chains). A task of one's own: its file, and its line here.
-register(toy.TOY)
-register(mqar.MQAR)
-register(needle.NEEDLE)
-register(zoology.ZOOLOGY)
-register(induction.INDUCTION)
-register(markov.MARKOV)
+# The known-answer tasks, not texts, each described in its file. A task of one's own: its file,
+# and its line here.
+for spec in (toy.TOY, mqar.MQAR, needle.NEEDLE, zoology.ZOOLOGY, induction.INDUCTION, markov.MARKOV):
+    register(spec)
 
 TASKS = registry  # name -> TaskSpec
 DATA_SOURCES = (*SOURCES, *TASKS)
@@ -101,22 +95,15 @@ class DataConfig(TaskSizes, LoaderSettings, DataSettings):
             self.source in DATA_SOURCES,
             f"data.source: unknown source {self.source!r}; choose one of {', '.join(DATA_SOURCES)}",
         )
-        for name, low in (
-            ("block_size", 1),
-            ("batch_size", 1),
-            ("val_batches", 1),
-            ("num_workers", 0),
-            ("seed", 0),
-        ):
+        lowest = {"block_size": 1, "batch_size": 1, "val_batches": 1, "num_workers": 0, "seed": 0}
+        if self.source in TASKS:
+            lowest.update(toy_train_size=1, toy_val_size=1)
+        for name, low in lowest.items():
             value = getattr(self, name)
             require(
                 value >= low, f"data.{name}: must be {'0 or more' if low == 0 else 'at least 1'}, got {value}"
             )
         if self.source in TASKS:
-            for name in ("toy_train_size", "toy_val_size"):
-                require(
-                    getattr(self, name) >= 1, f"data.{name}: must be at least 1, got {getattr(self, name)}"
-                )
             self.synthetic_task()  # a task's own checks, now: they name their data.task.* keys
 
     def synthetic_task(self) -> Task | None:
@@ -170,22 +157,13 @@ PREPARE_SETTINGS = (
     "num_proc",
     "shard_tokens",
 )
+HF_SETTINGS = tuple(f.name for f in fields(DataSettings) if f.name.startswith("hf_"))
 # The settings only some sources read; a setting not named here (source, the loader's, documents)
 # is read by every source, or checked where it is read.
 SOURCE_SETTINGS: dict[str, tuple[str, ...]] = {
     "shakespeare": PREPARE_SETTINGS,
     "files": (*PREPARE_SETTINGS, "train_files", "val_files", "val_fraction", "text_column"),
-    "hf": (
-        *PREPARE_SETTINGS,
-        "hf_name",
-        "hf_config",
-        "hf_train_split",
-        "hf_val_split",
-        "hf_data_files",
-        "hf_revision",
-        "val_fraction",
-        "text_column",
-    ),
+    "hf": (*PREPARE_SETTINGS, *HF_SETTINGS, "val_fraction", "text_column"),
     **{name: ("toy_train_size", "toy_val_size", f"task.{name}") for name in TASKS},
 }
 
@@ -227,7 +205,7 @@ def given_settings(layers: Iterable[tuple[bool, Mapping[str, Any]]]) -> dict[str
     settings stay meant for it); the flags' with the run's source. Defaults are not counted, so a
     saved run config (which writes every setting out) and configs/default.yaml give nothing here
     by themselves."""
-    defaults = _dotted(_plain(DataConfig()))
+    defaults = _dotted(dataclasses.asdict(DataConfig()))
     source = defaults["source"]
     given: dict[str, tuple[Any, Any]] = {}
     flags: dict[str, Any] = {}
@@ -257,7 +235,3 @@ def _dotted(section: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
-
-
-def _plain(config: DataConfig) -> dict[str, Any]:
-    return dataclasses.asdict(config)

@@ -43,11 +43,9 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 def random_window_starts(
     seed: int, rank: int, batch_index: int, num_tokens: int, block_size: int, batch_size: int
 ) -> np.ndarray:
-    """Start offsets of the windows in training batch `batch_index` on `rank`.
-
-    A fresh generator per batch, seeded by the triple, makes batch n independent of how many
-    batches came before it: that is what makes resuming exact and workers interchangeable.
-    """
+    """Start offsets of the windows in training batch `batch_index` on `rank`. A fresh generator
+    per batch, seeded by the triple, makes batch n independent of how many batches came before it:
+    that is what makes resuming exact and workers interchangeable."""
     rng = np.random.default_rng([seed, rank, batch_index])
     return rng.integers(0, num_tokens - block_size, size=batch_size)
 
@@ -58,6 +56,7 @@ def windows_to_batch(tokens: TokenArray, starts: np.ndarray, block_size: int) ->
     return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
 
 
+@dataclasses.dataclass(eq=False)
 class RandomWindowBatches(IterableDataset):
     """Endless training batches, starting at batch number `start_batch`.
 
@@ -67,21 +66,12 @@ class RandomWindowBatches(IterableDataset):
     from the workers in turn, so the loader's output is still batch start, start+1, ...
     """
 
-    def __init__(
-        self,
-        tokens: TokenArray,
-        block_size: int,
-        batch_size: int,
-        seed: int,
-        rank: int,
-        start_batch: int = 0,
-    ) -> None:
-        self.tokens = tokens
-        self.block_size = block_size
-        self.batch_size = batch_size
-        self.seed = seed
-        self.rank = rank
-        self.start_batch = start_batch
+    tokens: TokenArray
+    block_size: int
+    batch_size: int
+    seed: int
+    rank: int
+    start_batch: int = 0
 
     def batch(self, batch_index: int) -> Batch:
         starts = random_window_starts(
@@ -102,8 +92,7 @@ class EvenlySpacedWindows(Dataset):
     """A fixed set of `count` windows spread evenly over the tokens; item i is (x, y)."""
 
     def __init__(self, tokens: TokenArray, block_size: int, count: int):
-        self.tokens = tokens
-        self.block_size = block_size
+        self.tokens, self.block_size = tokens, block_size
         last_start = len(tokens) - block_size - 1
         self.starts = np.linspace(0, last_start, num=count).round().astype(np.int64)
 
@@ -116,18 +105,13 @@ class EvenlySpacedWindows(Dataset):
 
 
 class TextDataModule(L.LightningDataModule):
-    """Text in, (x, y) batches of token ids out. See the module docstring for the design.
-
-    Takes the data section as keywords: every setting, its default and its check are defined once
-    in minitx/data/config.py (DataConfig: the text source and tokenizer, the loader, each
-    synthetic task), whose fields LightningCLI reads from the call below.
-    """
+    """Text in, (x, y) batches of token ids out (see the module docstring). Takes the data section
+    as keywords, each defined once in minitx/data/config.py (DataConfig)."""
 
     def __init__(self, **settings: Any) -> None:
         super().__init__()
         # jsonargparse reads the data section's keys from this call: keep it DataConfig(**settings).
-        self.config = DataConfig(**settings)
-        config = self.config
+        self.config = config = DataConfig(**settings)
         self.save_hyperparameters(dataclasses.asdict(config))
         self.source = config.source
         self.block_size = config.block_size
@@ -171,10 +155,11 @@ class TextDataModule(L.LightningDataModule):
             self._check_checkpoint_tokenizer()
             return
         self.prepared = prepare(self.settings)
-        train_tokens, val_tokens = self.prepared.train, self.prepared.val
-        self._check_long_enough(len(train_tokens), "training", "add training text")
-        self._check_long_enough(len(val_tokens), "validation", self._val_size_hint())
-        self.train_tokens, self.val_tokens = train_tokens, val_tokens
+        self._check_long_enough(len(self.prepared.train), "training", "add training text")
+        more_val = self.settings.val_files or self.settings.hf_val_split
+        fix = "add validation text" if more_val else "raise data.val_fraction"
+        self._check_long_enough(len(self.prepared.val), "validation", fix)
+        self.train_tokens, self.val_tokens = self.prepared.train, self.prepared.val
         self._tokenizer = self.prepared.tokenizer
         self._check_checkpoint_tokenizer()
 
@@ -185,11 +170,6 @@ class TextDataModule(L.LightningDataModule):
             f"data.block_size: the {split} text has {num_tokens} tokens, fewer than "
             f"block_size + 1 = {needed}; {fix} or lower data.block_size",
         )
-
-    def _val_size_hint(self) -> str:
-        if self.settings.val_files or self.settings.hf_val_split:
-            return "add validation text"
-        return "raise data.val_fraction"
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -253,42 +233,26 @@ class TextDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
+        rank, drawn = self._global_rank(), self.train_batches_drawn
         if self.task is not None:
             world_size = self.trainer.world_size if self.trainer is not None else 1
-            batches = ToyTrainBatches(
-                self.task,
-                self.seed,
-                self.toy_train_size,
-                self.batch_size,
-                self.train_batches_drawn,
-                self._global_rank(),
-                world_size,
+            size = self.toy_train_size
+            batches = ToyTrainBatches(self.task, self.seed, size, self.batch_size, drawn, rank, world_size)
+        else:
+            batches = RandomWindowBatches(
+                self.train_tokens, self.block_size, self.batch_size, self.seed, rank, drawn
             )
-            return DataLoader(batches, batch_size=None, **self._loader_options())
-        assert self.train_tokens is not None
-        dataset = RandomWindowBatches(
-            tokens=self.train_tokens,
-            block_size=self.block_size,
-            batch_size=self.batch_size,
-            seed=self.seed,
-            rank=self._global_rank(),
-            start_batch=self.train_batches_drawn,
-        )
         # batch_size=None: the dataset yields whole batches.
-        return DataLoader(dataset, batch_size=None, **self._loader_options())
+        return DataLoader(batches, batch_size=None, **self._loader_options())
 
     def val_dataloader(self) -> DataLoader:
         self.setup()
         if self.task is not None:
             samples = ToyValSet(self.task, self.seed, self.toy_train_size, self.toy_val_size)
-            return DataLoader(samples, batch_size=self.batch_size, shuffle=False, **self._loader_options())
-        assert self.val_tokens is not None
-        dataset = EvenlySpacedWindows(
-            tokens=self.val_tokens,
-            block_size=self.block_size,
-            count=self.val_batches * self.batch_size,
-        )
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=False, **self._loader_options())
+        else:
+            count = self.val_batches * self.batch_size
+            samples = EvenlySpacedWindows(self.val_tokens, self.block_size, count)
+        return DataLoader(samples, batch_size=self.batch_size, shuffle=False, **self._loader_options())
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         # Lightning calls this for each batch just before the step that uses it.

@@ -57,10 +57,6 @@ class InductionConfig(Task):
     def tokenizer(self) -> CharTokenizer:
         return CharTokenizer(TRIGGER + LETTERS[: self.vocab - 1])
 
-    @property
-    def pad_id(self) -> int:
-        return 0
-
     def longest_distance(self) -> int:
         """The furthest a sample puts the letter to copy before the query: the trigger first at
         position 0, its letter at 1, the query at length - 1."""

@@ -66,10 +66,6 @@ class MarkovConfig(Task):
     def tokenizer(self) -> CharTokenizer:
         return CharTokenizer(SYMBOLS[: self.states])
 
-    @property
-    def pad_id(self) -> int:
-        return 0
-
     def reference_losses(self, samples: list[MarkovSample]) -> dict[str, float]:
         """The two strategies' mean loss per scored token on these samples (evaluation prints them
         beside the model's)."""

@@ -27,7 +27,7 @@ from minitx.data.task import Task, TaskSpec
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import UserError, require
 
-FILLER = "."
+FILLER = "."  # first in the sorted alphabet: id 0, the pad (Task.pad_id)
 _READABLE = string.ascii_lowercase + string.ascii_uppercase + string.digits
 MAX_VOCAB = len(_READABLE) + 20992  # the CJK Unified Ideographs block follows the readable symbols
 
@@ -79,10 +79,6 @@ class MQARConfig(Task):
 
     def tokenizer(self) -> CharTokenizer:
         return mqar_tokenizer(self.vocab)
-
-    @property
-    def pad_id(self) -> int:
-        return 0  # the filler: first in the sorted alphabet
 
 
 MQAR = TaskSpec("mqar", MQARConfig, length_option="seq_len")

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from minitx.data.sources import read_files, shakespeare_text, shakespeare_val_text, split_tail
+from minitx.data.sources import read_files, shakespeare_text, shakespeare_val_text
 from minitx.data.task import Task, TaskSpec
 from minitx.data.tokenizer import CharTokenizer
 from minitx.errors import UserError, require
@@ -38,9 +38,8 @@ class NeedleConfig(Task):
 
     length: int = 256  # characters (= tokens) of the longest sample
     min_length: int | None = None  # training samples are min_length .. length long (default: all `length`)
-    filler: str = (
-        "shakespeare"  # "shakespeare" or a glob of UTF-8 text files (the last 10% is the test filler)
-    )
+    # "shakespeare" or a glob of UTF-8 text files (the last 10% is the test filler)
+    filler: str = "shakespeare"
 
     def __post_init__(self) -> None:
         if self.length < SHORTEST:
@@ -61,9 +60,8 @@ class NeedleConfig(Task):
 
     # The task interface (minitx/data/task.py).
     def sample(self, seed: int, index: int) -> NeedleSample:
-        rng = np.random.default_rng(
-            [seed, index, 1]
-        )  # a stream of its own: needle_sample draws from [seed, index]
+        # a stream of its own: needle_sample draws from [seed, index]
+        rng = np.random.default_rng([seed, index, 1])
         length = int(rng.integers(self.shortest, self.length + 1))
         return needle_sample(self, seed, index, length, float(rng.random()), "train")
 
@@ -72,10 +70,6 @@ class NeedleConfig(Task):
 
     def tokenizer(self) -> CharTokenizer:
         return needle_tokenizer()
-
-    @property
-    def pad_id(self) -> int:
-        return 0
 
 
 NEEDLE = TaskSpec("needle", NeedleConfig, length_option="length")
@@ -92,10 +86,12 @@ def filler_text(filler: str, split: str) -> str:
     if filler == "shakespeare":
         text = shakespeare_val_text() if split == "test" else shakespeare_text()[0]
     else:
-        train, test = split_tail(
-            read_files(filler, "data.task.needle.filler"), 0.1, "data.task.needle.filler"
-        )
-        text = test if split == "test" else train
+        field = "data.task.needle.filler"
+        text = read_files(filler, field)
+        cut = int(len(text) * 0.9)  # the last 10% of the characters is the test filler
+        if not text[cut:].strip():
+            raise UserError(f"{field}: the validation set is empty; raise {field} or add more text")
+        text = text[cut:] if split == "test" else text[:cut]
     keep = set(ALPHABET) - {MARK, ASK}
     return "".join(ch if ch in keep else " " for ch in text)
 

@@ -92,14 +92,12 @@ class ShardWriter:
     removes the temporary file."""
 
     def __init__(self, path: Path, dtype: np.dtype) -> None:
-        self.path = Path(path)
-        self.dtype = np.dtype(dtype)
+        self.path, self.dtype = Path(path), np.dtype(dtype)
         # Not .bin: a temporary must not look like a shard to the globs that find shards.
         self.atomic = AtomicFile(self.path, suffix=".shard")
         self.file = self.atomic.file
         self.file.write(bytes(HEADER.size))  # a placeholder; the real header goes in last
-        self.count = 0
-        self.crc = 0
+        self.count = self.crc = 0
 
     def write(self, ids: np.ndarray) -> None:
         data = np.ascontiguousarray(ids, dtype=self.dtype.newbyteorder("<"))
@@ -168,8 +166,6 @@ class TokenArray:
         self.vocab_size = vocab_size  # given: every window is checked against it (one max per window)
         # `headers`: the shards' headers, when the caller has just read them (the manifest check).
         self.headers = [read_header(p) for p in self.paths] if headers is None else list(headers)
-        if len(self.headers) != len(self.paths):
-            raise ValueError(f"{len(self.headers)} headers for {len(self.paths)} shards")
         dtypes = {h.dtype for h in self.headers}
         if len(dtypes) > 1:
             raise ShardError(f"shards of mixed id types {sorted(d.name for d in dtypes)}")
@@ -188,12 +184,8 @@ class TokenArray:
                 handle = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
             if hasattr(mmap, "MADV_RANDOM"):  # random windows: no read-ahead from disk around each
                 handle.madvise(mmap.MADV_RANDOM)
-            ids = np.frombuffer(
-                handle,
-                dtype=self.dtype.newbyteorder("<"),
-                count=self.headers[shard].count,
-                offset=HEADER.size,
-            )
+            dtype, count = self.dtype.newbyteorder("<"), self.headers[shard].count
+            ids = np.frombuffer(handle, dtype=dtype, count=count, offset=HEADER.size)
             opened = self._maps[shard] = (handle, ids)
         return opened[1]
 

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from minitx.errors import UserError
+from minitx.errors import UserError, require
 
 SOURCES = ("shakespeare", "files", "hf")
 
@@ -61,9 +61,7 @@ _ESCAPE = re.compile(r"\\(.)")
 def _is_direction_start(line: str) -> bool:
     # Directions are italic (`_..._`, or `*...*` in Edward III) or bracketed asides that sit
     # on their own line ("[Within]_"). A speaker line starts with `**`, so it is excluded.
-    if line.startswith("**"):
-        return False
-    return line.startswith(("_", "*", "[", "\\["))
+    return not line.startswith("**") and line.startswith(("_", "*", "[", "\\["))
 
 
 def play_markdown_to_text(markdown: str) -> str:
@@ -81,8 +79,7 @@ def play_markdown_to_text(markdown: str) -> str:
             continue
         if not line or line.startswith("#"):
             continue
-        speaker = _SPEAKER.match(line)
-        if speaker:
+        if speaker := _SPEAKER.match(line):
             if out:
                 out.append("")  # blank line between speeches
             out.append(speaker.group("name").strip() + ":")
@@ -92,8 +89,7 @@ def play_markdown_to_text(markdown: str) -> str:
             if marker is not None and not (len(line) > 1 and line.endswith(marker)):
                 closing_marker = marker
             continue
-        text = _ESCAPE.sub(r"\1", _INLINE_DIRECTION.sub("", line)).strip()
-        if text:
+        if text := _ESCAPE.sub(r"\1", _INLINE_DIRECTION.sub("", line)).strip():
             out.append(text)
     return "\n".join(out) + "\n"
 
@@ -114,8 +110,7 @@ def shakespeare_plays(val_plays: Sequence[str]) -> dict[str, Path]:
     """The built-in plays by stem, once the validation plays named are known to be among them."""
     plays = shakespeare_play_paths()
     unknown = sorted(set(val_plays) - set(plays))
-    if unknown:
-        raise UserError(f"unknown validation play(s) {unknown}; choose from {sorted(plays)}")
+    require(not unknown, f"unknown validation play(s) {unknown}; choose from {sorted(plays)}")
     return plays
 
 
@@ -132,17 +127,9 @@ def _plays_text(plays: dict[str, Path], stems: Sequence[str]) -> str:
 # Local text files
 
 
-def _as_patterns(patterns: str | Sequence[str] | None) -> list[str]:
-    if patterns is None:
-        return []
-    if isinstance(patterns, str):
-        return [patterns]
-    return list(patterns)
-
-
 def expand_globs(patterns: str | Sequence[str] | None, field: str) -> list[Path]:
     """Every file matching any of the globs, each pattern's matches sorted, no duplicates."""
-    pattern_list = _as_patterns(patterns)
+    pattern_list = [patterns] if isinstance(patterns, str) else list(patterns or [])
     if not pattern_list:
         raise UserError(f"{field}: no file given; set it to a path or glob such as 'data/*.txt'")
     paths: list[Path] = []
@@ -173,14 +160,3 @@ def read_text_file(path: Path, field: str) -> str:
 def read_files(patterns: str | Sequence[str] | None, field: str) -> str:
     # Files are joined by a newline so the last line of one never runs into the next.
     return "\n".join(read_text_file(path, field) for path in expand_globs(patterns, field))
-
-
-def split_tail(text: str, val_fraction: float, field: str = "data.val_fraction") -> tuple[str, str]:
-    """Hold out the last `val_fraction` of the characters of `text` for validation."""
-    if not 0.0 < val_fraction < 1.0:
-        raise UserError(f"{field}: must be between 0 and 1 (exclusive), got {val_fraction}")
-    cut = int(len(text) * (1.0 - val_fraction))
-    train_text, val_text = text[:cut], text[cut:]
-    if not val_text.strip():
-        raise UserError(f"{field}: the validation set is empty; raise {field} or add more text")
-    return train_text, val_text

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import glob
 import io
+import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from minitx.errors import UserError, one_line
 from minitx.network import require_hub
@@ -88,15 +89,22 @@ def next_cut(buf: bytes | bytearray, start: int, final: bool, line_start: int | 
     # No line end: cut between words only once a line has run on for MAX_LINE_BYTES.
     if len(buf) - (start if line_start is None else line_start) < MAX_LINE_BYTES:
         return None
-    space = buf.find(b" ", start + 1)
-    while 0 < space < len(buf):
-        if 0x21 <= buf[space - 1] <= 0x7E:
-            return space
-        space = buf.find(b" ", space + 1)
+    if (space := _word_cut(buf, start)) > 0:
+        return space
     cut = start
     while cut < len(buf) and 0x80 <= buf[cut] < 0xC0:  # a UTF-8 continuation byte: not a character boundary
         cut += 1
     return cut
+
+
+def _word_cut(buf: bytes | bytearray, start: int) -> int:
+    """The first space after `start` that follows a non-space ASCII character, or -1."""
+    space = buf.find(b" ", start + 1)
+    while space > 0:
+        if 0x21 <= buf[space - 1] <= 0x7E:
+            return space
+        space = buf.find(b" ", space + 1)
+    return -1
 
 
 # -------------------------------------------------------------------------------- texts
@@ -106,25 +114,15 @@ def next_cut(buf: bytes | bytearray, start: int, final: bool, line_start: int | 
 class TextPart:
     name: str  # a path, or the name of a built-in text, for messages
     size: int
-    open_at: Callable[[int], Any]  # offset -> a binary file positioned there
+    open: Callable[[], BinaryIO]  # the part's bytes as a binary file, closed by the reader
 
 
 def file_part(path: Path) -> TextPart:
-    def open_at(offset: int):
-        file = open(path, "rb")  # closed by the reader's with-block
-        file.seek(offset)
-        return file
-
-    return TextPart(str(path), path.stat().st_size, open_at)
+    return TextPart(str(path), path.stat().st_size, lambda: open(path, "rb"))
 
 
 def bytes_part(name: str, data: bytes) -> TextPart:
-    def open_at(offset: int):
-        stream = io.BytesIO(data)
-        stream.seek(offset)
-        return stream
-
-    return TextPart(name, len(data), open_at)
+    return TextPart(name, len(data), lambda: io.BytesIO(data))
 
 
 class JoinedText:
@@ -133,12 +131,8 @@ class JoinedText:
     def __init__(self, parts: Sequence[TextPart], field: str) -> None:
         self.field = field  # the config key that names these parts, for messages
         self.parts = list(parts)
-        self.starts: list[int] = []
-        offset = 0
-        for part in self.parts:
-            self.starts.append(offset)
-            offset += part.size + 1
-        self.size = max(0, offset - 1)
+        offsets = list(itertools.accumulate((part.size + 1 for part in self.parts), initial=0))
+        self.starts, self.size = offsets[:-1], max(0, offsets[-1] - 1)  # parts and their separators
 
     def locate(self, offset: int) -> tuple[str, int]:
         """(part name, byte offset inside it) of an offset in the joined text."""
@@ -154,7 +148,8 @@ class JoinedText:
             lo, hi = max(start, part_start), min(end, part_end)
             if lo >= hi:
                 continue
-            with part.open_at(lo - part_start) as file:
+            with part.open() as file:
+                file.seek(lo - part_start)
                 remaining = hi - lo
                 while remaining:
                     block = file.read(min(BLOCK_BYTES, remaining))
@@ -185,8 +180,7 @@ class JoinedText:
         while True:
             data = self.read(offset - 1, window)
             final = offset - 1 + len(data) >= self.size
-            cut = next_cut(data, 1, final)
-            if cut is not None:
+            if (cut := next_cut(data, 1, final)) is not None:
                 return offset - 1 + cut
             window *= 4
 
@@ -206,13 +200,9 @@ class JoinedText:
     def word_cut_at_or_after(self, offset: int) -> int:
         """Before the first space at or after `offset` that follows a non-space ASCII character
         (see next_cut); the end of the text if there is none."""
-        data = self.read(max(offset - 1, 0), MAX_LINE_BYTES)
-        space = data.find(b" ", 1)
-        while 0 < space:
-            if 0x21 <= data[space - 1] <= 0x7E:
-                return max(offset - 1, 0) + space
-            space = data.find(b" ", space + 1)
-        return self.size
+        low = max(offset - 1, 0)
+        space = _word_cut(self.read(low, MAX_LINE_BYTES), 0)
+        return low + space if space > 0 else self.size
 
     def pieces(self, start: int, end: int, piece_bytes: int = PIECE_BYTES) -> Iterator[tuple[int, bytes]]:
         """(end offset, bytes) of consecutive pieces of about piece_bytes covering start .. end.
@@ -275,14 +265,10 @@ class RecordSource:
                 revision=self.revision,
                 streaming=True,
             )
-            batches = iter(
-                dataset.skip(skip).iter(batch_size=1024) if skip else dataset.iter(batch_size=1024)
-            )
+            batches = iter((dataset.skip(skip) if skip else dataset).iter(batch_size=1024))
             first = next(batches, None)
         except UserError:
             raise
-        except (ConnectionError, TimeoutError) as err:
-            raise self._offline(err) from None
         except FileNotFoundError as err:
             if self.data_files:  # a local file is missing: the field that names the files
                 field = self.field if self.field.endswith("_files") else "data.hf_data_files"
@@ -294,14 +280,10 @@ class RecordSource:
             raise UserError(
                 f"{self.field}: cannot load split {self.split!r} of {self.path!r}: {one_line(err)}"
             ) from None
-        except OSError as err:
+        except OSError as err:  # a connection or a timeout among them
             raise self._offline(err) from None
         except Exception as err:  # the Hub client's own errors (offline mode, HTTP failures)
-            if (
-                "offline" in str(err).lower()
-                or "connect" in str(err).lower()
-                or "resolve" in str(err).lower()
-            ):
+            if any(word in str(err).lower() for word in ("offline", "connect", "resolve")):
                 raise self._offline(err) from None
             raise UserError(f"{self.field}: cannot read {self.path!r}: {one_line(err, 300)}") from None
         if first is None:
@@ -310,11 +292,9 @@ class RecordSource:
             raise UserError(
                 f"data.text_column: {self.where()} has no column {self.text_column!r}; its columns are {sorted(first)}"
             )
-        batch: dict | None = first
-        while batch is not None:
+        for batch in itertools.chain([first], batches):
             for text in batch[self.text_column]:
                 yield text if isinstance(text, str) else ""
-            batch = next(batches, None)
 
     def on_hub(self) -> bool:
         """Whether reading this source streams a dataset from the Hub: not a builder that
@@ -323,12 +303,8 @@ class RecordSource:
 
         if self.path in _PACKAGED_DATASETS_MODULES or self.path in RECORD_FORMATS.values():
             return False
-        files = self.data_files
-        if not files:
-            return True
-        values = files.values() if isinstance(files, dict) else [files]
-        names = [name for value in values for name in ([value] if isinstance(value, str) else value)]
-        return not all(glob.glob(os.path.expanduser(str(name))) for name in names)
+        names = data_file_names(self.data_files)
+        return not self.data_files or not all(glob.glob(os.path.expanduser(str(name))) for name in names)
 
     def where(self) -> str:
         return repr(self.data_files) if self.data_files else f"{self.path!r} (split {self.split!r})"
@@ -349,10 +325,13 @@ def record_builder(paths: Sequence[Path], field: str) -> str | None:
     return kinds.pop()
 
 
+def data_file_names(data_files: Any) -> list:
+    """The names (or globs) of a `datasets` data_files: a name, a list of them, or either by split."""
+    values = data_files.values() if isinstance(data_files, dict) else [data_files] if data_files else []
+    return [name for value in values for name in ([value] if isinstance(value, str) else value)]
+
+
 def path_fingerprint(paths: Sequence[Path]) -> list[list[Any]]:
     """[[absolute path, size, modification time in ns], ...]: what decides that a file is unchanged."""
-    result = []
-    for path in paths:
-        stat = os.stat(path)
-        result.append([str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns])
-    return result
+    stats = [(path, os.stat(path)) for path in paths]
+    return [[str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns] for path, stat in stats]

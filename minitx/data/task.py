@@ -33,7 +33,8 @@ class Task:
     """A known-answer task built from its options: what the data module and evaluation call.
 
     Required (the data module): `sample(seed, index)` (a pure function of its arguments),
-    `max_length()` (tokens of the longest sample), `tokenizer()` and `pad_id`.
+    `max_length()` (tokens of the longest sample) and `tokenizer()`; `pad_id`, the token that pads
+    a batch's shorter samples, is 0 unless the task says otherwise.
     Evaluation hooks (minitx/evaluation/tasks.py), each optional; the defaults here say the task
     has none:
       reference_losses(samples)  what known strategies lose on the same test samples (markov)
@@ -46,6 +47,7 @@ class Task:
       depth_grid                 evaluated over needle depths x lengths instead of one test set (needle)
     """
 
+    pad_id: ClassVar[int] = 0
     sweeps_lengths: ClassVar[bool] = False
     recalls: ClassVar[bool] = False
     depth_grid: ClassVar[bool] = False
@@ -57,10 +59,6 @@ class Task:
         raise NotImplementedError
 
     def tokenizer(self) -> Any:
-        raise NotImplementedError
-
-    @property
-    def pad_id(self) -> int:
         raise NotImplementedError
 
     def reference_losses(self, samples: list) -> dict[str, float] | None:

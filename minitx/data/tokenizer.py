@@ -23,12 +23,11 @@ from typing import Any, NoReturn
 import numpy as np
 
 from minitx.data.streams import next_cut
-from minitx.errors import UserError
+from minitx.errors import UserError, require
 
 EOS_TOKEN = "<|endoftext|>"
 # Tokens that mean "end of text" in common tokenizer.json files, in order of preference.
 EOS_CANDIDATES = (EOS_TOKEN, "<|end_of_text|>", "<|eos|>", "</s>", "<eos>")
-TOKENIZER_KINDS = ("char", "bpe", "<path to tokenizer.json>")
 
 
 class Tokenizer(ABC):
@@ -75,10 +74,6 @@ class CharTokenizer(Tokenizer):
         table = [0x80] * 0x100  # bytes from 0x80: a placeholder, replaced or dropped in encode_utf8
         table[:0x80] = [int(i) if i != self._unknown else 0xFF for i in self._lut[:0x80]]
         self._ascii_table = bytes(table)
-
-    @classmethod
-    def from_text(cls, text: str) -> CharTokenizer:
-        return cls(text)
 
     def _raise_unknown(self, text: str) -> NoReturn:
         unknown = sorted(set(text) - set(self._id_of))
@@ -149,10 +144,9 @@ def _chunks(text: str) -> Iterator[str]:
     """`text` in pieces of about _CHUNK_BYTES of UTF-8, cut where the streams cut a text file
     (streams.next_cut), so that encoding piece by piece gives exactly the ids of the whole."""
     data = text.encode("utf-8")
-    target = _CHUNK_BYTES  # read at call time, so tests can make chunks tiny
     start = 0
     while start < len(data):
-        end = next_cut(data, start + target, final=True)  # after a newline: a character boundary
+        end = next_cut(data, start + _CHUNK_BYTES, final=True)  # after a newline: a character boundary
         yield data[start:end].decode("utf-8")
         start = end
 
@@ -160,11 +154,11 @@ def _chunks(text: str) -> Iterator[str]:
 class HFTokenizer(Tokenizer):
     """A `tokenizers.Tokenizer`: the trained byte-level BPE, or one read from tokenizer.json."""
 
-    def __init__(self, tokenizer: Any, source: str) -> None:
+    def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
-        self.source = source  # "bpe" or the path it was read from, for messages only
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-        self.eos_id = _find_eos_id(tokenizer)
+        ids = (tokenizer.token_to_id(token) for token in EOS_CANDIDATES)
+        self.eos_id = next((token_id for token_id in ids if token_id is not None), None)
 
     def encode(self, text: str) -> list[int]:
         # No special tokens: a tokenizer.json may add BOS/CLS per call, which would land in
@@ -172,10 +166,8 @@ class HFTokenizer(Tokenizer):
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
     def encode_corpus(self, text: str) -> np.ndarray:
-        encodings = self._tokenizer.encode_batch(list(_chunks(text)), add_special_tokens=False)
-        if not encodings:
-            return np.zeros(0, dtype=np.int64)
-        return np.concatenate([np.asarray(e.ids, dtype=np.int64) for e in encodings])
+        ids = [np.asarray(piece, dtype=np.int64) for piece in self.encode_pieces(list(_chunks(text)))]
+        return np.concatenate(ids or [np.zeros(0, dtype=np.int64)])
 
     def encode_pieces(self, pieces: list[str]) -> list[list[int]]:
         """Ids of each piece, in one call that spreads the pieces over the library's threads."""
@@ -188,14 +180,6 @@ class HFTokenizer(Tokenizer):
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "tokenizers", "json": self._tokenizer.to_str()}
-
-
-def _find_eos_id(tokenizer: Any) -> int | None:
-    for token in EOS_CANDIDATES:
-        token_id = tokenizer.token_to_id(token)
-        if token_id is not None:
-            return token_id
-    return None
 
 
 def train_bpe(text: str | Iterable[str], vocab_size: int) -> HFTokenizer:
@@ -225,7 +209,7 @@ def train_bpe(text: str | Iterable[str], vocab_size: int) -> HFTokenizer:
         show_progress=False,
     )
     tokenizer.train_from_iterator(itertools.chain([first], pieces), trainer)
-    return HFTokenizer(tokenizer, "bpe")
+    return HFTokenizer(tokenizer)
 
 
 def load_tokenizer_file(path: str) -> HFTokenizer:
@@ -242,27 +226,19 @@ def load_tokenizer_file(path: str) -> HFTokenizer:
         raise UserError(
             f"data.tokenizer: {path!r} is not a valid tokenizer.json ({' '.join(str(err).split())})"
         ) from None
-    return HFTokenizer(tokenizer, path)
+    return HFTokenizer(tokenizer)
 
 
-def build_tokenizer(
-    kind: str, train_text: str, vocab_size: int | None = None, path: str | None = None
-) -> Tokenizer:
-    """Make a tokenizer of `kind` ("char", "bpe" or "file"), fitted to `train_text` if it learns.
-
-    For convenience `kind` may itself be a path ending in ".json", which means "file".
-    """
+def build_tokenizer(kind: str, train_text: str, vocab_size: int | None = None) -> Tokenizer:
+    """A tokenizer of `kind` ("char", "bpe" or the path of a tokenizer.json), fitted to `train_text`
+    if it learns."""
     if kind == "char":
-        return CharTokenizer.from_text(train_text)
+        return CharTokenizer(train_text)
     if kind == "bpe":
-        if vocab_size is None:
-            raise UserError("data.bpe_vocab_size: required for data.tokenizer=bpe, e.g. 512")
+        require(vocab_size is not None, "data.bpe_vocab_size: required for data.tokenizer=bpe, e.g. 512")
         return train_bpe(train_text, vocab_size)
-    if kind == "file" or kind.endswith(".json"):
-        file_path = path if kind == "file" else kind
-        if not file_path:
-            raise UserError("data.tokenizer: kind 'file' needs the path to a tokenizer.json")
-        return load_tokenizer_file(file_path)
+    if kind.endswith(".json"):
+        return load_tokenizer_file(kind)
     raise UserError(
         f"data.tokenizer: unknown tokenizer {kind!r}; use 'char', 'bpe' or a path to a tokenizer.json"
     )
@@ -276,5 +252,5 @@ def tokenizer_from_dict(data: dict[str, Any]) -> Tokenizer:
     if kind == "tokenizers":
         from tokenizers import Tokenizer as RawTokenizer
 
-        return HFTokenizer(RawTokenizer.from_str(data["json"]), "checkpoint")
+        return HFTokenizer(RawTokenizer.from_str(data["json"]))
     raise UserError(f"tokenizer: unknown saved tokenizer kind {kind!r}; expected 'char' or 'tokenizers'")

@@ -37,7 +37,7 @@ from minitx.errors import require
 
 FIRST_CHAR = 0x4E00  # token id t is chr(FIRST_CHAR + t): code-point order is id order
 MAX_VOCAB = 20992  # the CJK Unified Ideographs block
-FILLER_ID = 0
+FILLER_ID = 0  # also the pad (Task.pad_id)
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,8 @@ class ZoologyConfig(Task):
     pairs: int = 8  # key-value pairs, every one of them asked
     seq_len: int = 128  # the model's input length (Zoology's input_seq_len)
     power_a: float = 0.01  # a query's gap g has weight (g + 1)^(power_a - 1)
-    # Zoology's random filler: every input position that is not a key, value or query holds a
-    # token drawn uniformly from the whole vocabulary (keys and values included: distractors),
-    # as multiquery_ar's default and later Zoology configs and papers have it. False (the
-    # default): the filler stays token 0, as Zoology's Figure 2 config sets it.
+    # Zoology's random filler (the module docstring), as multiquery_ar's default and later Zoology
+    # configs and papers have it; False: token 0, as its Figure 2 config sets it
     random_non_queries: bool = False
 
     recalls: ClassVar[bool] = True
@@ -82,10 +80,6 @@ class ZoologyConfig(Task):
         """S: the two-token slots after the pairs that a query may take."""
         return (self.seq_len - 2 * self.pairs) // 2
 
-    def gap_probabilities(self) -> np.ndarray:
-        """p(g) proportional to (g + 1)^(power_a - 1), g = 0 .. S - 1 (for the first query drawn)."""
-        return gap_probabilities(self.gap_slots, self.power_a)
-
     # The task interface (minitx/data/task.py).
     def sample(self, seed: int, index: int) -> ZoologySample:
         return zoology_sample(self, seed, index)
@@ -96,13 +90,10 @@ class ZoologyConfig(Task):
     def tokenizer(self) -> CharTokenizer:
         return zoology_tokenizer(self.vocab)
 
-    @property
-    def pad_id(self) -> int:
-        return FILLER_ID
-
 
 @functools.lru_cache(maxsize=8)
 def gap_probabilities(slots: int, power_a: float) -> np.ndarray:
+    """p(g) proportional to (g + 1)^(power_a - 1), g = 0 .. S - 1 (for the first query drawn)."""
     weights = power_a * np.arange(1, slots + 1) ** (power_a - 1)
     return weights / weights.sum()
 
@@ -138,7 +129,8 @@ def zoology_sample(config: ZoologyConfig, seed: int, index: int) -> ZoologySampl
     half = config.vocab // 2
     keys = 1 + rng.choice(half - 1, size=config.pairs, replace=False)
     values = half + rng.choice(config.vocab - half, size=config.pairs, replace=False)
-    gaps = rng.choice(config.gap_slots, size=config.pairs, replace=False, p=config.gap_probabilities())
+    p = gap_probabilities(config.gap_slots, config.power_a)
+    gaps = rng.choice(config.gap_slots, size=config.pairs, replace=False, p=p)
 
     context = 2 * config.pairs
     ids = np.full(config.seq_len + 1, FILLER_ID, dtype=np.int64)

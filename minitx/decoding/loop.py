@@ -81,12 +81,24 @@ def check_prompt_fits(config, prompt_len: int) -> None:
 # -- the decode loop --------------------------------------------------------------------------------
 
 
-class CachedSteps:
+class CroppedSteps:
+    """No cache: every step runs the model on the last block_size tokens."""
+
+    def __init__(self, model):
+        self.model, self.block_size = model, model.config.block_size
+
+    def prefill(self, idx: Tensor) -> Tensor:
+        return self.step(idx)
+
+    def step(self, idx: Tensor) -> Tensor:
+        return self.model(idx[:, -self.block_size :])[:, -1]
+
+
+class CachedSteps(CroppedSteps):
     """Feeds a growing sequence to the model through a KV cache and hands back next-token logits."""
 
     def __init__(self, model, batch: int, max_len: int):
-        self.model = model
-        self.block_size = model.config.block_size
+        super().__init__(model)
         self.can_slide = model.config.positions == "rope"
         self.cache = model.new_cache(batch, max_len)
 
@@ -103,23 +115,8 @@ class CachedSteps:
     def step(self, idx: Tensor) -> Tensor:
         """Logits after idx (B, T), whose last token is the only one the cache has not seen."""
         if not self.can_slide and idx.shape[1] > self.block_size:
-            # Learned positions end at block_size: run the last block_size tokens from scratch.
-            return self.model(idx[:, -self.block_size :])[:, -1]
+            return super().step(idx)  # learned positions end at block_size: the last block_size anew
         return self.model(idx[:, -1:], cache=self.cache)[:, -1]
-
-
-class CroppedSteps:
-    """No cache: every step runs the model on the last block_size tokens."""
-
-    def __init__(self, model):
-        self.model = model
-        self.block_size = model.config.block_size
-
-    def prefill(self, idx: Tensor) -> Tensor:
-        return self.step(idx)
-
-    def step(self, idx: Tensor) -> Tensor:
-        return self.model(idx[:, -self.block_size :])[:, -1]
 
 
 @torch.inference_mode()  # no autograd bookkeeping at all: about a fifth of a decode step's time
@@ -135,12 +132,10 @@ def generate(
     eos_id: int | None = None,
     on_token: Callable[[Tensor], object] | None = None,
 ) -> Tensor:
-    """Extend idx (B, T) by up to max_new_tokens tokens; returns (B, T + n).
-
-    temperature 0 is greedy. `generator` makes sampling reproducible. With `eos_id`, a row that
-    produced it keeps producing it, and generation stops once every row has. `on_token` is called
-    with each step's new tokens (B,), for streaming.
-    """
+    """Extend idx (B, T) by up to max_new_tokens tokens; returns (B, T + n). temperature 0 is greedy.
+    `generator` makes sampling reproducible. With `eos_id`, a row that produced it keeps producing
+    it, and generation stops once every row has. `on_token` is called with each step's new tokens
+    (B,), for streaming."""
     check_options(max_new_tokens, temperature, top_k, top_p)
     if idx.dim() != 2 or idx.shape[1] == 0:
         raise UserError(

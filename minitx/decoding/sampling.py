@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..errors import UserError
+from ..errors import UserError, require
 
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
@@ -48,8 +48,7 @@ def pick_next(
         logits = top_k_filter(logits, top_k)
     if top_p is not None:
         logits = top_p_filter(logits, top_p)
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    return torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1, generator=generator).squeeze(-1)
 
 
 def check_options(
@@ -60,10 +59,8 @@ def check_options(
     def name(option: str) -> str:
         return "--" + option.replace("_", "-") if cli else option
 
-    if max_new_tokens < 0:
-        raise UserError(f"{name('max_new_tokens')}: is {max_new_tokens}; use 0 or more")
-    if temperature < 0:
-        raise UserError(f"{name('temperature')}: is {temperature}; use 0 (greedy) or more")
+    require(max_new_tokens >= 0, f"{name('max_new_tokens')}: is {max_new_tokens}; use 0 or more")
+    require(temperature >= 0, f"{name('temperature')}: is {temperature}; use 0 (greedy) or more")
     if top_k is not None and top_k < 1:
         raise UserError(f"{name('top_k')}: is {top_k}; use 1 or more, or leave it unset")
     if top_p is not None and not 0 < top_p <= 1:

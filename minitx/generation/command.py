@@ -1,8 +1,4 @@
-"""The `generate` command: the prompt, and text streamed as it is made (the model from its checkpoint: trained_model.py).
-
-The decode loop (loop.py) and the sampling filters (sampling.py) are `Transformer.generate`'s; the
-command's option checks made before the checkpoint is read are inputs.py's.
-"""
+"""The `generate` command: the prompt, and text streamed as it is made (the model from its checkpoint: trained_model.py)."""
 
 from __future__ import annotations
 
@@ -16,11 +12,9 @@ from torch import Tensor
 from ..arguments import ArgumentParser, add_trust_argument
 from ..decoding.loop import check_prompt_fits, generate
 from ..decoding.sampling import check_options
-from ..errors import UserError, one_line
+from ..errors import UserError, one_line, require
 from ..trained_model import load_checkpoint
 from .inputs import check_generate_args
-
-# -- the command ------------------------------------------------------------------------------------
 
 
 class TextStream:
@@ -36,11 +30,8 @@ class TextStream:
     CONTEXT, WINDOW = 8, 32
 
     def __init__(self, tokenizer, prompt_ids: list[int], out=None):
-        self.tokenizer = tokenizer
-        self.ids = list(prompt_ids)
-        self.n_prompt = len(self.ids)
+        self.tokenizer, self.ids, self.out = tokenizer, list(prompt_ids), out or sys.stdout
         self._settle(len(self.ids))
-        self.out = out or sys.stdout
 
     def _settle(self, anchor: int) -> None:
         """Everything before ids[anchor] is printed; decoding restarts CONTEXT tokens before it."""
@@ -165,8 +156,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     check_options(args.max_new_tokens, args.temperature, args.top_k, args.top_p, cli=True)
     check_generate_args(args)
-    if args.num_samples < 1:
-        raise UserError(f"--num-samples: is {args.num_samples}; use 1 or more")
+    require(args.num_samples >= 1, f"--num-samples: is {args.num_samples}; use 1 or more")
     device = _device(args.device)
     model, tokenizer, _ = load_checkpoint(
         args.ckpt, map_location=device, label="--ckpt", trust_kind_modules=args.trust_kind_modules
@@ -186,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         check_prompt_fits(model.config, len(prompt_ids))
     generator = torch.Generator(device=device).manual_seed(args.seed) if args.seed is not None else None
     idx = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator)
+    options.update(use_cache=not args.no_cache, eos_id=tokenizer.eos_id)
     for sample in range(args.num_samples):
         if sample:
             print("---------------")
@@ -196,16 +188,5 @@ def main(argv: Sequence[str] | None = None) -> None:
             if token.item() != tokenizer.eos_id:  # the end-of-text token itself is not shown
                 stream.add(token.item())
 
-        generate(
-            model,
-            idx,
-            args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            use_cache=not args.no_cache,
-            generator=generator,
-            eos_id=tokenizer.eos_id,
-            on_token=show,
-        )
+        generate(model, idx, args.max_new_tokens, on_token=show, **options)
         stream.finish()

@@ -65,17 +65,16 @@ def native_class(config: ModelConfig) -> tuple[str | None, str]:
     kv_heads = {config.n_kv_head_at(layer) for layer in range(config.n_layer)}
     shared = [config.options_at(layer) for layer in range(config.n_layer)]
     qk_norm = {options.qk_norm for options in shared}
-    reasons = [
-        *((bad, has) for bad, has, _ in shape_reasons(config)),
+    found = cannot_hold(
+        config,
         ("local" in kinds and config.attention.options_of("local").n_global > 0, "global tokens"),
         (len(kv_heads) > 1, "layers with different key/value head counts"),
         (any(options.sinks for options in shared), "learned sinks"),
         (any(options.gate != "none" for options in shared), "an output gate"),
         (len(qk_norm) > 1, "QK-norm in some layers only"),
-    ]
-    found = [why for bad, why in reasons if bad]
+    )
     if found:
-        return None, ", ".join(found)
+        return None, found
     if qk_norm == {True}:
         return "Qwen3ForCausalLM", "QK-norm in every layer: Qwen3's q_norm and k_norm"
     if kinds == {"local"}:
@@ -207,10 +206,8 @@ def complete_biases(state: dict[str, Tensor], expected: dict[str, Tensor]) -> di
     """The imported weights, with zeros for the biases they lack (Qwen2 has q/k/v biases only)."""
     out = dict(state)
     for key, value in expected.items():
-        if key not in out and key.endswith(".bias"):
-            out[key] = torch.zeros(
-                value.shape, dtype=state["tok_emb.weight"].dtype
-            )  # `expected` may be on meta
+        if key not in out and key.endswith(".bias"):  # the weights' dtype: `expected` may be on meta
+            out[key] = torch.zeros(value.shape, dtype=state["tok_emb.weight"].dtype)
     return out
 
 
@@ -269,8 +266,7 @@ def model_config_from_hf(
     n_kv = hf.get("num_key_value_heads") or n_head
     check_importable(hf, where, d_model // n_head, log)
     full_kind = "mha" if n_kv == n_head else "mqa" if n_kv == 1 else "gqa"
-    layer_types = sliding_layers(hf)
-    kinds = ["local" if sliding else full_kind for sliding in layer_types]
+    kinds = ["local" if sliding else full_kind for sliding in sliding_layers(hf)]
     attention: dict = {"kind": kinds[0]} if len(set(kinds)) == 1 else {"kind": kinds[0], "layers": kinds}
     options: dict = {kind: {} for kind in kinds}
     if "local" in kinds:
@@ -312,12 +308,21 @@ def shape_reasons(config: ModelConfig) -> list[tuple[bool, str, str]]:
     ]
 
 
+def cannot_hold(config: ModelConfig, *reasons: tuple[bool, str]) -> str:
+    """What the model has that a native class cannot hold, of the parts every family shares and the
+    (bad, what it has) given; '' when nothing."""
+    return ", ".join(has for bad, has, *_ in (*shape_reasons(config), *reasons) if bad)
+
+
 def only_as(
-    kind: str, architecture: str, reasons: list[tuple[bool, str, str]], why: str
+    config: ModelConfig, kind: str, architecture: str, why: str, *reasons: tuple[bool, str, str]
 ) -> tuple[str | None, str]:
-    """(architecture, why) for a kind that exports only natively (no custom code knows it), or
-    (None, one line saying what to change) when any (bad, what it has, what it needs) holds."""
-    found = [(has, want) for bad, has, want in reasons if bad]
+    """(architecture, why) for a model of a kind that exports only natively (no custom code knows
+    it), or (None, one line saying what to change) when it is not that kind in every layer, lacks
+    a shape every native family shares, or any other (bad, what it has, what it needs) holds."""
+    kinds = list(dict.fromkeys(config.layer_kinds))
+    every_layer = (kinds != [kind], f"attention {'/'.join(kinds)}", f"{kind} in every layer")
+    found = [(has, want) for bad, has, want in (every_layer, *reasons, *shape_reasons(config)) if bad]
     if not found:
         return architecture, why
     return None, (
@@ -367,6 +372,5 @@ def check_importable(hf: dict, where: str, head_dim: int, log: Callable[[str], N
             f"{where}: RoPE {rope.get('rope_type', 'default')} with theta {theta} cannot be imported; "
             f"minitx's RoPE is the default one with base {ROPE_BASE:g}"
         )
-    eps = hf.get("rms_norm_eps", NORM_EPS)
-    if eps != NORM_EPS:
+    if (eps := hf.get("rms_norm_eps", NORM_EPS)) != NORM_EPS:
         log(f"init_from: rms_norm_eps={eps} becomes minitx's {NORM_EPS}: the logits shift slightly")

@@ -24,15 +24,6 @@ from torch import Tensor
 from ..config import AttentionConfig, ModelConfig
 from ..errors import UserError
 from . import convert
-from .convert import (
-    LAYER_NAMES,
-    TOP_NAMES,
-    check_importable,
-    only_as,
-    shape_config,
-    shape_from_hf,
-    shape_reasons,
-)
 
 MODEL_TYPES = {"deepseek_v3": "DeepseekV3ForCausalLM"}
 ARCHITECTURE = "DeepseekV3ForCausalLM"
@@ -48,7 +39,7 @@ MLA_NAMES = {
     "attn.kv_up": "self_attn.kv_b_proj",
     "attn.out_proj": "self_attn.o_proj",
 }
-NAMES = {**{k: v for k, v in LAYER_NAMES.items() if not k.startswith("attn.")}, **MLA_NAMES}
+NAMES = {**{k: v for k, v in convert.LAYER_NAMES.items() if not k.startswith("attn.")}, **MLA_NAMES}
 
 
 def claims(config: ModelConfig) -> bool:
@@ -57,13 +48,8 @@ def claims(config: ModelConfig) -> bool:
 
 def native_class(config: ModelConfig) -> tuple[str | None, str]:
     """(DeepseekV3ForCausalLM, why) or (None, what to change: there is no other way to export mla)."""
-    kinds = list(dict.fromkeys(config.layer_kinds))
-    reasons = [
-        (kinds != ["mla"], f"attention {'/'.join(kinds)}", "mla in every layer"),
-        *shape_reasons(config),
-    ]
-    return only_as(
-        "mla", ARCHITECTURE, reasons, "MLA in every layer, dense MLPs (first_k_dense_replace = n_layer)"
+    return convert.only_as(
+        config, "mla", ARCHITECTURE, "MLA in every layer, dense MLPs (first_k_dense_replace = n_layer)"
     )
 
 
@@ -71,7 +57,7 @@ def native_config(config: ModelConfig, architecture: str) -> dict:
     """The config.json fields (before transformers' defaults) of a native export."""
     options = config.attention.options_of("mla")
     return dict(
-        shape_config(config),
+        convert.shape_config(config),
         model_type="deepseek_v3",
         first_k_dense_replace=config.n_layer,  # every layer's MLP dense: no mixture-of-experts
         num_mtp_layers=0,  # no multi-token-prediction module
@@ -104,9 +90,8 @@ def from_hf_weights(hf: dict[str, Tensor], config: ModelConfig, where: str = "we
         convert.refuse_unexpected([key], where, "all-dense DeepseekV3 layers")
 
     within = {key: value for key, value in hf.items() if not beyond(key)}
-    return convert.renamed(
-        within, convert.inverted(TOP_NAMES), convert.inverted(NAMES), "model.layers.", "blocks.", refuse
-    )
+    top, names = convert.inverted(convert.TOP_NAMES), convert.inverted(NAMES)
+    return convert.renamed(within, top, names, "model.layers.", "blocks.", refuse)
 
 
 def model_config_from_hf(
@@ -115,8 +100,7 @@ def model_config_from_hf(
     """The minitx ModelConfig of a DeepseekV3 config.json (a dict); what minitx cannot express is
     a UserError naming the field."""
     n_layer, n_head, d_model = hf["num_hidden_layers"], hf["num_attention_heads"], hf["hidden_size"]
-    dense = hf.get("first_k_dense_replace") or 0
-    if dense < n_layer:
+    if (dense := hf.get("first_k_dense_replace") or 0) < n_layer:
         raise UserError(
             f"{where}: first_k_dense_replace={dense} makes layers {dense}..{n_layer - 1} mixture-of-experts, "
             f"which minitx cannot import; only all-dense models (first_k_dense_replace >= num_hidden_layers={n_layer}) import"
@@ -127,7 +111,8 @@ def model_config_from_hf(
             "which is rope_interleave: false"
         )
     head_dim = d_model // n_head
-    check_importable({**hf, "head_dim": None}, where, head_dim, log)  # its head_dim is the rotary width
+    # its head_dim is the rotary width, not the heads' width
+    convert.check_importable({**hf, "head_dim": None}, where, head_dim, log)
     options = dict(
         kv_lora_rank=hf["kv_lora_rank"],
         q_lora_rank=hf.get("q_lora_rank"),
@@ -137,7 +122,7 @@ def model_config_from_hf(
         v_head_dim=None if hf["v_head_dim"] == head_dim else hf["v_head_dim"],
     )
     return ModelConfig(
-        **shape_from_hf(hf, block_size),
+        **convert.shape_from_hf(hf, block_size),
         # DeepSeek's attention_bias is on q_a_proj, kv_a_proj_with_mqa and o_proj, as minitx's bias
         # in an mla layer; the biases minitx has besides (the MLP's) are zeros (`complete_biases`).
         bias=bool(hf.get("attention_bias", False)),

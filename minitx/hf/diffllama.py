@@ -31,20 +31,10 @@ def claims(config: ModelConfig) -> bool:
 
 def native_class(config: ModelConfig) -> tuple[str | None, str]:
     """(DiffLlamaForCausalLM, why) or (None, what to change: there is no other way to export diff)."""
-    kinds = list(dict.fromkeys(config.layer_kinds))
-    options = config.attention.options_of("diff")
-    reasons = [
-        (kinds != ["diff"], f"attention {'/'.join(kinds)}", "diff in every layer"),
-        (
-            options.lambda_init is not None,
-            f"lambda_init={options.lambda_init}",
-            "lambda_init: null (by depth)",
-        ),
-        *convert.shape_reasons(config),
-    ]
-    return convert.only_as(
-        "diff", ARCHITECTURE, reasons, "differential attention in every layer, lambda_init by depth"
-    )
+    lambda_init = config.attention.options_of("diff").lambda_init
+    by_depth = (lambda_init is not None, f"lambda_init={lambda_init}", "lambda_init: null (by depth)")
+    why = "differential attention in every layer, lambda_init by depth"
+    return convert.only_as(config, "diff", ARCHITECTURE, why, by_depth)
 
 
 def native_config(config: ModelConfig, architecture: str) -> dict:

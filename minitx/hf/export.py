@@ -47,8 +47,7 @@ def export_checkpoint(
     except UntrustedKindError as error:
         # No kind from outside minitx can be exported, so its modules are never imported here.
         raise UserError(not_exportable(ckpt, error.kinds)) from None
-    outside = sorted(set(model.config.layer_kinds) - convert.EXPORTABLE_KINDS)
-    if outside:
+    if outside := sorted(set(model.config.layer_kinds) - convert.EXPORTABLE_KINDS):
         raise UserError(not_exportable(ckpt, outside))
     architecture, why = native.native_class(model.config)
     if architecture is None and set(model.config.layer_kinds) & convert.NATIVE_ONLY_KINDS:
@@ -99,12 +98,10 @@ def native_model(model, architecture: str):
     """The transformers model of `architecture` holding the minitx model's weights."""
     transformers = require("transformers")
     family = native.family_of(model.config)
-    hf_config = family.native_config(model.config, architecture)
-    config = transformers.AutoConfig.for_model(**hf_config)
+    config = transformers.AutoConfig.for_model(**family.native_config(model.config, architecture))
     hf_model = getattr(transformers, architecture)(config)
-    expected = hf_model.state_dict()
-    weights = convert.complete_biases(family.to_hf_weights(model.state_dict(), model.config), expected)
-    hf_model.load_state_dict(weights, strict=True)
+    weights = family.to_hf_weights(model.state_dict(), model.config)
+    hf_model.load_state_dict(convert.complete_biases(weights, hf_model.state_dict()), strict=True)
     return hf_model.eval()
 
 
@@ -112,13 +109,10 @@ def custom_model(model):
     """MinitxForCausalLM (this package's modeling_minitx.py) holding the minitx model's weights."""
     from .modeling_minitx import MinitxConfig, MinitxForCausalLM
 
-    fields = model.config.to_dict()
-    for name in DROPOUT_FIELDS:
-        fields.pop(name, None)  # inference only
-    fields.pop("document_token", None)  # not in the exported code (see export_checkpoint's note)
-    fields["mlp_hidden"] = model.config.mlp_hidden
-    fields.pop("mlp_hidden_size", None)
-    config = MinitxConfig(**fields)
+    # dropout: inference only; document_token: not in the exported code (see export_checkpoint's note)
+    left_out = {*DROPOUT_FIELDS, "document_token", "mlp_hidden_size"}
+    fields = {name: value for name, value in model.config.to_dict().items() if name not in left_out}
+    config = MinitxConfig(**fields, mlp_hidden=model.config.mlp_hidden)
     config.auto_map = AUTO_MAP
     hf_model = MinitxForCausalLM(config)
     hf_model.load_state_dict(model.state_dict(), strict=True)

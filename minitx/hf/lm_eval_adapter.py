@@ -15,6 +15,8 @@ are scored block_size tokens at a time, each with up to block_size tokens of wha
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -92,18 +94,12 @@ class MinitxLM(lm_eval_api.LM):
         return ids[:1], ids[1:]  # no end-of-text token: the first token can only condition
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
-        results = []
-        for request in requests:
-            context, target = self.encode_pair(*request.args)
-            results.append(self.score(context, target) if target else (0.0, True))
-        return results
+        pairs = [self.encode_pair(*request.args) for request in requests]
+        return [self.score(context, target) if target else (0.0, True) for context, target in pairs]
 
     def loglikelihood_rolling(self, requests) -> list[float]:
-        results = []
-        for request in requests:
-            context, target = self.with_start(self.tokenizer.encode(request.args[0]), 0)
-            results.append(self.score(context, target)[0])
-        return results
+        pairs = [self.with_start(self.tokenizer.encode(request.args[0]), 0) for request in requests]
+        return [self.score(context, target)[0] for context, target in pairs]
 
     # -- generation ----------------------------------------------------------------------------
     def generate_until(self, requests) -> list[str]:
@@ -113,15 +109,16 @@ class MinitxLM(lm_eval_api.LM):
     def generate_one(self, context: str, options: dict) -> str:
         until = options.get("until") or []
         until = [until] if isinstance(until, str) else list(until)
-        if self.tokenizer.eos_id is not None:
-            until.append(self.tokenizer.decode([self.tokenizer.eos_id]))
+        eos = self.tokenizer.eos_id
+        if eos is not None:
+            until.append(self.tokenizer.decode([eos]))
         max_new = int(options.get("max_gen_toks", 256))
         temperature = float(options.get("temperature", 0.0)) if options.get("do_sample", False) else 0.0
         prompt = self.tokenizer.encode(context)[-self.block_size :]
         if not prompt:
-            if self.tokenizer.eos_id is None:
+            if eos is None:
                 return ""  # nothing to condition on: a tokenizer without end-of-text cannot start
-            prompt = [self.tokenizer.eos_id]
+            prompt = [eos]
         new: list[int] = []
 
         def stop_at_strings(token: torch.Tensor) -> None:
@@ -129,16 +126,9 @@ class MinitxLM(lm_eval_api.LM):
             if any(stop in self.tokenizer.decode(new) for stop in until):
                 raise StopGeneration
 
-        try:
-            self.model.generate(
-                torch.tensor([prompt], device=self._device),
-                max_new,
-                temperature=temperature,
-                eos_id=self.tokenizer.eos_id,
-                on_token=stop_at_strings,
-            )
-        except StopGeneration:
-            pass
+        ids = torch.tensor([prompt], device=self._device)
+        with contextlib.suppress(StopGeneration):
+            self.model.generate(ids, max_new, temperature=temperature, eos_id=eos, on_token=stop_at_strings)
         text = self.tokenizer.decode(new)
         for stop in until:
             text = text.split(stop)[0]
@@ -166,8 +156,7 @@ def evaluate_tasks(
     )
     if manager is None or any(task not in manager.all_tasks for task in tasks):
         manager = lm_eval_tasks.TaskManager(include_path=include_path)
-    unknown = [task for task in tasks if task not in manager.all_tasks]
-    if unknown:
+    if unknown := [task for task in tasks if task not in manager.all_tasks]:
         raise UserError(f"--lm-eval-tasks: unknown task(s) {', '.join(unknown)}; see `lm_eval ls tasks`")
     try:
         return lm_eval_evaluator.simple_evaluate(

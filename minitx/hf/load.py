@@ -89,8 +89,7 @@ def read_hf_directory(
         state = convert.complete_biases(family.from_hf_weights(state, config, where), expected)
     if config.tie_embeddings and "lm_head.weight" not in state and "tok_emb.weight" in state:
         state["lm_head.weight"] = state["tok_emb.weight"]
-    mismatch = state_mismatch(expected, state)
-    if mismatch:
+    if mismatch := state_mismatch(expected, state):
         raise UserError(
             f"{where}: its weights do not match its config.json ({mismatch}); the directory is damaged"
         )
@@ -149,9 +148,7 @@ def run_model_fields(
         raise UserError(
             f"data.tokenizer: has {tokens} tokens but the model in {directory} only {source.vocab_size}; use its tokenizer.json"
         )
-    fields = dict(fields)
-    for name in SHAPE_FIELDS:
-        fields[name] = getattr(source, name)
+    fields = {**fields, **{name: getattr(source, name) for name in SHAPE_FIELDS}}
     fields["mlp_hidden_size"] = fields.pop("mlp_hidden")
     attention = fields.get("attention")
     if hasattr(attention, "as_dict"):  # train.py's parser hands the section over as a Namespace

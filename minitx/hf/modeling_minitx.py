@@ -52,22 +52,12 @@ class MinitxConfig(PreTrainedConfig):
         attention=None,
         **kwargs,
     ):
-        self.vocab_size, self.block_size, self.n_layer, self.n_head, self.d_model = (
-            vocab_size,
-            block_size,
-            n_layer,
-            n_head,
-            d_model,
-        )
+        self.vocab_size, self.n_layer, self.n_head, self.d_model = vocab_size, n_layer, n_head, d_model
+        self.block_size = self.max_position_embeddings = block_size
         self.mlp, self.mlp_hidden, self.norm, self.norm_eps = mlp, mlp_hidden or 4 * d_model, norm, norm_eps
-        self.positions, self.rope_base, self.bias, self.tie_embeddings = (
-            positions,
-            rope_base,
-            bias,
-            tie_embeddings,
-        )
+        self.positions, self.rope_base = positions, rope_base
+        self.bias, self.tie_embeddings = bias, tie_embeddings
         self.attention = dict(attention or {"kind": "mha"})
-        self.max_position_embeddings = block_size
         kwargs["tie_word_embeddings"] = tie_embeddings
         super().__init__(**kwargs)
 
@@ -193,19 +183,14 @@ class MultiTokenAttention(Attention):
         placement = att("conv_placement", "pre") if config.has_mta_conv(layer) else "none"
         c_q, c_k = att("query_kernel", 6), att("key_kernel", 11)
         kernel = lambda: nn.Parameter(torch.zeros(H, 1, c_q, c_k))  # noqa: E731 (values come from the weights)
+        mix = lambda g: nn.Parameter(torch.zeros(H // g, g, g))  # noqa: E731 (groups of g heads)
         self.kq_conv = kernel() if placement in ("pre", "both") else None
         self.kq_conv_post = kernel() if placement in ("post", "both") else None
         group = att("head_group", None) or H
-        pre_group = H if att("pre_mix_all_heads", True) else group
         head_mix = att("head_mix", "both")
-        self.mix_pre = (
-            nn.Parameter(torch.zeros(H // pre_group, pre_group, pre_group))
-            if head_mix in ("pre", "both")
-            else None
-        )
-        self.mix_post = (
-            nn.Parameter(torch.zeros(H // group, group, group)) if head_mix in ("post", "both") else None
-        )
+        pre_group = H if att("pre_mix_all_heads", True) else group
+        self.mix_pre = mix(pre_group) if head_mix in ("pre", "both") else None
+        self.mix_post = mix(group) if head_mix in ("post", "both") else None
         output_norm = att("output_norm", True)
         self.norm = nn.RMSNorm(D, eps=att("norm_eps", 1e-5)) if output_norm else None
         self.gate = nn.Linear(D, 1) if output_norm else None

@@ -40,26 +40,26 @@ import torch
 from torch import Tensor
 
 from ..config import AttentionConfig, ModelConfig
-from ..errors import UserError
+from ..errors import UserError, require
 from . import convert
 
 MODEL_TYPES = {"qwen3_5_text": "Qwen3_5ForCausalLM"}
 ARCHITECTURE = "Qwen3_5ForCausalLM"
 SOFTMAX_KINDS = {"mha", "mqa", "gqa"}  # Qwen3.5's full_attention layers
-ZERO_CENTRED = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")
+# Qwen3.5's RMSNorm weights are zero-centred: it holds w - 1 where minitx holds w
+ZERO_CENTRED = {"norm1.weight", "norm2.weight", "attn.q_norm.weight", "attn.k_norm.weight"}
 
-# minitx name inside blocks.{i}. -> Qwen3.5 name inside model.layers.{i}. (norms shift by one;
-# the fused q/k/v, the query's gate and the gdn's q/k/v are built apart)
+# minitx name inside blocks.{i}. -> Qwen3.5 name inside model.layers.{i}. of the tensors that only
+# change name (the zero-centred norms shift by one); the fused q/k/v, the query's gate and the gdn's
+# q/k/v are built apart.
 LAYER_NAMES = {
     "norm1": "input_layernorm",
     "norm2": "post_attention_layernorm",
-    "attn.q_norm": "self_attn.q_norm",
-    "attn.k_norm": "self_attn.k_norm",
-    "attn.out_proj": "self_attn.o_proj",
     "mlp.gate": "mlp.gate_proj",
     "mlp.up": "mlp.up_proj",
     "mlp.down": "mlp.down_proj",
 }
+SOFTMAX_NAMES = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
 GDN_NAMES = {
     "attn.g_proj": "linear_attn.in_proj_z",
     "attn.b_proj": "linear_attn.in_proj_b",
@@ -69,6 +69,16 @@ GDN_NAMES = {
     "attn.out_proj": "linear_attn.out_proj",
 }
 GDN_PARAMETERS = ("A_log", "dt_bias")  # blocks.{i}.attn.X <-> model.layers.{i}.linear_attn.X
+
+
+def renamed_tensors(kind: str) -> dict[str, str]:
+    """minitx name -> Qwen3.5 name inside a layer of `kind`, of each tensor that only changes name
+    (and shifts by one, where ZERO_CENTRED)."""
+    modules = {**LAYER_NAMES, **(GDN_NAMES if kind == "gdn" else SOFTMAX_NAMES)}
+    names = {f"{ours}.weight": f"{theirs}.weight" for ours, theirs in modules.items()}
+    if kind == "gdn":
+        names.update({f"attn.{name}": f"linear_attn.{name}" for name in GDN_PARAMETERS})
+    return names
 
 
 def claims(config: ModelConfig) -> bool:
@@ -81,16 +91,13 @@ def softmax_layers(config: ModelConfig) -> list[int]:
 
 def native_class(config: ModelConfig) -> tuple[str | None, str]:
     """(Qwen3_5ForCausalLM, why) or (None, what it cannot hold: the model goes to custom code)."""
-    kinds = set(config.layer_kinds)
+    others = set(config.layer_kinds) - SOFTMAX_KINDS - {"gdn"}
     gdn = config.attention.options_of("gdn")
     softmax = [config.options_at(layer) for layer in softmax_layers(config)]
     kv_heads = {config.n_kv_head_at(layer) for layer in softmax_layers(config)}
-    reasons = [
-        *((bad, has) for bad, has, _ in convert.shape_reasons(config)),
-        (
-            bool(kinds - SOFTMAX_KINDS - {"gdn"}),
-            f"gdn beside {'/'.join(sorted(kinds - SOFTMAX_KINDS - {'gdn'}))}",
-        ),
+    found = convert.cannot_hold(
+        config,
+        (bool(others), f"gdn beside {'/'.join(sorted(others))}"),
         (not gdn.decay, "gdn without decay (DeltaNet)"),
         (gdn.allow_neg_eigval, "gdn with allow_neg_eigval"),
         (
@@ -99,10 +106,9 @@ def native_class(config: ModelConfig) -> tuple[str | None, str]:
         ),
         (any(getattr(options, "sinks", False) for options in softmax), "learned sinks"),
         (len(kv_heads) > 1, "softmax layers with different key/value head counts"),
-    ]
-    found = [why for bad, why in reasons if bad]
+    )
     if found:
-        return None, ", ".join(found)
+        return None, found
     if not softmax:
         return ARCHITECTURE, "Gated DeltaNet in every layer: Qwen3.5's linear_attention layers"
     return ARCHITECTURE, "Gated DeltaNet beside gated softmax with QK-norm: Qwen3.5's layer_types"
@@ -151,16 +157,12 @@ def to_hf_weights(state: dict[str, Tensor], config: ModelConfig) -> dict[str, Te
     H, D = config.n_head, config.head_dim
     for layer, kind in enumerate(config.layer_kinds):
         ours, theirs = f"blocks.{layer}.", f"model.layers.{layer}."
-        for name in ("norm1", "norm2", "mlp.gate", "mlp.up", "mlp.down"):
-            value = state[f"{ours}{name}.weight"]
-            out[f"{theirs}{LAYER_NAMES[name]}.weight"] = value - 1 if name.startswith("norm") else value
+        for name, hf_name in renamed_tensors(kind).items():
+            value = state[ours + name]
+            out[theirs + hf_name] = value - 1 if name in ZERO_CENTRED else value
         if kind == "gdn":
             qkv = [state[f"{ours}attn.{part}_proj.weight"] for part in "qkv"]
             out[f"{theirs}linear_attn.in_proj_qkv.weight"] = torch.cat(qkv, dim=0)
-            for name, hf_name in GDN_NAMES.items():
-                out[f"{theirs}{hf_name}.weight"] = state[f"{ours}{name}.weight"]
-            for name in GDN_PARAMETERS:
-                out[f"{theirs}linear_attn.{name}"] = state[f"{ours}attn.{name}"]
             continue
         q, k, v = state[f"{ours}attn.qkv_proj.weight"].split(convert.qkv_sizes(config, layer), dim=0)
         gate, doubled = query_gate(state, f"{ours}attn.", config, layer)
@@ -171,8 +173,6 @@ def to_hf_weights(state: dict[str, Tensor], config: ModelConfig) -> dict[str, Te
         out[f"{theirs}self_attn.k_proj.weight"] = k.contiguous()
         out[f"{theirs}self_attn.v_proj.weight"] = v.contiguous()
         out[f"{theirs}self_attn.o_proj.weight"] = state[f"{ours}attn.out_proj.weight"] * (2 if doubled else 1)
-        for name in ("q_norm", "k_norm"):
-            out[f"{theirs}self_attn.{name}.weight"] = state[f"{ours}attn.{name}.weight"] - 1
     return out
 
 
@@ -195,8 +195,7 @@ def from_hf_weights(hf: dict[str, Tensor], config: ModelConfig, where: str = "we
     seen = set()
 
     def take(name: str) -> Tensor:
-        if name not in hf:
-            raise UserError(f"{where}: lacks {name}; the weights are incomplete")
+        require(name in hf, f"{where}: lacks {name}; the weights are incomplete")
         seen.add(name)
         return hf[name]
 
@@ -207,32 +206,21 @@ def from_hf_weights(hf: dict[str, Tensor], config: ModelConfig, where: str = "we
     H, D = config.n_head, config.head_dim
     for layer, kind in enumerate(config.layer_kinds):
         ours, theirs = f"blocks.{layer}.", f"model.layers.{layer}."
-        for name in ("norm1", "norm2", "mlp.gate", "mlp.up", "mlp.down"):
-            value = take(f"{theirs}{LAYER_NAMES[name]}.weight")
-            out[f"{ours}{name}.weight"] = value + 1 if name.startswith("norm") else value
+        for name, hf_name in renamed_tensors(kind).items():
+            value = take(theirs + hf_name)
+            out[ours + name] = value + 1 if name in ZERO_CENTRED else value
         if kind == "gdn":
             key_dim, value_dim, value_heads = gdn_sizes(config)
             sizes = [H * key_dim, H * key_dim, value_heads * value_dim]
-            for part, piece in zip(
-                "qkv", take(f"{theirs}linear_attn.in_proj_qkv.weight").split(sizes, dim=0)
-            ):
+            qkv = take(f"{theirs}linear_attn.in_proj_qkv.weight").split(sizes, dim=0)
+            for part, piece in zip("qkv", qkv):
                 out[f"{ours}attn.{part}_proj.weight"] = piece.contiguous()
-            for name, hf_name in GDN_NAMES.items():
-                out[f"{ours}{name}.weight"] = take(f"{theirs}{hf_name}.weight")
-            for name in GDN_PARAMETERS:
-                out[f"{ours}attn.{name}"] = take(f"{theirs}linear_attn.{name}")
             continue
         query, gate = take(f"{theirs}self_attn.q_proj.weight").view(H, 2 * D, -1).split(D, dim=1)
-        parts = [
-            query.flatten(0, 1),
-            take(f"{theirs}self_attn.k_proj.weight"),
-            take(f"{theirs}self_attn.v_proj.weight"),
-        ]
-        out[f"{ours}attn.qkv_proj.weight"] = torch.cat(parts, dim=0)
+        k, v = (take(f"{theirs}self_attn.{part}_proj.weight") for part in "kv")
+        out[f"{ours}attn.qkv_proj.weight"] = torch.cat([query.flatten(0, 1), k, v], dim=0)
         out[f"{ours}attn.gate_proj.weight"] = gate.flatten(0, 1)
         out[f"{ours}attn.out_proj.weight"] = take(f"{theirs}self_attn.o_proj.weight")
-        for name in ("q_norm", "k_norm"):
-            out[f"{ours}attn.{name}.weight"] = take(f"{theirs}self_attn.{name}.weight") + 1
     convert.refuse_unexpected(
         sorted(key for key in hf if key not in seen), where, "Qwen3.5's dense text layers"
     )

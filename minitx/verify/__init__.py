@@ -77,8 +77,7 @@ def probe_positions(model: Transformer, T: int) -> list[int]:
     recomputes chunk by chunk; not every position, which would cost T backward passes."""
     edges = {T // 2, MIN_BLOCK, 2 * MIN_BLOCK}
     for block in model.blocks:
-        chunk = getattr(block.attn, "query_chunk", None)
-        if chunk:
+        if chunk := getattr(block.attn, "query_chunk", None):
             edges |= {chunk, 2 * chunk}
     probes = {0, 1, T - 2, T - 1} | {e + d for e in edges for d in (-1, 0, 1)}
     return sorted(p for p in probes if 0 <= p < T)
@@ -86,10 +85,8 @@ def probe_positions(model: Transformer, T: int) -> list[int]:
 
 def causality_violation(model: Transformer, T: int, batch: int = 2) -> tuple[float, float]:
     """(largest logit change before the cut, largest gradient from the future); both 0 if causal.
-
-    Random tokens on the model's device; cuts at both ends, the middle and local attention's
-    block edge. Runs under whatever autocast the caller set up.
-    """
+    Random tokens on the model's device; cuts at both ends, the middle and local attention's block
+    edge. Runs under whatever autocast the caller set up."""
     device = next(model.parameters()).device
     idx = torch.randint(0, model.config.vocab_size, (batch, T), device=device)
     changed = max(changed_logits_before(model, idx, t) for t in sorted({0, T // 2, MIN_BLOCK % T, T - 1}))

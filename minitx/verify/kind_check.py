@@ -53,13 +53,9 @@ def tiny_config(spec: KindSpec, options: dict) -> ModelConfig:
     )
 
 
+@one_thread()
 def check_kind(spec: KindSpec, options: dict) -> list[Result]:
     """Every check of the kind, in the order they are printed; a kind that does not build gets one."""
-    with one_thread():
-        return checks_of(spec, options)
-
-
-def checks_of(spec: KindSpec, options: dict) -> list[Result]:
     torch.manual_seed(0)
     built = attempt("options", lambda: check_options(spec, options))
     if not built.ok:
@@ -115,10 +111,9 @@ def check_causality(model: Transformer) -> str:
     """No future token moves an earlier layer output or logit (cuts at 1, the middle and the end),
     and no gradient of an output reaches a later token's embedding; the layer and position named
     when one does."""
-    layers = ProbedLayers.of(model, list(range(LAYERS)))
+    layers = ProbedLayers(model.config, {i: block.attn for i, block in enumerate(model.blocks)}, model.rope)
     for T in LENGTHS[1:]:
-        leak = first_leak(layers, T)
-        if leak is not None:
+        if (leak := first_leak(layers, T)) is not None:
             raise Failed(
                 f"in layer {leak.layer} a future token changes the output at position {leak.position} by "
                 f"{leak.change:.3g}; hide from each query the keys after it (is_causal=True in attend)"
@@ -157,8 +152,7 @@ def check_cached(model: Transformer) -> str:
     prompt = 5
     with torch.no_grad():
         full = model(seq)[:, prompt - 1 :]
-    cached = cached_logits(model, seq, prompt)
-    moved = (cached - full).abs().amax(dim=(0, 2))
+    moved = (cached_logits(model, seq, prompt) - full).abs().amax(dim=(0, 2))
     if not moved.max() <= EXACT:
         position = int((moved > EXACT).nonzero()[0]) + prompt - 1
         raise Failed(
@@ -172,13 +166,12 @@ def check_generation(model: Transformer) -> str:
     """Greedy decoding gives the same tokens with the cache and without; sampling goes past the context."""
     prompt = torch.randint(0, VOCAB, (2, 3))
     new, past = 12, BLOCK + 4
-    with torch.no_grad():
-        cached = generate(model, prompt, new, temperature=0)
-        plain = generate(model, prompt, new, temperature=0, use_cache=False)
-        if not torch.equal(cached, plain):
-            position = int((cached != plain).any(0).nonzero()[0])
-            raise Failed(f"greedy tokens differ with and without the cache from position {position}")
-        generate(model, prompt, past, temperature=1.0)
+    cached = generate(model, prompt, new, temperature=0)  # generate runs under inference_mode
+    plain = generate(model, prompt, new, temperature=0, use_cache=False)
+    if not torch.equal(cached, plain):
+        position = int((cached != plain).any(0).nonzero()[0])
+        raise Failed(f"greedy tokens differ with and without the cache from position {position}")
+    generate(model, prompt, past, temperature=1.0)
     return f"{new} greedy tokens equal with and without the cache; {past} sampled, past the context"
 
 
@@ -191,11 +184,9 @@ def check_gradient_step(model: Transformer) -> str:
         raise Failed(f"the loss is {loss.item()}")
     loss.backward()
     kind_parameters = [(n, p) for n, p in model.named_parameters() if ".attn." in n]
-    without = [n for n, p in kind_parameters if p.grad is None or not p.grad.any()]
-    if without:
+    if without := [n for n, p in kind_parameters if p.grad is None or not p.grad.any()]:
         raise Failed(f"no gradient reaches {', '.join(without)} (used in forward? detached?)")
-    broken = [n for n, p in kind_parameters if not torch.isfinite(p.grad).all()]
-    if broken:
+    if broken := [n for n, p in kind_parameters if not torch.isfinite(p.grad).all()]:
         raise Failed(f"the gradient of {', '.join(broken)} is not finite")
     with torch.no_grad():
         for param in model.parameters():

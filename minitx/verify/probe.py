@@ -28,7 +28,6 @@ from .. import attention
 from ..attention.local import MIN_BLOCK
 from ..config import ModelConfig
 from ..kinds import is_built_in, kind_file, registry
-from ..model import Transformer
 from ..rope import rotary_table, shared_tables
 from . import perturb
 
@@ -73,10 +72,6 @@ class ProbedLayers:
     modules: dict[int, nn.Module]
     rope: nn.Module | None
 
-    @classmethod
-    def of(cls, model: Transformer, layers: list[int]) -> ProbedLayers:
-        return cls(model.config, {i: model.blocks[i].attn for i in layers}, model.rope)
-
 
 def find_leak(config: ModelConfig) -> Leak | None:
     """The first leak of a kind from outside minitx in a model of `config`, or None (at once,
@@ -88,8 +83,7 @@ def find_leak(config: ModelConfig) -> Leak | None:
         torch.default_generator.manual_seed(PROBE_SEED)  # the CPU's alone: a GPU's is not forked
         probed = outside_kind_layers(config, layers)
         for T in sorted({min(length, config.block_size) for length in LENGTHS}):
-            leak = first_leak(probed, T)
-            if leak is not None:
+            if (leak := first_leak(probed, T)) is not None:
                 return leak
     return None
 
@@ -133,18 +127,13 @@ def first_leak(probed: ProbedLayers, T: int) -> Leak | None:
     gives: once with the inputs and their changed copies side by side in the batch."""
     x = torch.randn(BATCH, T, probed.config.d_model)
     cuts = sorted({1, T // 2, T - 1} - {0})
-    changed = []
-    for cut in cuts:
-        other = x.clone()
-        other[:, cut:] = torch.randn_like(other[:, cut:])
-        changed.append(other)
+    changed = [torch.cat([x[:, :cut], torch.randn_like(x[:, cut:])], dim=1) for cut in cuts]
     rope = probed.rope(0, T) if probed.rope is not None else None
     for layer, module in sorted(probed.modules.items()):
         out = module(torch.cat([x, *changed]), rope, None, None).float()
         before = out[:BATCH]
         for n, cut in enumerate(cuts, start=1):
-            after = out[n * BATCH : (n + 1) * BATCH]
-            moved = (before[:, :cut] - after[:, :cut]).abs().amax(dim=(0, 2))
+            moved = (before[:, :cut] - out[n * BATCH : (n + 1) * BATCH, :cut]).abs().amax(dim=(0, 2))
             over = (moved > RELATIVE_TOLERANCE * before.abs().max()).nonzero()
             if len(over):
                 position = int(over[0])

@@ -196,7 +196,7 @@ def test_pieces_cover_the_text_and_cut_only_where_tokens_cannot_change(monkeypat
             for i in range(rng.randint(1, 3))
         ]
         text = JoinedText(parts, "data.train_files")
-        whole = b"\n".join(part.open_at(0).read() for part in parts)
+        whole = b"\n".join(part.open().read() for part in parts)
         monkeypatch.setattr(streams, "BLOCK_BYTES", rng.randint(1, 40))
         monkeypatch.setattr(streams, "MAX_LINE_BYTES", rng.randint(8, 80))
         start = rng.randint(0, len(whole))

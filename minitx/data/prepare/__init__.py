@@ -31,8 +31,7 @@ manifest.py (the directory, its lock, resuming, verifying).
 from . import manifest, source, tokenise, writing
 from . import settings as tuning
 from .manifest import Prepared, cache_root, prepare, verify_prepared
-from .settings import DECODE_ERRORS, PREPARED_FORMAT, SHARD_TOKENS, DataSettings
-from .source import Segment, Source, decode, files_source, hf_source, shakespeare_source, text_source
+from .settings import DataSettings
 
 __all__ = [
     "manifest",
@@ -40,19 +39,9 @@ __all__ = [
     "tokenise",
     "tuning",
     "writing",
-    "DECODE_ERRORS",
-    "PREPARED_FORMAT",
-    "SHARD_TOKENS",
     "DataSettings",
     "Prepared",
-    "Segment",
-    "Source",
     "cache_root",
-    "decode",
-    "files_source",
-    "hf_source",
     "prepare",
-    "shakespeare_source",
-    "text_source",
     "verify_prepared",
 ]

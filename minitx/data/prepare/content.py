@@ -75,14 +75,10 @@ def file_digest(path: Path) -> str:
 def stat_entries(fingerprint: Any) -> dict[str, list] | None:
     """{file: [size, mtime_ns]} of a fingerprint made of stats ([[file, size, mtime_ns], ...]); None
     for any other fingerprint (a Hub dataset's names and revision)."""
-    if not isinstance(fingerprint, list):
-        return None
-    entries = {}
-    for entry in fingerprint:
-        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)):
-            return None
-        entries[entry[0]] = entry[1:]
-    return entries
+    stats = isinstance(fingerprint, list) and all(
+        isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) for entry in fingerprint
+    )
+    return {entry[0]: entry[1:] for entry in fingerprint} if stats else None
 
 
 def file_digests(fingerprint: Any, paths: Mapping[str, Path]) -> dict[str, str]:
@@ -92,25 +88,12 @@ def file_digests(fingerprint: Any, paths: Mapping[str, Path]) -> dict[str, str]:
     return {name: file_digest(paths.get(name, Path(name))) for name in entries}
 
 
-def same_content(recorded: Mapping[str, Any], fingerprint: Any, paths: Mapping[str, Path]) -> bool:
-    """Whether the files of `fingerprint` hold the bytes a manifest (`recorded`) was prepared from,
-    though their stats differ: the same files, the same sizes, only times changed, and each file
-    whose time changed hashes to its recorded digest."""
-    comparable, edited = _first_edited(recorded, fingerprint, paths)
-    return comparable and edited is None
-
-
-def changed_file(recorded: Mapping[str, Any], fingerprint: Any, paths: Mapping[str, Path]) -> str | None:
-    """The first file of `fingerprint` whose bytes are not the ones a manifest (`recorded`) was
-    prepared from (a new size, or its hash), for the line that says why it is prepared again;
-    None where the manifest holds no hashes or the files are not the same ones."""
-    return _first_edited(recorded, fingerprint, paths)[1]
-
-
-def _first_edited(
+def first_edited(
     recorded: Mapping[str, Any], fingerprint: Any, paths: Mapping[str, Path]
 ) -> tuple[bool, str | None]:
-    """(whether the two hold the same files and recorded hashes, the first file whose bytes differ)."""
+    """(whether `fingerprint` and a manifest (`recorded`) hold the same files and the manifest their
+    hashes, the first file whose bytes are not the ones prepared from: a new size, or its hash
+    where only its time changed). (True, None): only times changed, the bytes are the same."""
     before, now = stat_entries(recorded.get("fingerprint")), stat_entries(fingerprint)
     digests = recorded.get("content")
     if before is None or now is None or not isinstance(digests, Mapping) or set(before) != set(now):

@@ -14,26 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from minitx.data.shards import (
-    ShardError,
-    ShardHeader,
-    TokenArray,
-    read_header,
-    verify,
-)
-from minitx.data.streams import (
-    path_fingerprint,
-)
+from minitx.data.shards import ShardError, ShardHeader, TokenArray, read_header, verify
+from minitx.data.streams import path_fingerprint
 from minitx.data.tokenizer import Tokenizer, tokenizer_from_dict
-from minitx.errors import UserError
+from minitx.errors import UserError, require
 from minitx.files.atomic import TMP_PREFIX, read_json, write_json_atomically
 from minitx.wording import counted
 
-from .content import changed_file, code_digest, file_digests, library_version, same_content
+from .content import code_digest, file_digests, first_edited, library_version, stat_entries
 from .settings import DECODE_ERRORS, PREPARED_FORMAT, DataSettings
 from .source import Source, text_source
 from .tokenise import _fit_tokenizer
-from .writing import _encode, _NoRoom, _stat_shard
+from .writing import _encode, _NoRoom, _stat_shard, shards_of
 
 # -------------------------------------------------------------------------------- the directory
 
@@ -49,18 +41,13 @@ def _key(identity: dict, tokenizer_identity: dict) -> str:
 
 
 def _tokenizer_identity(settings: DataSettings) -> dict:
-    kind = settings.tokenizer
+    kind, errors = settings.tokenizer, settings.decode_errors
     if kind == "char":
-        return {"kind": "char", "decode_errors": settings.decode_errors}
-    if kind == "bpe":
-        return {
-            "kind": "bpe",
-            "vocab_size": settings.bpe_vocab_size,  # the key as it was named: prepared data stays found
-            "train_bytes": settings.tokenizer_train_bytes,
-            "decode_errors": settings.decode_errors,
-        }
-    path = Path(os.path.expanduser(kind))
-    return {"kind": "file", "path": str(path.resolve()), "decode_errors": settings.decode_errors}
+        return {"kind": "char", "decode_errors": errors}
+    if kind == "bpe":  # "vocab_size": the key as it was named, so that prepared data stays found
+        size, train_bytes = settings.bpe_vocab_size, settings.tokenizer_train_bytes
+        return {"kind": "bpe", "vocab_size": size, "train_bytes": train_bytes, "decode_errors": errors}
+    return {"kind": "file", "path": str(Path(os.path.expanduser(kind)).resolve()), "decode_errors": errors}
 
 
 def _fingerprint(source: Source, settings: DataSettings) -> Any:
@@ -112,27 +99,13 @@ def _checked_header(directory: Path, shard: dict) -> ShardHeader:
     return header
 
 
-def _shard_problem(directory: Path, shard: dict) -> str | None:
-    """Why a shard the manifest names cannot be used as it is, or None."""
-    try:
-        _checked_header(directory, shard)
-    except ShardError as error:
-        return str(error)
-    return None
-
-
 def _open(directory: Path, manifest: dict, headers: dict[str, ShardHeader] | None = None) -> Prepared:
     """The prepared data of a manifest; `headers` (by file name), when given, are its shards'
     headers already read and checked, so that opening does not read them again."""
     tokenizer = tokenizer_from_dict(manifest["tokenizer"])
     arrays = {}
     for split in ("train", "val"):
-        names = [
-            shard["file"]
-            for checkpoint in manifest["checkpoints"]
-            for shard in checkpoint["shards"]
-            if shard["split"] == split
-        ]
+        names = [shard["file"] for shard in shards_of(manifest) if shard["split"] == split]
         arrays[split] = TokenArray(
             [directory / name for name in names],
             vocab_size=tokenizer.vocab_size,
@@ -178,12 +151,8 @@ def prepare(settings: DataSettings, log: Callable[[str], None] = _stderr, progre
     if settings.max_tokens is not None and settings.max_tokens < 1:
         raise UserError(f"data.max_tokens: must be at least 1 (or unset for all), got {settings.max_tokens}")
     source = text_source(settings)
-    root = cache_root(settings.cache_dir)
-    directory = (
-        root
-        / "prepared"
-        / _key({**source.identity, "max_tokens": settings.max_tokens}, _tokenizer_identity(settings))
-    )
+    key = _key({**source.identity, "max_tokens": settings.max_tokens}, _tokenizer_identity(settings))
+    directory = cache_root(settings.cache_dir) / "prepared" / key
     fingerprint = _fingerprint(source, settings)
     opened = _open_current(directory, fingerprint, source)  # the fast path: no lock, nothing read but stats
     if opened is not None:
@@ -199,9 +168,7 @@ def prepare(settings: DataSettings, log: Callable[[str], None] = _stderr, progre
     # for 1 GB; returning every block to the kernel cost 30% more time in page faults).
     with _locked(directory, log):
         opened = _open_current(directory, fingerprint, source)  # another process may have just finished it
-        if opened is not None:
-            return opened
-        return _prepare_locked(settings, source, directory, fingerprint, log, progress)
+        return opened or _prepare_locked(settings, source, directory, fingerprint, log, progress)
 
 
 def _open_current(directory: Path, fingerprint: Any, source: Source) -> Prepared | None:
@@ -211,34 +178,27 @@ def _open_current(directory: Path, fingerprint: Any, source: Source) -> Prepared
     if manifest.get("fingerprint") != fingerprint:
         # Only times changed (a copy, another checkout's or environment's install of the same
         # files)? Then the bytes decide: prepared from the same bytes, it is used as it is.
-        if not same_content(manifest, fingerprint, source.paths):
+        if first_edited(manifest, fingerprint, source.paths) != (True, None):
             return None
         manifest = {**manifest, "fingerprint": fingerprint}
         with contextlib.suppress(OSError):  # a read-only cache is still used; the next start hashes again
             write_json_atomically(directory / "manifest.json", manifest)
-    headers = {}
-    for checkpoint in manifest["checkpoints"]:
-        for shard in checkpoint["shards"]:
-            try:
-                headers[shard["file"]] = _checked_header(directory, shard)
-            except ShardError:
-                return None  # the locked pass below says what and prepares again from that shard
+    try:
+        headers = {shard["file"]: _checked_header(directory, shard) for shard in shards_of(manifest)}
+    except ShardError:
+        return None  # the locked pass below says what and prepares again from that shard
     return _open(directory, manifest, headers)
 
 
 def _changed(old: Any, new: Any) -> str:
-    if isinstance(old, list) and isinstance(new, list):
-        before = {entry[0]: entry[1:] for entry in old if isinstance(entry, list) and entry}
-        after = {entry[0]: entry[1:] for entry in new if isinstance(entry, list) and entry}
-        for name in after:
-            if name not in before:
-                return f"{name} is new"
-            if before[name] != after[name]:
-                return f"{name} has a new size or modification time"
-        for name in before:
-            if name not in after:
-                return f"{name} is gone"
-    return "its fingerprint changed"
+    before, after = stat_entries(old) or {}, stat_entries(new) or {}
+    for name, stats in after.items():
+        if name not in before:
+            return f"{name} is new"
+        if before[name] != stats:
+            return f"{name} has a new size or modification time"
+    gone = [name for name in before if name not in after]
+    return f"{gone[0]} is gone" if gone else "its fingerprint changed"
 
 
 def _prepare_locked(
@@ -252,23 +212,22 @@ def _prepare_locked(
         log(
             f"minitx: {directory} holds shards but no readable manifest.json or progress.json; preparing it again"
         )
-    if (
-        state is not None
-        and state.get("format") == PREPARED_FORMAT
-        and state.get("fingerprint") != fingerprint
-    ):
-        edited = changed_file(state, fingerprint, source.paths)
+    if state is not None and state.get("format") != PREPARED_FORMAT:
+        state = None
+    elif state is not None and state.get("fingerprint") != fingerprint:
+        edited = first_edited(state, fingerprint, source.paths)[1]
         why = f"{edited} has new content" if edited else _changed(state.get("fingerprint"), fingerprint)
         log(f"minitx: {source.describe} changed since it was prepared ({why}); preparing it again")
         state = None
-    elif state is not None and state.get("format") == PREPARED_FORMAT:
+    elif state is not None:
         kept = []
         for checkpoint in state["checkpoints"]:
-            problems = [(s["file"], _shard_problem(directory, s)) for s in checkpoint["shards"]]
-            bad = [(name, why) for name, why in problems if why is not None]
-            if bad:
+            try:
+                for shard in checkpoint["shards"]:
+                    _checked_header(directory, shard)
+            except ShardError as error:
                 log(
-                    f"minitx: the shard {directory / bad[0][0]} cannot be used ({bad[0][1]}); preparing again from it"
+                    f"minitx: the shard {directory / shard['file']} cannot be used ({error}); preparing again from it"
                 )
                 repaired = True
                 break
@@ -276,12 +235,10 @@ def _prepare_locked(
         state = {**state, "checkpoints": kept}
         # Shards no checkpoint names: finished and renamed just before a kill, or after a damaged
         # one. The resumed prepare writes them again.
-        named = {shard["file"] for checkpoint in kept for shard in checkpoint["shards"]}
+        named = {shard["file"] for shard in shards_of(state)}
         for orphan in directory.glob("*.bin"):
             if orphan.name not in named:
                 orphan.unlink()
-    else:
-        state = None
     if state is None:
         for entry in directory.iterdir():
             entry.unlink() if entry.is_file() else shutil.rmtree(entry)
@@ -295,14 +252,13 @@ def _prepare_locked(
             "checkpoints": [],
             "replaced_bytes": 0,
         }
-        write_json_atomically(directory / "progress.json", state)
     else:
         (directory / "manifest.json").unlink(missing_ok=True)
-        write_json_atomically(directory / "progress.json", state)
-        if state["checkpoints"] and not repaired:
-            tokens = sum(s["tokens"] for c in state["checkpoints"] for s in c["shards"])
-            log(f"minitx: resuming the prepare of {directory} after its finished shards ({tokens:,} tokens)")
         tokenizer = tokenizer_from_dict(state["tokenizer"])
+    write_json_atomically(directory / "progress.json", state)
+    if state["checkpoints"] and not repaired:
+        tokens = sum(shard["tokens"] for shard in shards_of(state))
+        log(f"minitx: resuming the prepare of {directory} after its finished shards ({tokens:,} tokens)")
     try:
         _encode(settings, source, directory, tokenizer, state, log, progress)
     except _NoRoom:
@@ -313,8 +269,7 @@ def _prepare_locked(
         raise
     # Hashed before the stats are taken again: a file changed while it is read is named below.
     content = file_digests(fingerprint, source.paths)
-    now = _fingerprint(source, settings)
-    if now != fingerprint:
+    if (now := _fingerprint(source, settings)) != fingerprint:
         shutil.rmtree(directory, ignore_errors=True)
         raise UserError(
             f"{source.describe}: {_changed(fingerprint, now)} while it was being prepared; "
@@ -329,11 +284,10 @@ def _prepare_locked(
 def _finish_manifest(state: dict, source: Source) -> dict:
     splits = {}
     for split in ("train", "val"):
-        shards = [s for c in state["checkpoints"] for s in c["shards"] if s["split"] == split]
+        shards = [shard for shard in shards_of(state) if shard["split"] == split]
         splits[split] = {key: sum(s[key] for s in shards) for key in ("tokens", "bytes", "characters")}
         splits[split]["shards"] = len(shards)
-    if splits["val"]["tokens"] == 0:
-        raise UserError(f"data: the validation set is empty; {source.val_hint}")
+    require(splits["val"]["tokens"] > 0, f"data: the validation set is empty; {source.val_hint}")
     return {**state, "splits": splits}
 
 
@@ -343,19 +297,16 @@ def _finish_manifest(state: dict, source: Source) -> dict:
 def verify_prepared(prepared: Prepared, log: Callable[[str], None] = _stderr) -> list[str]:
     """Every shard's checksum and ids against the manifest: the problems found (none: all good)."""
     problems = []
-    for checkpoint in prepared.manifest["checkpoints"]:
-        for shard in checkpoint["shards"]:
-            path = prepared.directory / shard["file"]
-            try:
-                header = verify(path, prepared.tokenizer.vocab_size)
-                if header.crc32 != shard["crc32"] or header.count != shard["tokens"]:
-                    raise ShardError("its header does not match the manifest")
-            except ShardError as error:
-                problems.append(f"{path}: {error}")
+    shards = shards_of(prepared.manifest)
+    for shard in shards:
+        path = prepared.directory / shard["file"]
+        try:
+            header = verify(path, prepared.tokenizer.vocab_size)
+            if header.crc32 != shard["crc32"] or header.count != shard["tokens"]:
+                raise ShardError("its header does not match the manifest")
+        except ShardError as error:
+            problems.append(f"{path}: {error}")
     for problem in problems:
         log(f"verify: {problem}")
-    log(
-        f"verify: {counted(len(problems), 'problem')} in "
-        f"{counted(sum(len(c['shards']) for c in prepared.manifest['checkpoints']), 'shard')}"
-    )
+    log(f"verify: {counted(len(problems), 'problem')} in {counted(len(shards), 'shard')}")
     return problems

@@ -9,9 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from minitx.data.streams import (
-    PIECE_BYTES,
-)
+from minitx.data.streams import PIECE_BYTES as PIECE_BYTES  # text per piece streamed from the source
 from minitx.errors import UserError
 from minitx.files.upgrade import renamed_key
 
@@ -19,7 +17,6 @@ PREPARED_FORMAT = 1  # bump when the ids a setting gives, or the files, change: 
 SHARD_TOKENS = 100_000_000
 # Text per tokenizer call: big enough to amortise the call, small enough to bound memory.
 BATCH_BYTES = 4 << 20
-PIECE_BYTES = PIECE_BYTES  # text per piece streamed from the source (streams.py's default)
 SAMPLE_WINDOW_BYTES = 1 << 20  # BPE's sample of a large text: windows this long, spread evenly
 DECODE_ERRORS = ("strict", "replace")
 
@@ -40,9 +37,7 @@ class DataSettings:
     hf_revision: str | None = None
     text_column: str = "text"
     tokenizer: str = "char"
-    bpe_vocab_size: int = (
-        512  # the trained BPE's vocabulary (the tokenizer's real size: TextDataModule.vocab_size)
-    )
+    bpe_vocab_size: int = 512  # the trained BPE's vocabulary (the tokenizer's real size)
     tokenizer_train_bytes: int = 200_000_000
     max_tokens: int | None = None
     decode_errors: str = "strict"
@@ -52,12 +47,11 @@ class DataSettings:
 
     @classmethod
     def from_config(cls, data: Mapping[str, Any]) -> DataSettings:
-        """The settings among a config's data section (DataConfig: all of it); a key it lacks
-        takes the default, a key of an old spelling is refused naming the new one (a saved run's
-        is upgraded first: files/upgrade.py). The data module and evaluation (rebuilding a run's
-        data from its checkpoint's config) both build them this way, so the two prepare the same data."""
-        renamed = next((key for key in data if renamed_key(f"data.{key}")), None)
-        if renamed:
+        """The settings among a config's data section; a key it lacks takes the default, a key of
+        an old spelling is refused naming the new one (a saved run's is upgraded first:
+        files/upgrade.py). The data module and evaluation both build them this way, so the two
+        prepare the same data."""
+        if renamed := next((key for key in data if renamed_key(f"data.{key}")), None):
             raise UserError(
                 f"data.{renamed}: this setting is now {renamed_key(f'data.{renamed}')}; "
                 "write that instead (the value is the same)"

@@ -4,6 +4,7 @@ a stream of pieces going to a split, and the decoding of pieces to text."""
 from __future__ import annotations
 
 import codecs
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -17,11 +18,12 @@ from minitx.data.streams import (
     Piece,
     RecordSource,
     bytes_part,
+    data_file_names,
     file_part,
     path_fingerprint,
     record_builder,
 )
-from minitx.errors import UserError
+from minitx.errors import UserError, require
 
 from .settings import DataSettings
 
@@ -59,7 +61,7 @@ class Segment:
 @dataclass
 class Source:
     identity: dict  # what decides the ids: hashed into the directory's name
-    segments: list[Segment]
+    make_segments: Callable[[], list[Segment]]  # called when a prepare first needs the segments
     fingerprint: Callable[[], Any]  # cheap: stats, names and revisions, nothing read
     describe: str  # for messages, e.g. "data.train_files"
     val_hint: str = "raise data.val_fraction"
@@ -67,23 +69,25 @@ class Source:
     # hashed when only its modification time changed (content.py).
     paths: dict[str, Path] = field(default_factory=dict)
 
+    @functools.cached_property
+    def segments(self) -> list[Segment]:
+        """Made on first use: opening prepared data reads no text."""
+        return self.make_segments()
+
 
 def _text_segment(split: str, parts: list, field_name: str) -> Segment:
     text = JoinedText(parts, field_name)
-    if text.size == 0 or all(part.size == 0 for part in parts):
-        raise UserError(f"{field_name}: the text is empty; add text")
+    require(any(part.size for part in parts), f"{field_name}: the text is empty; add text")
     return Segment(split, text=text, start=0, end=text.size)
 
 
 def _split_tail(text: JoinedText, val_fraction: float) -> list[Segment]:
-    _check_fraction(val_fraction)
     # The tail from the exact fraction's point, moved to the nearest place where the text can be
     # cut (a line end): later if there is one, else earlier.
     point = int(text.size * (1.0 - val_fraction))
+    val_empty = "data.val_fraction: the validation set is empty; raise data.val_fraction or add more text"
     if text.size - point < (1 << 20) and not text.read(point, 1 << 20).strip():
-        raise UserError(
-            "data.val_fraction: the validation set is empty; raise data.val_fraction or add more text"
-        )
+        raise UserError(val_empty)
     cut = text.cut_at_or_after(point)
     if cut >= text.size:
         cut = text.cut_at_or_before(point)
@@ -94,38 +98,11 @@ def _split_tail(text: JoinedText, val_fraction: float) -> list[Segment]:
             "data.val_fraction: the training set is empty; lower data.val_fraction or add more text"
         )
     if cut >= text.size:
-        raise UserError(
-            "data.val_fraction: the validation set is empty; raise data.val_fraction or add more text"
-        )
+        raise UserError(val_empty)
     return [
         Segment("train", text=text, start=0, end=cut),
         Segment("val", text=text, start=cut, end=text.size),
     ]
-
-
-class _Deferred(list):
-    """Segments made when a prepare first uses them: opening prepared data reads no text."""
-
-    def __init__(self, make: Callable[[], list]) -> None:
-        super().__init__()
-        self._make: Callable[[], list] | None = make
-
-    def _load(self) -> None:
-        if self._make is not None:
-            make, self._make = self._make, None
-            self.extend(make())
-
-    def __iter__(self):
-        self._load()
-        return super().__iter__()
-
-    def __getitem__(self, index):
-        self._load()
-        return super().__getitem__(index)
-
-    def __len__(self) -> int:
-        self._load()
-        return super().__len__()
 
 
 def shakespeare_source(val_plays: tuple[str, ...] = VAL_PLAYS) -> Source:
@@ -148,7 +125,7 @@ def shakespeare_source(val_plays: tuple[str, ...] = VAL_PLAYS) -> Source:
     paths = list(plays.values())
     return Source(
         {"source": "shakespeare", "val_plays": list(val_plays)},
-        _Deferred(segments),
+        segments,
         lambda: [[Path(p).name, size, mtime] for p, size, mtime in path_fingerprint(paths)],
         "the built-in Shakespeare",
         paths={Path(p).name: Path(p) for p in paths},
@@ -167,22 +144,17 @@ def files_source(settings: DataSettings) -> Source:
         "val": [str(p.resolve()) for p in val_paths],
         "val_fraction": None if val_paths else settings.val_fraction,
     }
+    segments = None  # a single text: its tail split off when a prepare first needs it (it reads)
     if builder is not None:
         identity["text_column"] = settings.text_column
 
-        def records(paths: list[Path], field_name: str) -> RecordSource:
-            return RecordSource(
-                builder, None, [str(p) for p in paths], "train", None, settings.text_column, field_name
-            )
+        def records(split: str, paths: list[Path], field_name: str) -> Segment:
+            files = [str(p) for p in paths]
+            source = RecordSource(builder, None, files, "train", None, settings.text_column, field_name)
+            return Segment(split, records=source)
 
-        if val_paths:
-            segments = [
-                Segment("train", records=records(train_paths, "data.train_files")),
-                Segment("val", records=records(val_paths, "data.val_files")),
-            ]
-        else:
-            _check_fraction(settings.val_fraction)
-            segments = [Segment("mixed", records=records(train_paths, "data.train_files"))]
+        train = records("train" if val_paths else "mixed", train_paths, "data.train_files")
+        segments = [train, records("val", val_paths, "data.val_files")] if val_paths else [train]
     else:
         for path in train_paths + val_paths:
             field_name = "data.val_files" if path in val_paths else "data.train_files"
@@ -194,13 +166,12 @@ def files_source(settings: DataSettings) -> Source:
                 Segment("train", text=train_text, start=0, end=train_text.size),
                 _text_segment("val", [file_part(p) for p in val_paths], "data.val_files"),
             ]
-        else:
-            _check_fraction(settings.val_fraction)
-            segments = _Deferred(lambda: _split_tail(train_text, settings.val_fraction))
+    if not val_paths:
+        _check_fraction(settings.val_fraction)
     all_paths = train_paths + val_paths
     return Source(
         identity,
-        segments,
+        lambda: segments or _split_tail(train_text, settings.val_fraction),
         lambda: path_fingerprint(all_paths),
         "data.train_files" + (" / data.val_files" if val_paths else ""),
         "add validation text" if val_paths else "raise data.val_fraction",
@@ -213,33 +184,22 @@ def hf_source(settings: DataSettings) -> Source:
     data_files = settings.hf_data_files
     local = _local_paths(data_files)
 
-    def records(split: str, field_name: str) -> RecordSource:
-        return RecordSource(
-            settings.hf_name,
-            settings.hf_config,
-            data_files,
-            split,
-            settings.hf_revision,
-            settings.text_column,
-            field_name,
-        )
+    def records(split: str, hf_split: str, field_name: str) -> Segment:
+        name, revision, column = settings.hf_name, settings.hf_revision, settings.text_column
+        source = RecordSource(name, settings.hf_config, data_files, hf_split, revision, column, field_name)
+        return Segment(split, records=source)
 
-    segments = [
-        Segment(
-            "train" if settings.hf_val_split else "mixed",
-            records=records(settings.hf_train_split, "data.hf_train_split"),
-        )
-    ]
-    if settings.hf_val_split:
-        segments.append(Segment("val", records=records(settings.hf_val_split, "data.hf_val_split")))
-    else:
+    val_split = settings.hf_val_split
+    train = records("train" if val_split else "mixed", settings.hf_train_split, "data.hf_train_split")
+    segments = [train, records("val", val_split, "data.hf_val_split")] if val_split else [train]
+    if not val_split:
         _check_fraction(settings.val_fraction)
     identity = {
         "source": "hf",
         "name": settings.hf_name,
         "config": settings.hf_config,
-        "splits": [settings.hf_train_split, settings.hf_val_split],
-        "val_fraction": None if settings.hf_val_split else settings.val_fraction,
+        "splits": [settings.hf_train_split, val_split],
+        "val_fraction": None if val_split else settings.val_fraction,
         "data_files": data_files if not local else [str(Path(p).resolve()) for p in local],
         "revision": settings.hf_revision,
         "text_column": settings.text_column,
@@ -248,10 +208,10 @@ def hf_source(settings: DataSettings) -> Source:
     # needs no network. Pin data.hf_revision to a commit to be sure the data never moves.
     return Source(
         identity,
-        segments,
+        lambda: segments,
         (lambda: path_fingerprint(local)) if local else (lambda: dict(identity)),
         "data.hf_name",
-        "add a validation split" if settings.hf_val_split else "raise data.val_fraction",
+        "add a validation split" if val_split else "raise data.val_fraction",
     )
 
 
@@ -265,15 +225,7 @@ def _blank(path: Path, field_name: str) -> bool:
 
 
 def _local_paths(data_files: Any) -> list[Path]:
-    values: list = []
-    if isinstance(data_files, str):
-        values = [data_files]
-    elif isinstance(data_files, list):
-        values = data_files
-    elif isinstance(data_files, dict):
-        for value in data_files.values():
-            values.extend([value] if isinstance(value, str) else value)
-    paths = [Path(os.path.expanduser(v)) for v in values]
+    paths = [Path(os.path.expanduser(name)) for name in data_file_names(data_files)]
     return paths if paths and all(p.is_file() for p in paths) else []
 
 

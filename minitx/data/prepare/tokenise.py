@@ -11,13 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minitx.data.shards import (
-    token_dtype,
-)
-from minitx.data.streams import (
-    Piece,
-)
-from minitx.data.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, build_tokenizer
+from minitx.data.shards import token_dtype
+from minitx.data.streams import Piece
+from minitx.data.tokenizer import CharTokenizer, HFTokenizer, Tokenizer, build_tokenizer, train_bpe
 from minitx.errors import UserError
 
 from . import settings as tuning
@@ -32,8 +28,6 @@ def _fit_tokenizer(settings: DataSettings, source: Source, log) -> Tokenizer:
     if kind == "char":
         return CharTokenizer(_alphabet(settings, source))
     if kind == "bpe":
-        from minitx.data.tokenizer import train_bpe
-
         _set_threads(settings.threads())
         return train_bpe(_bpe_sample(settings, source), settings.bpe_vocab_size)
     return build_tokenizer(kind, "", settings.bpe_vocab_size)
@@ -117,12 +111,9 @@ def _bpe_sample(settings: DataSettings, source: Source) -> Iterator[str]:
 
 
 def _pieces(source: Source, position: list[int], settings: DataSettings, piece_bytes: int) -> Iterator[Piece]:
-    first_segment, offset = position
-    for index, segment in enumerate(source.segments):
-        if index < first_segment:
-            continue
-        start = offset if index == first_segment else 0
-        yield from segment.pieces(index, start, settings.val_fraction, piece_bytes)
+    first, offset = position
+    for index, segment in enumerate(source.segments[first:], start=first):
+        yield from segment.pieces(index, offset if index == first else 0, settings.val_fraction, piece_bytes)
 
 
 def _batches(pieces: Iterable[Piece], batch_bytes: int) -> Iterator[list[Piece]]:
@@ -164,10 +155,8 @@ class Encoded:
 
 
 def _encoder(tokenizer: Tokenizer, settings: DataSettings) -> Callable[[list[Piece]], Encoded]:
-    eos = tokenizer.eos_id
-    newline = (
-        tokenizer.encode("\n") if isinstance(tokenizer, CharTokenizer) and "\n" in tokenizer.chars else None
-    )
+    eos, char = tokenizer.eos_id, isinstance(tokenizer, CharTokenizer)
+    newline = tokenizer.encode("\n") if char and "\n" in tokenizer.chars else None
     dtype = token_dtype(tokenizer.vocab_size)
 
     def encode(batch: list[Piece]) -> Encoded:
@@ -181,7 +170,7 @@ def _encoder(tokenizer: Tokenizer, settings: DataSettings) -> Callable[[list[Pie
             size = len(piece.data) if isinstance(piece.data, bytes) else len(piece.data.encode("utf-8"))
             out.source_bytes += size
             out.bytes[piece.split] += size
-            if isinstance(tokenizer, CharTokenizer):  # one id per character: no decoding to count them
+            if char:  # one id per character: no decoding to count them
                 try:
                     ids = tokenizer.encode_utf8(piece.data)
                 except UnicodeDecodeError:  # say where (strict), or replace and count

@@ -14,10 +14,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from minitx.data.shards import (
-    ShardWriter,
-    token_dtype,
-)
+from minitx.data.shards import ShardWriter, token_dtype
 from minitx.data.tokenizer import CharTokenizer, Tokenizer
 from minitx.errors import UserError
 from minitx.files.atomic import write_json_atomically
@@ -26,6 +23,11 @@ from . import settings as tuning
 from .settings import DataSettings
 from .source import Source
 from .tokenise import _batches, _encoder, _ordered_map, _pieces, _set_threads
+
+
+def shards_of(state: dict) -> list[dict]:
+    """Every shard a manifest (or progress file) names, checkpoint by checkpoint."""
+    return [shard for checkpoint in state["checkpoints"] for shard in checkpoint["shards"]]
 
 
 def _stat_shard(path: Path) -> dict:
@@ -38,8 +40,7 @@ class _Progress:
     line on stderr every 15 s: MB read, MB/s, tokens, ETA."""
 
     def __init__(self, total_bytes: int | None, total_tokens: int | None, enabled: bool) -> None:
-        self.total_bytes, self.total_tokens = total_bytes, total_tokens
-        self.enabled = enabled
+        self.total_bytes, self.total_tokens, self.enabled = total_bytes, total_tokens, enabled
         self.start = self.last = time.monotonic()
         self.bytes = self.tokens = 0
         self.shown = False
@@ -68,8 +69,7 @@ class _Progress:
             return
         if final and not self.shown and now - self.start < 2.0:
             return  # a prepare of a second or two needs no report
-        self.shown = True
-        self.last = now
+        self.shown, self.last = True, now
         elapsed = max(now - self.start, 1e-9)
         rate = self.bytes / elapsed
         line = f"prepare: {self.bytes / 1e6:,.1f} MB"
@@ -81,10 +81,10 @@ class _Progress:
             left = (self.total_bytes - self.bytes) / rate
         elif self.total_tokens and self.tokens:
             left = (self.total_tokens - self.tokens) * elapsed / self.tokens
-        if left is not None and not final:
-            line += f", ETA {int(left) // 60}:{int(left) % 60:02d}"
         if final:
             line += f" in {elapsed:.1f} s"
+        elif left is not None:
+            line += f", ETA {int(left) // 60}:{int(left) % 60:02d}"
         print(line, file=sys.stderr, flush=True)
 
 
@@ -93,13 +93,12 @@ class _Shards:
 
     def __init__(self, directory: Path, dtype: np.dtype, state: dict) -> None:
         self.directory, self.dtype, self.state = directory, dtype, state
-        done = [s for c in state["checkpoints"] for s in c["shards"]]
-        self.next_index = {split: sum(1 for s in done if s["split"] == split) for split in ("train", "val")}
         self.writers: dict[str, ShardWriter] = {}
-        self.text: dict[str, dict[str, int]] = {}
-        self.tokens = {
-            split: sum(s["tokens"] for s in done if s["split"] == split) for split in ("train", "val")
-        }
+        self.text: dict[str, dict[str, int]] = {}  # of each open shard: characters, bytes, tokens
+        self.next_index, self.tokens = {"train": 0, "val": 0}, {"train": 0, "val": 0}
+        for shard in shards_of(state):
+            self.next_index[shard["split"]] += 1
+            self.tokens[shard["split"]] += shard["tokens"]
 
     def write(self, split: str, ids: list[np.ndarray], characters: int, size: int) -> Callable[[], None]:
         """Count the ids into the split's open shard now; returns the call that writes them, which
@@ -109,11 +108,11 @@ class _Shards:
             self.writers[split] = ShardWriter(self.directory / name, self.dtype)
             self.text[split] = {"characters": 0, "bytes": 0, "tokens": 0}
             self.next_index[split] += 1
-        writer = self.writers[split]
+        writer, tokens = self.writers[split], sum(a.size for a in ids)
         self.text[split]["characters"] += characters
         self.text[split]["bytes"] += size
-        self.text[split]["tokens"] += sum(a.size for a in ids)
-        self.tokens[split] += sum(a.size for a in ids)
+        self.text[split]["tokens"] += tokens
+        self.tokens[split] += tokens
 
         def write() -> None:
             for array in ids:
@@ -128,16 +127,14 @@ class _Shards:
         shards = []
         for split, writer in sorted(self.writers.items()):
             header = _disk_safe(writer.finish)
-            path = writer.path
             shards.append(
                 {
                     "split": split,
-                    "file": path.name,
+                    "file": writer.path.name,
+                    **self.text[split],
                     "tokens": header.count,
                     "crc32": header.crc32,
-                    "characters": self.text[split]["characters"],
-                    "bytes": self.text[split]["bytes"],
-                    **_stat_shard(path),
+                    **_stat_shard(writer.path),
                 }
             )
         self.writers.clear()
@@ -181,28 +178,26 @@ def _encode(
     total = None
     if all(s.text is not None for s in source.segments):  # records: their size is known only at the end
         first, offset = position
-        total = sum(
-            s.end - max(s.start, offset if i == first else s.start)
-            for i, s in enumerate(source.segments)
-            if i >= first
-        )
+        segments = enumerate(source.segments[first:], start=first)
+        total = sum(s.end - max(s.start, offset if i == first else s.start) for i, s in segments)
     bar = _Progress(total, settings.max_tokens, progress)
-    if not isinstance(tokenizer, CharTokenizer):
+    char = isinstance(tokenizer, CharTokenizer)
+    if not char:
         _set_threads(settings.threads())
     # Char: many threads each look up a whole batch. BPE: the tokenizers library spreads one
     # batch's pieces over its own threads, and a second batch in flight hides the reading.
-    threads = settings.threads() if isinstance(tokenizer, CharTokenizer) else 2
-    piece_bytes = tuning.BATCH_BYTES // 4 if isinstance(tokenizer, CharTokenizer) else tuning.PIECE_BYTES
+    threads = settings.threads() if char else 2
+    piece_bytes = tuning.BATCH_BYTES // 4 if char else tuning.PIECE_BYTES
+    # BPE's batches are smaller: the library's encodings of a batch take ~100 bytes a token.
+    batch_bytes = tuning.BATCH_BYTES if char else tuning.BATCH_BYTES // 4
     encode = _encoder(tokenizer, settings)
     replaced = 0
     last_end = position
     # Writing (and its CRC-32) runs on a thread of its own, overlapping the next batch's reading
     # and tokenising; one write in flight, always finished before a checkpoint.
     io = ThreadPoolExecutor(max_workers=1)
-    pending = None
+    pending = io.submit(lambda: None)  # the write in flight
     try:
-        # BPE's batches are smaller: the library's encodings of a batch take ~100 bytes a token.
-        batch_bytes = tuning.BATCH_BYTES if isinstance(tokenizer, CharTokenizer) else tuning.BATCH_BYTES // 4
         batches = _batches(_pieces(source, position, settings, piece_bytes), batch_bytes)
         for encoded in _ordered_map(encode, batches, threads):
             done = False
@@ -217,8 +212,7 @@ def _encode(
                         ids, done = [np.concatenate(ids)[:room]], True
                 if sum(a.size for a in ids):
                     writes.append(shards.write(split, ids, encoded.characters[split], encoded.bytes[split]))
-            if pending is not None:
-                pending.result()
+            pending.result()
             pending = io.submit(lambda calls=writes: [call() for call in calls])
             replaced += encoded.replaced
             last_end = encoded.end
@@ -229,13 +223,11 @@ def _encode(
                 pending.result()
                 shards.checkpoint(last_end, replaced)
                 replaced = 0
-        if pending is not None:
-            pending.result()
+        pending.result()
         if shards.writers:
             shards.checkpoint(last_end, replaced)
     except BaseException:
-        if pending is not None:
-            pending.cancel() or pending.exception()  # the writer must be idle before its file goes
+        pending.cancel() or pending.exception()  # the writer must be idle before its file goes
         shards.abort()
         raise
     finally:
