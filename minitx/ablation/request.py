@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from .runs import from_csv
+from .runs.csv_file import read_table
 from .runs.slurm import check_slurm_commands, import_submitit
 
 SLURM_TIME = 60  # minutes a job may run unless --slurm-time says otherwise
@@ -71,7 +71,7 @@ class SweepRequest:
 def make_request(args: argparse.Namespace) -> SweepRequest:
     """The parsed command line as a SweepRequest, each flag checked against the others (and,
     with --launcher slurm, submitit and SLURM's commands looked for) before the sweep is read."""
-    from_csv.check_flags(args.from_csv, args.baseline, args.report_only, args.output)
+    check_csv_flags(args)
     if args.seeds is not None and args.seeds < 1:
         raise UserError(f"--seeds: must be 1 or more, got {args.seeds}")
     if args.parallel < 1:
@@ -131,3 +131,32 @@ def make_request(args: argparse.Namespace) -> SweepRequest:
         from_csv=Path(args.from_csv) if args.from_csv else None,
         **{name: getattr(args, name) for name in AS_PARSED},
     )
+
+
+def check_csv_flags(args: argparse.Namespace) -> None:
+    """--from-csv and --baseline, refused in one line where they cannot be honoured, before the
+    sweep is read (the CSV is read once the sweep is known to be designed or plain)."""
+    if args.baseline is not None and not args.report_only:
+        raise UserError(
+            "--baseline: only with --report-only (a sweep trains its baseline first: the file's first variant); "
+            "add --report-only to rebuild the report against another arm"
+        )
+    if args.from_csv is None:
+        return
+    if args.output is None:
+        raise UserError("--from-csv: give --output DIR, the folder the rebuilt report is written to")
+    target, source = Path(args.output), Path(args.from_csv)
+    if target.exists() and not target.is_dir():
+        raise UserError(f"--output: {str(target)!r} is a file; give a directory (new or of this sweep)")
+    if (target / "results.csv").exists() and source.exists() and (target / "results.csv").samefile(source):
+        raise UserError(
+            f"--output: {str(target)!r} holds {source}, the CSV being read, which the report would rewrite; "
+            "give another folder"
+        )
+    if args.report_only and any(target.glob("runs/*/summary.json")):
+        raise UserError(
+            f"--output: {str(target)!r} holds a sweep's runs, whose report --report-only rebuilds from them; "
+            "give another folder for the CSV's report"
+        )
+    if not source.is_file():
+        read_table(source)  # says why: not found, or a directory

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ...data.config import TASKS
+from .budget import config_section
 from .sweep import Sweep, Variant
 
 # How a run is launched: the training command's contract (minitx/training). A command string,
@@ -111,23 +110,7 @@ def train_arguments(
     return [*arguments, "--trainer.callbacks+=" + SUMMARY_CALLBACK, *extra]
 
 
-def data_source(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> str | None:
-    """The data.source a variant's runs train on: base, shared overrides, the variant's, then a
-    `--data.source` given after -- (None: the training command's default, a text)."""
-    source = ((yaml.safe_load(sweep.base_text) or {}).get("data") or {}).get("source")
-    for overrides in (sweep.overrides, variant.overrides):
-        section = overrides.get("data")
-        if isinstance(section, dict):
-            source = section.get("source", source)
-        source = overrides.get("data.source", source)
-    for i, arg in enumerate(extra):
-        if arg == "--data.source" and i + 1 < len(extra):
-            source = extra[i + 1]
-        elif arg.startswith("--data.source="):
-            source = arg.partition("=")[2]
-    return None if source is None else str(source)
-
-
 def is_synthetic(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> bool:
     """A synthetic task (toy, mqar, needle): no held-out text for the diagnostics to read."""
-    return data_source(sweep, variant, extra) in TASKS
+    source = config_section("data", sweep, variant, extra).get("source")
+    return source is not None and str(source) in TASKS

@@ -59,9 +59,6 @@ class Ladder:
     unit: str  # "tokens_per_param" or "flops"
     holdout: Holdout | None = None
 
-    def size(self, name: str) -> Size:
-        return next(s for s in self.sizes if s.name == name)
-
 
 @dataclass
 class Design:

@@ -154,21 +154,21 @@ class JobState:
         return self.state == "PENDING" and self.reason == "BeginTime"
 
 
+def _ask(command: list[str]) -> subprocess.CompletedProcess | None:
+    """A SLURM command's answer; None where it cannot be run or does not answer in a minute."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def queue_states(job_ids: list[str]) -> dict[str, JobState] | None:
     """Each of the jobs SLURM's queue still lists (an array's tasks as 12_3), with its state;
     None when squeue cannot be asked. A job not listed has ended (or was never there)."""
     if not job_ids:
         return {}
-    try:
-        out = subprocess.run(
-            ["squeue", "-h", "-r", "-o", "%i|%T|%r", "-j", ",".join(sorted(set(job_ids)))],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0 and "Invalid job id" not in out.stderr:
+    out = _ask(["squeue", "-h", "-r", "-o", "%i|%T|%r", "-j", ",".join(sorted(set(job_ids)))])
+    if out is None or (out.returncode != 0 and "Invalid job id" not in out.stderr):
         return None
     states = {}
     for line in out.stdout.splitlines():
@@ -187,11 +187,8 @@ def ended_state(job_id: str) -> str | None:
         ["scontrol", "show", "job", "-o", job_id],
         ["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id],
     ):
-        try:
-            out = subprocess.run(command, capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if out.returncode != 0:
+        out = _ask(command)
+        if out is None or out.returncode != 0:
             continue
         if command[0] == "scontrol":
             found = [part.partition("=")[2] for part in out.stdout.split() if part.startswith("JobState=")]
@@ -366,25 +363,18 @@ class SlurmLauncher:
         executor = submitit.AutoExecutor(
             folder=folder, cluster=self.cluster, slurm_max_num_timeout=o.max_requeues
         )
-        parameters: dict[str, Any] = {
-            "timeout_min": o.time_min,
-            "name": JOB_NAME,
-            "tasks_per_node": 1,
-            "nodes": 1,
-        }
-        if o.cpus_per_run:
-            parameters["cpus_per_task"] = o.cpus_per_run
+        parameters = dict(
+            timeout_min=o.time_min, name=JOB_NAME, tasks_per_node=1, nodes=1, cpus_per_task=o.cpus_per_run
+        )
         if self.cluster == "slurm":
-            parameters["slurm_signal_delay_s"] = SIGNAL_DELAY_S
-            if o.gpus_per_run:
-                parameters["gpus_per_node"] = o.gpus_per_run
-            if o.partition:
-                parameters["slurm_partition"] = o.partition
-            if o.array_parallelism:
-                parameters["slurm_array_parallelism"] = o.array_parallelism
-            if o.sbatch:
-                parameters["slurm_additional_parameters"] = dict(o.sbatch)
-        executor.update_parameters(**parameters)
+            parameters.update(
+                slurm_signal_delay_s=SIGNAL_DELAY_S,
+                gpus_per_node=o.gpus_per_run,
+                slurm_partition=o.partition,
+                slurm_array_parallelism=o.array_parallelism,
+                slurm_additional_parameters=dict(o.sbatch),
+            )
+        executor.update_parameters(**{key: value for key, value in parameters.items() if value})
         return executor
 
     def launch(self, runs: list[Run], output: Path, log: Any) -> None:
@@ -448,8 +438,7 @@ class SlurmLauncher:
             aside = run.directory.with_name(f".{run.directory.name}.replaced")
             shutil.rmtree(aside, ignore_errors=True)
             os.replace(run.directory, aside)
-        start_record(run, launcher=self.cluster, parallel=1)
-        record = read_json(run.directory / RUN_FILE) or {}
+        record = start_record(run, launcher=self.cluster, parallel=1)
         write_json_atomically(run.directory / RUN_FILE, {**record, "status": "submitted"})
         return _Prepared(run, None, aside)
 
@@ -559,13 +548,9 @@ class SlurmLauncher:
             record.update(job_ending(run, job, record, ended, reason, self.options.time_min))
             write_json_atomically(run.directory / RUN_FILE, record)
         requeued = record.get("attempts", 1) - max(1, len(record.get("jobs", [])))
-        again = (
-            f", requeued {requeued}x, resumed {record.get('resumed', 0)}x from last.ckpt"
-            if requeued > 0
-            else ""
-        )
-        if not again and record.get("resumed"):
-            again = f", resumed {record['resumed']}x from last.ckpt"
+        again = f", requeued {requeued}x" if requeued > 0 else ""
+        if again or record.get("resumed"):
+            again += f", resumed {record.get('resumed', 0)}x from last.ckpt"
         log(outcome_line(run, record, f"job {job.job_id}{again}, "))
 
 
