@@ -39,12 +39,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Train each attention variant of a sweep file on the same data and budget; write a table and plots.",
     )
     parser.add_argument("--config", required=True, help="sweep YAML: base training config + variants")
-    parser.add_argument(
-        "--output", default=None, help="output directory (default runs/ablation/<config name>)"
-    )
-    parser.add_argument(
-        "--seeds", type=int, default=None, help="seeds per variant (default: the file's 'seeds')"
-    )
+    parser.add_argument("--output", help="output directory (default runs/ablation/<config name>)")
+    parser.add_argument("--seeds", type=int, help="seeds per variant (default: the file's 'seeds')")
     parser.add_argument(
         "--parallel",
         type=int,
@@ -54,7 +50,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--devices-per-run",
         type=int,
-        default=None,
         metavar="K",
         help="GPUs each run is given (default 1 where there are GPUs; with --launcher slurm, "
         "the GPUs each job asks for, default none); K > 1 also sets --trainer.devices K",
@@ -66,9 +61,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="where the runs go: this machine (default) or a SLURM cluster, one job of an array per run",
     )
     slurm = parser.add_argument_group("SLURM (with --launcher slurm; docs/scale.md)")
-    slurm.add_argument(
-        "--slurm-partition", default=None, help="partition of every job (default the cluster's)"
-    )
+    slurm.add_argument("--slurm-partition", help="partition of every job (default the cluster's)")
     slurm.add_argument(
         "--slurm-time",
         type=int,
@@ -76,11 +69,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="MINUTES",
         help=f"time limit of each job (default {SLURM_TIME})",
     )
-    slurm.add_argument("--slurm-cpus-per-run", type=int, default=None, metavar="N", help="CPUs of each job")
+    slurm.add_argument("--slurm-cpus-per-run", type=int, metavar="N", help="CPUs of each job")
     slurm.add_argument(
         "--slurm-array-parallelism",
         type=int,
-        default=None,
         metavar="N",
         help="jobs of the array running at once",
     )
@@ -96,7 +88,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="submit and return; run the same command again for the next phase, or with --report-only at the end",
     )
-    parser.add_argument("--only", default=None, help="comma-separated variant names to run (default all)")
+    parser.add_argument("--only", help="comma-separated variant names to run (default all)")
     parser.add_argument(
         "--wandb", action="store_true", help="log every run to Weights & Biases, one group per sweep"
     )
@@ -115,13 +107,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--from-csv",
-        default=None,
         metavar="FILE",
         help="with --report-only: rebuild a sweep's report into --output from its results.csv, no runs needed",
     )
     parser.add_argument(
         "--baseline",
-        default=None,
         metavar="NAME",
         help="with --report-only: the variant (arm) the report compares the others with (default the first)",
     )

@@ -57,7 +57,7 @@ def train(runs: list[Run], sweep: Sweep, request: SweepRequest, launcher: Launch
     request.output.mkdir(parents=True, exist_ok=True)
     run_sweep(runs, sweep, request.output, launcher, log)
     trusted = sweep_kind_modules(sweep, request.extra)
-    evaluate_runs(runs, sweep.evaluation, log, trust_kind_modules=trusted)
+    evaluate_runs(runs, sweep.evaluation, log, trusted)
     diagnose_runs(runs, sweep, request.extra, trusted, log)
 
 

@@ -91,21 +91,16 @@ def make_request(args: argparse.Namespace) -> SweepRequest:
         tuple(args.slurm_option),
         wait=not args.no_wait,
     )
-    if not slurm:
-        given = [
-            flag
-            for flag, value in (
-                ("--slurm-partition", choices.partition),
-                ("--slurm-time", choices.time_min != SLURM_TIME or None),
-                ("--slurm-cpus-per-run", choices.cpus_per_run),
-                ("--slurm-array-parallelism", choices.array_parallelism),
-                ("--slurm-option", choices.options or None),
-                ("--no-wait", args.no_wait or None),
-            )
-            if value is not None
-        ]
-        if given:
-            raise UserError(f"{given[0]}: only with --launcher slurm; add --launcher slurm or leave it out")
+    for flag, value in (
+        ("--slurm-partition", choices.partition),
+        ("--slurm-time", choices.time_min != SLURM_TIME or None),
+        ("--slurm-cpus-per-run", choices.cpus_per_run),
+        ("--slurm-array-parallelism", choices.array_parallelism),
+        ("--slurm-option", choices.options or None),
+        ("--no-wait", args.no_wait or None),
+    ):
+        if value is not None and not slurm:
+            raise UserError(f"{flag}: only with --launcher slurm; add --launcher slurm or leave it out")
     if args.force and args.report_only and not args.from_csv:
         raise UserError(
             "--force: replaces the sweep in --output before it runs again; --report-only reads that sweep, leave one out"

@@ -22,6 +22,7 @@ in one line that names the key.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,12 +89,16 @@ def _as_number(value: Any) -> Any:
     return value
 
 
-def _mapping(raw: Any, where: str, keys: tuple[str, ...]) -> dict:
-    if not isinstance(raw, dict):
-        raise UserError(f"{where}: must be a mapping with {', '.join(keys)}")
+def check_keys(raw: dict, where: str, keys: Sequence[str]) -> None:
     bad = sorted(set(raw) - set(keys))
     if bad:
         raise UserError(f"{where}: unknown key(s) {', '.join(bad)}; use {', '.join(keys)}")
+
+
+def _mapping(raw: Any, where: str, keys: tuple[str, ...]) -> dict:
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: must be a mapping with {', '.join(keys)}")
+    check_keys(raw, where, keys)
     return raw
 
 

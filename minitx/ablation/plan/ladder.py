@@ -437,22 +437,10 @@ def make_plan(sweep: Sweep, output: Path, extra: Sequence[str] = (), logging: Se
         scale = ref.params * ref.flops_per_token if per_param else 1
         compute.update({(size.name, budget): budget * scale for budget in budgets if budget is not None})
     plan = Plan(
-        sweep,
-        output,
-        [v.name for v in sweep.variants],
-        sizes,
-        budgets,
-        shapes,
-        compute,
-        tokens_per_step,
-        int(trainer.get("max_steps") or 0),
-        float(_setting(model, "decay_fraction")),
-        int(_setting(model, "warmup_steps")),
-        extra,
-        logging,
-        lr_bases,
-        vocabularies,
-    )
+        sweep, output, [v.name for v in sweep.variants], sizes, budgets, shapes, compute, tokens_per_step,
+        int(trainer.get("max_steps") or 0), float(_setting(model, "decay_fraction")),
+        int(_setting(model, "warmup_steps")), extra, logging, lr_bases, vocabularies,
+    )  # fmt: skip
     _check_steps(plan)
     if held:
         _check_holdout(plan)

@@ -131,25 +131,13 @@ def _row(raw: dict, line: int, path: Path) -> Row:
         if c in needed or cells.get(c, "") != ""
     }
     diagnostics = {key: numbers[key] for key in DIAGNOSTICS if key in numbers}
+    error = " ".join(cells["error"].split())  # one line, as a run's record holds it
     return Row(
-        line,
-        name,
-        cells["arm"],
-        cells["size"],
-        cells["budget"],
-        numbers["multiplier"],
-        int(numbers["seed"]),
-        cells["role"],
-        status,
-        " ".join(cells["error"].split()),  # one line, as a run's record holds it
-        int(numbers["steps"]),
-        numbers["flops"] if ok else None,
-        int(numbers["params"]),
-        cells["flop_convention"],
-        numbers["final_val_loss"] if ok else None,
-        diagnostics or None,
-        cells.get("device", ""),
-    )
+        line, name, cells["arm"], cells["size"], cells["budget"], numbers["multiplier"], int(numbers["seed"]),
+        cells["role"], status, error, int(numbers["steps"]), numbers["flops"] if ok else None,
+        int(numbers["params"]), cells["flop_convention"], numbers["final_val_loss"] if ok else None,
+        diagnostics or None, cells.get("device", ""),
+    )  # fmt: skip
 
 
 def _budget_text(budget: float | None) -> str:

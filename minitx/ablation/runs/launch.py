@@ -117,10 +117,9 @@ def local_launcher(
     return LocalLauncher(parallel, gpus, per_run)
 
 
-def run_sweep(runs: list[Run], sweep: Sweep, output: Path, launcher: Any = 1, log: Any = print) -> None:
-    """Run every unfinished run; finished ones are skipped (after checking their settings).
-    `launcher`: where the runs go (this machine, N at a time, or a SLURM cluster);
-    a number is that many at a time on this machine."""
+def run_sweep(runs: list[Run], sweep: Sweep, output: Path, launcher: Launcher, log: Any = print) -> None:
+    """Run every unfinished run where `launcher` sends it; finished ones are skipped (after
+    checking their settings)."""
     todo = []
     for run in runs:
         if is_finished(run):
@@ -132,6 +131,4 @@ def run_sweep(runs: list[Run], sweep: Sweep, output: Path, launcher: Any = 1, lo
         return
     write_text_atomically(output / BASE_SNAPSHOT, sweep.base_text)
     prepare_data(todo, log)
-    if isinstance(launcher, int):
-        launcher = LocalLauncher(parallel=launcher)
     launcher.launch(todo, output, log)

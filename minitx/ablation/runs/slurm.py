@@ -246,8 +246,8 @@ class RunJob:
         # a lost node) or past its time. The training process gets it too (SLURM signals every
         # process of the job) and stops at the end of its step; a SIGINT asks it to save last.ckpt
         # there too (it may not: Lightning's own SIGTERM stop can come first, and the run then
-        # resumes from its last timed save). The attempt is then "stopped", not failed: whether the run goes on is SLURM's to
-        # say (ablate asks it), and its next attempt resumes from last.ckpt.
+        # resumes from its last timed save). The attempt is then "stopped", not failed: whether
+        # the run goes on is SLURM's to say (ablate asks it); its next attempt resumes from last.ckpt.
         stopped: list[int] = []
 
         def on_sigterm(signum: int, frame: Any) -> None:
@@ -345,13 +345,9 @@ class _Prepared:
 @dataclass
 class SlurmLauncher:
     """Submit each run as a job of one array (per call: per phase of a designed sweep), wait for
-    them unless `wait` is false, and leave every run's outcome in its run.json.
-
-    A rerun skips finished runs (run_sweep), waits for a run whose job SLURM still lists (pending,
-    requeued, held or running; whatever its run.json says) without submitting it again or
-    touching its directory, and submits the rest; a run stopped from outside resumes from its
-    last.ckpt. `cluster`: "slurm", or "local" for submitit's local executor (the same jobs as
-    processes of this machine)."""
+    them unless `wait` is false, and leave every run's outcome in its run.json (a run whose job is
+    alive, or stopped from outside: the module's docstring). `cluster`: "slurm", or "local" for
+    submitit's local executor (the same jobs as processes of this machine)."""
 
     options: SlurmOptions
     wait: bool = True
@@ -478,9 +474,8 @@ class SlurmLauncher:
         return jobs
 
     def _wait(self, jobs: dict[str, tuple[Run, Any]], log: Any) -> None:
-        """Until every job has ended, by SLURM's word: a job squeue still lists (pending,
-        requeued, held, running) is waited for, whatever files its earlier attempts left; one gone
-        from the queue is collected. squeue, not sacct: a cluster without accounting has no sacct."""
+        """Until every job has ended, by SLURM's word (squeue, not sacct: a cluster without
+        accounting has no sacct); one gone from the queue is collected."""
         pending = dict(jobs)
         gone: dict[str, int] = {}  # job -> polls in a row that squeue no longer listed it
         told: dict[str, JobState] = {}
