@@ -17,12 +17,12 @@ from .plain_sweep import run_plain
 from .plan.budget import match_budgets
 from .plan.ladder import check_design_keys
 from .plan.sweep import Sweep, load_sweep
-from .request import SLURM_TIME, SweepRequest, make_request
+from .request import SweepRequest, make_request
 from .runs import from_csv
 from .runs.eval_runs import sweep_kind_modules
-from .runs.launch import Launcher, local_launcher
+from .runs.launch import local_launcher
 from .runs.runner import check_variants
-from .runs.slurm import SlurmLauncher, SlurmOptions, SweepSubmitted, parse_sbatch_options
+from .runs.slurm import SLURM_TIME, SweepSubmitted
 
 
 class AblateParser(ArgumentParser):
@@ -177,22 +177,6 @@ def prepare(request: SweepRequest) -> tuple[Sweep, SweepIdentity]:
     return sweep, identity
 
 
-def make_launcher(request: SweepRequest, log=print) -> Launcher:
-    """Where the runs go: this machine (each run on its own GPUs where there are some) or SLURM."""
-    if request.launcher == "slurm":
-        slurm = request.slurm
-        options = SlurmOptions(
-            partition=slurm.partition,
-            time_min=slurm.time_min,
-            gpus_per_run=request.devices_per_run or 0,
-            cpus_per_run=slurm.cpus_per_run,
-            array_parallelism=slurm.array_parallelism,
-            sbatch=parse_sbatch_options(list(slurm.options)),
-        )
-        return SlurmLauncher(options, wait=slurm.wait)
-    return local_launcher(request.parallel, request.devices_per_run, log=log)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     request = make_request(parse_args(argv))
     sweep, identity = prepare(request)
@@ -212,7 +196,9 @@ def run_and_report(request: SweepRequest, sweep: Sweep, identity: SweepIdentity)
     output = request.output
     if output.exists() and not output.is_dir():
         raise UserError(f"--output: {str(output)!r} is a file; give a directory (new or of this sweep)")
-    launcher = make_launcher(request) if request.trains else None
+    launcher = None
+    if request.trains:  # SLURM's, or this machine (each run on its own GPUs where there are some)
+        launcher = request.slurm_launcher or local_launcher(request.parallel, request.devices_per_run)
     # After every refusal of the command line: --force removes the sweep there only when this one runs.
     check_output(output, identity, sweep, request.extra, force=request.force, dry_run=request.dry_run)
     # The output's sweep.json says whose it is from the moment this sweep runs there (output.py).

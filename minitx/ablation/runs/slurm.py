@@ -45,6 +45,7 @@ JOB_NAME = "minitx-ablate"
 # the save of last.ckpt.
 SIGNAL_DELAY_S = 120
 POLL_S = 2.0
+SLURM_TIME = 60  # minutes a job may run unless --slurm-time says otherwise
 # Polls in a row that squeue may fail (a busy controller) before ablate gives up waiting: 10 minutes.
 SQUEUE_RETRIES = 300
 # Alive, by SLURM's word (squeue): not ended, whatever files its earlier attempts left.
@@ -68,7 +69,7 @@ class SlurmOptions:
     name to value (account, qos, constraint, ...)."""
 
     partition: str | None = None
-    time_min: int = 60
+    time_min: int = SLURM_TIME
     gpus_per_run: int = 0
     cpus_per_run: int | None = None
     array_parallelism: int | None = None
