@@ -76,9 +76,7 @@ def describe(points: Sequence[Point], plan: Plan) -> str:
         elif p.role == "confirm":
             kind = f"confirmation at {p.size}"
         elif p.role.startswith("holdout"):
-            kind = {"holdout": "held-out trunk", "holdout-branch": "held-out branch"}.get(
-                p.role, "held-out seed"
-            )
+            kind = "held-out " + {"holdout": "trunk", "holdout-branch": "branch"}.get(p.role, "seed")
         elif plan.ladder is None:  # without a ladder its second phase is each arm's seeds
             kind = "seeds"
         else:
@@ -91,9 +89,8 @@ def log_count(plan: Plan, log) -> None:
     counts = plan.run_count()
     extend = plan.sweep.design.extend * len(plan.arms) if plan.sweep.design.multipliers else 0
     past = f", and up to {extend} past the sweep's edges" if extend else ""
-    log(
-        f"ablate: the plan: {counted(sum(counts.values()), 'run')} ({', '.join(f'{n} {k}' for k, n in counts.items())}{past})"
-    )
+    kinds = ", ".join(f"{n} {k}" for k, n in counts.items())
+    log(f"ablate: the plan: {counted(sum(counts.values()), 'run')} ({kinds}{past})")
 
 
 def check_baseline_rate(plan: Plan) -> None:
@@ -101,15 +98,13 @@ def check_baseline_rate(plan: Plan) -> None:
     the ladder has nothing to answer, so the sweep stops before the ladder's first run, in one line."""
     baseline = plan.arms[0]
     refused = plan.rates(RunResults())[baseline].refused
-    if not refused:
-        return
-    fix = (
-        "" if "lr_sweep" in refused else "; list other lr_sweep.multipliers (or a lower base rate) and rerun"
-    )
-    raise UserError(
-        f"lr_sweep: the baseline {baseline!r} has no learning rate: {refused}{fix}; the ladder was not started "
-        "(every arm is compared with the baseline)"
-    )
+    fix = "; list other lr_sweep.multipliers (or a lower base rate) and rerun"
+    if refused:
+        fix = "" if "lr_sweep" in refused else fix  # a refusal naming lr_sweep says its own fix
+        raise UserError(
+            f"lr_sweep: the baseline {baseline!r} has no learning rate: {refused}{fix}; the ladder was not started "
+            "(every arm is compared with the baseline)"
+        )
 
 
 def _phase(plan: Plan, trained, phase: int) -> list[Point]:
@@ -150,7 +145,7 @@ def show_plan(plan: Plan, log) -> None:
     declared = declared_phases(plan)
     first, second, _, _ = plan.all_points(RunResults())
     for run in _unique_runs(first or second):
-        log(" ".join(shlex.quote(part) for part in run.command))
+        log(shlex.join(run.command))
     later = []
     if first:
         later.append("runs past the sweep's edges where an arm's best is at one")
@@ -203,9 +198,8 @@ def check_reportable(plan: Plan) -> None:
 def run_phases(plan: Plan, source: Results, launcher: Launcher | None, log) -> None:
     """Each declared phase in order, each planned from the runs before it; then the diagnostics
     of every run. A run the source holds (a recorded CSV's) is not trained again."""
-    output = plan.output
-    output.mkdir(parents=True, exist_ok=True)
-    write_json_atomically(output / PLAN_FILE, {"version": PLAN_VERSION})
+    plan.output.mkdir(parents=True, exist_ok=True)
+    write_json_atomically(plan.output / PLAN_FILE, {"version": PLAN_VERSION})
     log_count(plan, log)
     declared = declared_phases(plan)
     numbered = list(enumerate(declared, 1))

@@ -155,8 +155,7 @@ def check_output(
     found = sweep_files(output)
     if [path.name for path in found] in ([], [SWEEP_FILE]):  # nothing of a sweep was written there
         return
-    recorded = read_json(output / SWEEP_FILE)
-    earlier = SweepIdentity.from_record(recorded) if recorded else None
+    earlier = SweepIdentity.from_record(read_json(output / SWEEP_FILE) or {})
     if earlier is not None:
         different = identity.difference(earlier)
     else:
@@ -197,13 +196,10 @@ def check_no_live_job(output: Path) -> None:
     """--force deletes no run a SLURM job still runs or waits to resume (its last.ckpt)."""
     jobs = {}
     for directory in _runs_in(output):
-        record = read_json(directory / RUN_FILE)
-        job = recorded_job(record)
+        job = recorded_job(read_json(directory / RUN_FILE))
         if job and not (directory / SUMMARY_FILE).is_file():
             jobs[job] = directory.name
-    if not jobs:
-        return
-    states = queue_states(list(jobs))
+    states = queue_states(list(jobs))  # {} without a job: squeue is not asked
     if states is None:
         job, name = next(iter(jobs.items()))
         raise UserError(

@@ -33,7 +33,7 @@ def run_plain(sweep: Sweep, request: SweepRequest, launcher: Launcher | None = N
         runs = plan_runs(sweep, request.output, request.seeds or sweep.seeds, request.extra, request.logging)
         if request.dry_run:  # writes nothing
             for run in runs:
-                log(" ".join(shlex.quote(part) for part in run.command))
+                log(shlex.join(run.command))
             log(
                 f"# {request.output / BASE_SNAPSHOT} is written when the sweep runs: the base config as it is then"
             )

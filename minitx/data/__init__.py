@@ -23,4 +23,3 @@ __all__ = [
     "shakespeare_text",
     "tokenizer_from_dict",
 ]
-

@@ -1,8 +1,6 @@
 """The runs a sweep plans: one training command per (variant, seed), with its directory and the
-fingerprint of its settings (Run). Nothing here starts a run: runs/runner.py does.
-
-Every run is the ordinary training command in its own process and directory, so what a sweep
-plans is a command line; the only thing it relies on is that command's contract.
+fingerprint of its settings (Run): a command line, the training command's contract. Nothing here
+starts a run: runs/runner.py does.
 """
 
 from __future__ import annotations
@@ -51,10 +49,8 @@ class Run:
 
     @property
     def label(self) -> str:
-        default = f"{self.variant.name}-seed{self.seed}"
-        return (
-            f"{self.variant.name} seed {self.seed}" if self.directory.name == default else self.directory.name
-        )
+        plain = self.directory.name == f"{self.variant.name}-seed{self.seed}"  # a plain sweep's run
+        return f"{self.variant.name} seed {self.seed}" if plain else self.directory.name
 
 
 def plan_runs(

@@ -206,7 +206,6 @@ def _ladder(raw: Any, where: str, flatten) -> Ladder:
     if len(budgets) != 1:
         raise UserError(f"{where}.budgets: give one of tokens_per_param (e.g. [4, 8, 16]) or flops")
     unit, values = next(iter(budgets.items()))
-    holdout = None
-    if raw.get("holdout") is not None:
-        holdout = _holdout(raw["holdout"], f"{where}.holdout", flatten, {s.name for s in sizes})
+    held = raw.get("holdout")
+    holdout = None if held is None else _holdout(held, f"{where}.holdout", flatten, {s.name for s in sizes})
     return Ladder(sizes, _numbers(values, f"{where}.budgets.{unit}", "[4, 8, 16]"), unit, holdout)

@@ -344,8 +344,7 @@ class Plan:
             counts["extra seeds"] = arms * (self.sweep.seeds - 1)
             counts["branches"] = arms * len(self.sizes) * (len(self.budgets) - 1)
         if self.holdout is not None:
-            seeded = len(self.ladder.holdout.seeded(self.arms))
-            extra = seeded * (self.ladder.holdout.seeds - 1)
+            extra = len(self.ladder.holdout.seeded(self.arms)) * (self.ladder.holdout.seeds - 1)
             counts[f"held out at {self.holdout.name}"] = arms * len(self.budgets) + extra
         return {name: n for name, n in counts.items() if n}
 

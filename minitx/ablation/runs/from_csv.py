@@ -212,9 +212,9 @@ def check_against_sweep(
     if from_csv is not None:
         file_arms = [v.name for v in load_sweep(config).variants]  # before --only picked some
         if not sweep.design.active:  # a plain sweep's CSV
-            plain_csv.read_rows(Path(from_csv), sweep, file_arms)
+            plain_csv.read_rows(from_csv, sweep, file_arms)
         else:
-            check_fits_sweep(read_rows(Path(from_csv)), sweep, Path(from_csv), file_arms)
+            check_fits_sweep(read_rows(from_csv), sweep, from_csv, file_arms)
 
 
 class CsvResults:
@@ -339,13 +339,12 @@ def recorded_rates(rows: Sequence[Row], plan: Plan, path: Path) -> dict[str, dic
     for row in ladder:
         if row.seed != plan.ladder_seed:
             continue
-        if (row.arm, row.size) in lines:
-            first = lines[row.arm, row.size]
+        first = lines.setdefault((row.arm, row.size), row)
+        if first is not row:
             raise UserError(
                 f"--from-csv: {path}: lines {first.line} and {row.line} are both {row.arm}'s ladder run at "
                 f"{row.size} (x{first.multiplier:g}, x{row.multiplier:g}); keep one"
             )
-        lines[row.arm, row.size] = row
         found.setdefault(row.arm, {})[row.size] = row.multiplier
     sizes = [s.name for s in plan.sizes]
     for arm, by_size in found.items():

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+
 from ...errors import UserError
 from ...files.atomic import write_text_atomically
 from ...wording import counted
@@ -34,9 +36,7 @@ class Launcher(Protocol):
 
 def visible_gpus() -> list[str]:
     """The GPUs this process may hand out, as CUDA_VISIBLE_DEVICES names them (indices or UUIDs;
-    a run given a subset sees it renumbered from cuda:0). None on a machine without CUDA."""
-    import torch
-
+    a run given a subset sees it renumbered from cuda:0); none on a machine without CUDA."""
     if not torch.cuda.is_available():
         return []
     count = torch.cuda.device_count()

@@ -202,9 +202,7 @@ def ended_state(job_id: str) -> str | None:
 
 def recorded_job(record: dict | None) -> str | None:
     """The SLURM job a run's run.json names (the one that last ran or was submitted for it)."""
-    if not record or record.get("launcher") != "slurm":
-        return None
-    job = record.get("job_id")
+    job = record.get("job_id") if record and record.get("launcher") == "slurm" else None
     return str(job) if job else None
 
 
@@ -401,9 +399,7 @@ class SlurmLauncher:
         Asked before any directory is touched: a live job may resume from what is there."""
         recorded = {run.label: recorded_job(read_json(run.directory / RUN_FILE)) for run in runs}
         recorded = {label: job for label, job in recorded.items() if job}
-        if not recorded:
-            return {}
-        states = queue_states(list(recorded.values()))
+        states = queue_states(list(recorded.values()))  # {} without a job: squeue is not asked
         if states is None:
             label, job = next(iter(recorded.items()))
             raise UserError(
