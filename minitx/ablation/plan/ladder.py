@@ -179,8 +179,11 @@ class Plan:
         if role in ("branch", "holdout-branch"):
             start = self.decay_start(steps)
             overrides["ckpt_path"] = str(main.run.directory / "checkpoints" / f"step-{start:07d}.ckpt")
-        branched = f"-b{budget:g}" if role in ("branch", "holdout-branch", "seed") else ""
-        name = f"{arm}-{size}-lr{multiplier:g}{branched}-seed{seed}"
+        # every other role (a branch, a seed, analysis/designed.py's replicate) names its budget
+        budget_tag = (
+            "" if role in ("sweep", "confirm", "ladder", "holdout", "holdout-seed") else f"-b{budget:g}"
+        )
+        name = f"{arm}-{size}-lr{multiplier:g}{budget_tag}-seed{seed}"
         run = make_run(
             self.sweep, shape.variant, seed, self.output, self.extra, self.logging, overrides, name
         )
@@ -433,8 +436,8 @@ def make_plan(sweep: Sweep, output: Path, extra: Sequence[str] = (), logging: Se
     compute: dict[tuple[str, float | None], float] = {}
     for size in [*sizes, *held]:
         ref = shapes[reference, size.name]
-        scale = ref.params * ref.flops_per_token if per_param else 1
-        compute.update({(size.name, budget): budget * scale for budget in budgets if budget is not None})
+        for budget in (b for b in budgets if b is not None):
+            compute[size.name, budget] = budget * ref.params * ref.flops_per_token if per_param else budget
     plan = Plan(
         sweep, output, [v.name for v in sweep.variants], sizes, budgets, shapes, compute, tokens_per_step,
         int(trainer.get("max_steps") or 0), float(_setting(model, "decay_fraction")),

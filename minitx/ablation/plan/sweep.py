@@ -140,8 +140,7 @@ def flatten(mapping: Any, where: str) -> dict[str, Any]:
         if not isinstance(key, str) or not key:
             raise UserError(f"{where}: keys must be non-empty strings like model.attention.kind, got {key!r}")
         if isinstance(value, dict) and value:
-            for inner, inner_value in flatten(value, f"{where}.{key}").items():
-                flat[f"{key}.{inner}"] = inner_value
+            flat.update({f"{key}.{inner}": v for inner, v in flatten(value, f"{where}.{key}").items()})
         else:
             flat[key] = value
     for key in flat:
