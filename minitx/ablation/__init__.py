@@ -95,7 +95,6 @@ __all__ = [
     "PLOTS",
     "RUN_FILE",
     "Run",
-    "RunSummary",
     "SUMMARY_FILE",
     "Sweep",
     "Variant",
@@ -118,13 +117,3 @@ __all__ = [
     "write_csv",
     "write_results",
 ]
-
-
-def __getattr__(name: str):
-    # RunSummary is a Lightning callback: imported when asked for, so that `ablate --help` and a
-    # sweep's one-line errors do not import Lightning (seconds at every start).
-    if name == "RunSummary":
-        from .summary import RunSummary
-
-        return RunSummary
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

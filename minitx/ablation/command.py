@@ -17,12 +17,12 @@ from .plain_sweep import run_plain
 from .plan.budget import match_budgets
 from .plan.ladder import check_design_keys
 from .plan.sweep import Sweep, load_sweep
-from .request import SLURM_TIME, SweepRequest, make_request
+from .request import SweepRequest, make_request
 from .runs import from_csv
 from .runs.eval_runs import sweep_kind_modules
-from .runs.launch import Launcher, local_launcher
+from .runs.launch import local_launcher
 from .runs.runner import check_variants
-from .runs.slurm import SlurmLauncher, SlurmOptions, SweepSubmitted, parse_sbatch_options
+from .runs.slurm import SLURM_TIME, SweepSubmitted
 
 
 class AblateParser(ArgumentParser):
@@ -39,12 +39,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Train each attention variant of a sweep file on the same data and budget; write a table and plots.",
     )
     parser.add_argument("--config", required=True, help="sweep YAML: base training config + variants")
-    parser.add_argument(
-        "--output", default=None, help="output directory (default runs/ablation/<config name>)"
-    )
-    parser.add_argument(
-        "--seeds", type=int, default=None, help="seeds per variant (default: the file's 'seeds')"
-    )
+    parser.add_argument("--output", help="output directory (default runs/ablation/<config name>)")
+    parser.add_argument("--seeds", type=int, help="seeds per variant (default: the file's 'seeds')")
     parser.add_argument(
         "--parallel",
         type=int,
@@ -54,7 +50,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--devices-per-run",
         type=int,
-        default=None,
         metavar="K",
         help="GPUs each run is given (default 1 where there are GPUs; with --launcher slurm, "
         "the GPUs each job asks for, default none); K > 1 also sets --trainer.devices K",
@@ -66,9 +61,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="where the runs go: this machine (default) or a SLURM cluster, one job of an array per run",
     )
     slurm = parser.add_argument_group("SLURM (with --launcher slurm; docs/scale.md)")
-    slurm.add_argument(
-        "--slurm-partition", default=None, help="partition of every job (default the cluster's)"
-    )
+    slurm.add_argument("--slurm-partition", help="partition of every job (default the cluster's)")
     slurm.add_argument(
         "--slurm-time",
         type=int,
@@ -76,11 +69,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="MINUTES",
         help=f"time limit of each job (default {SLURM_TIME})",
     )
-    slurm.add_argument("--slurm-cpus-per-run", type=int, default=None, metavar="N", help="CPUs of each job")
+    slurm.add_argument("--slurm-cpus-per-run", type=int, metavar="N", help="CPUs of each job")
     slurm.add_argument(
         "--slurm-array-parallelism",
         type=int,
-        default=None,
         metavar="N",
         help="jobs of the array running at once",
     )
@@ -96,7 +88,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="submit and return; run the same command again for the next phase, or with --report-only at the end",
     )
-    parser.add_argument("--only", default=None, help="comma-separated variant names to run (default all)")
+    parser.add_argument("--only", help="comma-separated variant names to run (default all)")
     parser.add_argument(
         "--wandb", action="store_true", help="log every run to Weights & Biases, one group per sweep"
     )
@@ -115,13 +107,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--from-csv",
-        default=None,
         metavar="FILE",
         help="with --report-only: rebuild a sweep's report into --output from its results.csv, no runs needed",
     )
     parser.add_argument(
         "--baseline",
-        default=None,
         metavar="NAME",
         help="with --report-only: the variant (arm) the report compares the others with (default the first)",
     )
@@ -187,22 +177,6 @@ def prepare(request: SweepRequest) -> tuple[Sweep, SweepIdentity]:
     return sweep, identity
 
 
-def make_launcher(request: SweepRequest, log=print) -> Launcher:
-    """Where the runs go: this machine (each run on its own GPUs where there are some) or SLURM."""
-    if request.launcher == "slurm":
-        slurm = request.slurm
-        options = SlurmOptions(
-            partition=slurm.partition,
-            time_min=slurm.time_min,
-            gpus_per_run=request.devices_per_run or 0,
-            cpus_per_run=slurm.cpus_per_run,
-            array_parallelism=slurm.array_parallelism,
-            sbatch=parse_sbatch_options(list(slurm.options)),
-        )
-        return SlurmLauncher(options, wait=slurm.wait)
-    return local_launcher(request.parallel, request.devices_per_run, log=log)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     request = make_request(parse_args(argv))
     sweep, identity = prepare(request)
@@ -222,7 +196,9 @@ def run_and_report(request: SweepRequest, sweep: Sweep, identity: SweepIdentity)
     output = request.output
     if output.exists() and not output.is_dir():
         raise UserError(f"--output: {str(output)!r} is a file; give a directory (new or of this sweep)")
-    launcher = make_launcher(request) if request.trains else None
+    launcher = None
+    if request.trains:  # SLURM's, or this machine (each run on its own GPUs where there are some)
+        launcher = request.slurm_launcher or local_launcher(request.parallel, request.devices_per_run)
     # After every refusal of the command line: --force removes the sweep there only when this one runs.
     check_output(output, identity, sweep, request.extra, force=request.force, dry_run=request.dry_run)
     # The output's sweep.json says whose it is from the moment this sweep runs there (output.py).

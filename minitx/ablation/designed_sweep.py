@@ -29,7 +29,7 @@ from .report.designed import write_design_results
 from .request import SweepRequest
 from .runs import from_csv
 from .runs.eval_runs import diagnose_run, sweep_kind_modules
-from .runs.from_csv import CsvResults, ExtendedResults
+from .runs.from_csv import CsvResults
 from .runs.launch import Launcher, run_sweep
 from .runs.results import RunResults
 from .runs.runner import BASE_SNAPSHOT, given_arguments, is_finished
@@ -47,7 +47,7 @@ PLAN_VERSION = 2  # 2: rates chosen past the sweep's edges, confirmed at the lar
 PHASES = ("learning rates", "ladder", "branches", "held out", "held-out branches")
 HELD_OUT = PHASES.index("held out")  # the held-out rung's phases: its trunks, then its branches
 # Where a sweep's figures are read from (results_source): each is called with a point, as RunResults
-Results = RunResults | CsvResults | ExtendedResults
+Results = RunResults | CsvResults
 
 
 def declared_phases(plan: Plan) -> list[tuple[int, str]]:
@@ -76,9 +76,7 @@ def describe(points: Sequence[Point], plan: Plan) -> str:
         elif p.role == "confirm":
             kind = f"confirmation at {p.size}"
         elif p.role.startswith("holdout"):
-            kind = {"holdout": "held-out trunk", "holdout-branch": "held-out branch"}.get(
-                p.role, "held-out seed"
-            )
+            kind = "held-out " + {"holdout": "trunk", "holdout-branch": "branch"}.get(p.role, "seed")
         elif plan.ladder is None:  # without a ladder its second phase is each arm's seeds
             kind = "seeds"
         else:
@@ -91,22 +89,8 @@ def log_count(plan: Plan, log) -> None:
     counts = plan.run_count()
     extend = plan.sweep.design.extend * len(plan.arms) if plan.sweep.design.multipliers else 0
     past = f", and up to {extend} past the sweep's edges" if extend else ""
-    log(
-        f"ablate: the plan: {counted(sum(counts.values()), 'run')} ({', '.join(f'{n} {k}' for k, n in counts.items())}{past})"
-    )
-
-
-def check_plan_version(plan: Plan, output: Path) -> None:
-    """--report-only of an output whose learning rates were chosen by an earlier minitx (the sweep's
-    run doubled as a ladder point, one seed chose): refused in one line, not misread."""
-    if not plan.sweep.design.multipliers:  # without lr_sweep the plan is what it was
-        return
-    record = read_json(output / PLAN_FILE) or {}
-    if record.get("version") != PLAN_VERSION and any((output / "runs").glob("*/summary.json")):
-        raise UserError(
-            f"--report-only: {str(output)!r} holds runs of an earlier minitx's designed sweep, which chose learning "
-            "rates from one run and reused it as a ladder point; rerun the sweep into a new --output"
-        )
+    kinds = ", ".join(f"{n} {k}" for k, n in counts.items())
+    log(f"ablate: the plan: {counted(sum(counts.values()), 'run')} ({kinds}{past})")
 
 
 def check_baseline_rate(plan: Plan) -> None:
@@ -114,15 +98,13 @@ def check_baseline_rate(plan: Plan) -> None:
     the ladder has nothing to answer, so the sweep stops before the ladder's first run, in one line."""
     baseline = plan.arms[0]
     refused = plan.rates(RunResults())[baseline].refused
-    if not refused:
-        return
-    fix = (
-        "" if "lr_sweep" in refused else "; list other lr_sweep.multipliers (or a lower base rate) and rerun"
-    )
-    raise UserError(
-        f"lr_sweep: the baseline {baseline!r} has no learning rate: {refused}{fix}; the ladder was not started "
-        "(every arm is compared with the baseline)"
-    )
+    fix = "; list other lr_sweep.multipliers (or a lower base rate) and rerun"
+    if refused:
+        fix = "" if "lr_sweep" in refused else fix  # a refusal naming lr_sweep says its own fix
+        raise UserError(
+            f"lr_sweep: the baseline {baseline!r} has no learning rate: {refused}{fix}; the ladder was not started "
+            "(every arm is compared with the baseline)"
+        )
 
 
 def _phase(plan: Plan, trained, phase: int) -> list[Point]:
@@ -131,15 +113,7 @@ def _phase(plan: Plan, trained, phase: int) -> list[Point]:
     found = plan.all_points(trained)
     if phase < HELD_OUT:
         return found[phase]
-    return [p for p in found[HELD_OUT] if plan.holdout_stage(p) == phase - HELD_OUT]
-
-
-def report_instability(points: Sequence[Point], trained: RunResults, log) -> None:
-    for p in points:
-        if p.role in ("confirm", "ladder", "seed") and trained(p).trouble:
-            log(
-                f"ablate: unstable {p.run.directory.name} (x{p.multiplier:g} at {p.size}): {trained(p).trouble}"
-            )
+    return [p for p in found[HELD_OUT] if (p.role == "holdout-branch") == (phase > HELD_OUT)]
 
 
 def run_designed(sweep: Sweep, request: SweepRequest, launcher: Launcher | None = None, log=print) -> Plan:
@@ -147,8 +121,8 @@ def run_designed(sweep: Sweep, request: SweepRequest, launcher: Launcher | None 
     phases of runs (none with --report-only), the analysis of what its results source holds, the
     report."""
     plan = make_plan(sweep, request.output, request.extra, request.logging)
-    if request.baseline is not None:
-        from_csv.put_baseline_first(plan, request.baseline)
+    if request.baseline is not None:  # the analysis compares every arm with the plan's first
+        plan.arms = [request.baseline, *(arm for arm in plan.arms if arm != request.baseline)]
     if request.dry_run:
         show_plan(plan, log)
         return plan
@@ -171,7 +145,7 @@ def show_plan(plan: Plan, log) -> None:
     declared = declared_phases(plan)
     first, second, _, _ = plan.all_points(RunResults())
     for run in _unique_runs(first or second):
-        log(" ".join(shlex.quote(part) for part in run.command))
+        log(shlex.join(run.command))
     later = []
     if first:
         later.append("runs past the sweep's edges where an arm's best is at one")
@@ -186,11 +160,8 @@ def show_plan(plan: Plan, log) -> None:
             f"phase {number}, the held-out rung: every arm at {plan.holdout.name} at the rate extrapolated "
             "there, never fitted"
         )
-    snapshot = plan.output / BASE_SNAPSHOT
-    if later:
-        log(f"# then {', then '.join(later)}; {snapshot} is written when the sweep runs")
-    else:
-        log(f"# {snapshot} is written when the sweep runs")
+    then = f"then {', then '.join(later)}; " if later else ""
+    log(f"# {then}{plan.output / BASE_SNAPSHOT} is written when the sweep runs")
     log_count(plan, lambda line: log("# " + line))
 
 
@@ -202,14 +173,21 @@ def results_source(plan: Plan, request: SweepRequest) -> Results:
         if request.report_only:
             check_reportable(plan)
         return RunResults()
-    recorded = from_csv.read_results(request.from_csv, plan)
-    return recorded if request.report_only else ExtendedResults(recorded)
+    return from_csv.read_results(request.from_csv, plan, extend=not request.report_only)
 
 
 def check_reportable(plan: Plan) -> None:
     """--report-only of the runs on disk: refused in one line where none of them finished, or an
-    earlier minitx planned them."""
-    check_plan_version(plan, plan.output)
+    earlier minitx chose their learning rates (the sweep's run doubled as a ladder point, one seed
+    chose), not misread."""
+    output = plan.output
+    if plan.sweep.design.multipliers:  # without lr_sweep the plan is what it was
+        record = read_json(output / PLAN_FILE) or {}
+        if record.get("version") != PLAN_VERSION and any((output / "runs").glob("*/summary.json")):
+            raise UserError(
+                f"--report-only: {str(output)!r} holds runs of an earlier minitx's designed sweep, which chose learning "
+                "rates from one run and reused it as a ladder point; rerun the sweep into a new --output"
+            )
     first, second, _, _ = plan.all_points(RunResults())
     if not any(is_finished(p.run) for p in first + second):
         raise UserError(
@@ -220,9 +198,8 @@ def check_reportable(plan: Plan) -> None:
 def run_phases(plan: Plan, source: Results, launcher: Launcher | None, log) -> None:
     """Each declared phase in order, each planned from the runs before it; then the diagnostics
     of every run. A run the source holds (a recorded CSV's) is not trained again."""
-    output = plan.output
-    output.mkdir(parents=True, exist_ok=True)
-    write_json_atomically(output / PLAN_FILE, {"version": PLAN_VERSION})
+    plan.output.mkdir(parents=True, exist_ok=True)
+    write_json_atomically(plan.output / PLAN_FILE, {"version": PLAN_VERSION})
     log_count(plan, log)
     declared = declared_phases(plan)
     numbered = list(enumerate(declared, 1))
@@ -248,7 +225,7 @@ def run_phases(plan: Plan, source: Results, launcher: Launcher | None, log) -> N
             tried |= {p.run.directory for p in points}
         if phase == 0:
             check_baseline_rate(plan)
-    trusted = trusted_kind_modules(plan)
+    trusted = sweep_kind_modules(plan.sweep, plan.extra)  # the user's own kinds the configs name
     for point in sum(plan.all_points(source.now()), []):
         if not source.holds(point):
             diagnose_run(point.run, trusted, log)
@@ -257,11 +234,6 @@ def run_phases(plan: Plan, source: Results, launcher: Launcher | None, log) -> N
 def train(plan: Plan, points: list[Point], phase: str, launcher: Launcher | None, log) -> None:
     log(f"ablate: {phase}: {describe(points, plan)}")
     run_sweep(_unique_runs(points), plan.sweep, plan.output, launcher, log)
-
-
-def trusted_kind_modules(plan: Plan) -> list[str]:
-    """The attention kinds of the user's own the sweep's configs name: run in its evaluations."""
-    return sweep_kind_modules(plan.sweep, plan.extra)
 
 
 def analyse_sweep(
@@ -274,7 +246,11 @@ def analyse_sweep(
     trained = source.now()
     phases = plan.all_points(trained)
     source.check(sum(phases, []))
-    report_instability(phases[0] + phases[1], trained, log)
+    for p in phases[0] + phases[1]:
+        if p.role in ("confirm", "ladder", "seed") and trained(p).trouble:
+            log(
+                f"ablate: unstable {p.run.directory.name} (x{p.multiplier:g} at {p.size}): {trained(p).trouble}"
+            )
     for rate in plan.rates(trained).values():
         if rate.refused:
             log(f"ablate: refused {rate.arm}: {rate.refused}")
@@ -282,14 +258,9 @@ def analyse_sweep(
     replicates = replicate_points(plan, analysis)
     todo = [p for p in replicates if not is_finished(p.run)]
     if todo and third_seeds:
-        train(
-            plan,
-            todo,
-            f"phase {len(declared_phases(plan)) + 1} (a third seed where two disagree)",
-            launcher,
-            log,
-        )
-        trusted = trusted_kind_modules(plan)
+        phase = f"phase {len(declared_phases(plan)) + 1} (a third seed where two disagree)"
+        train(plan, todo, phase, launcher, log)
+        trusted = sweep_kind_modules(plan.sweep, plan.extra)
         for point in todo:
             diagnose_run(point.run, trusted, log)
         trained = source.now()

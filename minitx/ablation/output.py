@@ -26,6 +26,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..files.atomic import read_json, write_json_atomically
+from ..wording import counted
 from .designed_sweep import PLAN_FILE
 from .plan.commands import BASE_SNAPSHOT, make_run
 from .plan.sweep import Sweep
@@ -110,11 +111,8 @@ def sweep_files(output: Path) -> list[Path]:
 
 def _runs_in(output: Path) -> list[Path]:
     runs = output / "runs"
-    return (
-        sorted(p for p in runs.iterdir() if p.is_dir() and not p.name.startswith("."))
-        if runs.is_dir()
-        else []
-    )
+    found = runs.iterdir() if runs.is_dir() else []
+    return sorted(p for p in found if p.is_dir() and not p.name.startswith("."))
 
 
 def earlier_difference(output: Path, identity: SweepIdentity, sweep: Sweep, extra: Sequence[str]) -> str:
@@ -157,14 +155,11 @@ def check_output(
     found = sweep_files(output)
     if [path.name for path in found] in ([], [SWEEP_FILE]):  # nothing of a sweep was written there
         return
-    recorded = read_json(output / SWEEP_FILE)
-    earlier = SweepIdentity.from_record(recorded) if recorded else None
+    earlier = SweepIdentity.from_record(read_json(output / SWEEP_FILE) or {})
     if earlier is not None:
         different = identity.difference(earlier)
-        other_config = earlier.config
     else:
         different = earlier_difference(output, identity, sweep, extra)
-        other_config = ""
     if force:
         check_no_live_job(output)
         what = describe(found)
@@ -176,11 +171,8 @@ def check_output(
         log(f"ablate: --force: removed the sweep in {output} ({what})")
         return
     if different:
-        which = (
-            f" ({other_config})"
-            if other_config and Path(other_config).name != Path(identity.config).name
-            else ""
-        )
+        other = earlier.config if earlier is not None else ""
+        which = f" ({other})" if other and Path(other).name != Path(identity.config).name else ""
         raise UserError(
             f"--output: {str(output)!r} holds another sweep{which}: {different}; give another --output, "
             "or add --force to replace it (removes its results, plots, plan and runs first)"
@@ -191,27 +183,23 @@ def describe(found: Sequence[Path]) -> str:
     parts = []
     for path in found:
         if path.name == "runs":
-            count = len(_runs_in(path.parent))
-            parts.append(f"{count} run{'' if count == 1 else 's'}")
+            parts.append(counted(len(_runs_in(path.parent)), "run"))
         elif path.is_dir():
             parts.append(f"{path.name}/")
         elif path.suffix != ".png":
             parts.append(path.name)
     plots = sum(1 for path in found if path.suffix == ".png")
-    return ", ".join(parts + ([f"{plots} plot{'' if plots == 1 else 's'}"] if plots else []))
+    return ", ".join(parts + ([counted(plots, "plot")] if plots else []))
 
 
 def check_no_live_job(output: Path) -> None:
     """--force deletes no run a SLURM job still runs or waits to resume (its last.ckpt)."""
     jobs = {}
     for directory in _runs_in(output):
-        record = read_json(directory / RUN_FILE)
-        job = recorded_job(record)
+        job = recorded_job(read_json(directory / RUN_FILE))
         if job and not (directory / SUMMARY_FILE).is_file():
             jobs[job] = directory.name
-    if not jobs:
-        return
-    states = queue_states(list(jobs))
+    states = queue_states(list(jobs))  # {} without a job: squeue is not asked
     if states is None:
         job, name = next(iter(jobs.items()))
         raise UserError(

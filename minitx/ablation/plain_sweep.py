@@ -33,7 +33,7 @@ def run_plain(sweep: Sweep, request: SweepRequest, launcher: Launcher | None = N
         runs = plan_runs(sweep, request.output, request.seeds or sweep.seeds, request.extra, request.logging)
         if request.dry_run:  # writes nothing
             for run in runs:
-                log(" ".join(shlex.quote(part) for part in run.command))
+                log(shlex.join(run.command))
             log(
                 f"# {request.output / BASE_SNAPSHOT} is written when the sweep runs: the base config as it is then"
             )
@@ -57,7 +57,7 @@ def train(runs: list[Run], sweep: Sweep, request: SweepRequest, launcher: Launch
     request.output.mkdir(parents=True, exist_ok=True)
     run_sweep(runs, sweep, request.output, launcher, log)
     trusted = sweep_kind_modules(sweep, request.extra)
-    evaluate_runs(runs, sweep.evaluation, log, trust_kind_modules=trusted)
+    evaluate_runs(runs, sweep.evaluation, log, trusted)
     diagnose_runs(runs, sweep, request.extra, trusted, log)
 
 

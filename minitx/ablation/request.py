@@ -10,24 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from .runs import from_csv
-from .runs.slurm import check_slurm_commands, import_submitit
+from .runs import slurm
+from .runs.csv_file import read_table
 
-SLURM_TIME = 60  # minutes a job may run unless --slurm-time says otherwise
 # the choices a SweepRequest holds as the command line parsed them
-AS_PARSED = "only seeds launcher parallel devices_per_run dry_run report_only force baseline".split()
-
-
-@dataclass(frozen=True)
-class SlurmChoices:
-    """--launcher slurm's flags as given (runs/slurm.py's SlurmOptions checks their values)."""
-
-    partition: str | None = None
-    time_min: int = SLURM_TIME
-    cpus_per_run: int | None = None
-    array_parallelism: int | None = None
-    options: tuple[str, ...] = ()  # --slurm-option KEY=VALUE, as given
-    wait: bool = True  # without --no-wait: wait for the jobs, then go on
+AS_PARSED = "only seeds parallel devices_per_run dry_run report_only force baseline".split()
 
 
 @dataclass(frozen=True)
@@ -39,10 +26,9 @@ class SweepRequest:
     extra: tuple[str, ...] = ()  # training arguments after `--`, with --devices-per-run's devices
     only: str | None = None  # comma-separated variants to run
     seeds: int | None = None  # a plain sweep's seeds per variant (None: the file's)
-    launcher: str = "local"  # "local" or "slurm"
     parallel: int = 1  # runs at once on this machine
     devices_per_run: int | None = None
-    slurm: SlurmChoices = SlurmChoices()
+    slurm_launcher: slurm.SlurmLauncher | None = None  # with --launcher slurm, if the runs train
     wandb_project: str | None = None  # None without --wandb
     dry_run: bool = False
     report_only: bool = False
@@ -71,48 +57,41 @@ class SweepRequest:
 def make_request(args: argparse.Namespace) -> SweepRequest:
     """The parsed command line as a SweepRequest, each flag checked against the others (and,
     with --launcher slurm, submitit and SLURM's commands looked for) before the sweep is read."""
-    from_csv.check_flags(args.from_csv, args.baseline, args.report_only, args.output)
+    check_csv_flags(args)
     if args.seeds is not None and args.seeds < 1:
         raise UserError(f"--seeds: must be 1 or more, got {args.seeds}")
     if args.parallel < 1:
         raise UserError(f"--parallel: must be 1 or more, got {args.parallel}")
-    slurm = args.launcher == "slurm"
-    if args.devices_per_run is not None and args.devices_per_run < (0 if slurm else 1):
+    on_slurm = args.launcher == "slurm"
+    if args.devices_per_run is not None and args.devices_per_run < (0 if on_slurm else 1):
         raise UserError(f"--devices-per-run: must be 1 or more, got {args.devices_per_run}")
-    if slurm and args.parallel != 1:
+    if on_slurm and args.parallel != 1:
         raise UserError(
             "--parallel: runs on this machine at once; with --launcher slurm give --slurm-array-parallelism N"
         )
-    choices = SlurmChoices(
-        args.slurm_partition,
-        args.slurm_time,
-        args.slurm_cpus_per_run,
-        args.slurm_array_parallelism,
-        tuple(args.slurm_option),
-        wait=not args.no_wait,
-    )
-    if not slurm:
-        given = [
-            flag
-            for flag, value in (
-                ("--slurm-partition", choices.partition),
-                ("--slurm-time", choices.time_min != SLURM_TIME or None),
-                ("--slurm-cpus-per-run", choices.cpus_per_run),
-                ("--slurm-array-parallelism", choices.array_parallelism),
-                ("--slurm-option", choices.options or None),
-                ("--no-wait", args.no_wait or None),
-            )
-            if value is not None
-        ]
-        if given:
-            raise UserError(f"{given[0]}: only with --launcher slurm; add --launcher slurm or leave it out")
+    for flag, value in (
+        ("--slurm-partition", args.slurm_partition),
+        ("--slurm-time", args.slurm_time != slurm.SLURM_TIME or None),
+        ("--slurm-cpus-per-run", args.slurm_cpus_per_run),
+        ("--slurm-array-parallelism", args.slurm_array_parallelism),
+        ("--slurm-option", args.slurm_option or None),
+        ("--no-wait", args.no_wait or None),
+    ):
+        if value is not None and not on_slurm:
+            raise UserError(f"{flag}: only with --launcher slurm; add --launcher slurm or leave it out")
     if args.force and args.report_only and not args.from_csv:
         raise UserError(
             "--force: replaces the sweep in --output before it runs again; --report-only reads that sweep, leave one out"
         )
-    if slurm and not (args.dry_run or args.report_only):
-        import_submitit()  # both before the sweep is read, checked or its data prepared
-        check_slurm_commands()
+    launcher = None
+    if on_slurm and not (args.dry_run or args.report_only):
+        slurm.import_submitit()  # both before the sweep is read, checked or its data prepared
+        slurm.check_slurm_commands()
+        options = slurm.SlurmOptions(
+            args.slurm_partition, args.slurm_time, args.devices_per_run or 0, args.slurm_cpus_per_run,
+            args.slurm_array_parallelism, slurm.parse_sbatch_options(args.slurm_option),
+        )  # fmt: skip
+        launcher = slurm.SlurmLauncher(options, wait=not args.no_wait)
     extra = tuple(args.train_args)
     if args.devices_per_run and args.devices_per_run > 1:
         if any(a == "--trainer.devices" or a.startswith("--trainer.devices=") for a in extra):
@@ -126,8 +105,37 @@ def make_request(args: argparse.Namespace) -> SweepRequest:
         config,
         Path(args.output) if args.output else Path("runs") / "ablation" / config.stem,
         extra,
-        slurm=choices,
+        slurm_launcher=launcher,
         wandb_project=args.wandb_project if args.wandb else None,
         from_csv=Path(args.from_csv) if args.from_csv else None,
         **{name: getattr(args, name) for name in AS_PARSED},
     )
+
+
+def check_csv_flags(args: argparse.Namespace) -> None:
+    """--from-csv and --baseline, refused in one line where they cannot be honoured, before the
+    sweep is read (the CSV is read once the sweep is known to be designed or plain)."""
+    if args.baseline is not None and not args.report_only:
+        raise UserError(
+            "--baseline: only with --report-only (a sweep trains its baseline first: the file's first variant); "
+            "add --report-only to rebuild the report against another arm"
+        )
+    if args.from_csv is None:
+        return
+    if args.output is None:
+        raise UserError("--from-csv: give --output DIR, the folder the rebuilt report is written to")
+    target, source = Path(args.output), Path(args.from_csv)
+    if target.exists() and not target.is_dir():
+        raise UserError(f"--output: {str(target)!r} is a file; give a directory (new or of this sweep)")
+    if (target / "results.csv").exists() and source.exists() and (target / "results.csv").samefile(source):
+        raise UserError(
+            f"--output: {str(target)!r} holds {source}, the CSV being read, which the report would rewrite; "
+            "give another folder"
+        )
+    if args.report_only and any(target.glob("runs/*/summary.json")):
+        raise UserError(
+            f"--output: {str(target)!r} holds a sweep's runs, whose report --report-only rebuilds from them; "
+            "give another folder for the CSV's report"
+        )
+    if not source.is_file():
+        read_table(source)  # says why: not found, or a directory

@@ -1,4 +1,5 @@
-"""Data: text sources -> tokenizer -> token shards on disk (prepare) -> batches (TextDataModule)."""
+"""Data: text sources -> tokenizer -> token shards on disk (prepare) -> batches (TextDataModule, in
+datamodule.py: imported from there alone, as it pulls in Lightning, slow to import)."""
 
 from minitx.data.prepare import DataSettings, Prepared, cache_root
 from minitx.data.sources import VAL_PLAYS, shakespeare_text
@@ -13,7 +14,6 @@ from minitx.data.tokenizer import (
 __all__ = [
     "CharTokenizer",
     "HFTokenizer",
-    "TextDataModule",
     "Tokenizer",
     "VAL_PLAYS",
     "build_tokenizer",
@@ -23,12 +23,3 @@ __all__ = [
     "shakespeare_text",
     "tokenizer_from_dict",
 ]
-
-
-def __getattr__(name: str):
-    # TextDataModule pulls in Lightning (slow to import); generation only needs the tokenizer.
-    if name == "TextDataModule":
-        from minitx.data.datamodule import TextDataModule
-
-        return TextDataModule
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

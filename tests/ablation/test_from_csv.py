@@ -300,7 +300,7 @@ def test_a_csv_made_by_another_plan_is_refused_in_one_line(tmp_path, showcase_pl
     showcase_plan.recorded_rates = {}
     with pytest.raises(UserError) as caught:
         results = from_csv.read_results(path, showcase_plan)
-        from_csv.check_planned(results, sum(showcase_plan.all_points(results), []))
+        results.check(sum(showcase_plan.all_points(results), []))
     assert expected in str(caught.value) and "\n" not in str(caught.value)
 
 

@@ -56,10 +56,6 @@ def budget_of(config: ModelConfig) -> dict[str, Any]:
         return model_budget(Transformer(config))
 
 
-def _parsed(value: Any) -> Any:
-    return yaml.safe_load(value) if isinstance(value, str) else value
-
-
 def config_section(name: str, sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> dict[str, Any]:
     """A section (`model`, `data`) as a variant's runs train with it: the base's, the shared
     overrides, the variant's, then `--<name>.*` arguments given after --; nested keys
@@ -78,7 +74,7 @@ def config_section(name: str, sweep: Sweep, variant: Variant, extra: Sequence[st
         for part in parts[1:-1]:
             inner[part] = dict(inner.get(part) or {})
             inner = inner[part]
-        inner[parts[-1]] = _parsed(value)
+        inner[parts[-1]] = yaml.safe_load(value) if isinstance(value, str) else value
     return section
 
 

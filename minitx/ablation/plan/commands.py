@@ -1,8 +1,6 @@
 """The runs a sweep plans: one training command per (variant, seed), with its directory and the
-fingerprint of its settings (Run). Nothing here starts a run: runs/runner.py does.
-
-Every run is the ordinary training command in its own process and directory, so what a sweep
-plans is a command line; the only thing it relies on is that command's contract.
+fingerprint of its settings (Run): a command line, the training command's contract. Nothing here
+starts a run: runs/runner.py does.
 """
 
 from __future__ import annotations
@@ -15,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ...data.config import TASKS
+from .budget import config_section
 from .sweep import Sweep, Variant
 
 # How a run is launched: the training command's contract (minitx/training). A command string,
@@ -52,10 +49,8 @@ class Run:
 
     @property
     def label(self) -> str:
-        default = f"{self.variant.name}-seed{self.seed}"
-        return (
-            f"{self.variant.name} seed {self.seed}" if self.directory.name == default else self.directory.name
-        )
+        plain = self.directory.name == f"{self.variant.name}-seed{self.seed}"  # a plain sweep's run
+        return f"{self.variant.name} seed {self.seed}" if plain else self.directory.name
 
 
 def plan_runs(
@@ -111,23 +106,7 @@ def train_arguments(
     return [*arguments, "--trainer.callbacks+=" + SUMMARY_CALLBACK, *extra]
 
 
-def data_source(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> str | None:
-    """The data.source a variant's runs train on: base, shared overrides, the variant's, then a
-    `--data.source` given after -- (None: the training command's default, a text)."""
-    source = ((yaml.safe_load(sweep.base_text) or {}).get("data") or {}).get("source")
-    for overrides in (sweep.overrides, variant.overrides):
-        section = overrides.get("data")
-        if isinstance(section, dict):
-            source = section.get("source", source)
-        source = overrides.get("data.source", source)
-    for i, arg in enumerate(extra):
-        if arg == "--data.source" and i + 1 < len(extra):
-            source = extra[i + 1]
-        elif arg.startswith("--data.source="):
-            source = arg.partition("=")[2]
-    return None if source is None else str(source)
-
-
 def is_synthetic(sweep: Sweep, variant: Variant, extra: Sequence[str] = ()) -> bool:
     """A synthetic task (toy, mqar, needle): no held-out text for the diagnostics to read."""
-    return data_source(sweep, variant, extra) in TASKS
+    source = config_section("data", sweep, variant, extra).get("source")
+    return source is not None and str(source) in TASKS

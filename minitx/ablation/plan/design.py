@@ -22,6 +22,7 @@ in one line that names the key.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,9 +60,6 @@ class Ladder:
     unit: str  # "tokens_per_param" or "flops"
     holdout: Holdout | None = None
 
-    def size(self, name: str) -> Size:
-        return next(s for s in self.sizes if s.name == name)
-
 
 @dataclass
 class Design:
@@ -91,12 +89,16 @@ def _as_number(value: Any) -> Any:
     return value
 
 
-def _mapping(raw: Any, where: str, keys: tuple[str, ...]) -> dict:
-    if not isinstance(raw, dict):
-        raise UserError(f"{where}: must be a mapping with {', '.join(keys)}")
+def check_keys(raw: dict, where: str, keys: Sequence[str]) -> None:
     bad = sorted(set(raw) - set(keys))
     if bad:
         raise UserError(f"{where}: unknown key(s) {', '.join(bad)}; use {', '.join(keys)}")
+
+
+def _mapping(raw: Any, where: str, keys: tuple[str, ...]) -> dict:
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: must be a mapping with {', '.join(keys)}")
+    check_keys(raw, where, keys)
     return raw
 
 
@@ -204,7 +206,6 @@ def _ladder(raw: Any, where: str, flatten) -> Ladder:
     if len(budgets) != 1:
         raise UserError(f"{where}.budgets: give one of tokens_per_param (e.g. [4, 8, 16]) or flops")
     unit, values = next(iter(budgets.items()))
-    holdout = None
-    if raw.get("holdout") is not None:
-        holdout = _holdout(raw["holdout"], f"{where}.holdout", flatten, {s.name for s in sizes})
+    held = raw.get("holdout")
+    holdout = None if held is None else _holdout(held, f"{where}.holdout", flatten, {s.name for s in sizes})
     return Ladder(sizes, _numbers(values, f"{where}.budgets.{unit}", "[4, 8, 16]"), unit, holdout)

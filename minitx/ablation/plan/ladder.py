@@ -169,7 +169,6 @@ class Plan:
     ) -> Point:
         shape = self.shapes[arm, size]
         steps = self.steps(arm, size, budget)
-        label = f"{arm}-{size}-lr{multiplier:g}"
         overrides: dict[str, Any] = {"trainer.max_steps": steps}
         if self.ladder is not None:
             overrides["model.schedule"] = "wsd"
@@ -180,20 +179,13 @@ class Plan:
         if role in ("branch", "holdout-branch"):
             start = self.decay_start(steps)
             overrides["ckpt_path"] = str(main.run.directory / "checkpoints" / f"step-{start:07d}.ckpt")
-        name = (
-            label
-            if role in ("sweep", "confirm", "ladder", "holdout", "holdout-seed")
-            else f"{label}-b{budget:g}"
+        # every other role (a branch, a seed, analysis/designed.py's replicate) names its budget
+        budget_tag = (
+            "" if role in ("sweep", "confirm", "ladder", "holdout", "holdout-seed") else f"-b{budget:g}"
         )
+        name = f"{arm}-{size}-lr{multiplier:g}{budget_tag}-seed{seed}"
         run = make_run(
-            self.sweep,
-            shape.variant,
-            seed,
-            self.output,
-            self.extra,
-            self.logging,
-            overrides,
-            f"{name}-seed{seed}",
+            self.sweep, shape.variant, seed, self.output, self.extra, self.logging, overrides, name
         )
         tokens = steps * self.tokens_per_step
         return Point(
@@ -204,10 +196,6 @@ class Plan:
     @property
     def ladder(self) -> Ladder | None:
         return self.sweep.design.ladder
-
-    @property
-    def multipliers(self) -> list[float]:
-        return self.sweep.design.multipliers or [1.0]
 
     @property
     def ladder_seed(self) -> int:
@@ -254,15 +242,16 @@ class Plan:
             confirmed = {m: (trained(p).outcome, trained(p).trouble) for m, p in rate.confirm.items()}
             rate.confirmed = rates.best_confirmed(confirmed, large)
             top = rate.confirmed.multiplier
-            if top is None:
-                continue
-            n_low, n_high = self.shapes[arm, small].params, self.shapes[arm, large].params
-            rate.by_size = {
-                s.name: rates.interpolated(chosen, top, n_low, n_high, self.shapes[arm, s.name].params)
-                for s in self.sizes
-            }
-            rate.by_size[small], rate.by_size[large] = chosen, top
+            if top is not None:
+                rate.by_size = {s.name: self._between(arm, chosen, top, s.name) for s in self.sizes}
+                rate.by_size[small], rate.by_size[large] = chosen, top
         return self._apply_recorded_rates(found)
+
+    def _between(self, arm: str, low: float, high: float, size: str) -> float:
+        """The arm's multiplier at `size` on the power law through `low` at the smallest size and
+        `high` at the largest (rates.interpolated)."""
+        params = [self.shapes[arm, s].params for s in (self.sizes[0].name, self.sizes[-1].name, size)]
+        return rates.interpolated(low, high, *params)
 
     def _apply_recorded_rates(self, found: dict[str, Rate]) -> dict[str, Rate]:
         """Each arm's recorded rates (recorded_rates) in place of the rule's, which stay visible."""
@@ -273,15 +262,8 @@ class Plan:
         held = self.holdout
         for arm, rate in found.items():
             if held is not None and rate.by_size:
-                small, large = self.sizes[0].name, self.sizes[-1].name
-                n_low, n_high = self.shapes[arm, small].params, self.shapes[arm, large].params
-                rate.holdout = rates.interpolated(
-                    rate.by_size[small],
-                    rate.by_size[large],
-                    n_low,
-                    n_high,
-                    self.shapes[arm, held.name].params,
-                )
+                low, high = rate.by_size[self.sizes[0].name], rate.by_size[self.sizes[-1].name]
+                rate.holdout = self._between(arm, low, high, held.name)
         return found
 
     def ladder_points(self, found: dict[str, Rate]) -> list[Point]:
@@ -332,11 +314,6 @@ class Plan:
                     points.append(self.point(arm, held.name, top, m, seed, "holdout-seed"))
         return points
 
-    @staticmethod
-    def holdout_stage(point: Point) -> int:
-        """0 for a held-out trunk or seed, 1 for a branch (it starts from its trunk's checkpoint)."""
-        return 1 if point.role == "holdout-branch" else 0
-
     @property
     def seeds_rung(self) -> tuple[str, float | None]:
         design = self.sweep.design
@@ -348,7 +325,7 @@ class Plan:
         """The four phases as the finished runs determine them (each follows from the runs
         before it: phase 2 from the rates phase 1 chose and confirmed); the fourth, the held-out
         rung, is empty without ladder.holdout (its branches run after its trunks: the sweep
-        splits it with `holdout_stage`)."""
+        splits it)."""
         found = self.rates(trained)
         first = [p for rate in found.values() for p in [*rate.sweep.values(), *rate.confirm.values()]]
         second = self.ladder_points(found)
@@ -370,16 +347,9 @@ class Plan:
             counts["extra seeds"] = arms * (self.sweep.seeds - 1)
             counts["branches"] = arms * len(self.sizes) * (len(self.budgets) - 1)
         if self.holdout is not None:
-            seeded = len(self.ladder.holdout.seeded(self.arms))
-            extra = seeded * (self.ladder.holdout.seeds - 1)
+            extra = len(self.ladder.holdout.seeded(self.arms)) * (self.ladder.holdout.seeds - 1)
             counts[f"held out at {self.holdout.name}"] = arms * len(self.budgets) + extra
         return {name: n for name, n in counts.items() if n}
-
-
-def _section(sweep: Sweep, name: str) -> dict:
-    """A section of the base config with the shared dotted overrides applied (nested keys, such
-    as model.optimizer_options.muon.lr, into nested sections)."""
-    return config_section(name, sweep, Variant("shared", {}))
 
 
 def _setting(model: dict, key: str) -> Any:
@@ -399,20 +369,18 @@ def check_design_keys(sweep: Sweep, extra: Sequence[str]) -> None:
     """What the design sets for every run, given where the sweep cannot honour it (the file's
     variants and shared overrides are checked as it loads; a sweep built in code, and training
     arguments after `--`, which come last on the command line and would win, are checked here)."""
-    for variant in sweep.variants:
-        for key in sorted(variant.overrides):
-            why = design_conflict(key, sweep.design, "variant")
-            if why:
-                raise UserError(f"variant {variant.name!r}: sets {key}: {why}")
-    for key in sweep.overrides:
-        why = design_conflict(key, sweep.design, "shared")
+    given = [
+        (key, "variant", f"variant {v.name!r}: sets {key}")
+        for v in sweep.variants
+        for key in sorted(v.overrides)
+    ]
+    given += [(key, "shared", f"overrides: {key}") for key in sweep.overrides]
+    arguments = [arg[2:].partition("=")[0] for arg in extra if arg.startswith("--")]
+    given += [(key, "argument", f"--{key} after --") for key in arguments if key]
+    for key, where, spot in given:
+        why = design_conflict(key, sweep.design, where)
         if why:
-            raise UserError(f"overrides: {key}: {why}")
-    for arg in extra:
-        key = arg[2:].partition("=")[0] if arg.startswith("--") else ""
-        why = design_conflict(key, sweep.design, "argument") if key else None
-        if why:
-            raise UserError(f"--{key} after --: {why}")
+            raise UserError(f"{spot}: {why}")
 
 
 def make_plan(sweep: Sweep, output: Path, extra: Sequence[str] = (), logging: Sequence[str] = ()) -> Plan:
@@ -420,7 +388,10 @@ def make_plan(sweep: Sweep, output: Path, extra: Sequence[str] = (), logging: Se
     gives an arm too few steps to warm up and decay, or a size cannot be built."""
     design = sweep.design
     check_design_keys(sweep, extra)
-    model, data, trainer = (_section(sweep, name) for name in ("model", "data", "trainer"))
+    # each section with the shared overrides applied (model.optimizer_options.muon.lr: nested)
+    model, data, trainer = (
+        config_section(name, sweep, Variant("shared", {})) for name in ("model", "data", "trainer")
+    )
     ladder = design.ladder
     sizes = ladder.sizes if ladder else [BASE_SIZE]
     held = [ladder.holdout.size] if ladder is not None and ladder.holdout is not None else []
@@ -461,31 +432,17 @@ def make_plan(sweep: Sweep, output: Path, extra: Sequence[str] = (), logging: Se
                 variant, budget["params_non_embedding"], float(budget["flops_per_token"])
             )
     reference = sweep.variants[0].name
+    per_param = ladder is not None and ladder.unit == "tokens_per_param"  # else FLOPs as written
     compute: dict[tuple[str, float | None], float] = {}
     for size in [*sizes, *held]:
         ref = shapes[reference, size.name]
-        for budget in budgets:
-            if budget is None:
-                continue
-            per_param = ladder is not None and ladder.unit == "tokens_per_param"
+        for budget in (b for b in budgets if b is not None):
             compute[size.name, budget] = budget * ref.params * ref.flops_per_token if per_param else budget
     plan = Plan(
-        sweep,
-        output,
-        [v.name for v in sweep.variants],
-        sizes,
-        budgets,
-        shapes,
-        compute,
-        tokens_per_step,
-        int(trainer.get("max_steps") or 0),
-        float(_setting(model, "decay_fraction")),
-        int(_setting(model, "warmup_steps")),
-        extra,
-        logging,
-        lr_bases,
-        vocabularies,
-    )
+        sweep, output, [v.name for v in sweep.variants], sizes, budgets, shapes, compute, tokens_per_step,
+        int(trainer.get("max_steps") or 0), float(_setting(model, "decay_fraction")),
+        int(_setting(model, "warmup_steps")), extra, logging, lr_bases, vocabularies,
+    )  # fmt: skip
     _check_steps(plan)
     if held:
         _check_holdout(plan)

@@ -14,18 +14,20 @@ gives is usable), or None for a run not finished yet (a decision then waits).
    log2(multiplier) is fitted by least squares to the lowest finite run and its finite neighbours
    up to FIT_REACH multipliers each side (three to five runs); the choice is the smallest of those
    multipliers whose loss on the parabola lies within MARGIN (relative) of the parabola's minimum
-   over their range (the one lowest on the parabola when the margin holds none). The flat side of
-   a minimum is the safe side: the edge of stability is above it, where a rate too high costs
-   most and a seed's outcome varies most (a lucky run there pulls a vertex up). With fewer than three finite runs, or a parabola that does not open upwards (noise over a
-   flat minimum), the margin is taken about the lowest run instead. benchmarks/lr_rule.py chose
-   MARGIN on simulated sweeps whose seed noise grows near the edge: against the vertex rounded to
-   the nearest multiplier (the rule before it) fewer A/A pairs choose differently and the ladder's
-   run at the choice loses less. **A parabola that misfits its runs is reported, not trusted**:
-   the choice's own measured loss may lie at most TOLERANCE (relative) above the lowest measured
-   run; past that the margin is taken about the lowest run instead, and the sentence says so.
-3. **The same rule at the largest size.** The choice and its two neighbours in the sweep (the
-   three nearest it, when it is the smallest or largest swept) are trained at the largest size, and the same rule over those that neither diverged nor spiked
-   gives the rate used there. None usable: the arm is refused.
+   over their range (the one lowest on the parabola when the margin holds none). The flat side of a
+   minimum is the safe side: the edge of stability is above it, where a rate too high costs most
+   and a seed's outcome varies most (a lucky run there pulls a vertex up). With fewer than three
+   finite runs, or a parabola that does not open upwards (noise over a flat minimum), the margin is
+   taken about the lowest run instead. benchmarks/lr_rule.py chose MARGIN on simulated sweeps whose
+   seed noise grows near the edge: against the vertex rounded to the nearest multiplier (the rule
+   before it) fewer A/A pairs choose differently and the ladder's run at the choice loses less. **A
+   parabola that misfits its runs is reported, not trusted**: the choice's own measured loss may
+   lie at most TOLERANCE (relative) above the lowest measured run; past that the margin is taken
+   about the lowest run instead, and the sentence says so.
+3. **The same rule at the largest size.** The choice and its two neighbours in the sweep (the three
+   nearest it, when it is the smallest or largest swept) are trained at the largest size, and the
+   same rule over those that neither diverged nor spiked gives the rate used there. None usable:
+   the arm is refused.
 4. **Sizes between** train at the rate interpolated geometrically in parameters between the
    sweep size's choice and the largest size's: a power law lr(N) through the two measured sizes.
 5. **Instability.** A run diverged when its loss is not finite; it spiked when its logged
@@ -82,12 +84,8 @@ def fitted_parabola(losses: dict[float, float]) -> np.poly1d | None:
 
 
 def within_margin(losses: dict[float, float], margin: float = MARGIN) -> tuple[float, str]:
-    """The rule, at every size: the smallest of the given multipliers (finite losses, one or more)
-    whose loss on the fitted parabola lies within `margin` (relative) of the parabola's minimum
-    over their range, with a sentence saying so. The flat side of a minimum is the safe side: the
-    cliff of instability is above it. When the margin holds none of them (a sharp minimum between
-    two), the one lowest on the parabola; with fewer than three runs, or a parabola
-    that does not open upwards (noise over a flat minimum), the same margin about the lowest run."""
+    """The rule (2. above), at every size, over the given multipliers (finite losses, one or
+    more): the multiplier it chooses, with a sentence saying how."""
     ms = sorted(losses)
     parabola = fitted_parabola(losses)
     if parabola is None:
@@ -117,11 +115,8 @@ def within_margin(losses: dict[float, float], margin: float = MARGIN) -> tuple[f
 def choose(
     outcomes: dict[float, float | None], extended: int, extend: int = EXTEND, margin: float = MARGIN
 ) -> Choice:
-    """The multiplier the sweep's outcomes choose (`extended`: how many it already ran past its
-    own list): `within_margin` over the lowest finite run and its finite neighbours, up to
-    FIT_REACH multipliers each side. Only a lowest run at an edge of the sweep asks for the next
-    run past it, or refuses the arm when `extend` runs past the edges were spent; a fitted minimum
-    past an edge whose lowest run is inside (a flat top) is a rate to take, not a refusal."""
+    """What the sweep's outcomes decide (1. and 2. above; `extended`: how many multipliers it
+    already ran past its own list)."""
     if not outcomes or any(v is None for v in outcomes.values()):
         return Choice()
     ms = sorted(outcomes)

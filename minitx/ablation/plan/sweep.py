@@ -26,7 +26,7 @@ import yaml
 from ...errors import UserError
 from ...files.configs import DEFAULT_CONFIG, base_of, merged_config
 from ...training.optim.registry import all_lr_keys
-from .design import DESIGN_KEYS, Design, parse_design
+from .design import DESIGN_KEYS, Design, check_keys, parse_design
 
 # Keys a variant may not change on its own: they decide the data, the seed or the token budget,
 # and a comparison is only fair when all variants share them.
@@ -63,7 +63,7 @@ class Variant:
     resized: str = ""  # what `match` changed, in words ("" when nothing)
 
     def budget_changes(self) -> dict[str, Any]:
-        return {key: value for key, value in self.overrides.items() if is_budget_key(key)}
+        return {k: v for k, v in self.overrides.items() if k in BUDGET_KEYS or k.startswith(BUDGET_PREFIXES)}
 
 
 @dataclass
@@ -90,10 +90,6 @@ class Sweep:
     def __post_init__(self) -> None:
         if self.reference is None and self.variants:
             self.reference = self.variants[0]
-
-
-def is_budget_key(key: str) -> bool:
-    return key in BUDGET_KEYS or key.startswith(BUDGET_PREFIXES)
 
 
 def _steps_source(design: Design) -> str | None:
@@ -144,8 +140,7 @@ def flatten(mapping: Any, where: str) -> dict[str, Any]:
         if not isinstance(key, str) or not key:
             raise UserError(f"{where}: keys must be non-empty strings like model.attention.kind, got {key!r}")
         if isinstance(value, dict) and value:
-            for inner, inner_value in flatten(value, f"{where}.{key}").items():
-                flat[f"{key}.{inner}"] = inner_value
+            flat.update({f"{key}.{inner}": v for inner, v in flatten(value, f"{where}.{key}").items()})
         else:
             flat[key] = value
     for key in flat:
@@ -173,9 +168,7 @@ def load_sweep(path: str | Path) -> Sweep:
         raise UserError(
             f"--config: {path} must hold a mapping with 'base' and 'variants'; see minitx/ablation/plan/sweep.py"
         )
-    unknown = sorted(set(data) - set(FILE_KEYS))
-    if unknown:
-        raise UserError(f"{path}: unknown key(s) {', '.join(unknown)}; use {', '.join(sorted(FILE_KEYS))}")
+    check_keys(data, str(path), sorted(FILE_KEYS))
     raw_variants = data.get("variants")
     if not isinstance(raw_variants, list) or not raw_variants:
         raise UserError(f"{path}: 'variants' must be a non-empty list of {{name, overrides}}")
@@ -240,9 +233,7 @@ def _base_text(base: Any, path: Path) -> str:
 def _variant(raw: Any, where: str, taken: set[str], design: Design) -> Variant:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"].strip():
         raise UserError(f"{where}: needs a 'name' (text) and 'overrides' (a mapping)")
-    bad = sorted(set(raw) - set(VARIANT_KEYS))
-    if bad:
-        raise UserError(f"{where}: unknown key(s) {', '.join(bad)}; use {', '.join(VARIANT_KEYS)}")
+    check_keys(raw, where, VARIANT_KEYS)
     name = raw["name"].strip()
     if not all(ch.isalnum() or ch in "+-_." for ch in name):
         raise UserError(
@@ -272,9 +263,7 @@ def _eval_settings(raw: Any, where: str) -> EvalSettings:
         return EvalSettings(enabled=raw)
     if not isinstance(raw, dict):
         raise UserError(f"{where}: use false, or a mapping with lengths and max_tokens")
-    bad = sorted(set(raw) - {"lengths", "max_tokens"})
-    if bad:
-        raise UserError(f"{where}: unknown key(s) {', '.join(bad)}; use lengths, max_tokens")
+    check_keys(raw, where, ("lengths", "max_tokens"))
     settings = EvalSettings()
     if "max_tokens" in raw:
         settings.max_tokens = raw["max_tokens"]

@@ -15,8 +15,7 @@ from ...errors import UserError
 
 def read_table(path: Path) -> tuple[list[str], list[tuple[dict, int]]]:
     """A sweep's results.csv as its header and its rows, each with the line it ends on; a file
-    that is not there, not text or not CSV refused in one line. Either kind of sweep's CSV:
-    from_csv.py reads a designed sweep's, plain_csv.py a plain sweep's."""
+    that is not there, not text or not CSV refused in one line."""
     advice = "give the results.csv a sweep wrote"
     if path.is_dir():
         raise UserError(f"--from-csv: {str(path)!r} is a directory; {advice}")
@@ -44,21 +43,11 @@ def read_table(path: Path) -> tuple[list[str], list[tuple[dict, int]]]:
 # Each kind of sweep's results.csv: (the column only it has, that column in words, the file's
 # owner, a config of that kind in words, what the file holds beyond the required columns).
 SWEEPS = {
-    "plain": (
-        "variant",
-        "a variant column, no arm",
-        "a plain sweep's",
-        "has no budget, lr_sweep or ladder",
-        "the table's figures",
-    ),
-    "designed": (
-        "arm",
-        "an arm column",
-        "a designed sweep's",
-        "is a designed sweep's (budget, lr_sweep or ladder)",
-        "the diagnostics",
-    ),
-}
+    "plain": ("variant", "a variant column, no arm", "a plain sweep's", "has no budget, lr_sweep or ladder",
+              "the table's figures"),
+    "designed": ("arm", "an arm column", "a designed sweep's", "is a designed sweep's (budget, lr_sweep or ladder)",
+                 "the diagnostics"),
+}  # fmt: skip
 
 
 def check_columns(path: Path, columns: list[str], required: tuple[str, ...], sweep: str) -> None:

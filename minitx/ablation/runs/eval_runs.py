@@ -32,11 +32,6 @@ EVAL_FILE = "evaluation.json"
 CHECKPOINT_DIR = "checkpoints"  # inside a run's directory (minitx/files/checkpoint.py's layout)
 
 
-def eval_lengths(settings: EvalSettings, block_size: int) -> list[int]:
-    """The contexts scored: the sweep file's, else the training length and 2x and 4x it."""
-    return list(settings.lengths) if settings.lengths else [block_size, 2 * block_size, 4 * block_size]
-
-
 def best_checkpoint(run: Run) -> Path | None:
     for name in (BEST, LAST):  # best.ckpt exists once a validation ran; last.ckpt always
         path = run.directory / CHECKPOINT_DIR / name
@@ -56,26 +51,18 @@ def sweep_kind_modules(sweep: Sweep, extra: Sequence[str] = ()) -> list[str]:
     return list(modules)
 
 
-def evaluate(
-    checkpoint: Path, lengths: list[int], max_tokens: int | None, trust_kind_modules: Sequence[str] = ()
-) -> dict:
-    """The one call into minitx.evaluation (its contract: a JSON-able dict, see its docstring)."""
-    return evaluate_checkpoint(
-        str(checkpoint), lengths=lengths, max_tokens=max_tokens, trust_kind_modules=list(trust_kind_modules)
-    )
-
-
 def cache_key(run: Run, settings: EvalSettings) -> dict | None:
     summary = read_json(run.directory / SUMMARY_FILE) or {}
     checkpoint = best_checkpoint(run)
     if checkpoint is None or not summary.get("block_size"):
         return None
-    stat = checkpoint.stat()
+    stat, block = checkpoint.stat(), summary["block_size"]
     return {
         "checkpoint": str(checkpoint.relative_to(run.directory)),
         "size": stat.st_size,
         "mtime_ns": stat.st_mtime_ns,
-        "lengths": eval_lengths(settings, summary["block_size"]),
+        # the contexts scored: the sweep file's, else the training length and 2x and 4x it
+        "lengths": list(settings.lengths) if settings.lengths else [block, 2 * block, 4 * block],
         "max_tokens": settings.max_tokens,
     }
 
@@ -92,32 +79,26 @@ def cached_evaluation(run: Run, settings: EvalSettings) -> dict | None:
 
 
 def evaluate_run(
-    run: Run,
-    settings: EvalSettings,
-    log: Any = print,
-    compute: bool = True,
-    trust_kind_modules: Sequence[str] = (),
+    run: Run, settings: EvalSettings, log: Any = print, trust_kind_modules: Sequence[str] = ()
 ) -> dict | None:
-    """{"key", "result"} or {"key", "error"} for a finished run, from the cache when it is there;
-    None when there is nothing to show (evaluation off, run unfinished, not computed: compute=False
-    is cached_evaluation). `trust_kind_modules`: the sweep's kind modules (sweep_kind_modules),
-    which its checkpoint may import."""
+    """{"key", "result"} or {"key", "error"} for a finished run, from the cache when it holds a
+    result (a failure is tried again); None when there is nothing to evaluate (evaluation off, run
+    unfinished). Its checkpoint may import `trust_kind_modules`, the sweep's own (sweep_kind_modules)."""
     cached = cached_evaluation(run, settings)
-    if not compute or (cached is not None and "result" in cached):
-        return cached  # a failure is shown as it is, and tried again when computing
+    if cached is not None and "result" in cached:
+        return cached
     if not settings.enabled or not is_finished(run):
         return None
     key = cache_key(run, settings)
     if key is None:
         return {"key": None, "error": f"no checkpoint in {run.directory / CHECKPOINT_DIR} to evaluate"}
     log(f"ablate: eval   {run.label}")
+    checkpoint, trusted = str(run.directory / key["checkpoint"]), list(trust_kind_modules)
     try:
-        record = {
-            "key": key,
-            "result": evaluate(
-                run.directory / key["checkpoint"], key["lengths"], key["max_tokens"], trust_kind_modules
-            ),
-        }
+        result = evaluate_checkpoint(
+            checkpoint, key["lengths"], key["max_tokens"], trust_kind_modules=trusted
+        )
+        record = {"key": key, "result": result}
     except Exception as error:  # noqa: BLE001 - any failure of one evaluation is that row's note
         record = {"key": key, "error": f"evaluation failed: {one_line(error, 300)}"}
         log(f"ablate: eval   {run.label} failed: {record['error']}")
@@ -126,28 +107,21 @@ def evaluate_run(
 
 
 def evaluate_runs(
-    runs: list[Run],
-    settings: EvalSettings,
-    log: Any = print,
-    compute: bool = True,
-    trust_kind_modules: Sequence[str] = (),
+    runs: list[Run], settings: EvalSettings, log: Any = print, trust_kind_modules: Sequence[str] = ()
 ) -> None:
-    """Evaluate every finished run that has no cached evaluation (compute=False: read caches only);
-    the runs' checkpoints may import `trust_kind_modules`, the sweep's own (sweep_kind_modules)."""
     for run in runs:
-        evaluate_run(run, settings, log, compute, trust_kind_modules)
+        evaluate_run(run, settings, log, trust_kind_modules)
 
 
 # -- diagnostics of every run ------------------------------------------------------------------
 DIAGNOSTICS_FILE = "diagnostics.json"
-DIAGNOSTIC_SEQUENCES, DIAGNOSTIC_LENGTH = 100, 64  # Gu et al.'s sink-rate setting
 
 
 def diagnose(checkpoint: Path, trust_kind_modules: Sequence[str] = ()) -> dict:
     """minitx.evaluation.diagnostics on the run's own held-out text (its validation split):
     100 sequences of min(64, block_size) tokens, through each kind's materialised attention."""
     from ...evaluation.diagnostics import run_diagnostics, validation_sequences
-    from ...evaluation.evaluate import load_checkpoint
+    from ...evaluation.evaluate import DIAGNOSTIC_LENGTH, DIAGNOSTIC_SEQUENCES, load_checkpoint
 
     model, tokenizer, raw = load_checkpoint(
         str(checkpoint), label="diagnostics", trust_kind_modules=list(trust_kind_modules)

@@ -1,5 +1,5 @@
 """A designed sweep's results.csv read in place of its runs: `ablate --report-only --from-csv FILE`
-(plain_csv.py reads a plain sweep's; the command line's checks of both are here).
+(plain_csv.py reads a plain sweep's).
 
 The CSV (report/designed.py writes it: one row per run) holds what the analysis reads of each run:
 its final val loss, status, steps, training FLOPs and diagnostics. CsvResults gives each planned
@@ -104,12 +104,11 @@ def read_rows(path: Path) -> list[Row]:
     rows = [_row(raw, line, path) for raw, (_, line) in zip(upgraded, raws)]
     seen: dict[str, Row] = {}
     for row in rows:
-        if row.name in seen:
+        if seen.setdefault(row.name, row) is not row:
             raise UserError(
                 f"--from-csv: {path}: lines {seen[row.name].line} and {row.line} are both run {row.name}; "
                 "keep one row per run"
             )
-        seen[row.name] = row
     return rows
 
 
@@ -132,25 +131,13 @@ def _row(raw: dict, line: int, path: Path) -> Row:
         if c in needed or cells.get(c, "") != ""
     }
     diagnostics = {key: numbers[key] for key in DIAGNOSTICS if key in numbers}
+    error = " ".join(cells["error"].split())  # one line, as a run's record holds it
     return Row(
-        line,
-        name,
-        cells["arm"],
-        cells["size"],
-        cells["budget"],
-        numbers["multiplier"],
-        int(numbers["seed"]),
-        cells["role"],
-        status,
-        " ".join(cells["error"].split()),  # one line, as a run's record holds it
-        int(numbers["steps"]),
-        numbers["flops"] if ok else None,
-        int(numbers["params"]),
-        cells["flop_convention"],
-        numbers["final_val_loss"] if ok else None,
-        diagnostics or None,
-        cells.get("device", ""),
-    )
+        line, name, cells["arm"], cells["size"], cells["budget"], numbers["multiplier"], int(numbers["seed"]),
+        cells["role"], status, error, int(numbers["steps"]), numbers["flops"] if ok else None,
+        int(numbers["params"]), cells["flop_convention"], numbers["final_val_loss"] if ok else None,
+        diagnostics or None, cells.get("device", ""),
+    )  # fmt: skip
 
 
 def _budget_text(budget: float | None) -> str:
@@ -182,11 +169,10 @@ def check_fits_sweep(
                 f"--from-csv: {path}: {row.where}: size {row.size!r} is not one of the config's"
                 f"{nearest(row.size, sizes + held)}; its sizes: {', '.join(sizes + held)}"
             )
-        written = row.budget
         try:
-            written = _budget_text(float(row.budget)) if row.budget else ""
-        except ValueError:
-            pass
+            written = _budget_text(float(row.budget))
+        except ValueError:  # "" (no budget) too
+            written = row.budget
         if written not in budgets:
             raise UserError(
                 f"--from-csv: {path}: {row.where}: budget {row.budget!r} is not one of the config's "
@@ -205,35 +191,6 @@ def check_fits_sweep(
             f"--from-csv: {path} has no row at size(s) {', '.join(missing)} of the config's ladder; "
             "give the config the CSV was made with"
         )
-
-
-def check_flags(from_csv: str | None, baseline: str | None, report_only: bool, output: str | None) -> None:
-    """The command line's --from-csv and --baseline, refused in one line where they cannot be
-    honoured, before the sweep is read (the CSV is read once the sweep is known to be designed)."""
-    if baseline is not None and not report_only:
-        raise UserError(
-            "--baseline: only with --report-only (a sweep trains its baseline first: the file's first variant); "
-            "add --report-only to rebuild the report against another arm"
-        )
-    if from_csv is None:
-        return
-    if output is None:
-        raise UserError("--from-csv: give --output DIR, the folder the rebuilt report is written to")
-    target, source = Path(output), Path(from_csv)
-    if target.exists() and not target.is_dir():
-        raise UserError(f"--output: {str(target)!r} is a file; give a directory (new or of this sweep)")
-    if (target / "results.csv").exists() and source.exists() and (target / "results.csv").samefile(source):
-        raise UserError(
-            f"--output: {str(target)!r} holds {source}, the CSV being read, which the report would rewrite; "
-            "give another folder"
-        )
-    if report_only and any(target.glob("runs/*/summary.json")):
-        raise UserError(
-            f"--output: {str(target)!r} holds a sweep's runs, whose report --report-only rebuilds from them; "
-            "give another folder for the CSV's report"
-        )
-    if not source.is_file():
-        read_table(source)  # says why: not found, or a directory
 
 
 def check_against_sweep(
@@ -255,28 +212,24 @@ def check_against_sweep(
     if from_csv is not None:
         file_arms = [v.name for v in load_sweep(config).variants]  # before --only picked some
         if not sweep.design.active:  # a plain sweep's CSV
-            plain_csv.read_rows(Path(from_csv), sweep, file_arms)
+            plain_csv.read_rows(from_csv, sweep, file_arms)
         else:
-            check_fits_sweep(read_rows(Path(from_csv)), sweep, Path(from_csv), file_arms)
-
-
-def put_baseline_first(plan: Plan, baseline: str) -> None:
-    """The analysis compares every arm with the plan's first: the chosen one. The budgets and
-    `match` stay the file's first variant's (make_plan): what the runs were trained by."""
-    if baseline not in plan.arms:
-        raise UserError(
-            f"--baseline: unknown arm {baseline!r}{nearest(baseline, plan.arms)}; the arms: {', '.join(plan.arms)}"
-        )
-    plan.arms = [baseline, *(arm for arm in plan.arms if arm != baseline)]
+            check_fits_sweep(read_rows(from_csv), sweep, from_csv, file_arms)
 
 
 class CsvResults:
-    """PointResult of each point as its CSV row recorded it: call it with a point (as RunResults)."""
+    """PointResult of each point as its CSV row recorded it: call it with a point (as RunResults).
+    With `disk`, the plan's other points as their runs are on disk: `ablate --from-csv FILE`
+    without --report-only extends a finished sweep by the held-out rung its CSV lacks
+    (ladder.holdout added to the config since), training only that."""
 
-    def __init__(self, rows: Sequence[Row], path: Path, other_arms: Sequence[Row] = ()) -> None:
+    def __init__(
+        self, rows: Sequence[Row], path: Path, other_arms: Sequence[Row] = (), disk: RunResults | None = None
+    ) -> None:
         self.path = path
         self.rows = {row.name: row for row in rows}
         self.other_arms = list(other_arms)  # rows of the arms --only left out of this report
+        self.disk = disk
         self._made: dict[str, PointResult] = {}
 
     @property
@@ -284,19 +237,65 @@ class CsvResults:
         return self
 
     def now(self) -> CsvResults:
-        return self  # a CSV does not change
+        """The same CSV (it does not change), with a new snapshot of the runs on disk."""
+        if self.disk is None:
+            return self
+        return CsvResults(self.rows.values(), self.path, self.other_arms, RunResults())
 
     def holds(self, point: Point) -> bool:
         row = self.rows.get(point.run.directory.name)
         return row is not None and row.status != "not run"
 
     def check(self, points: Sequence[Point]) -> None:
-        check_planned(self, points)
+        """The rows the plan read against its points: a row whose folder names a point of another
+        arm or size, or (under today's FLOP count) other steps, was made by another config."""
+        for p in points:
+            row = self.rows.get(p.run.directory.name)
+            if row is None:
+                continue
+            if (row.arm, row.size) != (p.arm, p.size):
+                raise UserError(
+                    f"--from-csv: {self.path}: {row.where}: arm {row.arm} at {row.size}, but its run's name is "
+                    f"{p.arm}'s at {p.size}; fix the row"
+                )
+            if row.status == "ok" and row.convention == FLOP_CONVENTION and row.steps != p.steps:
+                raise UserError(
+                    f"--from-csv: {self.path}: {row.where}: trained {row.steps} steps, where the config plans "
+                    f"{p.steps} by the same FLOP count; give the config the CSV was made with"
+                )
 
     def notes(self, plan: Plan, points: Sequence[Point]) -> list[str]:
-        return notes(self, plan, points)
+        """Lines for the report's "How these were measured": where the figures came from, the
+        rates as recorded where today's rule differs, and the rows the plan did not read."""
+        others = sorted({row.arm for row in self.other_arms})
+        left_out = (
+            f"; {len(self.other_arms)} more of {', '.join(others)}, left out by --only" if others else ""
+        )
+        lines = [
+            f"read from {self.path} ({len(self.rows)} rows{left_out}), not from the runs: each run's loss, steps, FLOPs "
+            "and diagnostics as recorded; a CSV holds no training-loss curve, so no run is checked for a spike "
+            "here, and no loss by position (its plot is empty)"
+        ]
+        found = plan.rates(self)
+        for arm in plan.arms:
+            rate = found[arm]
+            if rate.recorded and rate.by_size != rate.rule_by_size:
+                lines.append(
+                    f"{arm}: the ladder's rates as the CSV recorded them, {_rates_text(rate.by_size, plan)} at "
+                    f"{', '.join(s.name for s in plan.sizes)}; {_rule_says(rate, plan)}; rerun the sweep to apply it"
+                )
+        planned = {p.run.directory.name for p in points}
+        unread = [name for name in self.rows if name not in planned]
+        if unread:
+            lines.append(
+                f"{len(unread)} row(s) of the CSV are no run of the plan as the current rule makes it, and are left "
+                f"out: {_names(unread)}"
+            )
+        return lines
 
     def __call__(self, point: Point) -> PointResult:
+        if self.disk is not None and not self.holds(point):
+            return self.disk(point)
         name = point.run.directory.name
         if name not in self._made:
             self._made[name] = self._result(point, self.rows.get(name))
@@ -323,32 +322,6 @@ class CsvResults:
         return PointResult(summary, {"status": "ok"}, True, row.steps, flops, "", row.diagnostics)
 
 
-class ExtendedResults:
-    """A CSV's runs, and the plan's others as they are on disk: `ablate --from-csv FILE` without
-    --report-only extends a finished sweep by the held-out rung its CSV lacks (ladder.holdout added
-    to the config since), training only that; call it with a point, as RunResults."""
-
-    def __init__(self, recorded: CsvResults) -> None:
-        self.recorded = recorded
-        self.disk = RunResults()
-
-    def holds(self, point: Point) -> bool:
-        return self.recorded.holds(point)
-
-    def __call__(self, point: Point) -> PointResult:
-        return self.recorded(point) if self.holds(point) else self.disk(point)
-
-    def now(self) -> ExtendedResults:
-        """A new snapshot of the runs on disk (after runs finished), the same CSV."""
-        return ExtendedResults(self.recorded)
-
-    def check(self, points: Sequence[Point]) -> None:
-        self.recorded.check(points)
-
-    def notes(self, plan: Plan, points: Sequence[Point]) -> list[str]:
-        return self.recorded.notes(plan, points)
-
-
 def recorded_rates(rows: Sequence[Row], plan: Plan, path: Path) -> dict[str, dict[str, float]]:
     """Each arm's multiplier per size as its ladder runs (role ladder, the plan's ladder seed)
     were trained; refused where the rows cannot be the ladder this plan reads."""
@@ -366,13 +339,12 @@ def recorded_rates(rows: Sequence[Row], plan: Plan, path: Path) -> dict[str, dic
     for row in ladder:
         if row.seed != plan.ladder_seed:
             continue
-        if (row.arm, row.size) in lines:
-            first = lines[row.arm, row.size]
+        first = lines.setdefault((row.arm, row.size), row)
+        if first is not row:
             raise UserError(
                 f"--from-csv: {path}: lines {first.line} and {row.line} are both {row.arm}'s ladder run at "
                 f"{row.size} (x{first.multiplier:g}, x{row.multiplier:g}); keep one"
             )
-        lines[row.arm, row.size] = row
         found.setdefault(row.arm, {})[row.size] = row.multiplier
     sizes = [s.name for s in plan.sizes]
     for arm, by_size in found.items():
@@ -385,8 +357,9 @@ def recorded_rates(rows: Sequence[Row], plan: Plan, path: Path) -> dict[str, dic
     return found
 
 
-def read_results(path: Path, plan: Plan) -> CsvResults:
-    """The CSV as the plan's `trained`, with the ladder's rates as recorded set on the plan."""
+def read_results(path: Path, plan: Plan, extend: bool = False) -> CsvResults:
+    """The CSV as the plan's `trained`, with the ladder's rates as recorded set on the plan;
+    `extend`: with the plan's other runs as they are on disk (CsvResults)."""
     every = read_rows(path)
     rows = [row for row in every if row.arm in plan.arms]  # an arm --only left out: not read
     check_fits_sweep(rows, plan.sweep, path)
@@ -398,26 +371,8 @@ def read_results(path: Path, plan: Plan) -> CsvResults:
                 f"config's {shape.params:,}; give the config the CSV was made with"
             )
     plan.recorded_rates = recorded_rates(rows, plan, path)
-    return CsvResults(rows, path, [row for row in every if row.arm not in plan.arms])
-
-
-def check_planned(results: CsvResults, points: Sequence[Point]) -> None:
-    """The rows the plan read against its points: a row whose folder names a point of another arm
-    or size, or (under today's FLOP count) other steps, was made by another config."""
-    for p in points:
-        row = results.rows.get(p.run.directory.name)
-        if row is None:
-            continue
-        if (row.arm, row.size) != (p.arm, p.size):
-            raise UserError(
-                f"--from-csv: {results.path}: {row.where}: arm {row.arm} at {row.size}, but its run's name is "
-                f"{p.arm}'s at {p.size}; fix the row"
-            )
-        if row.status == "ok" and row.convention == FLOP_CONVENTION and row.steps != p.steps:
-            raise UserError(
-                f"--from-csv: {results.path}: {row.where}: trained {row.steps} steps, where the config plans "
-                f"{p.steps} by the same FLOP count; give the config the CSV was made with"
-            )
+    others = [row for row in every if row.arm not in plan.arms]
+    return CsvResults(rows, path, others, RunResults() if extend else None)
 
 
 def _names(names: Sequence[str]) -> str:
@@ -443,33 +398,3 @@ def _rule_says(rate, plan: Plan) -> str:
         f"the current rule chooses x{rate.choice.multiplier:g} at {plan.sizes[0].name} and would confirm it at "
         f"{plan.sizes[-1].name} with runs the CSV lacks"
     )
-
-
-def notes(results: CsvResults, plan: Plan, points: Sequence[Point]) -> list[str]:
-    """Lines for the report's "How these were measured": where the figures came from, the rates
-    as recorded where today's rule differs, and the rows the plan did not read."""
-    others = sorted({row.arm for row in results.other_arms})
-    left_out = (
-        f"; {len(results.other_arms)} more of {', '.join(others)}, left out by --only" if others else ""
-    )
-    lines = [
-        f"read from {results.path} ({len(results.rows)} rows{left_out}), not from the runs: each run's loss, steps, FLOPs "
-        "and diagnostics as recorded; a CSV holds no training-loss curve, so no run is checked for a spike "
-        "here, and no loss by position (its plot is empty)"
-    ]
-    found = plan.rates(results)
-    for arm in plan.arms:
-        rate = found[arm]
-        if rate.recorded and rate.by_size != rate.rule_by_size:
-            lines.append(
-                f"{arm}: the ladder's rates as the CSV recorded them, {_rates_text(rate.by_size, plan)} at "
-                f"{', '.join(s.name for s in plan.sizes)}; {_rule_says(rate, plan)}; rerun the sweep to apply it"
-            )
-    planned = {p.run.directory.name for p in points}
-    unread = [name for name in results.rows if name not in planned]
-    if unread:
-        lines.append(
-            f"{len(unread)} row(s) of the CSV are no run of the plan as the current rule makes it, and are left "
-            f"out: {_names(unread)}"
-        )
-    return lines

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+
 from ...errors import UserError
 from ...files.atomic import write_text_atomically
 from ...wording import counted
@@ -34,9 +36,7 @@ class Launcher(Protocol):
 
 def visible_gpus() -> list[str]:
     """The GPUs this process may hand out, as CUDA_VISIBLE_DEVICES names them (indices or UUIDs;
-    a run given a subset sees it renumbered from cuda:0). None on a machine without CUDA."""
-    import torch
-
+    a run given a subset sees it renumbered from cuda:0); none on a machine without CUDA."""
     if not torch.cuda.is_available():
         return []
     count = torch.cuda.device_count()
@@ -117,10 +117,9 @@ def local_launcher(
     return LocalLauncher(parallel, gpus, per_run)
 
 
-def run_sweep(runs: list[Run], sweep: Sweep, output: Path, launcher: Any = 1, log: Any = print) -> None:
-    """Run every unfinished run; finished ones are skipped (after checking their settings).
-    `launcher`: where the runs go (this machine, N at a time, or a SLURM cluster);
-    a number is that many at a time on this machine."""
+def run_sweep(runs: list[Run], sweep: Sweep, output: Path, launcher: Launcher, log: Any = print) -> None:
+    """Run every unfinished run where `launcher` sends it; finished ones are skipped (after
+    checking their settings)."""
     todo = []
     for run in runs:
         if is_finished(run):
@@ -132,6 +131,4 @@ def run_sweep(runs: list[Run], sweep: Sweep, output: Path, launcher: Any = 1, lo
         return
     write_text_atomically(output / BASE_SNAPSHOT, sweep.base_text)
     prepare_data(todo, log)
-    if isinstance(launcher, int):
-        launcher = LocalLauncher(parallel=launcher)
     launcher.launch(todo, output, log)

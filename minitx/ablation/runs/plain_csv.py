@@ -84,12 +84,11 @@ def read_rows(
                 f"{nearest(row['variant'], list(file_variants))}; its variants: {', '.join(file_variants)}"
             )
         key = (row["variant"], row["seed"])
-        if key in seen:
+        if seen.setdefault(key, line) != line:
             raise UserError(
                 f"--from-csv: {path}: lines {seen[key]} and {line} are both {key[0]} seed {key[1]}; "
                 "keep one row per run"
             )
-        seen[key] = line
     names = [v.name for v in sweep.variants]
     lacking = [name for name in names if name not in {row["variant"] for row, _ in rows}]
     if lacking:

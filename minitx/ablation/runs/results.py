@@ -67,9 +67,7 @@ class PointResult:
     @property
     def recorded_convention(self) -> str | None:
         """The FLOP convention the run's summary recorded its count under (None: not finished)."""
-        if self.summary is None:
-            return None
-        return self.summary.get("flop_convention", OLDER_CONVENTION)
+        return None if self.summary is None else self.summary.get("flop_convention", OLDER_CONVENTION)
 
 
 def final_loss(summary: dict | None) -> float | None:

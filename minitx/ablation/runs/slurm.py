@@ -45,6 +45,7 @@ JOB_NAME = "minitx-ablate"
 # the save of last.ckpt.
 SIGNAL_DELAY_S = 120
 POLL_S = 2.0
+SLURM_TIME = 60  # minutes a job may run unless --slurm-time says otherwise
 # Polls in a row that squeue may fail (a busy controller) before ablate gives up waiting: 10 minutes.
 SQUEUE_RETRIES = 300
 # Alive, by SLURM's word (squeue): not ended, whatever files its earlier attempts left.
@@ -68,7 +69,7 @@ class SlurmOptions:
     name to value (account, qos, constraint, ...)."""
 
     partition: str | None = None
-    time_min: int = 60
+    time_min: int = SLURM_TIME
     gpus_per_run: int = 0
     cpus_per_run: int | None = None
     array_parallelism: int | None = None
@@ -154,21 +155,21 @@ class JobState:
         return self.state == "PENDING" and self.reason == "BeginTime"
 
 
+def _ask(command: list[str]) -> subprocess.CompletedProcess | None:
+    """A SLURM command's answer; None where it cannot be run or does not answer in a minute."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def queue_states(job_ids: list[str]) -> dict[str, JobState] | None:
     """Each of the jobs SLURM's queue still lists (an array's tasks as 12_3), with its state;
     None when squeue cannot be asked. A job not listed has ended (or was never there)."""
     if not job_ids:
         return {}
-    try:
-        out = subprocess.run(
-            ["squeue", "-h", "-r", "-o", "%i|%T|%r", "-j", ",".join(sorted(set(job_ids)))],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0 and "Invalid job id" not in out.stderr:
+    out = _ask(["squeue", "-h", "-r", "-o", "%i|%T|%r", "-j", ",".join(sorted(set(job_ids)))])
+    if out is None or (out.returncode != 0 and "Invalid job id" not in out.stderr):
         return None
     states = {}
     for line in out.stdout.splitlines():
@@ -187,11 +188,8 @@ def ended_state(job_id: str) -> str | None:
         ["scontrol", "show", "job", "-o", job_id],
         ["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id],
     ):
-        try:
-            out = subprocess.run(command, capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if out.returncode != 0:
+        out = _ask(command)
+        if out is None or out.returncode != 0:
             continue
         if command[0] == "scontrol":
             found = [part.partition("=")[2] for part in out.stdout.split() if part.startswith("JobState=")]
@@ -204,9 +202,7 @@ def ended_state(job_id: str) -> str | None:
 
 def recorded_job(record: dict | None) -> str | None:
     """The SLURM job a run's run.json names (the one that last ran or was submitted for it)."""
-    if not record or record.get("launcher") != "slurm":
-        return None
-    job = record.get("job_id")
+    job = record.get("job_id") if record and record.get("launcher") == "slurm" else None
     return str(job) if job else None
 
 
@@ -249,8 +245,8 @@ class RunJob:
         # a lost node) or past its time. The training process gets it too (SLURM signals every
         # process of the job) and stops at the end of its step; a SIGINT asks it to save last.ckpt
         # there too (it may not: Lightning's own SIGTERM stop can come first, and the run then
-        # resumes from its last timed save). The attempt is then "stopped", not failed: whether the run goes on is SLURM's to
-        # say (ablate asks it), and its next attempt resumes from last.ckpt.
+        # resumes from its last timed save). The attempt is then "stopped", not failed: whether
+        # the run goes on is SLURM's to say (ablate asks it); its next attempt resumes from last.ckpt.
         stopped: list[int] = []
 
         def on_sigterm(signum: int, frame: Any) -> None:
@@ -348,13 +344,9 @@ class _Prepared:
 @dataclass
 class SlurmLauncher:
     """Submit each run as a job of one array (per call: per phase of a designed sweep), wait for
-    them unless `wait` is false, and leave every run's outcome in its run.json.
-
-    A rerun skips finished runs (run_sweep), waits for a run whose job SLURM still lists (pending,
-    requeued, held or running; whatever its run.json says) without submitting it again or
-    touching its directory, and submits the rest; a run stopped from outside resumes from its
-    last.ckpt. `cluster`: "slurm", or "local" for submitit's local executor (the same jobs as
-    processes of this machine)."""
+    them unless `wait` is false, and leave every run's outcome in its run.json (a run whose job is
+    alive, or stopped from outside: the module's docstring). `cluster`: "slurm", or "local" for
+    submitit's local executor (the same jobs as processes of this machine)."""
 
     options: SlurmOptions
     wait: bool = True
@@ -366,25 +358,18 @@ class SlurmLauncher:
         executor = submitit.AutoExecutor(
             folder=folder, cluster=self.cluster, slurm_max_num_timeout=o.max_requeues
         )
-        parameters: dict[str, Any] = {
-            "timeout_min": o.time_min,
-            "name": JOB_NAME,
-            "tasks_per_node": 1,
-            "nodes": 1,
-        }
-        if o.cpus_per_run:
-            parameters["cpus_per_task"] = o.cpus_per_run
+        parameters = dict(
+            timeout_min=o.time_min, name=JOB_NAME, tasks_per_node=1, nodes=1, cpus_per_task=o.cpus_per_run
+        )
         if self.cluster == "slurm":
-            parameters["slurm_signal_delay_s"] = SIGNAL_DELAY_S
-            if o.gpus_per_run:
-                parameters["gpus_per_node"] = o.gpus_per_run
-            if o.partition:
-                parameters["slurm_partition"] = o.partition
-            if o.array_parallelism:
-                parameters["slurm_array_parallelism"] = o.array_parallelism
-            if o.sbatch:
-                parameters["slurm_additional_parameters"] = dict(o.sbatch)
-        executor.update_parameters(**parameters)
+            parameters.update(
+                slurm_signal_delay_s=SIGNAL_DELAY_S,
+                gpus_per_node=o.gpus_per_run,
+                slurm_partition=o.partition,
+                slurm_array_parallelism=o.array_parallelism,
+                slurm_additional_parameters=dict(o.sbatch),
+            )
+        executor.update_parameters(**{key: value for key, value in parameters.items() if value})
         return executor
 
     def launch(self, runs: list[Run], output: Path, log: Any) -> None:
@@ -414,9 +399,7 @@ class SlurmLauncher:
         Asked before any directory is touched: a live job may resume from what is there."""
         recorded = {run.label: recorded_job(read_json(run.directory / RUN_FILE)) for run in runs}
         recorded = {label: job for label, job in recorded.items() if job}
-        if not recorded:
-            return {}
-        states = queue_states(list(recorded.values()))
+        states = queue_states(list(recorded.values()))  # {} without a job: squeue is not asked
         if states is None:
             label, job = next(iter(recorded.items()))
             raise UserError(
@@ -448,8 +431,7 @@ class SlurmLauncher:
             aside = run.directory.with_name(f".{run.directory.name}.replaced")
             shutil.rmtree(aside, ignore_errors=True)
             os.replace(run.directory, aside)
-        start_record(run, launcher=self.cluster, parallel=1)
-        record = read_json(run.directory / RUN_FILE) or {}
+        record = start_record(run, launcher=self.cluster, parallel=1)
         write_json_atomically(run.directory / RUN_FILE, {**record, "status": "submitted"})
         return _Prepared(run, None, aside)
 
@@ -489,9 +471,8 @@ class SlurmLauncher:
         return jobs
 
     def _wait(self, jobs: dict[str, tuple[Run, Any]], log: Any) -> None:
-        """Until every job has ended, by SLURM's word: a job squeue still lists (pending,
-        requeued, held, running) is waited for, whatever files its earlier attempts left; one gone
-        from the queue is collected. squeue, not sacct: a cluster without accounting has no sacct."""
+        """Until every job has ended, by SLURM's word (squeue, not sacct: a cluster without
+        accounting has no sacct); one gone from the queue is collected."""
         pending = dict(jobs)
         gone: dict[str, int] = {}  # job -> polls in a row that squeue no longer listed it
         told: dict[str, JobState] = {}
@@ -559,13 +540,9 @@ class SlurmLauncher:
             record.update(job_ending(run, job, record, ended, reason, self.options.time_min))
             write_json_atomically(run.directory / RUN_FILE, record)
         requeued = record.get("attempts", 1) - max(1, len(record.get("jobs", [])))
-        again = (
-            f", requeued {requeued}x, resumed {record.get('resumed', 0)}x from last.ckpt"
-            if requeued > 0
-            else ""
-        )
-        if not again and record.get("resumed"):
-            again = f", resumed {record['resumed']}x from last.ckpt"
+        again = f", requeued {requeued}x" if requeued > 0 else ""
+        if again or record.get("resumed"):
+            again += f", resumed {record.get('resumed', 0)}x from last.ckpt"
         log(outcome_line(run, record, f"job {job.job_id}{again}, "))
 
 
