@@ -149,10 +149,10 @@ def analyse(
         rung_points = [
             p for p in [*second, *third] if p.arm == arm.name and (p.size, p.budget) == plan.seeds_rung
         ]
-        arm.seeds = [trained(p).loss for p in _unique(rung_points) if trained(p).loss is not None]
+        arm.seeds = [trained(p).loss for p in unique_points(rung_points) if trained(p).loss is not None]
         swept = {p.run.directory for p in first}
         arm.seed_chose_lr = any(p.run.directory in swept and trained(p).loss is not None for p in rung_points)
-        values = [trained(p).diagnostics for p in _unique(rung_points)]
+        values = [trained(p).diagnostics for p in unique_points(rung_points)]
         values = [v for v in values if v]
         for key in DIAGNOSTICS:
             found = [v[key] for v in values if v.get(key) is not None]
@@ -305,7 +305,7 @@ def _holdout_noise(
     return math.nan, "no seed noise known"
 
 
-def _unique(points: list[Point]) -> list[Point]:
+def unique_points(points: list[Point]) -> list[Point]:
     seen: dict = {}
     for p in points:
         seen.setdefault(p.run.directory, p)

@@ -103,8 +103,9 @@ def device_label(device: str | None, gpus: list[str] | None) -> str | None:
     return f"{device} (GPU {','.join(gpus)})"
 
 
-def _status(run: Run, record: dict, summary: dict | None) -> tuple[str, str]:
-    if summary is not None:
+def run_status(finished: bool, record: dict) -> tuple[str, str]:
+    """A run's status and error, from whether it finished and its run.json (plain and designed)."""
+    if finished:
         return "ok", ""
     if record.get("status") in ("failed", "cancelled"):  # cancelled: its SLURM job (runs/slurm.py)
         return record["status"], record.get("error", "")
@@ -117,7 +118,7 @@ def collect(runs: list[Run], evaluation: EvalSettings | None = None) -> list[dic
     for run in runs:
         record = read_json(run.directory / RUN_FILE) or {}
         summary = read_json(run.directory / SUMMARY_FILE)
-        status, error = _status(run, record, summary)
+        status, error = run_status(summary is not None, record)
         summary = summary or {}
         final = summary.get("final_val_loss")
         changes = run.variant.budget_changes()
