@@ -114,6 +114,7 @@ def run_status(finished: bool, record: dict) -> tuple[str, str]:
 
 def collect(runs: list[Run], evaluation: EvalSettings | None = None) -> list[dict]:
     """One row per run: its status and numbers (None where a run has none)."""
+    evaluation = evaluation or EvalSettings()
     rows = []
     for run in runs:
         record = read_json(run.directory / RUN_FILE) or {}
@@ -148,8 +149,8 @@ def collect(runs: list[Run], evaluation: EvalSettings | None = None) -> list[dic
             run_dir=str(run.directory),
             curve=summary.get("curve", []),
         )
-        row.update(eval_fields(cached_evaluation(run, evaluation or EvalSettings())))
-        row.update(diagnostic_fields(run, evaluation or EvalSettings()))
+        row.update(eval_fields(cached_evaluation(run, evaluation)))
+        row.update(diagnostic_fields(run, evaluation))
         rows.append(row)
     return rows
 

@@ -129,23 +129,6 @@ class JointBootstrap:
         return Comparison(self.fit.multiplier(arm), *interval(self.multipliers(arm), level))
 
 
-def bootstrap_joint(
-    point: JointFit,
-    compute: Sequence[float],
-    arm: Sequence[int],
-    noise: Noise,
-    draws: int | None = None,
-    seed: int = 0,
-    delta: float = HUBER_DELTA,
-    weighted: bool = False,
-) -> JointBootstrap:
-    """Refits of the joint model to losses drawn about `point`'s curves with `noise`, all
-    fitted at once, each started at the point fit (module doc). `weighted`: each refit divides
-    the residuals by the noise's sd, as a weighted point fit did."""
-    draws = BOOTSTRAP if draws is None else draws
-    return bootstrap_joint_many([point], compute, arm, [noise], draws, seed, delta, weighted)[0]
-
-
 def bootstrap_joint_many(
     points: Sequence[JointFit],
     compute: Sequence[float],
@@ -157,8 +140,10 @@ def bootstrap_joint_many(
     weighted: bool = False,
     budget: Sequence[int] | None = None,
 ) -> list[JointBootstrap]:
-    """bootstrap_joint of many ladders with the same points (one point fit and noise each);
-    `budget`: each point's budget group, as the point fits had it (curves.py)."""
+    """Refits of the joint model to losses drawn about each ladder's point fit with its noise (many
+    ladders with the same points: one point fit and noise each), all fitted at once, each started
+    at its point fit. `weighted`: each refit divides the residuals by the noise's sd, as a weighted
+    point fit did; `budget`: each point's budget group, as the point fits had it (curves.py)."""
     x = np.asarray(compute, dtype=float)
     index = np.asarray(arm, dtype=int)
     group = None if budget is None else np.asarray(budget, dtype=int)
