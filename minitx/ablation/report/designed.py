@@ -25,7 +25,7 @@ from ..analysis.wall_time import phase_times, wall_time
 from ..plan.ladder import Plan, Point
 from ..plan.rates import MARGIN
 from ..runs.results import PointResult, RunResults
-from .cells import budget_text, num
+from .cells import budget_text, num, row
 from .ladder import (
     held_out_section,
     holdout_section,
@@ -57,10 +57,6 @@ CSV_FIELDS = [
 ]  # fmt: skip
 
 
-def _status(result: PointResult) -> tuple[str, str]:
-    return run_status(result.loss is not None, result.record)
-
-
 def csv_text(points: list[Point], trained: RunResults) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator="\n")
@@ -68,7 +64,7 @@ def csv_text(points: list[Point], trained: RunResults) -> str:
     # a run once, as first planned (the smallest size's ladder run is a sweep run)
     for p in unique_points(points):
         result = trained(p)
-        status, error = _status(result)
+        status, error = run_status(result.loss is not None, result.record)
         found = result.diagnostics or {}
         writer.writerow(
             {
@@ -122,10 +118,11 @@ def markdown(
     if design.multipliers:
         lines += _ranking_section(analysis)
     if analysis.failed:
-        lines += ["## Failed runs", ""]
-        for p in analysis.failed:
-            lines.append(f"- {p.run.directory.name}: {_status(trained(p))[1] or 'no summary'}")
-        lines.append("")
+        errors = [
+            f"- {p.run.directory.name}: {run_status(False, trained(p).record)[1] or 'no summary'}"
+            for p in analysis.failed
+        ]
+        lines += ["## Failed runs", "", *errors, ""]
     lines += ["## How these were measured", ""]
     lines += [f"- {note}" for note in _notes(plan, analysis, all_points, trained)]
     lines += [f"- {line}" for line in given]
@@ -181,7 +178,7 @@ def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point], trained
         f"## Learning rate: each arm at its own best (size {small}, {budget_text(plan, plan.budgets[-1])}, "
         f"seed {plan.sweep.seed})",
         "",
-        "| arm | " + " | ".join(f"x{m:g}" for m in ms) + " | chosen |",
+        row("arm", *(f"x{m:g}" for m in ms), "chosen"),
         "|---|" + "---:|" * len(ms) + "---|",
     ]
     for arm in analysis.arms:
@@ -202,7 +199,7 @@ def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point], trained
         chosen = "refused" if choice.refused else "–"
         if arm.multiplier is not None:
             chosen = f"x{arm.multiplier:g} ({choice.how})"
-        lines.append(f"| {arm.name} | " + " | ".join(cells) + f" | {chosen} |")
+        lines.append(row(arm.name, *cells, chosen))
     bases = ", ".join(f"{key} {value:g}" for key, value in plan.lr_bases.items())
     lines += [
         "",
@@ -220,8 +217,7 @@ def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point], trained
         lines += [
             f"Confirmed at {large} ({budget_text(plan, plan.budgets[-1])}, seed {plan.sweep.seed}): the choice and "
             "its neighbours; the same rule over those that neither diverged nor spiked gives the rate used there "
-            "(in bold), sizes between "
-            "train at the rate interpolated geometrically in parameters.",
+            "(in bold), sizes between train at the rate interpolated geometrically in parameters.",
             "",
             f"| arm | at {large} | used at " + ", ".join(s.name for s in plan.sizes) + " |",
             "|---|---|---|",
@@ -306,12 +302,11 @@ def _diagnostics_section(plan: Plan, analysis: Analysis) -> list[str]:
     lines = [
         "## Diagnostics (held-out text, through each kind's materialised attention; mean over the seeds rung)",
         "",
-        "| arm | " + " | ".join(DIAGNOSTICS.values()) + " |",
+        row("arm", *DIAGNOSTICS.values()),
         "|---|" + "---:|" * len(DIAGNOSTICS),
     ]
     for arm in analysis.arms:
-        cells = [num(arm.diagnostics.get(k), "{:.3f}") for k in DIAGNOSTICS]
-        lines.append(f"| {arm.name} | " + " | ".join(cells) + " |")
+        lines.append(row(arm.name, *(num(arm.diagnostics.get(k), "{:.3f}") for k in DIAGNOSTICS)))
     return [*lines, ""]
 
 
@@ -330,9 +325,7 @@ def _ranking_section(analysis: Analysis) -> list[str]:
     ]
     for name in rank_own:
         moved = rank_one[name] - rank_own[name]
-        lines.append(
-            f"| {name} | {rank_one[name]} | {rank_own[name]} | {'' if not moved else f'{moved:+d}'} |"
-        )
+        lines.append(row(name, rank_one[name], rank_own[name], f"{moved:+d}" if moved else ""))
     return [*lines, ""]
 
 
@@ -365,8 +358,7 @@ def _notes(plan: Plan, analysis: Analysis, all_points: list[Point], trained: Run
         if plan.ladder.unit == "tokens_per_param":
             notes.append(
                 f"budgets: tokens per non-embedding parameter of {plan.sweep.variants[0].name} at each size, "
-                "times its FLOPs "
-                "per token: every arm of a size gets the same compute, in its own number of steps"
+                "times its FLOPs per token: every arm of a size gets the same compute, in its own number of steps"
             )
         notes.append(noise_note(plan, analysis))
     if plan.sweep.match:
@@ -374,10 +366,7 @@ def _notes(plan: Plan, analysis: Analysis, all_points: list[Point], trained: Run
             f"match: {plan.sweep.match}: each arm's MLP width set to {_matched_to(plan)}'s budget at each size"
         )
     spent = _time_note(plan, all_points, trained)
-    if spent:
-        notes.append(spent)
-    notes += analysis.notes
-    return notes
+    return [*notes, *([spent] if spent else []), *analysis.notes]
 
 
 def _matched_to(plan: Plan) -> str:

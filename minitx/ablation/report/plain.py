@@ -277,8 +277,7 @@ def standard_notes(rows: list[dict], table: list[dict], sweep: Sweep | None) -> 
             f"train FLOPs/token of {', '.join(variants)}: recorded under the older count {', '.join(older)} "
             f"(summary.json without flop_convention: each kind's code as it ran on its device), not {FLOP_CONVENTION}"
         )
-    spent = wall_time((r.get("finished_at"), r.get("process_seconds")) for r in rows)
-    if spent:
+    if spent := wall_time((r.get("finished_at"), r.get("process_seconds")) for r in rows):
         notes.append(spent)
     parallel = max((r["parallel"] or 1 for r in rows if r["status"] == "ok"), default=1)
     if parallel > 1:
