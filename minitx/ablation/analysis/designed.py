@@ -193,11 +193,9 @@ def _transfer_within(plan: Plan, analysis: Analysis, points: list[Point], traine
     every = [*points, *_confirmed(analysis, largest)]
     target, seeds = _means_at(every, largest, top, trained)
     rung, _ = _means_at(every, below, top, trained)
-    predicted = {}
-    for arm in analysis.arms:
-        at_top = [q for q in arm.held_out if math.isclose(q.compute, max(h.compute for h in arm.held_out))]
-        if at_top:
-            predicted[arm.name] = at_top[0].predicted
+    predicted = {
+        a.name: max(a.held_out, key=lambda q: q.compute).predicted for a in analysis.arms if a.held_out
+    }
     names = [a for a in analysis.fitted if a in target and a in predicted and a in rung]
     if len(names) < 2:
         return

@@ -34,39 +34,12 @@ from .cells import row
 from .written import WrittenReport
 
 CSV_FIELDS = [
-    "variant",
-    "seed",
-    "status",
-    "error",
-    "params",
-    "params_non_embedding",
-    "flops_per_token",
-    "flop_convention",
-    "mlp_hidden",
-    "final_val_loss",
-    "best_val_loss",
-    "val_perplexity",
-    "val_accuracy",
-    "eval_loss",
-    "eval_bits_per_char",
-    "task_exact_match",
-    "task_item_accuracy",
-    "tokens_per_s",
-    "peak_memory_mb",
-    "memory_kind",
-    "kv_bytes_per_token",
-    "wall_time_s",
-    "process_seconds",
-    "finished_at",
-    "tokens_seen",
-    "steps",
-    "device",
-    "parallel",
-    "budget_changes",
-    "resized",
-    "eval_note",
-    "run_dir",
-]
+    "variant", "seed", "status", "error", "params", "params_non_embedding", "flops_per_token",
+    "flop_convention", "mlp_hidden", "final_val_loss", "best_val_loss", "val_perplexity", "val_accuracy",
+    "eval_loss", "eval_bits_per_char", "task_exact_match", "task_item_accuracy", "tokens_per_s",
+    "peak_memory_mb", "memory_kind", "kv_bytes_per_token", "wall_time_s", "process_seconds", "finished_at",
+    "tokens_seen", "steps", "device", "parallel", "budget_changes", "resized", "eval_note", "run_dir",
+]  # fmt: skip
 BASE_PLOTS = ("loss_curves.png", "cost_quality.png", "loss_vs_context.png")
 DIAGNOSTIC_PLOTS = tuple(f"diag_{key}.png" for key in DIAGNOSTICS)
 PLOTS = (*BASE_PLOTS, *DIAGNOSTIC_PLOTS)  # the diagnostic ones only where the sweep evaluates (plot_names)
