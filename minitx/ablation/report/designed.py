@@ -362,18 +362,15 @@ def _notes(plan: Plan, analysis: Analysis, all_points: list[Point], trained: Run
             )
         notes.append(noise_note(plan, analysis))
     if plan.sweep.match:
+        # the arm `match` sized the others to: the file's first (make_plan, budget.py), whichever arm
+        # the report's baseline is (ablate --baseline)
+        reference = plan.sweep.variants[0] if plan.ladder is not None else plan.sweep.reference
+        matched = reference.name if reference is not None else plan.arms[0]
         notes.append(
-            f"match: {plan.sweep.match}: each arm's MLP width set to {_matched_to(plan)}'s budget at each size"
+            f"match: {plan.sweep.match}: each arm's MLP width set to {matched}'s budget at each size"
         )
     spent = _time_note(plan, all_points, trained)
     return [*notes, *([spent] if spent else []), *analysis.notes]
-
-
-def _matched_to(plan: Plan) -> str:
-    """The arm `match` sized the others to: the file's first (make_plan, budget.py), whichever arm
-    the report's baseline is (ablate --baseline)."""
-    reference = plan.sweep.variants[0] if plan.ladder is not None else plan.sweep.reference
-    return reference.name if reference is not None else plan.arms[0]
 
 
 def write_design_results(
