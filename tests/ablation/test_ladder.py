@@ -106,7 +106,9 @@ def ladder_fit(losses, seeds, draws=fit.BOOTSTRAP, seed=0):
     joint = fit.fit_joint(x, losses, index, delta=delta)
     group = index * 4 + np.tile(LADDER_SIZE, arms)
     arms_of = [str(k) for k in index]
-    return fit.bootstrap_joint(joint, x, index, noise.noise(arms_of, group, SHARED), draws, seed, delta)
+    return fit.bootstrap_joint_many(
+        [joint], x, index, [noise.noise(arms_of, group, SHARED)], draws, seed, delta
+    )[0]
 
 
 def test_a_a_arm_gets_a_finite_interval_around_one_and_a_handicap_stays_below():
@@ -227,7 +229,7 @@ def test_a_flat_ladder_gives_no_multiplier_and_an_unbounded_interval():
     joint = fit.fit_joint(x, y, index, delta=0.003)
     assert joint.alpha < 0.01  # at or near its bound
     noise = fit.Noise(np.full(12, 0.002), 0.0, np.arange(12))
-    boot = fit.bootstrap_joint(joint, x, index, noise, 40, delta=0.003)
+    boot = fit.bootstrap_joint_many([joint], x, index, [noise], 40, delta=0.003)[0]
     low, high = fit.interval(boot.multipliers(1))
     assert low == 0 or high == math.inf  # draws at the bound or with no multiplier: nothing bounds it
     assert math.isnan(fit.JointFit(2.0, 1.0, 0.0, 1.0, (0.0, 0.3)).multiplier(1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import product
 
 import numpy as np
 
@@ -72,14 +73,9 @@ def fit_nd(
         return top + np.log(weights.sum(axis=0)) - log_y, J  # log L, the LSE, minus log y
 
     starts = []
-    for e_share in (0.3, 0.6, 0.9):
-        for a in (0.1, 0.4, 1.0):
-            for b in (0.1, 0.4, 1.0):
-                for split in (0.25, 0.5, 0.75):
-                    rest = max(float(np.mean(y)) - e_share * low, 1e-3)
-                    starts.append(
-                        [math.log(e_share * low), math.log(split * rest), a, math.log((1 - split) * rest), b]
-                    )
+    for e_share, a, b, split in product((0.3, 0.6, 0.9), (0.1, 0.4, 1.0), (0.1, 0.4, 1.0), (0.25, 0.5, 0.75)):
+        rest = max(float(np.mean(y)) - e_share * low, 1e-3)
+        starts.append([math.log(e_share * low), math.log(split * rest), a, math.log((1 - split) * rest), b])
     starts = np.array(starts)
     bounds = np.empty((len(starts), 5, 2))
     bounds[:] = [(-10.0, math.log(low)), (-12.0, 6.0), (0.0, ALPHA_MAX), (-12.0, 6.0), (0.0, ALPHA_MAX)]

@@ -219,23 +219,16 @@ def fit_joint_many(
         n_budgets = 1 if budget is None else int(np.max(budget)) + 1
     C0 = C0 or (start[0].C0 if start else float(np.exp(np.mean(np.log(x)))))
     low = y.min(axis=1)
-    grid = [(e_share, alpha) for e_share in (0.0, 0.5, 0.9) for alpha in (0.1, 0.3, 0.6, 1.0)]
     if start is not None:
         grid = [None]
-    starts = np.zeros((len(y), len(grid), 1 + n_arms + n_budgets))
-    for j, cell in enumerate(grid):
-        if cell is None:
-            starts[:, 0] = [[*_theta_of(f, n_budgets)] for f in start]
-            starts[:, 0, 0] = np.minimum(starts[:, 0, 0], 0.99 * low)
-            starts[:, 0, 3 : 2 + n_arms] = np.clip(
-                starts[:, 0, 3 : 2 + n_arms], -LOG_M_MAX + 0.5, LOG_M_MAX - 0.5
-            )
-            continue
-        e_share, alpha = cell
-        E = e_share * low
-        starts[:, j, 0] = E
-        starts[:, j, 1] = np.log(np.maximum(y.mean(axis=1) - E, 1e-6))
-        starts[:, j, 2] = alpha
+        starts = inside_bounds(np.array([_theta_of(f, n_budgets) for f in start]), low, n_arms)[:, None]
+    else:
+        grid = [(e_share, alpha) for e_share in (0.0, 0.5, 0.9) for alpha in (0.1, 0.3, 0.6, 1.0)]
+        starts = np.zeros((len(y), len(grid), 1 + n_arms + n_budgets))
+        for j, (e_share, alpha) in enumerate(grid):
+            starts[:, j, 0] = e_share * low
+            starts[:, j, 1] = np.log(np.maximum(y.mean(axis=1) - e_share * low, 1e-6))
+            starts[:, j, 2] = alpha
     log_y = np.repeat(np.log(y), len(grid), axis=0)  # row l * 12 + j: ladder l from start j
     scales = None if scale is None else np.repeat(np.broadcast_to(scale, y.shape), len(grid), axis=0)
     residuals = _joint_residuals(np.log(x / C0), arm, log_y, n_arms, scales, budget, n_budgets)
@@ -245,6 +238,14 @@ def fit_joint_many(
     value = huber(residuals(theta, np.arange(rows))[0], delta).sum(axis=1).reshape(len(y), len(grid))
     best = theta.reshape(len(y), len(grid), -1)[np.arange(len(y)), value.argmin(axis=1)]
     return [_joint_of(row, C0, n_arms) for row in best]
+
+
+def inside_bounds(starts: np.ndarray, low: np.ndarray, n_arms: int) -> np.ndarray:
+    """Stacked parameters (S, P) moved strictly inside their bounds: E below the row's lowest loss
+    `low`, each log m off its bound."""
+    starts[:, 0] = np.minimum(starts[:, 0], 0.99 * low)
+    starts[:, 3 : 2 + n_arms] = np.clip(starts[:, 3 : 2 + n_arms], -LOG_M_MAX + 0.5, LOG_M_MAX - 0.5)
+    return starts
 
 
 def _theta_of(fit: JointFit, n_budgets: int = 1) -> list[float]:

@@ -39,9 +39,8 @@ class ArmResult:
     compute: fit.Comparison | None = None
     params: fit.Comparison | None = None  # the baseline's parameters at equal loss, over the arm's
     nd: fit.NDFit | None = None  # L(N, D), the second view
-    nd_multiplier: float | None = (
-        None  # the baseline's compute for the arm's loss at its largest size, by L(N, D)
-    )
+    # the baseline's compute for the arm's loss at its largest size, by L(N, D)
+    nd_multiplier: float | None = None
     seeds: list[float] = field(default_factory=list)  # losses at the seeds rung
     seed_chose_lr: bool = False  # the rung's first-seed run is the learning-rate sweep's chosen run
     test: Difference | None = None
@@ -51,13 +50,11 @@ class ArmResult:
     dispersion: float | None = None  # its noise over the seed noise (>= 1: its lack of fit)
     held_out: list[robust.Prediction] = field(default_factory=list)  # its largest size, predicted
     pairs: dict[str, tuple[float, float]] = field(default_factory=dict)  # size -> (ladder, replicate) loss
-    medians: dict[str, tuple[float, float, float, float]] = field(
-        default_factory=dict
-    )  # size -> 3 seeds, median
+    # size -> its 3 seeds and their median
+    medians: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
     settled: dict[Path, float] = field(default_factory=dict)  # a point's run directory -> that median
-    holdout: list[tuple[Point, robust.Prediction]] = field(
-        default_factory=list
-    )  # the held-out rung, predicted
+    # the held-out rung's points, predicted
+    holdout: list[tuple[Point, robust.Prediction]] = field(default_factory=list)
 
     @property
     def sizes(self) -> int:
@@ -113,9 +110,6 @@ class Analysis:
         return next(a for a in self.arms if a.name == name)
 
 
-# the per-run diagnostics: defined beside their functions (evaluation/diagnostics.py)
-
-
 def analyse(
     plan: Plan,
     phases: tuple[list[Point], list[Point], list[Point]],
@@ -127,47 +121,33 @@ def analyse(
     point's loss is the median of its three seeds."""
     first, second, third, *rest = phases
     held = rest[0] if rest else []
-    multipliers = plan.sweep.design.multipliers
-    found = plan.rates(trained)
-    results = [ArmResult(name, rate=found[name]) for name in plan.arms]
-    everything = [*first, *second, *third, *held]
-    failed = [p for p in everything if trained(p).loss is None and trained(p).started]
-    notes: list[str] = []
+    ladder = [*second, *third]
+    at_rung = [p for p in ladder if (p.size, p.budget) == plan.seeds_rung]
+    swept = {p.run.directory for p in first}
+
+    def done(p: Point) -> bool:
+        return trained(p).loss is not None
+
+    rates = plan.rates(trained)
+    results = [ArmResult(name, rate=rates[name], multiplier=1.0) for name in plan.arms]
     for arm in results:
-        if multipliers:
+        if plan.sweep.design.multipliers:
             arm.lr_losses = {m: trained(p).loss for m, p in arm.rate.sweep.items()}
             arm.multiplier = arm.rate.choice.multiplier
-        else:
-            arm.multiplier = 1.0
-        seen = set()
-        for p in [*second, *third]:
-            if p.arm == arm.name and p.seed == plan.ladder_seed and trained(p).loss is not None:
-                if p.run.directory not in seen:
-                    seen.add(p.run.directory)
-                    arm.points.append(p)
-        arm.points.sort(key=lambda p: trained(p).trained_flops)
-        rung_points = [
-            p for p in [*second, *third] if p.arm == arm.name and (p.size, p.budget) == plan.seeds_rung
-        ]
-        arm.seeds = [trained(p).loss for p in _unique(rung_points) if trained(p).loss is not None]
-        swept = {p.run.directory for p in first}
-        arm.seed_chose_lr = any(p.run.directory in swept and trained(p).loss is not None for p in rung_points)
-        values = [trained(p).diagnostics for p in _unique(rung_points)]
-        values = [v for v in values if v]
+        mine = [p for p in ladder if p.arm == arm.name and p.seed == plan.ladder_seed and done(p)]
+        arm.points = sorted(unique_points(mine), key=lambda p: trained(p).trained_flops)
+        rung_points = [p for p in at_rung if p.arm == arm.name]
+        arm.seeds = [trained(p).loss for p in unique_points(rung_points) if done(p)]
+        arm.seed_chose_lr = any(p.run.directory in swept and done(p) for p in rung_points)
+        values = [v for p in unique_points(rung_points) if (v := trained(p).diagnostics)]
         for key in DIAGNOSTICS:
-            found = [v[key] for v in values if v.get(key) is not None]
-            if found:
+            if found := [v[key] for v in values if v.get(key) is not None]:
                 arm.diagnostics[key] = sum(found) / len(found)
                 arm.diagnostic_seeds[key] = found
-    analysis = Analysis(plan.arms[0], results, plan.seeds_rung, failed, notes)
-    analysis.lr_seeds = sorted({p.seed for p in first if trained(p).loss is not None})
-    analysis.rung_seeds = sorted(
-        {
-            p.seed
-            for p in [*second, *third]
-            if (p.size, p.budget) == plan.seeds_rung and trained(p).loss is not None
-        }
-    )
+    failed = [p for p in [*first, *ladder, *held] if not done(p) and trained(p).started]
+    analysis = Analysis(plan.arms[0], results, plan.seeds_rung, failed, [])
+    analysis.lr_seeds = sorted({p.seed for p in first if done(p)})
+    analysis.rung_seeds = sorted({p.seed for p in at_rung if done(p)})
     analysis.noise = fit.seed_noise({a.name: a.seeds for a in results})
     if plan.ladder is not None:
         _fit_all(plan, analysis, trained, replicates)
@@ -175,7 +155,7 @@ def analyse(
     for arm in results:
         arm.test = tests.get(arm.name)
     if analysis.data is not None and len(plan.sizes) >= 3:
-        _transfer_within(plan, analysis, [*second, *third], trained)
+        _transfer_within(plan, analysis, ladder, trained)
     if held and analysis.data is not None:
         _predict_holdout(plan, analysis, held, trained)
     return analysis
@@ -213,11 +193,9 @@ def _transfer_within(plan: Plan, analysis: Analysis, points: list[Point], traine
     every = [*points, *_confirmed(analysis, largest)]
     target, seeds = _means_at(every, largest, top, trained)
     rung, _ = _means_at(every, below, top, trained)
-    predicted = {}
-    for arm in analysis.arms:
-        at_top = [q for q in arm.held_out if math.isclose(q.compute, max(h.compute for h in arm.held_out))]
-        if at_top:
-            predicted[arm.name] = at_top[0].predicted
+    predicted = {
+        a.name: max(a.held_out, key=lambda q: q.compute).predicted for a in analysis.arms if a.held_out
+    }
     names = [a for a in analysis.fitted if a in target and a in predicted and a in rung]
     if len(names) < 2:
         return
@@ -299,13 +277,12 @@ def _holdout_noise(
         sd = math.sqrt(sum(float(np.sum((np.asarray(v) - np.mean(v)) ** 2)) for v in groups) / dof)
         return sd, f"{len(groups)} arms' seeds there, {dof} degrees of freedom"
     if analysis.size_noise is not None:
-        return float(
-            analysis.size_noise.sd[-1]
-        ), f"no arm has two seeds there: {plan.sizes[-1].name}'s seed noise"
+        sd = float(analysis.size_noise.sd[-1])
+        return sd, f"no arm has two seeds there: {plan.sizes[-1].name}'s seed noise"
     return math.nan, "no seed noise known"
 
 
-def _unique(points: list[Point]) -> list[Point]:
+def unique_points(points: list[Point]) -> list[Point]:
     seen: dict = {}
     for p in points:
         seen.setdefault(p.run.directory, p)
@@ -354,24 +331,23 @@ def _fit_all(plan: Plan, analysis: Analysis, trained: RunResults, replicates=())
     results, notes = analysis.arms, analysis.notes
     baseline = results[0]
     refused = [a for a in results if a.rate is not None and a.rate.refused]  # no rate is known to be its best
+    fitted = [a for a in results if len(a.points) >= 2 and a not in refused]
     for arm in results:
+        if arm in refused:
+            arm.fit_note = f"refused: {arm.rate.refused}"
+            continue
+        if arm not in fitted:
+            arm.fit_note = f"no fit: {len(arm.points)} finished point(s), needs 2 or more"
         try:
             arm.own = fit.fit_curve(
                 [trained(p).trained_flops for p in arm.points], [trained(p).loss for p in arm.points]
             )
         except UserError:
-            arm.own = None  # too few points for a curve of its own; the joint fit may still place it
-    fitted = [a for a in results if len(a.points) >= 2 and a not in refused]
-    for arm in results:
-        if arm in refused:
-            arm.own, arm.fit_note = None, f"refused: {arm.rate.refused}"
-        elif arm not in fitted:
-            arm.fit_note = f"no fit: {len(arm.points)} finished point(s), needs 2 or more"
+            pass  # too few points for a curve of its own; the joint fit may still place it
     if baseline not in fitted:
         notes.append(f"the baseline {baseline.name} has no fit ({baseline.fit_note}), so no multipliers")
         return
-    fitted.remove(baseline)
-    fitted.insert(0, baseline)
+    fitted = [baseline, *(a for a in fitted if a is not baseline)]
     for arm in fitted:
         arm.pairs = replicate_pairs(plan, arm, trained)
     _medians(plan, fitted, trained, replicates)
@@ -387,15 +363,9 @@ def _fit_all(plan: Plan, analysis: Analysis, trained: RunResults, replicates=())
         _check_points(np.asarray(x), np.asarray(y), fit.MIN_POINTS)
         seed_sd, dof = _seed_sd(plan, analysis, fitted, trained, x, y, index, sizes)
         data = robust.LadderData(
-            np.asarray(x),
-            np.asarray(index),
-            np.asarray(sizes),
-            np.asarray(y)[None, :],
-            seed_sd[None, :],
-            dof,
-            shared,
-            groups,
-        )
+            np.asarray(x), np.asarray(index), np.asarray(sizes), np.asarray(y)[None, :], seed_sd[None, :], dof,
+            shared, groups,
+        )  # fmt: skip
         found, answers = robust.answer(data, draws=fit.BOOTSTRAP, seed=0)
     except UserError as error:
         for arm in fitted:
@@ -407,8 +377,9 @@ def _fit_all(plan: Plan, analysis: Analysis, trained: RunResults, replicates=())
     boot = found.boots[0]  # the draws the intervals came from: the curves' bands too
     for k, arm in enumerate(fitted):
         mine = [i for i, j in enumerate(index) if j == k]
-        curve = joint.curve(k)
-        arm.curve = fit.Curve(curve, [d.curve(k) for d in boot.draws], float(max(x[i] for i in mine)))
+        arm.curve = fit.Curve(
+            joint.curve(k), [d.curve(k) for d in boot.draws], float(max(x[i] for i in mine))
+        )
         at = np.asarray([x[i] for i in mine]), [k] * len(mine)
         fitted_here = joint.loss(*at, None if groups is None else groups[mine])
         residuals = [math.log(float(f)) - math.log(y[i]) for f, i in zip(fitted_here, mine)]
@@ -476,30 +447,26 @@ def _seed_sd(plan, analysis, fitted, trained, x, y, index, sizes) -> tuple[np.nd
         analysis.size_noise = measured
         sd = np.concatenate([measured.point_sd(names[k], [sizes[i]]) for i, k in enumerate(index)])
         return sd, measured.dof
-    noise, _ = _noise(analysis, names, sizes, 0.0, x, y, index)
-    return np.asarray(noise.sd, dtype=float), float(noise.dof[0])
+    return _fallback_sd(analysis, names, x, y, index)
 
 
-def _noise(analysis: Analysis, arms, group, shared, x, y, index) -> tuple[fit.Noise, float]:
-    """The bootstrap's Noise and the Huber delta (1.345 sd: 95% as efficient as least squares
-    under normal noise, robust to an outlier). From the seeds; without seeds, from the scatter of
-    a first fit's residuals (its freedom: points less parameters), said in the report."""
+def _fallback_sd(analysis: Analysis, arms: list[str], x, y, index) -> tuple[np.ndarray, float]:
+    """The noise (sd of log loss) of each of `arms` and its freedom where no size has replicates:
+    the seeds'; without seeds, the scatter of a first fit's residuals about each point (its freedom:
+    points less parameters), said in the report."""
     if analysis.noise is not None and analysis.noise.pooled > 0:
-        sd = analysis.noise.pooled
-        return analysis.noise.noise(arms, group, shared), 1.345 * sd
+        noise = analysis.noise.noise(arms, [0] * len(arms), 0.0)
+        return np.asarray(noise.sd, dtype=float), float(noise.dof[0])
     first = fit.fit_joint(x, y, index)
     residuals = [math.log(float(first.curve(k).loss(c))) - math.log(v) for k, c, v in zip(index, x, y)]
-    dof = max(1, len(y) - 3 - (max(index)))
+    dof = max(1, len(y) - 3 - max(index))
     sd = math.sqrt(sum(r * r for r in residuals) / dof)
     why = "no arm has 2 or more seeds" if analysis.noise is None else "the seeds show no spread"
     analysis.noise_note = (
         f"{why}: the intervals carry the fit's residual scatter instead "
         f"(sd of log loss {sd:.4f}, {dof} degrees of freedom)"
     )
-    noise = fit.Noise(
-        np.full(len(y), sd), shared, np.asarray(group), np.zeros(len(y), dtype=int), [float(dof)]
-    )
-    return noise, 1.345 * sd if sd > 0 else fit.HUBER_DELTA
+    return np.full(len(y), sd), float(dof)
 
 
 def _params_share(plan: Plan, analysis: Analysis, fitted: list[ArmResult], trained: RunResults) -> None:
@@ -523,8 +490,7 @@ def _params_share(plan: Plan, analysis: Analysis, fitted: list[ArmResult], train
         sd = np.array([noise.point_sd(arms[k].name, [size_index[p.size]])[0] for k, p in points])
         dof = noise.dof
     else:
-        first, _ = _noise(analysis, [arms[k].name for k in index], list(range(len(points))), 0.0, x, y, index)
-        sd, dof = np.asarray(first.sd, dtype=float), float(first.dof[0])
+        sd, dof = _fallback_sd(analysis, [arms[k].name for k in index], x, y, index)
     data = robust.LadderData(
         np.asarray(x), np.asarray(index), np.asarray([size_index[p.size] for _, p in points]),
         np.asarray(y)[None, :], sd[None, :], dof, 0.0,  # separate runs: no trunk shared
@@ -550,9 +516,7 @@ def _nd_view(plan: Plan, analysis: Analysis, trained: RunResults) -> None:
     N0 = float(np.exp(np.mean([math.log(p.params) for p in base_points])))
     D0 = float(np.exp(np.mean([math.log(p.tokens) for p in base_points])))
     for arm in analysis.arms:
-        sizes = {p.size for p in arm.points}
-        budgets = {p.budget for p in arm.points}
-        if len(sizes) < 3 or len(budgets) < 3:
+        if arm.sizes < 3 or len({p.budget for p in arm.points}) < 3:
             continue
         try:
             arm.nd = fit.fit_nd([p.params for p in arm.points], [p.tokens for p in arm.points],
@@ -572,9 +536,7 @@ def _nd_view(plan: Plan, analysis: Analysis, trained: RunResults) -> None:
         loss = float(arm.nd.loss(last.params, last.tokens))
         tokens = base.nd.tokens_for(same_size.params, loss)
         per_token = trained(same_size).trained_flops / same_size.tokens
-        arm.nd_multiplier = (
-            tokens * per_token / trained(last).trained_flops if not math.isnan(tokens) else math.nan
-        )
+        arm.nd_multiplier = tokens * per_token / trained(last).trained_flops  # nan: flat in D
 
 
 def share(comparison: fit.Comparison) -> tuple[float, float, float]:

@@ -31,7 +31,6 @@ from .uncertainty import (
     JointBootstrap,
     Noise,
     SeedNoise,
-    bootstrap_joint,
     bootstrap_joint_many,
     interval,
     seed_noise,
@@ -39,7 +38,7 @@ from .uncertainty import (
 
 __all__ = [
     "ALPHA_MAX", "BOOTSTRAP", "FLAT", "HUBER_DELTA", "INTERVAL", "LOG_M_MAX", "MIN_POINTS", "Comparison",
-    "Curve", "Fit", "JointBootstrap", "JointFit", "NDFit", "Noise", "SeedNoise", "bootstrap_joint",
-    "bootstrap_joint_many", "fit_curve", "fit_joint", "fit_joint_many", "fit_nd", "huber", "huber_fit",
-    "interval", "one_blas_thread", "seed_noise",
+    "Curve", "Fit", "JointBootstrap", "JointFit", "NDFit", "Noise", "SeedNoise", "bootstrap_joint_many",
+    "fit_curve", "fit_joint", "fit_joint_many", "fit_nd", "huber", "huber_fit", "interval", "one_blas_thread",
+    "seed_noise",
 ]  # fmt: skip

@@ -70,15 +70,9 @@ class LadderData:
 
     def subset(self, keep: np.ndarray) -> LadderData:
         return LadderData(
-            self.compute[keep],
-            self.arm[keep],
-            self.size[keep],
-            self.loss[:, keep],
-            self.seed_sd[:, keep],
-            self.seed_dof,
-            self.shared,
-            None if self.budget is None else self.budget[keep],
-        )
+            self.compute[keep], self.arm[keep], self.size[keep], self.loss[:, keep], self.seed_sd[:, keep],
+            self.seed_dof, self.shared, None if self.budget is None else self.budget[keep],
+        )  # fmt: skip
 
     def fit(self, scale: np.ndarray, start: list[JointFit] | None = None, keep=None) -> list[JointFit]:
         """The weighted joint fit of every ladder (its points `keep`, default all), with its
@@ -151,14 +145,10 @@ def fit_robust(data: LadderData, raise_noise: bool = True) -> RobustFit:
         joints = data.fit(sd, start=joints)
         lam, dof = dispersion(data, joints)
         sd = data.seed_sd * lam[:, data.arm]
-    noises = []
-    arms = data.n_arms
-    for row in range(len(data.loss)):
-        raised = lam[row] > 1.0
-        # estimate 0: the seed noise; arm k's own estimate (source k + 1) where its noise was raised
-        source = np.where(raised[data.arm], data.arm + 1, 0)
-        dofs = [data.seed_dof, *[float(dof[k]) for k in range(arms)]]
-        noises.append(Noise(sd[row], data.shared, data.trunk, source, dofs))
+    # estimate 0: the seed noise; arm k's own estimate (source k + 1) where its noise was raised
+    dofs = [data.seed_dof, *map(float, dof)]
+    sources = np.where(lam[:, data.arm] > 1.0, data.arm + 1, 0)
+    noises = [Noise(sd[row], data.shared, data.trunk, sources[row], dofs) for row in range(len(data.loss))]
     return RobustFit(joints, lam, dof, noises, sd)
 
 
@@ -219,18 +209,17 @@ def answer(
     robust = fit_robust(data, robust_noise)
     boots = robust.boots = data.bootstrap(robust, draws, seed)
     loso = without_each_size(data, robust.sd, robust.joints) if robust_noise else {}
-    answers = []
-    for row, boot in enumerate(boots):
-        arms = []
-        for k in range(1, data.n_arms):
-            arms.append(
-                ArmAnswer(
-                    boot.comparison(k, level),
-                    {s: fits[row].multiplier(k) for s, fits in loso.items()},
-                    float(robust.dispersion[row, k]),
-                )
+    answers = [
+        [
+            ArmAnswer(
+                boot.comparison(k, level),
+                {s: fits[row].multiplier(k) for s, fits in loso.items()},
+                float(robust.dispersion[row, k]),
             )
-        answers.append(arms)
+            for k in range(1, data.n_arms)
+        ]
+        for row, boot in enumerate(boots)
+    ]
     return robust, answers
 
 

@@ -132,15 +132,9 @@ def ladder_data(sim: Simulated, arms: int, offsets: bool = True) -> tuple[robust
         sd_rows.append(np.concatenate([noise.point_sd(names[k], SIZE_OF_POINT) for k in range(arms)]))
         dofs.append(noise.dof)
     data = robust.LadderData(
-        np.tile(COMPUTE, arms),
-        np.repeat(np.arange(arms), 12),
-        np.tile(SIZE_OF_POINT, arms),
-        sim.loss,
-        np.stack(sd_rows),
-        float(np.median(dofs)),
-        SHARED,
-        np.tile(BUDGET_OF_POINT, arms) if offsets else None,
-    )
+        np.tile(COMPUTE, arms), np.repeat(np.arange(arms), 12), np.tile(SIZE_OF_POINT, arms), sim.loss,
+        np.stack(sd_rows), float(np.median(dofs)), SHARED, np.tile(BUDGET_OF_POINT, arms) if offsets else None,
+    )  # fmt: skip
     return data, noises
 
 
@@ -158,6 +152,10 @@ class Rates:
     held_out: float  # share of the held-out rung's predictive intervals holding the measured loss
     bent: float = math.nan  # share of the bending arms (A/A on average) given a dagger
     held_by_budget: tuple[float, ...] = ()  # the held-out coverage at each budget
+
+
+def _mean(values: list) -> float:
+    return float(np.mean(values)) if values else math.nan
 
 
 def run_method(
@@ -202,19 +200,10 @@ def run_method(
         for row in predictions:
             for p in row:  # a size's points come in budget order
                 by_budget[int(np.argmin(np.abs(COMPUTE[9:] - p.compute)))].append(p.covered)
-    mean = lambda v: float(np.mean(v)) if v else math.nan  # noqa: E731
     return Rates(
-        scenario.name,
-        len(covered),
-        mean(same),
-        mean(fragile),
-        mean(planted),
-        mean(covered),
-        float(np.median(widths)),
-        mean(held),
-        mean(bent),
-        tuple(mean(v) for v in by_budget.values()),
-    )
+        scenario.name, len(covered), _mean(same), _mean(fragile), _mean(planted), _mean(covered),
+        float(np.median(widths)), _mean(held), _mean(bent), tuple(map(_mean, by_budget.values())),
+    )  # fmt: skip
 
 
 @dataclass
@@ -243,7 +232,7 @@ def decide(scenario: Scenario, ladders: int, seed: int, draws: int = 60, offsets
     predictions = robust.predict_held_out(data, draws=draws, seed=seed)
     _, answers = robust.answer(data.subset(data.size != top), draws=draws, seed=seed)
     noise = SEED_SD * scenario.size_noise[top]  # the sd of a difference of two 2-run means
-    curves, one_rung, right, decided, within, undecided = [], [], [], [], [], []
+    curves, one_rung, right, decided, within = [], [], [], [], []
     for row in range(ladders):
         at_top = [p for p in predictions[row] if p.compute == COMPUTE[-1]]
         predicted = [next(p.predicted for p in at_top if p.arm == k) for k in range(arms)]
@@ -256,9 +245,7 @@ def decide(scenario: Scenario, ladders: int, seed: int, draws: int = 60, offsets
             right.append(score.right / score.decided)
         if score.undecided:
             within.append(score.within_noise / score.undecided)
-        undecided.append(score.undecided)
-    mean = lambda v: float(np.mean(v)) if v else math.nan  # noqa: E731
-    return Decisions(scenario.name, mean(curves), mean(one_rung), mean(right), mean(decided), mean(within))
+    return Decisions(scenario.name, *map(_mean, (curves, one_rung, right, decided, within)))
 
 
 def decision_scenarios() -> list[Scenario]:

@@ -65,12 +65,8 @@ def huber_fit(
             loss_new = huber(r_new, delta).sum(axis=1)
             better = loss_new < loss[active]
             keep = active[better]
-            theta[keep], r[keep], J[keep], loss[keep] = (
-                trial[better],
-                r_new[better],
-                J_new[better],
-                loss_new[better],
-            )
+            theta[keep], loss[keep] = trial[better], loss_new[better]
+            r[keep], J[keep] = r_new[better], J_new[better]
             damping[active] = np.where(better, np.maximum(damping[active] / 3, 1e-9), damping[active] * 4)
             # done: the step moved no parameter by more than 1e-7, or no step can lower the loss
             small = np.max(np.abs(trial - now), axis=1) < 1e-7

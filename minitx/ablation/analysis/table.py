@@ -103,8 +103,9 @@ def device_label(device: str | None, gpus: list[str] | None) -> str | None:
     return f"{device} (GPU {','.join(gpus)})"
 
 
-def _status(run: Run, record: dict, summary: dict | None) -> tuple[str, str]:
-    if summary is not None:
+def run_status(finished: bool, record: dict) -> tuple[str, str]:
+    """A run's status and error, from whether it finished and its run.json (plain and designed)."""
+    if finished:
         return "ok", ""
     if record.get("status") in ("failed", "cancelled"):  # cancelled: its SLURM job (runs/slurm.py)
         return record["status"], record.get("error", "")
@@ -113,11 +114,12 @@ def _status(run: Run, record: dict, summary: dict | None) -> tuple[str, str]:
 
 def collect(runs: list[Run], evaluation: EvalSettings | None = None) -> list[dict]:
     """One row per run: its status and numbers (None where a run has none)."""
+    evaluation = evaluation or EvalSettings()
     rows = []
     for run in runs:
         record = read_json(run.directory / RUN_FILE) or {}
         summary = read_json(run.directory / SUMMARY_FILE)
-        status, error = _status(run, record, summary)
+        status, error = run_status(summary is not None, record)
         summary = summary or {}
         final = summary.get("final_val_loss")
         changes = run.variant.budget_changes()
@@ -147,8 +149,8 @@ def collect(runs: list[Run], evaluation: EvalSettings | None = None) -> list[dic
             run_dir=str(run.directory),
             curve=summary.get("curve", []),
         )
-        row.update(eval_fields(cached_evaluation(run, evaluation or EvalSettings())))
-        row.update(diagnostic_fields(run, evaluation or EvalSettings()))
+        row.update(eval_fields(cached_evaluation(run, evaluation)))
+        row.update(diagnostic_fields(run, evaluation))
         rows.append(row)
     return rows
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .curves import LOG_M_MAX, Fit, JointFit, _joint_bounds, _joint_of, _joint_residuals, _theta_of
+from .curves import Fit, JointFit, _joint_bounds, _joint_of, _joint_residuals, _theta_of, inside_bounds
 from .solver import HUBER_DELTA, huber_fit
 
 BOOTSTRAP = 200
@@ -129,23 +129,6 @@ class JointBootstrap:
         return Comparison(self.fit.multiplier(arm), *interval(self.multipliers(arm), level))
 
 
-def bootstrap_joint(
-    point: JointFit,
-    compute: Sequence[float],
-    arm: Sequence[int],
-    noise: Noise,
-    draws: int | None = None,
-    seed: int = 0,
-    delta: float = HUBER_DELTA,
-    weighted: bool = False,
-) -> JointBootstrap:
-    """Refits of the joint model to losses drawn about `point`'s curves with `noise`, all
-    fitted at once, each started at the point fit (module doc). `weighted`: each refit divides
-    the residuals by the noise's sd, as a weighted point fit did."""
-    draws = BOOTSTRAP if draws is None else draws
-    return bootstrap_joint_many([point], compute, arm, [noise], draws, seed, delta, weighted)[0]
-
-
 def bootstrap_joint_many(
     points: Sequence[JointFit],
     compute: Sequence[float],
@@ -157,8 +140,10 @@ def bootstrap_joint_many(
     weighted: bool = False,
     budget: Sequence[int] | None = None,
 ) -> list[JointBootstrap]:
-    """bootstrap_joint of many ladders with the same points (one point fit and noise each);
-    `budget`: each point's budget group, as the point fits had it (curves.py)."""
+    """Refits of the joint model to losses drawn about each ladder's point fit with its noise (many
+    ladders with the same points: one point fit and noise each), all fitted at once, each started
+    at its point fit. `weighted`: each refit divides the residuals by the noise's sd, as a weighted
+    point fit did; `budget`: each point's budget group, as the point fits had it (curves.py)."""
     x = np.asarray(compute, dtype=float)
     index = np.asarray(arm, dtype=int)
     group = None if budget is None else np.asarray(budget, dtype=int)
@@ -170,11 +155,9 @@ def bootstrap_joint_many(
         fitted = np.log(point.loss(x, index, group))
         log_y.append(fitted[None, :] + noise.draw(rng, draws))
         starts.append(np.tile(_theta_of(point, n_budgets), (draws, 1)))
-    log_y, starts = np.concatenate(log_y), np.concatenate(starts)
-    # each start strictly inside its bounds: E below the draw's lowest loss, log m off its bound
-    low = np.exp(log_y.min(axis=1))
-    starts[:, 0] = np.minimum(starts[:, 0], 0.99 * low)
-    starts[:, 3 : 2 + n_arms] = np.clip(starts[:, 3 : 2 + n_arms], -LOG_M_MAX + 0.5, LOG_M_MAX - 0.5)
+    log_y = np.concatenate(log_y)
+    low = np.exp(log_y.min(axis=1))  # each draw's lowest loss
+    starts = inside_bounds(np.concatenate(starts), low, n_arms)
     scale = np.repeat(np.stack([n.sd for n in noises]), draws, axis=0) if weighted else None
     residuals = _joint_residuals(np.log(x / C0), index, log_y, n_arms, scale, group, n_budgets)
     theta = huber_fit(residuals, starts, _joint_bounds(low, n_arms, n_budgets), delta)

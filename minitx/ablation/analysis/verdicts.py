@@ -86,30 +86,22 @@ def verdict(arm, rung_size: str, rung_gap: float | None, size_names: list[str]) 
     if cannot:
         rests = f"; the verdict rests on the seeds test at {rung_size}" if seeds else "; no seeds test either"
         return Verdict(word, "", seeds, cannot + rests)
-    ladder = arm.answer.verdict
-    seen = reach(arm.answer.comparison)
-    if not seeds or seeds == ladder:
-        why = ""
-        if ladder == "fragile":
-            why = _fragile_line(arm, size_names)
-        return Verdict(ladder, ladder, seeds, why, seen)
-    return Verdict(ladder, ladder, seeds, _why(arm, ladder, seeds, rung_size, rung_gap, size_names), seen)
+    ladder, why = arm.answer.verdict, ""
+    if ladder == "fragile":
+        size = arm.answer.fragile_size
+        why = (
+            f"its side of 1 rests on {size_names[size]}: without it the multiplier is {arm.answer.without[size]:.3g}, "
+            f"against {arm.answer.comparison.multiplier:.3g} with every size"
+        )
+    elif seeds and seeds != ladder:
+        why = _why(arm, ladder, seeds, rung_size, rung_gap)
+    return Verdict(ladder, ladder, seeds, why, reach(arm.answer.comparison))
 
 
-def _fragile_line(arm, size_names: list[str]) -> str:
-    size = arm.answer.fragile_size
-    value = arm.answer.without[size]
-    return (
-        f"its side of 1 rests on {size_names[size]}: without it the multiplier is {value:.3g}, "
-        f"against {arm.answer.comparison.multiplier:.3g} with every size"
-    )
-
-
-def _why(arm, ladder: str, seeds: str, rung_size: str, gap: float | None, size_names: list[str]) -> str:
+def _why(arm, ladder: str, seeds: str, rung_size: str, gap: float | None) -> str:
+    """Why the seeds test and the ladder disagree."""
     test = arm.test
     half = (test.high - test.low) / 2
-    if ladder == "fragile":
-        return _fragile_line(arm, size_names)
     if seeds == "no difference found":
         implied = f"; the ladder's curves differ by {gap:+.4f} there" if gap is not None else ""
         return (

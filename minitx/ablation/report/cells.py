@@ -1,10 +1,16 @@
-"""How a designed sweep's report writes its numbers in a cell: losses, multipliers, intervals, budgets."""
+"""How a sweep's report writes its numbers in a cell (losses, multipliers, intervals, budgets) and
+its cells in a table's row."""
 
 from __future__ import annotations
 
 import math
 
 from ..plan.ladder import Plan
+
+
+def row(*cells: object) -> str:
+    """One row of a markdown table."""
+    return "| " + " | ".join(map(str, cells)) + " |"
 
 
 def num(value: float | None, fmt: str = "{:.4f}") -> str:

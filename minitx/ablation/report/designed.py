@@ -12,21 +12,20 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from collections.abc import Sequence
 
 from ...evaluation.diagnostics import DIAGNOSTICS
 from ...files.atomic import write_text_atomically
 from ...flops import FLOP_CONVENTION
-from ..analysis.designed import Analysis
+from ..analysis.designed import Analysis, unique_points
 from ..analysis.equal_arms import equal_lines
 from ..analysis.significance import CONFIDENCE, LEVEL
-from ..analysis.table import device_label
+from ..analysis.table import device_label, mean_std, run_status
 from ..analysis.wall_time import phase_times, wall_time
 from ..plan.ladder import Plan, Point
 from ..plan.rates import MARGIN
 from ..runs.results import PointResult, RunResults
-from .cells import budget_text, num
+from .cells import budget_text, num, row
 from .ladder import (
     held_out_section,
     holdout_section,
@@ -35,25 +34,20 @@ from .ladder import (
     noise_section,
     verdict_section,
 )
+from .plain import DIAGNOSTIC_PLOTS, format_cell
 from .written import WrittenReport
 
-DESIGN_PLOTS = (
-    "lr_sweep.png",
-    "loss_vs_compute.png",
-    *(f"diag_{key}.png" for key in DIAGNOSTICS),
-    "diag_loss_by_position.png",
-)
+DESIGN_PLOTS = ("lr_sweep.png", "loss_vs_compute.png", *DIAGNOSTIC_PLOTS, "diag_loss_by_position.png")
 
 
 def design_plots(plan: Plan) -> tuple[str, ...]:
     """The plots of this sweep (of DESIGN_PLOTS): the learning-rate sweep's only with lr_sweep, loss
     against compute only with a ladder; no blank plot for what the file did not declare."""
-    skip = set()
-    if not plan.sweep.design.multipliers:
-        skip.add("lr_sweep.png")
-    if plan.ladder is None:
-        skip.add("loss_vs_compute.png")
-    return tuple(name for name in DESIGN_PLOTS if name not in skip)
+    drawn = {
+        "lr_sweep.png": bool(plan.sweep.design.multipliers),
+        "loss_vs_compute.png": plan.ladder is not None,
+    }
+    return tuple(name for name in DESIGN_PLOTS if drawn.get(name, True))
 
 
 CSV_FIELDS = [
@@ -63,29 +57,14 @@ CSV_FIELDS = [
 ]  # fmt: skip
 
 
-def _status(result: PointResult) -> tuple[str, str]:
-    if result.loss is not None:
-        return "ok", ""
-    if result.record.get("status") in ("failed", "cancelled"):  # cancelled: its SLURM job
-        return result.record["status"], result.record.get("error", "")
-    return "not run", ""
-
-
-def run_device(result: PointResult) -> str | None:
-    """Where the run trained, with the machine's GPUs it was given (table.device_label)."""
-    return device_label((result.summary or {}).get("device"), result.record.get("gpus"))
-
-
 def csv_text(points: list[Point], trained: RunResults) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator="\n")
     writer.writeheader()
-    unique: dict = {}
-    for p in points:  # a run once, as first planned (the smallest size's ladder run is a sweep run)
-        unique.setdefault(p.run.directory, p)
-    for p in unique.values():
+    # a run once, as first planned (the smallest size's ladder run is a sweep run)
+    for p in unique_points(points):
         result = trained(p)
-        status, error = _status(result)
+        status, error = run_status(result.loss is not None, result.record)
         found = result.diagnostics or {}
         writer.writerow(
             {
@@ -98,7 +77,7 @@ def csv_text(points: list[Point], trained: RunResults) -> str:
                 "final_val_loss": "" if result.loss is None else f"{result.loss:.5f}",
                 **{k: "" if found.get(k) is None else f"{found[k]:.5g}" for k in DIAGNOSTICS},
                 "branch_of": "" if p.branch_of is None else p.branch_of.run.directory.name,
-                "device": run_device(result) or "",
+                "device": device_label((result.summary or {}).get("device"), result.record.get("gpus")) or "",
                 "run_dir": str(p.run.directory),
             }
         )  # fmt: skip
@@ -139,10 +118,11 @@ def markdown(
     if design.multipliers:
         lines += _ranking_section(analysis)
     if analysis.failed:
-        lines += ["## Failed runs", ""]
-        for p in analysis.failed:
-            lines.append(f"- {p.run.directory.name}: {_status(trained(p))[1] or 'no summary'}")
-        lines.append("")
+        errors = [
+            f"- {p.run.directory.name}: {run_status(False, trained(p).record)[1] or 'no summary'}"
+            for p in analysis.failed
+        ]
+        lines += ["## Failed runs", "", *errors, ""]
     lines += ["## How these were measured", ""]
     lines += [f"- {note}" for note in _notes(plan, analysis, all_points, trained)]
     lines += [f"- {line}" for line in given]
@@ -160,37 +140,25 @@ def _losses_by_run(plan: Plan, all_points: list[Point], trained: RunResults) -> 
     return found
 
 
-# The phase each role of run is trained in (designed_sweep.PHASES), for the wall time by phase.
+# The phase each role of run is trained in (designed_sweep.PHASES, by index), for the wall time by
+# phase; a replicate (a third seed) is trained after them all.
 PHASE_OF_ROLE = {
-    "sweep": "learning rates",
-    "confirm": "learning rates",
-    "ladder": "ladder",
-    "seed": "ladder",
-    "branch": "branches",
-    "holdout": "held out",
-    "holdout-seed": "held out",
-    "holdout-branch": "held-out branches",
-    "replicate": "third seeds",
-}
+    "sweep": 0, "confirm": 0, "ladder": 1, "seed": 1, "branch": 2, "holdout": 3, "holdout-seed": 3, "holdout-branch": 4,
+}  # fmt: skip
 
 
 def _time_note(plan: Plan, all_points: list[Point], trained: RunResults) -> str:
     """The sweep's wall time, and each phase's (analysis/wall_time.py)."""
-    runs = {p.run.directory: p for p in all_points}.values()
+    from ..designed_sweep import declared_phases  # not at the top: designed_sweep imports this module
 
-    def times(points) -> list[tuple]:
-        return [
-            (trained(p).record.get("finished_at"), trained(p).record.get("process_seconds")) for p in points
-        ]
-
-    total = wall_time(times(runs))
-    phases: dict[str, list[Point]] = {}
-    for p in runs:
-        name = PHASE_OF_ROLE.get(p.role, p.role)
-        if name == "ladder" and plan.ladder is None:
-            name = "each arm's seeds"
-        phases.setdefault(name, []).append(p)
-    by_phase = phase_times({name: times(points) for name, points in phases.items()})
+    names = dict(declared_phases(plan))
+    times, phases = [], {}
+    for p in {p.run.directory: p for p in all_points}.values():
+        record = trained(p).record
+        times.append((record.get("finished_at"), record.get("process_seconds")))
+        phases.setdefault(names.get(PHASE_OF_ROLE.get(p.role), "third seeds"), []).append(times[-1])
+    total = wall_time(times)
+    by_phase = phase_times(phases)
     return f"{total}; by phase: {by_phase}" if total and by_phase and len(phases) > 1 else total
 
 
@@ -210,7 +178,7 @@ def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point], trained
         f"## Learning rate: each arm at its own best (size {small}, {budget_text(plan, plan.budgets[-1])}, "
         f"seed {plan.sweep.seed})",
         "",
-        "| arm | " + " | ".join(f"x{m:g}" for m in ms) + " | chosen |",
+        row("arm", *(f"x{m:g}" for m in ms), "chosen"),
         "|---|" + "---:|" * len(ms) + "---|",
     ]
     for arm in analysis.arms:
@@ -231,7 +199,7 @@ def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point], trained
         chosen = "refused" if choice.refused else "–"
         if arm.multiplier is not None:
             chosen = f"x{arm.multiplier:g} ({choice.how})"
-        lines.append(f"| {arm.name} | " + " | ".join(cells) + f" | {chosen} |")
+        lines.append(row(arm.name, *cells, chosen))
     bases = ", ".join(f"{key} {value:g}" for key, value in plan.lr_bases.items())
     lines += [
         "",
@@ -249,8 +217,7 @@ def _lr_section(plan: Plan, analysis: Analysis, all_points: list[Point], trained
         lines += [
             f"Confirmed at {large} ({budget_text(plan, plan.budgets[-1])}, seed {plan.sweep.seed}): the choice and "
             "its neighbours; the same rule over those that neither diverged nor spiked gives the rate used there "
-            "(in bold), sizes between "
-            "train at the rate interpolated geometrically in parameters.",
+            "(in bold), sizes between train at the rate interpolated geometrically in parameters.",
             "",
             f"| arm | at {large} | used at " + ", ".join(s.name for s in plan.sizes) + " |",
             "|---|---|---|",
@@ -294,10 +261,7 @@ def _seeds_section(plan: Plan, analysis: Analysis) -> list[str]:
         "|---|---:|---|---|---:|---:|",
     ]
     for arm in analysis.arms:
-        n = len(arm.seeds)
-        mean = sum(arm.seeds) / n if n else None
-        std = math.sqrt(sum((x - mean) ** 2 for x in arm.seeds) / (n - 1)) if n > 1 else None
-        cell = "–" if mean is None else f"{mean:.4f}" + (f" ± {std:.4f}" if std is not None else "")
+        n, cell = len(arm.seeds), format_cell(*mean_std(arm.seeds), "{:.4f}")
         t = arm.test
         if arm.name == analysis.baseline or t is None:
             note = "baseline" if arm.name == analysis.baseline else "needs 2+ seeds"
@@ -338,18 +302,17 @@ def _diagnostics_section(plan: Plan, analysis: Analysis) -> list[str]:
     lines = [
         "## Diagnostics (held-out text, through each kind's materialised attention; mean over the seeds rung)",
         "",
-        "| arm | " + " | ".join(DIAGNOSTICS.values()) + " |",
+        row("arm", *DIAGNOSTICS.values()),
         "|---|" + "---:|" * len(DIAGNOSTICS),
     ]
     for arm in analysis.arms:
-        cells = [num(arm.diagnostics.get(k), "{:.3f}") for k in DIAGNOSTICS]
-        lines.append(f"| {arm.name} | " + " | ".join(cells) + " |")
+        lines.append(row(arm.name, *(num(arm.diagnostics.get(k), "{:.3f}") for k in DIAGNOSTICS)))
     return [*lines, ""]
 
 
 def _ranking_section(analysis: Analysis) -> list[str]:
     at_one = {a.name: a.lr_losses.get(1.0) for a in analysis.arms}
-    own = {a.name: (sum(a.seeds) / len(a.seeds) if a.seeds else None) for a in analysis.arms}
+    own = {a.name: mean_std(a.seeds)[0] for a in analysis.arms}
     if any(v is None for v in at_one.values()) or any(v is None for v in own.values()):
         return []
     rank_one = {name: i + 1 for i, name in enumerate(sorted(at_one, key=at_one.get))}
@@ -362,9 +325,7 @@ def _ranking_section(analysis: Analysis) -> list[str]:
     ]
     for name in rank_own:
         moved = rank_one[name] - rank_own[name]
-        lines.append(
-            f"| {name} | {rank_one[name]} | {rank_own[name]} | {'' if not moved else f'{moved:+d}'} |"
-        )
+        lines.append(row(name, rank_one[name], rank_own[name], f"{moved:+d}" if moved else ""))
     return [*lines, ""]
 
 
@@ -397,26 +358,19 @@ def _notes(plan: Plan, analysis: Analysis, all_points: list[Point], trained: Run
         if plan.ladder.unit == "tokens_per_param":
             notes.append(
                 f"budgets: tokens per non-embedding parameter of {plan.sweep.variants[0].name} at each size, "
-                "times its FLOPs "
-                "per token: every arm of a size gets the same compute, in its own number of steps"
+                "times its FLOPs per token: every arm of a size gets the same compute, in its own number of steps"
             )
         notes.append(noise_note(plan, analysis))
     if plan.sweep.match:
+        # the arm `match` sized the others to: the file's first (make_plan, budget.py), whichever arm
+        # the report's baseline is (ablate --baseline)
+        reference = plan.sweep.variants[0] if plan.ladder is not None else plan.sweep.reference
+        matched = reference.name if reference is not None else plan.arms[0]
         notes.append(
-            f"match: {plan.sweep.match}: each arm's MLP width set to {_matched_to(plan)}'s budget at each size"
+            f"match: {plan.sweep.match}: each arm's MLP width set to {matched}'s budget at each size"
         )
     spent = _time_note(plan, all_points, trained)
-    if spent:
-        notes.append(spent)
-    notes += analysis.notes
-    return notes
-
-
-def _matched_to(plan: Plan) -> str:
-    """The arm `match` sized the others to: the file's first (make_plan, budget.py), whichever arm
-    the report's baseline is (ablate --baseline)."""
-    reference = plan.sweep.variants[0] if plan.ladder is not None else plan.sweep.reference
-    return reference.name if reference is not None else plan.arms[0]
+    return [*notes, *([spent] if spent else []), *analysis.notes]
 
 
 def write_design_results(

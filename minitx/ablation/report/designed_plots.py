@@ -5,31 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-import matplotlib.ticker
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-import numpy as np  # noqa: E402
-
-from ...evaluation.diagnostics import DIAGNOSTICS  # noqa: E402
-from ...plotting import plain_log_ticks  # noqa: E402
-from ..analysis.designed import Analysis  # noqa: E402
-from ..plan.ladder import Plan, Point  # noqa: E402
-from ..runs.results import RunResults  # noqa: E402
-
-
-def _finish(fig, ax, path: Path, title: str, empty: str) -> None:
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if ax.lines or ax.patches or ax.collections:
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    else:
-        ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+from ...evaluation.diagnostics import DIAGNOSTICS
+from ...plotting import plain_log_ticks
+from ..analysis.designed import Analysis
+from ..plan.ladder import Plan, Point
+from ..runs.results import RunResults
+from .plain_plots import finish, plt  # plain_plots chooses the headless backend before pyplot
 
 
 def lr_sweep(plan: Plan, analysis: Analysis, path: Path) -> None:
@@ -44,10 +27,10 @@ def lr_sweep(plan: Plan, analysis: Analysis, path: Path) -> None:
     swept = sorted({m for arm in analysis.arms for m in arm.lr_losses})
     if swept:  # a label at every multiplier swept: log ticks alone may label only x1
         ax.set_xticks(swept, [f"x{m:g}" for m in swept])
-        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.xaxis.minorticks_off()
     ax.set_xlabel("learning-rate multiplier (x the base config's)")
     ax.set_ylabel("final val loss")
-    _finish(fig, ax, path, "Learning-rate sweep (star: each arm's choice)", "no learning-rate sweep")
+    finish(fig, ax, path, "Learning-rate sweep (star: each arm's choice)", "no learning-rate sweep")
 
 
 def loss_vs_compute(plan: Plan, analysis: Analysis, trained: RunResults, path: Path) -> None:
@@ -55,27 +38,20 @@ def loss_vs_compute(plan: Plan, analysis: Analysis, trained: RunResults, path: P
     for arm in analysis.arms:
         if not arm.points:
             continue
-        x = [trained(p).trained_flops for p in arm.points]
+        x = np.array([trained(p).trained_flops for p in arm.points])
         # each point where the fit has it (a settled one at the median of three seeds); the
         # ladder's own run there, hollow
-        y = [arm.fitted_loss(p, trained) for p in arm.points]
-        settled = [i for i, p in enumerate(arm.points) if p.run.directory in arm.settled]
-        branch = [p.role == "branch" for p in arm.points]
+        y = np.array([arm.fitted_loss(p, trained) for p in arm.points])
+        branch = np.array([p.role == "branch" for p in arm.points])
         (line,) = ax.plot([], [], label=arm.name)
         color = line.get_color()
-        ax.scatter(
-            [a for a, b in zip(x, branch) if not b],
-            [a for a, b in zip(y, branch) if not b],
-            color=color,
-            s=18,
-        )
-        ax.scatter([a for a, b in zip(x, branch) if b], [a for a, b in zip(y, branch) if b], color=color, s=18,
-                   marker="^")  # fmt: skip
-        if settled:
-            ax.scatter([x[i] for i in settled], [trained(arm.points[i]).loss for i in settled],
+        ax.scatter(x[~branch], y[~branch], color=color, s=18)
+        ax.scatter(x[branch], y[branch], color=color, s=18, marker="^")
+        if settled := [p for p in arm.points if p.run.directory in arm.settled]:
+            ax.scatter([trained(p).trained_flops for p in settled], [trained(p).loss for p in settled],
                        facecolors="none", edgecolors=color, s=18)  # fmt: skip
         if arm.curve is not None:
-            grid = np.geomspace(min(x) / 1.3, max(x) * 1.3, 60)
+            grid = np.geomspace(x.min() / 1.3, x.max() * 1.3, 60)
             line.set_data(grid, arm.curve.fit.loss(grid))
             draws = np.array([d.loss(grid) for d in arm.curve.draws])
             low, high = np.percentile(draws, [5, 95], axis=0)
@@ -85,18 +61,10 @@ def loss_vs_compute(plan: Plan, analysis: Analysis, trained: RunResults, path: P
     ax.tick_params(axis="x", which="both", labelrotation=30)  # "2e+13" labels side by side overlapped
     ax.set_xlabel("training FLOPs")
     ax.set_ylabel("final val loss")
-    _finish(
-        fig,
-        ax,
-        path,
-        "Loss against compute: fits with 90% bootstrap bands (triangles: branches"
-        + (
-            ";\nhollow: a ladder run replaced by the median of three seeds)"
-            if any(a.settled for a in analysis.arms)
-            else ")"
-        ),
-        "no ladder",
-    )
+    title = "Loss against compute: fits with 90% bootstrap bands (triangles: branches"
+    if any(a.settled for a in analysis.arms):
+        title += ";\nhollow: a ladder run replaced by the median of three seeds"
+    finish(fig, ax, path, title + ")", "no ladder")
 
 
 def diagnostic_bars(analysis: Analysis, key: str, path: Path) -> None:
@@ -112,36 +80,24 @@ def diagnostic_bars(analysis: Analysis, key: str, path: Path) -> None:
     for i, values in enumerate(seeds):
         ax.scatter([i] * len(values), values, color="black", s=10, zorder=3)
     ax.set_ylim(bottom=0)
-    n = max((len(v) for v in seeds), default=0)
     ax.set_ylabel(DIAGNOSTICS[key])
     ax.tick_params(axis="x", rotation=30)
-    _finish(
-        fig,
-        ax,
-        path,
-        f"{DIAGNOSTICS[key]} (seeds rung: mean, sd and each of {n} seeds)",
-        "no diagnostics",
-    )
+    title = f"{DIAGNOSTICS[key]} (seeds rung: mean, sd and each of {max(map(len, seeds), default=0)} seeds)"
+    finish(fig, ax, path, title, "no diagnostics")
 
 
 def loss_by_position(analysis: Analysis, points: list[Point], trained: RunResults, rung, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for arm in analysis.arms:
-        found = next(
-            (
-                trained(p).diagnostics
-                for p in points
-                if p.arm == arm.name and (p.size, p.budget) == rung and trained(p).diagnostics
-            ),
-            None,
-        )
+        found = (trained(p).diagnostics for p in points if p.arm == arm.name and (p.size, p.budget) == rung)
+        found = next((f for f in found if f), None)
         if found and found.get("loss_by_position"):
             ax.plot(range(1, len(found["loss_by_position"]) + 1), found["loss_by_position"], label=arm.name)
     ax.set_xscale("log")
     plain_log_ticks(ax.xaxis)
     ax.set_xlabel("position in the sequence")
     ax.set_ylabel("held-out loss")
-    _finish(fig, ax, path, "Loss by token position (seeds rung, first seed)", "no diagnostics")
+    finish(fig, ax, path, "Loss by token position (seeds rung, first seed)", "no diagnostics")
 
 
 def draw_all(plan: Plan, analysis: Analysis, points: list[Point], trained: RunResults, output: Path) -> None:

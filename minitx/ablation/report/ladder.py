@@ -6,27 +6,28 @@ from __future__ import annotations
 
 import math
 
+from ...wording import counted
+from ..analysis import fit
 from ..analysis.curves import ALPHA_MAX, FLAT
 from ..analysis.designed import Analysis, share
 from ..analysis.significance import LEVEL
 from ..analysis.verdicts import Verdict, verdict
 from ..plan.ladder import Plan
 from ..runs.results import RunResults
-from .cells import budget_text, interval_text, num, ratio
+from .cells import budget_text, interval_text, num, ratio, row
 
 
 def verdicts(plan: Plan, analysis: Analysis) -> dict[str, Verdict]:
     """Each arm but the baseline's verdict (analysis/verdicts.py)."""
     size, budget = analysis.rung
     compute = plan.compute.get((size, budget)) if plan.ladder is not None else None
-    found = {}
+    base, found = analysis.arms[0].curve, {}
     for arm in analysis.arms:
         if arm.name == analysis.baseline:
             continue
         gap = None
-        if analysis.joint is not None and compute and arm.curve is not None:
-            base = analysis.arms[0].curve
-            gap = float(arm.curve.fit.loss(compute) - base.fit.loss(compute)) if base is not None else None
+        if analysis.joint is not None and compute and arm.curve is not None and base is not None:
+            gap = float(arm.curve.fit.loss(compute) - base.fit.loss(compute))
         found[arm.name] = verdict(arm, size, gap, [s.name for s in plan.sizes])
     return found
 
@@ -60,10 +61,8 @@ def verdict_section(plan: Plan, analysis: Analysis) -> list[str]:
         v = found[arm.name]
         c = arm.answer.comparison if arm.answer else None
         multiplier = "–" if c is None else interval_text(c.multiplier, c.low, c.high)
-        without = "–"
-        if arm.answer and arm.answer.without:
-            values = [v for v in arm.answer.without.values()]
-            without = f"{ratio(min(values))}–{ratio(max(values))}"
+        values = arm.answer.without.values() if arm.answer else ()
+        without = f"{ratio(min(values))}–{ratio(max(values))}" if values else "–"
         test = arm.test
         seeds = "–" if test is None else f"{test.difference:+.4f}, p (Holm) {num(test.p_holm, '{:.2g}')}"
         if v.seeds:
@@ -92,11 +91,10 @@ def transfer_lines(plan: Plan, analysis: Analysis, size: str) -> list[str]:
         by_count.setdefault(n, []).append(arm)
     if len(by_count) == 1:
         n = next(iter(by_count))
-        averaged = f" ({n} run{'s' if n > 1 else ''} an arm{', averaged first' if n > 1 else ''})"
+        averaged = f" ({counted(n, 'run')} an arm{', averaged first' if n > 1 else ''})"
     else:
         parts = [
-            f"{n} run{'s' if n > 1 else ''} for {', '.join(arms)}"
-            for n, arms in sorted(by_count.items(), reverse=True)
+            f"{counted(n, 'run')} for {', '.join(arms)}" for n, arms in sorted(by_count.items(), reverse=True)
         ]
         averaged = f" (each arm's runs there averaged first: {'; '.join(parts)})"
     lines = [
@@ -120,7 +118,15 @@ def transfer_lines(plan: Plan, analysis: Analysis, size: str) -> list[str]:
 def _prediction_header(plan: Plan, first: list[str]) -> list[str]:
     """A table of predictions: the first columns, then each budget's measured and predicted."""
     budgets = [f"@ {budget_text(plan, b)}: measured, predicted [90%]" for b in plan.budgets]
-    return ["| " + " | ".join([*first, *budgets]) + " |", "|" + "---|" * (len(first) + len(budgets))]
+    return [row(*first, *budgets), "|" + "---|" * (len(first) + len(budgets))]
+
+
+def _coverage(plan: Plan, by_budget: list[list]) -> str:
+    """Per budget, how many of its predictions (robust.Prediction) their interval holds."""
+    return "; ".join(
+        f"{budget_text(plan, b)} {sum(q.covered for q in here)} of {len(here)}"
+        for b, here in zip(plan.budgets, by_budget)
+    )
 
 
 def _prediction_cell(q) -> str:
@@ -134,9 +140,9 @@ def holdout_section(plan: Plan, analysis: Analysis) -> list[str]:
     """The held-out rung (ladder.holdout): measured beside predicted, coverage per budget, and
     the three predictors' decision accuracy."""
     held = plan.holdout
-    rows = [(a, p, q) for a in analysis.arms for p, q in a.holdout]
     if held is None:
         return []
+    rows = [(p, q) for a in analysis.arms for p, q in a.holdout]
     lines = [
         f"## Held out: {held.name}, never fitted, predicted from {', '.join(s.name for s in plan.sizes)}",
         "",
@@ -162,16 +168,13 @@ def holdout_section(plan: Plan, analysis: Analysis) -> list[str]:
             continue
         cells = {p.budget: _prediction_cell(q) for p, q in arm.holdout}
         rate = f"x{arm.holdout[0][0].multiplier:g}"
-        lines.append(f"| {arm.name} | {rate} | " + " | ".join(cells.get(b, "–") for b in plan.budgets) + " |")
-    coverage = []
-    for b in plan.budgets:
-        here = [q for _, p, q in rows if p.budget == b and not math.isnan(q.measured)]
-        coverage.append(f"{budget_text(plan, b)} {sum(q.covered for q in here)} of {len(here)}")
-    measured = [q for _, _, q in rows if not math.isnan(q.measured)]
+        lines.append(row(arm.name, rate, *(cells.get(b, "–") for b in plan.budgets)))
+    measured = [(p, q) for p, q in rows if not math.isnan(q.measured)]
+    coverage = _coverage(plan, [[q for p, q in measured if p.budget == b] for b in plan.budgets])
     lines += [
         "",
-        f"✗: outside its interval. Coverage: **{sum(q.covered for q in measured)} of {len(measured)}** "
-        f"({'; '.join(coverage)}).",
+        f"✗: outside its interval. Coverage: **{sum(q.covered for _, q in measured)} of {len(measured)}** "
+        f"({coverage}).",
         "",
     ]
     found = next((t for t in analysis.transfer if t.size == held.name), None)
@@ -206,16 +209,14 @@ def held_out_section(plan: Plan, analysis: Analysis) -> list[str]:
     for arm in analysis.arms:
         if not arm.held_out:
             continue
-        cells = [_prediction_cell(p) for p in sorted(arm.held_out, key=lambda p: p.compute)]
-        lines.append(f"| {arm.name} | " + " | ".join(cells) + " |")
-    coverage = []
-    for b in plan.budgets:
-        compute = plan.compute.get((analysis.held_out_size, b))
-        here = [p for p in predictions if compute and math.isclose(p.compute, compute, rel_tol=0.2)]
-        coverage.append(f"{budget_text(plan, b)} {sum(p.covered for p in here)} of {len(here)}")
+        lines.append(
+            row(arm.name, *(_prediction_cell(p) for p in sorted(arm.held_out, key=lambda p: p.compute)))
+        )
+    computes = [plan.compute.get((analysis.held_out_size, b)) for b in plan.budgets]
+    by_budget = [[p for p in predictions if c and math.isclose(p.compute, c, rel_tol=0.2)] for c in computes]
     lines += [
         "",
-        f"✗: the measured loss lies outside its predictive interval. By budget: {'; '.join(coverage)}.",
+        f"✗: the measured loss lies outside its predictive interval. By budget: {_coverage(plan, by_budget)}.",
         "",
     ]
     return [*lines, *transfer_lines(plan, analysis, analysis.held_out_size)]
@@ -240,7 +241,7 @@ def noise_section(plan: Plan, analysis: Analysis) -> list[str]:
     for i, size in enumerate(plan.sizes):
         freedom = noise.measured.get(i)
         lines.append(
-            f"| {size.name} | {'interpolated' if freedom is None else f'{freedom:g}'} | {noise.sd[i]:.4f} |"
+            row(size.name, "interpolated" if freedom is None else f"{freedom:g}", f"{noise.sd[i]:.4f}")
         )
     pairs = [
         f"{arm.name} at {size}: {a:.4f} and {b:.4f}"
@@ -286,7 +287,7 @@ def ladder_section(plan: Plan, analysis: Analysis, trained: RunResults) -> list[
         "One curve for every arm, L_arm(C) = E + A (m_arm C / C0)^-alpha with m = 1 for "
         f"{analysis.baseline} ({shape}; Huber in log space): an arm's **compute multiplier** m is the "
         f"compute {analysis.baseline} needs for the arm's loss, over the arm's compute (> 1: the arm is worth "
-        f"more compute than it spends). Its 90% interval comes from {_draws()} refits to losses redrawn "
+        f"more compute than it spends). Its 90% interval comes from {fit.BOOTSTRAP} refits to losses redrawn "
         "about the fit with each point's noise: its size's seed noise, raised to the arm's own scatter where that "
         "is larger (the dispersion; see the notes). † the interval excludes 1 and no size left out moves the "
         "multiplier to the other side of 1; *fragile*: one size decides its side.",
@@ -348,36 +349,23 @@ def ladder_section(plan: Plan, analysis: Analysis, trained: RunResults) -> list[
             return f"{arm.settled[p.run.directory]:.4f} ᵐ"
         return f"{trained(p).loss:.4f}" + (" ᵇ" if p.role == "branch" else "")
 
-    rows = ["| size | " + " | ".join(analysis.arms[i].name for i in range(len(analysis.arms))) + " |"]
-    rows.append("|---|" + "---:|" * len(analysis.arms))
+    rows = [row("size", *(a.name for a in analysis.arms)), "|---|" + "---:|" * len(analysis.arms)]
     for size in plan.sizes:
-        cells = [f"{plan.shapes[a, size.name].params:,}" for a in plan.arms]
-        rows.append(f"| {size.name} params | " + " | ".join(cells) + " |")
+        rows.append(row(f"{size.name} params", *(f"{plan.shapes[a, size.name].params:,}" for a in plan.arms)))
         for budget in plan.budgets:
             cells = _point_cells(analysis, size.name, budget, loss_cell)
-            rows.append(f"| {size.name} @ {budget_text(plan, budget)} | " + " | ".join(cells) + " |")
-    settled_any = any(arm.settled for arm in analysis.arms)
+            rows.append(row(f"{size.name} @ {budget_text(plan, budget)}", *cells))
+    settled = "; ᵐ: the median of three seeds, where the ladder's run and its replicate disagreed (below)"
+    settled = settled if any(arm.settled for arm in analysis.arms) else ""
     return [
         *lines,
-        "Final val loss per point (ᵇ: a decay branched from the size's longest run"
-        + (
-            "; ᵐ: the median of three seeds, where the ladder's run and its replicate disagreed (below)"
-            if settled_any
-            else ""
-        )
-        + "):",
+        f"Final val loss per point (ᵇ: a decay branched from the size's longest run{settled}):",
         "",
         *rows,
         "",
         *_steps_table(plan, analysis, trained),
         *_nd_section(analysis),
     ]
-
-
-def _draws() -> int:
-    from ..analysis import fit
-
-    return fit.BOOTSTRAP
 
 
 def _point_cells(analysis: Analysis, size: str, budget, cell) -> list[str]:
@@ -396,7 +384,7 @@ def _steps_table(plan: Plan, analysis: Analysis, trained: RunResults) -> list[st
         f"Steps and tokens at equal compute (tokens = steps x {plan.tokens_per_step:,}; an arm whose "
         "token costs more FLOPs trains fewer steps):",
         "",
-        "| size @ budget | FLOPs | " + " | ".join(a.name for a in analysis.arms) + " |",
+        row("size @ budget", "FLOPs", *(a.name for a in analysis.arms)),
         "|---|---:|" + "---:|" * len(analysis.arms),
     ]
     for size in plan.sizes:
@@ -404,9 +392,7 @@ def _steps_table(plan: Plan, analysis: Analysis, trained: RunResults) -> list[st
             cells = _point_cells(analysis, size.name, budget, steps_cell)
             compute = plan.compute.get((size.name, budget))
             flops = "–" if compute is None else f"{compute:.3g}"
-            rows.append(
-                f"| {size.name} @ {budget_text(plan, budget)} | {flops} | " + " | ".join(cells) + " |"
-            )
+            rows.append(row(f"{size.name} @ {budget_text(plan, budget)}", flops, *cells))
     return [*rows, "", "Each cell: steps · tokens.", ""]
 
 
@@ -446,20 +432,16 @@ def _nd_section(analysis: Analysis) -> list[str]:
         lines.append(
             f"| {arm.name} | {f.E:.3f} | {f.A:.3f} | {_exponent(f.a)} | {f.B:.3f} | {_exponent(f.b)} | {m} |"
         )
+    lines.append("")
+    if any(_at_bound(a.nd.a) or _at_bound(a.nd.b) for a in arms):
+        lines += [
+            f"‡ an exponent at its bound (0 or {ALPHA_MAX:g}): the fit could not place it, and the terms it "
+            "scales are not identified by these points; read that arm's split as undetermined.",
+            "",
+        ]
     f = arms[0].nd
-    bound = any(_at_bound(a.nd.a) or _at_bound(a.nd.b) for a in arms)
     return [
         *lines,
-        "",
-        *(
-            [
-                f"‡ an exponent at its bound (0 or {ALPHA_MAX:g}): the fit could not place it, and the terms it "
-                "scales are not identified by these points; read that arm's split as undetermined.",
-                "",
-            ]
-            if bound
-            else []
-        ),
         f"N0 {f.N0:,.0f} parameters, D0 {f.D0:.3g} tokens (the baseline's geometric means, for every arm).",
         "",
     ]
@@ -474,7 +456,7 @@ def noise_note(plan: Plan, analysis: Analysis) -> str:
         else ""
     )
     head = (
-        f"intervals: a parametric bootstrap, {_draws()} refits of the joint fit (weighted by each point's noise, "
+        f"intervals: a parametric bootstrap, {fit.BOOTSTRAP} refits of the joint fit (weighted by each point's noise, "
         "Huber's delta 1.345 of it) to losses redrawn about it"
     )
     if analysis.size_noise is None:

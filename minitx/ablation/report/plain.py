@@ -28,44 +28,18 @@ from ..analysis.table import (
 )
 from ..analysis.verdicts import seeds_side
 from ..analysis.wall_time import wall_time
-from ..plan.sweep import EvalSettings, Sweep
+from ..plan.sweep import Sweep
 from ..runs.runner import Run
+from .cells import row
 from .written import WrittenReport
 
 CSV_FIELDS = [
-    "variant",
-    "seed",
-    "status",
-    "error",
-    "params",
-    "params_non_embedding",
-    "flops_per_token",
-    "flop_convention",
-    "mlp_hidden",
-    "final_val_loss",
-    "best_val_loss",
-    "val_perplexity",
-    "val_accuracy",
-    "eval_loss",
-    "eval_bits_per_char",
-    "task_exact_match",
-    "task_item_accuracy",
-    "tokens_per_s",
-    "peak_memory_mb",
-    "memory_kind",
-    "kv_bytes_per_token",
-    "wall_time_s",
-    "process_seconds",
-    "finished_at",
-    "tokens_seen",
-    "steps",
-    "device",
-    "parallel",
-    "budget_changes",
-    "resized",
-    "eval_note",
-    "run_dir",
-]
+    "variant", "seed", "status", "error", "params", "params_non_embedding", "flops_per_token",
+    "flop_convention", "mlp_hidden", "final_val_loss", "best_val_loss", "val_perplexity", "val_accuracy",
+    "eval_loss", "eval_bits_per_char", "task_exact_match", "task_item_accuracy", "tokens_per_s",
+    "peak_memory_mb", "memory_kind", "kv_bytes_per_token", "wall_time_s", "process_seconds", "finished_at",
+    "tokens_seen", "steps", "device", "parallel", "budget_changes", "resized", "eval_note", "run_dir",
+]  # fmt: skip
 BASE_PLOTS = ("loss_curves.png", "cost_quality.png", "loss_vs_context.png")
 DIAGNOSTIC_PLOTS = tuple(f"diag_{key}.png" for key in DIAGNOSTICS)
 PLOTS = (*BASE_PLOTS, *DIAGNOSTIC_PLOTS)  # the diagnostic ones only where the sweep evaluates (plot_names)
@@ -84,8 +58,8 @@ def csv_text(rows: list[dict]) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
-    for row in rows:
-        writer.writerow({k: ("" if row.get(k) is None else row[k]) for k in fields})
+    for r in rows:
+        writer.writerow({k: ("" if r.get(k) is None else r[k]) for k in fields})
     return out.getvalue()
 
 
@@ -101,16 +75,12 @@ def format_cell(mean: float | None, std: float | None, fmt: str) -> str:
 
 
 def _row(entry: dict, columns: list[tuple]) -> str:
-    name = (
-        entry["variant"] + (" †" if entry["budget_changes"] else "") + (" ‡" if entry.get("resized") else "")
-    )
+    marks = (" †" if entry["budget_changes"] else "") + (" ‡" if entry.get("resized") else "")
     cells = [format_cell(*entry[key], fmt) for key, _, fmt, _ in columns]
     status = entry["status"]
     if entry.get("eval_note", "").startswith("evaluation failed"):
         status += f" ({entry['eval_note']})"
-    return (
-        "| " + " | ".join([name, *cells, f"{entry['ok']}/{entry['runs']}", status.replace("|", "\\|")]) + " |"
-    )
+    return row(entry["variant"] + marks, *cells, f"{entry['ok']}/{entry['runs']}", status.replace("|", "\\|"))
 
 
 def _footnotes(table: list[dict]) -> list[str]:
@@ -123,18 +93,6 @@ def _footnotes(table: list[dict]) -> list[str]:
     skipped = [e for e in table if e.get("eval_note") and not e["eval_note"].startswith("evaluation failed")]
     lines += [f"{e['variant']}: {e['eval_note']} (blank above)" for e in skipped]
     return lines
-
-
-def differences(table: list[dict], reference: dict) -> dict[str, dict[str, Difference]]:
-    """Per tested loss column: each variant with 2 or more finished seeds against the reference
-    (Welch's t-test, Holm-corrected across the variants of that column)."""
-    tests = {}
-    for key in TESTED_KEYS:
-        samples = {e["variant"]: e.get("samples", {}).get(key, []) for e in table}
-        found = compare_all(samples, reference["variant"]) if len(samples[reference["variant"]]) >= 2 else {}
-        if found:
-            tests[key] = found
-    return tests
 
 
 def _difference_cells(test: Difference | None, seeds: int) -> list[str]:
@@ -151,14 +109,18 @@ def _difference_cells(test: Difference | None, seeds: int) -> list[str]:
 
 def differences_section(table: list[dict], reference: dict | None) -> list[str]:
     """The "Differences from <reference>" table: per tested loss, mean(variant) − mean(reference)
-    with its Welch interval and Holm-adjusted p; empty when no variant can be tested."""
+    with its Welch interval and Holm-adjusted p (Holm across the variants of that loss); empty
+    when no variant can be tested."""
     if reference is None:
         return []
-    tests = differences(table, reference)
+    name = reference["variant"]
+    tests = {}
+    for key in TESTED_KEYS:
+        if found := compare_all({e["variant"]: e.get("samples", {}).get(key, []) for e in table}, name):
+            tests[key] = found
     if not tests:
         return []
     headings = {key: heading for key, heading, *_ in columns_for([])}
-    name = reference["variant"]
     header = ["variant", "seeds"]
     for key in tests:
         header += [f"{headings[key]}: difference [{CONFIDENCE:.0%} CI]", "p (Holm)", "verdict"]
@@ -170,7 +132,7 @@ def differences_section(table: list[dict], reference: dict | None) -> list[str]:
         f"where it is significant, else no difference found, which rules out only differences beyond its interval: "
         "a wide one means too few seeds to say, not equal.",
         "",
-        "| " + " | ".join(header) + " |",
+        row(*header),
         "|---|---:|" + "---|---:|---|" * len(tests),
     ]
     for entry in table:
@@ -179,7 +141,7 @@ def differences_section(table: list[dict], reference: dict | None) -> list[str]:
         cells = [entry["variant"], str(entry["ok"])]
         for key, found in tests.items():
             cells += _difference_cells(found.get(entry["variant"]), len(entry["samples"][key]))
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(row(*cells))
     return [*lines, ""]
 
 
@@ -191,25 +153,22 @@ def diagnostics_section(table: list[dict]) -> list[str]:
     lines = [
         "## Diagnostics",
         "",
-        "| variant | " + " | ".join(heading for _, heading, _ in DIAGNOSTIC_COLUMNS) + " | seeds |",
+        row("variant", *(heading for _, heading, _ in DIAGNOSTIC_COLUMNS), "seeds"),
         "|---|" + "---|" * len(DIAGNOSTIC_COLUMNS) + "---:|",
     ]
     for entry in table:
         found = entry.get("diagnostics") or {}
         cells = [format_cell(*found.get(key, (None, None)), fmt) for key, _, fmt in DIAGNOSTIC_COLUMNS]
-        lines.append(f"| {entry['variant']} | " + " | ".join(cells) + f" | {entry['ok']}/{entry['runs']} |")
+        lines.append(row(entry["variant"], *cells, f"{entry['ok']}/{entry['runs']}"))
     notes = []
     for entry in table:
         reasons: dict[str, list[str]] = {}  # reason -> the headings it leaves blank
         for key, heading, _ in DIAGNOSTIC_COLUMNS:
-            reason = missing_diagnostic(entry, key)
-            if reason:
+            if reason := missing_diagnostic(entry, key):
                 reasons.setdefault(reason, []).append(heading)
-        every = len(DIAGNOSTIC_COLUMNS)
-        notes += [
-            f"– {entry['variant']}{'' if len(headings) == every else ', ' + ', '.join(headings)}: {reason}"
-            for reason, headings in reasons.items()
-        ]
+        for reason, headings in reasons.items():
+            which = "" if len(headings) == len(DIAGNOSTIC_COLUMNS) else ", " + ", ".join(headings)
+            notes.append(f"– {entry['variant']}{which}: {reason}")
     return [*lines, "", *notes, *([""] if notes else [])]
 
 
@@ -225,18 +184,16 @@ def markdown_table(
     for the variants that ended equal to 4 decimals (analysis/equal_arms.py)."""
     every = columns_for(evaluated_lengths(table))
     columns = [c for c in every if any(entry.get(c[0], (None, None))[0] is not None for entry in table)]
-    ref = next(
-        (e for e in table if e["variant"] == reference), table[0] if table and reference is None else None
-    )
+    first = table[0] if table and reference is None else None
     header = ["variant", *(heading for _, heading, _, _ in columns), "seeds", "status"]
     lines = [f"# {title}", ""] if title else []
-    lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += [row(*header), "|" + "|".join("---" for _ in header) + "|"]
     lines += [_row(entry, columns) for entry in table]
     footnotes = _footnotes(table)
     lines += ["", *footnotes, ""] if footnotes else [""]
     lines += [f"**Note:** {line}." for line in equal_lines(_losses_by_seed(rows))]
     lines += [""] if lines[-1] else []
-    lines += differences_section(table, ref)
+    lines += differences_section(table, next((e for e in table if e["variant"] == reference), first))
     lines += diagnostics_section(table)
     lines += [f"- {note}" for note in notes]
     return "\n".join(lines).rstrip() + "\n"
@@ -244,9 +201,9 @@ def markdown_table(
 
 def _losses_by_seed(rows: Sequence[dict]) -> dict[str, dict[int, float]]:
     found: dict[str, dict[int, float]] = {}
-    for row in rows:
-        if row["status"] == "ok" and row.get("final_val_loss") is not None:
-            found.setdefault(row["variant"], {})[row["seed"]] = row["final_val_loss"]
+    for r in rows:
+        if r["status"] == "ok" and r.get("final_val_loss") is not None:
+            found.setdefault(r["variant"], {})[r["seed"]] = r["final_val_loss"]
     return found
 
 
@@ -268,41 +225,32 @@ def standard_notes(rows: list[dict], table: list[dict], sweep: Sweep | None) -> 
         f"device: {', '.join(devices) or 'n/a'}",
     ]
     if sweep is not None and sweep.evaluation.enabled:
-        bound = (
-            f"its first {sweep.evaluation.max_tokens:,} tokens"
-            if sweep.evaluation.max_tokens
-            else "all of it"
-        )
-        notes.append(
+        most = sweep.evaluation.max_tokens
+        notes += [
             f"held-out loss, bits/char, loss @ L: minitx.evaluation on each run's best checkpoint, the run's "
-            f"validation text ({bound}) scored in non-overlapping windows of L tokens (block_size for the held-out "
-            "loss); task exact match and item accuracy: a fresh, seeded test set of the run's synthetic task"
-        )
-    if sweep is not None and sweep.evaluation.enabled:
-        notes.append(
+            f"validation text ({f'its first {most:,} tokens' if most else 'all of it'}) scored in non-overlapping "
+            "windows of L tokens (block_size for the held-out loss); task exact match and item accuracy: a fresh, "
+            "seeded test set of the run's synthetic task",
             "diagnostics: eval_runs.diagnose_run on each run's last checkpoint, 100 sequences of min(64, block_size) "
             "tokens of its validation text through each kind's materialised attention: first-token share (attention "
             "on position 0, mean over heads, then layers), sink rate (share of layer-heads whose mean attention on "
             "key 0 exceeds 0.3), massive activations (the largest per-layer max/median |h| of the residual stream), "
             "attention entropy (per query, over the log of the keys it sees); each – is explained below the "
-            "Diagnostics table"
-        )
+            "Diagnostics table",
+        ]
     if sweep is not None and sweep.match:
         notes.append(
             f"match: {sweep.match}: each variant's MLP width was set so that its {MATCHED[sweep.match]} are within 2% "
             f"of {sweep.reference.name}'s (‡ where a width changed)"
         )
-    older = sorted(
-        {r["flop_convention"] for r in rows if r.get("flop_convention") not in (None, FLOP_CONVENTION)}
-    )
+    older = sorted({r.get("flop_convention") for r in rows} - {None, FLOP_CONVENTION})
     if older:
         variants = sorted({r["variant"] for r in rows if r.get("flop_convention") in older})
         notes.append(
             f"train FLOPs/token of {', '.join(variants)}: recorded under the older count {', '.join(older)} "
             f"(summary.json without flop_convention: each kind's code as it ran on its device), not {FLOP_CONVENTION}"
         )
-    spent = wall_time((r.get("finished_at"), r.get("process_seconds")) for r in rows)
-    if spent:
+    if spent := wall_time((r.get("finished_at"), r.get("process_seconds")) for r in rows):
         notes.append(spent)
     parallel = max((r["parallel"] or 1 for r in rows if r["status"] == "ok"), default=1)
     if parallel > 1:
@@ -310,9 +258,7 @@ def standard_notes(rows: list[dict], table: list[dict], sweep: Sweep | None) -> 
             0,
             f"runs went up to {parallel} at a time, sharing the machine: tokens/s and wall times are lower than alone",
         )
-    budgets = {
-        entry["variant"]: entry["tokens_seen"][0] for entry in table if entry["tokens_seen"][0] is not None
-    }
+    budgets = {e["variant"]: e["tokens_seen"][0] for e in table if e["tokens_seen"][0] is not None}
     if len(set(budgets.values())) > 1:  # a budget change slipped through (or was allowed): say so
         notes.insert(0, f"the variants did not all see the same number of tokens: {budgets}")
     return notes
@@ -323,18 +269,10 @@ class PlainReport(WrittenReport):
     table: list[dict]  # mean and spread per variant (analysis/table.aggregate)
 
 
-def write_results(
-    runs: list[Run],
-    output: Path,
-    notes: Sequence[str] = (),
-    title: str = "Ablation",
-    sweep: Sweep | None = None,
-    reference: str | None = None,
-) -> PlainReport:
-    """The report of finished runs (collect reads them); `reference`: the variant the others are
-    compared with (default the file's first: --baseline)."""
-    rows = collect(runs, sweep.evaluation if sweep is not None else EvalSettings())
-    return write_report(rows, output, notes, title, sweep, reference)
+def write_results(runs: list[Run], output: Path, sweep: Sweep | None = None, **options) -> PlainReport:
+    """The report of finished runs (collect reads them); `options`: write_report's."""
+    rows = collect(runs, None if sweep is None else sweep.evaluation)
+    return write_report(rows, output, sweep=sweep, **options)
 
 
 def write_report(
@@ -348,7 +286,8 @@ def write_report(
 ) -> PlainReport:
     """results.csv, results.md and the plots of a sweep's rows (one per run, as collect makes them,
     or as a results.csv recorded them: runs/plain_csv.py, whose rows hold no validation curve:
-    `curves` False, no loss_curves.png)."""
+    `curves` False, no loss_curves.png); `reference`: the variant the others are compared with
+    (default the sweep's reference: --baseline)."""
     table = aggregate(rows)
     write_csv(rows, output / "results.csv")
     if reference is None and sweep is not None and sweep.reference is not None:
@@ -369,6 +308,6 @@ def write_report(
 
 def plot_names(sweep: Sweep | None, curves: bool = True) -> tuple[str, ...]:
     """The plots write_report draws for this sweep: no diagnostics where it does not evaluate, no
-    loss curves without curves (a report from a CSV)."""
+    loss curves (the first) without curves (a report from a CSV)."""
     names = PLOTS if sweep is None or sweep.evaluation.enabled else BASE_PLOTS
-    return names if curves else tuple(name for name in names if name != PLOTS[0])
+    return names if curves else names[1:]

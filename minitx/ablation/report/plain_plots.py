@@ -13,9 +13,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+import numpy as np  # noqa: E402
 
 from ...evaluation.missing import missing_diagnostic  # noqa: E402
 from ...plotting import plain_log_ticks  # noqa: E402
+from ...wording import counted  # noqa: E402
 from ..analysis.table import length_key  # noqa: E402
 
 
@@ -23,63 +25,49 @@ def _finished(table: list[dict]) -> list[dict]:
     return [entry for entry in table if entry["ok"] > 0]
 
 
-def _save_lines(fig, ax, path: Path, labels: tuple[str, str, str], empty: str) -> None:
-    """Label a line plot (x, y, title), give it a legend (or say why it is empty) and write it.
-    The legend goes beside the axes, where it covers no line."""
-    ax.set_xlabel(labels[0])
-    ax.set_ylabel(labels[1])
-    ax.set_title(labels[2])
-    ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
-    else:
-        ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
-    fig.tight_layout()
+def save(fig, path: Path, **layout) -> None:
+    fig.tight_layout(**layout)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def finish(fig, ax, path: Path, title: str, empty: str, **legend) -> None:
+    """Title a plot, give it a legend where it has labels (`legend`: where it goes), or say why it
+    is empty, and write it."""
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if ax.lines or ax.patches or ax.collections:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, **legend)
+    else:
+        ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
+    save(fig, path)
+
+
+BESIDE = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0}  # a legend covering no line
 
 
 def loss_curves(table: list[dict], path: Path) -> None:
     """Validation loss against tokens seen, one line per variant (mean over seeds, +-std band)."""
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for entry in _finished(table):
-        curve = entry["curve"]
-        if not curve:
+        if not entry["curve"]:
             continue
-        tokens = [p[0] for p in curve]
-        mean = [p[1] for p in curve]
-        std = [p[2] for p in curve]
-        (line,) = ax.plot(
-            tokens,
-            mean,
-            marker="o",
-            markersize=3,
-            label=f"{entry['variant']} ({entry['ok']} seed{'s' if entry['ok'] > 1 else ''})",
-        )
-        if any(std):
-            ax.fill_between(
-                tokens,
-                [m - s for m, s in zip(mean, std)],
-                [m + s for m, s in zip(mean, std)],
-                color=line.get_color(),
-                alpha=0.2,
-            )
+        tokens, mean, std = np.array(entry["curve"]).T
+        label = f"{entry['variant']} ({counted(entry['ok'], 'seed')})"
+        (line,) = ax.plot(tokens, mean, marker="o", markersize=3, label=label)
+        if std.any():
+            ax.fill_between(tokens, mean - std, mean + std, color=line.get_color(), alpha=0.2)
     ax.ticklabel_format(useOffset=False)
-    _save_lines(
-        fig,
-        ax,
-        path,
-        ("tokens seen", "validation loss", "Validation loss (mean over seeds)"),
-        "no finished runs",
-    )
+    ax.set_xlabel("tokens seen")
+    ax.set_ylabel("validation loss")
+    finish(fig, ax, path, "Validation loss (mean over seeds)", "no finished runs", **BESIDE)
 
 
 def cost_quality(table: list[dict], path: Path) -> None:
-    """Quality against two costs: training throughput and KV-cache bytes per token.
-
-    Quality is exact-match accuracy where every variant has one (tasks with targets, such as the
-    toy task), else the best validation loss.
-    """
+    """Quality against two costs: training throughput and KV-cache bytes per token. Quality is
+    exact-match accuracy where every variant has one (tasks with targets, such as the toy task),
+    else the best validation loss."""
     panels = [
         ("tokens_per_s", "training tokens/s (higher is cheaper)"),
         ("kv_bytes_per_token", "KV cache bytes per token (lower is cheaper)"),
@@ -93,8 +81,7 @@ def cost_quality(table: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(11, 4.5))
     for ax, (key, label) in zip(axes, panels):
         for entry in entries:
-            x, x_std = entry[key]
-            y, y_std = entry[quality]
+            (x, x_std), (y, y_std) = entry[key], entry[quality]
             if x is None:
                 continue
             ax.errorbar(x, y, xerr=x_std, yerr=y_std, fmt="o", capsize=3)
@@ -106,9 +93,7 @@ def cost_quality(table: list[dict], path: Path) -> None:
         if not entries:
             ax.text(0.5, 0.5, "no finished runs", ha="center", va="center", transform=ax.transAxes)
     fig.suptitle("Cost against quality (mean ± std over seeds)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
 
 
 def loss_vs_context(table: list[dict], lengths: list[int], path: Path) -> None:
@@ -119,33 +104,27 @@ def loss_vs_context(table: list[dict], lengths: list[int], path: Path) -> None:
         points = [(n, *entry.get(length_key(n), (None, None))) for n in lengths]
         points = [(n, mean, std or 0.0) for n, mean, std in points if mean is not None]
         if points:
-            ax.errorbar(
-                [p[0] for p in points],
-                [p[1] for p in points],
-                yerr=[p[2] for p in points],
-                marker="o",
-                markersize=4,
-                capsize=3,
-                label=entry["variant"],
-            )
+            n, mean, std = zip(*points)
+            ax.errorbar(n, mean, yerr=std, marker="o", markersize=4, capsize=3, label=entry["variant"])
     ax.set_xscale("log", base=2)
     plain_log_ticks(ax.xaxis)
     if lengths:
         ax.set_xticks(lengths, [str(n) for n in lengths])
         ax.minorticks_off()  # the lengths scored, and no other label
-    labels = ("context length (tokens)", "held-out loss", "Loss against context length (mean over seeds)")
-    _save_lines(fig, ax, path, labels, "no evaluated runs")
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("held-out loss")
+    finish(fig, ax, path, "Loss against context length (mean over seeds)", "no evaluated runs", **BESIDE)
 
 
 def diagnostic_bars(table: list[dict], key: str, heading: str, path: Path) -> None:
     """One diagnostic, a bar per variant (mean over seeds, ±std where 2 or more seeds have it);
     a variant without it has no bar, and a note under the plot says which and why."""
-    entries = [e for e in table if missing_diagnostic(e, key) is None]
-    missing: dict[str, list[str]] = {}
+    entries, missing = [], {}
     for entry in table:
-        reason = missing_diagnostic(entry, key)
-        if reason:
+        if reason := missing_diagnostic(entry, key):
             missing.setdefault(reason, []).append(entry["variant"])
+        else:
+            entries.append(entry)
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(table) + 2), 4 + 0.3 * len(missing)))
     if entries:
         means = [e["diagnostics"][key][0] for e in entries]
@@ -160,12 +139,10 @@ def diagnostic_bars(table: list[dict], key: str, heading: str, path: Path) -> No
     ax.set_ylabel(heading)
     ax.set_title(f"{heading} (mean over seeds)")
     ax.grid(alpha=0.3, axis="y")
+    rect = (0, 0, 1, 1)  # tight_layout's own
     if missing:
         lines = [f"no bar: {', '.join(names)}: {reason}" for reason, names in missing.items()]
         text = "\n".join(textwrap.fill(line, 110, subsequent_indent="    ") for line in lines)
         fig.text(0.01, 0.01, text, fontsize=7, va="bottom", ha="left")
-        fig.tight_layout(rect=(0, 0.03 + 0.045 * text.count("\n") + 0.04, 1, 1))
-    else:
-        fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        rect = (0, 0.03 + 0.045 * text.count("\n") + 0.04, 1, 1)
+    save(fig, path, rect=rect)
