@@ -14,7 +14,7 @@
     interrupt.py   Ctrl-C: finish the step, save last.ckpt, exit with status 130
     messages.py    jsonargparse's errors as one line
     precheck.py    train's front: --help and input mistakes answered before Lightning is imported
-    command.py     TrainCLI (LightningCLI), `main`, check_train_args
+    command.py     TrainCLI (LightningCLI), `main`, checked_config
     prepare_command.py  the prepare command: the train config's data, ahead of time
     quick.py       a plain loop on a synthetic task, no Lightning (slow tests, reduced diagnostics)
 
@@ -64,17 +64,15 @@ def precheck_train_args(args):
 
 
 def check_train_args(args):
-    """command.check_train_args, the train command imported at the first call: ablate imports this
-    name at start, and its --help and its sweep file's errors come before any run is checked."""
-    line = precheck_train_args(args)
-    from .command import check_train_args as check  # Lightning: seconds
-
-    return check(line)
+    """Raise the UserError `train` would raise for a mistake in the config, in a second or two
+    (command.checked_config): ablate imports this name at start, and its --help and its sweep
+    file's errors come before any run is checked. Returns the data section as parsed
+    (TextDataModule's arguments), so the caller can prepare it once."""
+    return checked_train_config(args)["data"]
 
 
 def checked_train_config(args):
-    """check_train_args's checks, returning the whole config the run would train with (every
-    section as plain data; command.checked_config)."""
+    """The whole config `train` would run with (every section as plain data), checked."""
     line = precheck_train_args(args)
     from .command import checked_config  # Lightning: seconds
 

@@ -173,9 +173,6 @@ class TrainCLI(LightningCLI):
                 # jsonargparse built model.attention (an AttentionConfig) itself: name the config key.
                 raise UserError(f"model.{inner}") from None
             raise inner from None
-        self._load_imported_weights()
-
-    def _load_imported_weights(self) -> None:
         init_from = self.config["model"].get("init_from")
         if init_from and is_checkpoint_source(init_from):
             init_from_checkpoint(self.model.model, init_from, self.datamodule.tokenizer.to_dict())
@@ -214,17 +211,11 @@ class _CheckOnlyCLI(TrainCLI):
         pass
 
 
-def check_train_args(args: Sequence[str] | CommandLine) -> dict[str, Any]:
-    """Raise the UserError `train` would raise for a mistake in the config (unknown key, wrong
-    type, bad model, optimiser, data or run value), in a second or two: `ablate` checks every
-    variant this way before any run starts. The text and checkpoints are not read. Returns the data
-    section as parsed (TextDataModule's arguments), so the caller can prepare it once."""
-    return checked_config(args)["data"]
-
-
 def checked_config(args: Sequence[str] | CommandLine) -> dict[str, Any]:
-    """The whole config `train` would run with (every section as plain data), checked as
-    check_train_args checks it; nothing is built or written."""
+    """The whole config `train` would run with (every section as plain data), after every check
+    `train` makes of it (unknown key, wrong type, bad model, optimiser, data or run value), in a
+    second or two: `ablate` checks every variant this way before any run starts. Nothing is built,
+    read (the text, checkpoints) or written."""
     _quiet_lightning()
     return _CheckOnlyCLI(args).config.as_dict()
 
@@ -265,23 +256,8 @@ def resolved_config(cli: TrainCLI) -> dict:
     return config
 
 
-def check_trainer(trainer: L.Trainer) -> None:
-    if trainer.max_steps is None or trainer.max_steps < 1:
-        raise UserError(
-            "trainer.max_steps: must be set (e.g. 5000); the training data never runs out, so runs are bounded in steps"
-        )
-    accumulate = trainer.accumulate_grad_batches
-    interval = trainer.val_check_interval
-    if isinstance(interval, int) and interval % accumulate:
-        raise UserError(
-            f"trainer.val_check_interval: {interval} batches is not a multiple of "
-            f"trainer.accumulate_grad_batches={accumulate}; validation must fall between optimiser steps"
-        )
-
-
 def check_run(cli: TrainCLI, run: RunSettings) -> str | None:
     """Every check of the built run before it writes anything; returns the checkpoint to resume from."""
-    check_trainer(cli.trainer)
     ckpt_path = resolve_ckpt_path(cli.config["ckpt_path"], run.checkpoint_dir)
     if ckpt_path is None and any(run.checkpoint_dir.glob("*.ckpt")):
         raise UserError(occupied_run_message(run, resolved_config(cli)))
@@ -301,20 +277,14 @@ def occupied_run_message(run: RunSettings, config: dict) -> str:
         saved = yaml.safe_load((run.dir / "config.yaml").read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError):
         saved = {}
-    # A longer max_steps is what resuming is for: not a different run.
-    sections = [
-        (
-            {**(saved.get(name) or {}), "max_steps": None},
-            {**(config.get(name) or {}), "max_steps": None},
-            name,
-        )
-        for name in ("model", "data")
-    ]
-    different = next((d for old, new, name in sections if (d := dict_diff(old, new, f"{name}."))), "")
+
+    def section(config: dict, name: str) -> dict:  # a longer max_steps is what resuming is for
+        return {**(config.get(name) or {}), "max_steps": None}
+
+    diffs = (dict_diff(section(saved, name), section(config, name), f"{name}.") for name in ("model", "data"))
+    different = next((d for d in diffs if d), "").replace(": checkpoint ", ": that run ", 1)
     if different:
-        different = different.replace(": checkpoint ", ": that run ", 1).replace(
-            ", config ", ", this one ", 1
-        )
+        different = different.replace(", config ", ", this one ", 1)
         return (
             f"run.name: {str(run.dir)!r} holds a run with other settings ({different}); give this run its own "
             f"directory with --run.name NAME (e.g. --run.name {run.name}-2), or delete that directory"
@@ -378,9 +348,7 @@ def main(line: CommandLine) -> None:
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision("high")  # TF32 for the fp32 matmuls that remain
     cli = TrainCLI(line)
-    model: MinitxLM = cli.model
-    data: TextDataModule = cli.datamodule
-    trainer: L.Trainer = cli.trainer
+    model, data, trainer = cli.model, cli.datamodule, cli.trainer
     run: RunSettings = cli.config_init["run"]  # the `run` group, instantiated by jsonargparse
     RunLock(run.dir).refuse_if_held()  # a directory another process trains into is named as busy
     ckpt_path = check_run(cli, run)
@@ -405,9 +373,7 @@ def main(line: CommandLine) -> None:
 
 def finish_run(cli: TrainCLI, run: RunSettings, sample_prompt: list[int]) -> None:
     """After fit: the final val loss (validated now if the last step was not) and a sample."""
-    model: MinitxLM = cli.model
-    data: TextDataModule = cli.datamodule
-    trainer: L.Trainer = cli.trainer
+    model, data, trainer = cli.model, cli.datamodule, cli.trainer
     if model.last_val is None or model.last_val[0] != trainer.global_step:
         trainer.validate(model, datamodule=data, verbose=False)
         model.last_val = (trainer.global_step, float(trainer.callback_metrics["val_loss"]))
@@ -446,18 +412,13 @@ def prompt_ids(prompt: str, tokenizer: Any, is_default: bool) -> list[int]:
 
 @torch.no_grad()
 def sample_text(
-    model: Transformer,
-    tokenizer: Any,
-    ids: list[int],
-    max_new_tokens: int,
-    temperature: float = 0.8,
-    top_k: int | None = 200,
+    model: Transformer, tokenizer: Any, ids: list[int], max_new_tokens: int, temperature: float = 0.8
 ) -> str:
     """A continuation of the prompt `ids` from `model`, decoded (prompt included). As generate.py:
     the sample ends at the tokenizer's end-of-text, which is not shown (nor in the prompt)."""
     eos = getattr(tokenizer, "eos_id", None)
     idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
-    out = generate(model, idx, max_new_tokens, temperature=temperature, top_k=top_k, eos_id=eos)
+    out = generate(model, idx, max_new_tokens, temperature=temperature, top_k=200, eos_id=eos)
     new = out[0, len(ids) :].tolist()
     if eos in new:
         new = new[: new.index(eos)]

@@ -37,6 +37,7 @@ from ..model import Transformer
 from .inputs import errors_named
 from .optim import DEFAULTS, Optimisation, Parameters, apply_schedule
 from .optim.groups import true_shapes
+from .optim.settings import args_entries
 from .resume import check_same_model
 from .sharding import is_sharded, shard_transformer
 from .throughput import ThroughputMeter
@@ -296,28 +297,21 @@ class MinitxLM(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         if not self._val_losses:
             return
-        mean = torch.stack(self._val_losses).float().mean()
-        self._val_losses.clear()
-        mean = self.trainer.strategy.reduce(mean, reduce_op="mean")
+        mean = self._mean_over_ranks(self._val_losses)
         self.log("val_loss", mean, prog_bar=True, sync_dist=True)
         self.log("val_ppl", mean.exp(), sync_dist=True)
         if self._val_exact:
-            accuracy = torch.stack(self._val_exact).mean()
-            items = torch.stack(self._val_items).mean()
-            self._val_exact.clear()
-            self._val_items.clear()
-            self.log(
-                "val_accuracy",
-                self.trainer.strategy.reduce(accuracy, reduce_op="mean"),
-                prog_bar=True,
-                sync_dist=True,
-            )
+            self.log("val_accuracy", self._mean_over_ranks(self._val_exact), prog_bar=True, sync_dist=True)
             # Per answer token (Zoology's MQAR accuracy: per query), beside whole rows above.
-            self.log(
-                "val_item_accuracy", self.trainer.strategy.reduce(items, reduce_op="mean"), sync_dist=True
-            )
+            self.log("val_item_accuracy", self._mean_over_ranks(self._val_items), sync_dist=True)
         if not self.trainer.sanity_checking:
             self.last_val = (self.global_step, float(mean))
+
+    def _mean_over_ranks(self, values: list[Tensor]) -> Tensor:
+        """The mean of a validation's `values` (then emptied), over every process."""
+        mean = torch.stack(values).float().mean()
+        values.clear()
+        return self.trainer.strategy.reduce(mean, reduce_op="mean")
 
     # -- sharding ----------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -402,11 +396,7 @@ def _declared_signature() -> inspect.Signature:
     return signature.replace(parameters=[own[0], *fields, *own[2:]])
 
 
-def _optimisation_args() -> str:
-    """Optimisation's "Args:" entries, as they sit in its docstring (the same indentation as
-    MinitxLM's), for MinitxLM's docstring, which is --help's text for model.*."""
-    return Optimisation.__doc__.split("Args:\n", 1)[1].strip()
-
-
-MinitxLM.__doc__ = MinitxLM.__doc__.replace("{optimisation}", _optimisation_args())
+# Optimisation's "Args:" entries (the same indentation as MinitxLM's) in MinitxLM's docstring,
+# which is --help's text for model.*.
+MinitxLM.__doc__ = MinitxLM.__doc__.replace("{optimisation}", args_entries(Optimisation).strip())
 MinitxLM.__init__.__signature__ = _declared_signature()

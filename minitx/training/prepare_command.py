@@ -35,9 +35,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Beside the train command, whose parser reads the config: data/ knows nothing of commands.
     from ..data.datamodule import TextDataModule
     from ..data.prepare import verify_prepared
-    from .command import check_train_args
+    from .command import checked_config
 
-    data = TextDataModule(**check_train_args(line))
+    data = TextDataModule(**checked_config(line)["data"])
     if data.task is not None:
         print(
             f"prepare: data.source={data.source} is a synthetic task, generated as it trains; nothing to prepare"

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ...errors import UserError
 from ...options import OptionError
+from .adamw import adamw
 from .groups import NO_DECAY_NAMES, Parameters, clean_name, decays, optimizer_groups
 
 MUON_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -301,26 +302,17 @@ class MuonWithAdamW(torch.optim.Optimizer):
     """
 
     def __init__(
-        self,
-        muon_params: list[Tensor],
-        adamw_groups: list[dict],
-        *,
-        muon_lr: float,
-        muon_momentum: float,
-        muon_weight_decay: float,
-        muon_precision: str,
-        lr: float,
-        betas: Sequence[float],
-        eps: float,
-        fused: bool = False,
+        self, muon_params: list[Tensor], adamw_groups: list[dict], settings: Any, fused: bool = False
     ):
-        self.adamw = torch.optim.AdamW(adamw_groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
+        # `settings`: an Optimisation, its shared settings AdamW's, optimizer_options.muon Muon's.
+        own = settings.optimizer_options.muon
+        self.adamw = adamw(adamw_groups, settings, fused)
         self.muon = BatchedMuon(
             muon_params,
-            lr=muon_lr,
-            momentum=muon_momentum,
-            weight_decay=muon_weight_decay,
-            precision=muon_precision,
+            lr=own.lr,
+            momentum=own.momentum,
+            weight_decay=own.weight_decay,
+            precision=own.precision,
         )
         # Optimizer.__init__ adds the given group dicts themselves (no copies): ours are the two
         # optimisers' own, so a change of lr through either view is seen by both.
@@ -351,26 +343,14 @@ class MuonWithAdamW(torch.optim.Optimizer):
 def build_muon(settings: Any, params: Parameters) -> torch.optim.Optimizer:
     """MuonWithAdamW from `settings` (an Optimisation: the shared settings, and Muon's own under
     optimizer_options.muon)."""
-    own = settings.optimizer_options.muon
     muon, rest = split_for_muon(params.named, params.chosen(muon_matrix))
-    decay_names = params.chosen(decays)
     if any(p.dim() != 2 for p in muon):
         raise UserError(
             "model.optimizer: muon needs each hidden matrix as a matrix, but the strategy flattened the "
             "parameters (FSDP1's `fsdp`); shard with --trainer.strategy fsdp2, or use ddp"
         )
-    return MuonWithAdamW(
-        muon,
-        optimizer_groups(rest, settings.weight_decay, decay_names),
-        muon_lr=own.lr,
-        muon_momentum=own.momentum,
-        muon_weight_decay=own.weight_decay,
-        muon_precision=own.precision,
-        lr=settings.lr,
-        betas=settings.betas,
-        eps=settings.eps,
-        fused=params.fused,
-    )
+    groups = optimizer_groups(rest, settings.weight_decay, params.chosen(decays))
+    return MuonWithAdamW(muon, groups, settings, fused=params.fused)
 
 
 def muon_state_parts(optimizer: MuonWithAdamW) -> dict[str, torch.optim.Optimizer]:

@@ -63,7 +63,7 @@ class SharedSettings:
     decay_shape: str = "linear"
 
 
-def _args(cls: type) -> str:
+def args_entries(cls: type) -> str:
     """The "Args:" entries of a settings dataclass's docstring, as they stand there."""
     return cls.__doc__.split("Args:\n", 1)[1].rstrip()
 
@@ -223,7 +223,7 @@ class Optimisation(SharedSettings):
 # optimizer_options, whose settings --help lists under their own keys with their own docstrings'.
 _OWN = ", ".join(f"{f.name}: {f.type.__name__}" for f in fields(OptimizerOptions))
 Optimisation.__doc__ += (
-    _args(SharedSettings)
+    args_entries(SharedSettings)
     + f"\n        optimizer_options: each optimiser's own settings, under its name ({_OWN}).\n"
 )
 
