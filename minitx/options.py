@@ -31,11 +31,6 @@ def fail(field_name: str, problem: str, fix: str) -> None:
     raise UserError(f"{field_name}: {problem}; {fix}")
 
 
-def check_choice(field_name: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        fail(field_name, f"unknown value {value!r}", f"choose one of {', '.join(map(str, choices))}")
-
-
 def nearest(name: str, names) -> str:
     """' (did you mean X?)' for the closest of names, or '' when none is close."""
     close = difflib.get_close_matches(name, list(names), n=1)
@@ -61,16 +56,21 @@ def check_options_class(owner: str, options: type) -> None:
             raise TypeError(f"{owner}: option {f.name} needs a default")
 
 
+def _as_mapping(given: Any) -> Any:
+    """What a config holds as a mapping: None as {}, a dataclass or a jsonargparse Namespace (as a
+    parse hands a section on) as a dict; anything else as it is."""
+    if given is None:
+        return {}
+    if is_dataclass(given) and not isinstance(given, type):
+        return asdict(given)
+    return given.as_dict() if hasattr(given, "as_dict") else given
+
+
 def build_options(where: str, owner: str, options: type, given: Any) -> Any:
     """The `options` object from what a config holds at `where` (e.g. "attention.options.local"):
     a mapping of the options set (the rest take their defaults), None, or such an object (checked
     again). `owner` names the thing in errors ("kind local has no such option")."""
-    if given is None:
-        given = {}
-    elif is_dataclass(given) and not isinstance(given, type):
-        given = asdict(given)
-    elif hasattr(given, "as_dict"):  # a jsonargparse Namespace, as a parse hands a section on
-        given = given.as_dict()
+    given = _as_mapping(given)
     if not isinstance(given, Mapping):
         fail(where, f"is {given!r}, not a mapping of option names to values", "write option: value pairs")
     known = [f.name for f in fields(options)]
@@ -97,12 +97,7 @@ def build_sections(
     jsonargparse Namespace or a dataclass with a field per name. `names` are the registered
     things, called `noun` in errors; `build(name, section)` makes one's options; `example` is a
     section written right ("task: {zoology: {pairs: 16}}")."""
-    if given is None:
-        given = {}
-    elif hasattr(given, "as_dict"):  # a jsonargparse Namespace
-        given = given.as_dict()
-    elif is_dataclass(given) and not isinstance(given, type):
-        given = {f.name: getattr(given, f.name) for f in fields(given)}
+    given = _as_mapping(given)
     if not isinstance(given, Mapping):
         fail(where, f"is {given!r}, not a mapping of {noun} names to their settings", f"write e.g. {example}")
     for name in given:
@@ -119,7 +114,8 @@ def check_type(name: str, value: Any, hint: Any) -> Any:
     """value checked against a type annotation: the annotation is the one statement of a choice."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Literal:
-        check_choice(name, value, args)
+        if value not in args:
+            fail(name, f"unknown value {value!r}", f"choose one of {', '.join(map(str, args))}")
         return value
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:

@@ -80,17 +80,9 @@ def _plain(value: Any) -> Any:
     return value.as_dict() if hasattr(value, "as_dict") else value
 
 
-def differing_field(run: Mapping[str, Any], source: ModelConfig, checked: tuple[str, ...]) -> str | None:
-    """The first of `checked` whose value in the run's model section differs from the checkpoint's
-    (fields the section does not hold are not compared)."""
-    for name in checked:
-        if name not in run:
-            continue
-        have = getattr(source, name)
-        want = run[name]
-        if _plain(want) != have:
-            return name
-    return None
+def differing_field(run: Mapping[str, Any], source: ModelConfig) -> str | None:
+    """The first field of the run's model section `run` whose value differs from the checkpoint's."""
+    return next((name for name, value in run.items() if _plain(value) != getattr(source, name)), None)
 
 
 def refuse_field(name: str, run_value: Any, source: ModelConfig, path: str) -> UserError:
@@ -112,16 +104,12 @@ def refuse_field(name: str, run_value: Any, source: ModelConfig, path: str) -> U
 
 def check_section(section: Mapping[str, Any], source_path: str) -> None:
     """At parse time, before anything is built: the run's model section against the checkpoint's
-    shape (the vocabulary, known only once the data is built, is checked when loading)."""
+    shape. The vocabulary is known once the data is built, the attention once it is checked: both
+    are compared when the weights are loaded."""
     source, _, _ = read_source(source_path)
-    # The vocabulary is known once the data is built, the attention once it is checked: both are
-    # compared when the weights are loaded.
-    fields = {
-        name: section[name]
-        for name in SAME_FIELDS
-        if name in section and name not in ("vocab_size", "attention")
-    }
-    name = differing_field(fields, source, tuple(fields))
+    skipped = ("vocab_size", "attention")
+    fields = {name: section[name] for name in SAME_FIELDS if name in section and name not in skipped}
+    name = differing_field(fields, source)
     if name is not None:
         raise refuse_field(name, fields[name], source, source_path)
 
@@ -156,7 +144,7 @@ def init_from_checkpoint(
     """Load the weights of a minitx checkpoint into a run's freshly built Transformer `model`."""
     source, weights, source_tokenizer = read_source(source_path)
     run = {name: getattr(model.config, name) for name in SAME_FIELDS}
-    name = differing_field(run, source, SAME_FIELDS)
+    name = differing_field(run, source)
     if name is not None:
         raise refuse_field(name, run[name], source, source_path)
     if tokenizer is not None and source_tokenizer is not None and dict(tokenizer) != dict(source_tokenizer):

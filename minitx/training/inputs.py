@@ -89,13 +89,6 @@ def check_trainer_section(trainer: Any) -> None:
         )
 
 
-def check_seed(seed: Any) -> None:
-    if _is_int(seed) and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
-        raise UserError(
-            f"seed_everything: is {seed}; use a whole number from {SEED_RANGE[0]} to {SEED_RANGE[1]}"
-        )
-
-
 def check_run_section(run: Any, default_root_dir: str | None) -> None:
     _at_least("run.sample_tokens", run.get("sample_tokens"), 0, " (0: no sample)")
     _at_least(
@@ -189,7 +182,11 @@ def check_settings(config: Any, line: CommandLine) -> None:
     # The modules of the config's own kinds: the user named them, so importing them (running
     # their code) is what they asked for. The model's checks look their kinds up.
     import_config_kinds(config["model"]["attention"], "model.")
-    check_seed(config.get("seed_everything"))
+    seed = config.get("seed_everything")
+    if _is_int(seed) and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise UserError(
+            f"seed_everything: is {seed}; use a whole number from {SEED_RANGE[0]} to {SEED_RANGE[1]}"
+        )
     check_run_section(config["run"], config["trainer"].get("default_root_dir"))
     # Before the model's own checks, which list its layers: n_layer 10**20 is refused at once.
     check_model_memory(config["model"], config["trainer"])

@@ -119,18 +119,17 @@ def _plain_type_error(message: str) -> str:
     return message
 
 
+# The key jsonargparse refused, in its three phrasings: a flag, a YAML key, a key inside a group.
+_UNKNOWN_KEY = (
+    re.compile(r"unrecognized arguments: --([\w.-]+)", re.IGNORECASE),
+    re.compile(r"Option '([\w.]+)' is not accepted"),
+    re.compile(r"Group '([\w.]+)' does not accept option '([\w.]+)'"),
+)
+
+
 def _unknown_key(message: str) -> str | None:
-    """The key jsonargparse refused, from its three phrasings (flag, YAML key, key inside a group)."""
-    flag = re.search(r"unrecognized arguments: --([\w.-]+)", message, re.IGNORECASE)
-    if flag:
-        return flag.group(1)
-    option = re.search(r"Option '([\w.]+)' is not accepted", message)
-    if option:
-        return option.group(1)
-    group = re.search(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)
-    if group:
-        return f"{group.group(1)}.{group.group(2)}"
-    return None
+    found = next((match for pattern in _UNKNOWN_KEY if (match := pattern.search(message))), None)
+    return ".".join(found.groups()) if found else None
 
 
 def _known_keys(parser: Any) -> list[str]:

@@ -16,13 +16,10 @@ from ..errors import UserError
 from ..files.configs import CommandLine
 
 
-def _split_verify(args: list[str]) -> tuple[list[str], bool]:
-    verify = "--verify" in args
-    return [a for a in args if a != "--verify"], verify
-
-
 def main(argv: Sequence[str] | None = None) -> None:
-    args, verify = _split_verify(list(sys.argv[1:] if argv is None else argv))
+    args = list(sys.argv[1:] if argv is None else argv)
+    verify = "--verify" in args
+    args = [arg for arg in args if arg != "--verify"]
     if "-h" in args or "--help" in args:
         print(__doc__.strip() + "\n\nEvery --data.* flag of `python train.py --help` applies.")
         return

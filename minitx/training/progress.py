@@ -104,13 +104,8 @@ class RecentPace:
         done = step - self._step
         if done <= 0:
             return  # micro-batches of one step under gradient accumulation
-        per_step = (now - self._time) / done
-        keep = self.decay**done
-        self.seconds_per_step = (
-            per_step
-            if self.seconds_per_step is None
-            else keep * self.seconds_per_step + (1 - keep) * per_step
-        )
+        per_step, keep, pace = (now - self._time) / done, self.decay**done, self.seconds_per_step
+        self.seconds_per_step = per_step if pace is None else keep * pace + (1 - keep) * per_step
         self._step, self._time = step, now
 
     def validation_started(self, now: float) -> None:
@@ -119,13 +114,12 @@ class RecentPace:
     def validation_ended(self, step: int, now: float) -> None:
         if self._validation_start is None:
             return
-        took = now - self._validation_start
+        self.validation_seconds = now - self._validation_start
         self._validation_start = None
-        self.validation_seconds = took
         if self._validated_at is not None and step > self._validated_at:
             self.steps_between_validations = step - self._validated_at
         self._validated_at = step
-        self._time += took  # the steps' clock stops while validating
+        self._time += self.validation_seconds  # the steps' clock stops while validating
 
     def seconds_left(self, step: int, total: int, every: int | None = None) -> float | None:
         """The time to step `total` from `step` at the recent pace, the validations still to come
@@ -206,18 +200,16 @@ class StepProgressLines(ProgressBar):
         self.line(trainer, step, total, now - self._started)
 
     def line(self, trainer: L.Trainer, step: int, total: int, elapsed: float) -> None:
-        parts = [f"step {step}/{total} ({100 * step // max(total, 1)}%)"]
-        loss = _metric(trainer, "train_loss")
-        if loss is not None:
-            parts.append(f"loss {loss:.4f}")
-        speed = _metric(trainer, "tokens_per_sec")
-        if speed is not None:
-            parts.append(f"{speed:,.0f} tokens/s")
-        parts.append(f"elapsed {duration(elapsed, compact=True)}")
+        loss, speed = _metric(trainer, "train_loss"), _metric(trainer, "tokens_per_sec")
         left = self.pace.seconds_left(step, total, validation_every(trainer))
-        if left is not None:
-            parts.append(f"ETA {duration(left, compact=True)}")
-        self.write(", ".join(parts))
+        parts = [
+            f"step {step}/{total} ({100 * step // max(total, 1)}%)",
+            None if loss is None else f"loss {loss:.4f}",
+            None if speed is None else f"{speed:,.0f} tokens/s",
+            f"elapsed {duration(elapsed, compact=True)}",
+            None if left is None else f"ETA {duration(left, compact=True)}",
+        ]
+        self.write(", ".join(part for part in parts if part))
 
     def write(self, line: str) -> None:
         stream = self.stream or sys.stdout

@@ -67,14 +67,9 @@ def check_resume_checkpoint(path: str, config: ModelConfig, state_dict: dict, to
         raise UserError(
             f"{where}: its weights do not match its model config ({mismatch}); the file is damaged or was edited"
         )
-    return saved_optimizer(checkpoint)
-
-
-def saved_optimizer(checkpoint: dict) -> str:
-    """The model.optimizer a training checkpoint was written with, read from its optimiser state
-    (each optimiser in optim.OPTIMIZERS says which states are its own); older checkpoints are AdamW's."""
-    states = checkpoint.get("optimizer_states") or [None]
-    return optimizer_of_state(states[0])
+    # The model.optimizer it was written with, read from its optimiser state (each optimiser in
+    # optim.OPTIMIZERS says which states are its own); older checkpoints are AdamW's.
+    return optimizer_of_state((checkpoint.get("optimizer_states") or [None])[0])
 
 
 def check_same_model(saved: dict, config: ModelConfig) -> None:
@@ -84,8 +79,8 @@ def check_same_model(saved: dict, config: ModelConfig) -> None:
         stored = ModelConfig.from_dict(stored).to_dict()
     except (TypeError, ValueError):
         pass  # compared as it is: the difference names the field
-    if stored != config.to_dict():
-        diff = dict_diff(stored, config.to_dict())
+    diff = dict_diff(stored, config.to_dict())
+    if diff:
         raise UserError(
             f"ckpt_path: the checkpoint's model differs from the configured one ({diff}); resume with the same model settings"
         )
@@ -111,17 +106,12 @@ def tokenizer_difference(saved: Any, current: Any) -> str:
     except Exception:
         return "the checkpoint's tokenizer cannot be rebuilt"
     if getattr(old, "chars", None) is not None and getattr(current, "chars", None) is not None:
-        added = sorted(set(current.chars) - set(old.chars))
-        dropped = sorted(set(old.chars) - set(current.chars))
         parts = [f"{len(old.chars)} characters then, {len(current.chars)} now"]
-        if added:
-            parts.append(
-                "new: " + " ".join(repr(ch) for ch in added[:10]) + (" ..." if len(added) > 10 else "")
-            )
-        if dropped:
-            parts.append(
-                "gone: " + " ".join(repr(ch) for ch in dropped[:10]) + (" ..." if len(dropped) > 10 else "")
-            )
+        then, now = set(old.chars), set(current.chars)
+        for what, chars in (("new", now - then), ("gone", then - now)):
+            if chars:
+                shown = " ".join(repr(ch) for ch in sorted(chars)[:10])
+                parts.append(f"{what}: {shown}" + (" ..." if len(chars) > 10 else ""))
         return ", ".join(parts)
     if old.vocab_size != current.vocab_size:
         return f"vocabulary of {old.vocab_size} tokens then, {current.vocab_size} now"
