@@ -128,6 +128,10 @@ def _is_default(kind: str, section: Any) -> bool:
         return False
 
 
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass
 class ModelConfig:
     """The shape of a decoder-only transformer."""
@@ -162,10 +166,10 @@ class ModelConfig:
             self.attention = AttentionConfig(**self.attention)
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not _is_whole(value) or value < 1:
                 _fail(name, f"is {value!r}", "use a positive whole number")
         width = self.mlp_hidden_size
-        if width is not None and (not isinstance(width, int) or isinstance(width, bool) or width < 1):
+        if width is not None and (not _is_whole(width) or width < 1):
             _fail(
                 "mlp_hidden_size",
                 f"is {width!r}",
@@ -175,9 +179,7 @@ class ModelConfig:
         for name in ("mlp", "norm", "positions"):  # each choice is stated once, as its Literal
             check_type(name, getattr(self, name), hints[name])
         token = self.document_token
-        if token is not None and (
-            not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < self.vocab_size
-        ):
+        if token is not None and (not _is_whole(token) or not 0 <= token < self.vocab_size):
             _fail(
                 "document_token",
                 f"is {token!r}",

@@ -30,21 +30,12 @@ import importlib
 # that only need optim/ or throughput.py would otherwise pay for.
 _HOMES = {
     "TrainCLI": "command",
-    "main": "command",
-    "sample_text": "command",
     "MinitxLM": "module",
-    "NonFiniteLossError": "module",
     "lm_loss": "module",
-    "decays": "optim",
     "lr_at": "optim",
     "optimizer_groups": "optim",
-    "AtomicCheckpointIO": "run",
-    "RunCheckpoints": "run",
-    "RunSettings": "runsection",
     "ThroughputMeter": "throughput",
-    "format_mfu": "throughput",
     "peak_flops": "throughput",
-    "peak_source": "throughput",
 }
 
 __all__ = sorted([*_HOMES, "check_train_args", "checked_train_config", "precheck_train_args"])

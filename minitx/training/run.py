@@ -1,7 +1,5 @@
 """How a run saves: its trainer's directory, checkpointing and loggers (the `run` section's
-settings are runsection.py's).
-
-    <run.root>/<run.name>/      config.yaml, logs/version_<k>/, checkpoints/{last,best}.ckpt
+settings are runsection.py's; the run directory's layout is minitx/files/checkpoint.py's).
 
 Saving goes through `AtomicCheckpointIO` (every save path of the Trainer: atomic writes,
 weights_only=True reads) and `RunCheckpoints` decides when (the file format: minitx/files/checkpoint.py).

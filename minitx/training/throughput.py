@@ -111,10 +111,6 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
-def format_mfu(mfu: float | None) -> str:
-    return "unknown" if mfu is None else f"{100 * mfu:.1f}%"
-
-
 class ThroughputMeter:
     """Tokens per second of training, in windows between optimiser steps, validation left out.
 
@@ -137,8 +133,7 @@ class ThroughputMeter:
         self._paused_at: float | None = None
 
     def _now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # only at laps and pauses: steps stay asynchronous
+        _sync(self.device)  # only at laps and pauses: steps stay asynchronous
         return time.perf_counter()
 
     def add(self, tokens: int) -> None:
