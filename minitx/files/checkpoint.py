@@ -31,6 +31,7 @@ has the Lightning side: when a run saves, and through what.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
@@ -183,7 +184,5 @@ def state_mismatch(expected: dict, found: dict) -> str:
 def remove_stale_temporaries(directory: Path) -> None:
     """Delete temporary files left by a process killed while writing a checkpoint."""
     for tmp in directory.glob(f"{TMP_PREFIX}*"):
-        try:
+        with contextlib.suppress(OSError):
             tmp.unlink()
-        except OSError:
-            pass

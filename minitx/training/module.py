@@ -171,8 +171,7 @@ class MinitxLM(L.LightningModule):
 
     def _step_model(self) -> Any:
         """The module the training and validation steps call: compiled when model.compile is set."""
-        compiled = self.__dict__.get("_compiled")
-        return self.model if compiled is None else compiled
+        return self.__dict__.get("_compiled", self.model)
 
     def scored_logits(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """(logits, targets) at the positions with a target: all of them for text, (B, T, vocab)
@@ -188,7 +187,7 @@ class MinitxLM(L.LightningModule):
 
     # -- training ----------------------------------------------------------------------------
     def on_fit_start(self) -> None:
-        if self.hparams.compile and self.__dict__.get("_compiled") is None:
+        if self.hparams.compile and "_compiled" not in self.__dict__:
             # Kept out of the module tree (written to __dict__, not registered as a submodule),
             # so state_dict keys stay "model.*" and the eager self.model remains for decoding,
             # whose growing cache would recompile a compiled module at every step.

@@ -235,12 +235,11 @@ class BatchedMuon(torch.optim.Muon):
             return stack
         from torch.distributed.tensor import DTensor
 
+        shape = torch.Size((stack.size(0), *like.shape))
+        stride = torch.empty(shape, device="meta").stride()  # a contiguous stack's
+        placements = stacked_placements(like.placements)
         return DTensor.from_local(
-            stack,
-            like.device_mesh,
-            stacked_placements(like.placements),
-            shape=torch.Size((stack.size(0), *like.shape)),
-            stride=contiguous_stride((stack.size(0), *like.shape)),
+            stack, like.device_mesh, placements, shape=shape, stride=stride
         ).full_tensor()
 
     @staticmethod
@@ -281,14 +280,6 @@ def stacked_placements(placements: Sequence[Any]) -> list[Any]:
     from torch.distributed.tensor import Shard
 
     return [Shard(p.dim + 1) if isinstance(p, Shard) else p for p in placements]
-
-
-def contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
-    stride, running = [], 1
-    for size in reversed(shape):
-        stride.append(running)
-        running *= size
-    return tuple(reversed(stride))
 
 
 class MuonWithAdamW(torch.optim.Optimizer):

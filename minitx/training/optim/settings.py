@@ -146,10 +146,9 @@ class Optimisation(SharedSettings):
 
         def fail(name: str, fix: str) -> None:
             value = getattr(self, name)
-            shown = (
-                repr(value) if isinstance(value, str) else list(value) if isinstance(value, tuple) else value
+            raise UserError(
+                f"model.{name}: is {repr(value) if isinstance(value, str) else _plain(value)}; {fix}"
             )
-            raise UserError(f"model.{name}: is {shown}; {fix}")
 
         if not self.lr > 0:
             fail("lr", "use a positive learning rate such as 1e-3")
@@ -191,17 +190,8 @@ class Optimisation(SharedSettings):
 
     def lr_at(self, step: int, max_steps: int) -> float:
         """The peak lr's value at optimiser step `step` of a run of `max_steps` (see schedules.lr_at)."""
-        return lr_at(
-            step,
-            self.lr,
-            self.min_lr,
-            self.warmup_steps,
-            max_steps,
-            schedule=self.schedule,
-            decay_steps=self.decay_steps,
-            decay_fraction=self.decay_fraction,
-            decay_shape=self.decay_shape,
-        )
+        names = ("lr", "min_lr", "warmup_steps", "schedule", "decay_steps", "decay_fraction", "decay_shape")
+        return lr_at(step, max_steps=max_steps, **{name: getattr(self, name) for name in names})
 
     def configure(self, params: Parameters, max_steps: int) -> dict:
         """The optimiser over `params` and a LambdaLR stepped every optimiser step, as
