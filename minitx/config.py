@@ -261,12 +261,11 @@ class ModelConfig:
         data = dict(data)
         if isinstance(data.get("attention"), dict):
             section = data["attention"]
-            renamed = next((name for name in section if upgrade.renamed_key(f"attention.{name}")), None)
-            if renamed:
-                raise UserError(
-                    f"attention.{renamed}: this setting is now {upgrade.renamed_key(f'attention.{renamed}')}; "
-                    "write that instead (the value is the same)"
-                )
+            for name in section:
+                if renamed := upgrade.renamed_key(f"attention.{name}"):
+                    raise UserError(
+                        f"attention.{name}: this setting is now {renamed}; write that instead (the value is the same)"
+                    )
             att_known = {f.name for f in fields(AttentionConfig)}
             bad = sorted(set(section) - att_known)
             if bad:

@@ -110,6 +110,15 @@ def build_sections(
     return {name: build(name, section) for name, section in given.items()}
 
 
+# A plain type: what a value of it may be (a bool is none of the others), and its words.
+_PLAIN_TYPES = {
+    bool: (bool, "true or false"),
+    int: (int, "a whole number"),
+    float: ((int, float), "a number"),
+    str: (str, "text"),
+}
+
+
 def check_type(name: str, value: Any, hint: Any) -> Any:
     """value checked against a type annotation: the annotation is the one statement of a choice."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -130,25 +139,12 @@ def check_type(name: str, value: Any, hint: Any) -> Any:
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             fail(name, f"is {value!r}, not a list", "write a list, e.g. [0, 1]")
-        return (
-            [check_type(f"{name}[{i}]", item, args[0]) for i, item in enumerate(value)]
-            if args
-            else list(value)
-        )
-    if hint is bool:
-        if not isinstance(value, bool):
-            fail(name, f"is {value!r}, not true or false", "write true or false")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            fail(name, f"is {value!r}, not a whole number", "write a whole number")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            fail(name, f"is {value!r}, not a number", "write a number")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            fail(name, f"is {value!r}, not text", "write text")
-        return value
+        if not args:
+            return list(value)
+        return [check_type(f"{name}[{i}]", item, args[0]) for i, item in enumerate(value)]
+    if hint in _PLAIN_TYPES:
+        accepted, words = _PLAIN_TYPES[hint]
+        if not isinstance(value, accepted) or isinstance(value, bool) and hint is not bool:
+            fail(name, f"is {value!r}, not {words}", f"write {words}")
+        return float(value) if hint is float else value
     return value  # an annotation this checker does not know: the dataclass checks it itself

@@ -91,18 +91,12 @@ class TrainCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RunSettings, "run")
-        parser.add_argument(
-            "--base",
-            type=Optional[str],  # noqa: UP045 (jsonargparse reads this typing form)
-            default=None,
-            help="In a config file: the file it overlays, read before it (see minitx/files/configs.py).",
-        )
-        parser.add_argument(
-            "--ckpt_path",
-            type=Optional[str],  # noqa: UP045 (jsonargparse reads this typing form)
-            default=None,
-            help="Resume from this checkpoint: a path, or 'last' / 'best' in <run.root>/<run.name>/checkpoints/.",
-        )
+        for flag, text in {
+            "--base": "In a config file: the file it overlays, read before it (see minitx/files/configs.py).",
+            "--ckpt_path": "Resume from this checkpoint: a path, or 'last' / 'best' in <run.root>/<run.name>/checkpoints/.",
+        }.items():
+            # Optional[str]: the typing form jsonargparse reads.
+            parser.add_argument(flag, type=Optional[str], default=None, help=text)  # noqa: UP045
         # data.block_size from model.block_size, model.max_steps from trainer.max_steps: the
         # precheck applies the same table, as this parse does, before the checks.
         for key in LINKED_AT_PARSE:

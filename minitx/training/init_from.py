@@ -24,13 +24,14 @@ init_from is minitx/hf/load.py's (the run takes its shape from it).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..config import ModelConfig
+from ..config import DROPOUT_FIELDS, ModelConfig
 from ..errors import UserError
 from ..files.checkpoint import model_weights, read_checkpoint, state_mismatch
 from ..trained_model import saved_model_config
@@ -40,19 +41,8 @@ FIX = "give a checkpoint written by train.py (e.g. runs/<name>/checkpoints/last.
 
 # ModelConfig fields that decide the weights' shapes or meaning: they must be the checkpoint's.
 # block_size may differ (the position table is extended); dropout is the run's choice.
-SAME_FIELDS = (
-    "vocab_size",
-    "n_layer",
-    "n_head",
-    "d_model",
-    "mlp",
-    "mlp_hidden_size",
-    "norm",
-    "positions",
-    "bias",
-    "tie_embeddings",
-    "attention",
-    "document_token",
+SAME_FIELDS = tuple(
+    f.name for f in fields(ModelConfig) if f.name != "block_size" and f.name not in DROPOUT_FIELDS
 )
 
 
@@ -108,10 +98,10 @@ def check_section(section: Mapping[str, Any], source_path: str) -> None:
     are compared when the weights are loaded."""
     source, _, _ = read_source(source_path)
     skipped = ("vocab_size", "attention")
-    fields = {name: section[name] for name in SAME_FIELDS if name in section and name not in skipped}
-    name = differing_field(fields, source)
+    given = {name: section[name] for name in SAME_FIELDS if name in section and name not in skipped}
+    name = differing_field(given, source)
     if name is not None:
-        raise refuse_field(name, fields[name], source, source_path)
+        raise refuse_field(name, given[name], source, source_path)
 
 
 def extend_positions(weights: dict[str, Tensor], run_table: Tensor, log: Callable[[str], None]) -> None:
