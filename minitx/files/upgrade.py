@@ -33,20 +33,9 @@ ATTENTION_FIELDS: dict[str, tuple[str, str]] = {
     **{
         f"mta_{name}": ("mta", name)
         for name in (
-            "query_kernel",
-            "key_kernel",
-            "conv_placement",
-            "conv_layers",
-            "head_group",
-            "head_mix",
-            "output_norm",
-            "query_chunk",
-            "backend",
-            "norm_eps",
-            "float32",
-            "gate_init",
-            "pre_mix_all_heads",
-        )
+            "query_kernel key_kernel conv_placement conv_layers head_group head_mix output_norm query_chunk "
+            "backend norm_eps float32 gate_init pre_mix_all_heads"
+        ).split()
     },
 }
 

@@ -9,10 +9,9 @@
     resume.py      checks that a checkpoint can be resumed, made before anything is written
     changes.py     what a resumed run changes from its checkpoint's settings, said in one line
     inputs.py      checks of the parsed config that need no data, model or trainer
-    links.py       the keys the train command fills in from others (model.vocab_size, ...)
     classpaths.py  what a command line may make jsonargparse import, checked before parsing
     interrupt.py   Ctrl-C: finish the step, save last.ckpt, exit with status 130
-    messages.py    jsonargparse's errors as one line
+    messages.py    jsonargparse's errors as one line; the keys the train command fills in from others
     precheck.py    train's front: --help and input mistakes answered before Lightning is imported
     command.py     TrainCLI (LightningCLI), `main`, checked_config
     prepare_command.py  the prepare command: the train config's data, ahead of time

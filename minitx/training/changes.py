@@ -19,17 +19,8 @@ from . import optim
 from .optim import DEFAULTS
 
 # Where runs go and how they report may change freely; the model is compared by check_same_model.
-IGNORED = (
-    "run.",
-    "ckpt_path",
-    "config",
-    "print_config",
-    "trainer.callbacks",
-    "trainer.logger",
-    "trainer.plugins",
-    "trainer.enable_progress_bar",
-    "trainer.default_root_dir",
-    "model.",
+IGNORED = ("run.", "ckpt_path", "config", "print_config", "model.") + tuple(
+    f"trainer.{key}" for key in ("callbacks", "logger", "plugins", "enable_progress_bar", "default_root_dir")
 )
 # Every optimiser and schedule setting is compared (optim.Optimisation declares them), each
 # optimiser's own included (model.optimizer_options.muon.lr, ...).

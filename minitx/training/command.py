@@ -44,8 +44,7 @@ from .classpaths import check_command_line
 from .init_from import check_section, init_from_checkpoint, is_checkpoint_source
 from .inputs import check_config
 from .interrupt import RunInterrupted, StopOnInterrupt
-from .links import LINKED, LINKED_AT_PARSE
-from .messages import find_user_error, parse_error_message
+from .messages import LINKED, LINKED_AT_PARSE, find_user_error, parse_error_message
 from .module import MinitxLM
 from .resume import check_resume_checkpoint, dict_diff, resolve_ckpt_path
 from .run import RunCheckpoints, trainer_arguments

@@ -1,4 +1,6 @@
-"""jsonargparse's messages as one line each: the key, the problem in words, a did-you-mean."""
+"""jsonargparse's messages as one line each: the key, the problem in words, a did-you-mean; and
+the keys the train command fills in from others (LINKED), one table that the front (precheck.py)
+and LightningCLI's parser (command.py, TrainCLI.add_arguments_to_parser) both read."""
 
 from __future__ import annotations
 
@@ -10,7 +12,18 @@ from typing import Any
 from ..arguments import closest, missing_file_advice
 from ..errors import UserError
 from ..files.upgrade import renamed_key
-from .links import LINKED
+
+# {linked key: the key it is filled in from}. A config file may hold a linked key (a run's saved
+# config.yaml does), a flag may not.
+LINKED = {
+    "model.vocab_size": "data.vocab_size",
+    "model.max_steps": "trainer.max_steps",
+    "data.block_size": "model.block_size",
+    "model.document_token": "data.documents",  # the tokenizer's end-of-text, with data.documents
+}
+# Those LightningCLI fills in as it parses, before its checks; the others are filled in when the
+# data module is built.
+LINKED_AT_PARSE = ("data.block_size", "model.max_steps")
 
 
 def parse_error_message(

@@ -46,8 +46,7 @@ from ..errors import UserError
 from ..files.configs import CommandLine
 from .classpaths import check_command_line
 from .inputs import check_settings
-from .links import LINKED, LINKED_AT_PARSE
-from .messages import parse_error_message
+from .messages import LINKED, LINKED_AT_PARSE, parse_error_message
 from .optim import Optimisation
 from .runsection import RunSettings
 
@@ -67,6 +66,7 @@ class TrainingSwitches:
         earlier output (one meant to see the whole sequence); recorded in the run's config
     """
 
+    max_steps: int = -1  # filled in from trainer.max_steps (messages.LINKED): not in --help
     compile: bool = False
     activation_checkpointing: bool = False
     init_from: str | None = None
@@ -112,15 +112,8 @@ def declared(cls: type) -> list[tuple[str, Any, Any]]:
 def model_arguments() -> type:
     """MinitxLM's arguments as one dataclass: Optimisation's fields, max_steps and the switches,
     then ModelConfig's (LightningCLI reads the same from MinitxLM's signature and its **model)."""
-    return dataclasses.make_dataclass(
-        "MinitxLMArguments",
-        [
-            *declared(Optimisation),
-            ("max_steps", int, dataclasses.field(default=-1)),
-            *declared(TrainingSwitches),
-            *declared(ModelConfig),
-        ],
-    )
+    arguments = [*declared(Optimisation), *declared(TrainingSwitches), *declared(ModelConfig)]
+    return dataclasses.make_dataclass("MinitxLMArguments", arguments)
 
 
 def light_parser() -> Any:
