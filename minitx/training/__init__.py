@@ -6,8 +6,8 @@
     throughput.py  tokens/s and MFU (the device peak table), one meter for every consumer
     runsection.py  RunSettings (the `run` section), the run's name and directory
     run.py         how a run saves: the trainer's directory and loggers, atomic CheckpointIO, last/best callback
-    resume.py      checks that a checkpoint can be resumed, made before anything is written
-    changes.py     what a resumed run changes from its checkpoint's settings, said in one line
+    resume.py      checks that a checkpoint can be resumed, made before anything is written;
+                   what a resumed run changes from its checkpoint's settings, said in one line
     inputs.py      checks of the parsed config that need no data, model or trainer
     classpaths.py  what a command line may make jsonargparse import, checked before parsing
     interrupt.py   Ctrl-C: finish the step, save last.ckpt, exit with status 130

@@ -39,14 +39,13 @@ from ..files.configs import CommandLine
 from ..files.runlock import RunLock
 from ..hf.load import check_init_from, init_model, run_model_fields
 from ..model import Transformer
-from .changes import report_resume_changes
 from .classpaths import check_command_line
 from .init_from import check_section, init_from_checkpoint, is_checkpoint_source
 from .inputs import check_config
 from .interrupt import RunInterrupted, StopOnInterrupt
 from .messages import LINKED, LINKED_AT_PARSE, find_user_error, parse_error_message
 from .module import MinitxLM
-from .resume import check_resume_checkpoint, dict_diff, resolve_ckpt_path
+from .resume import check_resume_checkpoint, dict_diff, report_resume_changes, resolve_ckpt_path
 from .run import RunCheckpoints, trainer_arguments
 from .runsection import RunSettings, settle_run_section
 from .sharding import whole_model

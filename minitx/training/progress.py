@@ -242,7 +242,7 @@ class StepProgressBar(TQDMProgressBar):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
         line = validation_line(trainer) if trainer.is_global_zero else None
-        bar = self.train_progress_bar if self._train_progress_bar is not None else None
+        bar = self._train_progress_bar
         if line is not None and bar is not None and not bar.disable:
             bar.write("minitx: " + line)  # above the bar, which stays where it is
 

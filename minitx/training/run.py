@@ -174,12 +174,10 @@ class RunCheckpoints(Checkpoint):
             # validation that beats the earlier ones updates best.ckpt.
             trainer.should_stop = True
         timed = self.every_n_steps > 0 and step % self.every_n_steps == 0
-        if step in self.keep_steps:
+        kept = step in self.keep_steps
+        if kept or timed and step != self._last_saved_step:
             self._save_last(trainer)
-            self._copy(trainer, self.last_path, self.step_path(step))
-        elif timed and step != self._last_saved_step:
-            self._save_last(trainer)
-            if self.keep_every_n_steps:
+            if kept or self.keep_every_n_steps:
                 self._copy(trainer, self.last_path, self.step_path(step))
 
     def step_path(self, step: int) -> Path:

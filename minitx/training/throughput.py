@@ -70,8 +70,7 @@ def matmul_flops(device: torch.device, size: int = MATMUL_SIZE, repeats: int = 3
     """FLOP/s of the fastest of `repeats` dense size x size matmuls on `device` (2 size^3 FLOPs
     each), after one untimed: the best, since a peak is what the machine reaches, not its mean."""
     dtype = dtype or matmul_dtype(device)
-    a = torch.randn(size, size, device=device).to(dtype)
-    b = torch.randn(size, size, device=device).to(dtype)
+    a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
     torch.mm(a, b)
     best = float("inf")
     for _ in range(repeats):
