@@ -254,8 +254,7 @@ class ModelConfig:
     def from_dict(cls, data: dict) -> ModelConfig:
         """A config as to_dict gives it (a checkpoint's, once files/upgrade.py has read it in
         today's spelling); a field it lacks takes its default."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
             raise UserError(f"model config: unknown field(s) {', '.join(unknown)}; remove them")
         data = dict(data)
@@ -266,8 +265,7 @@ class ModelConfig:
                     raise UserError(
                         f"attention.{name}: this setting is now {renamed}; write that instead (the value is the same)"
                     )
-            att_known = {f.name for f in fields(AttentionConfig)}
-            bad = sorted(set(section) - att_known)
+            bad = sorted(set(section) - {f.name for f in fields(AttentionConfig)})
             if bad:
                 raise UserError(f"attention config: unknown field(s) {', '.join(bad)}; remove them")
             data["attention"] = AttentionConfig(**section)

@@ -317,9 +317,8 @@ def start_run(cli: TrainCLI, run: RunSettings, ckpt_path: str | None) -> None:
     if trainer.is_global_zero:
         run.dir.mkdir(parents=True, exist_ok=True)
         (run.dir / "config.yaml").write_text(yaml.safe_dump(config_dump, sort_keys=False))
-        n_params = model.model.num_params()
         print(
-            f"minitx: {n_params / 1e6:.2f}M parameters, layers {model.config.layer_kinds}; data: {data.summary()}"
+            f"minitx: {model.model.num_params() / 1e6:.2f}M parameters, layers {model.config.layer_kinds}; data: {data.summary()}"
         )
         print(f"minitx: run directory {run.dir}" + (f", resuming from {ckpt_path}" if ckpt_path else ""))
         warmup = model.optimisation.all_warmup(trainer.max_steps)

@@ -190,8 +190,7 @@ class StepProgressLines(ProgressBar):
         every = max(1, self.every_n_steps or trainer.log_every_n_steps or 1)
         now = self.clock()
         self.pace.step(step, now)
-        last = step >= total
-        if not last and (step % every or now - self._last_line < MIN_SECONDS_BETWEEN_LINES):
+        if step < total and (step % every or now - self._last_line < MIN_SECONDS_BETWEEN_LINES):
             return
         if step == self._printed_step:
             return  # micro-batches of one step under gradient accumulation
