@@ -23,7 +23,7 @@ init_from is minitx/hf/load.py's (the run takes its shape from it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -104,7 +104,7 @@ def check_section(section: Mapping[str, Any], source_path: str) -> None:
         raise refuse_field(name, given[name], source, source_path)
 
 
-def extend_positions(weights: dict[str, Tensor], run_table: Tensor, log: Callable[[str], None]) -> None:
+def extend_positions(weights: dict[str, Tensor], run_table: Tensor) -> None:
     """The checkpoint's learned position table at the run's length: its rows copied, the rows
     past them the run's own initialisation (see the module's docstring)."""
     trained = weights["pos_emb.weight"]
@@ -115,21 +115,18 @@ def extend_positions(weights: dict[str, Tensor], run_table: Tensor, log: Callabl
     table[:rows] = trained[:rows].to(table.dtype)
     weights["pos_emb.weight"] = table
     if run_table.shape[0] > trained.shape[0]:
-        log(
+        print(
             f"init_from: learned positions 0-{rows - 1} copied from the checkpoint; positions {rows}-"
             f"{run_table.shape[0] - 1} start from their initialisation"
         )
     else:
-        log(
+        print(
             f"init_from: learned positions 0-{rows - 1} copied; the checkpoint's rows past block_size are left out"
         )
 
 
 def init_from_checkpoint(
-    model: torch.nn.Module,
-    source_path: str,
-    tokenizer: Mapping[str, Any] | None,
-    log: Callable[[str], None] = print,
+    model: torch.nn.Module, source_path: str, tokenizer: Mapping[str, Any] | None
 ) -> None:
     """Load the weights of a minitx checkpoint into a run's freshly built Transformer `model`."""
     source, weights, source_tokenizer = read_source(source_path)
@@ -144,7 +141,7 @@ def init_from_checkpoint(
         )
     expected = model.state_dict()
     if "pos_emb.weight" in expected and "pos_emb.weight" in weights:
-        extend_positions(weights, expected["pos_emb.weight"], log)
+        extend_positions(weights, expected["pos_emb.weight"])
     mismatch = state_mismatch(expected, weights)
     if mismatch:
         raise UserError(
@@ -152,7 +149,7 @@ def init_from_checkpoint(
         )
     with torch.no_grad():
         model.load_state_dict(weights)
-    log(
+    print(
         f"init_from: weights of {source_path} loaded (trained at block_size {source.block_size}, "
         f"this run {model.config.block_size})"
     )

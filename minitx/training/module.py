@@ -16,7 +16,6 @@ or not the run was interrupted before it, whatever else drew random numbers in b
 from __future__ import annotations
 
 import copy
-import dataclasses
 import inspect
 import os
 import typing
@@ -364,9 +363,8 @@ class MinitxLM(L.LightningModule):
 def optimisation_given(optimisation: Optimisation | None, settings: dict) -> Optimisation:
     """The optimiser settings MinitxLM was given: `optimisation`, or those of its fields among
     `settings` (removed from it; one left out takes its default), checked."""
-    for name in settings:
-        renamed = renamed_key(f"model.{name}")
-        if renamed:  # an optimiser's own setting as an earlier minitx spelled it: model.muon_lr
+    for name in settings:  # an optimiser's own setting as an earlier minitx spelled it: model.muon_lr
+        if renamed := renamed_key(f"model.{name}"):
             raise UserError(
                 f"model.{name}: this setting is now {renamed}; write that instead (the value is the same)"
             )
@@ -387,10 +385,8 @@ def _declared_signature() -> inspect.Signature:
     keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
     types = typing.get_type_hints(Optimisation)  # types, not the strings of postponed annotations
     fields = [
-        inspect.Parameter(
-            field.name, keyword, default=getattr(DEFAULTS, field.name), annotation=types[field.name]
-        )
-        for field in dataclasses.fields(Optimisation)
+        inspect.Parameter(name, keyword, default=getattr(DEFAULTS, name), annotation=hint)
+        for name, hint in types.items()
     ]
     return signature.replace(parameters=[own[0], *fields, *own[2:]])
 

@@ -66,11 +66,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def matmul_flops(device: torch.device, size: int = MATMUL_SIZE, repeats: int = 3, dtype=None) -> float:
+def matmul_flops(device: torch.device, size: int = MATMUL_SIZE, repeats: int = 3) -> float:
     """FLOP/s of the fastest of `repeats` dense size x size matmuls on `device` (2 size^3 FLOPs
     each), after one untimed: the best, since a peak is what the machine reaches, not its mean."""
-    dtype = dtype or matmul_dtype(device)
-    a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
+    a, b = (torch.randn(size, size, device=device).to(matmul_dtype(device)) for _ in range(2))
     torch.mm(a, b)
     best = float("inf")
     for _ in range(repeats):
