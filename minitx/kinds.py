@@ -116,8 +116,7 @@ def build_options(kind: str, given: Any) -> Any:
 def is_built_in(spec: KindSpec) -> bool:
     """Whether a kind is minitx's own (its layer class is defined inside the minitx package): the
     built-in kinds are held causal and exact by their tests, a kind from outside by verify/."""
-    module = spec.module.__module__
-    return module == "minitx" or module.startswith("minitx.")
+    return (spec.module.__module__ + ".").startswith("minitx.")
 
 
 def defining_file(cls: type) -> str | None:

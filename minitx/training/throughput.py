@@ -50,10 +50,7 @@ def datasheet_peak(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    for key, flops in PEAK_BF16_FLOPS:
-        if key in name:
-            return flops
-    return None
+    return next((flops for key, flops in PEAK_BF16_FLOPS if key in name), None)
 
 
 def matmul_dtype(device: torch.device) -> torch.dtype:

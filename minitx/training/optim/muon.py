@@ -79,15 +79,9 @@ def split_for_muon(
 ) -> tuple[list[Tensor], list[tuple[str, Tensor]]]:
     """(Muon's parameters, the rest as (name, parameter)). `muon_names` are clean names decided
     on the unwrapped model, as for decay_names."""
-    muon, rest = [], []
-    for name, param in named_params:
-        if not param.requires_grad:
-            continue
-        if clean_name(name) in muon_names:
-            muon.append(param)
-        else:
-            rest.append((name, param))
-    return muon, rest
+    trained = [(name, param) for name, param in named_params if param.requires_grad]
+    muon = [param for name, param in trained if clean_name(name) in muon_names]
+    return muon, [(name, param) for name, param in trained if clean_name(name) not in muon_names]
 
 
 class _JointState(Mapping):

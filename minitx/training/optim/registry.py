@@ -64,11 +64,9 @@ FALLBACK = "adamw"  # the optimiser of a checkpoint that holds no optimiser stat
 
 def optimizer_of_state(state: Mapping | None) -> str:
     """The model.optimizer whose state_dict() `state` is (the first that claims it)."""
-    if isinstance(state, Mapping):
-        for name, spec in OPTIMIZERS.items():
-            if spec.saved(state):
-                return name
-    return FALLBACK
+    if not isinstance(state, Mapping):
+        return FALLBACK
+    return next((name for name, spec in OPTIMIZERS.items() if spec.saved(state)), FALLBACK)
 
 
 def state_parts(optimizer: torch.optim.Optimizer, state: Mapping) -> dict[str, torch.optim.Optimizer] | None:
