@@ -51,11 +51,7 @@ class OptimiserSpec:
 # AdamW is recognised last: a state no other optimiser claims is AdamW's, as every older checkpoint's.
 OPTIMIZERS: dict[str, OptimiserSpec] = {
     "muon": OptimiserSpec(
-        build_muon,
-        is_muon_state,
-        lr_options=("lr",),
-        state_parts=muon_state_parts,
-        settings=MuonSettings,
+        build_muon, is_muon_state, lr_options=("lr",), state_parts=muon_state_parts, settings=MuonSettings
     ),
     "adamw": OptimiserSpec(build_adamw, lambda state: True),
 }
