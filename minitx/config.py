@@ -23,8 +23,7 @@ from .options import fail as _fail
 # relies on them agreeing: it writes this as rms_norm_eps, and DeepseekV3's latent norms and
 # Qwen3.5's L2 norms are 1e-6 in transformers' code whatever rms_norm_eps says.
 NORM_EPS = 1e-6
-DROPOUT_PLACES = ("embed", "attn", "resid")  # ModelConfig's <place>_dropout settings
-DROPOUT_FIELDS = ("dropout", *(f"{place}_dropout" for place in DROPOUT_PLACES))  # training only
+DROPOUT_FIELDS = ("dropout", "embed_dropout", "attn_dropout", "resid_dropout")  # training only
 
 
 @dataclass
