@@ -91,12 +91,8 @@ def check_trainer_section(trainer: Any) -> None:
 
 def check_run_section(run: Any, default_root_dir: str | None) -> None:
     _at_least("run.sample_tokens", run.get("sample_tokens"), 0, " (0: no sample)")
-    _at_least(
-        "run.checkpoint_every_n_steps",
-        run.get("checkpoint_every_n_steps"),
-        0,
-        " (0: only at validations and at the end)",
-    )
+    every = run.get("checkpoint_every_n_steps")
+    _at_least("run.checkpoint_every_n_steps", every, 0, " (0: only at validations and at the end)")
     for step in run.get("keep_steps") or ():
         _at_least("run.keep_steps", step, 1, " (optimiser steps at which to keep a checkpoint)")
     temperature = run.get("sample_temperature")

@@ -73,12 +73,8 @@ class FSDP2Strategy(ModelParallelStrategy):
         checkpoint = load_file(
             path, f"ckpt_path: {str(path)!r}", "give last.ckpt or best.ckpt written by train.py", "cpu"
         )
-        strict = self.lightning_module.strict_loading
-        set_model_state_dict(
-            self.model,
-            checkpoint["state_dict"],
-            options=StateDictOptions(full_state_dict=True, strict=strict),
-        )
+        options = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)
+        set_model_state_dict(self.model, checkpoint["state_dict"], options=options)
         for optimizer, state in zip(self.optimizers, checkpoint.get("optimizer_states", [])):
             optimizer.load_state_dict(placed_like(state, optimizer))
         return checkpoint

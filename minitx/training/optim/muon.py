@@ -14,7 +14,7 @@ import math
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
 import torch
@@ -289,16 +289,10 @@ class MuonWithAdamW(torch.optim.Optimizer):
     def __init__(
         self, muon_params: list[Tensor], adamw_groups: list[dict], settings: Any, fused: bool = False
     ):
-        # `settings`: an Optimisation, its shared settings AdamW's, optimizer_options.muon Muon's.
-        own = settings.optimizer_options.muon
+        # `settings`: an Optimisation, its shared settings AdamW's, optimizer_options.muon (a
+        # MuonSettings, whose fields are BatchedMuon's keywords) Muon's.
         self.adamw = adamw(adamw_groups, settings, fused)
-        self.muon = BatchedMuon(
-            muon_params,
-            lr=own.lr,
-            momentum=own.momentum,
-            weight_decay=own.weight_decay,
-            precision=own.precision,
-        )
+        self.muon = BatchedMuon(muon_params, **asdict(settings.optimizer_options.muon))
         # Optimizer.__init__ adds the given group dicts themselves (no copies): ours are the two
         # optimisers' own, so a change of lr through either view is seen by both.
         super().__init__(self.adamw.param_groups + self.muon.param_groups, defaults={})

@@ -76,11 +76,8 @@ def _optimizer_options_class() -> type:
     own = {name: spec.settings for name, spec in OPTIMIZERS.items() if spec.settings is not None}
     for name, settings in own.items():
         check_options_class(f"optimizer {name}", settings)
-    made = dataclasses.make_dataclass(
-        "OptimizerOptions",
-        [(name, settings, field(default_factory=settings)) for name, settings in own.items()],
-        frozen=True,
-    )
+    sections = [(name, settings, field(default_factory=settings)) for name, settings in own.items()]
+    made = dataclasses.make_dataclass("OptimizerOptions", sections, frozen=True)
     made.__module__ = __name__  # pickled and looked up by name, as a class written here would be
     made.__doc__ = "model.optimizer_options: each optimiser's own settings, under its name."
     return made
