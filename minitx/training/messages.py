@@ -55,8 +55,7 @@ def parse_error_message(
         message = f"--config: {files} is not a mapping of sections (model:, data:, trainer:, run:); see configs/default.yaml"
     message = _plain_type_error(message)
     unknown = _unknown_key(message)
-    renamed = renamed_key(unknown) if unknown else None
-    if renamed:  # a key that was renamed: say what it is called now, and nothing else
+    if unknown and (renamed := renamed_key(unknown)):  # renamed: say what it is called now, nothing else
         return f"{unknown}: this setting is now {renamed}; write that instead (the value is the same)"
     if unknown and (parser is not None or own_flags):
         near = closest(unknown, [*(_known_keys(parser) if parser is not None else ()), *own_flags])

@@ -194,8 +194,7 @@ class StepProgressLines(ProgressBar):
             return
         if step == self._printed_step:
             return  # micro-batches of one step under gradient accumulation
-        self._printed_step = step
-        self._last_line = now
+        self._printed_step, self._last_line = step, now
         self.line(trainer, step, total, now - self._started)
 
     def line(self, trainer: L.Trainer, step: int, total: int, elapsed: float) -> None:

@@ -87,12 +87,8 @@ def trainer_arguments(run: RunSettings, config: dict[str, Any]) -> dict[str, Any
             loggers.append(TensorBoardLogger(str(run.dir), "logs", csv.version, default_hp_metric=False))
         if run.wandb:
             # WANDB_DIR, when set, wins: the user asked for W&B files to go there.
-            save_dir = os.environ.get("WANDB_DIR", str(run.dir))
-            loggers.append(
-                WandbLogger(
-                    project=run.wandb_project, name=run.name, group=run.wandb_group, save_dir=save_dir
-                )
-            )
+            wandb = dict(project=run.wandb_project, name=run.name, group=run.wandb_group)
+            loggers.append(WandbLogger(save_dir=os.environ.get("WANDB_DIR", str(run.dir)), **wandb))
         config["logger"] = loggers
     return config
 
