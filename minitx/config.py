@@ -253,8 +253,7 @@ class ModelConfig:
     def from_dict(cls, data: dict) -> ModelConfig:
         """A config as to_dict gives it (a checkpoint's, once files/upgrade.py has read it in
         today's spelling); a field it lacks takes its default."""
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
+        if unknown := sorted(set(data) - {f.name for f in fields(cls)}):
             raise UserError(f"model config: unknown field(s) {', '.join(unknown)}; remove them")
         data = dict(data)
         if isinstance(data.get("attention"), dict):
@@ -264,8 +263,7 @@ class ModelConfig:
                     raise UserError(
                         f"attention.{name}: this setting is now {renamed}; write that instead (the value is the same)"
                     )
-            bad = sorted(set(section) - {f.name for f in fields(AttentionConfig)})
-            if bad:
+            if bad := sorted(set(section) - {f.name for f in fields(AttentionConfig)}):
                 raise UserError(f"attention config: unknown field(s) {', '.join(bad)}; remove them")
             data["attention"] = AttentionConfig(**section)
         return cls(**data)

@@ -115,8 +115,7 @@ def existing_checkpoints(path: str | os.PathLike, shown: int = 6) -> str:
         return ", ".join(found[:shown]) + (f" and {len(found) - shown} more" if len(found) > shown else "")
 
     if directory.is_dir():
-        found = sorted(file.name for file in directory.glob("*.ckpt") if file.is_file())
-        if found:
+        if found := sorted(file.name for file in directory.glob("*.ckpt") if file.is_file()):
             return f"{directory} holds {listed(found)}"
         return f"{directory} holds no checkpoint; a run writes them when it validates and when it ends"
     while not directory.is_dir() and directory != directory.parent:

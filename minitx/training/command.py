@@ -321,8 +321,8 @@ def start_run(cli: TrainCLI, run: RunSettings, ckpt_path: str | None) -> None:
             f"minitx: {model.model.num_params() / 1e6:.2f}M parameters, layers {model.config.layer_kinds}; data: {data.summary()}"
         )
         print(f"minitx: run directory {run.dir}" + (f", resuming from {ckpt_path}" if ckpt_path else ""))
-        warmup = model.optimisation.all_warmup(trainer.max_steps)
-        if warmup:  # said, not refused: a few steps to see that training starts are a run too
+        # Said, not refused: a few steps to see that training starts are a run too.
+        if warmup := model.optimisation.all_warmup(trainer.max_steps):
             print(f"minitx: warning: {warmup}", file=sys.stderr)
         device = trainer.strategy.root_device
         source = peak_source(device)

@@ -99,8 +99,7 @@ def check_section(section: Mapping[str, Any], source_path: str) -> None:
     source, _, _ = read_source(source_path)
     skipped = ("vocab_size", "attention")
     given = {name: section[name] for name in SAME_FIELDS if name in section and name not in skipped}
-    name = differing_field(given, source)
-    if name is not None:
+    if (name := differing_field(given, source)) is not None:
         raise refuse_field(name, given[name], source, source_path)
 
 
@@ -131,8 +130,7 @@ def init_from_checkpoint(
     """Load the weights of a minitx checkpoint into a run's freshly built Transformer `model`."""
     source, weights, source_tokenizer = read_source(source_path)
     run = {name: getattr(model.config, name) for name in SAME_FIELDS}
-    name = differing_field(run, source)
-    if name is not None:
+    if (name := differing_field(run, source)) is not None:
         raise refuse_field(name, run[name], source, source_path)
     if tokenizer is not None and source_tokenizer is not None and dict(tokenizer) != dict(source_tokenizer):
         raise UserError(
@@ -142,8 +140,7 @@ def init_from_checkpoint(
     expected = model.state_dict()
     if "pos_emb.weight" in expected and "pos_emb.weight" in weights:
         extend_positions(weights, expected["pos_emb.weight"])
-    mismatch = state_mismatch(expected, weights)
-    if mismatch:
+    if mismatch := state_mismatch(expected, weights):
         raise UserError(
             f"{WHERE} {source_path}: its weights do not fit the run's model ({mismatch}); the file is damaged or was edited"
         )

@@ -225,8 +225,7 @@ def check_model_section(section: dict) -> None:
 def refuse_noncausal_kinds(config: ModelConfig) -> None:
     """A kind from outside minitx that lets a future token change an earlier output is refused
     (verify/probe.py) in one line that names it, its file, the layer and the position."""
-    leak = find_leak(config)
-    if leak is not None:
+    if (leak := find_leak(config)) is not None:
         raise UserError(
             f"model.attention: {leak.words()}; a causal kind hides from each query the keys after it "
             "(is_causal=True in attend, the cache's mask in attend_cached), or, for a kind meant to see "

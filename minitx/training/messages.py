@@ -98,25 +98,21 @@ _TYPE_WORDS = {
 
 def _type_in_words(type_text: str) -> str:
     """ "<class 'int'>" -> "a whole number", "typing.Literal['a', 'b']" -> "one of a, b", "list[int]" -> "a list"."""
-    literal = re.fullmatch(r"typing\.Literal\[(.*)\]", type_text.strip())
-    if literal:
+    if literal := re.fullmatch(r"typing\.Literal\[(.*)\]", type_text.strip()):
         return "one of " + ", ".join(choice.strip().strip("'\"") for choice in literal.group(1).split(","))
-    name = re.fullmatch(r"<class '(\w+)'>|(\w+)(\[.*\])?", type_text.strip())
-    if name:
+    if name := re.fullmatch(r"<class '(\w+)'>|(\w+)(\[.*\])?", type_text.strip()):
         return _TYPE_WORDS.get(name.group(1) or name.group(2), type_text.strip())
     return type_text.strip()
 
 
 def _plain_type_error(message: str) -> str:
     """jsonargparse's type errors ("Expected a <class 'int'>. Got value: two") -> "<key>: <problem>; <fix>"."""
-    wrong = _WRONG_TYPE.match(message)
-    if wrong:
+    if wrong := _WRONG_TYPE.match(message):
         expected = _type_in_words(wrong["type"])
         if expected.startswith("one of "):
             return f"{wrong['key']}: unknown value {wrong['value']!r}; choose {expected}"
         return f"{wrong['key']}: {wrong['value']!r} is not {expected}; give {expected}"
-    union = _NO_UNION_TYPE.match(message)
-    if union:
+    if union := _NO_UNION_TYPE.match(message):
         # Split the subtypes at the commas between them, not those inside Literal[...] or list[...].
         types = [t for t in re.split(r",\s*(?![^\[]*\])", union["types"]) if t.strip()]
         words = [_type_in_words(t) for t in types]

@@ -270,8 +270,7 @@ class MinitxLM(L.LightningModule):
         elif self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
             tokens_per_sec = self.throughput.lap()
             self.log("tokens_per_sec", tokens_per_sec, prog_bar=True)
-            mfu = self.throughput.mfu(tokens_per_sec)
-            if mfu is not None:
+            if (mfu := self.throughput.mfu(tokens_per_sec)) is not None:
                 self.log("mfu", mfu)
 
     # -- validation --------------------------------------------------------------------------

@@ -51,8 +51,7 @@ def validation_line(trainer: L.Trainer) -> str | None:
     step, total = trainer.global_step, trainer.max_steps
     parts = [f"step {step}/{total} ({100 * step // max(total, 1)}%)", f"val loss {loss:.4f}"]
     parts[-1] += f" (perplexity {math.exp(loss):.2f})" if loss < 50 else ""
-    accuracy = _metric(trainer, "val_accuracy")
-    if accuracy is not None:
+    if (accuracy := _metric(trainer, "val_accuracy")) is not None:
         parts.append(f"val accuracy {accuracy:.4f}")
     return ", ".join(parts)
 

@@ -73,8 +73,7 @@ def check_resume_checkpoint(path: str, config: ModelConfig, state_dict: dict, to
             f"({tokenizer_difference(saved.get('tokenizer'), tokenizer)}); resume with the data settings of the original run"
         )
     check_same_model(saved, config)
-    mismatch = state_mismatch(state_dict, checkpoint["state_dict"])
-    if mismatch:
+    if mismatch := state_mismatch(state_dict, checkpoint["state_dict"]):
         raise UserError(
             f"{where}: its weights do not match its model config ({mismatch}); the file is damaged or was edited"
         )
@@ -90,8 +89,7 @@ def check_same_model(saved: dict, config: ModelConfig) -> None:
         stored = ModelConfig.from_dict(stored).to_dict()
     except (TypeError, ValueError):
         pass  # compared as it is: the difference names the field
-    diff = dict_diff(stored, config.to_dict())
-    if diff:
+    if diff := dict_diff(stored, config.to_dict()):
         raise UserError(
             f"ckpt_path: the checkpoint's model differs from the configured one ({diff}); resume with the same model settings"
         )
@@ -102,8 +100,7 @@ def dict_diff(old: dict, new: dict, prefix: str = "") -> str:
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            found = dict_diff(a, b, f"{prefix}{key}.")
-            if found:
+            if found := dict_diff(a, b, f"{prefix}{key}."):
                 return found
         elif a != b:
             return f"{prefix}{key}: checkpoint {a!r}, config {b!r}"
