@@ -130,11 +130,10 @@ class ArgumentParser(argparse.ArgumentParser):
             flag, eq, value = word.partition("=")
             if flag in declared:
                 continue
-            name = flag[2:]
-            for other in ("--" + name.replace("_", "-"), "--" + name.replace("-", "_")):
-                if other in declared:
-                    out[i] = other + eq + value
-                    break
+            spellings = ("--" + flag[2:].replace("_", "-"), "--" + flag[2:].replace("-", "_"))
+            other = next((other for other in spellings if other in declared), None)
+            if other is not None:
+                out[i] = other + eq + value
         return out
 
 

@@ -23,8 +23,7 @@ from .options import fail as _fail
 # relies on them agreeing: it writes this as rms_norm_eps, and DeepseekV3's latent norms and
 # Qwen3.5's L2 norms are 1e-6 in transformers' code whatever rms_norm_eps says.
 NORM_EPS = 1e-6
-DROPOUT_PLACES = ("embed", "attn", "resid")  # ModelConfig's <place>_dropout settings
-DROPOUT_FIELDS = ("dropout", *(f"{place}_dropout" for place in DROPOUT_PLACES))  # training only
+DROPOUT_FIELDS = ("dropout", "embed_dropout", "attn_dropout", "resid_dropout")  # training only
 
 
 @dataclass
@@ -128,6 +127,10 @@ def _is_default(kind: str, section: Any) -> bool:
         return False
 
 
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass
 class ModelConfig:
     """The shape of a decoder-only transformer."""
@@ -162,10 +165,10 @@ class ModelConfig:
             self.attention = AttentionConfig(**self.attention)
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not _is_whole(value) or value < 1:
                 _fail(name, f"is {value!r}", "use a positive whole number")
         width = self.mlp_hidden_size
-        if width is not None and (not isinstance(width, int) or isinstance(width, bool) or width < 1):
+        if width is not None and (not _is_whole(width) or width < 1):
             _fail(
                 "mlp_hidden_size",
                 f"is {width!r}",
@@ -175,9 +178,7 @@ class ModelConfig:
         for name in ("mlp", "norm", "positions"):  # each choice is stated once, as its Literal
             check_type(name, getattr(self, name), hints[name])
         token = self.document_token
-        if token is not None and (
-            not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < self.vocab_size
-        ):
+        if token is not None and (not _is_whole(token) or not 0 <= token < self.vocab_size):
             _fail(
                 "document_token",
                 f"is {token!r}",
@@ -252,22 +253,17 @@ class ModelConfig:
     def from_dict(cls, data: dict) -> ModelConfig:
         """A config as to_dict gives it (a checkpoint's, once files/upgrade.py has read it in
         today's spelling); a field it lacks takes its default."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
+        if unknown := sorted(set(data) - {f.name for f in fields(cls)}):
             raise UserError(f"model config: unknown field(s) {', '.join(unknown)}; remove them")
         data = dict(data)
         if isinstance(data.get("attention"), dict):
             section = data["attention"]
-            renamed = next((name for name in section if upgrade.renamed_key(f"attention.{name}")), None)
-            if renamed:
-                raise UserError(
-                    f"attention.{renamed}: this setting is now {upgrade.renamed_key(f'attention.{renamed}')}; "
-                    "write that instead (the value is the same)"
-                )
-            att_known = {f.name for f in fields(AttentionConfig)}
-            bad = sorted(set(section) - att_known)
-            if bad:
+            for name in section:
+                if renamed := upgrade.renamed_key(f"attention.{name}"):
+                    raise UserError(
+                        f"attention.{name}: this setting is now {renamed}; write that instead (the value is the same)"
+                    )
+            if bad := sorted(set(section) - {f.name for f in fields(AttentionConfig)}):
                 raise UserError(f"attention config: unknown field(s) {', '.join(bad)}; remove them")
             data["attention"] = AttentionConfig(**section)
         return cls(**data)

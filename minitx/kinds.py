@@ -28,11 +28,6 @@ from .errors import UserError, shown
 from .options import fail, nearest
 
 
-def kv_heads_from_config(attention, n_head: int) -> int:
-    """Key/value heads of a kind that reads `n_kv_head` (None: as many as query heads)."""
-    return attention.n_kv_head or n_head
-
-
 @dataclass(frozen=True)
 class KindSpec:
     """What one attention kind knows about itself.
@@ -54,7 +49,7 @@ class KindSpec:
     name: str
     module: type
     options: type | None = None
-    kv_heads: Callable[[Any, int], int] = kv_heads_from_config
+    kv_heads: Callable[[Any, int], int] = lambda attention, n_head: attention.n_kv_head or n_head
     reads_n_kv_head: bool = True
     check_model: Callable[[Any], None] | None = None
     reads_rope: bool = True
@@ -121,8 +116,7 @@ def build_options(kind: str, given: Any) -> Any:
 def is_built_in(spec: KindSpec) -> bool:
     """Whether a kind is minitx's own (its layer class is defined inside the minitx package): the
     built-in kinds are held causal and exact by their tests, a kind from outside by verify/."""
-    module = spec.module.__module__
-    return module == "minitx" or module.startswith("minitx.")
+    return (spec.module.__module__ + ".").startswith("minitx.")
 
 
 def defining_file(cls: type) -> str | None:

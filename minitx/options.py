@@ -31,11 +31,6 @@ def fail(field_name: str, problem: str, fix: str) -> None:
     raise UserError(f"{field_name}: {problem}; {fix}")
 
 
-def check_choice(field_name: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        fail(field_name, f"unknown value {value!r}", f"choose one of {', '.join(map(str, choices))}")
-
-
 def nearest(name: str, names) -> str:
     """' (did you mean X?)' for the closest of names, or '' when none is close."""
     close = difflib.get_close_matches(name, list(names), n=1)
@@ -61,16 +56,21 @@ def check_options_class(owner: str, options: type) -> None:
             raise TypeError(f"{owner}: option {f.name} needs a default")
 
 
+def _as_mapping(given: Any) -> Any:
+    """What a config holds as a mapping: None as {}, a dataclass or a jsonargparse Namespace (as a
+    parse hands a section on) as a dict; anything else as it is."""
+    if given is None:
+        return {}
+    if is_dataclass(given) and not isinstance(given, type):
+        return asdict(given)
+    return given.as_dict() if hasattr(given, "as_dict") else given
+
+
 def build_options(where: str, owner: str, options: type, given: Any) -> Any:
     """The `options` object from what a config holds at `where` (e.g. "attention.options.local"):
     a mapping of the options set (the rest take their defaults), None, or such an object (checked
     again). `owner` names the thing in errors ("kind local has no such option")."""
-    if given is None:
-        given = {}
-    elif is_dataclass(given) and not isinstance(given, type):
-        given = asdict(given)
-    elif hasattr(given, "as_dict"):  # a jsonargparse Namespace, as a parse hands a section on
-        given = given.as_dict()
+    given = _as_mapping(given)
     if not isinstance(given, Mapping):
         fail(where, f"is {given!r}, not a mapping of option names to values", "write option: value pairs")
     known = [f.name for f in fields(options)]
@@ -97,12 +97,7 @@ def build_sections(
     jsonargparse Namespace or a dataclass with a field per name. `names` are the registered
     things, called `noun` in errors; `build(name, section)` makes one's options; `example` is a
     section written right ("task: {zoology: {pairs: 16}}")."""
-    if given is None:
-        given = {}
-    elif hasattr(given, "as_dict"):  # a jsonargparse Namespace
-        given = given.as_dict()
-    elif is_dataclass(given) and not isinstance(given, type):
-        given = {f.name: getattr(given, f.name) for f in fields(given)}
+    given = _as_mapping(given)
     if not isinstance(given, Mapping):
         fail(where, f"is {given!r}, not a mapping of {noun} names to their settings", f"write e.g. {example}")
     for name in given:
@@ -115,11 +110,21 @@ def build_sections(
     return {name: build(name, section) for name, section in given.items()}
 
 
+# A plain type: what a value of it may be (a bool is none of the others), and its words.
+_PLAIN_TYPES = {
+    bool: (bool, "true or false"),
+    int: (int, "a whole number"),
+    float: ((int, float), "a number"),
+    str: (str, "text"),
+}
+
+
 def check_type(name: str, value: Any, hint: Any) -> Any:
     """value checked against a type annotation: the annotation is the one statement of a choice."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Literal:
-        check_choice(name, value, args)
+        if value not in args:
+            fail(name, f"unknown value {value!r}", f"choose one of {', '.join(map(str, args))}")
         return value
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -134,25 +139,12 @@ def check_type(name: str, value: Any, hint: Any) -> Any:
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             fail(name, f"is {value!r}, not a list", "write a list, e.g. [0, 1]")
-        return (
-            [check_type(f"{name}[{i}]", item, args[0]) for i, item in enumerate(value)]
-            if args
-            else list(value)
-        )
-    if hint is bool:
-        if not isinstance(value, bool):
-            fail(name, f"is {value!r}, not true or false", "write true or false")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            fail(name, f"is {value!r}, not a whole number", "write a whole number")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            fail(name, f"is {value!r}, not a number", "write a number")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            fail(name, f"is {value!r}, not text", "write text")
-        return value
+        if not args:
+            return list(value)
+        return [check_type(f"{name}[{i}]", item, args[0]) for i, item in enumerate(value)]
+    if hint in _PLAIN_TYPES:
+        accepted, words = _PLAIN_TYPES[hint]
+        if not isinstance(value, accepted) or isinstance(value, bool) and hint is not bool:
+            fail(name, f"is {value!r}, not {words}", f"write {words}")
+        return float(value) if hint is float else value
     return value  # an annotation this checker does not know: the dataclass checks it itself

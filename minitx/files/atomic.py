@@ -10,6 +10,7 @@ a file back.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -25,16 +26,12 @@ TMP_PREFIX = ".tmp-"  # stale temporaries of killed writers carry it, so they ca
 
 def _fsync_directory(directory: Path) -> None:
     # Makes the rename itself durable; not every platform lets a directory be opened.
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _umask() -> int:

@@ -31,6 +31,7 @@ has the Lightning side: when a run saves, and through what.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
@@ -108,15 +109,14 @@ def existing_checkpoints(path: str | os.PathLike, shown: int = 6) -> str:
     """For a checkpoint path that does not exist, the checkpoints that do, in words ('' when none
     are near): those beside it, else those of the runs under its nearest existing directory
     (runs/<name>/checkpoints/*.ckpt when the run name was wrong)."""
-    path = Path(path)
-    directory = path.parent
+    directory = Path(path).parent
+
+    def listed(found: list[str]) -> str:
+        return ", ".join(found[:shown]) + (f" and {len(found) - shown} more" if len(found) > shown else "")
+
     if directory.is_dir():
-        found = sorted(file.name for file in directory.glob("*.ckpt") if file.is_file())
-        if found:
-            listed = ", ".join(found[:shown]) + (
-                f" and {len(found) - shown} more" if len(found) > shown else ""
-            )
-            return f"{directory} holds {listed}"
+        if found := sorted(file.name for file in directory.glob("*.ckpt") if file.is_file()):
+            return f"{directory} holds {listed(found)}"
         return f"{directory} holds no checkpoint; a run writes them when it validates and when it ends"
     while not directory.is_dir() and directory != directory.parent:
         directory = directory.parent
@@ -124,10 +124,7 @@ def existing_checkpoints(path: str | os.PathLike, shown: int = 6) -> str:
         return ""
     patterns = ("*/checkpoints/*.ckpt", "checkpoints/*.ckpt", "*.ckpt")
     found = sorted({str(file) for pattern in patterns for file in directory.glob(pattern) if file.is_file()})
-    if not found:
-        return ""
-    listed = ", ".join(found[:shown]) + (f" and {len(found) - shown} more" if len(found) > shown else "")
-    return f"checkpoints that exist under {directory}: {listed}"
+    return f"checkpoints that exist under {directory}: {listed(found)}" if found else ""
 
 
 def load_file(path: str | os.PathLike, where: str, fix: str, map_location: Any = "cpu") -> Any:
@@ -143,9 +140,8 @@ def load_file(path: str | os.PathLike, where: str, fix: str, map_location: Any =
             # A foreign pickle makes torch warn about its protocol before refusing it: the refusal
             # is the message, the warning would only add lines to it.
             warnings.filterwarnings("ignore", message=r".*pickle protocol")
-            return torch.load(
-                path, map_location=map_location, weights_only=True
-            )  # tensors and plain data, never code
+            # weights_only: tensors and plain data, never code.
+            return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # truncated zip, foreign pickle, unsafe types, ...: all unreadable
         raise UserError(load_error_message(where, path, error, fix)) from None
 
@@ -187,7 +183,5 @@ def state_mismatch(expected: dict, found: dict) -> str:
 def remove_stale_temporaries(directory: Path) -> None:
     """Delete temporary files left by a process killed while writing a checkpoint."""
     for tmp in directory.glob(f"{TMP_PREFIX}*"):
-        try:
+        with contextlib.suppress(OSError):
             tmp.unlink()
-        except OSError:
-            pass

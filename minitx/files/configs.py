@@ -182,8 +182,7 @@ def read_config_file(path: str) -> Any:
     if not os.path.exists(path):
         return None
     try:
-        with open(path, encoding="utf-8") as file:
-            text = file.read()
+        text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise UserError(
             f"--config: {path!r} is not UTF-8 text; give a YAML config file (configs/default.yaml is one)"

@@ -96,5 +96,5 @@ class RunLock:
     def __enter__(self) -> RunLock:
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *_: object) -> None:
         self.release()

@@ -33,20 +33,9 @@ ATTENTION_FIELDS: dict[str, tuple[str, str]] = {
     **{
         f"mta_{name}": ("mta", name)
         for name in (
-            "query_kernel",
-            "key_kernel",
-            "conv_placement",
-            "conv_layers",
-            "head_group",
-            "head_mix",
-            "output_norm",
-            "query_chunk",
-            "backend",
-            "norm_eps",
-            "float32",
-            "gate_init",
-            "pre_mix_all_heads",
-        )
+            "query_kernel key_kernel conv_placement conv_layers head_group head_mix output_norm query_chunk "
+            "backend norm_eps float32 gate_init pre_mix_all_heads"
+        ).split()
     },
 }
 
@@ -76,23 +65,27 @@ OPTIMIZER_FIELDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _nested(section: Mapping[str, Any], flat: Mapping, under: str, keep: Callable = lambda *_: True) -> dict:
+    """A copy of `section` with its keys in `flat` (old key -> (name, setting)) moved to
+    section[under][name][setting], where keep(name, setting, value) allows; a value already there wins."""
+    if not set(section) & set(flat):
+        return dict(section)
+    given = section.get(under)
+    nested = {
+        name: dict(value) if isinstance(value, Mapping) else value
+        for name, value in (given.items() if isinstance(given, Mapping) else ())
+    }
+    for key, value in section.items():
+        if key in flat and keep(*flat[key], value) and isinstance(nested.setdefault(flat[key][0], {}), dict):
+            nested[flat[key][0]].setdefault(flat[key][1], value)
+    return {**{key: value for key, value in section.items() if key not in flat}, under: nested}
+
+
 def attention_section(section: Mapping[str, Any]) -> dict:
     """Step 1 on a saved `attention` section. It held every field of every kind, those no layer
     read at their defaults: only the fields of the kinds its layers use carry over."""
-    old = {name: value for name, value in section.items() if name in ATTENTION_FIELDS}
-    section = {name: value for name, value in section.items() if name not in ATTENTION_FIELDS}
-    if not old:
-        return section
     used = set(section.get("layers") or [section.get("kind", "mha")])
-    options = {
-        kind: dict(given) if isinstance(given, Mapping) else given
-        for kind, given in (section.get("options") or {}).items()
-    }
-    for name, value in old.items():
-        kind, option = ATTENTION_FIELDS[name]
-        if kind in used and isinstance(options.setdefault(kind, {}), dict):
-            options[kind].setdefault(option, value)  # a value the section already holds wins
-    return {**section, "options": options}
+    return _nested(section, ATTENTION_FIELDS, "options", lambda kind, option, value: kind in used)
 
 
 def _model_options(config: dict) -> dict:
@@ -103,54 +96,22 @@ def _model_options(config: dict) -> dict:
 
 
 def _bpe_vocab_size(config: dict) -> dict:
-    data = config.get("data")
-    if isinstance(data, Mapping) and set(data) & set(DATA_FIELDS):
-        config["data"] = {DATA_FIELDS.get(key, key): value for key, value in data.items()}
+    if isinstance(config.get("data"), Mapping):
+        config["data"] = {DATA_FIELDS.get(key, key): value for key, value in config["data"].items()}
     return config
 
 
 def _task_sections(config: dict) -> dict:
-    data = config.get("data")
-    if not isinstance(data, Mapping) or not set(data) & set(DATA_TASK_FIELDS):
-        return config
-    tasks = data.get("task")
-    tasks = {
-        name: dict(given) if isinstance(given, Mapping) else given
-        for name, given in (tasks.items() if isinstance(tasks, Mapping) else ())
-    }
-    for key, value in data.items():
-        if key not in DATA_TASK_FIELDS:
-            continue
-        task, setting = DATA_TASK_FIELDS[key]
-        if task == "needle" and setting == "filler" and value is None:
-            continue  # a null filler was read as the default
-        if isinstance(tasks.setdefault(task, {}), dict):
-            tasks[task].setdefault(setting, value)  # a value the section already holds wins
-    config["data"] = {key: value for key, value in data.items() if key not in DATA_TASK_FIELDS}
-    config["data"]["task"] = tasks
+    if isinstance(config.get("data"), Mapping):  # a null needle filler was read as the default
+        keep = lambda task, setting, value: value is not None or setting != "filler"  # noqa: E731
+        config["data"] = _nested(config["data"], DATA_TASK_FIELDS, "task", keep)
     return config
 
 
 def _optimizer_options(config: dict) -> dict:
-    model = config.get("model")
-    if isinstance(model, Mapping) and set(model) & set(OPTIMIZER_FIELDS):
-        config["model"] = optimizer_section(model)
+    if isinstance(config.get("model"), Mapping):
+        config["model"] = _nested(config["model"], OPTIMIZER_FIELDS, "optimizer_options")
     return config
-
-
-def optimizer_section(model: Mapping[str, Any]) -> dict:
-    """Step 4 on a saved model section: the flat settings moved under optimizer_options."""
-    options = {
-        name: dict(given) if isinstance(given, Mapping) else given
-        for name, given in (model.get("optimizer_options") or {}).items()
-    }
-    for key, value in model.items():
-        if key in OPTIMIZER_FIELDS:
-            optimizer, setting = OPTIMIZER_FIELDS[key]
-            if isinstance(options.setdefault(optimizer, {}), dict):
-                options[optimizer].setdefault(setting, value)  # a value the section already holds wins
-    moved = {key: value for key, value in model.items() if key not in OPTIMIZER_FIELDS}
-    return {**moved, "optimizer_options": options}
 
 
 # The steps of a saved config, in the order the spellings changed (1, 2, 3, 4 above).

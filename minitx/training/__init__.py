@@ -6,15 +6,14 @@
     throughput.py  tokens/s and MFU (the device peak table), one meter for every consumer
     runsection.py  RunSettings (the `run` section), the run's name and directory
     run.py         how a run saves: the trainer's directory and loggers, atomic CheckpointIO, last/best callback
-    resume.py      checks that a checkpoint can be resumed, made before anything is written
-    changes.py     what a resumed run changes from its checkpoint's settings, said in one line
+    resume.py      checks that a checkpoint can be resumed, made before anything is written;
+                   what a resumed run changes from its checkpoint's settings, said in one line
     inputs.py      checks of the parsed config that need no data, model or trainer
-    links.py       the keys the train command fills in from others (model.vocab_size, ...)
     classpaths.py  what a command line may make jsonargparse import, checked before parsing
     interrupt.py   Ctrl-C: finish the step, save last.ckpt, exit with status 130
-    messages.py    jsonargparse's errors as one line
+    messages.py    jsonargparse's errors as one line; the keys the train command fills in from others
     precheck.py    train's front: --help and input mistakes answered before Lightning is imported
-    command.py     TrainCLI (LightningCLI), `main`, check_train_args
+    command.py     TrainCLI (LightningCLI), `main`, checked_config
     prepare_command.py  the prepare command: the train config's data, ahead of time
     quick.py       a plain loop on a synthetic task, no Lightning (slow tests, reduced diagnostics)
 
@@ -30,21 +29,12 @@ import importlib
 # that only need optim/ or throughput.py would otherwise pay for.
 _HOMES = {
     "TrainCLI": "command",
-    "main": "command",
-    "sample_text": "command",
     "MinitxLM": "module",
-    "NonFiniteLossError": "module",
     "lm_loss": "module",
-    "decays": "optim",
     "lr_at": "optim",
     "optimizer_groups": "optim",
-    "AtomicCheckpointIO": "run",
-    "RunCheckpoints": "run",
-    "RunSettings": "runsection",
     "ThroughputMeter": "throughput",
-    "format_mfu": "throughput",
     "peak_flops": "throughput",
-    "peak_source": "throughput",
 }
 
 __all__ = sorted([*_HOMES, "check_train_args", "checked_train_config", "precheck_train_args"])
@@ -64,17 +54,15 @@ def precheck_train_args(args):
 
 
 def check_train_args(args):
-    """command.check_train_args, the train command imported at the first call: ablate imports this
-    name at start, and its --help and its sweep file's errors come before any run is checked."""
-    line = precheck_train_args(args)
-    from .command import check_train_args as check  # Lightning: seconds
-
-    return check(line)
+    """Raise the UserError `train` would raise for a mistake in the config, in a second or two
+    (command.checked_config): ablate imports this name at start, and its --help and its sweep
+    file's errors come before any run is checked. Returns the data section as parsed
+    (TextDataModule's arguments), so the caller can prepare it once."""
+    return checked_train_config(args)["data"]
 
 
 def checked_train_config(args):
-    """check_train_args's checks, returning the whole config the run would train with (every
-    section as plain data; command.checked_config)."""
+    """The whole config `train` would run with (every section as plain data), checked."""
     line = precheck_train_args(args)
     from .command import checked_config  # Lightning: seconds
 

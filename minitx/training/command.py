@@ -39,15 +39,13 @@ from ..files.configs import CommandLine
 from ..files.runlock import RunLock
 from ..hf.load import check_init_from, init_model, run_model_fields
 from ..model import Transformer
-from .changes import report_resume_changes
 from .classpaths import check_command_line
 from .init_from import check_section, init_from_checkpoint, is_checkpoint_source
 from .inputs import check_config
 from .interrupt import RunInterrupted, StopOnInterrupt
-from .links import LINKED, LINKED_AT_PARSE
-from .messages import find_user_error, parse_error_message
+from .messages import LINKED, LINKED_AT_PARSE, find_user_error, parse_error_message
 from .module import MinitxLM
-from .resume import check_resume_checkpoint, dict_diff, resolve_ckpt_path
+from .resume import check_resume_checkpoint, dict_diff, report_resume_changes, resolve_ckpt_path
 from .run import RunCheckpoints, trainer_arguments
 from .runsection import RunSettings, settle_run_section
 from .sharding import whole_model
@@ -91,18 +89,12 @@ class TrainCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RunSettings, "run")
-        parser.add_argument(
-            "--base",
-            type=Optional[str],  # noqa: UP045 (jsonargparse reads this typing form)
-            default=None,
-            help="In a config file: the file it overlays, read before it (see minitx/files/configs.py).",
-        )
-        parser.add_argument(
-            "--ckpt_path",
-            type=Optional[str],  # noqa: UP045 (jsonargparse reads this typing form)
-            default=None,
-            help="Resume from this checkpoint: a path, or 'last' / 'best' in <run.root>/<run.name>/checkpoints/.",
-        )
+        for flag, text in {
+            "--base": "In a config file: the file it overlays, read before it (see minitx/files/configs.py).",
+            "--ckpt_path": "Resume from this checkpoint: a path, or 'last' / 'best' in <run.root>/<run.name>/checkpoints/.",
+        }.items():
+            # Optional[str]: the typing form jsonargparse reads.
+            parser.add_argument(flag, type=Optional[str], default=None, help=text)  # noqa: UP045
         # data.block_size from model.block_size, model.max_steps from trainer.max_steps: the
         # precheck applies the same table, as this parse does, before the checks.
         for key in LINKED_AT_PARSE:
@@ -173,9 +165,6 @@ class TrainCLI(LightningCLI):
                 # jsonargparse built model.attention (an AttentionConfig) itself: name the config key.
                 raise UserError(f"model.{inner}") from None
             raise inner from None
-        self._load_imported_weights()
-
-    def _load_imported_weights(self) -> None:
         init_from = self.config["model"].get("init_from")
         if init_from and is_checkpoint_source(init_from):
             init_from_checkpoint(self.model.model, init_from, self.datamodule.tokenizer.to_dict())
@@ -214,17 +203,11 @@ class _CheckOnlyCLI(TrainCLI):
         pass
 
 
-def check_train_args(args: Sequence[str] | CommandLine) -> dict[str, Any]:
-    """Raise the UserError `train` would raise for a mistake in the config (unknown key, wrong
-    type, bad model, optimiser, data or run value), in a second or two: `ablate` checks every
-    variant this way before any run starts. The text and checkpoints are not read. Returns the data
-    section as parsed (TextDataModule's arguments), so the caller can prepare it once."""
-    return checked_config(args)["data"]
-
-
 def checked_config(args: Sequence[str] | CommandLine) -> dict[str, Any]:
-    """The whole config `train` would run with (every section as plain data), checked as
-    check_train_args checks it; nothing is built or written."""
+    """The whole config `train` would run with (every section as plain data), after every check
+    `train` makes of it (unknown key, wrong type, bad model, optimiser, data or run value), in a
+    second or two: `ablate` checks every variant this way before any run starts. Nothing is built,
+    read (the text, checkpoints) or written."""
     _quiet_lightning()
     return _CheckOnlyCLI(args).config.as_dict()
 
@@ -265,23 +248,8 @@ def resolved_config(cli: TrainCLI) -> dict:
     return config
 
 
-def check_trainer(trainer: L.Trainer) -> None:
-    if trainer.max_steps is None or trainer.max_steps < 1:
-        raise UserError(
-            "trainer.max_steps: must be set (e.g. 5000); the training data never runs out, so runs are bounded in steps"
-        )
-    accumulate = trainer.accumulate_grad_batches
-    interval = trainer.val_check_interval
-    if isinstance(interval, int) and interval % accumulate:
-        raise UserError(
-            f"trainer.val_check_interval: {interval} batches is not a multiple of "
-            f"trainer.accumulate_grad_batches={accumulate}; validation must fall between optimiser steps"
-        )
-
-
 def check_run(cli: TrainCLI, run: RunSettings) -> str | None:
     """Every check of the built run before it writes anything; returns the checkpoint to resume from."""
-    check_trainer(cli.trainer)
     ckpt_path = resolve_ckpt_path(cli.config["ckpt_path"], run.checkpoint_dir)
     if ckpt_path is None and any(run.checkpoint_dir.glob("*.ckpt")):
         raise UserError(occupied_run_message(run, resolved_config(cli)))
@@ -301,20 +269,14 @@ def occupied_run_message(run: RunSettings, config: dict) -> str:
         saved = yaml.safe_load((run.dir / "config.yaml").read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError):
         saved = {}
-    # A longer max_steps is what resuming is for: not a different run.
-    sections = [
-        (
-            {**(saved.get(name) or {}), "max_steps": None},
-            {**(config.get(name) or {}), "max_steps": None},
-            name,
-        )
-        for name in ("model", "data")
-    ]
-    different = next((d for old, new, name in sections if (d := dict_diff(old, new, f"{name}."))), "")
+
+    def section(config: dict, name: str) -> dict:  # a longer max_steps is what resuming is for
+        return {**(config.get(name) or {}), "max_steps": None}
+
+    diffs = (dict_diff(section(saved, name), section(config, name), f"{name}.") for name in ("model", "data"))
+    different = next((d for d in diffs if d), "").replace(": checkpoint ", ": that run ", 1)
     if different:
-        different = different.replace(": checkpoint ", ": that run ", 1).replace(
-            ", config ", ", this one ", 1
-        )
+        different = different.replace(", config ", ", this one ", 1)
         return (
             f"run.name: {str(run.dir)!r} holds a run with other settings ({different}); give this run its own "
             f"directory with --run.name NAME (e.g. --run.name {run.name}-2), or delete that directory"
@@ -355,13 +317,12 @@ def start_run(cli: TrainCLI, run: RunSettings, ckpt_path: str | None) -> None:
     if trainer.is_global_zero:
         run.dir.mkdir(parents=True, exist_ok=True)
         (run.dir / "config.yaml").write_text(yaml.safe_dump(config_dump, sort_keys=False))
-        n_params = model.model.num_params()
         print(
-            f"minitx: {n_params / 1e6:.2f}M parameters, layers {model.config.layer_kinds}; data: {data.summary()}"
+            f"minitx: {model.model.num_params() / 1e6:.2f}M parameters, layers {model.config.layer_kinds}; data: {data.summary()}"
         )
         print(f"minitx: run directory {run.dir}" + (f", resuming from {ckpt_path}" if ckpt_path else ""))
-        warmup = model.optimisation.all_warmup(trainer.max_steps)
-        if warmup:  # said, not refused: a few steps to see that training starts are a run too
+        # Said, not refused: a few steps to see that training starts are a run too.
+        if warmup := model.optimisation.all_warmup(trainer.max_steps):
             print(f"minitx: warning: {warmup}", file=sys.stderr)
         device = trainer.strategy.root_device
         source = peak_source(device)
@@ -378,9 +339,7 @@ def main(line: CommandLine) -> None:
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision("high")  # TF32 for the fp32 matmuls that remain
     cli = TrainCLI(line)
-    model: MinitxLM = cli.model
-    data: TextDataModule = cli.datamodule
-    trainer: L.Trainer = cli.trainer
+    model, data, trainer = cli.model, cli.datamodule, cli.trainer
     run: RunSettings = cli.config_init["run"]  # the `run` group, instantiated by jsonargparse
     RunLock(run.dir).refuse_if_held()  # a directory another process trains into is named as busy
     ckpt_path = check_run(cli, run)
@@ -405,9 +364,7 @@ def main(line: CommandLine) -> None:
 
 def finish_run(cli: TrainCLI, run: RunSettings, sample_prompt: list[int]) -> None:
     """After fit: the final val loss (validated now if the last step was not) and a sample."""
-    model: MinitxLM = cli.model
-    data: TextDataModule = cli.datamodule
-    trainer: L.Trainer = cli.trainer
+    model, data, trainer = cli.model, cli.datamodule, cli.trainer
     if model.last_val is None or model.last_val[0] != trainer.global_step:
         trainer.validate(model, datamodule=data, verbose=False)
         model.last_val = (trainer.global_step, float(trainer.callback_metrics["val_loss"]))
@@ -446,18 +403,13 @@ def prompt_ids(prompt: str, tokenizer: Any, is_default: bool) -> list[int]:
 
 @torch.no_grad()
 def sample_text(
-    model: Transformer,
-    tokenizer: Any,
-    ids: list[int],
-    max_new_tokens: int,
-    temperature: float = 0.8,
-    top_k: int | None = 200,
+    model: Transformer, tokenizer: Any, ids: list[int], max_new_tokens: int, temperature: float = 0.8
 ) -> str:
     """A continuation of the prompt `ids` from `model`, decoded (prompt included). As generate.py:
     the sample ends at the tokenizer's end-of-text, which is not shown (nor in the prompt)."""
     eos = getattr(tokenizer, "eos_id", None)
     idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
-    out = generate(model, idx, max_new_tokens, temperature=temperature, top_k=top_k, eos_id=eos)
+    out = generate(model, idx, max_new_tokens, temperature=temperature, top_k=200, eos_id=eos)
     new = out[0, len(ids) :].tolist()
     if eos in new:
         new = new[: new.index(eos)]

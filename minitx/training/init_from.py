@@ -23,14 +23,15 @@ init_from is minitx/hf/load.py's (the run takes its shape from it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..config import ModelConfig
+from ..config import DROPOUT_FIELDS, ModelConfig
 from ..errors import UserError
 from ..files.checkpoint import model_weights, read_checkpoint, state_mismatch
 from ..trained_model import saved_model_config
@@ -40,19 +41,8 @@ FIX = "give a checkpoint written by train.py (e.g. runs/<name>/checkpoints/last.
 
 # ModelConfig fields that decide the weights' shapes or meaning: they must be the checkpoint's.
 # block_size may differ (the position table is extended); dropout is the run's choice.
-SAME_FIELDS = (
-    "vocab_size",
-    "n_layer",
-    "n_head",
-    "d_model",
-    "mlp",
-    "mlp_hidden_size",
-    "norm",
-    "positions",
-    "bias",
-    "tie_embeddings",
-    "attention",
-    "document_token",
+SAME_FIELDS = tuple(
+    f.name for f in fields(ModelConfig) if f.name != "block_size" and f.name not in DROPOUT_FIELDS
 )
 
 
@@ -80,17 +70,9 @@ def _plain(value: Any) -> Any:
     return value.as_dict() if hasattr(value, "as_dict") else value
 
 
-def differing_field(run: Mapping[str, Any], source: ModelConfig, checked: tuple[str, ...]) -> str | None:
-    """The first of `checked` whose value in the run's model section differs from the checkpoint's
-    (fields the section does not hold are not compared)."""
-    for name in checked:
-        if name not in run:
-            continue
-        have = getattr(source, name)
-        want = run[name]
-        if _plain(want) != have:
-            return name
-    return None
+def differing_field(run: Mapping[str, Any], source: ModelConfig) -> str | None:
+    """The first field of the run's model section `run` whose value differs from the checkpoint's."""
+    return next((name for name, value in run.items() if _plain(value) != getattr(source, name)), None)
 
 
 def refuse_field(name: str, run_value: Any, source: ModelConfig, path: str) -> UserError:
@@ -112,21 +94,16 @@ def refuse_field(name: str, run_value: Any, source: ModelConfig, path: str) -> U
 
 def check_section(section: Mapping[str, Any], source_path: str) -> None:
     """At parse time, before anything is built: the run's model section against the checkpoint's
-    shape (the vocabulary, known only once the data is built, is checked when loading)."""
+    shape. The vocabulary is known once the data is built, the attention once it is checked: both
+    are compared when the weights are loaded."""
     source, _, _ = read_source(source_path)
-    # The vocabulary is known once the data is built, the attention once it is checked: both are
-    # compared when the weights are loaded.
-    fields = {
-        name: section[name]
-        for name in SAME_FIELDS
-        if name in section and name not in ("vocab_size", "attention")
-    }
-    name = differing_field(fields, source, tuple(fields))
-    if name is not None:
-        raise refuse_field(name, fields[name], source, source_path)
+    skipped = ("vocab_size", "attention")
+    given = {name: section[name] for name in SAME_FIELDS if name in section and name not in skipped}
+    if (name := differing_field(given, source)) is not None:
+        raise refuse_field(name, given[name], source, source_path)
 
 
-def extend_positions(weights: dict[str, Tensor], run_table: Tensor, log: Callable[[str], None]) -> None:
+def extend_positions(weights: dict[str, Tensor], run_table: Tensor) -> None:
     """The checkpoint's learned position table at the run's length: its rows copied, the rows
     past them the run's own initialisation (see the module's docstring)."""
     trained = weights["pos_emb.weight"]
@@ -137,27 +114,23 @@ def extend_positions(weights: dict[str, Tensor], run_table: Tensor, log: Callabl
     table[:rows] = trained[:rows].to(table.dtype)
     weights["pos_emb.weight"] = table
     if run_table.shape[0] > trained.shape[0]:
-        log(
+        print(
             f"init_from: learned positions 0-{rows - 1} copied from the checkpoint; positions {rows}-"
             f"{run_table.shape[0] - 1} start from their initialisation"
         )
     else:
-        log(
+        print(
             f"init_from: learned positions 0-{rows - 1} copied; the checkpoint's rows past block_size are left out"
         )
 
 
 def init_from_checkpoint(
-    model: torch.nn.Module,
-    source_path: str,
-    tokenizer: Mapping[str, Any] | None,
-    log: Callable[[str], None] = print,
+    model: torch.nn.Module, source_path: str, tokenizer: Mapping[str, Any] | None
 ) -> None:
     """Load the weights of a minitx checkpoint into a run's freshly built Transformer `model`."""
     source, weights, source_tokenizer = read_source(source_path)
     run = {name: getattr(model.config, name) for name in SAME_FIELDS}
-    name = differing_field(run, source, SAME_FIELDS)
-    if name is not None:
+    if (name := differing_field(run, source)) is not None:
         raise refuse_field(name, run[name], source, source_path)
     if tokenizer is not None and source_tokenizer is not None and dict(tokenizer) != dict(source_tokenizer):
         raise UserError(
@@ -166,15 +139,14 @@ def init_from_checkpoint(
         )
     expected = model.state_dict()
     if "pos_emb.weight" in expected and "pos_emb.weight" in weights:
-        extend_positions(weights, expected["pos_emb.weight"], log)
-    mismatch = state_mismatch(expected, weights)
-    if mismatch:
+        extend_positions(weights, expected["pos_emb.weight"])
+    if mismatch := state_mismatch(expected, weights):
         raise UserError(
             f"{WHERE} {source_path}: its weights do not fit the run's model ({mismatch}); the file is damaged or was edited"
         )
     with torch.no_grad():
         model.load_state_dict(weights)
-    log(
+    print(
         f"init_from: weights of {source_path} loaded (trained at block_size {source.block_size}, "
         f"this run {model.config.block_size})"
     )

@@ -59,33 +59,20 @@ def check_trainer_section(trainer: Any) -> None:
         raise UserError(
             "trainer.max_steps: must be set (e.g. 5000); the training data never runs out, so runs are bounded in steps"
         )
-    _count_or_fraction(
-        "trainer.val_check_interval",
-        trainer.get("val_check_interval"),
-        "validate every N optimiser steps with a whole number of 1 or more (e.g. 250)",
-    )
-    _count_or_fraction(
-        "trainer.limit_val_batches",
-        trainer.get("limit_val_batches"),
-        "a run reports and checkpoints by its val loss, so validation cannot be off; make it smaller with data.val_batches",
-    )
-    _count_or_fraction(
-        "trainer.limit_train_batches",
-        trainer.get("limit_train_batches"),
-        "use a whole number of 1 or more, or leave it unset (runs are bounded by trainer.max_steps)",
-    )
-    _at_least(
-        "trainer.accumulate_grad_batches", trainer.get("accumulate_grad_batches"), 1, " (1: no accumulation)"
-    )
-    _at_least("trainer.log_every_n_steps", trainer.get("log_every_n_steps"), 1)
-    _at_least(
-        "trainer.num_sanity_val_steps",
-        trainer.get("num_sanity_val_steps"),
-        -1,
-        " (-1: the whole validation set)",
-    )
-    _at_least("trainer.num_nodes", trainer.get("num_nodes"), 1)
-    _at_least("trainer.check_val_every_n_epoch", trainer.get("check_val_every_n_epoch"), 1)
+    for key, fix in {
+        "val_check_interval": "validate every N optimiser steps with a whole number of 1 or more (e.g. 250)",
+        "limit_val_batches": "a run reports and checkpoints by its val loss, so validation cannot be off; make it smaller with data.val_batches",
+        "limit_train_batches": "use a whole number of 1 or more, or leave it unset (runs are bounded by trainer.max_steps)",
+    }.items():
+        _count_or_fraction(f"trainer.{key}", trainer.get(key), fix)
+    for key, low, meaning in (
+        ("accumulate_grad_batches", 1, " (1: no accumulation)"),
+        ("log_every_n_steps", 1, ""),
+        ("num_sanity_val_steps", -1, " (-1: the whole validation set)"),
+        ("num_nodes", 1, ""),
+        ("check_val_every_n_epoch", 1, ""),
+    ):
+        _at_least(f"trainer.{key}", trainer.get(key), low, meaning)
     max_epochs = trainer.get("max_epochs")
     if _is_int(max_epochs) and (max_epochs == 0 or max_epochs < -1):
         raise UserError(
@@ -94,23 +81,18 @@ def check_trainer_section(trainer: Any) -> None:
     clip = trainer.get("gradient_clip_val")
     if clip is not None and not (isinstance(clip, (int, float)) and clip >= 0 and math.isfinite(clip)):
         raise UserError(f"trainer.gradient_clip_val: is {clip}; use 0 or more (0 or unset: no clipping)")
-
-
-def check_seed(seed: Any) -> None:
-    if _is_int(seed) and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+    accumulate, interval = trainer.get("accumulate_grad_batches"), trainer.get("val_check_interval")
+    if _is_int(interval) and _is_int(accumulate) and interval % accumulate:
         raise UserError(
-            f"seed_everything: is {seed}; use a whole number from {SEED_RANGE[0]} to {SEED_RANGE[1]}"
+            f"trainer.val_check_interval: {interval} batches is not a multiple of "
+            f"trainer.accumulate_grad_batches={accumulate}; validation must fall between optimiser steps"
         )
 
 
 def check_run_section(run: Any, default_root_dir: str | None) -> None:
     _at_least("run.sample_tokens", run.get("sample_tokens"), 0, " (0: no sample)")
-    _at_least(
-        "run.checkpoint_every_n_steps",
-        run.get("checkpoint_every_n_steps"),
-        0,
-        " (0: only at validations and at the end)",
-    )
+    every = run.get("checkpoint_every_n_steps")
+    _at_least("run.checkpoint_every_n_steps", every, 0, " (0: only at validations and at the end)")
     for step in run.get("keep_steps") or ():
         _at_least("run.keep_steps", step, 1, " (optimiser steps at which to keep a checkpoint)")
     temperature = run.get("sample_temperature")
@@ -129,10 +111,10 @@ def check_run_name(name: str | None) -> None:
     parts = Path(name).parts
     if (
         not name.strip()
+        or "\\" in name
         or Path(name).is_absolute()
         or len(parts) != 1
         or parts[0] in (".", "..")
-        or "\\" in name
     ):
         raise UserError(
             f"run.name: {name!r} is not a plain directory name inside run.root; use a name without '/', '..' "
@@ -196,31 +178,27 @@ def check_settings(config: Any, line: CommandLine) -> None:
     # The modules of the config's own kinds: the user named them, so importing them (running
     # their code) is what they asked for. The model's checks look their kinds up.
     import_config_kinds(config["model"]["attention"], "model.")
-    check_seed(config.get("seed_everything"))
+    seed = config.get("seed_everything")
+    if _is_int(seed) and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise UserError(
+            f"seed_everything: is {seed}; use a whole number from {SEED_RANGE[0]} to {SEED_RANGE[1]}"
+        )
     check_run_section(config["run"], config["trainer"].get("default_root_dir"))
     # Before the model's own checks, which list its layers: n_layer 10**20 is refused at once.
     check_model_memory(config["model"], config["trainer"])
     check_model_section(config["model"].as_dict())
-    check_options_given(config["model"]["attention"], line)
-    # After the model's: data.block_size is model.block_size (linked), named as the model's.
-    check_data_section(config["data"].as_dict())
+    # Options of a kind no layer uses, refused whenever a config file or flag of `line` gives them,
+    # at their defaults too (the parsed section cannot tell: its parse fills defaults in).
+    attention = config["model"]["attention"]
+    with errors_named("model"):
+        check_given_options(line.options, used_kinds(attention["kind"], attention["layers"]))
+    # After the model's: data.block_size is model.block_size (linked), named as the model's. The
+    # data section is built as the data module will build it (DataConfig's checks, a synthetic
+    # task's included): before the seed is set, whose log line would come before the error.
+    DataConfig.from_config(config["data"].as_dict())
     # Settings of a data source (a text source or a task) that data.source does not read, given
     # by a config file or a flag at other than their defaults, as unused attention options are.
     check_given_settings(given_settings(line.given("data")))
-
-
-def check_options_given(attention: Any, line: CommandLine) -> None:
-    """Options of a kind no layer uses, refused whenever a config file or flag of `line` gives
-    them, at their defaults too (the parsed section cannot tell: its parse fills defaults in)."""
-    used = used_kinds(attention["kind"], attention["layers"])
-    with errors_named("model"):
-        check_given_options(line.options, used)
-
-
-def check_data_section(data: dict) -> None:
-    """The data section's checks (DataConfig's, a synthetic task's included), made by building it as
-    the data module will: before the seed is set, whose log line would come before the error."""
-    DataConfig.from_config(data)
 
 
 @contextmanager
@@ -247,8 +225,7 @@ def check_model_section(section: dict) -> None:
 def refuse_noncausal_kinds(config: ModelConfig) -> None:
     """A kind from outside minitx that lets a future token change an earlier output is refused
     (verify/probe.py) in one line that names it, its file, the layer and the position."""
-    leak = find_leak(config)
-    if leak is not None:
+    if (leak := find_leak(config)) is not None:
         raise UserError(
             f"model.attention: {leak.words()}; a causal kind hides from each query the keys after it "
             "(is_causal=True in attend, the cache's mask in attend_cached), or, for a kind meant to see "

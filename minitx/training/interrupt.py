@@ -34,7 +34,7 @@ class StopOnInterrupt(Callback):
     def __init__(self) -> None:
         self.requested = False
 
-    def _on_sigint(self, signum: int, frame: Any) -> None:
+    def _on_sigint(self, *_: Any) -> None:  # a signal handler: (signum, frame)
         if self.requested:
             raise KeyboardInterrupt  # the second Ctrl-C: stop now
         self.requested = True

@@ -1,4 +1,6 @@
-"""jsonargparse's messages as one line each: the key, the problem in words, a did-you-mean."""
+"""jsonargparse's messages as one line each: the key, the problem in words, a did-you-mean; and
+the keys the train command fills in from others (LINKED), one table that the front (precheck.py)
+and LightningCLI's parser (command.py, TrainCLI.add_arguments_to_parser) both read."""
 
 from __future__ import annotations
 
@@ -10,7 +12,18 @@ from typing import Any
 from ..arguments import closest, missing_file_advice
 from ..errors import UserError
 from ..files.upgrade import renamed_key
-from .links import LINKED
+
+# {linked key: the key it is filled in from}. A config file may hold a linked key (a run's saved
+# config.yaml does), a flag may not.
+LINKED = {
+    "model.vocab_size": "data.vocab_size",
+    "model.max_steps": "trainer.max_steps",
+    "data.block_size": "model.block_size",
+    "model.document_token": "data.documents",  # the tokenizer's end-of-text, with data.documents
+}
+# Those LightningCLI fills in as it parses, before its checks; the others are filled in when the
+# data module is built.
+LINKED_AT_PARSE = ("data.block_size", "model.max_steps")
 
 
 def parse_error_message(
@@ -42,8 +55,7 @@ def parse_error_message(
         message = f"--config: {files} is not a mapping of sections (model:, data:, trainer:, run:); see configs/default.yaml"
     message = _plain_type_error(message)
     unknown = _unknown_key(message)
-    renamed = renamed_key(unknown) if unknown else None
-    if renamed:  # a key that was renamed: say what it is called now, and nothing else
+    if unknown and (renamed := renamed_key(unknown)):  # renamed: say what it is called now, nothing else
         return f"{unknown}: this setting is now {renamed}; write that instead (the value is the same)"
     if unknown and (parser is not None or own_flags):
         near = closest(unknown, [*(_known_keys(parser) if parser is not None else ()), *own_flags])
@@ -86,25 +98,21 @@ _TYPE_WORDS = {
 
 def _type_in_words(type_text: str) -> str:
     """ "<class 'int'>" -> "a whole number", "typing.Literal['a', 'b']" -> "one of a, b", "list[int]" -> "a list"."""
-    literal = re.fullmatch(r"typing\.Literal\[(.*)\]", type_text.strip())
-    if literal:
+    if literal := re.fullmatch(r"typing\.Literal\[(.*)\]", type_text.strip()):
         return "one of " + ", ".join(choice.strip().strip("'\"") for choice in literal.group(1).split(","))
-    name = re.fullmatch(r"<class '(\w+)'>|(\w+)(\[.*\])?", type_text.strip())
-    if name:
+    if name := re.fullmatch(r"<class '(\w+)'>|(\w+)(\[.*\])?", type_text.strip()):
         return _TYPE_WORDS.get(name.group(1) or name.group(2), type_text.strip())
     return type_text.strip()
 
 
 def _plain_type_error(message: str) -> str:
     """jsonargparse's type errors ("Expected a <class 'int'>. Got value: two") -> "<key>: <problem>; <fix>"."""
-    wrong = _WRONG_TYPE.match(message)
-    if wrong:
+    if wrong := _WRONG_TYPE.match(message):
         expected = _type_in_words(wrong["type"])
         if expected.startswith("one of "):
             return f"{wrong['key']}: unknown value {wrong['value']!r}; choose {expected}"
         return f"{wrong['key']}: {wrong['value']!r} is not {expected}; give {expected}"
-    union = _NO_UNION_TYPE.match(message)
-    if union:
+    if union := _NO_UNION_TYPE.match(message):
         # Split the subtypes at the commas between them, not those inside Literal[...] or list[...].
         types = [t for t in re.split(r",\s*(?![^\[]*\])", union["types"]) if t.strip()]
         words = [_type_in_words(t) for t in types]
@@ -119,18 +127,17 @@ def _plain_type_error(message: str) -> str:
     return message
 
 
+# The key jsonargparse refused, in its three phrasings: a flag, a YAML key, a key inside a group.
+_UNKNOWN_KEY = (
+    re.compile(r"unrecognized arguments: --([\w.-]+)", re.IGNORECASE),
+    re.compile(r"Option '([\w.]+)' is not accepted"),
+    re.compile(r"Group '([\w.]+)' does not accept option '([\w.]+)'"),
+)
+
+
 def _unknown_key(message: str) -> str | None:
-    """The key jsonargparse refused, from its three phrasings (flag, YAML key, key inside a group)."""
-    flag = re.search(r"unrecognized arguments: --([\w.-]+)", message, re.IGNORECASE)
-    if flag:
-        return flag.group(1)
-    option = re.search(r"Option '([\w.]+)' is not accepted", message)
-    if option:
-        return option.group(1)
-    group = re.search(r"Group '([\w.]+)' does not accept option '([\w.]+)'", message)
-    if group:
-        return f"{group.group(1)}.{group.group(2)}"
-    return None
+    found = next((match for pattern in _UNKNOWN_KEY if (match := pattern.search(message))), None)
+    return ".".join(found.groups()) if found else None
 
 
 def _known_keys(parser: Any) -> list[str]:

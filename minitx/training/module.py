@@ -16,7 +16,6 @@ or not the run was interrupted before it, whatever else drew random numbers in b
 from __future__ import annotations
 
 import copy
-import dataclasses
 import inspect
 import os
 import typing
@@ -37,6 +36,7 @@ from ..model import Transformer
 from .inputs import errors_named
 from .optim import DEFAULTS, Optimisation, Parameters, apply_schedule
 from .optim.groups import true_shapes
+from .optim.settings import args_entries
 from .resume import check_same_model
 from .sharding import is_sharded, shard_transformer
 from .throughput import ThroughputMeter
@@ -170,8 +170,7 @@ class MinitxLM(L.LightningModule):
 
     def _step_model(self) -> Any:
         """The module the training and validation steps call: compiled when model.compile is set."""
-        compiled = self.__dict__.get("_compiled")
-        return self.model if compiled is None else compiled
+        return self.__dict__.get("_compiled", self.model)
 
     def scored_logits(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         """(logits, targets) at the positions with a target: all of them for text, (B, T, vocab)
@@ -187,7 +186,7 @@ class MinitxLM(L.LightningModule):
 
     # -- training ----------------------------------------------------------------------------
     def on_fit_start(self) -> None:
-        if self.hparams.compile and self.__dict__.get("_compiled") is None:
+        if self.hparams.compile and "_compiled" not in self.__dict__:
             # Kept out of the module tree (written to __dict__, not registered as a submodule),
             # so state_dict keys stay "model.*" and the eager self.model remains for decoding,
             # whose growing cache would recompile a compiled module at every step.
@@ -271,8 +270,7 @@ class MinitxLM(L.LightningModule):
         elif self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
             tokens_per_sec = self.throughput.lap()
             self.log("tokens_per_sec", tokens_per_sec, prog_bar=True)
-            mfu = self.throughput.mfu(tokens_per_sec)
-            if mfu is not None:
+            if (mfu := self.throughput.mfu(tokens_per_sec)) is not None:
                 self.log("mfu", mfu)
 
     # -- validation --------------------------------------------------------------------------
@@ -296,28 +294,21 @@ class MinitxLM(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         if not self._val_losses:
             return
-        mean = torch.stack(self._val_losses).float().mean()
-        self._val_losses.clear()
-        mean = self.trainer.strategy.reduce(mean, reduce_op="mean")
+        mean = self._mean_over_ranks(self._val_losses)
         self.log("val_loss", mean, prog_bar=True, sync_dist=True)
         self.log("val_ppl", mean.exp(), sync_dist=True)
         if self._val_exact:
-            accuracy = torch.stack(self._val_exact).mean()
-            items = torch.stack(self._val_items).mean()
-            self._val_exact.clear()
-            self._val_items.clear()
-            self.log(
-                "val_accuracy",
-                self.trainer.strategy.reduce(accuracy, reduce_op="mean"),
-                prog_bar=True,
-                sync_dist=True,
-            )
+            self.log("val_accuracy", self._mean_over_ranks(self._val_exact), prog_bar=True, sync_dist=True)
             # Per answer token (Zoology's MQAR accuracy: per query), beside whole rows above.
-            self.log(
-                "val_item_accuracy", self.trainer.strategy.reduce(items, reduce_op="mean"), sync_dist=True
-            )
+            self.log("val_item_accuracy", self._mean_over_ranks(self._val_items), sync_dist=True)
         if not self.trainer.sanity_checking:
             self.last_val = (self.global_step, float(mean))
+
+    def _mean_over_ranks(self, values: list[Tensor]) -> Tensor:
+        """The mean of a validation's `values` (then emptied), over every process."""
+        mean = torch.stack(values).float().mean()
+        values.clear()
+        return self.trainer.strategy.reduce(mean, reduce_op="mean")
 
     # -- sharding ----------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -371,9 +362,8 @@ class MinitxLM(L.LightningModule):
 def optimisation_given(optimisation: Optimisation | None, settings: dict) -> Optimisation:
     """The optimiser settings MinitxLM was given: `optimisation`, or those of its fields among
     `settings` (removed from it; one left out takes its default), checked."""
-    for name in settings:
-        renamed = renamed_key(f"model.{name}")
-        if renamed:  # an optimiser's own setting as an earlier minitx spelled it: model.muon_lr
+    for name in settings:  # an optimiser's own setting as an earlier minitx spelled it: model.muon_lr
+        if renamed := renamed_key(f"model.{name}"):
             raise UserError(
                 f"model.{name}: this setting is now {renamed}; write that instead (the value is the same)"
             )
@@ -394,19 +384,13 @@ def _declared_signature() -> inspect.Signature:
     keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
     types = typing.get_type_hints(Optimisation)  # types, not the strings of postponed annotations
     fields = [
-        inspect.Parameter(
-            field.name, keyword, default=getattr(DEFAULTS, field.name), annotation=types[field.name]
-        )
-        for field in dataclasses.fields(Optimisation)
+        inspect.Parameter(name, keyword, default=getattr(DEFAULTS, name), annotation=hint)
+        for name, hint in types.items()
     ]
     return signature.replace(parameters=[own[0], *fields, *own[2:]])
 
 
-def _optimisation_args() -> str:
-    """Optimisation's "Args:" entries, as they sit in its docstring (the same indentation as
-    MinitxLM's), for MinitxLM's docstring, which is --help's text for model.*."""
-    return Optimisation.__doc__.split("Args:\n", 1)[1].strip()
-
-
-MinitxLM.__doc__ = MinitxLM.__doc__.replace("{optimisation}", _optimisation_args())
+# Optimisation's "Args:" entries (the same indentation as MinitxLM's) in MinitxLM's docstring,
+# which is --help's text for model.*.
+MinitxLM.__doc__ = MinitxLM.__doc__.replace("{optimisation}", args_entries(Optimisation).strip())
 MinitxLM.__init__.__signature__ = _declared_signature()

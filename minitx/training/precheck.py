@@ -36,7 +36,7 @@ import textwrap
 import types
 import typing
 from collections.abc import Sequence
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -46,37 +46,33 @@ from ..errors import UserError
 from ..files.configs import CommandLine
 from .classpaths import check_command_line
 from .inputs import check_settings
-from .links import LINKED, LINKED_AT_PARSE
-from .messages import parse_error_message
+from .messages import LINKED, LINKED_AT_PARSE, parse_error_message
 from .optim import Optimisation
 from .runsection import RunSettings
 
 HELP_TRAINER = "--help-trainer"  # LightningCLI's own --help: every trainer option, typed and described
 
-# MinitxLM's arguments besides Optimisation's and ModelConfig's (module.py; LightningCLI reads
-# them from its signature): (name, type, default, help).
-TRAINING_SWITCHES = (
-    ("compile", bool, False, "torch.compile the Transformer for training and validation steps"),
-    (
-        "activation_checkpointing",
-        bool,
-        False,
-        "recompute each block's activations in backward: less memory, about one more forward",
-    ),
-    (
-        "init_from",
-        Optional[str],  # noqa: UP045
-        None,
-        "a minitx checkpoint (.ckpt) or a local transformers directory the run starts from",
-    ),
-    (
-        "allow_noncausal_kinds",
-        bool,
-        False,
-        "train a kind from outside minitx that lets a future token change an earlier output "
-        "(one meant to see the whole sequence); recorded in the run's config",
-    ),
-)
+
+@dataclass
+class TrainingSwitches:
+    """MinitxLM's arguments besides Optimisation's and ModelConfig's (module.py; LightningCLI reads
+    them from its signature).
+
+    compile: torch.compile the Transformer for training and validation steps
+    activation_checkpointing: recompute each block's activations in backward: less memory, about
+        one more forward
+    init_from: a minitx checkpoint (.ckpt) or a local transformers directory the run starts from
+    allow_noncausal_kinds: train a kind from outside minitx that lets a future token change an
+        earlier output (one meant to see the whole sequence); recorded in the run's config
+    """
+
+    max_steps: int = -1  # filled in from trainer.max_steps (messages.LINKED): not in --help
+    compile: bool = False
+    activation_checkpointing: bool = False
+    init_from: str | None = None
+    allow_noncausal_kinds: bool = False
+
+
 # Whole command lines left to LightningCLI: a class's help, a shell completion script.
 ONLY_LIGHTNING = (".help", "print_shtab")
 
@@ -93,14 +89,15 @@ def trainer_argument_names() -> tuple[str, ...] | None:
         tree = ast.parse(source.read_text(encoding="utf-8"))
     except (OSError, SyntaxError, UnicodeDecodeError):
         return None
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "Trainer":
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
-                    arguments = item.args
-                    names = [a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs]
-                    return tuple(name for name in names if name != "self")
-    return None
+    trainer = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Trainer"), None)
+    init = next(
+        (n for n in getattr(trainer, "body", ()) if isinstance(n, ast.FunctionDef) and n.name == "__init__"),
+        None,
+    )
+    if init is None:
+        return None
+    args = init.args
+    return tuple(a.arg for a in args.posonlyargs + args.args + args.kwonlyargs if a.arg != "self")
 
 
 def declared(cls: type) -> list[tuple[str, Any, Any]]:
@@ -115,18 +112,8 @@ def declared(cls: type) -> list[tuple[str, Any, Any]]:
 def model_arguments() -> type:
     """MinitxLM's arguments as one dataclass: Optimisation's fields, max_steps and the switches,
     then ModelConfig's (LightningCLI reads the same from MinitxLM's signature and its **model)."""
-    switches = [
-        (name, kind, dataclasses.field(default=default)) for name, kind, default, _ in TRAINING_SWITCHES
-    ]
-    return dataclasses.make_dataclass(
-        "MinitxLMArguments",
-        [
-            *declared(Optimisation),
-            ("max_steps", int, dataclasses.field(default=-1)),
-            *switches,
-            *declared(ModelConfig),
-        ],
-    )
+    arguments = [*declared(Optimisation), *declared(TrainingSwitches), *declared(ModelConfig)]
+    return dataclasses.make_dataclass("MinitxLMArguments", arguments)
 
 
 def light_parser() -> Any:
@@ -232,25 +219,13 @@ def type_words(hint: Any) -> str:
         return "one of " + "/".join(str(choice) for choice in typing.get_args(hint))
     if typing.get_origin(hint) in (Union, types.UnionType):
         return " | ".join("null" if a is type(None) else type_words(a) for a in typing.get_args(hint))
-    return (
-        getattr(hint, "__name__", str(hint))
-        if not typing.get_args(hint)
-        else str(hint).replace("typing.", "")
-    )
+    return str(hint).replace("typing.", "") if typing.get_args(hint) else getattr(hint, "__name__", str(hint))
 
 
 def wrapped(text: str, indent: int) -> str:
     """text in lines of 100 characters, indented; a flag is never cut at its hyphens."""
     margin = " " * indent
     return textwrap.fill(text, 100, initial_indent=margin, subsequent_indent=margin, break_on_hyphens=False)
-
-
-def key_entry(key: str, hint: Any, default: Any, description: str | None) -> str:
-    """`  --model.lr  float, default 0.001` and its description, if any, wrapped beneath."""
-    head = f"  {key}  {type_words(hint)}, default {json.dumps(default)}"
-    if not description:
-        return head
-    return head + "\n" + wrapped(description, 6)
 
 
 def key_entries(section: str, dataclass: type) -> list[str]:
@@ -264,8 +239,11 @@ def key_entries(section: str, dataclass: type) -> list[str]:
         if dataclasses.is_dataclass(hint):  # a section inside the section: model.attention
             entries += key_entries(f"{section}.{field.name}", hint)
             continue
+        # `  --model.lr  float, default 0.001` and its description, if any, wrapped beneath.
         default = field.default if field.default is not MISSING else field.default_factory()
-        entries.append(key_entry(f"--{section}.{field.name}", hint, default, descriptions.get(field.name)))
+        head = f"  --{section}.{field.name}  {type_words(hint)}, default {json.dumps(default)}"
+        description = descriptions.get(field.name)
+        entries.append(head + ("\n" + wrapped(description, 6) if description else ""))
     return entries
 
 
@@ -290,11 +268,10 @@ below are the settings' own; configs/default.yaml changes some (--print_config s
 
 def help_text() -> str:
     """What `python train.py --help` prints: made from the declarations, so it lists every key."""
-    switches = [key_entry(f"--model.{name}", *rest) for name, *rest in TRAINING_SWITCHES]
     sections = {
         "model: the network (ModelConfig), its optimiser and schedule (Optimisation)": [
             *key_entries("model", Optimisation),
-            *switches,
+            *key_entries("model", TrainingSwitches),
             *key_entries("model", ModelConfig),
         ],
         "data: the text, its tokenizer and the batches (DataConfig)": key_entries("data", DataConfig),

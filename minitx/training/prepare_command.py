@@ -16,13 +16,10 @@ from ..errors import UserError
 from ..files.configs import CommandLine
 
 
-def _split_verify(args: list[str]) -> tuple[list[str], bool]:
-    verify = "--verify" in args
-    return [a for a in args if a != "--verify"], verify
-
-
 def main(argv: Sequence[str] | None = None) -> None:
-    args, verify = _split_verify(list(sys.argv[1:] if argv is None else argv))
+    args = list(sys.argv[1:] if argv is None else argv)
+    verify = "--verify" in args
+    args = [arg for arg in args if arg != "--verify"]
     if "-h" in args or "--help" in args:
         print(__doc__.strip() + "\n\nEvery --data.* flag of `python train.py --help` applies.")
         return
@@ -35,9 +32,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Beside the train command, whose parser reads the config: data/ knows nothing of commands.
     from ..data.datamodule import TextDataModule
     from ..data.prepare import verify_prepared
-    from .command import check_train_args
+    from .command import checked_config
 
-    data = TextDataModule(**check_train_args(line))
+    data = TextDataModule(**checked_config(line)["data"])
     if data.task is not None:
         print(
             f"prepare: data.source={data.source} is a synthetic task, generated as it trains; nothing to prepare"

@@ -51,8 +51,7 @@ def validation_line(trainer: L.Trainer) -> str | None:
     step, total = trainer.global_step, trainer.max_steps
     parts = [f"step {step}/{total} ({100 * step // max(total, 1)}%)", f"val loss {loss:.4f}"]
     parts[-1] += f" (perplexity {math.exp(loss):.2f})" if loss < 50 else ""
-    accuracy = _metric(trainer, "val_accuracy")
-    if accuracy is not None:
+    if (accuracy := _metric(trainer, "val_accuracy")) is not None:
         parts.append(f"val accuracy {accuracy:.4f}")
     return ", ".join(parts)
 
@@ -104,13 +103,8 @@ class RecentPace:
         done = step - self._step
         if done <= 0:
             return  # micro-batches of one step under gradient accumulation
-        per_step = (now - self._time) / done
-        keep = self.decay**done
-        self.seconds_per_step = (
-            per_step
-            if self.seconds_per_step is None
-            else keep * self.seconds_per_step + (1 - keep) * per_step
-        )
+        per_step, keep, pace = (now - self._time) / done, self.decay**done, self.seconds_per_step
+        self.seconds_per_step = per_step if pace is None else keep * pace + (1 - keep) * per_step
         self._step, self._time = step, now
 
     def validation_started(self, now: float) -> None:
@@ -119,13 +113,12 @@ class RecentPace:
     def validation_ended(self, step: int, now: float) -> None:
         if self._validation_start is None:
             return
-        took = now - self._validation_start
+        self.validation_seconds = now - self._validation_start
         self._validation_start = None
-        self.validation_seconds = took
         if self._validated_at is not None and step > self._validated_at:
             self.steps_between_validations = step - self._validated_at
         self._validated_at = step
-        self._time += took  # the steps' clock stops while validating
+        self._time += self.validation_seconds  # the steps' clock stops while validating
 
     def seconds_left(self, step: int, total: int, every: int | None = None) -> float | None:
         """The time to step `total` from `step` at the recent pace, the validations still to come
@@ -196,28 +189,24 @@ class StepProgressLines(ProgressBar):
         every = max(1, self.every_n_steps or trainer.log_every_n_steps or 1)
         now = self.clock()
         self.pace.step(step, now)
-        last = step >= total
-        if not last and (step % every or now - self._last_line < MIN_SECONDS_BETWEEN_LINES):
+        if step < total and (step % every or now - self._last_line < MIN_SECONDS_BETWEEN_LINES):
             return
         if step == self._printed_step:
             return  # micro-batches of one step under gradient accumulation
-        self._printed_step = step
-        self._last_line = now
+        self._printed_step, self._last_line = step, now
         self.line(trainer, step, total, now - self._started)
 
     def line(self, trainer: L.Trainer, step: int, total: int, elapsed: float) -> None:
-        parts = [f"step {step}/{total} ({100 * step // max(total, 1)}%)"]
-        loss = _metric(trainer, "train_loss")
-        if loss is not None:
-            parts.append(f"loss {loss:.4f}")
-        speed = _metric(trainer, "tokens_per_sec")
-        if speed is not None:
-            parts.append(f"{speed:,.0f} tokens/s")
-        parts.append(f"elapsed {duration(elapsed, compact=True)}")
+        loss, speed = _metric(trainer, "train_loss"), _metric(trainer, "tokens_per_sec")
         left = self.pace.seconds_left(step, total, validation_every(trainer))
-        if left is not None:
-            parts.append(f"ETA {duration(left, compact=True)}")
-        self.write(", ".join(parts))
+        parts = [
+            f"step {step}/{total} ({100 * step // max(total, 1)}%)",
+            None if loss is None else f"loss {loss:.4f}",
+            None if speed is None else f"{speed:,.0f} tokens/s",
+            f"elapsed {duration(elapsed, compact=True)}",
+            None if left is None else f"ETA {duration(left, compact=True)}",
+        ]
+        self.write(", ".join(part for part in parts if part))
 
     def write(self, line: str) -> None:
         stream = self.stream or sys.stdout
@@ -250,7 +239,7 @@ class StepProgressBar(TQDMProgressBar):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
         line = validation_line(trainer) if trainer.is_global_zero else None
-        bar = self.train_progress_bar if self._train_progress_bar is not None else None
+        bar = self._train_progress_bar
         if line is not None and bar is not None and not bar.disable:
             bar.write("minitx: " + line)  # above the bar, which stays where it is
 

@@ -1,16 +1,27 @@
-"""Checks that a run can resume from a checkpoint, made before the run writes anything."""
+"""Checks that a run can resume from a checkpoint, made before the run writes anything, and what
+a resumed run changes: the settings of this start that differ from those its checkpoint was
+trained with, said in one line on stderr before training continues.
+
+Resuming with another batch size, seed, learning rate or schedule is allowed (extending a run
+with a larger trainer.max_steps is the common case), but the run is then no longer the run that
+was interrupted: its losses will not equal an uninterrupted run's. So it is named, not refused.
+"""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..config import ModelConfig
+from ..data.config import saved_data_section
 from ..data.tokenizer import tokenizer_from_dict
 from ..errors import UserError
 from ..files.checkpoint import BEST, LAST, existing_checkpoints, read_checkpoint, state_mismatch
-from ..files.upgrade import upgrade_checkpoint
-from .optim import optimizer_of_state
+from ..files.upgrade import upgrade_checkpoint, upgrade_config
+from .optim import ADDED_LATER, DEFAULTS, optimizer_of_state
 
 
 def resolve_ckpt_path(value: str | None, checkpoint_dir: Path) -> str | None:
@@ -62,19 +73,13 @@ def check_resume_checkpoint(path: str, config: ModelConfig, state_dict: dict, to
             f"({tokenizer_difference(saved.get('tokenizer'), tokenizer)}); resume with the data settings of the original run"
         )
     check_same_model(saved, config)
-    mismatch = state_mismatch(state_dict, checkpoint["state_dict"])
-    if mismatch:
+    if mismatch := state_mismatch(state_dict, checkpoint["state_dict"]):
         raise UserError(
             f"{where}: its weights do not match its model config ({mismatch}); the file is damaged or was edited"
         )
-    return saved_optimizer(checkpoint)
-
-
-def saved_optimizer(checkpoint: dict) -> str:
-    """The model.optimizer a training checkpoint was written with, read from its optimiser state
-    (each optimiser in optim.OPTIMIZERS says which states are its own); older checkpoints are AdamW's."""
-    states = checkpoint.get("optimizer_states") or [None]
-    return optimizer_of_state(states[0])
+    # The model.optimizer it was written with, read from its optimiser state (each optimiser in
+    # optim.OPTIMIZERS says which states are its own); older checkpoints are AdamW's.
+    return optimizer_of_state((checkpoint.get("optimizer_states") or [None])[0])
 
 
 def check_same_model(saved: dict, config: ModelConfig) -> None:
@@ -84,8 +89,7 @@ def check_same_model(saved: dict, config: ModelConfig) -> None:
         stored = ModelConfig.from_dict(stored).to_dict()
     except (TypeError, ValueError):
         pass  # compared as it is: the difference names the field
-    if stored != config.to_dict():
-        diff = dict_diff(stored, config.to_dict())
+    if diff := dict_diff(stored, config.to_dict()):
         raise UserError(
             f"ckpt_path: the checkpoint's model differs from the configured one ({diff}); resume with the same model settings"
         )
@@ -96,8 +100,7 @@ def dict_diff(old: dict, new: dict, prefix: str = "") -> str:
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            found = dict_diff(a, b, f"{prefix}{key}.")
-            if found:
+            if found := dict_diff(a, b, f"{prefix}{key}."):
                 return found
         elif a != b:
             return f"{prefix}{key}: checkpoint {a!r}, config {b!r}"
@@ -111,18 +114,60 @@ def tokenizer_difference(saved: Any, current: Any) -> str:
     except Exception:
         return "the checkpoint's tokenizer cannot be rebuilt"
     if getattr(old, "chars", None) is not None and getattr(current, "chars", None) is not None:
-        added = sorted(set(current.chars) - set(old.chars))
-        dropped = sorted(set(old.chars) - set(current.chars))
         parts = [f"{len(old.chars)} characters then, {len(current.chars)} now"]
-        if added:
-            parts.append(
-                "new: " + " ".join(repr(ch) for ch in added[:10]) + (" ..." if len(added) > 10 else "")
-            )
-        if dropped:
-            parts.append(
-                "gone: " + " ".join(repr(ch) for ch in dropped[:10]) + (" ..." if len(dropped) > 10 else "")
-            )
+        then, now = set(old.chars), set(current.chars)
+        for what, chars in (("new", now - then), ("gone", then - now)):
+            if chars:
+                shown = " ".join(repr(ch) for ch in sorted(chars)[:10])
+                parts.append(f"{what}: {shown}" + (" ..." if len(chars) > 10 else ""))
         return ", ".join(parts)
     if old.vocab_size != current.vocab_size:
         return f"vocabulary of {old.vocab_size} tokens then, {current.vocab_size} now"
     return f"same size ({old.vocab_size} tokens), different tokens"
+
+
+# -- what a resumed run changes ----------------------------------------------------------------
+
+# Where runs go and how they report may change freely; the model is compared by check_same_model.
+IGNORED = ("run.", "ckpt_path", "config", "print_config", "model.") + tuple(
+    f"trainer.{key}" for key in ("callbacks", "logger", "plugins", "enable_progress_bar", "default_root_dir")
+)
+# Every optimiser and schedule setting is compared (optim.Optimisation declares them), each
+# optimiser's own included (model.optimizer_options.muon.lr, ...).
+COMPARED_MODEL_KEYS = tuple(f"model.{key}" for key in DEFAULTS.by_key())
+
+# Settings added after checkpoints were first written: one without them ran with these values.
+LATER_DEFAULTS = {f"model.{key}": DEFAULTS.by_key()[key] for key in ADDED_LATER}
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(config, dict):
+        return {prefix.rstrip("."): config}
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        flat.update(flatten(value, f"{prefix}{key}."))
+    return flat
+
+
+def changed_settings(saved: dict, current: dict) -> list[str]:
+    """'key old -> new' for each compared setting that differs."""
+    if isinstance(saved.get("data"), dict):  # in today's spelling, settings added since at their defaults
+        saved = {**saved, "data": saved_data_section(saved["data"])}
+    new = flatten(current)
+    old = {**{k: v for k, v in LATER_DEFAULTS.items() if k in new}, **flatten(saved)}
+    keys = [k for k in sorted(set(old) | set(new)) if k in COMPARED_MODEL_KEYS or not k.startswith(IGNORED)]
+    return [f"{key} {old.get(key)!r} -> {new.get(key)!r}" for key in keys if old.get(key) != new.get(key)]
+
+
+def report_resume_changes(ckpt_path: str, current: dict) -> None:
+    """One line on stderr if this start's settings differ from the checkpoint's run (nothing otherwise)."""
+    # mmap: only the small pickled part is read; the CRCs were checked when the checkpoint was.
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+    saved = upgrade_config((checkpoint.get("minitx") or {}).get("train_config") or {})
+    changes = changed_settings(saved, current) if saved else []
+    if changes:
+        print(
+            f"minitx: resuming {ckpt_path} with settings that differ from its run: {', '.join(changes)}; "
+            "the run continues with the new ones, so its losses will not equal an uninterrupted run's",
+            file=sys.stderr,
+        )

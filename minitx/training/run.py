@@ -1,7 +1,5 @@
 """How a run saves: its trainer's directory, checkpointing and loggers (the `run` section's
-settings are runsection.py's).
-
-    <run.root>/<run.name>/      config.yaml, logs/version_<k>/, checkpoints/{last,best}.ckpt
+settings are runsection.py's; the run directory's layout is minitx/files/checkpoint.py's).
 
 Saving goes through `AtomicCheckpointIO` (every save path of the Trainer: atomic writes,
 weights_only=True reads) and `RunCheckpoints` decides when (the file format: minitx/files/checkpoint.py).
@@ -40,8 +38,7 @@ class ParameterSummary(ModelSummary):
         trainable_parameters: int,
         model_size: float,
         total_training_modes: dict[str, int],
-        total_flops: int = 0,
-        **summarize_kwargs: Any,
+        **_: Any,  # total_flops, and what Lightning's summary options add
     ) -> None:
         columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
         widths = [max([len(name), *(len(v) for v in values)]) for name, values in columns]
@@ -64,47 +61,34 @@ def trainer_arguments(run: RunSettings, config: dict[str, Any]) -> dict[str, Any
     """The trainer's arguments with the run's directory, checkpointing and loggers filled in."""
     config = dict(config)
     config["default_root_dir"] = str(run.dir)
-    config["callbacks"] = list(config.get("callbacks") or []) + [
-        RunCheckpoints(
-            run.checkpoint_dir, run.checkpoint_every_n_steps, run.keep_every_n_steps, run.keep_steps or ()
-        )
-    ]
+    checkpoints = RunCheckpoints(
+        run.checkpoint_dir, run.checkpoint_every_n_steps, run.keep_every_n_steps, run.keep_steps or ()
+    )
+    callbacks = config["callbacks"] = [*(config.get("callbacks") or []), checkpoints]
     if config.get("enable_model_summary") is not False and not any(
-        isinstance(callback, ModelSummary) for callback in config["callbacks"]
+        isinstance(c, ModelSummary) for c in callbacks
     ):
         # Ours instead of Lightning's default (which is then off: no note that one was given).
-        config["callbacks"].append(ParameterSummary())
+        callbacks.append(ParameterSummary())
         config["enable_model_summary"] = False
     if config.get("enable_progress_bar") is not False and not any(
-        isinstance(callback, ProgressBar) for callback in config["callbacks"]
+        isinstance(c, ProgressBar) for c in callbacks
     ):
         # Ours counts steps out of max_steps, and writes lines where stdout is no terminal.
-        config["callbacks"].append(progress_callback())
+        callbacks.append(progress_callback())
     plugins = config.get("plugins") or []
     config["plugins"] = (list(plugins) if isinstance(plugins, list) else [plugins]) + [AtomicCheckpointIO()]
     if config.get("logger") in (None, True):
         csv = CSVLogger(save_dir=str(run.dir), name="logs")
         loggers: list = [csv]
         if run.tensorboard:
-            # Into the CSV logs' version_<k>/, not the next one after it. No graph and no
-            # hp_metric placeholder: the scalars the CSV logs hold.
-            loggers.append(
-                TensorBoardLogger(
-                    save_dir=str(run.dir),
-                    name="logs",
-                    version=csv.version,
-                    default_hp_metric=False,
-                    log_graph=False,
-                )
-            )
+            # Into the CSV logs' version_<k>/, not the next one after it. No graph (log_graph's
+            # default) and no hp_metric placeholder: the scalars the CSV logs hold.
+            loggers.append(TensorBoardLogger(str(run.dir), "logs", csv.version, default_hp_metric=False))
         if run.wandb:
             # WANDB_DIR, when set, wins: the user asked for W&B files to go there.
-            save_dir = os.environ.get("WANDB_DIR", str(run.dir))
-            loggers.append(
-                WandbLogger(
-                    project=run.wandb_project, name=run.name, group=run.wandb_group, save_dir=save_dir
-                )
-            )
+            wandb = dict(project=run.wandb_project, name=run.name, group=run.wandb_group)
+            loggers.append(WandbLogger(save_dir=os.environ.get("WANDB_DIR", str(run.dir)), **wandb))
         config["logger"] = loggers
     return config
 
@@ -123,9 +107,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise TypeError(f"{type(self).__name__} does not take storage_options")
         write_atomically(path, lambda file: torch.save(checkpoint, file))
 
-    def load_checkpoint(
-        self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None
-    ) -> dict[str, Any]:
+    def load_checkpoint(self, path: Any, map_location: Any = "cpu", **_: Any) -> dict[str, Any]:
         # weights_only is forced: a checkpoint is data, never code, whatever the caller asked for.
         return load_file(
             path, f"ckpt_path: {str(path)!r}", "give last.ckpt or best.ckpt written by train.py", map_location
@@ -151,25 +133,16 @@ class RunCheckpoints(Checkpoint):
         every_n_steps: int = 0,
         keep_every_n_steps: bool = False,
         keep_steps: Sequence[int] = (),
-        monitor: str = "val_loss",
     ):
         super().__init__()
         self.dirpath = Path(dirpath)
         self.every_n_steps = every_n_steps
         self.keep_every_n_steps = keep_every_n_steps
         self.keep_steps = set(keep_steps)
-        self.monitor = monitor
+        self.last_path, self.best_path = self.dirpath / LAST, self.dirpath / BEST
         self.best_score: float | None = None
         self.best_step: int | None = None
         self._last_saved_step = -1
-
-    @property
-    def last_path(self) -> Path:
-        return self.dirpath / LAST
-
-    @property
-    def best_path(self) -> Path:
-        return self.dirpath / BEST
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if trainer.is_global_zero:
@@ -197,12 +170,10 @@ class RunCheckpoints(Checkpoint):
             # validation that beats the earlier ones updates best.ckpt.
             trainer.should_stop = True
         timed = self.every_n_steps > 0 and step % self.every_n_steps == 0
-        if step in self.keep_steps:
+        kept = step in self.keep_steps
+        if kept or timed and step != self._last_saved_step:
             self._save_last(trainer)
-            self._copy(trainer, self.last_path, self.step_path(step))
-        elif timed and step != self._last_saved_step:
-            self._save_last(trainer)
-            if self.keep_every_n_steps:
+            if kept or self.keep_every_n_steps:
                 self._copy(trainer, self.last_path, self.step_path(step))
 
     def step_path(self, step: int) -> Path:
@@ -211,7 +182,7 @@ class RunCheckpoints(Checkpoint):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return
-        score = trainer.callback_metrics.get(self.monitor)
+        score = trainer.callback_metrics.get("val_loss")
         improved = score is not None and (self.best_score is None or float(score) < self.best_score)
         if improved:
             # Recorded before saving, so that best.ckpt itself knows it is the best.

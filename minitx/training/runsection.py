@@ -1,6 +1,5 @@
-"""The `run` section of a config: where a run writes and what it does besides training.
-
-    <run.root>/<run.name>/      config.yaml, logs/version_<k>/, checkpoints/{last,best}.ckpt
+"""The `run` section of a config: where a run writes (<run.root>/<run.name>/, laid out as
+minitx/files/checkpoint.py shows) and what it does besides training.
 
 Plain settings, apart from how a run saves (run.py, which imports Lightning): the train command
 reads them before Lightning is imported (precheck.py), and --help describes them from here.
@@ -65,15 +64,11 @@ class RunSettings:
 def settle_run_section(
     run: Any, line: CommandLine, default_root_dir: str | None, attention: Any = None
 ) -> None:
-    """Fill in what the `run` section leaves to others, in place (a parsed section: item access).
-
-    run.name unset: the stem of the last config file; for the default config with another
-    attention (`--model.attention.kind local`), the kind, so that it does not collide with the
-    default run in runs/default (see default_run_name). trainer.default_root_dir, Lightning's
-    place for a run's files, is honoured as the parent of run directories (run.root), since a run
-    directory holds what Lightning would put there; given together with a different run.root it
-    is refused, as one of the two would be ignored.
-    """
+    """Fill in what the `run` section leaves to others, in place (a parsed section: item access):
+    an unset run.name (default_run_name). trainer.default_root_dir, Lightning's place for a run's
+    files, is honoured as the parent of run directories (run.root), since a run directory holds
+    what Lightning would put there; given together with a different run.root it is refused, as
+    one of the two would be ignored."""
     if run["name"] is None:
         run["name"] = default_run_name(line, attention)
     if default_root_dir is None or str(default_root_dir) == str(run["root"]):
@@ -88,8 +83,8 @@ def settle_run_section(
 
 def default_run_name(line: CommandLine, attention: Any = None) -> str:
     """The run name when none is given: the last config file's stem; for configs/default.yaml
-    with an attention other than its own, the kind or the per-layer kinds ("local",
-    "local-mta"), as configs/<kind>.yaml would be named."""
+    with an attention other than its own, the kind or the per-layer kinds ("local", "local-mta"),
+    as configs/<kind>.yaml would be named, so that it does not collide with the default run."""
     files = [layer for layer in line.layers if layer.key == FILE]
     if not files:
         return "default"

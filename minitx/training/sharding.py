@@ -62,8 +62,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         part; rank 0 keeps it): the format of a one-process run, with all its entries. (torch's
         get_optimizer_state_dict re-keys by parameter name and does not know an optimiser made
         of several, as Muon's.)"""
-        if isinstance(optimizer, LightningOptimizer):
-            optimizer = optimizer._optimizer
+        optimizer = optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
         state = whole_tensors(optimizer.state_dict())
         return state if self.global_rank == 0 else {}
 
@@ -74,12 +73,8 @@ class FSDP2Strategy(ModelParallelStrategy):
         checkpoint = load_file(
             path, f"ckpt_path: {str(path)!r}", "give last.ckpt or best.ckpt written by train.py", "cpu"
         )
-        strict = self.lightning_module.strict_loading
-        set_model_state_dict(
-            self.model,
-            checkpoint["state_dict"],
-            options=StateDictOptions(full_state_dict=True, strict=strict),
-        )
+        options = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)
+        set_model_state_dict(self.model, checkpoint["state_dict"], options=options)
         for optimizer, state in zip(self.optimizers, checkpoint.get("optimizer_states", [])):
             optimizer.load_state_dict(placed_like(state, optimizer))
         return checkpoint
@@ -139,18 +134,17 @@ def whole_tensors(value: Any) -> Any:
 def placed_like(state: dict, optimizer: torch.optim.Optimizer) -> dict:
     """A saved optimiser state_dict whose per-parameter tensors are whole, with each tensor of a
     DTensor parameter's shape turned into a DTensor placed as that parameter (this rank's rows)."""
-    if isinstance(optimizer, LightningOptimizer):
-        optimizer = optimizer._optimizer
+    optimizer = optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
     parts = state_parts(optimizer, state)  # an optimiser of several (Muon's: registry.py)
     if parts is not None:
         return {key: placed_like(state[key], part) for key, part in parts.items()}
     params = {}
     for saved, group in zip(state["param_groups"], optimizer.param_groups):
         params.update(zip(saved["params"], group["params"]))
-    placed = {}
-    for index, entry in state["state"].items():
-        param = params.get(index)
-        placed[index] = {name: _placed(value, param) for name, value in entry.items()}
+    placed = {
+        index: {name: _placed(value, params.get(index)) for name, value in entry.items()}
+        for index, entry in state["state"].items()
+    }
     return {**state, "state": placed}
 
 

@@ -50,10 +50,7 @@ def datasheet_peak(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    for key, flops in PEAK_BF16_FLOPS:
-        if key in name:
-            return flops
-    return None
+    return next((flops for key, flops in PEAK_BF16_FLOPS if key in name), None)
 
 
 def matmul_dtype(device: torch.device) -> torch.dtype:
@@ -66,12 +63,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def matmul_flops(device: torch.device, size: int = MATMUL_SIZE, repeats: int = 3, dtype=None) -> float:
+def matmul_flops(device: torch.device, size: int = MATMUL_SIZE, repeats: int = 3) -> float:
     """FLOP/s of the fastest of `repeats` dense size x size matmuls on `device` (2 size^3 FLOPs
     each), after one untimed: the best, since a peak is what the machine reaches, not its mean."""
-    dtype = dtype or matmul_dtype(device)
-    a = torch.randn(size, size, device=device).to(dtype)
-    b = torch.randn(size, size, device=device).to(dtype)
+    a, b = (torch.randn(size, size, device=device).to(matmul_dtype(device)) for _ in range(2))
     torch.mm(a, b)
     best = float("inf")
     for _ in range(repeats):
@@ -111,10 +106,6 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
-def format_mfu(mfu: float | None) -> str:
-    return "unknown" if mfu is None else f"{100 * mfu:.1f}%"
-
-
 class ThroughputMeter:
     """Tokens per second of training, in windows between optimiser steps, validation left out.
 
@@ -137,8 +128,7 @@ class ThroughputMeter:
         self._paused_at: float | None = None
 
     def _now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # only at laps and pauses: steps stay asynchronous
+        _sync(self.device)  # only at laps and pauses: steps stay asynchronous
         return time.perf_counter()
 
     def add(self, tokens: int) -> None:

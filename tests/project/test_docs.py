@@ -208,7 +208,7 @@ def map_sections() -> dict[str, str]:
 
 
 def test_every_module_of_minitx_is_in_the_map():
-    """Each module is named in docs/architecture.md: a module of a package (training/changes.py)
+    """Each module is named in docs/architecture.md: a module of a package (training/resume.py)
     within that package's entry, a top-level one (documents.py) in an entry of its own or shared."""
     sections = map_sections()
     top_level = "".join(text for name, text in sections.items() if not name.endswith("/"))

@@ -212,17 +212,8 @@ def test_muon_takes_gdns_projections_and_adamw_its_convolution_decay_and_norm(on
 def muon_with_adamw(model: Transformer) -> MuonWithAdamW:
     names = {n for n, p in model.named_parameters() if muon_matrix(n, p)}
     muon, rest = split_for_muon(list(model.named_parameters()), names)
-    return MuonWithAdamW(
-        muon,
-        optimizer_groups(rest, 0.1),
-        muon_lr=0.02,
-        muon_momentum=0.95,
-        muon_weight_decay=0.0,
-        muon_precision="auto",
-        lr=1e-3,
-        betas=(0.9, 0.95),
-        eps=1e-8,
-    )
+    # The default settings: AdamW's lr 1e-3, betas (0.9, 0.95), eps 1e-8; Muon's lr 0.02, momentum 0.95.
+    return MuonWithAdamW(muon, optimizer_groups(rest, 0.1), DEFAULTS)
 
 
 def train_steps(model: Transformer, optimizer: MuonWithAdamW, steps: int, seed: int) -> None:

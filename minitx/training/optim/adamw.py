@@ -14,7 +14,13 @@ from .groups import Parameters, decays, optimizer_groups
 
 def build_adamw(settings: Any, params: Parameters) -> torch.optim.Optimizer:
     """torch.optim.AdamW from `settings` (an Optimisation), in two groups: decayed and not."""
-    groups = optimizer_groups(params.named, settings.weight_decay, params.chosen(decays))
+    return adamw(
+        optimizer_groups(params.named, settings.weight_decay, params.chosen(decays)), settings, params.fused
+    )
+
+
+def adamw(groups: list[dict], settings: Any, fused: bool = False) -> torch.optim.AdamW:
+    """torch.optim.AdamW over `groups` with the shared settings' lr, betas and eps."""
     return torch.optim.AdamW(
-        groups, lr=settings.lr, betas=tuple(settings.betas), eps=settings.eps, fused=params.fused
+        groups, lr=settings.lr, betas=tuple(settings.betas), eps=settings.eps, fused=fused
     )

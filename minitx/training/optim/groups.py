@@ -72,7 +72,4 @@ def optimizer_groups(
         clean = clean_name(name)
         wants_decay = clean in decay_names if decay_names is not None else decays(clean, param)
         (decay if wants_decay else no_decay).append(param)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

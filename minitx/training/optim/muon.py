@@ -14,7 +14,7 @@ import math
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
 import torch
@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ...errors import UserError
 from ...options import OptionError
+from .adamw import adamw
 from .groups import NO_DECAY_NAMES, Parameters, clean_name, decays, optimizer_groups
 
 MUON_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -78,15 +79,9 @@ def split_for_muon(
 ) -> tuple[list[Tensor], list[tuple[str, Tensor]]]:
     """(Muon's parameters, the rest as (name, parameter)). `muon_names` are clean names decided
     on the unwrapped model, as for decay_names."""
-    muon, rest = [], []
-    for name, param in named_params:
-        if not param.requires_grad:
-            continue
-        if clean_name(name) in muon_names:
-            muon.append(param)
-        else:
-            rest.append((name, param))
-    return muon, rest
+    trained = [(name, param) for name, param in named_params if param.requires_grad]
+    muon = [param for name, param in trained if clean_name(name) in muon_names]
+    return muon, [(name, param) for name, param in trained if clean_name(name) not in muon_names]
 
 
 class _JointState(Mapping):
@@ -234,12 +229,11 @@ class BatchedMuon(torch.optim.Muon):
             return stack
         from torch.distributed.tensor import DTensor
 
+        shape = torch.Size((stack.size(0), *like.shape))
+        stride = torch.empty(shape, device="meta").stride()  # a contiguous stack's
+        placements = stacked_placements(like.placements)
         return DTensor.from_local(
-            stack,
-            like.device_mesh,
-            stacked_placements(like.placements),
-            shape=torch.Size((stack.size(0), *like.shape)),
-            stride=contiguous_stride((stack.size(0), *like.shape)),
+            stack, like.device_mesh, placements, shape=shape, stride=stride
         ).full_tensor()
 
     @staticmethod
@@ -282,14 +276,6 @@ def stacked_placements(placements: Sequence[Any]) -> list[Any]:
     return [Shard(p.dim + 1) if isinstance(p, Shard) else p for p in placements]
 
 
-def contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
-    stride, running = [], 1
-    for size in reversed(shape):
-        stride.append(running)
-        running *= size
-    return tuple(reversed(stride))
-
-
 class MuonWithAdamW(torch.optim.Optimizer):
     """Muon (BatchedMuon) on the hidden matrices and torch.optim.AdamW on the rest, as one optimiser.
 
@@ -301,27 +287,12 @@ class MuonWithAdamW(torch.optim.Optimizer):
     """
 
     def __init__(
-        self,
-        muon_params: list[Tensor],
-        adamw_groups: list[dict],
-        *,
-        muon_lr: float,
-        muon_momentum: float,
-        muon_weight_decay: float,
-        muon_precision: str,
-        lr: float,
-        betas: Sequence[float],
-        eps: float,
-        fused: bool = False,
+        self, muon_params: list[Tensor], adamw_groups: list[dict], settings: Any, fused: bool = False
     ):
-        self.adamw = torch.optim.AdamW(adamw_groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
-        self.muon = BatchedMuon(
-            muon_params,
-            lr=muon_lr,
-            momentum=muon_momentum,
-            weight_decay=muon_weight_decay,
-            precision=muon_precision,
-        )
+        # `settings`: an Optimisation, its shared settings AdamW's, optimizer_options.muon (a
+        # MuonSettings, whose fields are BatchedMuon's keywords) Muon's.
+        self.adamw = adamw(adamw_groups, settings, fused)
+        self.muon = BatchedMuon(muon_params, **asdict(settings.optimizer_options.muon))
         # Optimizer.__init__ adds the given group dicts themselves (no copies): ours are the two
         # optimisers' own, so a change of lr through either view is seen by both.
         super().__init__(self.adamw.param_groups + self.muon.param_groups, defaults={})
@@ -351,26 +322,14 @@ class MuonWithAdamW(torch.optim.Optimizer):
 def build_muon(settings: Any, params: Parameters) -> torch.optim.Optimizer:
     """MuonWithAdamW from `settings` (an Optimisation: the shared settings, and Muon's own under
     optimizer_options.muon)."""
-    own = settings.optimizer_options.muon
     muon, rest = split_for_muon(params.named, params.chosen(muon_matrix))
-    decay_names = params.chosen(decays)
     if any(p.dim() != 2 for p in muon):
         raise UserError(
             "model.optimizer: muon needs each hidden matrix as a matrix, but the strategy flattened the "
             "parameters (FSDP1's `fsdp`); shard with --trainer.strategy fsdp2, or use ddp"
         )
-    return MuonWithAdamW(
-        muon,
-        optimizer_groups(rest, settings.weight_decay, decay_names),
-        muon_lr=own.lr,
-        muon_momentum=own.momentum,
-        muon_weight_decay=own.weight_decay,
-        muon_precision=own.precision,
-        lr=settings.lr,
-        betas=settings.betas,
-        eps=settings.eps,
-        fused=params.fused,
-    )
+    groups = optimizer_groups(rest, settings.weight_decay, params.chosen(decays))
+    return MuonWithAdamW(muon, groups, settings, fused=params.fused)
 
 
 def muon_state_parts(optimizer: MuonWithAdamW) -> dict[str, torch.optim.Optimizer]:

@@ -51,11 +51,7 @@ class OptimiserSpec:
 # AdamW is recognised last: a state no other optimiser claims is AdamW's, as every older checkpoint's.
 OPTIMIZERS: dict[str, OptimiserSpec] = {
     "muon": OptimiserSpec(
-        build_muon,
-        is_muon_state,
-        lr_options=("lr",),
-        state_parts=muon_state_parts,
-        settings=MuonSettings,
+        build_muon, is_muon_state, lr_options=("lr",), state_parts=muon_state_parts, settings=MuonSettings
     ),
     "adamw": OptimiserSpec(build_adamw, lambda state: True),
 }
@@ -64,11 +60,9 @@ FALLBACK = "adamw"  # the optimiser of a checkpoint that holds no optimiser stat
 
 def optimizer_of_state(state: Mapping | None) -> str:
     """The model.optimizer whose state_dict() `state` is (the first that claims it)."""
-    if isinstance(state, Mapping):
-        for name, spec in OPTIMIZERS.items():
-            if spec.saved(state):
-                return name
-    return FALLBACK
+    if not isinstance(state, Mapping):
+        return FALLBACK
+    return next((name for name, spec in OPTIMIZERS.items() if spec.saved(state)), FALLBACK)
 
 
 def state_parts(optimizer: torch.optim.Optimizer, state: Mapping) -> dict[str, torch.optim.Optimizer] | None:

@@ -63,7 +63,7 @@ class SharedSettings:
     decay_shape: str = "linear"
 
 
-def _args(cls: type) -> str:
+def args_entries(cls: type) -> str:
     """The "Args:" entries of a settings dataclass's docstring, as they stand there."""
     return cls.__doc__.split("Args:\n", 1)[1].rstrip()
 
@@ -76,11 +76,8 @@ def _optimizer_options_class() -> type:
     own = {name: spec.settings for name, spec in OPTIMIZERS.items() if spec.settings is not None}
     for name, settings in own.items():
         check_options_class(f"optimizer {name}", settings)
-    made = dataclasses.make_dataclass(
-        "OptimizerOptions",
-        [(name, settings, field(default_factory=settings)) for name, settings in own.items()],
-        frozen=True,
-    )
+    sections = [(name, settings, field(default_factory=settings)) for name, settings in own.items()]
+    made = dataclasses.make_dataclass("OptimizerOptions", sections, frozen=True)
     made.__module__ = __name__  # pickled and looked up by name, as a class written here would be
     made.__doc__ = "model.optimizer_options: each optimiser's own settings, under its name."
     return made
@@ -146,10 +143,9 @@ class Optimisation(SharedSettings):
 
         def fail(name: str, fix: str) -> None:
             value = getattr(self, name)
-            shown = (
-                repr(value) if isinstance(value, str) else list(value) if isinstance(value, tuple) else value
+            raise UserError(
+                f"model.{name}: is {repr(value) if isinstance(value, str) else _plain(value)}; {fix}"
             )
-            raise UserError(f"model.{name}: is {shown}; {fix}")
 
         if not self.lr > 0:
             fail("lr", "use a positive learning rate such as 1e-3")
@@ -191,17 +187,8 @@ class Optimisation(SharedSettings):
 
     def lr_at(self, step: int, max_steps: int) -> float:
         """The peak lr's value at optimiser step `step` of a run of `max_steps` (see schedules.lr_at)."""
-        return lr_at(
-            step,
-            self.lr,
-            self.min_lr,
-            self.warmup_steps,
-            max_steps,
-            schedule=self.schedule,
-            decay_steps=self.decay_steps,
-            decay_fraction=self.decay_fraction,
-            decay_shape=self.decay_shape,
-        )
+        names = ("lr", "min_lr", "warmup_steps", "schedule", "decay_steps", "decay_fraction", "decay_shape")
+        return lr_at(step, max_steps=max_steps, **{name: getattr(self, name) for name in names})
 
     def configure(self, params: Parameters, max_steps: int) -> dict:
         """The optimiser over `params` and a LambdaLR stepped every optimiser step, as
@@ -223,7 +210,7 @@ class Optimisation(SharedSettings):
 # optimizer_options, whose settings --help lists under their own keys with their own docstrings'.
 _OWN = ", ".join(f"{f.name}: {f.type.__name__}" for f in fields(OptimizerOptions))
 Optimisation.__doc__ += (
-    _args(SharedSettings)
+    args_entries(SharedSettings)
     + f"\n        optimizer_options: each optimiser's own settings, under its name ({_OWN}).\n"
 )
 
