@@ -45,22 +45,35 @@ def _nothing(like: Tensor) -> Tensor:
     return like.new_empty(NOTHING)
 
 
+def _empty(t: Tensor | None, like: Tensor) -> Tensor:
+    """A fake output of t's shape, or nothing where t is None (a gradient of an absent input)."""
+    return _nothing(like) if t is None else t.new_empty(t.shape)
+
+
+def _cast(grad: Tensor | None, t: Tensor | None, like: Tensor) -> Tensor:
+    """A gradient in the dtype of its input t, or nothing where none was computed."""
+    return _nothing(like) if grad is None else grad.to(t.dtype)
+
+
 def _rows(lo: Tensor | None, hi: Tensor | None):
     return None if lo is None else (lo.contiguous(), hi.contiguous())
 
 
-def register_gradient(op, setup: Callable, gradients: Callable) -> None:
+def _save_inputs(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def register_gradient(op, gradients: Callable, setup: Callable = _save_inputs) -> None:
     """op's gradient, as torch.library takes it: setup(ctx, inputs, output) saves what
-    gradients(ctx, grad) reads; that returns the gradients of op's first inputs (None where not
-    needed), and its other inputs (rows, flags) get None. A grad of None (an output that reached no
-    loss, where setup turned materialised gradients off) gives None for every input."""
+    gradients(ctx, grad) reads (by default every input); that returns the gradients of op's first
+    inputs, kept where an input needs one, and its other inputs (rows, flags) get None. A grad of
+    None (an output that reached no loss, where setup turned materialised gradients off) gives
+    None for every input."""
 
     def backward(ctx, grad: Tensor | None, *_not_differentiable):
-        n_inputs = len(ctx.needs_input_grad)
-        if grad is None:
-            return (None,) * n_inputs
-        grads = tuple(gradients(ctx, grad))
-        return grads + (None,) * (n_inputs - len(grads))
+        grads = [] if grad is None else list(gradients(ctx, grad))
+        grads += [None] * (len(ctx.needs_input_grad) - len(grads))
+        return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad))
 
     op.register_autograd(backward, setup_context=setup)
 
@@ -102,37 +115,20 @@ def kq_conv_backward(
     if need_kernel:
         per_map = native.kernel_grad(maps, grad, c_q, c_k, rows, out_rows)
         # over the batch rows in their order (whatever the threads, unlike a torch sum of many)
-        grad_kernel = (
-            native.added_up(per_map.view(maps.shape[0], -1, c_q, c_k)).to(kernel.dtype).view_as(kernel)
-        )
-    return (
-        _nothing(maps) if grad_maps is None else grad_maps,
-        _nothing(kernel) if grad_kernel is None else grad_kernel,
-    )
+        grad_kernel = native.added_up(per_map.view(maps.shape[0], -1, c_q, c_k)).view_as(kernel)
+    return _cast(grad_maps, maps, maps), _cast(grad_kernel, kernel, kernel)
 
 
 @kq_conv_backward.register_fake
 def _(grad, maps, kernel, lo, hi, out_lo, out_hi, need_maps, need_kernel):
-    return (
-        maps.new_empty(maps.shape if need_maps else NOTHING),
-        kernel.new_empty(kernel.shape if need_kernel else NOTHING),
-    )
-
-
-def _kq_conv_setup(ctx, inputs, output) -> None:
-    ctx.save_for_backward(*inputs)
+    return _empty(maps if need_maps else None, maps), _empty(kernel if need_kernel else None, kernel)
 
 
 def _kq_conv_grad(ctx, grad: Tensor):
-    maps, kernel, lo, hi, out_lo, out_hi = ctx.saved_tensors
-    need_maps, need_kernel = ctx.needs_input_grad[:2]
-    grad_maps, grad_kernel = torch.ops.minitx.kq_conv_backward(
-        grad, maps, kernel, lo, hi, out_lo, out_hi, need_maps, need_kernel
-    )
-    return grad_maps if need_maps else None, grad_kernel if need_kernel else None
+    return torch.ops.minitx.kq_conv_backward(grad, *ctx.saved_tensors, *ctx.needs_input_grad[:2])
 
 
-register_gradient(kq_conv, _kq_conv_setup, _kq_conv_grad)
+register_gradient(kq_conv, _kq_conv_grad)
 
 
 # -- pre mix, mask, softmax, post mix ---------------------------------------------------------------
@@ -173,26 +169,18 @@ def mixed_softmax_backward(
     grad_scores, grad_pre, grad_post = native.mixed_softmax_grad(
         scores, probs, grad, pre, post, _rows(lo, hi)
     )
-    return (
-        grad_scores,
-        _nothing(scores) if grad_pre is None else grad_pre.to(pre.dtype),
-        _nothing(scores) if grad_post is None else grad_post.to(post.dtype),
-    )
+    return grad_scores, _cast(grad_pre, pre, scores), _cast(grad_post, post, scores)
 
 
 @mixed_softmax_backward.register_fake
 def _(scores, probs, grad, pre, post, lo, hi):
-    return (
-        scores.new_empty(scores.shape),
-        scores.new_empty(NOTHING) if pre is None else pre.new_empty(pre.shape),
-        scores.new_empty(NOTHING) if post is None else post.new_empty(post.shape),
-    )
+    return scores.new_empty(scores.shape), _empty(pre, scores), _empty(post, scores)
 
 
 def _mixed_softmax_setup(ctx, inputs, output) -> None:
     scores, pre, post, lo, hi, keep_probs = inputs
     out, probs = output
-    ctx.has_pre, ctx.has_post, ctx.keep = pre is not None, post is not None, keep_probs
+    ctx.keep = keep_probs
     ctx.mark_non_differentiable(probs)
     # probs gets no gradient: without this autograd would hand the backward a map of zeros for it
     # (a fill of a whole chunk's map, every chunk).
@@ -203,14 +191,11 @@ def _mixed_softmax_setup(ctx, inputs, output) -> None:
 def _mixed_softmax_grad(ctx, grad: Tensor):
     if not ctx.keep:
         raise RuntimeError("minitx::mixed_softmax ran with keep_probs=False: it has no gradient")
-    scores, probs, pre, post, lo, hi = ctx.saved_tensors
-    grad_scores, grad_pre, grad_post = torch.ops.minitx.mixed_softmax_backward(
-        scores, probs, grad, pre, post, lo, hi
-    )
-    return grad_scores, grad_pre if ctx.has_pre else None, grad_post if ctx.has_post else None
+    scores, probs, *mixes_and_rows = ctx.saved_tensors
+    return torch.ops.minitx.mixed_softmax_backward(scores, probs, grad, *mixes_and_rows)
 
 
-register_gradient(mixed_softmax, _mixed_softmax_setup, _mixed_softmax_grad)
+register_gradient(mixed_softmax, _mixed_softmax_grad, _mixed_softmax_setup)
 
 
 # -- the convolution, mixes and softmax as one call -------------------------------------------------
@@ -264,44 +249,28 @@ def conv_softmax_backward(
     grad_scores, grad_kernel, grad_pre, grad_post = native.conv_softmax_grad(
         scores, conved, probs, grad, kernel[:, 0], pre, post, (lo, hi), (out_lo, out_hi)
     )
-    return (
-        grad_scores,
-        grad_kernel.to(kernel.dtype).view_as(kernel),
-        _nothing(scores) if grad_pre is None else grad_pre.to(pre.dtype),
-        _nothing(scores) if grad_post is None else grad_post.to(post.dtype),
-    )
+    grad_kernel = grad_kernel.to(kernel.dtype).view_as(kernel)
+    return grad_scores, grad_kernel, _cast(grad_pre, pre, scores), _cast(grad_post, post, scores)
 
 
 @conv_softmax_backward.register_fake
 def _(grad, scores, conved, probs, kernel, pre, post, lo, hi, out_lo, out_hi):
-    return (
-        scores.new_empty(scores.shape),
-        kernel.new_empty(kernel.shape),
-        scores.new_empty(NOTHING) if pre is None else pre.new_empty(pre.shape),
-        scores.new_empty(NOTHING) if post is None else post.new_empty(post.shape),
-    )
+    return _empty(scores, scores), _empty(kernel, kernel), _empty(pre, scores), _empty(post, scores)
 
 
 def _conv_softmax_setup(ctx, inputs, output) -> None:
-    scores, kernel, pre, post, lo, hi, out_lo, out_hi = inputs
+    scores, kernel, pre, post, *rows = inputs
     out, conved, probs = output
-    ctx.has_pre, ctx.has_post = pre is not None, post is not None
     ctx.mark_non_differentiable(conved, probs)
     ctx.set_materialize_grads(False)  # no maps of zeros for conved's and probs' gradients
-    ctx.save_for_backward(
-        scores, conved, probs if post is not None else out, kernel, pre, post, lo, hi, out_lo, out_hi
-    )
+    ctx.save_for_backward(scores, conved, probs if post is not None else out, kernel, pre, post, *rows)
 
 
 def _conv_softmax_grad(ctx, grad: Tensor):
-    scores, conved, probs, kernel, pre, post, lo, hi, out_lo, out_hi = ctx.saved_tensors
-    grad_scores, grad_kernel, grad_pre, grad_post = torch.ops.minitx.conv_softmax_backward(
-        grad, scores, conved, probs, kernel, pre, post, lo, hi, out_lo, out_hi
-    )
-    return grad_scores, grad_kernel, grad_pre if ctx.has_pre else None, grad_post if ctx.has_post else None
+    return torch.ops.minitx.conv_softmax_backward(grad, *ctx.saved_tensors)
 
 
-register_gradient(conv_softmax, _conv_softmax_setup, _conv_softmax_grad)
+register_gradient(conv_softmax, _conv_softmax_grad, _conv_softmax_setup)
 
 
 # -- head mixing ----------------------------------------------------------------------------------------
@@ -329,16 +298,11 @@ def _(maps, matrix, grad):
     return maps.new_empty(maps.shape), matrix.new_empty(matrix.shape)
 
 
-def _mix_setup(ctx, inputs, output) -> None:
-    ctx.save_for_backward(*inputs)
-
-
 def _mix_grad(ctx, grad: Tensor):
-    maps, matrix = ctx.saved_tensors
-    return torch.ops.minitx.mix_backward(maps, matrix, grad)
+    return torch.ops.minitx.mix_backward(*ctx.saved_tensors, grad)
 
 
-register_gradient(mix, _mix_setup, _mix_grad)
+register_gradient(mix, _mix_grad)
 
 
 # -- the output norm and gate (no gradient) -----------------------------------------------------------
