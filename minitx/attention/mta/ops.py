@@ -39,6 +39,9 @@ NOTHING = (0,)  # the shape of an output that is not computed
 
 # Each operator: a CPU implementation that calls native.py, nothing mutated in place.
 operator = partial(torch.library.custom_op, mutates_args=(), device_types="cpu")
+# The operators' schemas share these arguments: the row intervals, maps' in and out, and the mixes.
+ROWS = "Tensor lo, Tensor hi, Tensor out_lo, Tensor out_hi"
+MIXES = "Tensor? pre, Tensor? post"
 
 
 def _nothing(like: Tensor) -> Tensor:
@@ -81,8 +84,8 @@ def register_gradient(op, gradients: Callable, setup: Callable = _save_inputs) -
 # -- the key-query convolution --------------------------------------------------------------------
 
 
-@operator("minitx::kq_conv")
-def kq_conv(maps: Tensor, kernel: Tensor, lo: Tensor, hi: Tensor, out_lo: Tensor, out_hi: Tensor) -> Tensor:
+@operator("minitx::kq_conv", schema=f"(Tensor maps, Tensor kernel, {ROWS}) -> Tensor")
+def kq_conv(maps, kernel, lo, hi, out_lo, out_hi):
     return native.conv(maps, kernel[:, 0], 0, out_lo.shape[-1], _rows(lo, hi), _rows(out_lo, out_hi))
 
 
@@ -92,18 +95,11 @@ def _(maps, kernel, lo, hi, out_lo, out_hi):
     return maps.new_empty(B, H, out_lo.shape[-1], N)
 
 
-@operator("minitx::kq_conv_backward")
-def kq_conv_backward(
-    grad: Tensor,
-    maps: Tensor,
-    kernel: Tensor,
-    lo: Tensor,
-    hi: Tensor,
-    out_lo: Tensor,
-    out_hi: Tensor,
-    need_maps: bool,
-    need_kernel: bool,
-) -> tuple[Tensor, Tensor]:
+@operator(
+    "minitx::kq_conv_backward",
+    schema=f"(Tensor grad, Tensor maps, Tensor kernel, {ROWS}, bool need_maps, bool need_kernel) -> (Tensor, Tensor)",
+)
+def kq_conv_backward(grad, maps, kernel, lo, hi, out_lo, out_hi, need_maps, need_kernel):
     """(d maps, d kernel) of kq_conv; empty where not needed. The input gradient is the same loop
     with the kernel flipped, reading rows upwards; the kernel's is summed per map in float64."""
     c_q, c_k = kernel.shape[-2:]
@@ -134,15 +130,11 @@ register_gradient(kq_conv, _kq_conv_grad)
 # -- pre mix, mask, softmax, post mix ---------------------------------------------------------------
 
 
-@operator("minitx::mixed_softmax")
-def mixed_softmax(
-    scores: Tensor,
-    pre: Tensor | None,
-    post: Tensor | None,
-    lo: Tensor | None,
-    hi: Tensor | None,
-    keep_probs: bool,
-) -> tuple[Tensor, Tensor]:
+@operator(
+    "minitx::mixed_softmax",
+    schema=f"(Tensor scores, {MIXES}, Tensor? lo, Tensor? hi, bool keep_probs) -> (Tensor, Tensor)",
+)
+def mixed_softmax(scores, pre, post, lo, hi, keep_probs):
     keep = keep_probs and post is not None
     out, probs = native.mixed_softmax(scores, pre, post, _rows(lo, hi), keep_probs=keep)
     return out, probs if keep else _nothing(out)
@@ -154,16 +146,11 @@ def _(scores, pre, post, lo, hi, keep_probs):
     return scores.new_empty(scores.shape), scores.new_empty(scores.shape if keep else NOTHING)
 
 
-@operator("minitx::mixed_softmax_backward")
-def mixed_softmax_backward(
-    scores: Tensor,
-    probs: Tensor,
-    grad: Tensor,
-    pre: Tensor | None,
-    post: Tensor | None,
-    lo: Tensor | None,
-    hi: Tensor | None,
-) -> tuple[Tensor, Tensor, Tensor]:
+@operator(
+    "minitx::mixed_softmax_backward",
+    schema=f"(Tensor scores, Tensor probs, Tensor grad, {MIXES}, Tensor? lo, Tensor? hi) -> (Tensor, Tensor, Tensor)",
+)
+def mixed_softmax_backward(scores, probs, grad, pre, post, lo, hi):
     """(d scores, d pre, d post) of mixed_softmax's out for its gradient grad; probs: the softmax
     before the post mix (with no post mix: out itself). d pre, d post empty where pre, post are None."""
     grad_scores, grad_pre, grad_post = native.mixed_softmax_grad(
@@ -201,17 +188,11 @@ register_gradient(mixed_softmax, _mixed_softmax_grad, _mixed_softmax_setup)
 # -- the convolution, mixes and softmax as one call -------------------------------------------------
 
 
-@operator("minitx::conv_softmax")
-def conv_softmax(
-    scores: Tensor,
-    kernel: Tensor,
-    pre: Tensor | None,
-    post: Tensor | None,
-    lo: Tensor,
-    hi: Tensor,
-    out_lo: Tensor,
-    out_hi: Tensor,
-) -> tuple[Tensor, Tensor, Tensor]:
+@operator(
+    "minitx::conv_softmax",
+    schema=f"(Tensor scores, Tensor kernel, {MIXES}, {ROWS}) -> (Tensor, Tensor, Tensor)",
+)
+def conv_softmax(scores, kernel, pre, post, lo, hi, out_lo, out_hi):
     out, conved, probs = native.conv_softmax(
         scores, kernel[:, 0], pre, post, (lo, hi), (out_lo, out_hi), keep=True
     )
@@ -221,28 +202,16 @@ def conv_softmax(
 @conv_softmax.register_fake
 def _(scores, kernel, pre, post, lo, hi, out_lo, out_hi):
     B, H, _, N = scores.shape
-    shape = (B, H, out_lo.shape[-1], N)
-    return (
-        scores.new_empty(shape),
-        scores.new_empty(shape),
-        scores.new_empty(NOTHING if post is None else shape),
-    )
+    out = scores.new_empty(B, H, out_lo.shape[-1], N)
+    return out, out.new_empty(out.shape), _empty(None if post is None else out, out)
 
 
-@operator("minitx::conv_softmax_backward")
-def conv_softmax_backward(
-    grad: Tensor,
-    scores: Tensor,
-    conved: Tensor,
-    probs: Tensor,
-    kernel: Tensor,
-    pre: Tensor | None,
-    post: Tensor | None,
-    lo: Tensor,
-    hi: Tensor,
-    out_lo: Tensor,
-    out_hi: Tensor,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+@operator(
+    "minitx::conv_softmax_backward",
+    schema=f"(Tensor grad, Tensor scores, Tensor conved, Tensor probs, Tensor kernel, {MIXES}, {ROWS}) -> "
+    "(Tensor, Tensor, Tensor, Tensor)",
+)
+def conv_softmax_backward(grad, scores, conved, probs, kernel, pre, post, lo, hi, out_lo, out_hi):
     """(d scores, d kernel, d pre, d post) of conv_softmax's out for its gradient grad; probs: the
     softmax before the post mix (with no post mix: out itself). d pre, d post empty where pre, post
     are None."""
