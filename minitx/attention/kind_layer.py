@@ -72,7 +72,7 @@ class KindLayer(nn.Module):
     @classmethod
     def make_cache(cls, config: ModelConfig, layer: int, batch: int, max_len: int | None, dtype, device):
         """The cache a layer of this kind needs (device "meta" sizes it without memory): a module
-        with `n_seen`, `reset()`, `set_documents(starts)` and `nbytes()`, as KVCache has."""
+        with `n_seen`, `reset()`, `set_documents(starts)` (a DecodingCache's) and `nbytes()`."""
         raise NotImplementedError
 
     def new_cache(self, batch: int, max_len: int | None = None, dtype=None, device=None):
