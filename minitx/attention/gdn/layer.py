@@ -111,9 +111,7 @@ class GatedDeltaNet(KindLayer):
         return 1.0 / math.sqrt(self.key_dim)
 
     # -- the pieces -----------------------------------------------------------------------------
-    def convolve(
-        self, mixed: Tensor, window: Tensor | None, docs: Documents | None, start: int
-    ) -> tuple[Tensor, Tensor]:
+    def convolve(self, mixed: Tensor, window: Tensor | None, docs: Documents | None, start: int):
         """The short convolution (conv.py) of mixed (B, T, channels) by this layer's taps: its
         output after SiLU and the new window."""
         return short_convolution(mixed, self.conv.weight, window, docs, start)
@@ -129,9 +127,7 @@ class GatedDeltaNet(KindLayer):
         positions = torch.arange(docs.offset, docs.offset + T, device=docs.starts.device)
         return docs.starts == positions
 
-    def recurrence_inputs(
-        self, x: Tensor, window: Tensor | None, docs: Documents | None, start: int
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    def recurrence_inputs(self, x: Tensor, window: Tensor | None, docs: Documents | None, start: int):
         """q, k (unit, key heads repeated over their value heads), v, the decay's log g and beta
         (B, value heads, T) of input x (B, T, d) whose first token sits at `start`, after the
         convolution window `window`; and the convolution's new window."""

@@ -86,8 +86,8 @@ class MultiTokenAttention(CachedDecoding, Attention):
         super().__init__(config, layer)
         att: MTAOptions = config.options_at(layer)
         H, D = self.n_head, self.head_dim
-        self.query_chunk = att.query_chunk
-        self.backend = att.backend
+        self.query_chunk, self.backend = att.query_chunk, att.backend
+        self.float32, self.gate_init = att.float32, att.gate_init
         if self.backend == "triton" and not mta_triton.available():
             # Here, not in the config's checks: a GPU job's config may be checked (prepare.py) elsewhere.
             fail(
@@ -95,8 +95,6 @@ class MultiTokenAttention(CachedDecoding, Attention):
                 "is 'triton', but triton is not installed",
                 mta_triton.INSTALL_HINT,
             )
-        self.float32 = att.float32
-        self.gate_init = att.gate_init
         self.has_conv = layer in att.conv_layer_set(config.n_layer)
         placement = att.conv_placement if self.has_conv else "none"
         self.c_q = att.query_kernel if self.has_conv else 1
@@ -139,10 +137,9 @@ class MultiTokenAttention(CachedDecoding, Attention):
 
     @classmethod
     def cache_layout(cls, config: ModelConfig, layer: int) -> dict:
-        n_query = history_rows(config, layer)
-        return dict(
-            capacity=config.block_size, window=config.block_size, n_head=config.n_head, n_query=n_query
-        )
+        # Full attention's ring, and the queries the convolution looks back on.
+        layout = super().cache_layout(config, layer)
+        return layout | dict(n_head=config.n_head, n_query=history_rows(config, layer))
 
     # -- the maths for a run of query rows ----------------------------------------------------
     def rows(self, q, k, v, q_pos, k_pos, first_key: int = 0, consecutive: bool = True, starts=None):
@@ -180,14 +177,8 @@ class MultiTokenAttention(CachedDecoding, Attention):
         """`weights_of` by one C call for the convolution, mixes and softmax (native.conv_softmax),
         where it applies: the pre placement, keys in order, not compiled. Where a gradient is
         needed, through its operator (ops.py), whose backward is one C call too. Else None."""
-        if (
-            self.kq_conv is None
-            or self.kq_conv_post is not None
-            or not consecutive
-            or not len(k_pos)
-            or not native.available(scores)
-            or torch.compiler.is_compiling()
-        ):
+        applies = self.kq_conv is not None and self.kq_conv_post is None and consecutive and len(k_pos)
+        if not applies or not native.available(scores) or torch.compiler.is_compiling():
             return None
         visible = VisibleKeys(q_pos, k_pos, first_key, consecutive)
         out_rows = visible.from_row(self.c_q - 1)

@@ -311,9 +311,7 @@ def kernel_grad(maps: Tensor, grad: Tensor, c_q: int, c_k: int, in_rows, out_row
     return out
 
 
-def mixed_softmax(
-    scores: Tensor, pre: Tensor | None, post: Tensor | None, rows: tuple[Tensor, Tensor], keep_probs: bool
-):
+def mixed_softmax(scores: Tensor, pre, post, rows, keep_probs: bool):
     """(out, probs): probs = softmax over each row's visible keys lo..hi of the head-mixed scores
     M_h = sum_h' pre[g, h', h] C_h' (pre None: M = C), out = the same mix of probs by post (None:
     out = probs); 0 outside the visible keys and in rows that see nothing. scores (B, H, R, N);
@@ -324,11 +322,10 @@ def mixed_softmax(
     pre, post = [as_dtype(m, scores.dtype) for m in (pre, post)]
     out = torch.empty_like(scores)
     probs = torch.empty_like(scores) if keep_probs and post is not None else None
-    sizes = mix_widths(pre, post)
     fn = getattr(library(), f"mixed_softmax_{SUFFIX[scores.dtype]}")
     pointers = [address(t) for t in (scores, out, probs, pre, post)]
-    bounds = interval_pointers(rows)
-    split(B * R, lambda u0, u1, _: fn(*pointers, u0, u1, H, R, N, *sizes, *bounds))
+    sizes = (H, R, N, *mix_widths(pre, post), *interval_pointers(rows))
+    split(B * R, lambda u0, u1, _: fn(*pointers, u0, u1, *sizes))
     return out, (out if post is None else probs) if keep_probs else None
 
 
@@ -401,9 +398,7 @@ def conv_softmax_grad(scores, conved, probs, grad, kernel, pre, post, in_rows, o
     return grad_scores, *[added_up(g) for g in (grad_kernel, grad_pre, grad_post)]
 
 
-def mixed_softmax_grad(
-    scores: Tensor, probs: Tensor, grad: Tensor, pre: Tensor | None, post: Tensor | None, rows
-):
+def mixed_softmax_grad(scores: Tensor, probs: Tensor, grad: Tensor, pre, post, rows):
     """(d scores, d pre, d post) for `mixed_softmax`'s output gradient grad; the mixes' gradients in
     float64 (summed over the rows in their order whatever the threads), None for a mix that is None."""
     B, H, R, N = scores.shape
@@ -411,11 +406,10 @@ def mixed_softmax_grad(
     pre_t, post_t = [as_dtype(m, scores.dtype) for m in (pre, post)]
     grad_scores = torch.empty_like(scores)
     grad_pre, grad_post = [slots(B * R, m) for m in (pre, post)]  # a slot per row (conv.c)
-    sizes = mix_widths(pre, post)
     fn = getattr(library(), f"mixed_softmax_grad_{SUFFIX[scores.dtype]}")
     pointers = [address(t) for t in (scores, probs, grad, grad_scores, pre_t, post_t, grad_pre, grad_post)]
-    bounds = interval_pointers(rows)
-    split(B * R, lambda u0, u1, _: fn(*pointers, u0, u1, H, R, N, *sizes, *bounds))
+    sizes = (H, R, N, *mix_widths(pre, post), *interval_pointers(rows))
+    split(B * R, lambda u0, u1, _: fn(*pointers, u0, u1, *sizes))
     return grad_scores, added_up(grad_pre), added_up(grad_post)
 
 

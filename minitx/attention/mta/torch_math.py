@@ -196,13 +196,11 @@ class NativeKeyQueryConv:
     the bare C call, for `run` where nothing needs a gradient."""
 
     @staticmethod
-    def apply(maps: Tensor, kernel: Tensor, lo: Tensor, hi: Tensor, out_lo: Tensor, out_hi: Tensor) -> Tensor:
+    def apply(maps, kernel, lo, hi, out_lo, out_hi) -> Tensor:
         return torch.ops.minitx.kq_conv(maps, kernel, lo, hi, out_lo, out_hi)
 
     @staticmethod
-    def forward(
-        maps: Tensor, kernel: Tensor, lo: Tensor, hi: Tensor, out_lo: Tensor, out_hi: Tensor
-    ) -> Tensor:
+    def forward(maps, kernel, lo, hi, out_lo, out_hi) -> Tensor:
         return native.conv(maps, kernel[:, 0], 0, out_lo.shape[-1], (lo, hi), (out_lo, out_hi))
 
 
@@ -215,16 +213,12 @@ class MixedSoftmax:
     needs where something needs one; `forward`: the bare C call, for `run` without gradients."""
 
     @staticmethod
-    def apply(
-        scores: Tensor, pre: Tensor | None, post: Tensor | None, lo: Tensor | None, hi: Tensor | None
-    ) -> Tensor:
+    def apply(scores, pre, post, lo, hi) -> Tensor:
         keep = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (scores, pre, post))
         return torch.ops.minitx.mixed_softmax(scores, pre, post, lo, hi, keep)[0]
 
     @staticmethod
-    def forward(
-        scores: Tensor, pre: Tensor | None, post: Tensor | None, lo: Tensor | None, hi: Tensor | None
-    ) -> Tensor:
+    def forward(scores, pre, post, lo, hi) -> Tensor:
         rows = None if lo is None else (lo, hi)
         return native.mixed_softmax(scores, pre, post, rows, keep_probs=False)[0]
 
