@@ -29,7 +29,34 @@ from . import kinds
 from .functional import allowed_mask
 
 
-class KVCache(nn.Module):
+class DecodingCache(nn.Module):
+    """What every kind's decoding cache keeps besides its tensors: the tokens it has seen (n_seen,
+    the position of the next token) and, with documents (ModelConfig.document_token), where the
+    new tokens' documents begin, (B, T) absolute positions set by the model before each call, and
+    where the last one began."""
+
+    def __init__(self):
+        super().__init__()
+        self.n_seen = 0
+        self.set_documents(None)
+
+    def reset(self) -> None:
+        object.__setattr__(self, "n_seen", 0)
+        self.set_documents(None)
+
+    def set_documents(self, starts: Tensor | None) -> None:
+        """Where each new query's document begins (B, T): keys before it are hidden from it, so a
+        new document decodes as a fresh sequence would."""
+        object.__setattr__(self, "starts", starts)
+        object.__setattr__(self, "doc_start", None if starts is None else starts[:, -1])
+
+    def count(self, new_tokens: int) -> None:
+        # n_seen is a plain int: set it past nn.Module.__setattr__, which is slow Python that
+        # looks for parameters, buffers and modules of that name first (measured per decode step).
+        object.__setattr__(self, "n_seen", self.n_seen + new_tokens)
+
+
+class KVCache(DecodingCache):
     """Keys and values of one layer in `capacity` slots (fewer when `max_len` says fewer will do)."""
 
     def __init__(
@@ -57,25 +84,13 @@ class KVCache(nn.Module):
         self.register_buffer(
             "pos", torch.full((capacity,), -1, dtype=torch.long, device=device), persistent=False
         )
-        self.n_seen = 0  # tokens appended so far = position of the next token
-        # With documents (ModelConfig.document_token): where the new queries' documents begin,
-        # (B, T) absolute positions set by the model before each call, and where the last one began.
-        self.starts: Tensor | None = None
-        self.doc_start: Tensor | None = None
 
     def reset(self) -> None:
         """Empty the cache for a new sequence, keeping its memory."""
         self.k.zero_()
         self.v.zero_()
         self.pos.fill_(-1)  # -1: empty slot
-        object.__setattr__(self, "n_seen", 0)
-        self.set_documents(None)
-
-    def set_documents(self, starts: Tensor | None) -> None:
-        """Where each new query's document begins (B, T): keys before it are hidden from it, so a
-        new document decodes as a fresh sequence would."""
-        object.__setattr__(self, "starts", starts)
-        object.__setattr__(self, "doc_start", None if starts is None else starts[:, -1])
+        super().reset()
 
     def in_document(self, mask: Tensor | None, k_pos: Tensor) -> Tensor | None:
         """`mask` (T, keys) or None, narrowed to the keys in each new query's document: (B, 1, T, keys)."""
@@ -134,7 +149,7 @@ class KVCache(nn.Module):
         self.k[:, :, slots] = k.to(self.k.dtype)
         self.v[:, :, slots] = v.to(self.v.dtype)
         self.pos[slots] = positions
-        self._count(T)
+        self.count(T)
 
     def _check_room(self, T: int) -> None:
         if self.n_seen + T > self.capacity and self.capacity - self.n_sink < self.window:
@@ -151,12 +166,7 @@ class KVCache(nn.Module):
         keys.narrow(2, slot, 1).copy_(k)
         values.narrow(2, slot, 1).copy_(v)
         self.pos.narrow(0, slot, 1).fill_(position)
-        self._count(1)
-
-    def _count(self, new_tokens: int) -> None:
-        # n_seen is a plain int: set it past nn.Module.__setattr__, which is slow Python that
-        # looks for parameters, buffers and modules of that name first (measured per decode step).
-        object.__setattr__(self, "n_seen", self.n_seen + new_tokens)
+        self.count(1)
 
     def contents(self, ordered: bool = True) -> tuple[Tensor, Tensor, Tensor]:
         """(k, v, pos) of the filled slots; in order of position if `ordered` (a convolution along

@@ -62,9 +62,7 @@ class Documents:
     def _mask(self, leading: int) -> Tensor:
         T = self.starts.shape[1]
         pos = torch.arange(self.offset, self.offset + T, device=self.starts.device)
-        allowed = (pos[None, None, None, :] <= pos[None, None, :, None]) & (
-            pos[None, None, None, :] >= self.starts[:, None, :, None]
-        )
+        allowed = (pos <= pos[:, None]) & (pos >= self.starts[:, None, :, None])  # (B, 1, T, T)
         if not leading:
             return allowed
         allowed = F.pad(allowed, (leading, 0, leading, 0), value=True)

@@ -314,10 +314,8 @@ class DifferentialAttention(Attention):
         _, weights = functional.attention(q, k, v, causal=True, return_weights=True)
         first, second = weights.chunk(2, dim=1)
         maps = first - self.lambda_full().to(weights.dtype) * second
-        G = k.shape[1]
-        value = self.pair_values(v).repeat_interleave(
-            maps.shape[1] // (G // 2), dim=1
-        )  # pair i reads kv pair i // r
+        G = k.shape[1]  # pair i reads kv pair i // r
+        value = self.pair_values(v).repeat_interleave(maps.shape[1] // (G // 2), dim=1)
         out = F.rms_norm(maps @ value, (value.shape[-1],), eps=NORM_EPS)
         return (1 - self.lambda_init) * out, maps
 

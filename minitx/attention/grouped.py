@@ -5,6 +5,8 @@ SDPA takes k and v with n_kv_head heads directly (enable_gqa), so no head is eve
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -38,14 +40,9 @@ class GroupedQueryAttention(Attention):
         # A sink enters as one token before the sequence (with_sink), in view of every document.
         leading = 0 if self.sinks is None else 1
         if self.use_flex(q):  # block-sparse: blocks wholly in another document are skipped
-
-            def attend(q, k, v):
-                return flex_documents(q, k, v, docs, None, leading, self.scale)
+            attend = partial(flex_documents, docs=docs, window=None, leading=leading, scale=self.scale)
         else:  # SDPA under the mask, in blocks of queries
-
-            def attend(q, k, v):
-                return masked_attention(self.causal, q, k, v, docs, leading)
-
+            attend = partial(masked_attention, self.causal, docs=docs, leading=leading)
         return attend(q, k, v) if self.sinks is None else with_sink(attend, q, k, v, self.sinks, self.scale)
 
     def use_flex(self, q: Tensor) -> bool:
@@ -57,18 +54,7 @@ class GroupedQueryAttention(Attention):
 
 
 # Their options (qk_norm, sinks, gate) are those every softmax kind shares.
-MHA = KindSpec(
-    "mha",
-    GroupedQueryAttention,
-    options=SoftmaxOptions,
-    kv_heads=lambda attention, n_head: n_head,
-    reads_n_kv_head=False,
-)
-MQA = KindSpec(
-    "mqa",
-    GroupedQueryAttention,
-    options=SoftmaxOptions,
-    kv_heads=lambda attention, n_head: 1,
-    reads_n_kv_head=False,
-)
+FIXED_KV_HEADS = dict(options=SoftmaxOptions, reads_n_kv_head=False)
+MHA = KindSpec("mha", GroupedQueryAttention, kv_heads=lambda attention, n_head: n_head, **FIXED_KV_HEADS)
+MQA = KindSpec("mqa", GroupedQueryAttention, kv_heads=lambda attention, n_head: 1, **FIXED_KV_HEADS)
 GQA = KindSpec("gqa", GroupedQueryAttention, options=SoftmaxOptions)  # 1 < n_kv_head < n_head

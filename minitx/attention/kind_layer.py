@@ -1,13 +1,7 @@
-"""KindLayer: the interface every attention kind's layer meets, whatever it computes.
-
-What the model, the decoder, the FLOP count and the diagnostics call on a layer: `forward(x,
-rope, cache, docs)`; the decoding cache (`make_cache` sizes one for a kind, `new_cache` makes one
-for this layer, which the model's ModelCache holds and passes back to `forward`);
-`flops_per_token` (and `executed_flops_per_token`), priced with `pair_flops` and `sdpa_flops`;
-`init_extra`; and, where a kind has softmax maps, `project` / `reference` (`attention_weights`,
-`softmax_maps`, `visible_keys`). Softmax attention over a fused q/k/v projection is `Attention`
-(softmax.py), built on this; a kind that is not (MLA's latents, gdn's recurrent state) derives
-from KindLayer directly.
+"""KindLayer: the interface every attention kind's layer meets, whatever it computes: what the
+model, the decoder, the FLOP count and the diagnostics call on a layer. Softmax attention over a
+fused q/k/v projection is `Attention` (softmax.py), built on this; a kind that is not (MLA's
+latents, gdn's recurrent state) derives from KindLayer directly.
 """
 
 from __future__ import annotations
@@ -72,7 +66,7 @@ class KindLayer(nn.Module):
     @classmethod
     def make_cache(cls, config: ModelConfig, layer: int, batch: int, max_len: int | None, dtype, device):
         """The cache a layer of this kind needs (device "meta" sizes it without memory): a module
-        with `n_seen`, `reset()`, `set_documents(starts)` and `nbytes()`, as KVCache has."""
+        with `n_seen`, `reset()`, `set_documents(starts)` (a DecodingCache's) and `nbytes()`."""
         raise NotImplementedError
 
     def new_cache(self, batch: int, max_len: int | None = None, dtype=None, device=None):

@@ -88,9 +88,7 @@ class LocalAttention(Attention):
 
         # The sink goes in as a token before the sequence (see sinks.with_sink), always in view: one
         # global token more. The window is unchanged: every real token moved by one place.
-        def window(q, k, v):
-            return self.attend_window(q, k, v, self.n_global + 1, self.scale)
-
+        window = functools.partial(self.attend_window, n_global=self.n_global + 1, scale=self.scale)
         return with_sink(window, q, k, v, self.sinks, self.scale)
 
     def attend_window(self, q: Tensor, k: Tensor, v: Tensor, n_global: int, scale=None) -> Tensor:
@@ -108,18 +106,16 @@ class LocalAttention(Attention):
         # sink enters as one token before the sequence (with_sink), in view of every document.
         leading = 0 if self.sinks is None else 1
         if self.use_flex(q):  # block-sparse: the window and the documents in one block mask
-
-            def attend(q, k, v):
-                return flex_documents(q, k, v, docs, self.window, leading, self.scale)
+            attend = functools.partial(
+                flex_documents, docs=docs, window=self.window, leading=leading, scale=self.scale
+            )
         elif self.window >= q.shape[2]:  # the window covers every earlier token: the documents' mask alone
-
-            def attend(q, k, v):
-                return masked_attention(self.masked, q, k, v, docs, leading)
+            attend = functools.partial(masked_attention, self.masked, docs=docs, leading=leading)
         else:
             starts = F.pad(docs.starts - docs.offset + leading, (leading, 0))  # as indices of q's rows
 
             def attend(q, k, v):
-                return chunked_local(q, k, v, self.window, leading, self.dropout_p, self.scale, starts=starts)
+                return chunked_local(q, k, v, self.window, leading, self.dropout_p, self.scale, starts)
 
         return attend(q, k, v) if self.sinks is None else with_sink(attend, q, k, v, self.sinks, self.scale)
 
@@ -143,16 +139,7 @@ class LocalAttention(Attention):
         return functional.allowed_mask(positions, positions, window=self.window, n_global=self.n_global)
 
 
-def chunked_local(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    window: int,
-    n_global: int = 0,
-    dropout_p: float = 0.0,
-    scale: float | None = None,
-    starts: Tensor | None = None,
-) -> Tensor:
+def chunked_local(q, k, v, window: int, n_global: int = 0, dropout_p=0.0, scale=None, starts=None) -> Tensor:
     """Sliding-window attention in blocks: O(T * window) time and memory. With `starts` (B, T), the
     index where each query's document begins, no query sees a key before it (but the n_global)."""
     B, H, T, D = q.shape

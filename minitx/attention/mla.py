@@ -243,20 +243,12 @@ class MultiHeadLatentAttention(KindLayer):
 
     # -- the decoding cache ---------------------------------------------------------------------
     @classmethod
-    def make_cache(
-        cls, config: ModelConfig, layer: int, batch: int, max_len: int | None, dtype, device
-    ) -> KVCache:
+    def make_cache(cls, config: ModelConfig, layer: int, batch: int, max_len: int | None, dtype, device):
         options: MLAOptions = config.options_at(layer)
+        sizes = dict(max_len=max_len, dtype=dtype, device=device, rope_dim=options.qk_rope_head_dim)
+        # Full attention's: a ring of block_size slots; past it the context slides.
         return cls.cache_type(
-            batch,
-            options.kv_lora_rank,
-            rope_dim=options.qk_rope_head_dim,
-            max_len=max_len,
-            dtype=dtype,
-            device=device,
-            # Full attention's: a ring of block_size slots; past it the context slides.
-            capacity=config.block_size,
-            window=config.block_size,
+            batch, options.kv_lora_rank, config.block_size, window=config.block_size, **sizes
         )
 
 

@@ -154,19 +154,10 @@ class Attention(KindLayer):
         return dict(capacity=config.block_size, window=config.block_size)
 
     @classmethod
-    def make_cache(
-        cls, config: ModelConfig, layer: int, batch: int, max_len: int | None, dtype, device
-    ) -> KVCache:
+    def make_cache(cls, config: ModelConfig, layer: int, batch: int, max_len: int | None, dtype, device):
         """The cache a layer of this kind needs (device "meta" sizes it without memory)."""
-        return cls.cache_type(
-            batch,
-            config.n_kv_head_at(layer),
-            config.head_dim,
-            max_len=max_len,
-            dtype=dtype,
-            device=device,
-            **cls.cache_layout(config, layer),
-        )
+        sizes = dict(max_len=max_len, dtype=dtype, device=device, **cls.cache_layout(config, layer))
+        return cls.cache_type(batch, config.n_kv_head_at(layer), config.head_dim, **sizes)
 
     # -- FLOPs --------------------------------------------------------------------------------
     def flops_per_token(self, T: int) -> float:

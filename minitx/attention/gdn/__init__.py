@@ -8,7 +8,7 @@ layer.py       GDNOptions, GatedDeltaNet (projections, gates, decay, its FLOPs),
 """
 
 from .cache import GDNCache
-from .conv import FEW_TOKENS, short_convolution
+from .conv import FEW_TOKENS
 from .delta_rule import (
     chunk_gated_delta,
     fla_chunk,
@@ -16,10 +16,9 @@ from .delta_rule import (
     fla_kernel,
     l2_normalise,
     recurrent_gated_delta,
-    state_dtype,
     step_gated_delta,
 )
-from .layer import GDN, GatedDeltaNet, GDNOptions, check_gdn_model
+from .layer import GDN, GatedDeltaNet, GDNOptions
 
 __all__ = [
     "FEW_TOKENS",
@@ -27,14 +26,11 @@ __all__ = [
     "GDNCache",
     "GDNOptions",
     "GatedDeltaNet",
-    "check_gdn_model",
     "chunk_gated_delta",
     "fla_chunk",
     "fla_installed",
     "fla_kernel",
     "l2_normalise",
     "recurrent_gated_delta",
-    "short_convolution",
-    "state_dtype",
     "step_gated_delta",
 ]

@@ -6,12 +6,12 @@ context's length.
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
 
+from ...cache import DecodingCache
 from .delta_rule import state_dtype
 
 
-class GDNCache(nn.Module):
+class GDNCache(DecodingCache):
     """One gdn layer's decoding state: the convolution's last conv_size - 1 inputs (B, conv_size - 1,
     channels) and the recurrent state h (B, value heads, dk, dv) in float32. Its size is fixed:
     decoding costs the same per token at any context length."""
@@ -24,23 +24,11 @@ class GDNCache(nn.Module):
         shape = (batch, heads, key_dim, value_dim)
         state = torch.zeros(shape, dtype=state_dtype(dtype), device=device)
         self.register_buffer("state", state, persistent=False)
-        self.n_seen = 0
-        self.starts: Tensor | None = None
-        self.doc_start: Tensor | None = None
 
     def reset(self) -> None:
         self.conv.zero_()
         self.state.zero_()
-        object.__setattr__(self, "n_seen", 0)
-        self.set_documents(None)
-
-    def set_documents(self, starts: Tensor | None) -> None:
-        """As KVCache's: where the new tokens' documents begin (B, T), and where the last one began."""
-        object.__setattr__(self, "starts", starts)
-        object.__setattr__(self, "doc_start", None if starts is None else starts[:, -1])
-
-    def count(self, new_tokens: int) -> None:
-        object.__setattr__(self, "n_seen", self.n_seen + new_tokens)
+        super().reset()
 
     def nbytes(self) -> int:
         return self.conv.nbytes + self.state.nbytes

@@ -53,16 +53,7 @@ def state_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def step_gated_delta(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    scale: float,
-    state: Tensor,
-    resets: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
+def step_gated_delta(q, k, v, g, beta, scale: float, state: Tensor, resets: Tensor | None = None):
     """One token of `recurrent_gated_delta` (decoding), its loop's products as batched matrix
     products with the token as a row: q, k (B, H, 1, dk), v (B, H, 1, dv), g and beta (B, H, 1),
     state h (B, H, dk, dv), resets (B, 1) or None. Returns the output (B, H, 1, dv) and the state."""
@@ -77,16 +68,7 @@ def step_gated_delta(
     return (q @ h) * scale, h
 
 
-def recurrent_gated_delta(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    scale: float,
-    state: Tensor | None = None,
-    resets: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
+def recurrent_gated_delta(q, k, v, g, beta, scale: float, state=None, resets=None):
     """The delta rule token by token (`step_gated_delta` in a loop). q, k (B, H, T, dk), v
     (B, H, T, dv), g and beta (B, H, T); state h (B, H, dk, dv) or None (zeros); resets (B, T)
     bool: the state empties before that token. Returns the outputs (B, H, T, dv) in the state's
@@ -95,32 +77,13 @@ def recurrent_gated_delta(
     h = q.new_zeros(B, H, dk, v.shape[-1], dtype=state_dtype(q.dtype)) if state is None else state
     outputs = []
     for t in range(T):
-        token = slice(t, t + 1)
-        o, h = step_gated_delta(
-            q[:, :, token],
-            k[:, :, token],
-            v[:, :, token],
-            g[:, :, token],
-            beta[:, :, token],
-            scale,
-            h,
-            None if resets is None else resets[:, token],
-        )
+        token = [x[:, :, t : t + 1] for x in (q, k, v, g, beta)]
+        o, h = step_gated_delta(*token, scale, h, None if resets is None else resets[:, t : t + 1])
         outputs.append(o)
     return torch.cat(outputs, dim=2), h
 
 
-def chunk_gated_delta(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor,
-    beta: Tensor,
-    scale: float,
-    chunk_size: int = 64,
-    state: Tensor | None = None,
-    resets: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
+def chunk_gated_delta(q, k, v, g, beta, scale: float, chunk_size: int = 64, state=None, resets=None):
     """`recurrent_gated_delta` computed chunk by chunk (see the module's docstring); same arguments
     and results, any T (the last chunk is padded with steps that change nothing: g = 0, beta = 0)."""
     B, H, T, dk = k.shape
@@ -163,7 +126,7 @@ def chunk_gated_delta(
     if resets is not None:
         writes = writes * same[..., -1, :]
     k_write = (k * writes[..., None]).transpose(-1, -2)  # (B, H, n, dk, C)
-    keeps = gamma[..., -1] if carried is None else gamma[..., -1] * carried[..., -1]  # (B, H, n)
+    keeps = reads[..., -1]  # (B, H, n): how much of the state carries over the chunk
     # Only the state runs chunk by chunk: two small products per chunk. The chunks are unbound
     # up front, since indexing one at a time would cost each a full-sized gradient in backward.
     h = q.new_zeros(B, H, dk, dv) if state is None else state.to(dtype)

@@ -73,11 +73,8 @@ class GatedDeltaNet(KindLayer):
         self.key_dim = options.key_head_dim or config.head_dim
         self.value_dim = options.value_head_dim or config.head_dim
         self.conv_size, self.chunk_size = options.conv_size, options.chunk_size
-        self.decay, self.allow_neg_eigval, self.backend = (
-            options.decay,
-            options.allow_neg_eigval,
-            options.backend,
-        )
+        self.decay, self.allow_neg_eigval = options.decay, options.allow_neg_eigval
+        self.backend = options.backend
         d, keys, values = config.d_model, self.n_head * self.key_dim, self.n_value_head * self.value_dim
         # fla's and OLMo-Hybrid's names; biases only where the model asks for them.
         self.q_proj = nn.Linear(d, keys, bias=config.bias)
@@ -114,9 +111,7 @@ class GatedDeltaNet(KindLayer):
         return 1.0 / math.sqrt(self.key_dim)
 
     # -- the pieces -----------------------------------------------------------------------------
-    def convolve(
-        self, mixed: Tensor, window: Tensor | None, docs: Documents | None, start: int
-    ) -> tuple[Tensor, Tensor]:
+    def convolve(self, mixed: Tensor, window: Tensor | None, docs: Documents | None, start: int):
         """The short convolution (conv.py) of mixed (B, T, channels) by this layer's taps: its
         output after SiLU and the new window."""
         return short_convolution(mixed, self.conv.weight, window, docs, start)
@@ -132,9 +127,7 @@ class GatedDeltaNet(KindLayer):
         positions = torch.arange(docs.offset, docs.offset + T, device=docs.starts.device)
         return docs.starts == positions
 
-    def recurrence_inputs(
-        self, x: Tensor, window: Tensor | None, docs: Documents | None, start: int
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    def recurrence_inputs(self, x: Tensor, window: Tensor | None, docs: Documents | None, start: int):
         """q, k (unit, key heads repeated over their value heads), v, the decay's log g and beta
         (B, value heads, T) of input x (B, T, d) whose first token sits at `start`, after the
         convolution window `window`; and the convolution's new window."""
@@ -143,9 +136,8 @@ class GatedDeltaNet(KindLayer):
         mixed, new_window = self.convolve(mixed, window, docs, start)
         keys = self.n_head * self.key_dim
         qk, v = mixed.split([2 * keys, self.n_value_head * self.value_dim], dim=-1)
-        q, k = delta_rule.l2_normalise(self.heads(qk, self.key_dim)).split(
-            self.n_head, dim=1
-        )  # per head, in one go
+        # per head, in one go
+        q, k = delta_rule.l2_normalise(self.heads(qk, self.key_dim)).split(self.n_head, dim=1)
         v = self.heads(v, self.value_dim)
         if self.n_value_head != self.n_head:  # each key head serves consecutive value heads
             r = self.n_value_head // self.n_head

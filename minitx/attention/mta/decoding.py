@@ -43,9 +43,7 @@ class CachedDecoding:
         cache.keep_rows(rows)
         keys, values, k_pos = cache.contents(ordered=self.c_k > 1)  # only a key-axis convolution needs order
         first_key = cache.n_seen - cache.window  # n_seen already counts the new tokens
-        in_order = (
-            self.c_k > 1 or cache.n_seen <= cache.capacity
-        )  # before it wraps, slot order is position order
+        in_order = self.c_k > 1 or cache.n_seen <= cache.capacity  # before it wraps, slots are in order
         keys, values = keys.to(q.dtype), values.to(q.dtype)
         if cache.starts is not None:
             return self.rows_in_documents(
@@ -108,21 +106,15 @@ class CachedDecoding:
         """A decoding step in one C call (native.attend_rows; lo, hi: the keys each row sees, None:
         all; first_slot: where a wrapped ring's oldest key lies); compiled, the same call as an
         operator (ops.py), which torch.compile can trace where it cannot trace a ctypes call."""
-        if torch.compiler.is_compiling():
-            norm = (None, None, None, 0.0)
-            if self.norm is not None:
-                norm = (self.norm.weight, self.gate.weight, self.gate.bias, self.norm.eps)
-            return torch.ops.minitx.attend_rows(
-                q, keys, values, self.scale, self.mix_pre, self.mix_post, *norm, kernel, lo, hi, first_slot
-            )
-        # The same weights read from the modules' own tables: nn.Module's attribute lookup costs
-        # about 0.7 us a name, and these are eight, in a step whose arithmetic takes about 10 us.
+        # The weights read from the modules' own tables: nn.Module's attribute lookup costs about
+        # 0.7 us a name, and these are eight, in a step whose arithmetic takes about 10 us.
         own, parts = self._parameters, self._modules
         norm = (None, None, None, 0.0)
         if parts["norm"] is not None:
             gate = parts["gate"]._parameters
             norm = (parts["norm"]._parameters["weight"], gate["weight"], gate["bias"], parts["norm"].eps)
-        return native.attend_rows(
+        attend_rows = torch.ops.minitx.attend_rows if torch.compiler.is_compiling() else native.attend_rows
+        return attend_rows(
             q, keys, values, self.scale, own["mix_pre"], own["mix_post"], *norm, kernel, lo, hi, first_slot
         )
 

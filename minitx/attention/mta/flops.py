@@ -33,8 +33,7 @@ def per_token(layer, T: int) -> float:
     H, D, kernel = layer.n_head, layer.head_dim, layer.c_q * layer.c_k
     per_pair = 2 * D  # the score and the value
     per_pair += kernel * ((layer.kq_conv is not None) + (layer.kq_conv_post is not None))
-    for mix in (layer.mix_pre, layer.mix_post):
-        per_pair += 0 if mix is None else mix.shape[-1]
+    per_pair += sum(mix.shape[-1] for mix in (layer.mix_pre, layer.mix_post) if mix is not None)
     forward = 2 * H * causal_pairs(T) * per_pair
     if layer.norm is not None:
         forward += 2 * (H - 1) * D * T  # the gate on every head, beyond the once its weight counts

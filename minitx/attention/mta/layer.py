@@ -86,8 +86,8 @@ class MultiTokenAttention(CachedDecoding, Attention):
         super().__init__(config, layer)
         att: MTAOptions = config.options_at(layer)
         H, D = self.n_head, self.head_dim
-        self.query_chunk = att.query_chunk
-        self.backend = att.backend
+        self.query_chunk, self.backend = att.query_chunk, att.backend
+        self.float32, self.gate_init = att.float32, att.gate_init
         if self.backend == "triton" and not mta_triton.available():
             # Here, not in the config's checks: a GPU job's config may be checked (prepare.py) elsewhere.
             fail(
@@ -95,8 +95,6 @@ class MultiTokenAttention(CachedDecoding, Attention):
                 "is 'triton', but triton is not installed",
                 mta_triton.INSTALL_HINT,
             )
-        self.float32 = att.float32
-        self.gate_init = att.gate_init
         self.has_conv = layer in att.conv_layer_set(config.n_layer)
         placement = att.conv_placement if self.has_conv else "none"
         self.c_q = att.query_kernel if self.has_conv else 1
@@ -104,21 +102,15 @@ class MultiTokenAttention(CachedDecoding, Attention):
         self.n_hist = history_rows(config, layer)  # earlier query rows one output row depends on
         # Each part is a parameter or None (absent); each starts as the identity.
         kernel = identity_kernel(H, self.c_q, self.c_k)
-        self.register_parameter(
-            "kq_conv", nn.Parameter(kernel.clone()) if placement in ("pre", "both") else None
-        )
-        self.register_parameter(
-            "kq_conv_post", nn.Parameter(kernel.clone()) if placement in ("post", "both") else None
-        )
         group = att.head_group or H
         pre_group = H if att.pre_mix_all_heads else group  # as released: one H x H map before softmax
-        self.register_parameter(
-            "mix_pre",
-            nn.Parameter(identity_mix(H, pre_group)) if att.head_mix in ("pre", "both") else None,
-        )
-        self.register_parameter(
-            "mix_post", nn.Parameter(identity_mix(H, group)) if att.head_mix in ("post", "both") else None
-        )
+        for name, start, wanted in (
+            ("kq_conv", kernel, placement in ("pre", "both")),
+            ("kq_conv_post", kernel, placement in ("post", "both")),
+            ("mix_pre", identity_mix(H, pre_group), att.head_mix in ("pre", "both")),
+            ("mix_post", identity_mix(H, group), att.head_mix in ("post", "both")),
+        ):
+            self.register_parameter(name, nn.Parameter(start.clone()) if wanted else None)
         # Output norm: RMSNorm over D (one weight shared by the heads), then a sigmoid gate per head.
         self.add_module("norm", nn.RMSNorm(D, eps=att.norm_eps) if att.output_norm else None)
         self.add_module("gate", nn.Linear(D, 1) if att.output_norm else None)
@@ -145,23 +137,12 @@ class MultiTokenAttention(CachedDecoding, Attention):
 
     @classmethod
     def cache_layout(cls, config: ModelConfig, layer: int) -> dict:
-        n_query = history_rows(config, layer)
-        return dict(
-            capacity=config.block_size, window=config.block_size, n_head=config.n_head, n_query=n_query
-        )
+        # Full attention's ring, and the queries the convolution looks back on.
+        layout = super().cache_layout(config, layer)
+        return layout | dict(n_head=config.n_head, n_query=history_rows(config, layer))
 
     # -- the maths for a run of query rows ----------------------------------------------------
-    def rows(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        q_pos: Tensor,
-        k_pos: Tensor,
-        first_key: int = 0,
-        consecutive: bool = True,
-        starts: Tensor | None = None,
-    ):
+    def rows(self, q, k, v, q_pos, k_pos, first_key: int = 0, consecutive: bool = True, starts=None):
         """Attention for query rows q (B, H, R, D) of which the first n_hist are history only.
 
         q_pos: (R,) absolute positions (history rows that do not exist have position -1, so they
@@ -176,15 +157,7 @@ class MultiTokenAttention(CachedDecoding, Attention):
         scores = product(q, k.transpose(-2, -1), self.scale)
         return self.finish(self.weights_of(scores, q_pos, k_pos, first_key, consecutive, starts), v)
 
-    def weights_of(
-        self,
-        scores: Tensor,
-        q_pos: Tensor,
-        k_pos: Tensor,
-        first_key: int = 0,
-        consecutive: bool = True,
-        starts: Tensor | None = None,
-    ) -> Tensor:
+    def weights_of(self, scores, q_pos, k_pos, first_key: int = 0, consecutive: bool = True, starts=None):
         """`rows`' weights from its scores q k^T / sqrt(D) (B, H, R, Tk): the released order up to
         the product with V."""
         if starts is None:
@@ -204,14 +177,8 @@ class MultiTokenAttention(CachedDecoding, Attention):
         """`weights_of` by one C call for the convolution, mixes and softmax (native.conv_softmax),
         where it applies: the pre placement, keys in order, not compiled. Where a gradient is
         needed, through its operator (ops.py), whose backward is one C call too. Else None."""
-        if (
-            self.kq_conv is None
-            or self.kq_conv_post is not None
-            or not consecutive
-            or not len(k_pos)
-            or not native.available(scores)
-            or torch.compiler.is_compiling()
-        ):
+        applies = self.kq_conv is not None and self.kq_conv_post is None and consecutive and len(k_pos)
+        if not applies or not native.available(scores) or torch.compiler.is_compiling():
             return None
         visible = VisibleKeys(q_pos, k_pos, first_key, consecutive)
         out_rows = visible.from_row(self.c_q - 1)
@@ -279,14 +246,10 @@ class MultiTokenAttention(CachedDecoding, Attention):
             # under torch.compile the same call as an operator (ops.py), which it can trace.
             gated_norm = torch.ops.minitx.gated_norm if torch.compiler.is_compiling() else native.gated_norm
             return gated_norm(out, self.norm.weight, self.gate.weight, self.gate.bias, self.norm.eps)
-        if self.float32 and out.dtype in (
-            torch.float16,
-            torch.bfloat16,
-        ):  # statistics in float32, as released
-            normed = (
-                F.rms_norm(out.float(), self.norm.normalized_shape, eps=self.norm.eps).to(out.dtype)
-                * self.norm.weight
-            )
+        if self.float32 and out.dtype in (torch.float16, torch.bfloat16):
+            # statistics in float32, as released
+            normed = F.rms_norm(out.float(), self.norm.normalized_shape, eps=self.norm.eps).to(out.dtype)
+            normed = normed * self.norm.weight
         else:
             normed = self.norm(out)
         return normed * torch.sigmoid(self.gate(normed))
@@ -336,31 +299,22 @@ class MultiTokenAttention(CachedDecoding, Attention):
             weights = chunks.weights(product(q, k.transpose(-2, -1), chunks.scale), *rest, *tensors[-2:])
             return self.weighed_values(weights, v)
 
+        def inputs(span):  # chunk's arguments
+            return *chunk_parts(parts, n_rows, span), *chunk_positions((q_pos, positions), span)
+
         # Compiled with dropout: no recomputation. torch's checkpoint, traced around the MTA
         # operators, replays a different sequence of casts in the backward and fails ("not found
         # in storage"), and ChunkedRows would draw new dropout masks; the chunks' maps are kept.
         compiled_dropout = self.dropout_p and torch.compiler.is_compiling()
         if not torch.is_grad_enabled() or T <= self.query_chunk or compiled_dropout:
-            outs = [
-                chunk(*chunk_parts(parts, n_rows, s), *chunk_positions((q_pos, positions), s)) for s in spans
-            ]
-            return torch.cat(outs, dim=2)
+            return torch.cat([chunk(*inputs(span)) for span in spans], dim=2)
         # Training would keep every chunk's (rows x keys) maps for the backward pass, O(T^2) again;
         # recomputing a chunk's maps in the backward keeps only its inputs and output (measured at
         # T=4096: 6x less peak memory, 15-20% more time). query_chunk >= T skips it.
         # Dropout draws random numbers: torch's checkpoint replays them. Compiled, checkpoint is also
         # what the compiler can trace (ChunkedRows takes a Python function: a graph break).
         if self.dropout_p or torch.compiler.is_compiling():
-            outs = [
-                checkpoint(
-                    chunk,
-                    *chunk_parts(parts, n_rows, s),
-                    *chunk_positions((q_pos, positions), s),
-                    use_reentrant=False,
-                )
-                for s in spans
-            ]
-            return torch.cat(outs, dim=2)
+            return torch.cat([checkpoint(chunk, *inputs(span), use_reentrant=False) for span in spans], dim=2)
         params = [
             p
             for name, p in self.named_parameters()
@@ -391,11 +345,8 @@ class MultiTokenAttention(CachedDecoding, Attention):
 
     def whole_rows(self, q: Tensor, k: Tensor, v: Tensor, docs: Documents) -> bool:
         B, _, T, _ = q.shape
-        if (
-            not native.available(q)
-            or self.fused(q, k, v)
-            or (self.kq_conv is not None and self.factorised(q))
-        ):
+        factorised = self.kq_conv is not None and self.factorised(q)
+        if factorised or not native.available(q) or self.fused(q, k, v):
             return False
         pieces = sum(
             CALL_SCORES + len(group) * max(e - b for _, b, e in group) ** 2 for group in docs.groups()

@@ -41,7 +41,6 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache, lru_cache
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -127,18 +126,7 @@ def build_target() -> str:
 def vector_extensions() -> list[str]:
     """The CPU's SIMD extensions as /proc/cpuinfo's flags name them (avx2, fma, avx512f, avx512_bf16,
     ...; neon/asimd on ARM); empty where there is no /proc/cpuinfo."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = next(
-        (
-            line.split(":", 1)[1].split()
-            for line in text.splitlines()
-            if line.startswith(("flags", "Features"))
-        ),
-        [],
-    )
+    flags = cpuinfo_line(("flags", "Features")).partition(":")[2].split()
     wanted = ("avx", "fma", "sse4_2", "f16c", "amx", "asimd", "neon", "sve")
     return sorted(flag for flag in set(flags) if flag.startswith(wanted))
 
@@ -168,14 +156,18 @@ def unit_rows(name: str) -> int:
     return ctypes.c_int64.in_dll(library(), name).value
 
 
-def cpu_model() -> str:
+def cpuinfo_line(prefixes: tuple[str, ...]) -> str:
+    """/proc/cpuinfo's first line that starts with one of prefixes; "" where none does, or there is
+    no /proc/cpuinfo."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor()
+        return ""
+    return next((line for line in lines if line.startswith(prefixes)), "")
+
+
+def cpu_model() -> str:
+    return cpuinfo_line(("model name", "flags")) or platform.processor()
 
 
 def available(maps: Tensor) -> bool:
@@ -288,14 +280,7 @@ def as_dtype(t: Tensor | None, dtype) -> Tensor | None:
     return t.detach().to(dtype).contiguous()
 
 
-def conv(
-    maps: Tensor,
-    kernel: Tensor,
-    offset: int,
-    n_out: int,
-    in_rows: tuple[Tensor, Tensor],
-    out_rows: tuple[Tensor, Tensor],
-) -> Tensor:
+def conv(maps: Tensor, kernel: Tensor, offset: int, n_out: int, in_rows, out_rows) -> Tensor:
     """out[..., i, j] = sum_{u,w} kernel[h, u, w] maps~[..., i + offset + u, j + w - c_k // 2] for
     out_rows' lo_i <= j <= hi_i (0 elsewhere), maps~ = maps zero outside in_rows' [lo_r, hi_r].
     maps (B, H, R_in, N); kernel (H, c_q, c_k); rows: (lo, hi) int64 vectors of R_in and n_out, or
@@ -326,9 +311,7 @@ def kernel_grad(maps: Tensor, grad: Tensor, c_q: int, c_k: int, in_rows, out_row
     return out
 
 
-def mixed_softmax(
-    scores: Tensor, pre: Tensor | None, post: Tensor | None, rows: tuple[Tensor, Tensor], keep_probs: bool
-):
+def mixed_softmax(scores: Tensor, pre, post, rows, keep_probs: bool):
     """(out, probs): probs = softmax over each row's visible keys lo..hi of the head-mixed scores
     M_h = sum_h' pre[g, h', h] C_h' (pre None: M = C), out = the same mix of probs by post (None:
     out = probs); 0 outside the visible keys and in rows that see nothing. scores (B, H, R, N);
@@ -339,78 +322,46 @@ def mixed_softmax(
     pre, post = [as_dtype(m, scores.dtype) for m in (pre, post)]
     out = torch.empty_like(scores)
     probs = torch.empty_like(scores) if keep_probs and post is not None else None
-    sizes = mix_widths(pre, post)
     fn = getattr(library(), f"mixed_softmax_{SUFFIX[scores.dtype]}")
     pointers = [address(t) for t in (scores, out, probs, pre, post)]
-    bounds = interval_pointers(rows)
-    split(B * R, lambda u0, u1, _: fn(*pointers, u0, u1, H, R, N, *sizes, *bounds))
+    sizes = (H, R, N, *mix_widths(pre, post), *interval_pointers(rows))
+    split(B * R, lambda u0, u1, _: fn(*pointers, u0, u1, *sizes))
     return out, (out if post is None else probs) if keep_probs else None
 
 
-class ConvSoftmaxCall(NamedTuple):
-    """What conv_softmax and conv_softmax_grad pass the C loops besides their maps: the output's
+def conv_softmax_call(scores: Tensor, kernel: Tensor, pre, post, in_rows, out_rows) -> tuple:
+    """What conv_softmax and conv_softmax_grad pass the C loops besides their maps: (the output's
     rows, the mixes in the maps' dtype, the sizes (H, R_in, R_out, N, c_q, c_k, mix widths), the
-    intervals' addresses (in lo, in hi, out lo, out hi), and the intervals themselves, held until
-    the call returns."""
-
-    R_out: int
-    pre: Tensor | None
-    post: Tensor | None
-    sizes: tuple[int, ...]
-    bounds: list[int]
-    rows: tuple
-
-
-def conv_softmax_call(
-    scores: Tensor, kernel: Tensor, pre: Tensor | None, post: Tensor | None, in_rows, out_rows
-) -> ConvSoftmaxCall:
+    intervals' addresses (in lo, in hi, out lo, out hi), and the intervals themselves, to hold until
+    the call returns)."""
     _, H, R_in, N = scores.shape
     in_rows, out_rows = contiguous(in_rows), contiguous(out_rows)
     R_out, (c_q, c_k) = len(out_rows[0]), kernel.shape[-2:]
     sizes = (H, R_in, R_out, N, c_q, c_k, *mix_widths(pre, post))
     pre, post = [as_dtype(m, scores.dtype) for m in (pre, post)]
     bounds = [t.data_ptr() for t in (*in_rows, *out_rows)]
-    return ConvSoftmaxCall(R_out, pre, post, sizes, bounds, (in_rows, out_rows))
+    return R_out, pre, post, sizes, bounds, (in_rows, out_rows)
 
 
-def conv_softmax(
-    scores: Tensor,
-    kernel: Tensor,
-    pre: Tensor | None,
-    post: Tensor | None,
-    in_rows: tuple[Tensor, Tensor],
-    out_rows: tuple[Tensor, Tensor],
-    keep: bool = False,
-) -> tuple[Tensor, Tensor | None, Tensor | None]:
+def conv_softmax(scores, kernel, pre, post, in_rows, out_rows, keep: bool = False):
     """(out, conved, probs): out = mixed_softmax(conv(scores, kernel, 0, n_out, in_rows, out_rows),
     pre, post, out_rows)'s out, a tile of rows of every head at a time (the convolved scores go to
     the softmax in cache). keep: also the convolved scores and the softmax before the post mix (out
     itself where there is no post mix), which conv_softmax_grad reads; else both None."""
     B, H, _, N = scores.shape
     scores, kernel = scores.contiguous(), as_dtype(kernel, scores.dtype)
-    call = conv_softmax_call(scores, kernel, pre, post, in_rows, out_rows)
-    R_out = call.R_out
+    R_out, pre, post, sizes, bounds, held = conv_softmax_call(scores, kernel, pre, post, in_rows, out_rows)
     out = scores.new_empty(B, H, R_out, N)
     conved = scores.new_empty(B, H, R_out, N) if keep else None
     probs = scores.new_empty(B, H, R_out, N) if keep and post is not None else None
-    pointers = [address(t) for t in (scores, conved, out, probs, kernel, call.pre, call.post)]
+    pointers = [address(t) for t in (scores, conved, out, probs, kernel, pre, post)]
     fn = getattr(library(), f"conv_softmax_{SUFFIX[scores.dtype]}")
     n_tiles = -(-R_out // unit_rows("tile_rows"))
-    split(B * n_tiles, lambda u0, u1, _: fn(*pointers, u0, u1, *call.sizes, *call.bounds))
+    split(B * n_tiles, lambda u0, u1, _: fn(*pointers, u0, u1, *sizes, *bounds))
     return out, conved, (out if keep and post is None else probs)
 
 
-def conv_softmax_grad(
-    scores: Tensor,
-    conved: Tensor,
-    probs: Tensor,
-    grad: Tensor,
-    kernel: Tensor,
-    pre: Tensor | None,
-    post: Tensor | None,
-    in_rows: tuple[Tensor, Tensor],
-    out_rows: tuple[Tensor, Tensor],
-):
+def conv_softmax_grad(scores, conved, probs, grad, kernel, pre, post, in_rows, out_rows):
     """(d scores, d kernel, d pre, d post) of conv_softmax's out for its gradient grad, from the
     maps its forward kept (keep): the gradient of mixed_softmax, then both of the convolution's, in
     one pass over bands of rows of every head (conv.c's ROW_BLOCK). Kernel (H, c_q, c_k); the
@@ -419,8 +370,7 @@ def conv_softmax_grad(
     B, H, R_in, N = scores.shape
     c_q, c_k = kernel.shape[-2:]
     scores, grad = scores.contiguous(), grad.to(scores.dtype).contiguous()
-    call = conv_softmax_call(scores, kernel, pre, post, in_rows, out_rows)
-    R_out, bounds = call.R_out, call.bounds
+    R_out, pre, post, sizes, bounds, held = conv_softmax_call(scores, kernel, pre, post, in_rows, out_rows)
     flipped = kernel.detach().to(scores.dtype).flip(-1, -2).contiguous()
     dconved, grad_scores = torch.empty_like(conved), scores.new_empty(B, H, R_in, N)
     row_block = unit_rows("row_block")
@@ -429,14 +379,13 @@ def conv_softmax_grad(
     # a slot per band for the kernel's gradient, per output row for the mixes' (conv.c)
     grad_kernel = slots(B * n_bands, (H, c_q, c_k))
     grad_pre, grad_post = [slots(B * R_out, m) for m in (pre, post)]
-    maps = [
-        address(t) for t in (scores, conved, probs, grad, dconved, grad_scores, flipped, call.pre, call.post)
-    ]
+    maps = [address(t) for t in (scores, conved, probs, grad, dconved, grad_scores, flipped, pre, post)]
     sums = [address(g) for g in (grad_kernel, grad_pre, grad_post)]
     fn = getattr(library(), f"conv_softmax_grad_{SUFFIX[scores.dtype]}")
-    split(B * n_bands, lambda u0, u1, _: fn(*maps, *sums, u0, u1, *call.sizes, *bounds))
+    split(B * n_bands, lambda u0, u1, _: fn(*maps, *sums, u0, u1, *sizes, *bounds))
     # Input-gradient rows that read another worker's rows of d conved (conv.c), now that all are written.
     rows_fn = getattr(library(), f"conv_rows_{SUFFIX[scores.dtype]}")
+    rows_maps = (dconved.data_ptr(), grad_scores.data_ptr(), flipped.data_ptr())
     for u0, u1 in parts[1:]:
         b, i0 = divmod(u0, n_bands)
         i0 *= row_block
@@ -444,30 +393,12 @@ def conv_softmax_grad(
             continue
         last_b, last_band = divmod(u1 - 1, n_bands)
         end = R_in if last_b > b or last_band == n_bands - 1 else (last_band + 1) * row_block
-        rows_fn(
-            dconved.data_ptr(),
-            grad_scores.data_ptr(),
-            flipped.data_ptr(),
-            b * H,
-            (b + 1) * H,
-            H,
-            R_out,
-            R_in,
-            N,
-            c_q,
-            c_k,
-            -(c_q - 1),
-            i0,
-            min(i0 + c_q - 1, end),
-            *bounds[2:],
-            *bounds[:2],
-        )
+        sizes = (b * H, (b + 1) * H, H, R_out, R_in, N, c_q, c_k, -(c_q - 1), i0, min(i0 + c_q - 1, end))
+        rows_fn(*rows_maps, *sizes, *bounds[2:], *bounds[:2])
     return grad_scores, *[added_up(g) for g in (grad_kernel, grad_pre, grad_post)]
 
 
-def mixed_softmax_grad(
-    scores: Tensor, probs: Tensor, grad: Tensor, pre: Tensor | None, post: Tensor | None, rows
-):
+def mixed_softmax_grad(scores: Tensor, probs: Tensor, grad: Tensor, pre, post, rows):
     """(d scores, d pre, d post) for `mixed_softmax`'s output gradient grad; the mixes' gradients in
     float64 (summed over the rows in their order whatever the threads), None for a mix that is None."""
     B, H, R, N = scores.shape
@@ -475,11 +406,10 @@ def mixed_softmax_grad(
     pre_t, post_t = [as_dtype(m, scores.dtype) for m in (pre, post)]
     grad_scores = torch.empty_like(scores)
     grad_pre, grad_post = [slots(B * R, m) for m in (pre, post)]  # a slot per row (conv.c)
-    sizes = mix_widths(pre, post)
     fn = getattr(library(), f"mixed_softmax_grad_{SUFFIX[scores.dtype]}")
     pointers = [address(t) for t in (scores, probs, grad, grad_scores, pre_t, post_t, grad_pre, grad_post)]
-    bounds = interval_pointers(rows)
-    split(B * R, lambda u0, u1, _: fn(*pointers, u0, u1, H, R, N, *sizes, *bounds))
+    sizes = (H, R, N, *mix_widths(pre, post), *interval_pointers(rows))
+    split(B * R, lambda u0, u1, _: fn(*pointers, u0, u1, *sizes))
     return grad_scores, added_up(grad_pre), added_up(grad_post)
 
 
@@ -540,21 +470,8 @@ def gated_norm(x: Tensor, weight: Tensor, gate: Tensor, bias: Tensor, eps: float
 
 
 def attend_rows(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    scale: float,
-    pre: Tensor | None,
-    post: Tensor | None,
-    weight: Tensor | None,
-    gate: Tensor | None,
-    bias: Tensor | None,
-    eps: float,
-    kernel: Tensor | None = None,
-    lo: Tensor | None = None,
-    hi: Tensor | None = None,
-    first_slot: int = 0,
-) -> Tensor:
+    q, k, v, scale, pre, post, weight, gate, bias, eps, kernel=None, lo=None, hi=None, first_slot=0
+):
     """A decoding step of a layer without gradients: post-mix(softmax(pre-mix(C))) V per head, C the
     scores scale q K^T (with `kernel` (H, [1,] c_q, c_k): their pre-softmax convolution, q's first c_q - 1
     rows being its history), then the gated norm if `weight` is given (gate weight, gate bias, eps).
@@ -576,19 +493,8 @@ def attend_rows(
     params = [as_dtype(t, q.dtype) for t in (kernel, pre, post, weight, gate, bias)]  # alive till the call
     fn = getattr(library(), f"attend_rows_{SUFFIX[q.dtype]}")
     before = [t.data_ptr() for t in (q, k, v, out)] + [k.stride(0), k.stride(1)]
-    before += [None if t is None else t.data_ptr() for t in params] + [eps, scale]
-    after = [
-        H,
-        G,
-        R,
-        N,
-        D,
-        c_q,
-        c_k,
-        1 if pre is None else pre.shape[-1],
-        1 if post is None else post.shape[-1],
-    ]
-    after += [None if lo is None else lo.data_ptr(), None if hi is None else hi.data_ptr(), first_slot]
+    before += [address(t) for t in params] + [eps, scale]
+    after = [H, G, R, N, D, c_q, c_k, *mix_widths(pre, post), address(lo), address(hi), first_slot]
     if B == 1:
         fn(*before, 0, 1, *after)
     else:

@@ -39,28 +39,44 @@ NOTHING = (0,)  # the shape of an output that is not computed
 
 # Each operator: a CPU implementation that calls native.py, nothing mutated in place.
 operator = partial(torch.library.custom_op, mutates_args=(), device_types="cpu")
+# The operators' schemas share these arguments: the row intervals, maps' in and out, and the mixes.
+ROWS = "Tensor lo, Tensor hi, Tensor out_lo, Tensor out_hi"
+MIXES = "Tensor? pre, Tensor? post"
 
 
 def _nothing(like: Tensor) -> Tensor:
     return like.new_empty(NOTHING)
 
 
+def _empty(t: Tensor | None, like: Tensor) -> Tensor:
+    """A fake output of t's shape, or nothing where t is None (a gradient of an absent input)."""
+    return _nothing(like) if t is None else t.new_empty(t.shape)
+
+
+def _cast(grad: Tensor | None, t: Tensor | None, like: Tensor) -> Tensor:
+    """A gradient in the dtype of its input t, or nothing where none was computed."""
+    return _nothing(like) if grad is None else grad.to(t.dtype)
+
+
 def _rows(lo: Tensor | None, hi: Tensor | None):
     return None if lo is None else (lo.contiguous(), hi.contiguous())
 
 
-def register_gradient(op, setup: Callable, gradients: Callable) -> None:
+def _save_inputs(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def register_gradient(op, gradients: Callable, setup: Callable = _save_inputs) -> None:
     """op's gradient, as torch.library takes it: setup(ctx, inputs, output) saves what
-    gradients(ctx, grad) reads; that returns the gradients of op's first inputs (None where not
-    needed), and its other inputs (rows, flags) get None. A grad of None (an output that reached no
-    loss, where setup turned materialised gradients off) gives None for every input."""
+    gradients(ctx, grad) reads (by default every input); that returns the gradients of op's first
+    inputs, kept where an input needs one, and its other inputs (rows, flags) get None. A grad of
+    None (an output that reached no loss, where setup turned materialised gradients off) gives
+    None for every input."""
 
     def backward(ctx, grad: Tensor | None, *_not_differentiable):
-        n_inputs = len(ctx.needs_input_grad)
-        if grad is None:
-            return (None,) * n_inputs
-        grads = tuple(gradients(ctx, grad))
-        return grads + (None,) * (n_inputs - len(grads))
+        grads = [] if grad is None else list(gradients(ctx, grad))
+        grads += [None] * (len(ctx.needs_input_grad) - len(grads))
+        return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad))
 
     op.register_autograd(backward, setup_context=setup)
 
@@ -68,8 +84,8 @@ def register_gradient(op, setup: Callable, gradients: Callable) -> None:
 # -- the key-query convolution --------------------------------------------------------------------
 
 
-@operator("minitx::kq_conv")
-def kq_conv(maps: Tensor, kernel: Tensor, lo: Tensor, hi: Tensor, out_lo: Tensor, out_hi: Tensor) -> Tensor:
+@operator("minitx::kq_conv", schema=f"(Tensor maps, Tensor kernel, {ROWS}) -> Tensor")
+def kq_conv(maps, kernel, lo, hi, out_lo, out_hi):
     return native.conv(maps, kernel[:, 0], 0, out_lo.shape[-1], _rows(lo, hi), _rows(out_lo, out_hi))
 
 
@@ -79,18 +95,11 @@ def _(maps, kernel, lo, hi, out_lo, out_hi):
     return maps.new_empty(B, H, out_lo.shape[-1], N)
 
 
-@operator("minitx::kq_conv_backward")
-def kq_conv_backward(
-    grad: Tensor,
-    maps: Tensor,
-    kernel: Tensor,
-    lo: Tensor,
-    hi: Tensor,
-    out_lo: Tensor,
-    out_hi: Tensor,
-    need_maps: bool,
-    need_kernel: bool,
-) -> tuple[Tensor, Tensor]:
+@operator(
+    "minitx::kq_conv_backward",
+    schema=f"(Tensor grad, Tensor maps, Tensor kernel, {ROWS}, bool need_maps, bool need_kernel) -> (Tensor, Tensor)",
+)
+def kq_conv_backward(grad, maps, kernel, lo, hi, out_lo, out_hi, need_maps, need_kernel):
     """(d maps, d kernel) of kq_conv; empty where not needed. The input gradient is the same loop
     with the kernel flipped, reading rows upwards; the kernel's is summed per map in float64."""
     c_q, c_k = kernel.shape[-2:]
@@ -102,51 +111,30 @@ def kq_conv_backward(
     if need_kernel:
         per_map = native.kernel_grad(maps, grad, c_q, c_k, rows, out_rows)
         # over the batch rows in their order (whatever the threads, unlike a torch sum of many)
-        grad_kernel = (
-            native.added_up(per_map.view(maps.shape[0], -1, c_q, c_k)).to(kernel.dtype).view_as(kernel)
-        )
-    return (
-        _nothing(maps) if grad_maps is None else grad_maps,
-        _nothing(kernel) if grad_kernel is None else grad_kernel,
-    )
+        grad_kernel = native.added_up(per_map.view(maps.shape[0], -1, c_q, c_k)).view_as(kernel)
+    return _cast(grad_maps, maps, maps), _cast(grad_kernel, kernel, kernel)
 
 
 @kq_conv_backward.register_fake
 def _(grad, maps, kernel, lo, hi, out_lo, out_hi, need_maps, need_kernel):
-    return (
-        maps.new_empty(maps.shape if need_maps else NOTHING),
-        kernel.new_empty(kernel.shape if need_kernel else NOTHING),
-    )
-
-
-def _kq_conv_setup(ctx, inputs, output) -> None:
-    ctx.save_for_backward(*inputs)
+    return _empty(maps if need_maps else None, maps), _empty(kernel if need_kernel else None, kernel)
 
 
 def _kq_conv_grad(ctx, grad: Tensor):
-    maps, kernel, lo, hi, out_lo, out_hi = ctx.saved_tensors
-    need_maps, need_kernel = ctx.needs_input_grad[:2]
-    grad_maps, grad_kernel = torch.ops.minitx.kq_conv_backward(
-        grad, maps, kernel, lo, hi, out_lo, out_hi, need_maps, need_kernel
-    )
-    return grad_maps if need_maps else None, grad_kernel if need_kernel else None
+    return torch.ops.minitx.kq_conv_backward(grad, *ctx.saved_tensors, *ctx.needs_input_grad[:2])
 
 
-register_gradient(kq_conv, _kq_conv_setup, _kq_conv_grad)
+register_gradient(kq_conv, _kq_conv_grad)
 
 
 # -- pre mix, mask, softmax, post mix ---------------------------------------------------------------
 
 
-@operator("minitx::mixed_softmax")
-def mixed_softmax(
-    scores: Tensor,
-    pre: Tensor | None,
-    post: Tensor | None,
-    lo: Tensor | None,
-    hi: Tensor | None,
-    keep_probs: bool,
-) -> tuple[Tensor, Tensor]:
+@operator(
+    "minitx::mixed_softmax",
+    schema=f"(Tensor scores, {MIXES}, Tensor? lo, Tensor? hi, bool keep_probs) -> (Tensor, Tensor)",
+)
+def mixed_softmax(scores, pre, post, lo, hi, keep_probs):
     keep = keep_probs and post is not None
     out, probs = native.mixed_softmax(scores, pre, post, _rows(lo, hi), keep_probs=keep)
     return out, probs if keep else _nothing(out)
@@ -158,41 +146,28 @@ def _(scores, pre, post, lo, hi, keep_probs):
     return scores.new_empty(scores.shape), scores.new_empty(scores.shape if keep else NOTHING)
 
 
-@operator("minitx::mixed_softmax_backward")
-def mixed_softmax_backward(
-    scores: Tensor,
-    probs: Tensor,
-    grad: Tensor,
-    pre: Tensor | None,
-    post: Tensor | None,
-    lo: Tensor | None,
-    hi: Tensor | None,
-) -> tuple[Tensor, Tensor, Tensor]:
+@operator(
+    "minitx::mixed_softmax_backward",
+    schema=f"(Tensor scores, Tensor probs, Tensor grad, {MIXES}, Tensor? lo, Tensor? hi) -> (Tensor, Tensor, Tensor)",
+)
+def mixed_softmax_backward(scores, probs, grad, pre, post, lo, hi):
     """(d scores, d pre, d post) of mixed_softmax's out for its gradient grad; probs: the softmax
     before the post mix (with no post mix: out itself). d pre, d post empty where pre, post are None."""
     grad_scores, grad_pre, grad_post = native.mixed_softmax_grad(
         scores, probs, grad, pre, post, _rows(lo, hi)
     )
-    return (
-        grad_scores,
-        _nothing(scores) if grad_pre is None else grad_pre.to(pre.dtype),
-        _nothing(scores) if grad_post is None else grad_post.to(post.dtype),
-    )
+    return grad_scores, _cast(grad_pre, pre, scores), _cast(grad_post, post, scores)
 
 
 @mixed_softmax_backward.register_fake
 def _(scores, probs, grad, pre, post, lo, hi):
-    return (
-        scores.new_empty(scores.shape),
-        scores.new_empty(NOTHING) if pre is None else pre.new_empty(pre.shape),
-        scores.new_empty(NOTHING) if post is None else post.new_empty(post.shape),
-    )
+    return scores.new_empty(scores.shape), _empty(pre, scores), _empty(post, scores)
 
 
 def _mixed_softmax_setup(ctx, inputs, output) -> None:
     scores, pre, post, lo, hi, keep_probs = inputs
     out, probs = output
-    ctx.has_pre, ctx.has_post, ctx.keep = pre is not None, post is not None, keep_probs
+    ctx.keep = keep_probs
     ctx.mark_non_differentiable(probs)
     # probs gets no gradient: without this autograd would hand the backward a map of zeros for it
     # (a fill of a whole chunk's map, every chunk).
@@ -203,30 +178,21 @@ def _mixed_softmax_setup(ctx, inputs, output) -> None:
 def _mixed_softmax_grad(ctx, grad: Tensor):
     if not ctx.keep:
         raise RuntimeError("minitx::mixed_softmax ran with keep_probs=False: it has no gradient")
-    scores, probs, pre, post, lo, hi = ctx.saved_tensors
-    grad_scores, grad_pre, grad_post = torch.ops.minitx.mixed_softmax_backward(
-        scores, probs, grad, pre, post, lo, hi
-    )
-    return grad_scores, grad_pre if ctx.has_pre else None, grad_post if ctx.has_post else None
+    scores, probs, *mixes_and_rows = ctx.saved_tensors
+    return torch.ops.minitx.mixed_softmax_backward(scores, probs, grad, *mixes_and_rows)
 
 
-register_gradient(mixed_softmax, _mixed_softmax_setup, _mixed_softmax_grad)
+register_gradient(mixed_softmax, _mixed_softmax_grad, _mixed_softmax_setup)
 
 
 # -- the convolution, mixes and softmax as one call -------------------------------------------------
 
 
-@operator("minitx::conv_softmax")
-def conv_softmax(
-    scores: Tensor,
-    kernel: Tensor,
-    pre: Tensor | None,
-    post: Tensor | None,
-    lo: Tensor,
-    hi: Tensor,
-    out_lo: Tensor,
-    out_hi: Tensor,
-) -> tuple[Tensor, Tensor, Tensor]:
+@operator(
+    "minitx::conv_softmax",
+    schema=f"(Tensor scores, Tensor kernel, {MIXES}, {ROWS}) -> (Tensor, Tensor, Tensor)",
+)
+def conv_softmax(scores, kernel, pre, post, lo, hi, out_lo, out_hi):
     out, conved, probs = native.conv_softmax(
         scores, kernel[:, 0], pre, post, (lo, hi), (out_lo, out_hi), keep=True
     )
@@ -236,72 +202,44 @@ def conv_softmax(
 @conv_softmax.register_fake
 def _(scores, kernel, pre, post, lo, hi, out_lo, out_hi):
     B, H, _, N = scores.shape
-    shape = (B, H, out_lo.shape[-1], N)
-    return (
-        scores.new_empty(shape),
-        scores.new_empty(shape),
-        scores.new_empty(NOTHING if post is None else shape),
-    )
+    out = scores.new_empty(B, H, out_lo.shape[-1], N)
+    return out, out.new_empty(out.shape), _empty(None if post is None else out, out)
 
 
-@operator("minitx::conv_softmax_backward")
-def conv_softmax_backward(
-    grad: Tensor,
-    scores: Tensor,
-    conved: Tensor,
-    probs: Tensor,
-    kernel: Tensor,
-    pre: Tensor | None,
-    post: Tensor | None,
-    lo: Tensor,
-    hi: Tensor,
-    out_lo: Tensor,
-    out_hi: Tensor,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+@operator(
+    "minitx::conv_softmax_backward",
+    schema=f"(Tensor grad, Tensor scores, Tensor conved, Tensor probs, Tensor kernel, {MIXES}, {ROWS}) -> "
+    "(Tensor, Tensor, Tensor, Tensor)",
+)
+def conv_softmax_backward(grad, scores, conved, probs, kernel, pre, post, lo, hi, out_lo, out_hi):
     """(d scores, d kernel, d pre, d post) of conv_softmax's out for its gradient grad; probs: the
     softmax before the post mix (with no post mix: out itself). d pre, d post empty where pre, post
     are None."""
     grad_scores, grad_kernel, grad_pre, grad_post = native.conv_softmax_grad(
         scores, conved, probs, grad, kernel[:, 0], pre, post, (lo, hi), (out_lo, out_hi)
     )
-    return (
-        grad_scores,
-        grad_kernel.to(kernel.dtype).view_as(kernel),
-        _nothing(scores) if grad_pre is None else grad_pre.to(pre.dtype),
-        _nothing(scores) if grad_post is None else grad_post.to(post.dtype),
-    )
+    grad_kernel = grad_kernel.to(kernel.dtype).view_as(kernel)
+    return grad_scores, grad_kernel, _cast(grad_pre, pre, scores), _cast(grad_post, post, scores)
 
 
 @conv_softmax_backward.register_fake
 def _(grad, scores, conved, probs, kernel, pre, post, lo, hi, out_lo, out_hi):
-    return (
-        scores.new_empty(scores.shape),
-        kernel.new_empty(kernel.shape),
-        scores.new_empty(NOTHING) if pre is None else pre.new_empty(pre.shape),
-        scores.new_empty(NOTHING) if post is None else post.new_empty(post.shape),
-    )
+    return _empty(scores, scores), _empty(kernel, kernel), _empty(pre, scores), _empty(post, scores)
 
 
 def _conv_softmax_setup(ctx, inputs, output) -> None:
-    scores, kernel, pre, post, lo, hi, out_lo, out_hi = inputs
+    scores, kernel, pre, post, *rows = inputs
     out, conved, probs = output
-    ctx.has_pre, ctx.has_post = pre is not None, post is not None
     ctx.mark_non_differentiable(conved, probs)
     ctx.set_materialize_grads(False)  # no maps of zeros for conved's and probs' gradients
-    ctx.save_for_backward(
-        scores, conved, probs if post is not None else out, kernel, pre, post, lo, hi, out_lo, out_hi
-    )
+    ctx.save_for_backward(scores, conved, probs if post is not None else out, kernel, pre, post, *rows)
 
 
 def _conv_softmax_grad(ctx, grad: Tensor):
-    scores, conved, probs, kernel, pre, post, lo, hi, out_lo, out_hi = ctx.saved_tensors
-    grad_scores, grad_kernel, grad_pre, grad_post = torch.ops.minitx.conv_softmax_backward(
-        grad, scores, conved, probs, kernel, pre, post, lo, hi, out_lo, out_hi
-    )
-    return grad_scores, grad_kernel, grad_pre if ctx.has_pre else None, grad_post if ctx.has_post else None
+    return torch.ops.minitx.conv_softmax_backward(grad, *ctx.saved_tensors)
 
 
-register_gradient(conv_softmax, _conv_softmax_setup, _conv_softmax_grad)
+register_gradient(conv_softmax, _conv_softmax_grad, _conv_softmax_setup)
 
 
 # -- head mixing ----------------------------------------------------------------------------------------
@@ -329,16 +267,11 @@ def _(maps, matrix, grad):
     return maps.new_empty(maps.shape), matrix.new_empty(matrix.shape)
 
 
-def _mix_setup(ctx, inputs, output) -> None:
-    ctx.save_for_backward(*inputs)
-
-
 def _mix_grad(ctx, grad: Tensor):
-    maps, matrix = ctx.saved_tensors
-    return torch.ops.minitx.mix_backward(maps, matrix, grad)
+    return torch.ops.minitx.mix_backward(*ctx.saved_tensors, grad)
 
 
-register_gradient(mix, _mix_setup, _mix_grad)
+register_gradient(mix, _mix_grad)
 
 
 # -- the output norm and gate (no gradient) -----------------------------------------------------------

@@ -59,9 +59,7 @@ class MTAOptions:
             raise OptionError("head_group", f"is {self.head_group}", "use 1 or more, or leave it unset")
 
     def conv_layer_set(self, n_layer: int) -> set[int]:
-        if self.conv_layers is None:
-            return set(range(2, n_layer, 4))
-        return set(self.conv_layers)
+        return set(range(2, n_layer, 4) if self.conv_layers is None else self.conv_layers)
 
 
 def check_mta_model(config) -> None:

@@ -1,5 +1,5 @@
 """The arithmetic of multi-token attention on torch, apart from the module that owns its parameters
-(the Triton kernels are triton_*.py; until it was named for what it holds, this was kernels.py).
+(the Triton kernels are triton_*.py).
 
 - `KeyQueryConv`: the key-query convolution of score (or weight) maps as a 2D convolution, with
   a backward that stays on oneDNN's fast paths on CPU;
@@ -102,12 +102,7 @@ class VisibleKeys:
     convolution which rows belong together (native.conv)."""
 
     def __init__(
-        self,
-        q_pos: Tensor,
-        k_pos: Tensor,
-        first_key: int = 0,
-        consecutive: bool = False,
-        starts: Tensor | None = None,
+        self, q_pos: Tensor, k_pos: Tensor, first_key: int = 0, consecutive: bool = False, starts=None
     ):
         self.q_pos, self.k_pos, self.first_key, self.starts = q_pos, k_pos, max(first_key, 0), starts
         self._hidden: Tensor | None = None
@@ -132,13 +127,11 @@ class VisibleKeys:
 
     @property
     def hidden(self) -> Tensor:
-        if self._hidden is None and self.starts is not None:
-            first = self.starts.clamp(min=self.first_key)[:, None, :, None]
+        if self._hidden is None:  # only the torch paths need it: two comparisons, made when asked
+            first = self.first_key  # each row's first visible key: with documents, (B, 1, R, 1)
+            if self.starts is not None:
+                first = self.starts.clamp(min=self.first_key)[:, None, :, None]
             self._hidden = (self.k_pos > self.q_pos[:, None]) | (self.k_pos < first)
-        elif self._hidden is None:  # only the torch paths need it: two comparisons, made when asked
-            self._hidden = (self.k_pos[None, :] > self.q_pos[:, None]) | (self.k_pos < self.first_key)[
-                None, :
-            ]
         return self._hidden
 
     def from_row(self, first: int) -> VisibleKeys:
@@ -153,13 +146,6 @@ class VisibleKeys:
         return rows
 
 
-class NoContext:
-    """What a Function's forward may call on ctx, for calls that need no gradient."""
-
-    def save_for_backward(self, *tensors) -> None:
-        pass
-
-
 def run(function, *args):
     """function.apply(*args), or its forward alone where nothing needs a gradient: in a decoding
     step autograd's bookkeeping would cost as much as the arithmetic (measured). Under
@@ -169,7 +155,7 @@ def run(function, *args):
         torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args)
     ):
         return function.apply(*args)
-    return function.forward(NoContext(), *args)
+    return function.forward(*args)
 
 
 def convolve(maps: Tensor, kernel: Tensor, visible: VisibleKeys | None = None) -> Tensor:
@@ -210,13 +196,11 @@ class NativeKeyQueryConv:
     the bare C call, for `run` where nothing needs a gradient."""
 
     @staticmethod
-    def apply(maps: Tensor, kernel: Tensor, lo: Tensor, hi: Tensor, out_lo: Tensor, out_hi: Tensor) -> Tensor:
+    def apply(maps, kernel, lo, hi, out_lo, out_hi) -> Tensor:
         return torch.ops.minitx.kq_conv(maps, kernel, lo, hi, out_lo, out_hi)
 
     @staticmethod
-    def forward(
-        ctx, maps: Tensor, kernel: Tensor, lo: Tensor, hi: Tensor, out_lo: Tensor, out_hi: Tensor
-    ) -> Tensor:
+    def forward(maps, kernel, lo, hi, out_lo, out_hi) -> Tensor:
         return native.conv(maps, kernel[:, 0], 0, out_lo.shape[-1], (lo, hi), (out_lo, out_hi))
 
 
@@ -229,16 +213,12 @@ class MixedSoftmax:
     needs where something needs one; `forward`: the bare C call, for `run` without gradients."""
 
     @staticmethod
-    def apply(
-        scores: Tensor, pre: Tensor | None, post: Tensor | None, lo: Tensor | None, hi: Tensor | None
-    ) -> Tensor:
+    def apply(scores, pre, post, lo, hi) -> Tensor:
         keep = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (scores, pre, post))
         return torch.ops.minitx.mixed_softmax(scores, pre, post, lo, hi, keep)[0]
 
     @staticmethod
-    def forward(
-        ctx, scores: Tensor, pre: Tensor | None, post: Tensor | None, lo: Tensor | None, hi: Tensor | None
-    ) -> Tensor:
+    def forward(scores, pre, post, lo, hi) -> Tensor:
         rows = None if lo is None else (lo, hi)
         return native.mixed_softmax(scores, pre, post, rows, keep_probs=False)[0]
 
@@ -279,7 +259,7 @@ class NativeMix:
         return torch.ops.minitx.mix(maps, mix)
 
     @staticmethod
-    def forward(ctx, maps: Tensor, mix: Tensor) -> Tensor:
+    def forward(maps: Tensor, mix: Tensor) -> Tensor:
         return native.mix(maps, mix)
 
 
@@ -374,8 +354,7 @@ def band_diagonals(scores: Tensor, off: int, first_row: int):
         yield d, scores.diagonal(first_row - d, dim1=-2, dim2=-1), top
 
 
-def write_band(scores: Tensor, band: Tensor, first_row: int) -> Tensor:
-    return WriteBand.apply(scores, band, first_row)
+write_band = WriteBand.apply
 
 
 # -- chunks of query rows, recomputed in the backward pass ---------------------------------------------
@@ -426,14 +405,8 @@ class ChunkedRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fn, spans, positions, n_row_parts, n_params, scale, *tensors):
         parts, params = tensors[: len(tensors) - n_params], tensors[len(tensors) - n_params :]
-        ctx.fn, ctx.spans, ctx.positions, ctx.n_row_parts, ctx.params, ctx.scale = (
-            fn,
-            spans,
-            positions,
-            n_row_parts,
-            params,
-            scale,
-        )
+        ctx.fn, ctx.spans, ctx.positions, ctx.n_row_parts = fn, spans, positions, n_row_parts
+        ctx.params, ctx.scale = params, scale
         device = parts[0].device.type
         ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         ctx.save_for_backward(*parts)

@@ -134,18 +134,6 @@ def _flat(t: Tensor | None, like: Tensor) -> Tensor:
     return like.new_zeros(1, dtype=torch.float32) if t is None else t.float().contiguous()
 
 
-def _geometry(qc: Tensor, kc: Tensor, band: Tensor, v: Tensor, post: Tensor | None, block) -> dict:
-    B, H, T, E = qc.shape
-    CQP, CKP = (1, 1) if post is None else tuple(post.shape[-2:])
-    return dict(
-        B=B,
-        T=T,
-        **geometry(
-            H, kc.shape[1], v.shape[1], v.shape[-1], E, band.shape[-1], CQP, CKP, block, qc.element_size()
-        ),
-    )
-
-
 def geometry(
     H: int, HK: int, G: int, D: int, E: int, OFF: int, CQP: int, CKP: int, block=None, element_bytes: int = 2
 ) -> dict:
@@ -186,17 +174,14 @@ def _precision(t: Tensor) -> str:
 def _launch_setup(qc, kc, band, v, post, mix_pre, mix_post, block):
     """What both launchers start from: the geometry, the compile-time constants, and the inputs as
     the kernels read them (contiguous; the parameters float32; stand-ins for what is absent)."""
-    g = _geometry(qc, kc, band, v, post, block)
+    B, H, T, E = qc.shape
+    CQP, CKP = (1, 1) if post is None else tuple(post.shape[-2:])
+    sizes = (H, kc.shape[1], v.shape[1], v.shape[-1], E, band.shape[-1], CQP, CKP, block, qc.element_size())
+    g = dict(B=B, T=T, **geometry(*sizes))
     consts = constants(g, post is not None, mix_pre is not None, mix_post is not None, _precision(qc))
     band = band.contiguous() if g["OFF"] else qc.new_zeros(1)
-    tensors = (
-        qc.contiguous(),
-        kc.contiguous(),
-        band,
-        v.contiguous(),
-        *(_flat(t, qc) for t in (post, mix_pre, mix_post)),
-    )
-    return g, consts, tensors
+    params = [_flat(t, qc) for t in (post, mix_pre, mix_post)]
+    return g, consts, (qc.contiguous(), kc.contiguous(), band, v.contiguous(), *params)
 
 
 def _scratch(g: dict, tiles: int, like: Tensor) -> tuple[Tensor, int]:
