@@ -23,7 +23,7 @@ from ..errors import UserError
 from ..files.atomic import read_json, write_json_atomically
 from ..wording import counted
 from .analysis.designed import Analysis, analyse, replicate_points
-from .plan.ladder import Plan, Point, make_plan
+from .plan.ladder import PHASES, Plan, Point, make_plan
 from .plan.sweep import Sweep
 from .report.designed import write_design_results
 from .request import SweepRequest
@@ -44,26 +44,9 @@ def _unique_runs(points: Sequence[Point]) -> list:
 
 PLAN_FILE = "plan.json"  # what the output's runs were planned by: older sweeps chose rates otherwise
 PLAN_VERSION = 2  # 2: rates chosen past the sweep's edges, confirmed at the largest size, fresh ladder seeds
-PHASES = ("learning rates", "ladder", "branches", "held out", "held-out branches")
 HELD_OUT = PHASES.index("held out")  # the held-out rung's phases: its trunks, then its branches
 # Where a sweep's figures are read from (results_source): each is called with a point, as RunResults
 Results = RunResults | CsvResults
-
-
-def declared_phases(plan: Plan) -> list[tuple[int, str]]:
-    """The phases the sweep file declares, as (index in PHASES, name), in order: the learning
-    rates only with lr_sweep, the branches only with a ladder of two or more budgets, the held-out
-    rung's two only with ladder.holdout. Without a ladder the second phase trains each arm's seeds
-    at the budget, and is named so: a log line names no phase the file did not ask for."""
-    design, ladder = plan.sweep.design, plan.ladder
-    found = [(0, PHASES[0])] if design.multipliers else []
-    found.append((1, PHASES[1] if ladder is not None else "each arm's seeds"))
-    branched = ladder is not None and len(plan.budgets) > 1
-    if branched:
-        found.append((2, PHASES[2]))
-    if plan.holdout is not None:
-        found += [(3, PHASES[3]), *([(4, PHASES[4])] if branched else [])]
-    return found
 
 
 def describe(points: Sequence[Point], plan: Plan) -> str:
@@ -142,7 +125,7 @@ def run_designed(sweep: Sweep, request: SweepRequest, launcher: Launcher | None 
 
 def show_plan(plan: Plan, log) -> None:
     """--dry-run: the first phase's commands, then what the later phases will be, in words."""
-    declared = declared_phases(plan)
+    declared = plan.phases()
     first, second, _, _ = plan.all_points(RunResults())
     for run in _unique_runs(first or second):
         log(shlex.join(run.command))
@@ -201,7 +184,7 @@ def run_phases(plan: Plan, source: Results, launcher: Launcher | None, log) -> N
     plan.output.mkdir(parents=True, exist_ok=True)
     write_json_atomically(plan.output / PLAN_FILE, {"version": PLAN_VERSION})
     log_count(plan, log)
-    declared = declared_phases(plan)
+    declared = plan.phases()
     numbered = list(enumerate(declared, 1))
     if source.recorded is not None:
         # extending a CSV's sweep trains its held-out rung only: the ladder ran at the CSV's rates
@@ -258,7 +241,7 @@ def analyse_sweep(
     replicates = replicate_points(plan, analysis)
     todo = [p for p in replicates if not is_finished(p.run)]
     if todo and third_seeds:
-        phase = f"phase {len(declared_phases(plan)) + 1} (a third seed where two disagree)"
+        phase = f"phase {len(plan.phases()) + 1} (a third seed where two disagree)"
         train(plan, todo, phase, launcher, log)
         trusted = sweep_kind_modules(plan.sweep, plan.extra)
         for point in todo:

@@ -36,8 +36,12 @@ from minitx.options import build_sections
 
 # The known-answer tasks, not texts, each described in its file. A task of one's own: its file,
 # and its line here.
-for spec in (toy.TOY, mqar.MQAR, needle.NEEDLE, zoology.ZOOLOGY, induction.INDUCTION, markov.MARKOV):
-    register(spec)
+register(toy.TOY)
+register(mqar.MQAR)
+register(needle.NEEDLE)
+register(zoology.ZOOLOGY)
+register(induction.INDUCTION)
+register(markov.MARKOV)
 
 TASKS = registry  # name -> TaskSpec
 DATA_SOURCES = (*SOURCES, *TASKS)

@@ -247,7 +247,12 @@ class PositionLosses:
 # result() gives its figures (JSON-able; None where a model has none), `reported` names those a
 # sweep reports (results.csv's columns, its tables and plots) with their names there. A new one is
 # a file of its own (minitx/evaluation/<name>.py) and its entry here.
-FIGURES = (SinkFigures, MassiveFigures, EntropyFigures, PositionLosses)
+FIGURES = (
+    SinkFigures,
+    MassiveFigures,
+    EntropyFigures,
+    PositionLosses,
+)
 # The per-run figures a sweep reports, each with its name in the sweep's tables and plots.
 DIAGNOSTICS = {key: name for figures in FIGURES for key, name in figures.reported.items()}
 

@@ -776,11 +776,22 @@ def test_c_loops_give_the_same_bits_on_any_number_of_threads(c_loops, placement,
         out = module.attend(*inputs)
         return (out, *torch.autograd.grad((out * out.detach().cos()).sum(), inputs + list(params.values())))
 
+    # A torch Linear's own weight gradient (the gate's) is a matmul whose reduction BLAS may split by
+    # the thread count (it does on Intel's MKL builds): close, not bit-equal, and not the C loops' work.
+    by_torch = {
+        f"d {n}.{p}"
+        for n, m in module.named_modules()
+        if isinstance(m, torch.nn.Linear)
+        for p in ("weight", "bias")
+    }
     one = outputs()
     for threads in (2, 3):
         torch.set_num_threads(threads)  # the one_thread fixture puts it back
         for name, a, b in zip(names, outputs(), one):
-            assert torch.equal(a, b), (threads, name, (a - b).abs().max())
+            if name in by_torch:
+                torch.testing.assert_close(a, b, msg=f"{threads} threads: {name}")
+            else:
+                assert torch.equal(a, b), (threads, name, (a - b).abs().max())
 
 
 def test_without_a_compiler_mta_falls_back_to_torch(monkeypatch, tmp_path, caplog):

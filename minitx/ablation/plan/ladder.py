@@ -131,6 +131,10 @@ class Shape:
     flops_per_token: float
 
 
+# The phases a designed sweep trains in, in order (Plan.phases: those its file declares)
+PHASES = ("learning rates", "ladder", "branches", "held out", "held-out branches")
+
+
 @dataclass
 class Plan:
     sweep: Sweep
@@ -152,6 +156,22 @@ class Plan:
     # (runs/from_csv.py): the learning-rate rule may have changed since, and the ladder's runs
     # were trained at these; rates() uses them in place of the rule's choice
     recorded_rates: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    # -- phases -------------------------------------------------------------------------------
+    def phases(self) -> list[tuple[int, str]]:
+        """The phases the sweep file declares, as (index in PHASES, name), in order: the learning
+        rates only with lr_sweep, the branches only with a ladder of two or more budgets, the held-out
+        rung's two only with ladder.holdout. Without a ladder the second phase trains each arm's seeds
+        at the budget, and is named so: a log line names no phase the file did not ask for."""
+        design, ladder = self.sweep.design, self.ladder
+        found = [(0, PHASES[0])] if design.multipliers else []
+        found.append((1, PHASES[1] if ladder is not None else "each arm's seeds"))
+        branched = ladder is not None and len(self.budgets) > 1
+        if branched:
+            found.append((2, PHASES[2]))
+        if self.holdout is not None:
+            found += [(3, PHASES[3]), *([(4, PHASES[4])] if branched else [])]
+        return found
 
     # -- what each arm costs ------------------------------------------------------------------
     def steps(self, arm: str, size: str, budget: float | None) -> int:

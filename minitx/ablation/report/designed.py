@@ -140,7 +140,7 @@ def _losses_by_run(plan: Plan, all_points: list[Point], trained: RunResults) -> 
     return found
 
 
-# The phase each role of run is trained in (designed_sweep.PHASES, by index), for the wall time by
+# The phase each role of run is trained in (plan.ladder.PHASES, by index), for the wall time by
 # phase; a replicate (a third seed) is trained after them all.
 PHASE_OF_ROLE = {
     "sweep": 0, "confirm": 0, "ladder": 1, "seed": 1, "branch": 2, "holdout": 3, "holdout-seed": 3, "holdout-branch": 4,
@@ -149,9 +149,7 @@ PHASE_OF_ROLE = {
 
 def _time_note(plan: Plan, all_points: list[Point], trained: RunResults) -> str:
     """The sweep's wall time, and each phase's (analysis/wall_time.py)."""
-    from ..designed_sweep import declared_phases  # not at the top: designed_sweep imports this module
-
-    names = dict(declared_phases(plan))
+    names = dict(plan.phases())
     times, phases = [], {}
     for p in {p.run.directory: p for p in all_points}.values():
         record = trained(p).record
