@@ -447,7 +447,7 @@ def _seed_sd(plan, analysis, fitted, trained, x, y, index, sizes) -> tuple[np.nd
         analysis.size_noise = measured
         sd = np.concatenate([measured.point_sd(names[k], [sizes[i]]) for i, k in enumerate(index)])
         return sd, measured.dof
-    return _fallback_sd(analysis, names, x, y, index)
+    return _fallback_sd(analysis, [names[k] for k in index], x, y, index)  # a name per point
 
 
 def _fallback_sd(analysis: Analysis, arms: list[str], x, y, index) -> tuple[np.ndarray, float]:
