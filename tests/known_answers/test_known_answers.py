@@ -285,9 +285,10 @@ def test_induction_rope_copies_at_positions_past_the_trained_length(planted):
     position no trained sample holds, as long as it lies within a trained distance of the query
     (every such answer is 'near' and 'late' at 48; evaluate.py's split, TrainedSpan). Learned
     positions cannot: their embeddings past 24 were never trained (measured in
-    docs/results/known_answers: early 0.89, late 0.07). When this was written: near 0.83, far
-    0.50. A RoPE table clamped at block_size (every later position turned alike) leaves the
-    model at chance on them."""
+    docs/results/known_answers: early 0.89, late 0.07). Near: 0.83 on an AMD EPYC when this was
+    written, 0.56 on an Intel Xeon (the same seed trains another model where BLAS sums in another
+    order); chance is 1/15. A RoPE table clamped at block_size (every later position turned alike)
+    leaves it near chance: 0.15 on that Xeon."""
     task, model = induction_rope_model()
     by_length = task_by_length(
         model, task, stream=99, start=0, lengths=[48], samples=500, progress=Progress(False)
@@ -295,4 +296,5 @@ def test_induction_rope_copies_at_positions_past_the_trained_length(planted):
     at_48 = by_length["48"]
     print(" ".join(f"{side} {at_48[f'{side}_accuracy']:.3f} ({at_48[f'{side}_items']})" for side in SIDES))
     assert at_48["near_items"] > 100 and at_48["late_items"] > 100
-    assert at_48["near_accuracy"] > 0.6, "no copying at positions past the trained length"
+    # 0.3: between the clamped table's 0.15 and the lowest any machine has measured working (0.56)
+    assert at_48["near_accuracy"] > 0.3, "no copying at positions past the trained length"
