@@ -25,7 +25,7 @@ from pathlib import Path
 
 from minitx.ablation.plan.ladder import make_plan
 from minitx.ablation.plan.sweep import load_sweep
-from minitx.ablation.runs.launch import run_sweep
+from minitx.ablation.runs.launch import LocalLauncher, run_sweep
 from minitx.ablation.runs.results import RunResults
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ def main() -> None:
     sweep = load_sweep(ROOT / "configs" / "ablation_ladder.yaml")
     plan = make_plan(sweep, Path(args.output))
     points = [plan.point(arm, "d64", 5, m, plan.ladder_seed, "seed") for arm in ARMS for m in RATES]
-    run_sweep([p.run for p in points], sweep, Path(args.output), args.parallel, print)
+    run_sweep([p.run for p in points], sweep, Path(args.output), LocalLauncher(args.parallel), print)
     with open(ROOT / "docs" / "results" / "ladder" / "results.csv", encoding="utf-8") as handle:
         branches = {
             row["arm"]: float(row["final_val_loss"])

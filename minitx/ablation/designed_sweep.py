@@ -81,13 +81,15 @@ def check_baseline_rate(plan: Plan) -> None:
     the ladder has nothing to answer, so the sweep stops before the ladder's first run, in one line."""
     baseline = plan.arms[0]
     refused = plan.rates(RunResults())[baseline].refused
+    if not refused:
+        return
     fix = "; list other lr_sweep.multipliers (or a lower base rate) and rerun"
-    if refused:
-        fix = "" if "lr_sweep" in refused else fix  # a refusal naming lr_sweep says its own fix
-        raise UserError(
-            f"lr_sweep: the baseline {baseline!r} has no learning rate: {refused}{fix}; the ladder was not started "
-            "(every arm is compared with the baseline)"
-        )
+    if "lr_sweep" in refused:  # a refusal naming lr_sweep says its own fix
+        fix = ""
+    raise UserError(
+        f"lr_sweep: the baseline {baseline!r} has no learning rate: {refused}{fix}; the ladder was not started "
+        "(every arm is compared with the baseline)"
+    )
 
 
 def _phase(plan: Plan, trained, phase: int) -> list[Point]:
@@ -96,7 +98,8 @@ def _phase(plan: Plan, trained, phase: int) -> list[Point]:
     found = plan.all_points(trained)
     if phase < HELD_OUT:
         return found[phase]
-    return [p for p in found[HELD_OUT] if (p.role == "holdout-branch") == (phase > HELD_OUT)]
+    branches = phase > HELD_OUT  # the held-out rung's second phase: its branches
+    return [p for p in found[HELD_OUT] if (p.role == "holdout-branch") == branches]
 
 
 def run_designed(sweep: Sweep, request: SweepRequest, launcher: Launcher | None = None, log=print) -> Plan:

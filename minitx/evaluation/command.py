@@ -15,6 +15,12 @@ from .attention_maps import DEFAULT_PROMPT, check_maps_path, draw_attention_maps
 from .evaluate import SWEEP_TOKENS, evaluate_checkpoint, usable_device
 from .report import table, write_plots
 
+# The flags evaluate_checkpoint takes as given: its keywords of the same names.
+AS_GIVEN = (
+    "lengths max_tokens files context stride batch_size device task_samples seed sweep_tokens "
+    "trust_kind_modules diagnostics"
+).split()
+
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = ArgumentParser(
@@ -154,13 +160,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
         )
         print(results_table(results))
         return results
-    # The flags of the same name as evaluate_checkpoint's keywords.
-    same = "lengths max_tokens files context stride batch_size device task_samples seed sweep_tokens"
     result = evaluate_checkpoint(
         args.ckpt,
         progress=False if args.no_progress else None,
         refuse_lengths=args.lengths is not None,
-        **{name: getattr(args, name) for name in (*same.split(), "trust_kind_modules", "diagnostics")},
+        **{name: getattr(args, name) for name in AS_GIVEN},
     )
     print(table(result))
     if args.json is not None:

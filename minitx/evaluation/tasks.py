@@ -244,7 +244,8 @@ def evaluate_task(
     result.update(
         loss=loss,
         perplexity=math.exp(loss),
-        bits_per_char=totals["nats"] / math.log(2) / totals["items"],  # a character tokenizer's answers
+        # a character tokenizer: an answer token is a character
+        bits_per_char=totals["nats"] / math.log(2) / totals["items"],
         bits_per_byte=None,
         tokens=totals["items"],
         unit="character",

@@ -154,7 +154,8 @@ def _time_note(plan: Plan, all_points: list[Point], trained: RunResults) -> str:
     for p in {p.run.directory: p for p in all_points}.values():
         record = trained(p).record
         times.append((record.get("finished_at"), record.get("process_seconds")))
-        phases.setdefault(names.get(PHASE_OF_ROLE.get(p.role), "third seeds"), []).append(times[-1])
+        phase = names.get(PHASE_OF_ROLE.get(p.role), "third seeds")
+        phases.setdefault(phase, []).append(times[-1])
     total = wall_time(times)
     by_phase = phase_times(phases)
     return f"{total}; by phase: {by_phase}" if total and by_phase and len(phases) > 1 else total

@@ -116,7 +116,8 @@ def differences_section(table: list[dict], reference: dict | None) -> list[str]:
     name = reference["variant"]
     tests = {}
     for key in TESTED_KEYS:
-        if found := compare_all({e["variant"]: e.get("samples", {}).get(key, []) for e in table}, name):
+        samples = {e["variant"]: e.get("samples", {}).get(key, []) for e in table}
+        if found := compare_all(samples, name):
             tests[key] = found
     if not tests:
         return []
