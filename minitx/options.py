@@ -144,7 +144,7 @@ def check_type(name: str, value: Any, hint: Any) -> Any:
         return [check_type(f"{name}[{i}]", item, args[0]) for i, item in enumerate(value)]
     if hint in _PLAIN_TYPES:
         accepted, words = _PLAIN_TYPES[hint]
-        if not isinstance(value, accepted) or isinstance(value, bool) and hint is not bool:
+        if not isinstance(value, accepted) or (isinstance(value, bool) and hint is not bool):
             fail(name, f"is {value!r}, not {words}", f"write {words}")
         return float(value) if hint is float else value
     return value  # an annotation this checker does not know: the dataclass checks it itself

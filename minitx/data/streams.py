@@ -328,7 +328,14 @@ def record_builder(paths: Sequence[Path], field: str) -> str | None:
 def data_file_names(data_files: Any) -> list:
     """The names (or globs) of a `datasets` data_files: a name, a list of them, or either by split."""
     values = data_files.values() if isinstance(data_files, dict) else [data_files] if data_files else []
-    return [name for value in values for name in ([value] if isinstance(value, str) else value)]
+    names = [name for value in values for name in (value if isinstance(value, (list, tuple)) else [value])]
+    # A YAML number or the like: refused here, in one line, not as a TypeError deep inside a prepare.
+    if not all(isinstance(name, (str, os.PathLike)) for name in names):
+        raise UserError(
+            f"data.hf_data_files: is {data_files!r}; give a file or glob, a list of them, or a mapping "
+            "of split names to them (e.g. {train: data/train.jsonl})"
+        )
+    return names
 
 
 def path_fingerprint(paths: Sequence[Path]) -> list[list[Any]]:

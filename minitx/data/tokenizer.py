@@ -137,7 +137,7 @@ class CharTokenizer(Tokenizer):
         return {"kind": "char", "chars": self.chars}
 
 
-_CHUNK_BYTES = 1 << 16
+_CHUNK_BYTES = 1 << 16  # read at each call of _chunks, not bound as a default: a test makes chunks tiny
 
 
 def _chunks(text: str) -> Iterator[str]:

@@ -60,9 +60,8 @@ def check_options(
         return "--" + option.replace("_", "-") if cli else option
 
     require(max_new_tokens >= 0, f"{name('max_new_tokens')}: is {max_new_tokens}; use 0 or more")
-    if (
-        temperature < 0
-    ):  # not `require(temperature >= 0)`: a nan is the caller's to refuse (generation/inputs.py)
+    # Not `require(temperature >= 0)`: a nan is the caller's to refuse (generation/inputs.py).
+    if temperature < 0:
         raise UserError(f"{name('temperature')}: is {temperature}; use 0 (greedy) or more")
     if top_k is not None and top_k < 1:
         raise UserError(f"{name('top_k')}: is {top_k}; use 1 or more, or leave it unset")

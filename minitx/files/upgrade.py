@@ -76,8 +76,11 @@ def _nested(section: Mapping[str, Any], flat: Mapping, under: str, keep: Callabl
         for name, value in (given.items() if isinstance(given, Mapping) else ())
     }
     for key, value in section.items():
-        if key in flat and keep(*flat[key], value) and isinstance(nested.setdefault(flat[key][0], {}), dict):
-            nested[flat[key][0]].setdefault(flat[key][1], value)
+        if key not in flat:
+            continue
+        name, setting = flat[key]
+        if keep(name, setting, value) and isinstance(nested.setdefault(name, {}), dict):
+            nested[name].setdefault(setting, value)  # a value the section already holds wins
     return {**{key: value for key, value in section.items() if key not in flat}, under: nested}
 
 
@@ -101,10 +104,13 @@ def _bpe_vocab_size(config: dict) -> dict:
     return config
 
 
+def _not_null_filler(task: str, setting: str, value: Any) -> bool:
+    return value is not None or setting != "filler"  # a null needle filler was read as the default
+
+
 def _task_sections(config: dict) -> dict:
-    if isinstance(config.get("data"), Mapping):  # a null needle filler was read as the default
-        keep = lambda task, setting, value: value is not None or setting != "filler"  # noqa: E731
-        config["data"] = _nested(config["data"], DATA_TASK_FIELDS, "task", keep)
+    if isinstance(config.get("data"), Mapping):
+        config["data"] = _nested(config["data"], DATA_TASK_FIELDS, "task", _not_null_filler)
     return config
 
 

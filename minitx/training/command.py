@@ -274,8 +274,9 @@ def occupied_run_message(run: RunSettings, config: dict) -> str:
         return {**(config.get(name) or {}), "max_steps": None}
 
     diffs = (dict_diff(section(saved, name), section(config, name), f"{name}.") for name in ("model", "data"))
-    different = next((d for d in diffs if d), "").replace(": checkpoint ", ": that run ", 1)
-    if different:
+    different = next((d for d in diffs if d), "")
+    if different:  # dict_diff speaks of a checkpoint and a config: here, of that run and this one
+        different = different.replace(": checkpoint ", ": that run ", 1)
         different = different.replace(", config ", ", this one ", 1)
         return (
             f"run.name: {str(run.dir)!r} holds a run with other settings ({different}); give this run its own "

@@ -84,7 +84,9 @@ def trainer_arguments(run: RunSettings, config: dict[str, Any]) -> dict[str, Any
         if run.tensorboard:
             # Into the CSV logs' version_<k>/, not the next one after it. No graph (log_graph's
             # default) and no hp_metric placeholder: the scalars the CSV logs hold.
-            loggers.append(TensorBoardLogger(str(run.dir), "logs", csv.version, default_hp_metric=False))
+            loggers.append(
+                TensorBoardLogger(str(run.dir), name="logs", version=csv.version, default_hp_metric=False)
+            )
         if run.wandb:
             # WANDB_DIR, when set, wins: the user asked for W&B files to go there.
             wandb = dict(project=run.wandb_project, name=run.name, group=run.wandb_group)
@@ -171,7 +173,7 @@ class RunCheckpoints(Checkpoint):
             trainer.should_stop = True
         timed = self.every_n_steps > 0 and step % self.every_n_steps == 0
         kept = step in self.keep_steps
-        if kept or timed and step != self._last_saved_step:
+        if kept or (timed and step != self._last_saved_step):
             self._save_last(trainer)
             if kept or self.keep_every_n_steps:
                 self._copy(trainer, self.last_path, self.step_path(step))

@@ -239,6 +239,8 @@ def test_hf_source_offline_with_the_text_builder(corpus_files, tmp_path, monkeyp
         hf("split2", hf_val_split="test")
     with raises_user_error("data.hf_data_files", "check the path"):
         hf("missing", hf_data_files={"train": str(tmp_path / "missing.txt")})
+    with raises_user_error("data.hf_data_files", "is 5", "a list of them"):  # a YAML number, not a file
+        hf("number", hf_data_files=5)
     with raises_user_error("data.hf_name", "required"):
         hf("none", hf_name=None)
 

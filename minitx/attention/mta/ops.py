@@ -117,7 +117,8 @@ def kq_conv_backward(grad, maps, kernel, lo, hi, out_lo, out_hi, need_maps, need
 
 @kq_conv_backward.register_fake
 def _(grad, maps, kernel, lo, hi, out_lo, out_hi, need_maps, need_kernel):
-    return _empty(maps if need_maps else None, maps), _empty(kernel if need_kernel else None, kernel)
+    grad_maps = maps.new_empty(maps.shape if need_maps else NOTHING)
+    return grad_maps, kernel.new_empty(kernel.shape if need_kernel else NOTHING)
 
 
 def _kq_conv_grad(ctx, grad: Tensor):
@@ -202,8 +203,9 @@ def conv_softmax(scores, kernel, pre, post, lo, hi, out_lo, out_hi):
 @conv_softmax.register_fake
 def _(scores, kernel, pre, post, lo, hi, out_lo, out_hi):
     B, H, _, N = scores.shape
-    out = scores.new_empty(B, H, out_lo.shape[-1], N)
-    return out, out.new_empty(out.shape), _empty(None if post is None else out, out)
+    shape = (B, H, out_lo.shape[-1], N)
+    probs = NOTHING if post is None else shape  # kept apart from out only for a post mix
+    return scores.new_empty(shape), scores.new_empty(shape), scores.new_empty(probs)
 
 
 @operator(
