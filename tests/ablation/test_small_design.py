@@ -26,6 +26,7 @@ from minitx.ablation.command import main
 from minitx.ablation.plan.ladder import make_plan
 from minitx.ablation.plan.sweep import load_sweep
 from minitx.ablation.report.designed import csv_text
+from minitx.ablation.runs.results import PointResult
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDICAP = 0.2
@@ -165,6 +166,30 @@ def test_a_ladder_that_cannot_decide_hands_the_verdict_to_the_seeds_test_and_say
 
 
 HOLDOUT = "  holdout: {name: d64, overrides: {model.d_model: 64}, seeds: 2, seeded_arms: [mha, twin]}\n"
+
+
+def test_the_seeds_of_an_arm_left_unfitted_give_each_fitted_point_its_noise(tmp_path):
+    """No lr_sweep (so no size holds a replicate pair), the fitted arms left with one seed at the
+    rung, and the seeds only on an arm the fit leaves out (one finished point): the intervals take
+    the seeds' noise, one sd for each fitted point (a name per arm once gave a shorter array)."""
+    config = design(tmp_path, 3)
+    config.write_text(config.read_text().replace("lr_sweep: {multipliers: [0.5, 1, 2, 4, 8]}\n", ""))
+    plan = make_plan(load_sweep(config), tmp_path / "plan")
+    runs = simulation.simulated_runs(simulation.RunsTruth(handicap={"handicap": HANDICAP}), 0)
+    failed = PointResult(None, {"status": "failed"}, True, 0, 0.0, "", None)
+
+    def view(point):
+        rung = point.size == "d48" and point.budget == 20 and point.role == "ladder"
+        if point.arm == "handicap" and not rung:
+            return failed
+        return failed if point.arm != "handicap" and rung and point.seed != 1338 else runs(point)
+
+    analysis = analyse(plan, plan.all_points(runs), view)
+    assert [len(arm.seeds) for arm in analysis.arms] == [1, 1, 3]
+    assert analysis.size_noise is None and analysis.noise is not None and analysis.noise.pooled > 0
+    assert analysis.fitted == ["mha", "twin"] and analysis.joint is not None
+    sd = analysis.data.seed_sd[0]
+    assert sd.shape == (len(analysis.data.loss[0]),) and (sd > 0).all()
 
 
 def holdout_design(tmp_path: Path) -> Path:
