@@ -62,8 +62,8 @@ def apply_rope(x: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
     if rope is None:
         return x
     cos, sin = rope  # (T, D) each, from RotaryEmbedding
-    x32 = x.float()  # rotate in float32 under bf16 autocast too
-    return torch.addcmul(x32 * cos, x32.roll(x.shape[-1] // 2, dims=-1), sin).type_as(x)
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))  # float32 under bf16 autocast; float64 stays
+    return torch.addcmul(wide * cos, wide.roll(x.shape[-1] // 2, dims=-1), sin).type_as(x)
 
 
 # The tables made so far in the innermost `shared_tables()`, by (width, length, base); None outside.

@@ -227,8 +227,8 @@ class DifferentialAttention(Attention):
             nn.init.normal_(vector, mean=0.0, std=self.lambda_std)
 
     def lambda_full(self) -> Tensor:
-        lambda_1 = torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1, dtype=torch.float32))
-        lambda_2 = torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2, dtype=torch.float32))
+        lambda_1 = torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1, dtype=maps_dtype(self.lambda_q1)))
+        lambda_2 = torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2, dtype=maps_dtype(self.lambda_q2)))
         return lambda_1 - lambda_2 + self.lambda_init
 
     @staticmethod

@@ -14,10 +14,16 @@ from ..config import ModelConfig
 from ..documents import Documents
 
 
+def at_least_float32(x: Tensor) -> Tensor:
+    """x in float32 if it is in a half type; float32 and float64 stay (a float64 model, the tests'
+    reference, computes in float64 throughout)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def norm_float32(norm: nn.Module, x: Tensor) -> Tensor:
-    """An RMSNorm of float32 weights over x in float32, returned in x's dtype: under bf16 autocast
-    the projections hand it bf16, which the fused kernel refuses beside float32 weights."""
-    return norm(x.float()).to(x.dtype)
+    """An RMSNorm over x in float32 at least, returned in x's dtype: under bf16 autocast the
+    projections hand it bf16, which the fused kernel refuses beside float32 weights."""
+    return norm(at_least_float32(x)).to(x.dtype)
 
 
 class KindLayer(nn.Module):

@@ -41,7 +41,7 @@ from ..flops import causal_pairs
 from ..kinds import KindSpec
 from ..options import OptionError, fail
 from ..rope import apply_rope, rotary_table
-from .kind_layer import KindLayer, norm_float32
+from .kind_layer import KindLayer, at_least_float32, norm_float32
 
 
 @dataclass
@@ -237,7 +237,7 @@ class MultiHeadLatentAttention(KindLayer):
         scores = scores.view(B, H, T, S) * self.scale
         if mask is not None:  # (T, S) or (B, 1, T, S): which cached tokens each new query may see
             scores = scores.masked_fill(~mask, float("-inf"))
-        weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        weights = torch.softmax(at_least_float32(scores), dim=-1).to(q.dtype)
         mixed = (weights.view(B, 1, H * T, S) @ latents).view(B, H, T, self.rank)  # sum_j p_j c_kv,j
         return torch.einsum("bhtr,hvr->bhtv", mixed, W_uv.to(q.dtype))  # then W_uv,h
 

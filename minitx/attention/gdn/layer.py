@@ -18,7 +18,7 @@ from ...documents import Documents
 from ...errors import UserError
 from ...kinds import KindSpec
 from ...options import OptionError, fail
-from ..kind_layer import KindLayer, norm_float32
+from ..kind_layer import KindLayer, at_least_float32, norm_float32
 from . import delta_rule  # through the module: tests put a stand-in for fla's kernel there
 from .cache import GDNCache
 from .conv import short_convolution
@@ -142,11 +142,13 @@ class GatedDeltaNet(KindLayer):
         if self.n_value_head != self.n_head:  # each key head serves consecutive value heads
             r = self.n_value_head // self.n_head
             q, k = q.repeat_interleave(r, dim=1), k.repeat_interleave(r, dim=1)
-        beta = torch.sigmoid(self.b_proj(x).float())
+        beta = torch.sigmoid(at_least_float32(self.b_proj(x)))
         if self.allow_neg_eigval:
             beta = 2 * beta
         if self.decay:
-            g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())
+            g = -at_least_float32(self.A_log).exp() * F.softplus(
+                at_least_float32(self.a_proj(x)) + self.dt_bias
+            )
         else:
             g = beta.new_zeros(beta.shape)
         beta, g = beta.transpose(1, 2), g.transpose(1, 2)  # (B, value heads, T)
