@@ -10,9 +10,10 @@ from pathlib import Path
 from ..arguments import ArgumentParser, add_trust_argument
 from ..errors import UserError
 from ..files.atomic import write_json_atomically
+from ..generation.command import usable_device
 from ..wording import counted
 from .attention_maps import DEFAULT_PROMPT, check_maps_path, draw_attention_maps
-from .evaluate import SWEEP_TOKENS, evaluate_checkpoint, usable_device
+from .evaluate import SWEEP_TOKENS, evaluate_checkpoint
 from .report import table, write_plots
 
 # The flags evaluate_checkpoint takes as given: its keywords of the same names.

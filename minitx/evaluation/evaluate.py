@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 
 from ..errors import UserError
-from ..generation.command import _device as usable_device
+from ..generation.command import usable_device
 from ..trained_model import load_checkpoint
 from .diagnostics import held_out_sequences, run_diagnostics
 from .lengths import default_lengths, length_refusal, length_sweep, position_buckets

@@ -141,7 +141,7 @@ def _read_prompt(args: argparse.Namespace, tokenizer) -> tuple[str, list[int]]:
         ) from None
 
 
-def _device(name: str) -> torch.device:
+def usable_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
         torch.empty(0, device=device)
@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     check_options(args.max_new_tokens, args.temperature, args.top_k, args.top_p, cli=True)
     check_generate_args(args)
     require(args.num_samples >= 1, f"--num-samples: is {args.num_samples}; use 1 or more")
-    device = _device(args.device)
+    device = usable_device(args.device)
     model, tokenizer, _ = load_checkpoint(
         args.ckpt, map_location=device, label="--ckpt", trust_kind_modules=args.trust_kind_modules
     )

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..plan.rates import sd_from_differences
 from .curves import Fit, JointFit, _joint_bounds, _joint_of, _joint_residuals, _theta_of, inside_bounds
 from .solver import HUBER_DELTA, huber_fit
 
@@ -254,17 +255,15 @@ def size_noise(
         for size, found in pairs.items()
     }
     if reference is None:  # no seeds: the pairs' own median spread is the reference
-        every = [abs(d) for found in differences.values() for d in found.values()]
-        reference = float(np.median(every)) / (0.6745 * math.sqrt(2)) if every else None
+        every = [d for found in differences.values() for d in found.values()]
+        reference = sd_from_differences(every) if every else None
     if reference is None or reference <= 0:
         return None
     unreliable = []
     for size, found in differences.items():
         # the size's own spread, robustly (the median pair: an unlucky run moves few of them), where
         # it is larger than the rung's: noise that grows at small sizes is not an unlucky run
-        spread = (
-            float(np.median([abs(d) for d in found.values()])) / (0.6745 * math.sqrt(2)) if found else 0.0
-        )
+        spread = sd_from_differences(list(found.values())) if found else 0.0
         limit = flag * max(reference, spread)
         for arm, d in found.items():
             if abs(d) > limit:

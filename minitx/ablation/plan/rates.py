@@ -175,18 +175,24 @@ def interpolated(low: float, high: float, n_low: float, n_high: float, n: float)
     return float(f"{low * (high / low) ** t:.3g}")
 
 
+def sd_from_differences(differences: Sequence[float]) -> float:
+    """The sd of one value from differences of two independent ones (replicate pairs, or a noisy
+    curve's steps), robustly: the median |difference| is 0.6745 sqrt(2) sd."""
+    return float(np.median(np.abs(differences))) / (0.6745 * math.sqrt(2))
+
+
 def instability(steps: Sequence[int], losses: Sequence[float], margin: float = SPIKE_NATS) -> str:
     """ "" for a healthy logged training-loss curve, else what went wrong, in words. The rise that
     counts as a spike is `margin` or NOISE_SIGMAS times the noise of a smoothed point, whichever is
     larger: a small batch's loss is noisy, and its running minimum lies that much lower by chance.
     The noise comes from the curve itself, robustly: the median step-to-step change (a spike moves
-    few of them) is 0.6745 sqrt(2) sigma for independent noise."""
+    few of them) gives sigma (sd_from_differences)."""
     for step, loss in zip(steps, losses):
         if not math.isfinite(loss):
             return f"diverged: training loss {loss} at step {step}"
     if len(losses) < 2:
         return ""
-    sigma = float(np.median(np.abs(np.diff(losses)))) / (0.6745 * math.sqrt(2))
+    sigma = sd_from_differences(np.diff(losses))
     limit = max(margin, NOISE_SIGMAS * sigma / math.sqrt(SMOOTH))
     smooth = [float(np.mean(losses[max(0, i - SMOOTH + 1) : i + 1])) for i in range(len(losses))]
     low = math.inf

@@ -15,7 +15,7 @@ from ..runs.results import RunResults
 from .plain_plots import finish, plt  # plain_plots chooses the headless backend before pyplot
 
 
-def lr_sweep(plan: Plan, analysis: Analysis, path: Path) -> None:
+def lr_sweep(analysis: Analysis, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for arm in analysis.arms:
         points = sorted((m, loss) for m, loss in arm.lr_losses.items() if loss is not None)
@@ -103,7 +103,7 @@ def loss_by_position(analysis: Analysis, points: list[Point], trained: RunResult
 def draw_all(plan: Plan, analysis: Analysis, points: list[Point], trained: RunResults, output: Path) -> None:
     """The plots of what the sweep declared (report.designed.design_plots)."""
     if plan.sweep.design.multipliers:
-        lr_sweep(plan, analysis, output / "lr_sweep.png")
+        lr_sweep(analysis, output / "lr_sweep.png")
     if plan.ladder is not None:
         loss_vs_compute(plan, analysis, trained, output / "loss_vs_compute.png")
     for key in DIAGNOSTICS:
