@@ -459,10 +459,22 @@ def make_plan(sweep: Sweep, output: Path, extra: Sequence[str] = (), logging: Se
         for budget in (b for b in budgets if b is not None):
             compute[size.name, budget] = budget * ref.params * ref.flops_per_token if per_param else budget
     plan = Plan(
-        sweep, output, [v.name for v in sweep.variants], sizes, budgets, shapes, compute, tokens_per_step,
-        int(trainer.get("max_steps") or 0), float(_setting(model, "decay_fraction")),
-        int(_setting(model, "warmup_steps")), extra, logging, lr_bases, vocabularies,
-    )  # fmt: skip
+        sweep=sweep,
+        output=output,
+        arms=[v.name for v in sweep.variants],
+        sizes=sizes,
+        budgets=budgets,
+        shapes=shapes,
+        compute=compute,
+        tokens_per_step=tokens_per_step,
+        base_steps=int(trainer.get("max_steps") or 0),
+        decay_fraction=float(_setting(model, "decay_fraction")),
+        warmup_steps=int(_setting(model, "warmup_steps")),
+        extra=extra,
+        logging=logging,
+        lr_bases=lr_bases,
+        vocabularies=vocabularies,
+    )
     _check_steps(plan)
     if held:
         _check_holdout(plan)

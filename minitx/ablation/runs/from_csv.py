@@ -133,11 +133,24 @@ def _row(raw: dict, line: int, path: Path) -> Row:
     diagnostics = {key: numbers[key] for key in DIAGNOSTICS if key in numbers}
     error = " ".join(cells["error"].split())  # one line, as a run's record holds it
     return Row(
-        line, name, cells["arm"], cells["size"], cells["budget"], numbers["multiplier"], int(numbers["seed"]),
-        cells["role"], status, error, int(numbers["steps"]), numbers["flops"] if ok else None,
-        int(numbers["params"]), cells["flop_convention"], numbers["final_val_loss"] if ok else None,
-        diagnostics or None, cells.get("device", ""),
-    )  # fmt: skip
+        line=line,
+        name=name,
+        arm=cells["arm"],
+        size=cells["size"],
+        budget=cells["budget"],
+        multiplier=numbers["multiplier"],
+        seed=int(numbers["seed"]),
+        role=cells["role"],
+        status=status,
+        error=error,
+        steps=int(numbers["steps"]),
+        flops=numbers["flops"] if ok else None,
+        params=int(numbers["params"]),
+        convention=cells["flop_convention"],
+        loss=numbers["final_val_loss"] if ok else None,
+        diagnostics=diagnostics or None,
+        device=cells.get("device", ""),
+    )
 
 
 def _budget_text(budget: float | None) -> str:
