@@ -15,6 +15,8 @@ import pytest
 import torch
 from helpers import HIDE_SLURM, SLURM_COMMANDS, path_without
 
+from minitx.verify import probe
+
 _hidden: list[Path] = []  # the folders this process made to hide SLURM's commands
 
 
@@ -46,9 +48,6 @@ def seed() -> int:
 
 @pytest.fixture
 def one_thread():
-    # Tensors here are tiny: a second thread only adds hand-offs, which cost 10-100x when the
-    # cores are busy with other work (measured on the 2-core machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    # Tensors here are tiny: a second thread only adds hand-offs (minitx.verify.probe.one_thread).
+    with probe.one_thread():
+        yield
