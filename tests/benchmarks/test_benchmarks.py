@@ -329,3 +329,13 @@ def test_newton_schulz_table_times_and_checks_both_precisions(tmp_path):
             for cell in row[4:6]:
                 float32, bfloat16 = (float(x) for x in cell.split(" / "))
                 assert float32 < 1e-5 < 1e-4 < bfloat16 < 0.2, (name, cell)
+
+
+@pytest.mark.slow  # a benchmark script end to end: about 5 s
+def test_float32_rounding_benchmark_measures_each_kind_against_float64(tmp_path):
+    out = run_script("float32_rounding.py", "--seeds", "2", "--kinds", "mha", "gdn", cwd=tmp_path)
+    rows = {row[0]: row for row in table_rows(out, "") if row[0] in ("mha", "gdn")}
+    assert set(rows) == {"mha", "gdn"}
+    for row in rows.values():
+        median, _, largest = (float(cell) for cell in row[1:4])
+        assert 0 < median <= largest < 1e-3  # rounding: never exact, far below the compile tests' NOISE

@@ -1,0 +1,83 @@
+"""How far float32 gradients sit from the float64 model's, per kind: the noise the compile tests'
+threshold (tests/model/test_compile.py, NOISE) must clear.
+
+    python benchmarks/float32_rounding.py                    # eager, 40 seeds, every kind: ~2 min
+    python benchmarks/float32_rounding.py --compiled --seeds 3 --kinds gdn hybrid   # inductor too
+
+The instances are the compile tests' own (each configs/<kind>.yaml attention section on a tiny
+model with every parameter moved off its initial value, 2 x 19 random tokens). For each seed, the
+error of a run is its worst parameter's max |float32 gradient - float64 gradient| over that
+gradient's largest |entry|; the table gives the median, the 90th percentile and the largest over
+the seeds, for eager float32 and (--compiled) torch.compile(fullgraph=True) float32. Both are
+rounding: neither is the reference, so a compiled run may sit nearer the float64 result than eager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# The compile tests' instances, so that this measures what their threshold stands on.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model"))
+from test_compile import NAMES, NOISE, VOCAB, float64_twin, loss_and_grads, tiny_model  # noqa: E402
+
+from minitx.attention.mta.native import cpuinfo_line  # noqa: E402
+
+
+def worst_error(grads: dict[str, torch.Tensor], truth: dict[str, torch.Tensor]) -> float:
+    return max(((grads[n].double() - t).abs().max() / t.abs().max()).item() for n, t in truth.items())
+
+
+def errors(name: str, seed: int, compiled: bool) -> tuple[float, float | None]:
+    torch.manual_seed(seed)
+    model = tiny_model(name)
+    x, y = torch.randint(0, VOCAB, (2, 19)), torch.randint(0, VOCAB, (2, 19))
+    twin = float64_twin(model)
+    _, truth = loss_and_grads(twin, twin, x, y)
+    _, eager = loss_and_grads(model, model, x, y)
+    fast = None
+    if compiled:
+        torch._dynamo.reset()
+        _, fast = loss_and_grads(model, torch.compile(model, fullgraph=True), x, y)
+    return worst_error(eager, truth), None if fast is None else worst_error(fast, truth)
+
+
+def summary(values: list[float]) -> str:
+    return f"{np.median(values):.1e} | {np.percentile(values, 90):.1e} | {max(values):.1e}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=40)
+    parser.add_argument("--kinds", nargs="+", default=NAMES, choices=NAMES)
+    parser.add_argument("--compiled", action="store_true", help="torch.compile each seed too (slow)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    cpu = cpuinfo_line(("model name",)).partition(":")[2].strip() or platform.machine()
+    print(f"{cpu}; torch {torch.__version__}; {datetime.date.today().isoformat()}; {args.seeds} seeds")
+    print(f"threshold of the compile tests (NOISE): {NOISE:.0e} of a gradient's largest entry\n")
+    header = (
+        "| kind | eager median | 90% | max |"
+        + (" compiled median | 90% | max |" if args.compiled else "")
+        + " s |"
+    )
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for name in args.kinds:
+        start = time.perf_counter()
+        found = [errors(name, seed, args.compiled) for seed in range(args.seeds)]
+        row = f"| {name} | {summary([e for e, _ in found])} |"
+        if args.compiled:
+            row += f" {summary([c for _, c in found])} |"
+        print(f"{row} {time.perf_counter() - start:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
