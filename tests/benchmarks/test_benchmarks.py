@@ -337,5 +337,5 @@ def test_float32_rounding_benchmark_measures_each_kind_against_float64(tmp_path)
     rows = {row[0]: row for row in table_rows(out, "") if row[0] in ("mha", "gdn")}
     assert set(rows) == {"mha", "gdn"}
     for row in rows.values():
-        median, _, largest = (float(cell) for cell in row[1:4])
-        assert 0 < median <= largest < 1e-3  # rounding: never exact, far below the compile tests' NOISE
+        median, largest = float(row[1]), float(row[3].split()[0])
+        assert 0 < median <= largest < 1e-3  # rounding: never exact, nor near a wrong graph's error
