@@ -21,7 +21,6 @@ test_mta_ops.py and the inductor decoding test of tests/generation/test_generati
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pytest
@@ -136,11 +135,6 @@ TOLERANCE = 1e-9
 def assert_near(fast: torch.Tensor, eager: torch.Tensor, what: str) -> None:
     error = (fast - eager).abs().max().item() / eager.abs().max().item()
     assert error <= TOLERANCE, f"{what}: compiled is {error:.1e} of its largest entry off eager's"
-
-
-def float64_twin(model: Transformer) -> Transformer:
-    """The same model in float64, computing in float64 throughout (test_a_float64_model_computes_in_float64)."""
-    return copy.deepcopy(model).double()
 
 
 def loss_and_grads(model: Transformer, forward, x, y):
